@@ -1,0 +1,104 @@
+"""Shortest routes on a platform graph.
+
+A route is the path of least total latency; among paths of equal latency the
+one with the larger bottleneck bandwidth wins, then the first in node order.
+networkx's Dijkstra takes one additive weight and cannot break ties on a
+bottleneck (a max-min criterion), so the search below runs Dijkstra on the
+pair (latency, -bottleneck) in lexicographic order; both criteria are
+monotone along a path, which is what Dijkstra needs. Latencies are summed as
+integer femtoseconds so that equal paths compare equal.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+
+import networkx as nx
+
+from hcsim.errors import TopologyError
+
+__all__ = ["shortest_routes", "route_latency", "route_bandwidth"]
+
+_FS = 1e15  # femtoseconds per second
+
+
+def shortest_routes(graph: nx.Graph, source: str, targets: Iterable[str]) -> dict[str, list[str]]:
+    """Routes (node lists) from `source` to each of `targets`, user routes first.
+
+    User routes are ``graph.graph["routes"][(source, target)]``; the others are
+    searched in one Dijkstra run that stops once every target is settled.
+
+    Raises
+    ------
+    TopologyError
+        if a target cannot be reached or a user route uses a missing link.
+    """
+    user = graph.graph.get("routes") or {}
+    routes: dict[str, list[str]] = {}
+    wanted = set()
+    for target in targets:
+        given = user.get((source, target))
+        if given is not None:
+            _check_user_route(graph, source, target, given)
+            routes[target] = list(given)
+        elif target == source:
+            routes[target] = [source]
+        else:
+            wanted.add(target)
+    if wanted:
+        routes.update(_dijkstra(graph, source, wanted))
+    return routes
+
+
+def _dijkstra(graph: nx.Graph, source: str, targets: set[str]) -> dict[str, list[str]]:
+    adjacency = graph._adj  # read-only fast path; networkx documents _adj as the adjacency store
+    best = {source: (0, float("-inf"))}
+    parent: dict[str, str | None] = {source: None}
+    heap = [(0, float("-inf"), 0, source)]
+    counter = 1
+    settled: set[str] = set()
+    remaining = set(targets)
+    while heap and remaining:
+        dist, neg_bottleneck, _, node = heapq.heappop(heap)
+        if node in settled:
+            continue
+        settled.add(node)
+        remaining.discard(node)
+        for neighbour, link in adjacency[node].items():
+            if neighbour in settled:
+                continue
+            key = (dist + round(link["latency"] * _FS), max(neg_bottleneck, -link["bandwidth"]))
+            if neighbour not in best or key < best[neighbour]:
+                best[neighbour] = key
+                parent[neighbour] = node
+                heapq.heappush(heap, (*key, counter, neighbour))
+                counter += 1
+    if remaining:
+        raise TopologyError(f"no route from {source!r} to {', '.join(map(repr, sorted(remaining)))}")
+    return {target: _walk_back(parent, target) for target in targets}
+
+
+def _walk_back(parent: dict[str, str | None], target: str) -> list[str]:
+    path = [target]
+    while parent[path[-1]] is not None:
+        path.append(parent[path[-1]])
+    return path[::-1]
+
+
+def _check_user_route(graph: nx.Graph, source: str, target: str, route: list[str]) -> None:
+    if not route or route[0] != source or route[-1] != target:
+        raise TopologyError(f"user route {source!r} -> {target!r} must start at the source and end at the target, got {route!r}")
+    for u, v in zip(route, route[1:]):
+        if not graph.has_edge(u, v):
+            raise TopologyError(f"user route {source!r} -> {target!r}: no link {u!r}--{v!r}")
+
+
+def route_latency(graph: nx.Graph, route: list[str]) -> float:
+    """Sum of link latencies along a node route, in s."""
+    return sum(graph.edges[u, v]["latency"] for u, v in zip(route, route[1:]))
+
+
+def route_bandwidth(graph: nx.Graph, route: list[str]) -> float:
+    """Bottleneck bandwidth along a node route, in B/s."""
+    return min(graph.edges[u, v]["bandwidth"] for u, v in zip(route, route[1:]))

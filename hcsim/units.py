@@ -1,0 +1,103 @@
+"""Quantities with units, parsed at the configuration boundary only.
+
+Inside hcsim every quantity is a float in SI base units: bytes, seconds,
+FLOP, FLOP/s and bytes/s. Specs write them as strings with a unit
+("128GB/s", "200ns", "80GiB", "67TFLOPS"); GB means 1e9 bytes, GiB 2**30, and
+bits are spelled out ("200Gbit/s"). A bare number for a quantity that has a
+unit is an error, never a guess.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+from hcsim.errors import ConfigError
+
+__all__ = [
+    "Bytes", "Seconds", "Flop", "FlopsPerSecond", "BytesPerSecond",
+    "DIMENSIONS", "parse_quantity", "format_quantity",
+]
+
+Bytes = float
+Seconds = float
+Flop = float
+FlopsPerSecond = float
+BytesPerSecond = float
+
+# dimension name -> (pint unit of the SI value, example for messages)
+DIMENSIONS: dict[str, tuple[str, str]] = {
+    "bandwidth": ("byte / second", "128GB/s or 200Gbit/s"),
+    "time": ("second", "200ns or 5us"),
+    "size": ("byte", "80GiB or 1.5GB"),
+    "flops": ("FLOP / second", "67TFLOPS"),
+    "flop": ("FLOP", "195GFLOP"),
+}
+
+
+@functools.cache
+def _registry():
+    import pint  # imported on first use: keeps `import hcsim` light
+
+    registry = pint.UnitRegistry()
+    registry.define("FLOP = [flop]")
+    registry.define("FLOPS = FLOP / second")
+    return registry
+
+
+def parse_quantity(text: object, dimension: str, where: str = "value") -> float:
+    """Parse a string with a unit into a float in SI base units.
+
+    Parameters
+    ----------
+    text : the value from the spec, e.g. ``"128GB/s"``.
+    dimension : one of ``DIMENSIONS`` ("bandwidth", "time", "size", "flops", "flop").
+    where : the file and field path, for error messages.
+
+    Raises
+    ------
+    ConfigError
+        if `text` is not a string, has no or the wrong unit, or is not finite.
+
+    >>> parse_quantity("128GB/s", "bandwidth")
+    128000000000.0
+    >>> parse_quantity("80GiB", "size")
+    85899345920.0
+    """
+    unit, example = DIMENSIONS[dimension]
+    if not isinstance(text, str):
+        raise ConfigError(f"{where}: {text!r} has no unit; write it with one, for example {example!r}")
+    registry = _registry()
+    try:
+        quantity = registry.Quantity(text.strip())
+        value = float(quantity.to(unit).magnitude)
+    except Exception as err:  # pint raises several unrelated types
+        raise ConfigError(f"{where}: cannot read {text!r} as a {dimension}; write it as {example!r}") from err
+    if not math.isfinite(value):
+        raise ConfigError(f"{where}: {text!r} is not finite")
+    return _round_decimal(value)
+
+
+def _round_decimal(value: float) -> float:
+    """Undo pint's binary scaling noise (200ns -> 2.0000000000000002e-07)."""
+    return float(f"{value:.15g}")
+
+
+_PREFIXES = [(1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, "")]
+_SUBSECOND = [(1.0, "s"), (1e-3, "ms"), (1e-6, "us"), (1e-9, "ns")]
+
+
+def format_quantity(value: float, unit: str) -> str:
+    """Human-readable form of an SI value: 1.28e11, "B/s" -> "128 GB/s".
+
+    >>> format_quantity(2e-7, "s")
+    '200 ns'
+    """
+    if unit == "s":
+        for scale, name in _SUBSECOND:
+            if abs(value) >= scale or scale == 1e-9:
+                return f"{value / scale:.4g} {name}"
+    for scale, prefix in _PREFIXES:
+        if abs(value) >= scale or scale == 1.0:
+            return f"{value / scale:.4g} {prefix}{unit}"
+    raise AssertionError("unreachable")

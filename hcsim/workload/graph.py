@@ -1,0 +1,157 @@
+"""The workload graph: what runs where, and in which order (paper Table 3).
+
+A workload is a ``networkx.DiGraph`` that may contain cycles (training
+repeats). To stay small at thousands of XPUs, a vertex is *replicated*: it
+names the XPUs it runs on and stands for one instance per XPU (SPMD, as data
+parallel training is). Units are SI: FLOP, bytes.
+
+Graph attributes
+    name : str; precision : "fp32" | "fp16" | "bf16" (picks the XPU FLOP/s);
+    samples_per_iteration : int, samples one XPU processes per iteration
+    (its batch; throughput counts batches as the paper does).
+
+Vertex attributes
+    kind : "compute" | "comm".
+    xpus : tuple of XPU names. A compute vertex runs once on each of them; a
+        collective runs over all of them as its group; a point-to-point
+        transfer is ``(src, dst)``.
+    start : bool, the vertex is in the initial running set (paper Fig. 5).
+    label : optional str for reports (``decoder3.fwd.linear_k``).
+    compute: flops (per XPU), memory_bytes (per XPU, read by the computation),
+        spilled_xpus : frozenset of the XPUs on which the vertex's data lives in
+        extended memory (set by memory placement; empty when all is local).
+    comm: bytes (the buffer each rank contributes: S of the closed forms);
+        collective : one of COLLECTIVES; algorithm : optional algorithm name.
+
+Edge attributes
+    skip_first_iteration : bool, the dependency does not hold in iteration 1
+        (the back edge that closes the training loop).
+
+Dependencies between instances: for an edge u -> v, the instance of v on XPU
+x waits for the instance of u on x when both run on x; an instance of v on an
+XPU that u does not run on waits for nothing from u, unless u and v share no
+XPU at all, in which case every instance of v waits for every instance of u.
+Run k of an instance waits for run k of its predecessors (run k-1 across a
+``skip_first_iteration`` edge, nothing when k = 1).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import networkx as nx
+
+from hcsim.errors import WorkloadError
+
+__all__ = ["COLLECTIVES", "PRECISIONS", "new_workload", "add_compute", "add_comm", "add_dependency",
+           "validate_workload", "save_workload", "load_workload"]
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "p2p")
+PRECISIONS = ("fp32", "fp16", "bf16")
+
+
+def new_workload(name: str, *, precision: str = "fp32", samples_per_iteration: int = 1) -> nx.DiGraph:
+    """An empty workload graph."""
+    return nx.DiGraph(name=name, precision=precision, samples_per_iteration=samples_per_iteration)
+
+
+def add_compute(graph: nx.DiGraph, name: str, *, xpus, flops: float, memory_bytes: float = 0.0,
+                start: bool = False, label: str | None = None) -> str:
+    """Add a compute vertex replicated on `xpus`; returns its name."""
+    graph.add_node(name, kind="compute", xpus=tuple(xpus), flops=float(flops), memory_bytes=float(memory_bytes),
+                   spilled_xpus=frozenset(), start=start, label=label or name)
+    return name
+
+
+def add_comm(graph: nx.DiGraph, name: str, *, xpus, bytes: float, collective: str,
+             algorithm: str | None = None, start: bool = False, label: str | None = None) -> str:
+    """Add a communication vertex over `xpus` (the group, or ``(src, dst)``); returns its name."""
+    graph.add_node(name, kind="comm", xpus=tuple(xpus), bytes=float(bytes), collective=collective,
+                   algorithm=algorithm, start=start, label=label or name)
+    return name
+
+
+def add_dependency(graph: nx.DiGraph, before: str, after: str, *, skip_first_iteration: bool = False) -> None:
+    """`after` waits for `before` (from iteration 2 on when `skip_first_iteration`)."""
+    graph.add_edge(before, after, skip_first_iteration=skip_first_iteration)
+
+
+def validate_workload(graph: nx.DiGraph, platform_xpus=None) -> None:
+    """Check a workload before any run; raise one WorkloadError listing every problem.
+
+    Checks: vertex kinds and sizes (non-negative, finite), XPUs that exist on
+    the platform (when `platform_xpus` is given), collectives and p2p shape,
+    at least one start vertex, and that every cycle is broken by a
+    ``skip_first_iteration`` edge (otherwise its vertices can never run).
+    """
+    known = set(platform_xpus) if platform_xpus is not None else None
+    problems = []
+    for name, data in graph.nodes(data=True):
+        problems += _vertex_problems(name, data, known)
+    if not any(data.get("start") for _, data in graph.nodes(data=True)) and graph.number_of_nodes():
+        problems.append("no start vertex: mark the first vertices of an iteration with start: true")
+    first_iteration = nx.DiGraph((u, v) for u, v, skip in graph.edges(data="skip_first_iteration") if not skip)
+    try:
+        cycle = nx.find_cycle(first_iteration)
+    except nx.NetworkXNoCycle:
+        cycle = None
+    if cycle:
+        names = " -> ".join(str(u) for u, _ in cycle) + f" -> {cycle[0][0]}"
+        problems.append(f"cycle with no skip_first_iteration edge (these vertices can never start): {names}")
+    if problems:
+        raise WorkloadError(f"workload {graph.graph.get('name', '?')!r} is invalid:\n  " + "\n  ".join(problems))
+
+
+def _vertex_problems(name, data, known) -> list[str]:
+    kind = data.get("kind")
+    if kind not in ("compute", "comm"):
+        return [f"vertex {name!r}: kind must be 'compute' or 'comm', got {kind!r}"]
+    problems = []
+    xpus = data.get("xpus") or ()
+    if not xpus:
+        problems.append(f"vertex {name!r}: runs on no XPU (xpus is empty)")
+    if known is not None:
+        missing = [x for x in xpus if x not in known]
+        if missing:
+            problems.append(f"vertex {name!r}: placed on XPUs the platform does not have: {', '.join(map(repr, missing[:5]))}")
+    sizes = ("flops", "memory_bytes") if kind == "compute" else ("bytes",)
+    for key in sizes:
+        value = data.get(key)
+        if not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
+            problems.append(f"vertex {name!r}: {key} must be a finite number >= 0, got {value!r}")
+    if kind == "comm":
+        collective = data.get("collective")
+        if collective not in COLLECTIVES:
+            problems.append(f"vertex {name!r}: collective {collective!r} is not one of {', '.join(COLLECTIVES)}")
+        elif collective == "p2p" and len(xpus) != 2:
+            problems.append(f"vertex {name!r}: a p2p transfer names exactly two XPUs (src, dst), got {len(xpus)}")
+    return problems
+
+
+def save_workload(graph: nx.DiGraph, path: str | Path) -> None:
+    """Write the graph as networkx node-link JSON (tuples and sets become lists)."""
+    data = nx.node_link_data(graph, edges="edges")
+    for node in data["nodes"]:
+        for key, value in node.items():
+            if isinstance(value, (tuple, frozenset, set)):
+                node[key] = sorted(value) if isinstance(value, (frozenset, set)) else list(value)
+    Path(path).write_text(json.dumps(data, indent=1))
+
+
+def load_workload(path: str | Path) -> nx.DiGraph:
+    """Read a graph written by :func:`save_workload` (or by the user's own tools) and validate it."""
+    try:
+        data = json.loads(Path(path).read_text())
+        graph = nx.node_link_graph(data, directed=True, edges="edges")
+    except (OSError, ValueError, KeyError, nx.NetworkXError) as err:
+        raise WorkloadError(f"{path}: not a node-link workload graph: {err}") from err
+    for _, node in graph.nodes(data=True):
+        node["xpus"] = tuple(node.get("xpus") or ())
+        if node.get("kind") == "compute":
+            node["spilled_xpus"] = frozenset(node.get("spilled_xpus") or ())
+        node.setdefault("start", False)
+    for _, _, edge in graph.edges(data=True):
+        edge.setdefault("skip_first_iteration", False)
+    validate_workload(graph)
+    return graph
