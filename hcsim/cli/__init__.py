@@ -1,0 +1,61 @@
+"""The `hcsim` command: one subcommand module per layer, each with ``register(subparsers)``.
+
+Errors hcsim raises on purpose (HcsimError) are printed in one line and exit 2;
+anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from hcsim import __version__
+from hcsim.errors import HcsimError
+
+__all__ = ["main"]
+
+SUBCOMMANDS = ("simulate", "platform", "workload", "sweep")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hcsim",
+        description="Simulate distributed AI training on heterogeneous, cache-coherent computing systems (on SimGrid).",
+    )
+    parser.add_argument("--version", action="version", version=f"hcsim {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="only errors on stderr")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMANDS:
+        try:
+            module = importlib.import_module(f"hcsim.cli.{name}")
+        except ModuleNotFoundError as err:
+            if err.name != f"hcsim.cli.{name}":
+                raise
+            continue
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.ERROR if args.quiet else (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    if not getattr(args, "run", None):
+        parser.print_help()
+        return 1
+    try:
+        return args.run(args) or 0
+    except HcsimError as err:
+        print(f"hcsim: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("hcsim: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
