@@ -29,6 +29,8 @@ fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 # PIP_CONSTRAINT reaches SimGrid's isolated build environment too: it fails with pybind11 3.x.
 export PIP_CONSTRAINT="$PWD/constraints.txt"
+# pip >= 25.3 constrains build environments only through PIP_BUILD_CONSTRAINT.
+export PIP_BUILD_CONSTRAINT="$PWD/constraints.txt"
 if ! "$VENV/bin/python" -c 'import hcsim.engine.simgrid_loader as s; s.load()' 2>/dev/null; then
   echo "setup: installing SimGrid 4.1 (built from source the first time, about 8 minutes) and hcsim"
 fi
