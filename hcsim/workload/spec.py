@@ -1,0 +1,259 @@
+"""Workload specs: a model, its per-layer costs, and how it is trained (YAML in ``workloads/``).
+
+A spec names the model shape, where its per-layer costs come from (a table
+such as paper Table 4, or the shape generator), the per-XPU batch, the
+precision and optimizer, the gradient buckets and collective algorithm, and
+the graph fidelity. See ``workloads/llama2-13b.yaml`` for every key.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hcsim.config import Fields, load_yaml, resolve_spec
+from hcsim.errors import ConfigError
+from hcsim.units import parse_quantity
+from hcsim.workload.graph import PRECISIONS
+from hcsim.workload.model import (MLP_TYPES, NORM_TYPES, OPTIMIZERS, RECOMPUTATION, Affine, DecoderTable, ElementSizes,
+                                  LayerCost, ModelShape, activation_bytes, element_sizes, generate_decoder_table)
+
+__all__ = ["WorkloadSpec", "load_workload_spec", "parse_workload_spec", "BUCKETS", "FIDELITIES", "COST_SOURCES"]
+
+BUCKETS = ("layer", "decoder", "model")
+FIDELITIES = ("layer", "decoder")
+COST_SOURCES = ("table", "shape")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkloadSpec:
+    """A data-parallel training workload.
+
+    name : spec name; model : the shape; costs : "table" (use `table`) or
+    "shape" (generate from `model`); table : the decoder table when costs is
+    "table"; batch_per_xpu : samples per XPU per iteration; precision :
+    "fp32" | "fp16" | "bf16"; optimizer : "adam" | "sgd";
+    optimizer_flops_per_parameter : FLOP of one optimizer step per parameter;
+    optimizer_bytes_per_parameter : bytes the optimizer step vertex reads per
+    parameter (0 when the backward pass already reads the state, as in Table 4);
+    recomputation : "none" | "selective" | "full" (activations kept);
+    bucket : gradient all-reduce granularity "layer" | "decoder" | "model";
+    algorithm : collective algorithm name for the engine; in_order : all-reduces
+    run one after another (one communication stream); fidelity : "layer" (one
+    compute vertex per table row) or "decoder" (one fused vertex per decoder pass).
+    """
+
+    name: str
+    model: ModelShape
+    costs: str = "shape"
+    table: DecoderTable | None = None
+    batch_per_xpu: int = 1
+    precision: str = "fp32"
+    optimizer: str = "adam"
+    optimizer_flops_per_parameter: float = 12.0
+    optimizer_bytes_per_parameter: float = 0.0
+    recomputation: str = "none"
+    bucket: str = "decoder"
+    algorithm: str = "ring"
+    in_order: bool = True
+    fidelity: str = "decoder"
+    description: str = ""
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        checks = [("costs", COST_SOURCES), ("precision", PRECISIONS), ("optimizer", OPTIMIZERS),
+                  ("recomputation", RECOMPUTATION), ("bucket", BUCKETS), ("fidelity", FIDELITIES)]
+        for key, options in checks:
+            if getattr(self, key) not in options:
+                raise ConfigError(f"workload {self.name!r}: {key} {getattr(self, key)!r} is not one of {', '.join(options)}")
+        if isinstance(self.batch_per_xpu, bool) or not isinstance(self.batch_per_xpu, int) or self.batch_per_xpu < 1:
+            raise ConfigError(f"workload {self.name!r}: batch_per_xpu must be an integer >= 1, got {self.batch_per_xpu!r}")
+        for key in ("optimizer_flops_per_parameter", "optimizer_bytes_per_parameter"):
+            if not getattr(self, key) >= 0:
+                raise ConfigError(f"workload {self.name!r}: {key} must be >= 0, got {getattr(self, key)!r}")
+        if not self.algorithm:
+            raise ConfigError(f"workload {self.name!r}: algorithm must be a non-empty name")
+        if self.costs == "table":
+            if self.table is None:
+                raise ConfigError(f"workload {self.name!r}: costs is 'table' but the spec has no table. "
+                                  "Fix: add a table, or set costs: shape")
+            if (self.table.sequence, self.table.hidden) != (self.model.sequence, self.model.hidden):
+                raise ConfigError(
+                    f"workload {self.name!r}: the table is for sequence {self.table.sequence} and hidden "
+                    f"{self.table.hidden}, the model has {self.model.sequence} and {self.model.hidden}. "
+                    "Fix: set costs: shape to derive the costs from the model shape")
+
+    @property
+    def sizes(self) -> ElementSizes:
+        """Bytes per element for this precision and optimizer."""
+        return element_sizes(self.precision, self.optimizer)
+
+    def decoder_table(self) -> DecoderTable:
+        """The per-layer costs of one decoder block (the table, or generated from the shape)."""
+        if self.costs == "table":
+            return self.table
+        return generate_decoder_table(self.model, self.sizes)
+
+    def activation_bytes(self) -> Affine:
+        """Activation bytes one decoder keeps for backward (affine in the batch)."""
+        return activation_bytes(self.model, self.sizes, self.recomputation)
+
+
+def load_workload_spec(name_or_path: str | Path, overrides: dict[str, Any] | None = None) -> WorkloadSpec:
+    """Read a workload spec: a path or a built-in name (``llama2-13b``), with optional overrides.
+
+    Parameters
+    ----------
+    name_or_path : a YAML file, or the name of one in ``workloads/``.
+    overrides : dotted keys to values, e.g. ``{"training.batch_per_xpu": 4,
+        "fidelity": "layer"}``; a string value is read as YAML (``"4"`` is 4).
+
+    Raises
+    ------
+    ConfigError
+        listing every problem of the file, unknown keys with a suggestion.
+    """
+    path = resolve_spec(name_or_path, "workloads")
+    data = load_yaml(path)
+    if overrides:
+        data = apply_overrides(data, overrides, str(path))
+    return parse_workload_spec(data, str(path))
+
+
+def apply_overrides(data: Any, overrides: dict[str, Any], where: str) -> dict:
+    """A copy of `data` with each dotted key set (string values parsed as YAML)."""
+    data = copy.deepcopy(data) if isinstance(data, dict) else {}
+    for key, value in overrides.items():
+        if isinstance(value, str):
+            try:
+                value = yaml.safe_load(value)
+            except yaml.YAMLError as err:
+                raise ConfigError(f"{where}: override {key}={value!r}: not a YAML value") from err
+        parts = str(key).split(".")
+        node = data
+        for depth, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"{where}: override {key!r}: {'.'.join(parts[:depth + 1])} is not a mapping")
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def parse_workload_spec(data: Any, where: str = "workload") -> WorkloadSpec:
+    """Build a WorkloadSpec from parsed YAML; raise one ConfigError with every problem."""
+    top = Fields(data, f"{where}: ")
+    name = top.string("name", Path(where).stem)
+    description = top.string("description", "")
+    shape = _shape(top.sub("model"), name)
+    costs = top.choice("costs", COST_SOURCES, "table" if top.has("table") else "shape")
+    table = _table(top.sub("table")) if top.has("table") else None
+    training = top.sub("training")
+    values = dict(
+        batch_per_xpu=training.number("batch_per_xpu", 1, kind=int, minimum=1),
+        precision=training.choice("precision", PRECISIONS, "fp32"),
+        optimizer=training.choice("optimizer", OPTIMIZERS, "adam"),
+        optimizer_flops_per_parameter=training.number("optimizer_flops_per_parameter", 12.0, minimum=0),
+        optimizer_bytes_per_parameter=training.quantity("optimizer_bytes_per_parameter", "size", 0.0, positive=False),
+        recomputation=training.choice("recomputation", RECOMPUTATION, "none"),
+    )
+    training.check_unknown()
+    gradients = top.sub("gradients")
+    values.update(bucket=gradients.choice("bucket", BUCKETS, "decoder"),
+                  algorithm=gradients.string("algorithm", "ring"),
+                  in_order=gradients.flag("in_order", True))
+    gradients.check_unknown()
+    values["fidelity"] = top.choice("fidelity", FIDELITIES, "decoder")
+    top.done()
+    try:
+        return WorkloadSpec(name=name, description=description, model=shape, costs=costs, table=table,
+                            source=where, **values)
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from err
+
+
+def _shape(fields: Fields, name: str) -> ModelShape | None:
+    values = dict(
+        name=fields.string("name", name),
+        decoders=fields.number("decoders", kind=int, minimum=1),
+        hidden=fields.number("hidden", kind=int, minimum=1),
+        heads=fields.number("heads", kind=int, minimum=1),
+        kv_heads=fields.number("kv_heads", None, kind=int, minimum=1),
+        ffn=fields.number("ffn", kind=int, minimum=1),
+        sequence=fields.number("sequence", kind=int, minimum=1),
+        mlp=fields.choice("mlp", MLP_TYPES, "gelu"),
+        norm=fields.choice("norm", NORM_TYPES, "layernorm"),
+        dropout=fields.flag("dropout", True),
+        vocabulary=fields.number("vocabulary", 0, kind=int, minimum=0),
+    )
+    fields.check_unknown()
+    if any(values[k] is None for k in ("decoders", "hidden", "heads", "ffn", "sequence")):
+        return None
+    try:
+        return ModelShape(**values)
+    except ConfigError as err:
+        fields.problems.append(f"{fields.where}: {err}")
+        return None
+
+
+def _table(fields: Fields) -> DecoderTable | None:
+    name = fields.string("name", "table")
+    sequence = fields.number("sequence", kind=int, minimum=1)
+    hidden = fields.number("hidden", kind=int, minimum=1)
+    rows = fields.raw("rows")
+    layers = []
+    if not isinstance(rows, list) or not rows:
+        fields.problems.append(f"{fields.path('rows')}: expected a list of layers")
+        rows = []
+    for index, row in enumerate(rows):
+        layer = Fields(row, f"{fields.path('rows')}[{index}]", fields.problems)
+        values = dict(name=layer.string("name"), printed=layer.string("printed", ""),
+                      parameters=layer.number("parameters", 0, kind=int, minimum=0))
+        for key, dimension in (("fwd_flops", "flop"), ("fwd_bytes", "size"), ("bwd_flops", "flop"), ("bwd_bytes", "size")):
+            values[key] = _affine(layer, key, dimension)
+        layer.check_unknown()
+        if None not in values.values():
+            layers.append(LayerCost(**values))
+    fields.check_unknown()
+    if sequence is None or hidden is None or len(layers) != len(rows):
+        return None
+    try:
+        return DecoderTable(name=name, layers=tuple(layers), sequence=sequence, hidden=hidden, source=fields.where)
+    except ConfigError as err:
+        fields.problems.append(f"{fields.where}: {err}")
+        return None
+
+
+def _affine(fields: Fields, key: str, dimension: str) -> Affine | None:
+    """Read ``"0.0488GB + 0.039GB*b"`` (b = batch per XPU) or ``negligible`` (0)."""
+    if not fields.has(key):
+        return fields._missing(key, ...)
+    text = fields.raw(key)
+    if text == "negligible":
+        return Affine()
+    if not isinstance(text, str):
+        return fields._fail(key, f"expected a cost such as '195GFLOP*b' or '0.0488GB + 0.039GB*b', got {text!r}", None)
+    constant = per_sample = 0.0
+    for term in text.split("+"):
+        term = term.strip()
+        scaled = term.endswith("*b") or term.startswith("b*")
+        if scaled:
+            term = term[:-2] if term.endswith("*b") else term[2:]
+        try:
+            value = parse_quantity(term.strip(), dimension, fields.path(key))
+        except ConfigError as err:
+            fields.problems.append(f"{err} (terms are quantities, optionally times b: '0.039GB*b')")
+            return None
+        if value < 0:
+            return fields._fail(key, f"must be >= 0, got {text!r}", None)
+        if scaled:
+            per_sample += value
+        else:
+            constant += value
+    return Affine(constant, per_sample)

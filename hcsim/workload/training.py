@@ -1,0 +1,151 @@
+"""The data-parallel training graph of paper Fig. 7.
+
+One iteration on every XPU: forward through decoders 1..L, backward through
+L..1, a gradient all-reduce per bucket as soon as the bucket's backward is
+done (overlapping the rest of the backward pass), an optimizer step once every
+all-reduce has ended, and the back edge optimizer -> first forward vertex
+(``skip_first_iteration``) that makes the next iteration wait for the update.
+
+Vertex names (decoders numbered from 1, zero-padded to the width of L)::
+
+    d01.fwd.linear_q   d01.bwd.linear_q     (fidelity "layer": one per table row)
+    d01.fwd            d01.bwd              (fidelity "decoder": one fused vertex per pass)
+    allreduce.d01.linear_q | allreduce.d01 | allreduce.model   (bucket layer | decoder | model)
+    optimizer
+
+Besides the contract of :mod:`hcsim.workload.graph`, every vertex carries
+``phase`` ("fwd" | "bwd" | "allreduce" | "optimizer") and ``decoder`` (1..L,
+0 for the optimizer and a whole-model all-reduce), which memory placement and
+reports use.
+"""
+
+from __future__ import annotations
+
+import networkx as nx
+
+from hcsim.errors import WorkloadError
+from hcsim.workload.graph import add_comm, add_compute, add_dependency, new_workload
+from hcsim.workload.model import LayerCost
+from hcsim.workload.spec import WorkloadSpec
+
+__all__ = ["build_training_graph", "decoder_parameters", "gradient_bytes"]
+
+
+def decoder_parameters(spec: WorkloadSpec) -> int:
+    """Parameters of one decoder block."""
+    return spec.decoder_table().parameters
+
+
+def gradient_bytes(spec: WorkloadSpec, parameters: int) -> float:
+    """Bytes all-reduced for `parameters` gradients at the spec's precision."""
+    return parameters * spec.sizes.gradient
+
+
+def build_training_graph(spec: WorkloadSpec, xpus: list[str]) -> nx.DiGraph:
+    """The data-parallel training graph of `spec` over `xpus` (paper Fig. 7).
+
+    Every compute vertex is replicated on all `xpus`; every all-reduce has the
+    group `xpus` (in that order: ring order is the caller's), collective
+    "all_reduce", algorithm ``spec.algorithm``, and bytes = the bucket's
+    parameters x gradient bytes per element. The optimizer step does
+    ``spec.optimizer_flops_per_parameter`` FLOP and reads
+    ``spec.optimizer_bytes_per_parameter`` bytes per parameter of the model.
+
+    Parameters
+    ----------
+    spec : the workload (:func:`hcsim.workload.load_workload_spec`).
+    xpus : XPU names, at least one, no repeats.
+
+    Returns
+    -------
+    networkx.DiGraph following :mod:`hcsim.workload.graph`, with graph
+    attributes name, precision, samples_per_iteration (= batch per XPU),
+    decoders, fidelity, bucket, parameters (of the decoders), model.
+
+    Raises
+    ------
+    WorkloadError
+        if `xpus` is empty or repeats a name.
+    """
+    group = tuple(xpus)
+    if not group:
+        raise WorkloadError(f"workload {spec.name!r}: no XPUs to train on")
+    if len(set(group)) != len(group):
+        repeated = sorted({x for x in group if group.count(x) > 1})
+        raise WorkloadError(f"workload {spec.name!r}: XPUs listed more than once: {', '.join(repeated[:5])}")
+    table = spec.decoder_table()
+    decoders = spec.model.decoders
+    batch = spec.batch_per_xpu
+    width = len(str(decoders))
+    graph = new_workload(spec.name, precision=spec.precision, samples_per_iteration=batch)
+    graph.graph.update(model=spec.model.name, decoders=decoders, fidelity=spec.fidelity, bucket=spec.bucket,
+                       parameters=table.parameters * decoders)
+
+    def tag(d: int) -> str:
+        return f"d{d:0{width}d}"
+
+    def add_pass(d: int, phase: str, layers: tuple[LayerCost, ...], start: bool) -> list[str]:
+        """Compute vertices of one pass of decoder d, in execution order."""
+        flops, mem = f"{phase}_flops", f"{phase}_bytes"
+        if spec.fidelity == "decoder":
+            name = f"{tag(d)}.{phase}"
+            add_compute(graph, name, xpus=group, flops=sum(getattr(layer, flops)(batch) for layer in layers),
+                        memory_bytes=sum(getattr(layer, mem)(batch) for layer in layers), start=start)
+            names = [name]
+        else:
+            names = []
+            for i, layer in enumerate(layers):
+                name = f"{tag(d)}.{phase}.{layer.name}"
+                add_compute(graph, name, xpus=group, flops=getattr(layer, flops)(batch),
+                            memory_bytes=getattr(layer, mem)(batch), start=start and i == 0)
+                names.append(name)
+        for name in names:
+            graph.nodes[name].update(phase=phase, decoder=d)
+        return names
+
+    chain: list[str] = []
+    for d in range(1, decoders + 1):
+        chain += add_pass(d, "fwd", table.layers, start=d == 1)
+    first = chain[0]
+    allreduces: list[str] = []
+    reversed_layers = tuple(reversed(table.layers))
+    for d in range(decoders, 0, -1):
+        names = add_pass(d, "bwd", reversed_layers, start=False)
+        chain += names
+        if spec.bucket == "decoder":
+            allreduces.append(_allreduce(graph, f"allreduce.{tag(d)}", group, spec, table.parameters, d, names[-1]))
+        elif spec.bucket == "layer":
+            if spec.fidelity == "layer":
+                owners = zip(reversed_layers, names)
+            else:  # one fused vertex computes every layer's gradient
+                owners = ((layer, names[0]) for layer in reversed_layers)
+            for layer, after in owners:
+                if layer.parameters:
+                    allreduces.append(_allreduce(graph, f"allreduce.{tag(d)}.{layer.name}", group, spec,
+                                                 layer.parameters, d, after))
+    for before, after in zip(chain, chain[1:]):
+        add_dependency(graph, before, after)
+    if spec.bucket == "model":
+        allreduces.append(_allreduce(graph, "allreduce.model", group, spec, table.parameters * decoders, 0, chain[-1]))
+    if spec.in_order:
+        for before, after in zip(allreduces, allreduces[1:]):
+            add_dependency(graph, before, after)
+    parameters = table.parameters * decoders
+    add_compute(graph, "optimizer", xpus=group, flops=spec.optimizer_flops_per_parameter * parameters,
+                memory_bytes=spec.optimizer_bytes_per_parameter * parameters)
+    graph.nodes["optimizer"].update(phase="optimizer", decoder=0)
+    # the optimizer needs every synchronised gradient (and, without all-reduces, the backward pass)
+    for name in allreduces or [chain[-1]]:
+        add_dependency(graph, name, "optimizer")
+    add_dependency(graph, "optimizer", first, skip_first_iteration=True)
+    return graph
+
+
+def _allreduce(graph: nx.DiGraph, name: str, group: tuple, spec: WorkloadSpec, parameters: int, decoder: int,
+               after: str) -> str:
+    """Add the all-reduce of `parameters` gradients that starts when vertex `after` has ended."""
+    add_comm(graph, name, xpus=group, bytes=gradient_bytes(spec, parameters), collective="all_reduce",
+             algorithm=spec.algorithm)
+    graph.nodes[name].update(phase="allreduce", decoder=decoder)
+    add_dependency(graph, after, name)
+    return name
