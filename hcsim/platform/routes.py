@@ -6,7 +6,9 @@ networkx's Dijkstra takes one additive weight and cannot break ties on a
 bottleneck (a max-min criterion), so the search below runs Dijkstra on the
 pair (latency, -bottleneck) in lexicographic order; both criteria are
 monotone along a path, which is what Dijkstra needs. Latencies are summed as
-integer femtoseconds so that equal paths compare equal.
+integer femtoseconds so that equal paths compare equal. Routes pass only
+through transit nodes (switches, NICs, CPUs by default: see
+:func:`hcsim.platform.topology.is_transit`); an XPU or a memory is an end.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Iterable
 import networkx as nx
 
 from hcsim.errors import TopologyError
+from hcsim.platform.topology import is_transit
 
 __all__ = ["shortest_routes", "route_latency", "route_bandwidth"]
 
@@ -53,6 +56,7 @@ def shortest_routes(graph: nx.Graph, source: str, targets: Iterable[str]) -> dic
 
 def _dijkstra(graph: nx.Graph, source: str, targets: set[str]) -> dict[str, list[str]]:
     adjacency = graph._adj  # read-only fast path; networkx documents _adj as the adjacency store
+    nodes = graph._node
     best = {source: (0, float("-inf"))}
     parent: dict[str, str | None] = {source: None}
     heap = [(0, float("-inf"), 0, source)]
@@ -65,6 +69,8 @@ def _dijkstra(graph: nx.Graph, source: str, targets: set[str]) -> dict[str, list
             continue
         settled.add(node)
         remaining.discard(node)
+        if node != source and not is_transit(nodes[node]):
+            continue
         for neighbour, link in adjacency[node].items():
             if neighbour in settled:
                 continue

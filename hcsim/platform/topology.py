@@ -12,8 +12,14 @@ Graph attributes
 
 Node attributes (``kind`` first)
     kind : "switch" | "xpu" | "cpu" | "memory" | "nic"
-    server, rack : optional str / int, where the node sits (ring order, traces).
-    switch: role : "pcie" | "xpu" | "tor" | "core" | "cxl" (informative).
+    server, rack : optional str / int, where the node sits (ring order, traces,
+        and the compiler's grouping of hosts into SimGrid zones).
+    transit : optional bool, whether routes may pass *through* the node.
+        Default: switches, NICs and CPUs forward (a CPU's root complex joins
+        its PCIe switch, UPI and DRAM); XPUs and memories are endpoints only.
+        Set it on XPUs for direct-connect topologies (rings, tori).
+    switch: role : "pcie" | "xpu" | "tor" | "core" | "cxl" (informative);
+            level : CXL switches only, 1 for leaves, +1 per cascade level.
     xpu: device : catalog name; fp32_flops, fp16_flops : FLOP/s;
          local_memory : name of its HBM memory node;
          extended_memory : name of the memory node it spills to, or None.
@@ -39,13 +45,14 @@ import networkx as nx
 from hcsim.errors import TopologyError
 
 __all__ = [
-    "NODE_KINDS", "LINK_KINDS", "HOST_KINDS", "add_link", "add_xpu", "add_memory",
-    "xpus", "validate_topology", "host_nodes",
+    "NODE_KINDS", "LINK_KINDS", "HOST_KINDS", "MEMORY_ROLES", "add_link", "add_xpu", "add_memory",
+    "xpus", "validate_topology", "host_nodes", "is_transit",
 ]
 
 NODE_KINDS = ("switch", "xpu", "cpu", "memory", "nic")
 LINK_KINDS = ("pcie", "upi", "xpu_link", "eth", "cxl", "hbm", "dram")
 HOST_KINDS = ("xpu", "cpu", "memory")  # become SimGrid hosts; the others only carry links
+ENDPOINT_KINDS = ("xpu", "memory")  # routes do not cross these unless the node says transit=True
 MEMORY_ROLES = ("hbm", "dram", "cxl_type3", "cxl_type2")
 
 
@@ -79,9 +86,14 @@ def host_nodes(graph: nx.Graph) -> list[str]:
     return sorted(n for n, k in graph.nodes(data="kind") if k in HOST_KINDS)
 
 
+def is_transit(data: dict) -> bool:
+    """Whether routes may pass through a node with attributes `data` (see ``transit`` above)."""
+    return data.get("transit", data.get("kind") not in ENDPOINT_KINDS)
+
+
 def _placement_key(graph: nx.Graph, node: str):
     data = graph.nodes[node]
-    return (data.get("rack", 0), str(data.get("server", "")), _natural(node))
+    return (data.get("rack", 0), _natural(str(data.get("server", ""))), _natural(node))
 
 
 def _natural(name: str):
@@ -153,17 +165,30 @@ def _positive(value) -> bool:
 
 
 def _reachability_problems(graph: nx.Graph) -> list[str]:
+    """XPUs that cannot reach their memories or their peers, through transit nodes only."""
+    transit = [n for n, data in graph.nodes(data=True) if is_transit(data)]
+    component = {n: i for i, comp in enumerate(nx.connected_components(graph.subgraph(transit))) for n in comp}
+
+    def reach(node) -> set:
+        if node in component:
+            return {component[node]}
+        return {component[m] for m in graph[node] if m in component}
+
+    def reaches(a, b) -> bool:
+        return graph.has_edge(a, b) or bool(reach(a) & reach(b))
+
     problems = []
-    component = {n: i for i, comp in enumerate(nx.connected_components(graph)) for n in comp}
     accelerators = xpus(graph)
     for xpu in accelerators:
         for key in ("local_memory", "extended_memory"):
             memory = graph.nodes[xpu].get(key)
-            if memory in graph and component[memory] != component[xpu]:
+            if memory in graph and not reaches(xpu, memory):
                 problems.append(f"xpu {xpu!r}: cannot reach its {key} {memory!r}")
-    groups = Counter(component[x] for x in accelerators)
-    if len(groups) > 1:
-        main = groups.most_common(1)[0][0]
-        stray = [x for x in accelerators if component[x] != main]
-        problems.append(f"xpus {', '.join(map(repr, stray[:5]))}{' ...' if len(stray) > 5 else ''} cannot reach their peers")
+    groups = Counter(c for x in accelerators for c in reach(x))
+    if len(accelerators) > 1:
+        main = groups.most_common(1)[0][0] if groups else None
+        stray = [x for x in accelerators if main not in reach(x)]
+        if stray:
+            problems.append(f"xpus {', '.join(map(repr, stray[:5]))}{' ...' if len(stray) > 5 else ''} "
+                            "cannot reach their peers")
     return problems

@@ -1,0 +1,392 @@
+"""Platform specs: the YAML description of a computing system, read and checked.
+
+A spec is either *structured* (the paper's Fig. 6 family: servers, racks, an
+Ethernet leaf-spine, optionally a CXL fabric; every parameter named in the
+YAML with its default documented there) or *explicit* (a ``topology:`` section
+listing nodes and links one by one, for systems of the user's own).
+
+Top-level keys of a structured spec (see ``platforms/paper-cxl.yaml`` for every
+default and its source):
+
+    name, xpus, coherent, devices, device_catalog, server, rack, network, cxl,
+    links, routes
+
+An explicit spec has ``name``, ``device_catalog``, ``links`` (only ``hbm``
+is read, for the XPUs' HBM links), ``topology`` (``nodes`` and ``links``) and
+optionally ``routes``.
+
+Overrides (from a scenario or a sweep) are dotted keys applied to the YAML
+before it is checked, so their errors name the key: ``{"links.cxl.latency":
+"1us", "coherent": False, "devices": ["H100", "A100"]}``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from hcsim.config import Fields, load_yaml, resolve_spec
+from hcsim.errors import ConfigError
+from hcsim.platform.devices import BUILTIN_CATALOG, Device, load_catalog
+from hcsim.platform.topology import LINK_KINDS, MEMORY_ROLES, NODE_KINDS
+from hcsim.units import BytesPerSecond, Bytes, FlopsPerSecond, Seconds
+
+__all__ = [
+    "LinkSpec", "ServerSpec", "NetworkSpec", "CxlSpec", "NodeSpec", "EdgeSpec", "TopologySpec",
+    "PlatformSpec", "load_platform_spec", "apply_overrides", "TABLE5_LINKS", "TYPE3_ATTACH",
+]
+
+# Links every structured spec names (paper Table 5 plus the ones the paper leaves open).
+TABLE5_LINKS = ("tor_to_l1", "nic_to_tor", "upi", "pcie", "xpu_link", "cxl", "hbm", "dram")
+TYPE3_ATTACH = ("switch", "xpu")
+UNBOUNDED = ("unbounded", "inf")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinkSpec:
+    """A full-duplex link class: bandwidth in B/s per direction (None: the device's, for hbm), latency in s."""
+
+    name: str
+    bandwidth: BytesPerSecond | None
+    latency: Seconds
+
+    def __post_init__(self) -> None:
+        if self.bandwidth is not None and not self.bandwidth > 0:
+            raise ConfigError(f"links.{self.name}.bandwidth: must be > 0 B/s, got {self.bandwidth!r}")
+        if not self.latency > 0:  # also rejects NaN; CM02 starves flows on zero-latency routes
+            raise ConfigError(f"links.{self.name}.latency: must be > 0 s, got {self.latency!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerSpec:
+    """One server (IEIT NF5468 "balance" layout by default)."""
+
+    cpus: int
+    xpus_per_cpu: int
+    cpu_pcie_links: int
+    xpu_switch: bool
+    nics_per_cpu: int
+    cpu_flops: FlopsPerSecond
+    dram_capacity: Bytes
+
+    @property
+    def xpus(self) -> int:
+        return self.cpus * self.xpus_per_cpu
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NetworkSpec:
+    """Ethernet leaf-spine: `servers_per_rack` servers per ToR, every ToR linked to each of `spines` core switches."""
+
+    servers_per_rack: int
+    spines: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CxlSpec:
+    """CXL fabric: leaf switches of `xpus_per_leaf` XPUs, cascaded `radix` children per switch, per rack then across racks."""
+
+    xpus_per_leaf: int
+    radix: int
+    type3_attach: str
+    type3_capacity: Bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeSpec:
+    """A node of an explicit topology; `attributes` follow hcsim.platform.topology."""
+
+    name: str
+    kind: str
+    attributes: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EdgeSpec:
+    """A link of an explicit topology (B/s, s)."""
+
+    u: str
+    v: str
+    bandwidth: BytesPerSecond | None
+    latency: Seconds | None
+    kind: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TopologySpec:
+    """An explicit topology: nodes and links as the user listed them (duplicates kept, for validation)."""
+
+    nodes: tuple[NodeSpec, ...]
+    links: tuple[EdgeSpec, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlatformSpec:
+    """A checked platform spec. Make variants with ``load_platform_spec(..., overrides)``."""
+
+    name: str
+    source: str
+    xpus: int
+    coherent: bool
+    devices: tuple[str, ...]
+    catalog: Mapping[str, Device]
+    server: ServerSpec | None
+    network: NetworkSpec | None
+    cxl: CxlSpec | None
+    links: Mapping[str, LinkSpec]
+    routes: tuple[tuple[str, ...], ...] = ()
+    topology: TopologySpec | None = None
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+
+    def device_of_rack(self, rack: int) -> Device:
+        """The device of every XPU in `rack` (racks cycle through `devices`)."""
+        return self.catalog[self.devices[rack % len(self.devices)]]
+
+
+def apply_overrides(data: Any, overrides: Mapping[str, object] | None, where: str) -> Any:
+    """Return a copy of raw spec `data` with dotted-key `overrides` set (``"links.cxl.latency": "1us"``)."""
+    data = copy.deepcopy(data) if data is not None else {}
+    problems = []
+    for key, value in (overrides or {}).items():
+        parts = str(key).split(".")
+        node = data
+        for depth, part in enumerate(parts[:-1]):
+            if not isinstance(node, dict):
+                break
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                problems.append(f"{where}override {key!r}: {'.'.join(parts[:depth + 1])} is not a mapping")
+                break
+        else:
+            if isinstance(node, dict):
+                node[parts[-1]] = copy.deepcopy(value)
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return data
+
+
+def load_platform_spec(name_or_path: str | Path, overrides: Mapping[str, object] | None = None) -> PlatformSpec:
+    """Read, override and check a platform spec.
+
+    Parameters
+    ----------
+    name_or_path : a built-in name (``"paper-cxl"``, ``"paper-traditional"``) or a YAML path.
+    overrides : dotted keys with YAML-style values, applied before checking.
+
+    Raises
+    ------
+    ConfigError
+        listing every problem of the spec at once, each with its field path.
+
+    >>> spec = load_platform_spec("paper-cxl", {"xpus": 64, "links.cxl.bandwidth": "256GB/s"})
+    >>> spec.xpus, spec.coherent, spec.links["cxl"].bandwidth
+    (64, True, 256000000000.0)
+    """
+    path = resolve_spec(name_or_path, "platforms")
+    where = f"{path.name}: "
+    data = apply_overrides(load_yaml(path), overrides, where)
+    top = Fields(data, where)
+    name = top.string("name", path.stem)
+    catalog = _catalog(top, path.parent)
+    links = _links(top.sub("links"), explicit=top.has("topology"))
+    routes = _routes(top)
+    if top.has("topology"):
+        topology = _topology(top.sub("topology"), catalog)
+        top.done()
+        xpus = sum(1 for node in topology.nodes if node.kind == "xpu")
+        return PlatformSpec(name=name, source=str(path), xpus=xpus, coherent=False, devices=(),
+                            catalog=MappingProxyType(catalog), server=None, network=None, cxl=None,
+                            links=MappingProxyType(links), routes=routes, topology=topology,
+                            overrides=MappingProxyType(dict(overrides or {})))
+    xpus = top.number("xpus", kind=int, minimum=1)
+    coherent = top.flag("coherent")
+    devices = _devices(top, catalog)
+    server = _server(top.sub("server"))
+    network = _network(top.sub("rack"), top.sub("network"))
+    cxl = _cxl(top.sub("cxl"))
+    top.done()
+    return PlatformSpec(name=name, source=str(path), xpus=xpus, coherent=coherent, devices=devices,
+                        catalog=MappingProxyType(catalog), server=server, network=network, cxl=cxl,
+                        links=MappingProxyType(links), routes=routes,
+                        overrides=MappingProxyType(dict(overrides or {})))
+
+
+def _catalog(top: Fields, base: Path) -> dict[str, Device]:
+    files = top.raw("device_catalog", [])
+    if isinstance(files, str):
+        files = [files]
+    if not isinstance(files, list):
+        top.problems.append(f"{top.path('device_catalog')}: expected a list of device YAML files, got {files!r}")
+        files = []
+    catalog = load_catalog(BUILTIN_CATALOG)
+    origin = dict.fromkeys(catalog, BUILTIN_CATALOG.name)
+    for i, file in enumerate(files):
+        where = f"{top.path('device_catalog')}[{i}]"
+        file_path = Path(str(file)) if Path(str(file)).is_absolute() else base / str(file)
+        try:
+            extra = load_catalog(resolve_spec(file_path, "platforms"))
+        except ConfigError as err:
+            top.problems.append(f"{where}: {err}")
+            continue
+        for device_name, device in extra.items():
+            if device_name in catalog:
+                top.problems.append(f"{where}: device {device_name!r} is already defined in {origin[device_name]}; "
+                                    "give yours another name")
+                continue
+            catalog[device_name] = device
+            origin[device_name] = str(file)
+    return catalog
+
+
+def _devices(top: Fields, catalog: Mapping[str, Device]) -> tuple[str, ...]:
+    raw = top.raw("devices")
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list) or not raw:
+        top.problems.append(f"{top.path('devices')}: expected a non-empty list of device names (one per rack, cycling), got {raw!r}")
+        return ()
+    from hcsim.config import _suggest  # one suggestion format for the whole code base
+
+    for i, device in enumerate(raw):
+        if device not in catalog:
+            top.problems.append(f"{top.path('devices')}[{i}]: unknown device {device!r}{_suggest(device, catalog)}; "
+                                f"known: {', '.join(sorted(catalog))}")
+    return tuple(map(str, raw))
+
+
+def _capacity(fields: Fields, key: str) -> Any:
+    value = fields.data.get(key)
+    if isinstance(value, str) and value.strip().lower() in UNBOUNDED:
+        fields.raw(key)
+        return math.inf
+    return fields.quantity(key, "size")
+
+
+def _server(fields: Fields) -> ServerSpec | None:
+    values = dict(
+        cpus=fields.number("cpus", kind=int, minimum=1),
+        xpus_per_cpu=fields.number("xpus_per_cpu", kind=int, minimum=1),
+        cpu_pcie_links=fields.number("cpu_pcie_links", kind=int, minimum=1),
+        xpu_switch=fields.flag("xpu_switch"),
+        nics_per_cpu=fields.number("nics_per_cpu", kind=int, minimum=1),
+        cpu_flops=fields.quantity("cpu_flops", "flops", positive=False),
+        dram_capacity=_capacity(fields, "dram_capacity"),
+    )
+    fields.check_unknown()
+    return None if None in values.values() else ServerSpec(**values)
+
+
+def _network(rack: Fields, network: Fields) -> NetworkSpec | None:
+    servers = rack.number("servers", kind=int, minimum=1)
+    rack.check_unknown()
+    spines = network.number("spines", kind=int, minimum=1)
+    network.check_unknown()
+    return None if None in (servers, spines) else NetworkSpec(servers_per_rack=servers, spines=spines)
+
+
+def _cxl(fields: Fields) -> CxlSpec | None:
+    values = dict(
+        xpus_per_leaf=fields.number("xpus_per_leaf", kind=int, minimum=1),
+        radix=fields.number("radix", kind=int, minimum=2),
+        type3_attach=fields.choice("type3_attach", TYPE3_ATTACH),
+        type3_capacity=_capacity(fields, "type3_capacity"),
+    )
+    fields.check_unknown()
+    return None if None in values.values() else CxlSpec(**values)
+
+
+def _links(fields: Fields, explicit: bool) -> dict[str, LinkSpec]:
+    links = {}
+    names = ("hbm",) if explicit else TABLE5_LINKS
+    for name in names:
+        if not fields.has(name):
+            if explicit:
+                continue
+            fields.problems.append(f"{fields.path(name)}: is required (bandwidth and latency of this link class)")
+            continue
+        sub = fields.sub(name)
+        bandwidth = sub.quantity("bandwidth", "bandwidth", default=None if name == "hbm" else ...)
+        latency = sub.quantity("latency", "time")
+        sub.check_unknown()
+        if latency is not None and (bandwidth is not None or (name == "hbm" and not sub.has("bandwidth"))):
+            links[name] = LinkSpec(name=name, bandwidth=bandwidth, latency=latency)
+    fields.check_unknown()
+    return links
+
+
+def _routes(top: Fields) -> tuple[tuple[str, ...], ...]:
+    raw = top.raw("routes", [])
+    if not isinstance(raw, list):
+        top.problems.append(f"{top.path('routes')}: expected a list of routes, each a list of node names from source to destination")
+        return ()
+    routes = []
+    for i, route in enumerate(raw):
+        if not isinstance(route, list) or len(route) < 2 or not all(isinstance(n, str) for n in route):
+            top.problems.append(f"{top.path('routes')}[{i}]: expected a list of at least 2 node names, got {route!r}")
+            continue
+        routes.append(tuple(route))
+    return tuple(routes)
+
+
+_NODE_KEYS = {
+    "switch": ("role",),
+    "nic": (),
+    "cpu": ("flops",),
+    "xpu": ("device", "extended_memory", "transit"),
+    "memory": ("capacity", "role", "owner"),
+}
+
+
+def _topology(fields: Fields, catalog: Mapping[str, Device]) -> TopologySpec:
+    nodes, edges = [], []
+    raw_nodes = fields.raw("nodes", [])
+    raw_links = fields.raw("links", [])
+    for i, raw in enumerate(raw_nodes if isinstance(raw_nodes, list) else []):
+        node = Fields(raw, f"{fields.path('nodes')}[{i}]", fields.problems)
+        name = node.string("name")
+        kind = node.choice("kind", NODE_KINDS)
+        attributes: dict[str, Any] = {}
+        for key in ("rack", "server"):
+            if node.has(key):
+                attributes[key] = node.raw(key)
+        if node.has("transit"):
+            attributes["transit"] = node.flag("transit")
+        if kind == "xpu":
+            attributes["device"] = node.choice("device", sorted(catalog))
+            if node.has("extended_memory"):
+                attributes["extended_memory"] = node.string("extended_memory")
+        elif kind == "cpu":
+            attributes["flops"] = node.quantity("flops", "flops", default=0.0, positive=False)
+        elif kind == "memory":
+            attributes["capacity"] = _capacity(node, "capacity") if node.has("capacity") else None
+            attributes["role"] = node.choice("role", MEMORY_ROLES, default="dram")
+            attributes["owner"] = node.string("owner", default=None)
+        elif kind == "switch":
+            attributes["role"] = node.string("role", default=None)
+        node.check_unknown()
+        if name is not None and kind is not None:
+            nodes.append(NodeSpec(name=name, kind=kind, attributes=MappingProxyType(attributes)))
+    for i, raw in enumerate(raw_links if isinstance(raw_links, list) else []):
+        link = Fields(raw, f"{fields.path('links')}[{i}]", fields.problems)
+        ends = link.raw("ends")
+        if not (isinstance(ends, list) and len(ends) == 2 and all(isinstance(e, str) for e in ends)):
+            link.problems.append(f"{link.path('ends')}: expected two node names, got {ends!r}")
+            ends = None
+        # bandwidth and latency are checked by validate_topology, which names the link
+        bandwidth = link.quantity("bandwidth", "bandwidth", default=None, positive=False)
+        latency = link.quantity("latency", "time", default=None, positive=False)
+        kind = link.choice("kind", LINK_KINDS)
+        link.check_unknown()
+        if ends and kind:
+            edges.append(EdgeSpec(u=ends[0], v=ends[1], bandwidth=bandwidth, latency=latency, kind=kind))
+    if not isinstance(raw_nodes, list) or not raw_nodes:
+        fields.problems.append(f"{fields.path('nodes')}: expected a non-empty list of nodes")
+    if not isinstance(raw_links, list):
+        fields.problems.append(f"{fields.path('links')}: expected a list of links")
+    fields.check_unknown()
+    return TopologySpec(nodes=tuple(nodes), links=tuple(edges))
