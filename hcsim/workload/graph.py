@@ -17,6 +17,10 @@ Vertex attributes
         transfer is ``(src, dst)``.
     start : bool, the vertex is in the initial running set (paper Fig. 5).
     label : optional str for reports (``decoder3.fwd.linear_k``).
+    phase, decoder : optional, set by the training-graph builder
+        (:mod:`hcsim.workload.training`): "fwd" | "bwd" | "allreduce" |
+        "optimizer", and the decoder number (1..L; 0 for none). Any other
+        attribute is kept and ignored.
     compute: flops (per XPU), memory_bytes (per XPU, read by the computation),
         spilled_xpus : frozenset of the XPUs on which the vertex's data lives in
         extended memory (set by memory placement; empty when all is local).
@@ -82,8 +86,10 @@ def validate_workload(graph: nx.DiGraph, platform_xpus=None) -> None:
 
     Checks: vertex kinds and sizes (non-negative, finite), XPUs that exist on
     the platform (when `platform_xpus` is given), collectives and p2p shape,
-    at least one start vertex, and that every cycle is broken by a
-    ``skip_first_iteration`` edge (otherwise its vertices can never run).
+    at least one start vertex, that every cycle is broken by a
+    ``skip_first_iteration`` edge (otherwise its vertices can never run), and
+    that every vertex is a start vertex or reachable from one over edges that
+    hold in iteration 1 (otherwise it never becomes ready).
     """
     known = set(platform_xpus) if platform_xpus is not None else None
     problems = []
@@ -99,6 +105,15 @@ def validate_workload(graph: nx.DiGraph, platform_xpus=None) -> None:
     if cycle:
         names = " -> ".join(str(u) for u, _ in cycle) + f" -> {cycle[0][0]}"
         problems.append(f"cycle with no skip_first_iteration edge (these vertices can never start): {names}")
+    starts = [n for n, start in graph.nodes(data="start") if start]
+    if starts and not cycle:
+        first_iteration.add_nodes_from(graph.nodes)
+        reached = set(starts).union(*(nx.descendants(first_iteration, n) for n in starts))
+        stranded = sorted((n for n in graph.nodes if n not in reached), key=str)
+        if stranded:
+            problems.append(f"{len(stranded)} vertices are neither start vertices nor reachable from one in iteration 1 "
+                            f"(they never become ready): {', '.join(map(str, stranded[:5]))}"
+                            f"{', ...' if len(stranded) > 5 else ''}. Fix: mark them start: true or add a dependency")
     if problems:
         raise WorkloadError(f"workload {graph.graph.get('name', '?')!r} is invalid:\n  " + "\n  ".join(problems))
 
@@ -118,8 +133,13 @@ def _vertex_problems(name, data, known) -> list[str]:
     sizes = ("flops", "memory_bytes") if kind == "compute" else ("bytes",)
     for key in sizes:
         value = data.get(key)
-        if not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
             problems.append(f"vertex {name!r}: {key} must be a finite number >= 0, got {value!r}")
+    if kind == "compute":
+        strays = set(data.get("spilled_xpus") or ()) - set(xpus)
+        if strays:
+            problems.append(f"vertex {name!r}: spilled_xpus names XPUs it does not run on: "
+                            f"{', '.join(map(repr, sorted(strays)[:5]))}")
     if kind == "comm":
         collective = data.get("collective")
         if collective not in COLLECTIVES:
@@ -139,19 +159,34 @@ def save_workload(graph: nx.DiGraph, path: str | Path) -> None:
     Path(path).write_text(json.dumps(data, indent=1))
 
 
-def load_workload(path: str | Path) -> nx.DiGraph:
-    """Read a graph written by :func:`save_workload` (or by the user's own tools) and validate it."""
+def load_workload(path: str | Path, platform_xpus=None) -> nx.DiGraph:
+    """Read a graph written by :func:`save_workload` (or by the user's own tools) and validate it.
+
+    Accepts the edge list under ``edges`` or under ``links`` (older networkx).
+    Equal ``xpus`` and ``spilled_xpus`` values are shared between vertices, so
+    a graph over thousands of XPUs costs one tuple per distinct group.
+    """
     try:
         data = json.loads(Path(path).read_text())
-        graph = nx.node_link_graph(data, directed=True, edges="edges")
-    except (OSError, ValueError, KeyError, nx.NetworkXError) as err:
+        key = "links" if isinstance(data, dict) and "edges" not in data and "links" in data else "edges"
+        graph = nx.node_link_graph(data, directed=True, edges=key)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, nx.NetworkXError) as err:
         raise WorkloadError(f"{path}: not a node-link workload graph: {err}") from err
-    for _, node in graph.nodes(data=True):
-        node["xpus"] = tuple(node.get("xpus") or ())
-        if node.get("kind") == "compute":
-            node["spilled_xpus"] = frozenset(node.get("spilled_xpus") or ())
+    shared: dict = {}
+    problems = []
+    for name, node in graph.nodes(data=True):
+        for key, kind in (("xpus", tuple), ("spilled_xpus", frozenset)):
+            value = node.get(key) or ()
+            if isinstance(value, str) or not isinstance(value, (list, tuple)):
+                problems.append(f"vertex {name!r}: {key} must be a list of XPU names, got {value!r}")
+                value = ()
+            if key == "xpus" or node.get("kind") == "compute":
+                value = kind(value)
+                node[key] = shared.setdefault((kind, value), value)
         node.setdefault("start", False)
+    if problems:
+        raise WorkloadError(f"{path}: " + "; ".join(problems[:10]))
     for _, _, edge in graph.edges(data=True):
         edge.setdefault("skip_first_iteration", False)
-    validate_workload(graph)
+    validate_workload(graph, platform_xpus)
     return graph
