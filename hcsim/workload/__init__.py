@@ -8,7 +8,7 @@ Pure: specs in, ``networkx`` graphs out; never imports simgrid.
 """
 
 from hcsim.workload.graph import (COLLECTIVES, PRECISIONS, add_comm, add_compute, add_dependency, load_workload,
-                                  new_workload, save_workload, validate_workload)
+                                  new_workload, save_workload, unroll_iterations, validate_workload)
 from hcsim.workload.model import (Affine, DecoderTable, ElementSizes, LayerCost, ModelShape, activation_bytes,
                                   element_sizes, generate_decoder_table)
 from hcsim.workload.placement import CapacityPlacement, Placement, StateBytes, place_memory, training_state
@@ -18,7 +18,7 @@ from hcsim.workload.training import build_training_graph, decoder_parameters, gr
 
 __all__ = [
     "COLLECTIVES", "PRECISIONS", "new_workload", "add_compute", "add_comm", "add_dependency",
-    "validate_workload", "save_workload", "load_workload", "skeleton_graph",
+    "validate_workload", "save_workload", "load_workload", "unroll_iterations", "skeleton_graph",
     "Affine", "LayerCost", "DecoderTable", "ModelShape", "ElementSizes", "element_sizes",
     "generate_decoder_table", "activation_bytes",
     "WorkloadSpec", "load_workload_spec", "parse_workload_spec",

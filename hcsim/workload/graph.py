@@ -49,7 +49,7 @@ import networkx as nx
 from hcsim.errors import WorkloadError
 
 __all__ = ["COLLECTIVES", "PRECISIONS", "new_workload", "add_compute", "add_comm", "add_dependency",
-           "validate_workload", "save_workload", "load_workload"]
+           "validate_workload", "save_workload", "load_workload", "unroll_iterations"]
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "p2p")
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -147,6 +147,30 @@ def _vertex_problems(name, data, known) -> list[str]:
         elif collective == "p2p" and len(xpus) != 2:
             problems.append(f"vertex {name!r}: a p2p transfer names exactly two XPUs (src, dst), got {len(xpus)}")
     return problems
+
+
+def unroll_iterations(graph: nx.DiGraph, iterations: int) -> nx.DiGraph:
+    """The acyclic graph of vertex runs ``(name, k)`` for k = 1..iterations, per the semantics above.
+
+    An edge u -> v gives (u, k) -> (v, k), or (u, k-1) -> (v, k) when it skips the
+    first iteration (nothing for k = 1). Replication is not expanded: one node
+    stands for every instance of a run. Useful to check dependencies and orders.
+
+    >>> g = new_workload("loop")
+    >>> _ = add_compute(g, "a", xpus=["x"], flops=1, start=True); _ = add_compute(g, "b", xpus=["x"], flops=1)
+    >>> add_dependency(g, "a", "b"); add_dependency(g, "b", "a", skip_first_iteration=True)
+    >>> sorted(unroll_iterations(g, 2).edges)
+    [(('a', 1), ('b', 1)), (('a', 2), ('b', 2)), (('b', 1), ('a', 2))]
+    """
+    runs = nx.DiGraph()
+    for k in range(1, iterations + 1):
+        runs.add_nodes_from((name, k) for name in graph.nodes)
+        for u, v, skip in graph.edges(data="skip_first_iteration"):
+            if not skip:
+                runs.add_edge((u, k), (v, k))
+            elif k > 1:
+                runs.add_edge((u, k - 1), (v, k))
+    return runs
 
 
 def save_workload(graph: nx.DiGraph, path: str | Path) -> None:

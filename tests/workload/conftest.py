@@ -1,0 +1,16 @@
+import pytest
+
+from hcsim.workload import load_workload_spec
+
+H, S, A, LAYERS = 5120, 4096, 40, 40  # paper Table 5 / Table 4 shape
+
+
+@pytest.fixture
+def llama13b():
+    """The paper's workload: LLaMA2-13B with Table 4 costs."""
+    return load_workload_spec("llama2-13b")
+
+
+@pytest.fixture
+def xpus4():
+    return [f"xpu{i}" for i in range(4)]
