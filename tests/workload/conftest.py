@@ -2,7 +2,6 @@ import pytest
 
 from hcsim.workload import load_workload_spec
 
-H, S, A, LAYERS = 5120, 4096, 40, 40  # paper Table 5 / Table 4 shape
 
 
 @pytest.fixture
