@@ -1,0 +1,5 @@
+import sys
+
+from hcsim.cli import main
+
+sys.exit(main())

@@ -1,0 +1,381 @@
+"""The event-driven executor of paper Fig. 5, on SimGrid.
+
+All start vertices enter the running set; when a vertex instance completes,
+each successor instance whose dependencies are met for its next run starts.
+Compute instances are executions on their XPU (FLOPs / FLOP/s, paper eq. 1)
+beside a memory access (a transfer from the memory where the data lives to
+the XPU, latency + size/bandwidth, paper eq. 2); communication instances are
+collective algorithms made of transfers (:mod:`hcsim.engine.collectives`).
+
+Memory forms (paper Fig. 3, DESIGN.md): local data -> compute alongside the
+HBM access; spilled data on a coherent system -> compute alongside the access
+to extended memory (bound by the slower); spilled data without coherence ->
+copy from extended memory first, then compute alongside the HBM access.
+
+All mutable state of a run lives in one Executor; ``run()`` returns plain data.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from hcsim.engine.backend import Backend
+from hcsim.engine.collectives import get_algorithm
+from hcsim.engine.trace import TraceRecorder
+from hcsim.platform.routes import route_latency
+
+__all__ = ["Executor", "RunOptions", "RunResult"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    """How to run: iterations, coherence, collective fidelity and tracing."""
+
+    iterations: int = 1
+    coherent: bool = True
+    collective_fidelity: str = "auto"  # "step" | "flow" | "auto"
+    step_limit: int = 64  # auto: step-exact collectives up to this many ranks, flow above
+    trace_xpus: frozenset[str] | None = None  # None: trace nothing
+    trace_iterations: frozenset[int] | None = None  # None: every iteration
+
+
+@dataclass
+class RunResult:
+    """Plain-data outcome of one run."""
+
+    iteration_ends: list[float]
+    activities: int
+    busy: dict[str, list[float]]  # xpu -> [compute s, memory stall s]
+    wall_time_s: float
+    trace: TraceRecorder | None = None
+    collective_fidelity: dict[str, str] = field(default_factory=dict)
+
+
+class _Vertex:
+    __slots__ = ("name", "index", "kind", "xpus", "pos", "data", "preds", "succs", "offset", "uniform", "algorithm",
+                 "fidelity", "ready_ranks")
+
+    def __init__(self, name, index, data, pos, offset):
+        self.name, self.index, self.data = name, index, data
+        self.kind = data["kind"]
+        self.xpus = data["xpus"]
+        self.pos = pos  # xpu -> rank index, shared by vertices with the same xpus
+        self.offset = offset
+        self.preds: list[tuple[_Vertex, int]] = []
+        self.succs: list[tuple[_Vertex, int]] = []
+
+
+class Executor:
+    """Runs a workload graph on a compiled platform for some iterations."""
+
+    def __init__(self, platform: nx.Graph, workload: nx.DiGraph, routes: dict, backend: Backend, options: RunOptions):
+        self.platform, self.workload, self.routes = platform, workload, routes
+        self.backend, self.options = backend, options
+        self.precision = workload.graph.get("precision", "fp32")
+        self.vertices = self._index_vertices()
+        self.total_instances = sum(len(v.xpus) for v in self.vertices)
+        self.done_runs = [0] * self.total_instances
+        self.running = [False] * self.total_instances
+        self.arrivals: dict[tuple[int, int], int] = defaultdict(int)
+        self.completed_in_run: dict[int, int] = defaultdict(int)
+        self.iteration_ends: list[float] = []
+        self.busy: dict[str, list[float]] = {x: [0.0, 0.0] for v in self.vertices for x in v.xpus}
+        self.trace = TraceRecorder(options.trace_xpus, options.trace_iterations) if options.trace_xpus else None
+        self.collective_state: dict[tuple[int, int], "_CollectiveRun"] = {}
+        self.fidelity_used: dict[str, str] = {}
+
+    # ---- set-up -------------------------------------------------------------------------------------------
+
+    def _index_vertices(self) -> list[_Vertex]:
+        graph = self.workload
+        order = _stable_order(graph)
+        positions: dict[tuple, dict] = {}
+        vertices, by_name, offset = [], {}, 0
+        for index, name in enumerate(order):
+            data = graph.nodes[name]
+            pos = positions.setdefault(data["xpus"], {x: i for i, x in enumerate(data["xpus"])})
+            vertex = _Vertex(name, index, data, pos, offset)
+            offset += len(data["xpus"])
+            vertices.append(vertex)
+            by_name[name] = vertex
+        for u, v, skip in graph.edges(data="skip_first_iteration"):
+            by_name[v].preds.append((by_name[u], int(bool(skip))))
+            by_name[u].succs.append((by_name[v], int(bool(skip))))
+        for vertex in vertices:
+            vertex.succs.sort(key=lambda pair: pair[0].index)
+            vertex.uniform = all(u.xpus == vertex.xpus or not (set(u.xpus) & set(vertex.xpus)) for u, _ in vertex.preds)
+            if vertex.kind == "comm":
+                self._prepare_collective(vertex)
+        return vertices
+
+    def _prepare_collective(self, vertex: _Vertex) -> None:
+        data = vertex.data
+        collective = "p2p" if data["collective"] == "p2p" else data["collective"]
+        algorithm = data.get("algorithm") or ("direct" if collective == "p2p" else None)
+        vertex.algorithm = get_algorithm(collective, algorithm, len(vertex.xpus), data["bytes"])
+        fidelity = self.options.collective_fidelity
+        if fidelity == "auto":
+            fidelity = "step" if len(vertex.xpus) <= self.options.step_limit else "flow"
+        vertex.fidelity = fidelity
+        self.fidelity_used[vertex.name] = fidelity
+
+    # ---- dependencies -------------------------------------------------------------------------------------
+
+    def _required(self, vertex: _Vertex, rank: int, run: int) -> int:
+        """How many predecessor completions instance (vertex, rank) needs for `run`."""
+        xpu = vertex.xpus[rank]
+        count = 0
+        for pred, skip in vertex.preds:
+            if run == 1 and skip:
+                continue
+            if xpu in pred.pos:
+                count += 1
+            elif vertex.uniform or not (set(pred.xpus) & set(vertex.xpus)):
+                count += len(pred.xpus)
+        return count
+
+    def _notify(self, vertex: _Vertex, rank: int, run: int) -> None:
+        instance = vertex.offset + rank
+        key = (instance, run)
+        self.arrivals[key] += 1
+        if self.arrivals[key] == self._required(vertex, rank, run):
+            self._try_start(vertex, rank)
+
+    def _try_start(self, vertex: _Vertex, rank: int) -> None:
+        instance = vertex.offset + rank
+        if self.running[instance]:
+            return
+        run = self.done_runs[instance] + 1
+        if run > self.options.iterations:
+            return
+        needed = self._required(vertex, rank, run)
+        if needed and self.arrivals.get((instance, run), 0) < needed:
+            return
+        self.arrivals.pop((instance, run), None)
+        self.running[instance] = True
+        if vertex.kind == "compute":
+            self._start_compute(vertex, rank, run)
+        else:
+            self._rank_ready(vertex, rank, run)
+
+    def _complete(self, vertex: _Vertex, rank: int, run: int, start: float) -> None:
+        instance = vertex.offset + rank
+        self.running[instance] = False
+        self.done_runs[instance] = run
+        now = self.backend.now()
+        if self.trace is not None:
+            self.trace.vertex(run, vertex.xpus[rank], vertex.name, vertex.kind, start, now)
+        self.completed_in_run[run] += 1
+        if self.completed_in_run[run] == self.total_instances:
+            self.iteration_ends.append(now)
+        xpu = vertex.xpus[rank]
+        for succ, skip in vertex.succs:
+            target = run + skip
+            if target > self.options.iterations:
+                continue
+            if xpu in succ.pos:
+                self._notify(succ, succ.pos[xpu], target)
+            elif not (set(vertex.xpus) & set(succ.xpus)):
+                for other in range(len(succ.xpus)):
+                    self._notify(succ, other, target)
+        self._try_start(vertex, rank)
+
+    # ---- compute instances --------------------------------------------------------------------------------
+
+    def _start_compute(self, vertex: _Vertex, rank: int, run: int) -> None:
+        data, xpu = vertex.data, vertex.xpus[rank]
+        node = self.platform.nodes[xpu]
+        start = self.backend.now()
+        spilled = xpu in data["spilled_xpus"]
+        local, extended = node["local_memory"], node["extended_memory"]
+        flops, size = data["flops"], data["memory_bytes"]
+        compute_time = flops / _speed(node, self.precision)
+        tracing = self.trace is not None and self.trace.wants(xpu, run)
+
+        def finish():
+            elapsed = self.backend.now() - start
+            self.busy[xpu][0] += compute_time
+            self.busy[xpu][1] += max(0.0, elapsed - compute_time)
+            self._complete(vertex, rank, run, start)
+
+        def compute_beside(memory, then):
+            parts = [p for p in (flops > 0, size > 0) if p]
+            if not parts:
+                then()
+                return
+            pending = [len(parts)]
+
+            def part_done():
+                pending[0] -= 1
+                if pending[0] == 0:
+                    then()
+
+            if flops > 0:
+                self.backend.execute(xpu, flops, part_done)
+            if size > 0:
+                self._transfer(memory, xpu, size, part_done, tracing, run, f"{vertex.name}.read")
+
+        if spilled and not self.options.coherent and size > 0:
+            self._transfer(extended, xpu, size, lambda: compute_beside(local, finish), tracing, run,
+                           f"{vertex.name}.copy")
+        else:
+            compute_beside(extended if spilled else local, finish)
+
+    def _transfer(self, src: str, dst: str, size: float, then, tracing: bool, run: int, label: str) -> None:
+        if not tracing:
+            self.backend.transfer(src, dst, size, then)
+            return
+        start = self.backend.now()
+
+        def done():
+            self.trace.transfer(run, src, dst, label, size, start, self.backend.now())
+            then()
+
+        self.backend.transfer(src, dst, size, done)
+
+    # ---- collectives --------------------------------------------------------------------------------------
+
+    def _rank_ready(self, vertex: _Vertex, rank: int, run: int) -> None:
+        key = (vertex.index, run)
+        state = self.collective_state.get(key)
+        if state is None:
+            state = self.collective_state[key] = _CollectiveRun(self, vertex, run)
+        state.ready(rank)
+
+    def collective_done(self, vertex: _Vertex, run: int) -> None:
+        if all(self.done_runs[vertex.offset + r] >= run for r in range(len(vertex.xpus))):
+            self.collective_state.pop((vertex.index, run), None)
+
+    # ---- run ----------------------------------------------------------------------------------------------
+
+    def run(self) -> RunResult:
+        wall = time.perf_counter()
+        for vertex in self.vertices:
+            for rank in range(len(vertex.xpus)):
+                if self._required(vertex, rank, 1) == 0:
+                    self._try_start(vertex, rank)
+        self.backend.run()
+        unfinished = [v.name for v in self.vertices
+                      if any(self.done_runs[v.offset + r] < self.options.iterations for r in range(len(v.xpus)))]
+        if unfinished:
+            from hcsim.errors import SimulationError
+
+            raise SimulationError(f"the run stopped with vertices that never completed every iteration "
+                                  f"(a dependency that is never met): {', '.join(unfinished[:5])}")
+        return RunResult(iteration_ends=list(self.iteration_ends), activities=self.backend.activities,
+                         busy=self.busy, wall_time_s=time.perf_counter() - wall, trace=self.trace,
+                         collective_fidelity=self.fidelity_used)
+
+    def latency(self, src: str, dst: str) -> float:
+        return route_latency(self.platform, self.routes[src, dst])
+
+
+class _CollectiveRun:
+    """One run of one collective vertex: ranks join as they become ready."""
+
+    def __init__(self, executor: Executor, vertex: _Vertex, run: int):
+        self.executor, self.vertex, self.run = executor, vertex, run
+        self.algorithm = vertex.algorithm
+        self.start = {}
+        self.step = {}
+        self.sends_left = {}
+        self.arrived: dict[tuple[int, int], int] = defaultdict(int)
+        self.waiting = 0
+
+    def xpu(self, rank: int) -> str:
+        return self.vertex.xpus[rank]
+
+    def ready(self, rank: int) -> None:
+        self.start[rank] = self.executor.backend.now()
+        if self.vertex.fidelity == "flow":
+            if len(self.start) == self.algorithm.ranks:
+                self._start_flows()
+            return
+        self.step[rank] = -1
+        self._advance(rank)
+
+    # step fidelity: rank r starts step s+1 once its step s sends are done and its receives arrived
+    def _advance(self, rank: int) -> None:
+        while True:
+            index = self.step[rank] + 1
+            if index >= self.algorithm.steps(rank):
+                self._finish(rank)
+                return
+            step = self.algorithm.step(rank, index)
+            self.step[rank] = index
+            self.sends_left[rank] = len(step.sends)
+            for dst, size in step.sends:
+                self._send(rank, dst, index, size)
+            if not self._step_complete(rank):
+                return
+
+    def _step_complete(self, rank: int) -> bool:
+        index = self.step[rank]
+        step = self.algorithm.step(rank, index)
+        return self.sends_left[rank] == 0 and self.arrived[rank, index] >= len(step.recvs)
+
+    def _send(self, rank: int, dst: int, index: int, size: float) -> None:
+        executor = self.executor
+        tracing = executor.trace is not None and executor.trace.wants(self.xpu(rank), self.run)
+
+        def done():
+            self.sends_left[rank] -= 1
+            self.arrived[dst, index] += 1
+            for who in (rank, dst):
+                if who in self.step and self.step[who] == index and self._step_complete(who):
+                    self._advance(who)
+
+        executor._transfer(self.xpu(rank), self.xpu(dst), size, done, tracing, self.run, self.vertex.name)
+
+    def _finish(self, rank: int) -> None:
+        self.step[rank] = float("inf")
+        self.executor._complete(self.vertex, rank, self.run, self.start[rank])
+        self.executor.collective_done(self.vertex, self.run)
+
+    # flow fidelity: every pair's bytes in one transfer, then the latency of the other steps
+    def _start_flows(self) -> None:
+        executor, algorithm = self.executor, self.algorithm
+        flows = sorted(algorithm.flows().items())
+        if not flows:
+            for rank in range(algorithm.ranks):
+                self._finish(rank)
+            return
+        latency = {pair: executor.latency(self.xpu(pair[0]), self.xpu(pair[1])) for pair, _ in flows}
+        stepped = sum(max(latency[p] for p in pairs) for pairs in algorithm.step_pairs() if pairs)
+        extra = max(0.0, stepped - max(latency.values()))
+        left = [len(flows)]
+
+        def flow_done():
+            left[0] -= 1
+            if left[0] == 0:
+                if extra > 0:
+                    executor.backend.delay(extra, finish_all)
+                else:
+                    finish_all()
+
+        def finish_all():
+            for rank in range(algorithm.ranks):
+                self._finish(rank)
+
+        for (src, dst), size in flows:
+            tracing = executor.trace is not None and executor.trace.wants(self.xpu(src), self.run)
+            executor._transfer(self.xpu(src), self.xpu(dst), size, flow_done, tracing, self.run, self.vertex.name)
+
+
+def _speed(node: dict, precision: str) -> float:
+    return node["fp16_flops"] if precision in ("fp16", "bf16") else node["fp32_flops"]
+
+
+def _stable_order(graph: nx.DiGraph) -> list:
+    """Vertices in a deterministic order: topological over first-iteration edges, ties by name."""
+    first = nx.DiGraph()
+    first.add_nodes_from(graph.nodes)
+    first.add_edges_from((u, v) for u, v, skip in graph.edges(data="skip_first_iteration") if not skip)
+    return list(nx.lexicographical_topological_sort(first, key=str))

@@ -1,0 +1,179 @@
+"""Scenarios: what to simulate, read from YAML and ``--set key=value``.
+
+A scenario names a platform spec and a workload spec and the knobs the
+experiments sweep. Every key is optional; the built-in default is the
+paper's coherent topology with 64 H100, LLaMA2-13B data parallel, CXL at
+128 GB/s and 200 ns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hcsim.config import Fields, load_yaml
+from hcsim.errors import ConfigError
+
+__all__ = ["Scenario", "load_scenario", "apply_settings", "SCENARIO_KEYS"]
+
+FIDELITIES = ("step", "flow", "auto")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scenario:
+    """One simulation to run. Quantities in SI units (B/s, s)."""
+
+    name: str = "default"
+    platform: str = "paper-cxl"  # platform spec: built-in name or path
+    workload: str = "llama2-13b"  # workload spec: built-in name or path
+    xpus: int = 64  # XPUs that train (the first ones of the platform, rack by rack)
+    devices: tuple[str, ...] | None = None  # device per rack, cycling; None: the platform spec's
+    coherent: bool | None = None  # CXL fabric and coherent memory access; None: the platform spec's
+    cxl_bandwidth: float | None = 128e9  # B/s per direction; None: the platform spec's
+    cxl_latency: float | None = 200e-9  # s; None: the platform spec's
+    collective: str | None = None  # all-reduce algorithm (ring, coherent_ring, ...); None: the workload's
+    collective_fidelity: str = "auto"  # step | flow | auto (step up to step_limit ranks)
+    step_limit: int = 64
+    fidelity: str | None = None  # workload fidelity: layer | decoder; None: the workload spec's
+    iterations: int = 2
+    platform_overrides: dict[str, Any] = field(default_factory=dict)  # dotted platform-spec keys
+    workload_overrides: dict[str, Any] = field(default_factory=dict)  # dotted workload-spec keys
+    trace_xpus: int = 8  # trace the first N XPUs (when an output folder is given); 0: none
+    trace_iterations: tuple[int, ...] | None = None  # None: every iteration
+    base: str = "."  # folder that relative spec paths are relative to
+
+    def __post_init__(self) -> None:
+        if self.xpus < 1:
+            raise ConfigError(f"scenario {self.name!r}: xpus must be >= 1, got {self.xpus}")
+        if self.iterations < 1:
+            raise ConfigError(f"scenario {self.name!r}: iterations must be >= 1, got {self.iterations}")
+        if self.collective_fidelity not in FIDELITIES:
+            raise ConfigError(f"scenario {self.name!r}: collective_fidelity must be one of {', '.join(FIDELITIES)}")
+
+    def platform_settings(self) -> dict[str, Any]:
+        """Overrides for the platform spec, from the scenario's own keys and platform_overrides."""
+        settings = dict(self.platform_overrides)
+        if self.devices is not None:
+            settings["devices"] = list(self.devices)
+        if self.coherent is not None:
+            settings["coherent"] = self.coherent
+        if self.cxl_bandwidth is not None:
+            settings["links.cxl.bandwidth"] = f"{self.cxl_bandwidth!r}B/s"
+        if self.cxl_latency is not None:
+            settings["links.cxl.latency"] = f"{self.cxl_latency!r}s"
+        return settings
+
+    def workload_settings(self) -> dict[str, Any]:
+        settings = dict(self.workload_overrides)
+        if self.collective is not None:
+            settings["algorithm"] = self.collective
+        if self.fidelity is not None:
+            settings["fidelity"] = self.fidelity
+        return settings
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        for key in ("devices", "trace_iterations"):
+            if data[key] is not None:
+                data[key] = list(data[key])
+        return data
+
+    def digest(self) -> str:
+        """A hash of the inputs, recorded with results."""
+        data = self.to_dict()
+        data.pop("base")
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+SCENARIO_KEYS = tuple(f.name for f in dataclasses.fields(Scenario) if f.name != "base")
+
+
+def load_scenario(path: str | Path | None = None, settings: list[str] | dict | None = None) -> Scenario:
+    """Read a scenario YAML (or the built-in default when `path` is None), then apply `settings`.
+
+    `settings` are ``key=value`` strings (values in YAML syntax: ``xpus=256``,
+    ``cxl_bandwidth=256GB/s``, ``devices=[H100,A100]``,
+    ``platform_overrides.links.pcie.latency=300ns``) or a mapping.
+    """
+    where = str(path) if path else "scenario"
+    data = {} if path is None else load_yaml(path)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: a scenario is a mapping of keys to values, got {type(data).__name__}")
+    data = apply_settings(data, settings or [], where)
+    base = str(Path(path).resolve().parent) if path else "."
+    return _from_mapping(data, where, base)
+
+
+def apply_settings(data: dict, settings: list[str] | dict, where: str = "--set") -> dict:
+    """Return `data` with ``key=value`` settings applied (dotted keys reach into the override maps)."""
+    data = dict(data)
+    items = settings.items() if isinstance(settings, dict) else (_split_setting(s) for s in settings)
+    for key, value in items:
+        head, _, rest = str(key).partition(".")
+        if rest and head in ("platform_overrides", "workload_overrides"):
+            data[head] = {**(data.get(head) or {}), rest: value}
+        else:
+            data[key] = value
+    return data
+
+
+def _split_setting(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"--set {text!r}: expected key=value, e.g. xpus=256 or cxl_bandwidth=256GB/s")
+    try:
+        return key.strip(), yaml.safe_load(value) if value.strip() else ""
+    except yaml.YAMLError as err:
+        raise ConfigError(f"--set {text!r}: the value is not valid YAML") from err
+
+
+def _from_mapping(data: dict, where: str, base: str) -> Scenario:
+    fields = Fields(data, f"{where}: ")
+    default = Scenario()
+    values: dict[str, Any] = {"base": base}
+    values["name"] = fields.string("name", default.name if where == "scenario" else Path(where).stem)
+    values["platform"] = fields.string("platform", default.platform)
+    values["workload"] = fields.string("workload", default.workload)
+    values["xpus"] = fields.number("xpus", default.xpus, kind=int, minimum=1)
+    values["devices"] = _devices(fields)
+    values["coherent"] = fields.flag("coherent", None) if fields.raw("coherent") is not None else None
+    values["cxl_bandwidth"] = fields.quantity("cxl_bandwidth", "bandwidth", default.cxl_bandwidth)
+    values["cxl_latency"] = fields.quantity("cxl_latency", "time", default.cxl_latency)
+    values["collective"] = fields.string("collective", None)
+    values["collective_fidelity"] = fields.choice("collective_fidelity", FIDELITIES, default.collective_fidelity)
+    values["step_limit"] = fields.number("step_limit", default.step_limit, kind=int, minimum=1)
+    values["fidelity"] = fields.choice("fidelity", ("layer", "decoder"), None)
+    values["iterations"] = fields.number("iterations", default.iterations, kind=int, minimum=1)
+    values["trace_xpus"] = fields.number("trace_xpus", default.trace_xpus, kind=int, minimum=0)
+    iterations = fields.raw("trace_iterations")
+    if iterations is not None and not (isinstance(iterations, list) and all(isinstance(i, int) for i in iterations)):
+        fields.problems.append(f"{fields.path('trace_iterations')}: expected a list of iteration numbers, got {iterations!r}")
+    values["trace_iterations"] = tuple(iterations) if isinstance(iterations, list) else None
+    for key in ("platform_overrides", "workload_overrides"):
+        value = fields.raw(key) or {}
+        if not isinstance(value, dict):
+            fields.problems.append(f"{fields.path(key)}: expected a mapping of dotted keys to values")
+            value = {}
+        values[key] = {str(k): v for k, v in value.items()}
+    fields.done()
+    return Scenario(**values)
+
+
+def _devices(fields: Fields):
+    value = fields.raw("devices")
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [value]
+    if not (isinstance(value, list) and value and all(isinstance(v, str) for v in value)):
+        fields.problems.append(f"{fields.path('devices')}: expected a device name or a list of them (one per rack), got {value!r}")
+        return None
+    return tuple(value)

@@ -1,0 +1,239 @@
+"""From a scenario to results: build, place, compile, run, report.
+
+SimGrid allows one Engine per process, ever, so :func:`simulate` runs each
+simulation in a fresh process (spawned, never forked) and returns plain data;
+:func:`run_here` runs in the calling process and may be called once in it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import platform as host_platform
+import resource
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+
+from hcsim import __version__
+from hcsim.errors import ConfigError
+from hcsim.scenario import Scenario
+
+__all__ = ["Prepared", "prepare", "host_pairs", "execute", "run_here", "simulate", "simulate_graphs",
+           "write_outputs", "atomic_write"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Prepared:
+    """Everything a run needs, built from a scenario: graphs, placement and the host pairs to route."""
+
+    scenario: Scenario
+    platform: nx.Graph
+    workload: nx.DiGraph
+    placement: Any
+    xpus: list[str]
+    pairs: set[tuple[str, str]]
+    coherent: bool
+
+
+def prepare(scenario: Scenario) -> Prepared:
+    """Build the platform and workload graphs of `scenario`, place memory, list the host pairs used."""
+    from hcsim.config import resolve_spec
+    from hcsim.platform import build_platform, load_platform_spec
+    from hcsim.platform.topology import xpus as platform_xpus
+    from hcsim.workload import build_training_graph, load_workload_spec, place_memory, validate_workload
+
+    base = Path(scenario.base)
+    platform_spec = load_platform_spec(resolve_spec(scenario.platform, "platforms", base), scenario.platform_settings())
+    if scenario.xpus > platform_spec.xpus:
+        raise ConfigError(f"scenario {scenario.name!r}: xpus: {scenario.xpus} XPUs asked for, but platform "
+                          f"{scenario.platform!r} has {platform_spec.xpus}")
+    graph = build_platform(platform_spec, scenario.xpus)
+    xpus = platform_xpus(graph)[: scenario.xpus]
+    workload_spec = load_workload_spec(resolve_spec(scenario.workload, "workloads", base), scenario.workload_settings())
+    workload = build_training_graph(workload_spec, xpus)
+    validate_workload(workload, xpus)
+    nodes = graph.nodes
+    capacities = {x: nodes[nodes[x]["local_memory"]]["capacity"] for x in xpus}
+    extended = {x: nodes[nodes[x]["extended_memory"]]["capacity"] if nodes[x]["extended_memory"] else 0.0
+                for x in xpus}
+    placement = place_memory(workload, capacities, workload_spec, extended)
+    pairs = host_pairs(graph, workload)
+    return Prepared(scenario, graph, workload, placement, xpus, pairs, bool(graph.graph.get("coherent")))
+
+
+def host_pairs(platform: nx.Graph, workload: nx.DiGraph) -> set[tuple[str, str]]:
+    """The ordered host pairs a run transfers between: memory reads and collective traffic."""
+    from hcsim.engine.collectives import get_algorithm
+
+    nodes = platform.nodes
+    pairs: set[tuple[str, str]] = set()
+    for _, data in workload.nodes(data=True):
+        if data["kind"] == "compute":
+            for x in data["xpus"]:
+                pairs.add((nodes[x]["local_memory"], x))
+            for x in data["spilled_xpus"]:
+                pairs.add((nodes[x]["extended_memory"], x))
+        else:
+            group = data["xpus"]
+            collective = data["collective"]
+            algorithm = get_algorithm(collective, data.get("algorithm") or ("direct" if collective == "p2p" else None),
+                                      len(group), data["bytes"])
+            pairs.update((group[s], group[d]) for s, d in algorithm.pairs())
+    return pairs
+
+
+def execute(platform: nx.Graph, workload: nx.DiGraph, options, pairs=None):
+    """Compile `platform` for the pairs `workload` uses and run it here (once per process)."""
+    from hcsim.engine.backend import SimgridBackend
+    from hcsim.engine.executor import Executor
+    from hcsim.platform import compile_platform
+
+    compiled = compile_platform(platform, pairs if pairs is not None else host_pairs(platform, workload),
+                                workload.graph.get("precision", "fp32"))
+    with tempfile.TemporaryDirectory(prefix="hcsim-") as folder:
+        xml = Path(folder) / "platform.xml"
+        xml.write_text(compiled.xml)
+        backend = SimgridBackend(xml)
+    return Executor(platform, workload, compiled.routes, backend, options).run()
+
+
+def _execute_child(platform, workload, options) -> dict[str, Any]:
+    outcome = execute(platform, workload, options)
+    trace = outcome.trace
+    return {"iteration_ends": outcome.iteration_ends, "activities": outcome.activities, "busy": outcome.busy,
+            "vertices": trace.vertices if trace else [], "transfers": trace.transfers if trace else []}
+
+
+def simulate_graphs(platform: nx.Graph, workload: nx.DiGraph, options=None) -> dict[str, Any]:
+    """Run a platform graph and a workload graph in a fresh process; plain data back.
+
+    Returns ``iteration_ends`` (s), ``activities``, ``busy`` (xpu -> [compute s,
+    memory stall s]) and the traced ``vertices`` and ``transfers``.
+    """
+    from hcsim.engine.executor import RunOptions
+
+    with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"), max_tasks_per_child=1) as pool:
+        return pool.submit(_execute_child, platform, workload, options or RunOptions()).result()
+
+
+def run_here(scenario: Scenario, out: Path | None = None) -> dict[str, Any]:
+    """Run `scenario` in this process (SimGrid: once per process); write outputs to `out` if given."""
+    from hcsim.engine.executor import RunOptions
+
+    wall = time.perf_counter()
+    prepared = prepare(scenario)
+    setup_s = time.perf_counter() - wall
+    traced = frozenset(prepared.xpus[: scenario.trace_xpus]) if out is not None and scenario.trace_xpus else None
+    options = RunOptions(iterations=scenario.iterations, coherent=prepared.coherent,
+                         collective_fidelity=scenario.collective_fidelity, step_limit=scenario.step_limit,
+                         trace_xpus=traced,
+                         trace_iterations=frozenset(scenario.trace_iterations) if scenario.trace_iterations else None)
+    outcome = execute(prepared.platform, prepared.workload, options, prepared.pairs)
+    result = summarize(prepared, outcome, setup_s, time.perf_counter() - wall)
+    if out is not None:
+        write_outputs(Path(out), result, outcome.trace, prepared.platform)
+    return result
+
+
+def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float) -> dict[str, Any]:
+    """The result record of a run: throughput, breakdown, counts, provenance."""
+    ends = outcome.iteration_ends
+    times = [b - a for a, b in zip([0.0] + ends, ends)]
+    steady = times[1:] if len(times) > 1 else times
+    iteration_time = sum(steady) / len(steady)
+    samples = prepared.workload.graph.get("samples_per_iteration", 1)
+    xpus = prepared.xpus
+    scenario = prepared.scenario
+    return {
+        "scenario": scenario.name,
+        "xpus": len(xpus),
+        "devices": _device_counts(prepared),
+        "coherent": prepared.coherent,
+        "iteration_times_s": times,
+        "iteration_time_s": iteration_time,
+        "batches_per_s": len(xpus) / iteration_time,
+        "samples_per_s": len(xpus) * samples / iteration_time,
+        "breakdown": _breakdown(prepared, outcome, ends[-1] / len(ends)),
+        "activities": outcome.activities,
+        "collective_fidelity": sorted(set(outcome.collective_fidelity.values())),
+        "wall_time_s": wall_s,
+        "setup_time_s": setup_s,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # Linux reports KiB
+        "inputs": scenario.to_dict(),
+        "inputs_hash": scenario.digest(),
+        "versions": {"hcsim": __version__, "simgrid": _simgrid_version(), "python": host_platform.python_version()},
+    }
+
+
+def _device_counts(prepared: Prepared) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for x in prepared.xpus:
+        device = prepared.platform.nodes[x]["device"]
+        counts[device] = counts.get(device, 0) + 1
+    return counts
+
+
+def _breakdown(prepared: Prepared, outcome, per_iteration: float) -> dict[str, dict[str, float]]:
+    """Per device type, mean seconds per iteration: compute, memory stall, exposed communication."""
+    iterations = len(outcome.iteration_ends)
+    groups: dict[str, list[str]] = {}
+    for x in prepared.xpus:
+        groups.setdefault(prepared.platform.nodes[x]["device"], []).append(x)
+    table = {}
+    for device, members in sorted(groups.items()):
+        compute = sum(outcome.busy[x][0] for x in members) / len(members) / iterations
+        stall = sum(outcome.busy[x][1] for x in members) / len(members) / iterations
+        table[device] = {"xpus": len(members), "compute_s": compute, "memory_stall_s": stall,
+                         "exposed_comm_s": max(0.0, per_iteration - compute - stall)}
+    return table
+
+
+def _simgrid_version() -> str:
+    from hcsim.engine.simgrid_loader import load
+
+    return getattr(load(), "simgrid_version", "?")
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write `text` to `path` so that an interruption leaves the old file or none, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(handle, "w") as stream:
+            stream.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def write_outputs(out: Path, result: dict, trace, platform: nx.Graph) -> None:
+    """result.json, and with a trace: trace.csv and trace.json (Perfetto) in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    if trace is not None:
+        for name, writer in (("trace.csv", trace.write_csv), ("trace.json", lambda p: trace.write_perfetto(p, platform))):
+            temporary = out / f".{name}.partial"
+            writer(temporary)
+            os.replace(temporary, out / name)
+    atomic_write(out / "result.json", json.dumps(result, indent=2) + "\n")
+
+
+def _child(scenario: Scenario, out: str | None) -> dict[str, Any]:
+    return run_here(scenario, Path(out) if out else None)
+
+
+def simulate(scenario: Scenario, out: Path | str | None = None) -> dict[str, Any]:
+    """Run `scenario` in a fresh process and return its result record (the Python API)."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"), max_tasks_per_child=1) as pool:
+        return pool.submit(_child, scenario, str(out) if out else None).result()

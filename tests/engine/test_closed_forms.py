@@ -1,0 +1,109 @@
+"""The engine against the closed forms of its own model.
+
+Each case runs in a fresh process (one SimGrid Engine per process, ever).
+"""
+
+import math
+
+import pytest
+
+from hcsim.engine.executor import RunOptions
+from hcsim.platform.builders import single_switch
+from hcsim.platform.devices import builtin_catalog
+from hcsim.platform.topology import add_link, add_memory
+from hcsim.simulation import simulate_graphs
+from hcsim.workload import add_comm, add_compute, add_dependency, new_workload, skeleton_graph
+
+H100 = builtin_catalog()["H100"]
+LINK_BW, LINK_LAT = 900e9, 100e-9  # single_switch defaults (Table 5 XPU_link)
+ALPHA = 2 * LINK_LAT  # XPU -> switch -> XPU
+
+
+def close(actual, expected, rel=1e-6):
+    return math.isclose(actual, expected, rel_tol=rel)
+
+
+def test_compute_alone_is_flops_over_flops_per_second():
+    graph = new_workload("one")
+    add_compute(graph, "c", xpus=["xpu0"], flops=3e12, start=True)
+    result = simulate_graphs(single_switch(1, H100), graph)
+    assert close(result["iteration_ends"][0], 3e12 / H100.fp32_flops, 1e-9)
+
+
+def test_one_transfer_costs_latency_plus_size_over_bandwidth():
+    graph = new_workload("p2p")
+    add_comm(graph, "send", xpus=["xpu0", "xpu1"], bytes=5e8, collective="p2p", start=True)
+    result = simulate_graphs(single_switch(2, H100), graph)
+    assert close(result["iteration_ends"][0], ALPHA + 5e8 / LINK_BW, 1e-9)
+
+
+def test_two_transfers_sharing_a_link_each_get_half():
+    graph = new_workload("incast")
+    for src in ("xpu0", "xpu2"):
+        add_comm(graph, f"from-{src}", xpus=[src, "xpu1"], bytes=5e8, collective="p2p", start=True)
+    result = simulate_graphs(single_switch(3, H100), graph, RunOptions(trace_xpus=frozenset({"xpu0", "xpu2"})))
+    ends = [end for *_, end in result["vertices"]]
+    assert len(ends) == 2
+    for end in ends:
+        assert close(end, ALPHA + 5e8 / (LINK_BW / 2), 1e-9)
+
+
+@pytest.mark.parametrize("n", [2, 3, 8, 16])
+@pytest.mark.parametrize("size", [1e6, 3.3e8])
+@pytest.mark.parametrize("algorithm,steps", [("ring", lambda n: 2 * (n - 1)), ("coherent_ring", lambda n: n - 1)])
+@pytest.mark.parametrize("fidelity", ["step", "flow"])
+def test_skeleton_ring_all_reduce_matches_closed_form(n, size, algorithm, steps, fidelity):
+    xpus = [f"xpu{i}" for i in range(n)]
+    flops = 1e12
+    result = simulate_graphs(single_switch(n, H100), skeleton_graph(xpus, flops, size, algorithm),
+                             RunOptions(collective_fidelity=fidelity))
+    expected = flops / H100.fp32_flops + steps(n) * ALPHA + steps(n) / n * size / LINK_BW
+    assert close(result["iteration_ends"][0], expected)
+
+
+def _spilled_platform(ext_bw, ext_lat):
+    graph = single_switch(1, H100)
+    add_memory(graph, "ext0", capacity=math.inf, role="cxl_type3", owner="xpu0")
+    add_link(graph, "ext0", "xswitch", bandwidth=ext_bw, latency=ext_lat, kind="cxl")
+    graph.nodes["xpu0"]["extended_memory"] = "ext0"
+    return graph
+
+
+@pytest.mark.parametrize("flops", [1e11, 5e13])  # memory-bound and compute-bound
+@pytest.mark.parametrize("form", ["local", "coherent", "copy"])
+def test_memory_forms(flops, form):
+    ext_bw, ext_lat, size = 128e9, 200e-9, 4e9
+    graph = new_workload("layer")
+    add_compute(graph, "layer", xpus=["xpu0"], flops=flops, memory_bytes=size, start=True)
+    if form != "local":
+        graph.nodes["layer"]["spilled_xpus"] = frozenset({"xpu0"})
+    result = simulate_graphs(_spilled_platform(ext_bw, ext_lat), graph, RunOptions(coherent=form != "copy"))
+    compute = flops / H100.fp32_flops
+    local = 100e-9 + size / H100.memory_bandwidth  # single_switch's HBM latency default
+    remote = ext_lat + LINK_LAT + size / ext_bw
+    expected = {"local": max(compute, local), "coherent": max(compute, remote), "copy": remote + max(compute, local)}
+    assert close(result["iteration_ends"][0], expected[form], 1e-9)
+
+
+def test_iterations_follow_a_hand_computed_timeline():
+    """A (compute) -> all-reduce -> B (compute) -> back edge to A, three iterations on two XPUs."""
+    xpus = ["xpu0", "xpu1"]
+    graph = new_workload("loop")
+    add_compute(graph, "A", xpus=xpus, flops=2e12, start=True)
+    add_comm(graph, "AR", xpus=xpus, bytes=1e9, collective="all_reduce", algorithm="ring")
+    add_compute(graph, "B", xpus=xpus, flops=1e12)
+    add_dependency(graph, "A", "AR")
+    add_dependency(graph, "AR", "B")
+    add_dependency(graph, "B", "A", skip_first_iteration=True)
+    result = simulate_graphs(single_switch(2, H100), graph,
+                             RunOptions(iterations=3, trace_xpus=frozenset(xpus)))
+    t_a, t_b = 2e12 / H100.fp32_flops, 1e12 / H100.fp32_flops
+    t_ar = 2 * ALPHA + 1e9 / LINK_BW  # ring, n = 2: 2 steps of S/2
+    period = t_a + t_ar + t_b
+    for k, end in enumerate(result["iteration_ends"], start=1):
+        assert close(end, k * period, 1e-9)
+    starts = {(run, xpu, name): start for run, xpu, name, _, start, _ in result["vertices"]}
+    assert len(result["vertices"]) == 3 * 3 * 2  # one event per vertex run
+    for k in (1, 2, 3):
+        assert close(starts[k, "xpu1", "A"], (k - 1) * period, 1e-9)
+        assert close(starts[k, "xpu0", "B"], (k - 1) * period + t_a + t_ar, 1e-9)
