@@ -1,27 +1,43 @@
 """Compile a platform graph to a SimGrid platform XML (version 4.1).
 
 Layout of the generated platform, chosen so that it scales to thousands of
-XPUs (flat Full routing needs N^2 route slots for N hosts):
+XPUs (SimGrid 4.1's Full routing allocates N^2 route slots for the N
+netpoints of a zone, at seal time):
 
-- every link is one SPLITDUPLEX SimGrid link (full duplex: each direction has
-  the full bandwidth), declared in the root zone; a route crosses link
-  ``u--v`` (u < v) in direction UP from u to v and DOWN from v to u;
-- hosts are grouped in *pods*: a pod is a Full zone holding one head host (an
-  XPU, a CPU, or a memory nobody owns) and the memories it owns; the head is
-  the pod's gateway (a gateway that lives in a child zone crashes SimGrid
-  4.1's ``route_to``, so pods are never nested);
-- the root zone is a Full zone over pods, so its route table has P^2 slots for
-  P pods, not H^2 for H hosts.
+- every link is one SPLITDUPLEX SimGrid link named ``u--v`` (u < v, see
+  :func:`link_name`): full duplex, each direction has the full bandwidth; a
+  route crosses it as ``u--v_UP`` from u to v and ``u--v_DOWN`` from v to u.
+  Only links that some compiled route uses are declared, in the root zone;
+- hosts (XPUs, CPUs, memories) are grouped in *pods*, Full zones that are
+  children of a Full root zone. A pod starts as a whole server (the node
+  attribute ``server``); routes between two hosts of one pod are routes of
+  that pod; routes between pods are ``zoneRoute``s of the root whose gateways
+  are hosts of the two pods;
+- SimGrid composes a route from host a (pod A) to host b (pod B) as
+  ``A:route(a -> gw_A) + root:zoneRoute(A -> B) + B:route(gw_B -> b)`` with
+  one zoneRoute per ordered pod pair. When one host pair crosses from A to B,
+  its gateways are its own ends. When several do, the compiler looks for
+  common gateways (every route through the same exit host of A and entry host
+  of B, with the same middle); when there are none, it splits the pods
+  involved: a server pod into per-host pods (a host with the memories it
+  owns), then into single hosts. A data-parallel ring keeps whole-server
+  pods: 4096 XPUs in 512 pods (a 512^2 root table, not 17,000^2).
 
-Only the routes of the host pairs the simulation uses are emitted; each is the
-shortest route of :mod:`hcsim.platform.routes` and the compiler checks that
-the pod composition ``intra(src -> head) + root(head -> head') + intra(head'
--> dst)`` reproduces it exactly, moving a memory into a pod of its own when
-its route bypasses its owner.
+Only the routes of the host pairs the simulation uses are emitted; each is
+the route of :func:`hcsim.platform.routes.shortest_routes` (least latency, then
+largest bottleneck bandwidth; user routes win), and SimGrid's route for the
+pair is exactly that route: the compiler only ever composes it from pieces of
+itself. A pair that is not compiled has no route in SimGrid: ask for every pair
+the simulation will use.
+
+Gateways that live in nested zones crash SimGrid 4.1's ``route_to``, so pods
+are never nested. The DOCTYPE names SimGrid's DTD; SimGrid's parser
+validates against it on load.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -30,62 +46,73 @@ from pathlib import Path
 import networkx as nx
 from lxml import etree
 
+from hcsim.errors import TopologyError
 from hcsim.platform.routes import shortest_routes
 from hcsim.platform.topology import HOST_KINDS
 
-__all__ = ["CompiledPlatform", "compile_platform", "write_platform", "link_name"]
+__all__ = ["CompiledPlatform", "compile_platform", "platform_xml", "write_platform", "link_name", "simgrid_links"]
 
 DTD = "https://simgrid.org/simgrid.dtd"
+_MAX_LEVEL = 2  # pod levels: 0 server, 1 host with its owned memories, 2 single host
 
 
 def link_name(u: str, v: str) -> str:
-    """The SimGrid name of the link between nodes u and v."""
+    """The SimGrid name of the link between nodes u and v (SPLITDUPLEX: add _UP or _DOWN)."""
     a, b = sorted((u, v))
     return f"{a}--{b}"
 
 
+def simgrid_links(route: list[str]) -> list[str]:
+    """The SimGrid link names (with _UP/_DOWN) a node route crosses, in order.
+
+    >>> simgrid_links(["xpu1", "sw", "xpu0"])
+    ['sw--xpu1_DOWN', 'sw--xpu0_UP']
+    """
+    return [f"{link_name(u, v)}_{'UP' if u < v else 'DOWN'}" for u, v in zip(route, route[1:])]
+
+
 @dataclass(frozen=True)
 class CompiledPlatform:
-    """SimGrid XML plus the node route of every compiled host pair."""
+    """SimGrid XML plus the node route of every compiled host pair.
+
+    routes : ``{(src, dst): [node, ...]}`` for every compiled ordered pair.
+    pods : host -> id of the SimGrid zone that holds it.
+    """
 
     xml: str
     routes: dict[tuple[str, str], list[str]]
-    pods: dict[str, str]  # host -> head of its pod
+    pods: dict[str, str]
 
 
 def compile_platform(graph: nx.Graph, pairs: Iterable[tuple[str, str]], precision: str = "fp32") -> CompiledPlatform:
     """Compile `graph` to SimGrid XML with routes for the ordered host `pairs`.
 
-    An XPU's speed is its FLOP/s at `precision`; a CPU's is its ``flops``;
-    memories compute nothing (speed 1 FLOP/s, never used).
+    Parameters
+    ----------
+    graph : a platform graph (:mod:`hcsim.platform.topology`).
+    pairs : ordered (source, destination) host pairs the simulation uses;
+        pairs of a host with itself are ignored.
+    precision : "fp32" or "fp16": an XPU's speed is its FLOP/s at this
+        precision; a CPU's is its ``flops`` (1 FLOP/s when 0); a memory's 1 FLOP/s
+        (memories never compute).
+
+    Raises
+    ------
+    TopologyError
+        if a pair names a node that is not a host, a pair has no route, or a
+        used link has no positive latency.
     """
+    hosts = {n for n, kind in graph.nodes(data="kind") if kind in HOST_KINDS}
     pairs = sorted({(s, d) for s, d in pairs if s != d})
+    strangers = sorted({n for pair in pairs for n in pair if n not in hosts})
+    if strangers:
+        raise TopologyError(f"compile: {', '.join(map(repr, strangers[:5]))} "
+                            f"{'is not a host' if len(strangers) == 1 else 'are not hosts'} (xpu, cpu or memory) of "
+                            f"platform {graph.graph.get('name', '?')!r}")
     routes = _routes(graph, pairs)
-    pods = _pods(graph, routes)
-    root = etree.Element("platform", version="4.1")
-    zone = etree.SubElement(root, "zone", id="root", routing="Full")
-    used_links = sorted({link_name(u, v) for route in routes.values() for u, v in zip(route, route[1:])})
-    for name in used_links:
-        u, v = name.split("--", 1)
-        data = graph.edges[u, v]
-        etree.SubElement(zone, "link", id=name, bandwidth=f"{data['bandwidth']!r}Bps",
-                         latency=f"{data['latency']!r}s", sharing_policy="SPLITDUPLEX")
-    members = defaultdict(list)
-    for host, head in pods.items():
-        members[head].append(host)
-    intra, inter = _split_routes(routes, pods)
-    for head in sorted(members):
-        pod = etree.SubElement(zone, "zone", id=_pod_id(head), routing="Full")
-        for host in sorted(members[head], key=lambda h: h != head):
-            etree.SubElement(pod, "host", id=host, speed=f"{_speed(graph.nodes[host], precision)!r}f")
-        for (src, dst), route in sorted(intra.get(head, {}).items()):
-            _emit_route(pod, "route", route, src=src, dst=dst)
-    for (head_src, head_dst), route in sorted(inter.items()):
-        _emit_route(zone, "zoneRoute", route, src=_pod_id(head_src), dst=_pod_id(head_dst),
-                    gw_src=head_src, gw_dst=head_dst)
-    xml = etree.tostring(root, pretty_print=True, xml_declaration=True, encoding="UTF-8",
-                         doctype=f'<!DOCTYPE platform SYSTEM "{DTD}">').decode()
-    return CompiledPlatform(xml=xml, routes=routes, pods=pods)
+    pods, intra, inter = _plan(graph, hosts, routes)
+    xml = platform_xml(graph, routes, pods, intra, inter, precision)
+    return CompiledPlatform(xml=xml, routes=routes, pods={h: _zone_id(p) for h, p in pods.items()})
 
 
 def write_platform(graph: nx.Graph, pairs: Iterable[tuple[str, str]], path: str | Path,
@@ -94,6 +121,45 @@ def write_platform(graph: nx.Graph, pairs: Iterable[tuple[str, str]], path: str 
     compiled = compile_platform(graph, pairs, precision)
     Path(path).write_text(compiled.xml)
     return compiled
+
+
+def platform_xml(graph, routes, pods, intra, inter, precision: str) -> str:
+    """The XML text of a compiled plan (see :func:`compile_platform`)."""
+    root = etree.Element("platform", version="4.1")
+    zone = etree.SubElement(root, "zone", id="root", routing="Full")
+    used = sorted({link_name(u, v) for route in routes.values() for u, v in zip(route, route[1:])})
+    for name in used:
+        u, v = name.split("--", 1) if graph.has_edge(*name.split("--", 1)) else _ends(graph, name)
+        data = graph.edges[u, v]
+        latency, bandwidth = data.get("latency"), data.get("bandwidth")
+        if not (isinstance(latency, (int, float)) and latency > 0 and math.isfinite(latency)):
+            raise TopologyError(f"link {u!r}--{v!r}: latency must be > 0 s, got {latency!r}")
+        if not (isinstance(bandwidth, (int, float)) and bandwidth > 0 and math.isfinite(bandwidth)):
+            raise TopologyError(f"link {u!r}--{v!r}: bandwidth must be a positive B/s, got {bandwidth!r}")
+        etree.SubElement(zone, "link", id=name, bandwidth=f"{float(bandwidth)!r}Bps",
+                         latency=f"{float(latency)!r}s", sharing_policy="SPLITDUPLEX")
+    members = defaultdict(list)
+    for host, pod in pods.items():
+        members[pod].append(host)
+    for pod in sorted(members):
+        element = etree.SubElement(zone, "zone", id=_zone_id(pod), routing="Full")
+        for host in sorted(members[pod]):
+            etree.SubElement(element, "host", id=host, speed=f"{_speed(graph.nodes[host], precision)!r}f")
+        for (src, dst), route in sorted(intra.get(pod, {}).items()):
+            _emit_route(element, "route", route, src=src, dst=dst)
+    for (pod_src, pod_dst), (gw_src, gw_dst, route) in sorted(inter.items()):
+        _emit_route(zone, "zoneRoute", route, src=_zone_id(pod_src), dst=_zone_id(pod_dst),
+                    gw_src=gw_src, gw_dst=gw_dst)
+    return etree.tostring(root, pretty_print=True, xml_declaration=True, encoding="UTF-8",
+                          doctype=f'<!DOCTYPE platform SYSTEM "{DTD}">').decode()
+
+
+def _ends(graph, name: str) -> tuple[str, str]:
+    """Split a link name whose node names contain '--' themselves."""
+    for i in range(len(name)):
+        if name.startswith("--", i) and graph.has_edge(name[:i], name[i + 2:]):
+            return name[:i], name[i + 2:]
+    raise TopologyError(f"compile: cannot find the link {name!r}")
 
 
 def _routes(graph: nx.Graph, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], list[str]]:
@@ -107,39 +173,95 @@ def _routes(graph: nx.Graph, pairs: list[tuple[str, str]]) -> dict[tuple[str, st
     return routes
 
 
-def _pods(graph: nx.Graph, routes: dict) -> dict[str, str]:
-    """Map every host to its pod head; owned memories join their owner's pod
-    unless a compiled route leaves them other than through the owner."""
-    pods = {}
-    for node, data in graph.nodes(data=True):
-        if data["kind"] not in HOST_KINDS:
-            continue
-        owner = data.get("owner") if data["kind"] == "memory" else None
-        pods[node] = owner if owner in graph else node
-    for (src, dst), route in routes.items():
-        for end, inner in ((src, route[1:]), (dst, route[-2::-1])):
-            head = pods.get(end)
-            if head != end and head not in inner and not (pods.get(src) == pods.get(dst)):
-                pods[end] = end
-    return pods
+def _pod_key(graph, host: str, level: int) -> str:
+    data = graph.nodes[host]
+    if level == 0 and data.get("server") is not None:
+        return f"server:{data['server']}"
+    if level <= 1 and data.get("kind") == "memory" and data.get("owner") in graph:
+        return data["owner"]
+    return host
 
 
-def _split_routes(routes, pods):
-    """Split host routes into intra-pod routes and root routes between pod heads."""
+def _plan(graph, hosts, routes):
+    """Group hosts into pods and split routes into pod routes and root zoneRoutes (see the module docstring)."""
+    levels = dict.fromkeys(hosts, 0)
+    owned = defaultdict(list)
+    for host in hosts:
+        owner = graph.nodes[host].get("owner")
+        if owner in hosts:
+            owned[owner].append(host)
+    while True:
+        pods = {h: _pod_key(graph, h, level) for h, level in levels.items()}
+        intra, inter, conflicts = _compose(routes, pods)
+        if not conflicts:
+            return pods, intra, inter
+        bumped = False
+        for host in sorted(conflicts):
+            level = levels[host]
+            if level < _MAX_LEVEL:
+                levels[host] = level + 1
+                bumped = True
+                for memory in owned.get(host, ()):  # a host's memories follow it out of the server pod
+                    if level == 0 and levels[memory] == 0:
+                        levels[memory] = 1
+        if not bumped:
+            raise AssertionError(f"compile: cannot place the routes of {sorted(conflicts)[:4]} in zones")
+
+
+def _compose(routes, pods):
     intra: dict[str, dict] = defaultdict(dict)
-    inter: dict[tuple[str, str], list[str]] = {}
+    crossing = defaultdict(list)
     for (src, dst), route in routes.items():
-        head_src, head_dst = pods[src], pods[dst]
-        if head_src == head_dst:
-            intra[head_src][src, dst] = route
+        if pods[src] == pods[dst]:
+            intra[pods[src]][src, dst] = route
+        else:
+            crossing[pods[src], pods[dst]].append((src, dst, route))
+    inter = {}
+    conflicts: set[str] = set()
+    for (pod_src, pod_dst), items in sorted(crossing.items()):
+        src, dst, route = items[0]
+        if len(items) == 1:
+            inter[pod_src, pod_dst] = (src, dst, route)
             continue
-        i, j = route.index(head_src), len(route) - 1 - route[::-1].index(head_dst)
-        if src != head_src:
-            intra[head_src][src, head_src] = route[: i + 1]
-        if dst != head_dst:
-            intra[head_dst][head_dst, dst] = route[j:]
-        inter.setdefault((head_src, head_dst), route[i : j + 1])
-    return intra, inter
+        pieces = _common_gateways(items, pods, pod_src, pod_dst)
+        if pieces is None or not _fits(intra, pieces):
+            conflicts.update(end for item in items for end in item[:2])
+            continue
+        for pod, key, piece in pieces[1]:
+            intra[pod][key] = piece
+        inter[pod_src, pod_dst] = pieces[0]
+    return intra, inter, conflicts
+
+
+def _common_gateways(items, pods, pod_src, pod_dst):
+    """Gateways shared by every route from pod_src to pod_dst, with the pod routes they need, or None."""
+    first = items[0][2]
+    exit_at = max(i for i, n in enumerate(first) if pods.get(n) == pod_src)
+    entry_at = min(i for i, n in enumerate(first) if pods.get(n) == pod_dst and i > exit_at)
+    gw_src, gw_dst = first[exit_at], first[entry_at]
+    middle = first[exit_at : entry_at + 1]
+    pieces = []
+    for src, dst, route in items:
+        if gw_src not in route or gw_dst not in route:
+            return None
+        i, j = route.index(gw_src), route.index(gw_dst)
+        if route[i : j + 1] != middle:
+            return None
+        if src != gw_src:
+            pieces.append((pod_src, (src, gw_src), route[: i + 1]))
+        if dst != gw_dst:
+            pieces.append((pod_dst, (gw_dst, dst), route[j:]))
+    return (gw_src, gw_dst, middle), pieces
+
+
+def _fits(intra, pieces) -> bool:
+    added = {}
+    for pod, key, piece in pieces[1]:
+        known = intra.get(pod, {}).get(key, added.get((pod, key)))
+        if known is not None and known != piece:
+            return False
+        added[pod, key] = piece
+    return True
 
 
 def _emit_route(parent, tag: str, route: list[str], **attributes) -> None:
@@ -148,13 +270,13 @@ def _emit_route(parent, tag: str, route: list[str], **attributes) -> None:
         etree.SubElement(element, "link_ctn", id=link_name(u, v), direction="UP" if u < v else "DOWN")
 
 
-def _pod_id(head: str) -> str:
-    return f"pod:{head}"
+def _zone_id(pod: str) -> str:
+    return f"pod:{pod}"
 
 
 def _speed(data: dict, precision: str) -> float:
     if data["kind"] == "xpu":
-        return data["fp16_flops"] if precision in ("fp16", "bf16") else data["fp32_flops"]
+        return float(data["fp16_flops"] if precision in ("fp16", "bf16") else data["fp32_flops"])
     if data["kind"] == "cpu":
-        return data.get("flops") or 1.0
+        return float(data.get("flops") or 1.0)
     return 1.0

@@ -1,0 +1,119 @@
+"""`hcsim platform show|compile|draw SPEC`: inspect, compile and draw platform specs."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import time
+
+from hcsim.errors import ConfigError
+from hcsim.units import format_quantity
+
+__all__ = ["register"]
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers) -> None:
+    """Add the `platform` subcommand and its show / compile / draw actions."""
+    parser = subparsers.add_parser("platform", help="inspect, compile and draw platform specs",
+                                   description="Inspect, compile and draw platform specs (platforms/*.yaml).")
+    actions = parser.add_subparsers(dest="action", metavar="ACTION")
+    parser.set_defaults(run=lambda args: parser.print_help() or 1)
+
+    def common(sub):
+        sub.add_argument("spec", metavar="SPEC", help="a built-in name (paper-cxl, paper-traditional) or a YAML path")
+        sub.add_argument("--xpus", type=int, default=None, metavar="N", help="build the first N XPUs (default: the spec's)")
+        sub.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                         help="override a spec field, e.g. --set links.cxl.bandwidth=256GB/s --set coherent=false")
+
+    show = actions.add_parser("show", help="counts of nodes and links by kind, devices, FLOP/s, memory")
+    common(show)
+    show.set_defaults(run=_show)
+    compile_ = actions.add_parser("compile", help="write the SimGrid platform XML")
+    common(compile_)
+    compile_.add_argument("-o", "--output", required=True, metavar="FILE.xml")
+    compile_.add_argument("--pairs", choices=("data-parallel", "all-xpus"), default="data-parallel",
+                          help="host pairs to emit routes for (default: each XPU with its memories, plus a ring)")
+    compile_.add_argument("--precision", choices=("fp32", "fp16"), default="fp32", help="XPU speed used")
+    compile_.set_defaults(run=_compile)
+    draw = actions.add_parser("draw", help="draw the platform (a representative part of large ones)")
+    common(draw)
+    draw.add_argument("-o", "--output", required=True, metavar="FILE.png")
+    draw.add_argument("--racks", type=int, default=2, help="racks drawn at most (default 2)")
+    draw.add_argument("--servers", type=int, default=2, help="servers drawn per rack at most (default 2)")
+    draw.set_defaults(run=_draw)
+
+
+def _overrides(items: list[str]) -> dict[str, object]:
+    import yaml  # values are YAML scalars or lists, as in a spec: true, 4096, [H100, A100], 256GB/s
+
+    overrides = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. links.cxl.latency=1us")
+        try:
+            overrides[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"--set {item!r}: cannot read the value: {err}") from err
+    return overrides
+
+
+def _graph(args):
+    from hcsim.platform import build_platform, load_platform_spec
+
+    spec = load_platform_spec(args.spec, _overrides(args.overrides))
+    return spec, build_platform(spec, args.xpus)
+
+
+def _show(args) -> int:
+    from hcsim.platform.summary import summarize_platform
+
+    spec, graph = _graph(args)
+    summary = summarize_platform(graph)
+    print(f"{summary.name}: {'coherent (CXL fabric)' if summary.coherent else 'not coherent'}, "
+          f"{graph.number_of_nodes()} nodes, {graph.number_of_edges()} links")
+    print("nodes:")
+    for kind, count in summary.nodes.items():
+        print(f"  {kind:<20} {count:>8}")
+    print("links:")
+    for kind, count in summary.links.items():
+        print(f"  {kind:<20} {count:>8}")
+    print("devices:")
+    for device, count in summary.devices.items():
+        print(f"  {device:<20} {count:>8}")
+    print(f"total FLOP/s: fp32 {format_quantity(summary.fp32_flops, 'FLOPS')}, "
+          f"fp16 {format_quantity(summary.fp16_flops, 'FLOPS')}")
+    print("memory:")
+    for role, capacity in summary.memory.items():
+        print(f"  {role:<20} {'unbounded' if math.isinf(capacity) else format_quantity(capacity, 'B'):>12}")
+    return 0
+
+
+def _compile(args) -> int:
+    from hcsim.platform import write_platform
+    from hcsim.platform.pairs import data_parallel_pairs
+    from hcsim.platform.topology import xpus
+
+    spec, graph = _graph(args)
+    if args.pairs == "all-xpus":
+        members = xpus(graph)
+        pairs = [(a, b) for a in members for b in members if a != b]
+    else:
+        pairs = data_parallel_pairs(graph)
+    start = time.perf_counter()
+    compiled = write_platform(graph, pairs, args.output, args.precision)
+    print(f"{args.output}: {len(compiled.routes)} routes, {len(set(compiled.pods.values()))} zones, "
+          f"{len(compiled.xml) / 1e6:.1f} MB, compiled in {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+def _draw(args) -> int:
+    from hcsim.platform.draw import draw_platform
+
+    spec, graph = _graph(args)
+    note = draw_platform(graph, args.output, max_racks=args.racks, max_servers=args.servers)
+    print(f"{args.output}: {note}" if note else f"{args.output}: whole platform")
+    return 0

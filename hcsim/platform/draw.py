@@ -1,0 +1,134 @@
+"""A layered drawing of a platform graph (matplotlib, imported only when drawing).
+
+Rows from top to bottom: Ethernet (core, ToR, NICs), the server (CPUs and
+DRAM, PCIe switches, XPU switches, XPUs, HBM), then the CXL fabric (Type 3
+expanders, leaf switches, cascade levels). Nodes are coloured by kind (memories
+by role), links by kind. Large systems are drawn in part: the first
+`max_racks` racks and the first `max_servers` servers of each, with what was
+left out said in the title.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import networkx as nx
+
+from hcsim.platform.topology import _natural
+
+__all__ = ["representative_part", "draw_platform"]
+
+_ROWS = {  # (kind, role) -> row, top = highest
+    ("switch", "core"): 14, ("switch", "tor"): 13, ("nic", None): 12, ("cpu", None): 11,
+    ("memory", "dram"): 11, ("switch", "pcie"): 10, ("switch", "xpu"): 9, ("xpu", None): 8,
+    ("memory", "hbm"): 7, ("memory", "cxl_type2"): 7, ("memory", "cxl_type3"): 6,
+}
+_COLOURS = {
+    "core switch": "#4d4d4d", "ToR switch": "#7f7f7f", "NIC": "#bcbd22", "CPU": "#1f77b4",
+    "DRAM": "#aec7e8", "PCIe switch": "#9467bd", "XPU switch": "#c5b0d5", "XPU": "#d62728",
+    "HBM": "#ff9896", "CXL switch": "#17becf", "CXL Type 3": "#2ca02c", "other": "#e377c2",
+}
+_LINK_COLOURS = {"eth": "#7f7f7f", "upi": "#1f77b4", "pcie": "#9467bd", "xpu_link": "#d62728",
+                 "hbm": "#ff9896", "dram": "#aec7e8", "cxl": "#17becf"}
+
+
+def representative_part(graph: nx.Graph, max_racks: int = 2, max_servers: int = 2) -> tuple[nx.Graph, str]:
+    """The subgraph of the first `max_racks` racks x `max_servers` servers, and a note of what was left out."""
+    racks = sorted({d["rack"] for _, d in graph.nodes(data=True) if d.get("rack") is not None})
+    servers = defaultdict(set)
+    for _, d in graph.nodes(data=True):
+        if d.get("server") is not None:
+            servers[d.get("rack")].add(d["server"])
+    kept_racks = set(racks[:max_racks])
+    kept_servers = {s for r in kept_racks for s in sorted(servers[r], key=_natural)[:max_servers]}
+    most = max((len(s) for s in servers.values()), default=0)
+    if len(racks) <= max_racks and most <= max_servers:
+        return graph, ""
+    keep = {n for n, d in graph.nodes(data=True) if d.get("server") in kept_servers}
+    frontier = list(keep)
+    while frontier:  # add the switches above the kept servers
+        node = frontier.pop()
+        for neighbour in graph[node]:
+            d = graph.nodes[neighbour]
+            if neighbour not in keep and d.get("server") is None and d.get("rack", next(iter(kept_racks))) in kept_racks:
+                keep.add(neighbour)
+                frontier.append(neighbour)
+    part = graph.subgraph(keep).copy()
+    pruned = True
+    while pruned:  # drop switches that lead only to what was left out
+        dangling = [n for n, d in part.nodes(data=True)
+                    if d.get("kind") == "switch" and d.get("role") != "core" and part.degree(n) <= 1]
+        part.remove_nodes_from(dangling)
+        pruned = bool(dangling)
+    note = (f"representative part: {len(kept_racks)} of {len(racks)} racks, "
+            f"{min(max_servers, most)} of {most} servers per rack")
+    return part, note
+
+
+def draw_platform(graph: nx.Graph, path: str | Path, *, max_racks: int = 2, max_servers: int = 2,
+                  dpi: int = 150) -> str:
+    """Draw `graph` (or its representative part) to an image file; return the note ("" when drawn whole)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    part, note = representative_part(graph, max_racks, max_servers)
+    position, labels = _layout(part)
+    width = max(8.0, min(40.0, 0.35 * max(len(row) for row in _rows(part).values())))
+    figure, axes = plt.subplots(figsize=(width, 9))
+    colours = [_COLOURS[_category(d)] for _, d in part.nodes(data=True)]
+    edge_colours = [_LINK_COLOURS.get(k, "#cccccc") for _, _, k in part.edges(data="kind")]
+    nx.draw_networkx_edges(part, position, ax=axes, edge_color=edge_colours, width=0.6, alpha=0.6)
+    nx.draw_networkx_nodes(part, position, ax=axes, node_color=colours, node_size=60, linewidths=0.3,
+                           edgecolors="black")
+    if part.number_of_nodes() <= 120:
+        nx.draw_networkx_labels(part, position, labels, ax=axes, font_size=5, verticalalignment="bottom")
+    used = sorted({_category(d) for _, d in part.nodes(data=True)}, key=list(_COLOURS).index)
+    handles = [Line2D([], [], marker="o", linestyle="", color=_COLOURS[c], label=c) for c in used]
+    kinds = sorted({k for _, _, k in part.edges(data="kind")})
+    handles += [Line2D([], [], color=_LINK_COLOURS.get(k, "#cccccc"), label=f"{k} link") for k in kinds]
+    axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
+    title = f"{graph.graph.get('name', 'platform')}: {sum(1 for _, k in graph.nodes(data='kind') if k == 'xpu')} XPUs"
+    axes.set_title(title + (f"\n{note}" if note else ""), fontsize=10)
+    axes.axis("off")
+    figure.tight_layout()
+    figure.savefig(path, dpi=dpi)
+    plt.close(figure)
+    return note
+
+
+def _category(data: dict) -> str:
+    kind, role = data.get("kind"), data.get("role")
+    names = {("switch", "core"): "core switch", ("switch", "tor"): "ToR switch", ("nic", None): "NIC",
+             ("cpu", None): "CPU", ("memory", "dram"): "DRAM", ("switch", "pcie"): "PCIe switch",
+             ("switch", "xpu"): "XPU switch", ("xpu", None): "XPU", ("memory", "hbm"): "HBM",
+             ("switch", "cxl"): "CXL switch", ("memory", "cxl_type3"): "CXL Type 3"}
+    return names.get((kind, role if kind in ("switch", "memory") else None), "other")
+
+
+def _row(data: dict) -> int:
+    kind, role = data.get("kind"), data.get("role")
+    if kind == "switch" and role == "cxl":
+        return 5 - data.get("level", 1)  # leaves just below the expanders, cascade levels further down
+    return _ROWS.get((kind, role if kind in ("switch", "memory") else None), 3)
+
+
+def _rows(graph: nx.Graph) -> dict[int, list[str]]:
+    rows = defaultdict(list)
+    for node, data in graph.nodes(data=True):
+        rows[_row(data)].append(node)
+    return rows
+
+
+def _layout(graph: nx.Graph):
+    position, labels = {}, {}
+    for row, members in _rows(graph).items():
+        members.sort(key=lambda n: (graph.nodes[n].get("rack", -1), _natural(str(graph.nodes[n].get("server", ""))),
+                                    _natural(n)))
+        for i, node in enumerate(members):
+            position[node] = ((i + 0.5) / len(members), row)
+            labels[node] = node.rsplit(".", 1)[-1] if "." in node and graph.nodes[node].get("server") else node
+    return position, labels
