@@ -158,7 +158,7 @@ def place_memory(graph: nx.DiGraph, capacities: dict[str, float], spec: Workload
         elif data.get("phase") == "optimizer" and reads_state:
             data["spilled_xpus"] = spilled_on(lambda k: k < decoders)
         else:
-            data["spilled_xpus"] = frozenset()
+            data["spilled_xpus"] = spilled_on(lambda k: False)
         for k in spilled_by_count:
             if (d and k < d) or (not d and data["spilled_xpus"] and k < decoders):
                 spilled_by_count[k].append(name)
