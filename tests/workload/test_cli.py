@@ -1,0 +1,31 @@
+"""`hcsim workload show` and `hcsim workload export`."""
+
+from hcsim.cli import main
+from hcsim.workload import build_training_graph, load_workload, load_workload_spec, place_memory
+
+
+def test_show_prints_state_placement_and_flops(capsys):
+    assert main(["workload", "show", "llama2-13b", "--device", "V100", "--set", "training.batch_per_xpu=2"]) == 0
+    out = capsys.readouterr().out
+    spec = load_workload_spec("llama2-13b", {"training.batch_per_xpu": 2})
+    graph = build_training_graph(spec, ["xpu0"])
+    entry = place_memory(graph, {"xpu0": 32 * 2**30}, spec).by_capacity[0]
+    assert "training state per XPU" in out and "activations" in out
+    assert f"local: decoders 1-{entry.local_decoders}," in out
+    assert f"spilled to extended memory: decoders {entry.local_decoders + 1}-40" in out
+    assert "FLOPs per XPU per iteration" in out and "batch per XPU 2" in out
+
+
+def test_show_reports_errors_in_one_line(capsys):
+    assert main(["workload", "show", "llama2-13b", "--device", "H200"]) == 2
+    assert "--device 'H200': not in the device catalog" in capsys.readouterr().err
+    assert main(["workload", "show", "llama2-13b", "--set", "fidelity"]) == 2
+    assert "expected KEY=VALUE" in capsys.readouterr().err
+
+
+def test_export_writes_a_graph_that_loads_back(tmp_path, capsys):
+    path = tmp_path / "graph.json"
+    assert main(["workload", "export", "llama2-13b", "--xpus", "3", "-o", str(path), "--device", "H100"]) == 0
+    graph = load_workload(path, ["xpu0", "xpu1", "xpu2"])
+    assert graph.nodes["d40.bwd"]["spilled_xpus"] == frozenset({"xpu0", "xpu1", "xpu2"})
+    assert graph.nodes["d01.fwd"]["start"] and graph.edges["optimizer", "d01.fwd"]["skip_first_iteration"]
