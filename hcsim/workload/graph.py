@@ -93,8 +93,9 @@ def validate_workload(graph: nx.DiGraph, platform_xpus=None) -> None:
     """
     known = set(platform_xpus) if platform_xpus is not None else None
     problems = []
+    missing_by_group: dict = {}  # groups are shared tuples: check each distinct one once
     for name, data in graph.nodes(data=True):
-        problems += _vertex_problems(name, data, known)
+        problems += _vertex_problems(name, data, known, missing_by_group)
     if not any(data.get("start") for _, data in graph.nodes(data=True)) and graph.number_of_nodes():
         problems.append("no start vertex: mark the first vertices of an iteration with start: true")
     first_iteration = nx.DiGraph((u, v) for u, v, skip in graph.edges(data="skip_first_iteration") if not skip)
@@ -118,7 +119,7 @@ def validate_workload(graph: nx.DiGraph, platform_xpus=None) -> None:
         raise WorkloadError(f"workload {graph.graph.get('name', '?')!r} is invalid:\n  " + "\n  ".join(problems))
 
 
-def _vertex_problems(name, data, known) -> list[str]:
+def _vertex_problems(name, data, known, missing_by_group) -> list[str]:
     kind = data.get("kind")
     if kind not in ("compute", "comm"):
         return [f"vertex {name!r}: kind must be 'compute' or 'comm', got {kind!r}"]
@@ -127,7 +128,10 @@ def _vertex_problems(name, data, known) -> list[str]:
     if not xpus:
         problems.append(f"vertex {name!r}: runs on no XPU (xpus is empty)")
     if known is not None:
-        missing = [x for x in xpus if x not in known]
+        key = id(xpus)
+        if key not in missing_by_group:
+            missing_by_group[key] = (xpus, [x for x in xpus if x not in known])  # keep xpus alive: ids stay unique
+        missing = missing_by_group[key][1]
         if missing:
             problems.append(f"vertex {name!r}: placed on XPUs the platform does not have: {', '.join(map(repr, missing[:5]))}")
     sizes = ("flops", "memory_bytes") if kind == "compute" else ("bytes",)
@@ -136,7 +140,8 @@ def _vertex_problems(name, data, known) -> list[str]:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
             problems.append(f"vertex {name!r}: {key} must be a finite number >= 0, got {value!r}")
     if kind == "compute":
-        strays = set(data.get("spilled_xpus") or ()) - set(xpus)
+        spilled = data.get("spilled_xpus") or ()
+        strays = set(spilled) - set(xpus) if spilled else ()
         if strays:
             problems.append(f"vertex {name!r}: spilled_xpus names XPUs it does not run on: "
                             f"{', '.join(map(repr, sorted(strays)[:5]))}")
