@@ -115,7 +115,7 @@ def validate_topology(graph: nx.Graph, catalog=None) -> None:
     for node, data in graph.nodes(data=True):
         problems += _node_problems(graph, node, data, catalog)
     for u, v, data in graph.edges(data=True):
-        problems += _link_problems(u, v, data)
+        problems += _link_problems(*sorted((u, v)), data)
     problems += _reachability_problems(graph)
     if problems:
         raise TopologyError(f"platform {graph.graph.get('name', '?')!r} is invalid:\n  " + "\n  ".join(problems))
