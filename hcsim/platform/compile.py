@@ -7,7 +7,10 @@ netpoints of a zone, at seal time):
 - every link is one SPLITDUPLEX SimGrid link named ``u--v`` (u < v, see
   :func:`link_name`): full duplex, each direction has the full bandwidth; a
   route crosses it as ``u--v_UP`` from u to v and ``u--v_DOWN`` from v to u.
-  Only links that some compiled route uses are declared, in the root zone;
+  Only links that some compiled route uses are declared, all in a first
+  child zone ``links`` of the root (routing None, no hosts): SimGrid looks a
+  link up when it reads a route, and its parser takes a zone whose first child
+  is a link for a zone of hosts, which may then hold no zones;
 - hosts (XPUs, CPUs, memories) are grouped in *pods*, Full zones that are
   children of a Full root zone. A pod starts as a whole server (the node
   attribute ``server``); routes between two hosts of one pod are routes of
@@ -53,6 +56,7 @@ from hcsim.platform.topology import HOST_KINDS
 __all__ = ["CompiledPlatform", "compile_platform", "platform_xml", "write_platform", "link_name", "simgrid_links"]
 
 DTD = "https://simgrid.org/simgrid.dtd"
+LINKS_ZONE = "links"
 _MAX_LEVEL = 2  # pod levels: 0 server, 1 host with its owned memories, 2 single host
 
 
@@ -127,6 +131,9 @@ def platform_xml(graph, routes, pods, intra, inter, precision: str) -> str:
     """The XML text of a compiled plan (see :func:`compile_platform`)."""
     root = etree.Element("platform", version="4.1")
     zone = etree.SubElement(root, "zone", id="root", routing="Full")
+    # links first, in a zone of their own: SimGrid resolves link names when it reads a route, and takes
+    # a zone whose first child is a link for a zone of hosts (which then may not hold zones)
+    holder = etree.SubElement(zone, "zone", id=LINKS_ZONE, routing="None")
     used = sorted({link_name(u, v) for route in routes.values() for u, v in zip(route, route[1:])})
     for name in used:
         u, v = name.split("--", 1) if graph.has_edge(*name.split("--", 1)) else _ends(graph, name)
@@ -136,7 +143,7 @@ def platform_xml(graph, routes, pods, intra, inter, precision: str) -> str:
             raise TopologyError(f"link {u!r}--{v!r}: latency must be > 0 s, got {latency!r}")
         if not (isinstance(bandwidth, (int, float)) and bandwidth > 0 and math.isfinite(bandwidth)):
             raise TopologyError(f"link {u!r}--{v!r}: bandwidth must be a positive B/s, got {bandwidth!r}")
-        etree.SubElement(zone, "link", id=name, bandwidth=f"{float(bandwidth)!r}Bps",
+        etree.SubElement(holder, "link", id=name, bandwidth=f"{float(bandwidth)!r}Bps",
                          latency=f"{float(latency)!r}s", sharing_policy="SPLITDUPLEX")
     members = defaultdict(list)
     for host, pod in pods.items():
