@@ -1,0 +1,57 @@
+"""`hcsim platform show|compile|draw`."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hcsim.cli import main
+from hcsim.config import REPO_ROOT
+
+
+def test_show_counts_and_totals(capsys):
+    assert main(["platform", "show", "paper-cxl", "--xpus", "256", "--set", "devices=[H100, A100]"]) == 0
+    out = capsys.readouterr().out
+    assert "coherent (CXL fabric)" in out
+    lines = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.startswith("  ")}
+    assert lines["xpu"] == ["256"] and lines["memory/cxl_type3"] == ["256"] and lines["switch/tor"] == ["2"]
+    assert lines["H100"] == ["128"] and lines["A100"] == ["128"]
+    assert lines["cxl_type3"] == ["unbounded"]
+    assert "fp32 11.07 PFLOPS" in out  # 128 x 67 + 128 x 19.5 TFLOPS
+
+
+def test_compile_writes_xml(tmp_path, capsys):
+    output = tmp_path / "p.xml"
+    assert main(["platform", "compile", "paper-traditional", "--xpus", "16", "-o", str(output)]) == 0
+    assert output.read_text().startswith("<?xml") and 'version="4.1"' in output.read_text()
+    assert "96 routes" in capsys.readouterr().out  # 16 XPUs x 2 memories x 2 directions + 16 ring links x 2
+
+
+def test_draw_says_when_it_draws_a_part(tmp_path, capsys):
+    output = tmp_path / "p.png"
+    assert main(["platform", "draw", "paper-cxl", "--xpus", "512", "-o", str(output)]) == 0
+    assert output.read_bytes()[:4] == b"\x89PNG"
+    assert "representative part: 2 of 4 racks, 2 of 16 servers per rack" in capsys.readouterr().out
+
+
+def test_errors_exit_2_in_one_line(capsys):
+    assert main(["platform", "show", "paper-cxl", "--xpus", "9999"]) == 2
+    assert main(["platform", "show", "paper-cxl", "--set", "links.cxl.latency=0ns"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("hcsim: error: paper-cxl.yaml: xpus: cannot build 9999")
+    assert err[1] == "hcsim: error: paper-cxl.yaml: links.cxl.latency: must be > 0, got '0ns'"
+
+
+def test_platform_layer_imports_neither_simgrid_nor_matplotlib_at_module_level():
+    for path in (REPO_ROOT / "hcsim" / "platform").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in tree.body:  # module level only: drawing imports matplotlib inside its function
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            assert not any(n.split(".")[0] in ("simgrid", "matplotlib") for n in names), path.name
+    done = subprocess.run([sys.executable, "-c", "import sys, hcsim.platform; "
+                           "print('matplotlib' in sys.modules, 'simgrid' in sys.modules)"],
+                          capture_output=True, text=True, cwd=REPO_ROOT)
+    assert done.stdout.split() == ["False", "False"]
