@@ -72,7 +72,7 @@ class Scenario:
     def workload_settings(self) -> dict[str, Any]:
         settings = dict(self.workload_overrides)
         if self.collective is not None:
-            settings["algorithm"] = self.collective
+            settings["gradients.algorithm"] = self.collective
         if self.fidelity is not None:
             settings["fidelity"] = self.fidelity
         return settings

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 # CM02 with TCP-gamma 0 and no cross-traffic: one transfer alone costs latency + size/bandwidth (paper eq. 2).
 SIMGRID_CONFIG = ("network/model:CM02", "network/TCP-gamma:0", "network/crosstraffic:0")
 CLOCK_HOST = "hcsim:clock"
+CLOCK_CORES = 1 << 20  # more than the delays that can ever run at once
 
 
 class Backend:
@@ -53,10 +54,16 @@ class SimgridBackend(Backend):
         for setting in SIMGRID_CONFIG:
             self.engine.set_config(setting)
         self.engine.load_platform(str(platform_xml))
+        clock = self.engine.netzone_root.add_host(CLOCK_HOST, 1.0)
+        clock.core_count = CLOCK_CORES
+        clock.seal()
         self.engine.netzone_root.seal()
         self.hosts: dict[str, object] = {}
         self.free: dict[object, list] = defaultdict(list)
         self.pending: dict[int, Callable[[], None]] = {}
+        # The Python property `Task.amount` cannot be assigned in 4.1 (its setter wants an instance
+        # name too); call the setter with SimGrid's default instance name.
+        self._set_amount = simgrid.Task.amount.fset
         self.tasks: list = []  # every task stays referenced: SimGrid keys some state by raw pointer
         self.activities = 0
 
@@ -81,7 +88,7 @@ class SimgridBackend(Backend):
     def _fire(self, key: tuple, amount: float, then: Callable[[], None]) -> None:
         pool = self.free[key]
         task = pool.pop() if pool else self._new_task(key)
-        task.amount = amount
+        self._set_amount(task, amount, "instance_0")
         self.pending[id(task)] = then
         self.activities += 1
         task.enqueue_firings(1)

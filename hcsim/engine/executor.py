@@ -79,6 +79,7 @@ class Executor:
         self.platform, self.workload, self.routes = platform, workload, routes
         self.backend, self.options = backend, options
         self.precision = workload.graph.get("precision", "fp32")
+        self.fidelity_used: dict[str, str] = {}
         self.vertices = self._index_vertices()
         self.total_instances = sum(len(v.xpus) for v in self.vertices)
         self.done_runs = [0] * self.total_instances
@@ -89,7 +90,6 @@ class Executor:
         self.busy: dict[str, list[float]] = {x: [0.0, 0.0] for v in self.vertices for x in v.xpus}
         self.trace = TraceRecorder(options.trace_xpus, options.trace_iterations) if options.trace_xpus else None
         self.collective_state: dict[tuple[int, int], "_CollectiveRun"] = {}
-        self.fidelity_used: dict[str, str] = {}
 
     # ---- set-up -------------------------------------------------------------------------------------------
 
