@@ -333,15 +333,6 @@ def _routes(top: Fields) -> tuple[tuple[str, ...], ...]:
     return tuple(routes)
 
 
-_NODE_KEYS = {
-    "switch": ("role",),
-    "nic": (),
-    "cpu": ("flops",),
-    "xpu": ("device", "extended_memory", "transit"),
-    "memory": ("capacity", "role", "owner"),
-}
-
-
 def _topology(fields: Fields, catalog: Mapping[str, Device]) -> TopologySpec:
     nodes, edges = [], []
     raw_nodes = fields.raw("nodes", [])
