@@ -6,9 +6,12 @@ networkx's Dijkstra takes one additive weight and cannot break ties on a
 bottleneck (a max-min criterion), so the search below runs Dijkstra on the
 pair (latency, -bottleneck) in lexicographic order; both criteria are
 monotone along a path, which is what Dijkstra needs. Latencies are summed as
-integer femtoseconds so that equal paths compare equal. Routes pass only
-through transit nodes (switches, NICs, CPUs by default: see
-:func:`hcsim.platform.topology.is_transit`); an XPU or a memory is an end.
+integer femtoseconds so that equal paths compare equal.
+
+Routes pass through transit nodes only (switches, NICs, CPUs by default: see
+:func:`hcsim.platform.topology.is_transit`), with one exception: a host
+forwards between the fabric and a memory it owns (``xpu3.hbm -> xpu3 ->
+switch``, or ``switch -> xpu3 -> xpu3.hbm``), as its memory controller does.
 """
 
 from __future__ import annotations
@@ -69,10 +72,14 @@ def _dijkstra(graph: nx.Graph, source: str, targets: set[str]) -> dict[str, list
             continue
         settled.add(node)
         remaining.discard(node)
+        own_only = False
         if node != source and not is_transit(nodes[node]):
-            continue
+            previous = nodes[parent[node]]
+            own_only = not (previous.get("kind") == "memory" and previous.get("owner") == node)
         for neighbour, link in adjacency[node].items():
             if neighbour in settled:
+                continue
+            if own_only and nodes[neighbour].get("owner") != node:
                 continue
             key = (dist + round(link["latency"] * _FS), max(neg_bottleneck, -link["bandwidth"]))
             if neighbour not in best or key < best[neighbour]:
