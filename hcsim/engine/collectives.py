@@ -1,34 +1,84 @@
 """Collective algorithms as schedules of transfers between ranks.
 
-A collective runs over a group of ranks 0..n-1 (the engine maps them to XPUs
+A collective runs over a group of ranks 0..n-1, the XPUs of its workload
+vertex in the order the workload lists them (the training builders list them
 in topology order, so neighbours in a server are adjacent in a ring). An
 algorithm gives, for each rank, a sequence of steps; in a step a rank sends
-some bytes to some ranks and receives from some ranks. Rank r starts step s
-when its step s-1 has ended (all its sends done and all its receives
-arrived), as real implementations do; this is the ``step`` fidelity.
+some bytes to some ranks and receives from some ranks. A send in the sender's
+step s is received in the receiver's step s (schedules line their step
+numbers up; a rank may have empty steps). Rank r starts step s+1 when its
+step s has ended (all its sends done and all its receives arrived), as real
+implementations do; this is the ``step`` fidelity.
 
 The ``flow`` fidelity stands in at scale: each (src, dst) pair carries the sum
-of its steps' bytes in one transfer, all started together once every rank is
-ready, and the collective ends when the last transfer ends plus the latency
-its other steps would have paid (sum over steps of the step's largest route
-latency, minus the latency the slowest transfer already paid). On an
-uncontended, uniform topology both fidelities give the closed forms of
-REFERENCE.md exactly.
+of its steps' bytes (:meth:`Algorithm.flows`) in one transfer, all started
+together once every rank is ready, and the collective ends when the last
+transfer ends plus the latency its other steps would have paid
+(:meth:`Algorithm.flow_latency`, the sum over steps of the step's largest
+route latency, minus the latency the slowest transfer already paid).
+Pipelined algorithms stretch their flows by (steps of the pipeline) / (chunks)
+so that the fill and drain steps, which carry one chunk each but last a full
+step, are counted (:attr:`Algorithm.flow_stretch`).
 
-Add an algorithm by subclassing :class:`Algorithm` and decorating it with
-:func:`register`; the engine looks algorithms up by name.
+Message size ``S`` (the vertex's ``bytes``) follows nccl-tests: the buffer of
+one rank for all-reduce and broadcast, the whole (gathered) buffer for
+all-gather, the whole input buffer for reduce-scatter, the send buffer of one
+rank (S/n to every rank) for all-to-all.
+
+Closed forms on a uniform, uncontended topology (every route latency α,
+every XPU one full-duplex link of bandwidth B, as
+:func:`hcsim.platform.single_switch` builds; n ranks; docs/collectives.md
+derives them):
+
+=================  ==================  ====================================================
+collective         name                time
+=================  ==================  ====================================================
+all_reduce         ring                2(n-1)α + 2(n-1)/n·S/B
+all_reduce         coherent_ring       (n-1)α + (n-1)/n·S/B
+all_reduce         hierarchical        2(g-1)α + 2(g-1)/g·S/B + 2(m-1)α + 2(m-1)/(mg)·S/B
+                                       (m servers of g ranks)
+all_reduce         halving_doubling    2·log2(n)·α + 2(n-1)/n·S/B (n a power of two)
+all_reduce         double_binary_tree  2(D+C-1)(α + S/(C·B)), n = 2^(D+1) - 1, C chunks
+reduce_scatter     ring                (n-1)α + (n-1)/n·S/B
+reduce_scatter     halving_doubling    log2(n)·α + (n-1)/n·S/B
+all_gather         ring                (n-1)α + (n-1)/n·S/B
+all_gather         halving_doubling    log2(n)·α + (n-1)/n·S/B
+all_to_all         pairwise            (n-1)α + (n-1)/n·S/B
+broadcast          ring (pipelined)    (n+C-2)(α + S/(C·B))
+broadcast          binomial_tree       ceil(log2 n)(α + S/B)
+p2p                direct              α + S/B
+=================  ==================  ====================================================
+
+Add an algorithm by subclassing :class:`Algorithm` (set ``name`` and
+``collective``, implement :meth:`Algorithm.steps` and :meth:`Algorithm.step`)
+and decorating it with :func:`register`; the workload or scenario then names
+it, and the engine is not touched::
+
+    @register
+    class Star(Algorithm):
+        name, collective = "star", "broadcast"
+        def steps(self, rank): return 1
+        def step(self, rank, index):
+            if rank == 0:
+                return Step(sends=tuple((r, self.size) for r in range(1, self.ranks)), recvs=())
+            return Step(sends=(), recvs=(0,))
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hcsim.errors import ConfigError
 
-__all__ = ["Algorithm", "Step", "register", "get_algorithm", "algorithms"]
+__all__ = ["Algorithm", "Step", "register", "get_algorithm", "algorithms", "server_groups", "DEFAULT_ALGORITHM"]
 
 _REGISTRY: dict[tuple[str, str], type["Algorithm"]] = {}
+
+DEFAULT_ALGORITHM = {"all_to_all": "pairwise", "p2p": "direct"}  # every other collective: "ring"
+"""The algorithm a collective runs when the workload names none (others: ``ring``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,17 +89,33 @@ class Step:
     recvs: tuple[int, ...]
 
 
+_IDLE = Step(sends=(), recvs=())
+
+
 class Algorithm:
-    """Base class: a collective (`collective`) implemented by a named schedule (`name`)."""
+    """Base class: a collective (`collective`) implemented by a named schedule (`name`).
+
+    Parameters
+    ----------
+    ranks : group size n (>= 1).
+    size : message size S in bytes (see the module docstring for what S is per collective).
+    groups : optional, the ranks of each server in rank order (``[[0, 1, ..., 7], [8, ...], ...]``),
+        from :func:`server_groups`; algorithms that follow the topology (``hierarchical``) read it,
+        the others ignore it. None: one group.
+    """
 
     name = ""
     collective = ""
+    flow_stretch = 1.0  # flows() multiplies bytes by this (pipelines: steps / chunks)
 
-    def __init__(self, ranks: int, size: float):
+    def __init__(self, ranks: int, size: float, groups: Sequence[Sequence[int]] | None = None):
         if ranks < 1:
             raise ConfigError(f"{self.name}: a collective needs at least one rank, got {ranks}")
+        if not size >= 0:
+            raise ConfigError(f"{self.name}: message size must be >= 0 bytes, got {size!r}")
         self.ranks = ranks
-        self.size = size
+        self.size = float(size)
+        self.groups = [list(g) for g in groups] if groups else [list(range(ranks))]
 
     def steps(self, rank: int) -> int:
         """Number of steps of `rank`."""
@@ -61,15 +127,15 @@ class Algorithm:
 
     def pairs(self) -> set[tuple[int, int]]:
         """Every (src, dst) pair of ranks that exchanges data."""
-        return {(r, dst) for r, s in self._all_steps() for dst, _ in s.sends}
+        return set(self.flows())
 
     def flows(self) -> dict[tuple[int, int], float]:
-        """Bytes per (src, dst) pair summed over all steps (the ``flow`` fidelity)."""
+        """Bytes per (src, dst) pair summed over all steps, times :attr:`flow_stretch` (``flow`` fidelity)."""
         total: dict[tuple[int, int], float] = defaultdict(float)
         for rank, step in self._all_steps():
             for dst, size in step.sends:
                 total[rank, dst] += size
-        return dict(total)
+        return {pair: size * self.flow_stretch for pair, size in total.items()}
 
     def step_pairs(self) -> list[set[tuple[int, int]]]:
         """For each step index, the pairs that send in it (for the flow model's latency)."""
@@ -81,6 +147,10 @@ class Algorithm:
                 by_step[index].update((rank, dst) for dst, _ in self.step(rank, index).sends)
         return by_step
 
+    def flow_latency(self, latency: dict[tuple[int, int], float]) -> float:
+        """Sum over steps of the largest route latency (s) among the step's pairs; `latency` per pair."""
+        return sum(max(latency[p] for p in pairs) for pairs in self.step_pairs() if pairs)
+
     def _all_steps(self):
         for rank in range(self.ranks):
             for index in range(self.steps(rank)):
@@ -88,20 +158,37 @@ class Algorithm:
 
 
 def register(cls: type[Algorithm]) -> type[Algorithm]:
-    """Class decorator: make `cls` available by (collective, name)."""
+    """Class decorator: make `cls` available by (``cls.collective``, ``cls.name``)."""
+    if not cls.name or not cls.collective:
+        raise ConfigError(f"register: {cls.__name__} must set both 'name' and 'collective'")
     _REGISTRY[cls.collective, cls.name] = cls
     return cls
 
 
-def get_algorithm(collective: str, name: str | None, ranks: int, size: float) -> Algorithm:
-    """The algorithm `name` (default "ring") for `collective` over `ranks` ranks and `size` bytes."""
-    name = name or "ring"
+def get_algorithm(collective: str, name: str | None, ranks: int, size: float,
+                  groups: Sequence[Sequence[int]] | None = None) -> Algorithm:
+    """The algorithm `name` (default: :data:`DEFAULT_ALGORITHM` or "ring") for `collective`.
+
+    Parameters
+    ----------
+    collective : "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast" or "p2p".
+    name : a registered algorithm name, or None for the collective's default.
+    ranks : group size; size : message size S in bytes.
+    groups : optional ranks per server (:func:`server_groups`).
+
+    Raises
+    ------
+    ConfigError
+        no such algorithm for `collective` (the message lists the known ones), or the algorithm
+        cannot run on this group (e.g. halving_doubling on a group that is not a power of two).
+    """
+    name = name or DEFAULT_ALGORITHM.get(collective, "ring")
     try:
         cls = _REGISTRY[collective, name]
     except KeyError:
         known = ", ".join(sorted(n for c, n in _REGISTRY if c == collective)) or "none"
         raise ConfigError(f"no algorithm {name!r} for {collective}; known: {known}") from None
-    return cls(ranks, size)
+    return cls(ranks, size, groups)
 
 
 def algorithms() -> dict[str, list[str]]:
@@ -112,10 +199,66 @@ def algorithms() -> dict[str, list[str]]:
     return dict(table)
 
 
-class _Ring(Algorithm):
-    """Each step every rank sends size/ranks bytes to its right neighbour."""
+def server_groups(platform, xpus: Sequence[str]) -> list[list[int]]:
+    """The ranks of `xpus` that share a server, per server in order of first appearance.
 
-    rounds = 1  # steps = rounds x (ranks - 1)
+    Reads the ``server`` node attribute of the platform graph (XPUs without one
+    form a group of their own).
+
+    >>> import networkx as nx
+    >>> g = nx.Graph(); g.add_nodes_from([("a", {"server": "s0"}), ("b", {"server": "s1"}), ("c", {"server": "s0"})])
+    >>> server_groups(g, ["a", "b", "c"])
+    [[0, 2], [1]]
+    """
+    by_server: dict[object, list[int]] = {}
+    for rank, xpu in enumerate(xpus):
+        by_server.setdefault(platform.nodes[xpu].get("server", ("xpu", xpu)), []).append(rank)
+    return list(by_server.values())
+
+
+def _chunks(size: float, chunk_bytes: float, max_chunks: int) -> int:
+    """Pipeline chunk count: ceil(size / chunk_bytes), between 1 and max_chunks."""
+    return max(1, min(max_chunks, math.ceil(size / chunk_bytes))) if size > 0 else 1
+
+
+class _Table(Algorithm):
+    """An algorithm whose schedule is built once in __init__ as per-rank lists of steps."""
+
+    def __init__(self, ranks, size, groups=None):
+        super().__init__(ranks, size, groups)
+        self._sends: list[dict[int, dict[int, float]]] = [defaultdict(lambda: defaultdict(float)) for _ in range(ranks)]
+        self._recvs: list[dict[int, set[int]]] = [defaultdict(set) for _ in range(ranks)]
+        self._length = 0
+        self.build()
+        self._table = [[Step(sends=tuple(sorted(self._sends[r][s].items())), recvs=tuple(sorted(self._recvs[r][s])))
+                        if (s in self._sends[r] or s in self._recvs[r]) else _IDLE for s in range(self._length)]
+                       for r in range(ranks)]
+        del self._sends, self._recvs
+
+    def build(self) -> None:
+        """Fill the schedule with :meth:`send`."""
+        raise NotImplementedError
+
+    def send(self, step: int, src: int, dst: int, size: float) -> None:
+        """`src` sends `size` bytes to `dst` in `step` (merged with other sends of the pair in that step)."""
+        self._sends[src][step][dst] += size
+        self._recvs[dst][step].add(src)
+        self._length = max(self._length, step + 1)
+
+    def steps(self, rank: int) -> int:
+        return self._length
+
+    def step(self, rank: int, index: int) -> Step:
+        return self._table[rank][index]
+
+
+# ---- rings ----------------------------------------------------------------------------------------------------
+
+
+class _Ring(Algorithm):
+    """Each step every rank sends size/ranks bytes to its right neighbour: rounds x (n-1) steps."""
+
+    rounds = 1
 
     def steps(self, rank: int) -> int:
         return self.rounds * (self.ranks - 1)
@@ -124,10 +267,24 @@ class _Ring(Algorithm):
         n = self.ranks
         return Step(sends=(((rank + 1) % n, self.size / n),), recvs=((rank - 1) % n,))
 
+    # closed-form shortcuts: a ring's steps are all alike (n x 2(n-1) Steps at 1024 ranks is slow to list)
+    def flows(self) -> dict[tuple[int, int], float]:
+        n = self.ranks
+        if n < 2:
+            return {}
+        return {(r, (r + 1) % n): self.rounds * (n - 1) * self.size / n for r in range(n)}
+
+    def step_pairs(self) -> list[set[tuple[int, int]]]:
+        pairs = set(self.flows())
+        return [pairs] * self.steps(0)
+
+    def flow_latency(self, latency: dict[tuple[int, int], float]) -> float:
+        return self.steps(0) * max(latency.values()) if latency else 0.0
+
 
 @register
 class RingAllReduce(_Ring):
-    """Reduce-scatter then all-gather: 2(n-1) steps; 2(n-1)a + 2(n-1)/n S/B."""
+    """Reduce-scatter then all-gather around the ring: 2(n-1) steps of S/n; 2(n-1)α + 2(n-1)/n·S/B."""
 
     name, collective, rounds = "ring", "all_reduce", 2
 
@@ -136,24 +293,296 @@ class RingAllReduce(_Ring):
 class CoherentRingAllReduce(_Ring):
     """The paper's coherent ring (section 3.3, Fig. 12): the reduced shards stay in
     coherent memory where every XPU can read them, so the all-gather half is not
-    needed: n-1 steps; (n-1)a + (n-1)/n S/B."""
+    needed: n-1 steps of S/n; (n-1)α + (n-1)/n·S/B."""
 
     name, collective, rounds = "coherent_ring", "all_reduce", 1
 
 
 @register
 class RingReduceScatter(_Ring):
+    """n-1 steps of S/n (S: the whole input buffer); (n-1)α + (n-1)/n·S/B."""
+
     name, collective, rounds = "ring", "reduce_scatter", 1
 
 
 @register
 class RingAllGather(_Ring):
+    """n-1 steps of S/n (S: the whole gathered buffer); (n-1)α + (n-1)/n·S/B."""
+
     name, collective, rounds = "ring", "all_gather", 1
+
+
+# ---- hierarchical ---------------------------------------------------------------------------------------------
+
+
+@register
+class HierarchicalAllReduce(_Table):
+    """All-reduce inside each server, then across servers, then back (2D ring).
+
+    With m servers of g ranks (``groups``, all of one size): a ring
+    reduce-scatter inside each server (g-1 steps of S/g, over the XPU switch),
+    then a ring all-reduce of each S/g shard among the ranks with the same
+    local index on every server (2(m-1) steps of S/(gm)), then a ring
+    all-gather inside each server (g-1 steps of S/g). Every step every rank
+    sends one transfer and receives one, so on a single switch nothing
+    contends: 2(g-1)α + 2(g-1)/g·S/B + 2(m-1)α + 2(m-1)/(mg)·S/B. One server
+    (or one rank per server) is the plain ring.
+
+    Raises ConfigError when the servers hold different numbers of ranks.
+    """
+
+    name, collective = "hierarchical", "all_reduce"
+
+    def build(self) -> None:
+        groups = self.groups
+        sizes = {len(g) for g in groups}
+        if len(sizes) != 1:
+            raise ConfigError(f"hierarchical all_reduce needs the same number of ranks on every server, got "
+                              f"{sorted(len(g) for g in groups)} over {len(groups)} servers; fix: use whole "
+                              f"servers or algorithm 'ring'")
+        g, m, size = sizes.pop(), len(groups), self.size
+        step = self._intra_ring(0, g)  # reduce-scatter inside each server
+        for _ in range(2 * (m - 1)):  # ring all-reduce of each S/g shard across servers
+            for i, group in enumerate(groups):
+                for local, rank in enumerate(group):
+                    self.send(step, rank, groups[(i + 1) % m][local], size / (g * m))
+            step += 1
+        self._intra_ring(step, g)  # all-gather inside each server
+
+    def _intra_ring(self, step: int, g: int) -> int:
+        """g-1 ring steps of S/g inside every server from `step`; returns the next step."""
+        for _ in range(g - 1):
+            for group in self.groups:
+                for local, rank in enumerate(group):
+                    self.send(step, rank, group[(local + 1) % g], self.size / g)
+            step += 1
+        return step
+
+
+# ---- recursive halving-doubling ---------------------------------------------------------------------------------
+
+
+def _log2_exact(n: int, algorithm: str) -> int:
+    if n & (n - 1):
+        raise ConfigError(f"{algorithm}: needs a power-of-two group, got {n} ranks; fix: use a group of "
+                          f"{1 << (n.bit_length() - 1)} or {1 << n.bit_length()} ranks, or algorithm 'ring'")
+    return n.bit_length() - 1
+
+
+class _HalvingDoubling(_Table):
+    """Recursive halving (reduce-scatter) and/or doubling (all-gather) with pairwise exchanges."""
+
+    halving = doubling = True
+
+    def build(self) -> None:
+        levels = _log2_exact(self.ranks, f"{self.name} {self.collective}")
+        size, step = self.size, 0
+        if self.halving:  # distance 1, 2, 4, ...: the largest halves go to the nearest ranks
+            for k in range(levels):
+                for r in range(self.ranks):
+                    self.send(step, r, r ^ (1 << k), size / (2 << k))
+                step += 1
+        if self.doubling:  # the reverse: distance n/2 first with S/n
+            for k in reversed(range(levels)):
+                for r in range(self.ranks):
+                    self.send(step, r, r ^ (1 << k), size / (2 << k))
+                step += 1
+
+
+@register
+class HalvingDoublingAllReduce(_HalvingDoubling):
+    """Rabenseifner: recursive-halving reduce-scatter then recursive-doubling all-gather.
+
+    log2(n) pairwise exchanges of S/2, S/4, ..., S/n then the same in reverse;
+    each step a rank sends one transfer and receives one (full duplex, no
+    contention): 2·log2(n)·α + 2(n-1)/n·S/B. n must be a power of two
+    (ConfigError otherwise: no fix-up step is modelled).
+    """
+
+    name, collective = "halving_doubling", "all_reduce"
+
+
+@register
+class HalvingReduceScatter(_HalvingDoubling):
+    """Recursive halving: log2(n)·α + (n-1)/n·S/B; n a power of two."""
+
+    name, collective, doubling = "halving_doubling", "reduce_scatter", False
+
+
+@register
+class DoublingAllGather(_HalvingDoubling):
+    """Recursive doubling: log2(n)·α + (n-1)/n·S/B; n a power of two."""
+
+    name, collective, halving = "halving_doubling", "all_gather", False
+
+
+# ---- double binary tree -----------------------------------------------------------------------------------------
+
+
+def _inorder_parents(n: int) -> list[int]:
+    """Parent of each position 0..n-1 in an in-order binary tree (-1 for the root), as NCCL's ncclGetBtree.
+
+    The full tree over 2^K - 1 positions (K = n.bit_length()) has heights
+    given by the trailing zeros of q + 1; positions >= n are removed and their
+    children hang from the nearest remaining ancestor.
+    """
+    levels = n.bit_length()
+    root = (1 << (levels - 1)) - 1
+    parents = []
+    for q in range(n):
+        node = q
+        while node != root:
+            h = ((node + 1) & -(node + 1)).bit_length() - 1
+            node = node + (1 << h) if ((node + 1) >> h) % 4 == 1 else node - (1 << h)
+            if node < n:
+                break
+        parents.append(-1 if q == root else node)
+    return parents
+
+
+@register
+class DoubleBinaryTreeAllReduce(_Table):
+    """NCCL's double binary tree: two complementary trees each reduce then broadcast half of S.
+
+    Tree A is the in-order binary tree over ranks 0..n-1; tree B is the same
+    tree over ranks shifted by one (n odd) or mirrored (n even), so a rank is
+    an inner node in at most one tree. Each tree carries S/2 in C chunks of
+    c = S/(2C) (``chunks``: ceil(S / chunk_bytes) between 1 and max_chunks;
+    chunk_bytes = 4 MiB, max_chunks = 32 by default; subclass to change).
+
+    Schedule (one chunk per tree edge per step): reduce: a node of height h
+    (leaves 0) sends chunk j to its parent in step h + j; broadcast, after all
+    reduces (R = H + C - 1 steps, H the larger root height): a node of depth d
+    sends chunk j to its children in step R + d + j. Reduce and broadcast do
+    not overlap, so at most two transfers share a link direction.
+
+    Closed form when both trees are complete (n = 2^(D+1) - 1, depth D): every
+    reduce transfer shares its parent's downlink with its sibling's, every
+    broadcast transfer its parent's uplink with its sibling's, and no link
+    carries more than two, so every step lasts α + 2c/B and the ranks stay in
+    lock step: 2(D + C - 1)·(α + S/(C·B)). Other n: some parents have one
+    child and those transfers run faster.
+
+    Flow fidelity stretches the flows by (steps)/(2C): the pipeline's fill and
+    drain steps carry one chunk but last a whole step.
+    """
+
+    name, collective = "double_binary_tree", "all_reduce"
+    chunk_bytes = 4 * 2**20
+    max_chunks = 32
+
+    def build(self) -> None:
+        n = self.ranks
+        self.chunks = c = _chunks(self.size / 2, self.chunk_bytes, self.max_chunks)
+        if n < 2:
+            return
+        positions = _inorder_parents(n)
+        if n % 2:
+            rank_of = [(q - 1) % n for q in range(n)]  # tree B: position q holds rank q - 1 (shift)
+        else:
+            rank_of = [n - 1 - q for q in range(n)]  # tree B: mirrored
+        trees = []
+        for mapping in (list(range(n)), rank_of):
+            parent = {mapping[q]: (mapping[p] if p >= 0 else -1) for q, p in enumerate(positions)}
+            trees.append(parent)
+        shapes = [_shape(parent) for parent in trees]
+        reduce_steps = max(height[root] for height, _, root in shapes) + c - 1
+        self.pipeline_steps = reduce_steps + max(max(depth.values()) for _, depth, _ in shapes) + c - 1
+        chunk = self.size / (2 * c)
+        for parent, (height, depth, _) in zip(trees, shapes):
+            for node, up in sorted(parent.items()):
+                if up < 0:
+                    continue
+                for j in range(c):
+                    self.send(height[node] + j, node, up, chunk)
+                    self.send(reduce_steps + depth[up] + j, up, node, chunk)
+        self.flow_stretch = self.pipeline_steps / (2 * c)
+
+
+def _shape(parent: dict[int, int]) -> tuple[dict[int, int], dict[int, int], int]:
+    """Height (leaves 0) and depth (root 0) of every node of a tree given by parents, and the root."""
+    children: dict[int, list[int]] = defaultdict(list)
+    root = -1
+    for node, up in parent.items():
+        if up < 0:
+            root = node
+        else:
+            children[up].append(node)
+    depth, order, stack = {root: 0}, [], [root]
+    while stack:
+        node = stack.pop()
+        order.append(node)
+        for child in children[node]:
+            depth[child] = depth[node] + 1
+            stack.append(child)
+    height: dict[int, int] = {}
+    for node in reversed(order):
+        height[node] = 1 + max((height[c] for c in children[node]), default=-1)
+    return height, depth, root
+
+
+# ---- all-to-all, broadcast, p2p ---------------------------------------------------------------------------------
+
+
+@register
+class PairwiseAllToAll(_Table):
+    """Shifted pairwise exchange: in step k (1..n-1) rank r sends S/n to r+k and receives from r-k.
+
+    One transfer per link direction per step: (n-1)α + (n-1)/n·S/B. In flow
+    fidelity the n-1 transfers of a rank share its link, which gives the same.
+    """
+
+    name, collective = "pairwise", "all_to_all"
+
+    def build(self) -> None:
+        n = self.ranks
+        for k in range(1, n):
+            for r in range(n):
+                self.send(k - 1, r, (r + k) % n, self.size / n)
+
+
+@register
+class PipelinedRingBroadcast(_Table):
+    """Rank 0 streams S in C chunks down the chain 0 -> 1 -> ... -> n-1.
+
+    Rank i forwards chunk j in step i + j; one transfer per link direction per
+    step: (n + C - 2)(α + S/(C·B)). C = ceil(S / chunk_bytes) between 1 and
+    max_chunks (4 MiB, 32). Flow fidelity stretches by (n + C - 2)/C.
+    """
+
+    name, collective = "ring", "broadcast"
+    chunk_bytes = 4 * 2**20
+    max_chunks = 32
+
+    def build(self) -> None:
+        n = self.ranks
+        self.chunks = c = _chunks(self.size, self.chunk_bytes, self.max_chunks)
+        for i in range(n - 1):
+            for j in range(c):
+                self.send(i + j, i, i + 1, self.size / c)
+        self.flow_stretch = (n + c - 2) / c if n > 1 else 1.0
+
+
+@register
+class BinomialTreeBroadcast(_Table):
+    """Binomial tree from rank 0: in step k every rank r < 2^k sends S to r + 2^k.
+
+    One transfer per sender per step: ceil(log2 n)·(α + S/B). In flow fidelity
+    rank 0's ceil(log2 n) transfers share its link, which gives the same.
+    """
+
+    name, collective = "binomial_tree", "broadcast"
+
+    def build(self) -> None:
+        n = self.ranks
+        for k in range((n - 1).bit_length()):
+            for r in range(min(1 << k, n - (1 << k))):
+                self.send(k, r, r + (1 << k), self.size)
 
 
 @register
 class DirectTransfer(Algorithm):
-    """A point-to-point transfer: rank 0 sends everything to rank 1 in one step."""
+    """A point-to-point transfer: rank 0 sends everything to rank 1 in one step: α + S/B."""
 
     name, collective = "direct", "p2p"
 
@@ -162,3 +591,4 @@ class DirectTransfer(Algorithm):
 
     def step(self, rank: int, index: int) -> Step:
         return Step(sends=((1, self.size),), recvs=()) if rank == 0 else Step(sends=(), recvs=(0,))
+
