@@ -74,7 +74,7 @@ def prepare(scenario: Scenario) -> Prepared:
 
 def host_pairs(platform: nx.Graph, workload: nx.DiGraph) -> set[tuple[str, str]]:
     """The ordered host pairs a run transfers between: memory reads and collective traffic."""
-    from hcsim.engine.collectives import get_algorithm
+    from hcsim.engine.collectives import get_algorithm, server_groups
 
     nodes = platform.nodes
     pairs: set[tuple[str, str]] = set()
@@ -88,7 +88,7 @@ def host_pairs(platform: nx.Graph, workload: nx.DiGraph) -> set[tuple[str, str]]
             group = data["xpus"]
             collective = data["collective"]
             algorithm = get_algorithm(collective, data.get("algorithm") or ("direct" if collective == "p2p" else None),
-                                      len(group), data["bytes"])
+                                      len(group), data["bytes"], server_groups(platform, group))
             pairs.update((group[s], group[d]) for s, d in algorithm.pairs())
     return pairs
 
@@ -137,6 +137,7 @@ def run_here(scenario: Scenario, out: Path | None = None) -> dict[str, Any]:
     traced = frozenset(prepared.xpus[: scenario.trace_xpus]) if out is not None and scenario.trace_xpus else None
     options = RunOptions(iterations=scenario.iterations, coherent=prepared.coherent,
                          collective_fidelity=scenario.collective_fidelity, step_limit=scenario.step_limit,
+                         local_access=scenario.local_access,
                          trace_xpus=traced,
                          trace_iterations=frozenset(scenario.trace_iterations) if scenario.trace_iterations else None)
     outcome = execute(prepared.platform, prepared.workload, options, prepared.pairs)

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from hcsim.engine.backend import Backend
-from hcsim.engine.collectives import get_algorithm
+from hcsim.engine.collectives import get_algorithm, server_groups
 from hcsim.engine.trace import TraceRecorder
-from hcsim.platform.routes import route_latency
+from hcsim.platform.routes import route_bandwidth, route_latency
 
 __all__ = ["Executor", "RunOptions", "RunResult"]
 
@@ -42,6 +42,10 @@ class RunOptions:
     coherent: bool = True
     collective_fidelity: str = "auto"  # "step" | "flow" | "auto"
     step_limit: int = 64  # auto: step-exact collectives up to this many ranks, flow above
+    # "analytic": a read from the XPU's own HBM beside its computation is one activity, the longer
+    # of the two; exact when the XPU runs one compute vertex at a time (its HBM link is private).
+    # "simulated": both activities, always.
+    local_access: str = "analytic"
     trace_xpus: frozenset[str] | None = None  # None: trace nothing
     trace_iterations: frozenset[int] | None = None  # None: every iteration
 
@@ -90,6 +94,7 @@ class Executor:
         self.busy: dict[str, list[float]] = {x: [0.0, 0.0] for v in self.vertices for x in v.xpus}
         self.trace = TraceRecorder(options.trace_xpus, options.trace_iterations) if options.trace_xpus else None
         self.collective_state: dict[tuple[int, int], "_CollectiveRun"] = {}
+        self._path_cache: dict[tuple[str, str], tuple[float, float]] = {}
 
     # ---- set-up -------------------------------------------------------------------------------------------
 
@@ -119,7 +124,8 @@ class Executor:
         data = vertex.data
         collective = "p2p" if data["collective"] == "p2p" else data["collective"]
         algorithm = data.get("algorithm") or ("direct" if collective == "p2p" else None)
-        vertex.algorithm = get_algorithm(collective, algorithm, len(vertex.xpus), data["bytes"])
+        vertex.algorithm = get_algorithm(collective, algorithm, len(vertex.xpus), data["bytes"],
+                                         server_groups(self.platform, vertex.xpus))
         fidelity = self.options.collective_fidelity
         if fidelity == "auto":
             fidelity = "step" if len(vertex.xpus) <= self.options.step_limit else "flow"
@@ -206,6 +212,12 @@ class Executor:
             self._complete(vertex, rank, run, start)
 
         def compute_beside(memory, then):
+            if memory == local and self.options.local_access == "analytic" and flops > 0 and size > 0:
+                if compute_time >= self.access_time(local, xpu, size):
+                    self.backend.execute(xpu, flops, then)
+                else:
+                    self._transfer(local, xpu, size, then, tracing, run, f"{vertex.name}.read")
+                return
             parts = [p for p in (flops > 0, size > 0) if p]
             if not parts:
                 then()
@@ -276,6 +288,15 @@ class Executor:
     def latency(self, src: str, dst: str) -> float:
         return route_latency(self.platform, self.routes[src, dst])
 
+    def access_time(self, src: str, dst: str, size: float) -> float:
+        """Latency + size / bottleneck bandwidth of an uncontended transfer, in s."""
+        route = self.routes[src, dst]
+        key = (src, dst)
+        if key not in self._path_cache:
+            self._path_cache[key] = (route_latency(self.platform, route), route_bandwidth(self.platform, route))
+        latency, bandwidth = self._path_cache[key]
+        return latency + size / bandwidth
+
 
 class _CollectiveRun:
     """One run of one collective vertex: ranks join as they become ready."""
@@ -285,6 +306,7 @@ class _CollectiveRun:
         self.algorithm = vertex.algorithm
         self.start = {}
         self.step = {}
+        self.current = {}
         self.sends_left = {}
         self.arrived: dict[tuple[int, int], int] = defaultdict(int)
         self.waiting = 0
@@ -310,6 +332,7 @@ class _CollectiveRun:
                 return
             step = self.algorithm.step(rank, index)
             self.step[rank] = index
+            self.current[rank] = step
             self.sends_left[rank] = len(step.sends)
             for dst, size in step.sends:
                 self._send(rank, dst, index, size)
@@ -317,9 +340,7 @@ class _CollectiveRun:
                 return
 
     def _step_complete(self, rank: int) -> bool:
-        index = self.step[rank]
-        step = self.algorithm.step(rank, index)
-        return self.sends_left[rank] == 0 and self.arrived[rank, index] >= len(step.recvs)
+        return self.sends_left[rank] == 0 and self.arrived[rank, self.step[rank]] >= len(self.current[rank].recvs)
 
     def _send(self, rank: int, dst: int, index: int, size: float) -> None:
         executor = self.executor
@@ -342,13 +363,13 @@ class _CollectiveRun:
     # flow fidelity: every pair's bytes in one transfer, then the latency of the other steps
     def _start_flows(self) -> None:
         executor, algorithm = self.executor, self.algorithm
-        flows = sorted(algorithm.flows().items())
+        flows = algorithm.flow_transfers()  # ((src, dst), bytes), sorted; a pair may carry several streams
         if not flows:
             for rank in range(algorithm.ranks):
                 self._finish(rank)
             return
         latency = {pair: executor.latency(self.xpu(pair[0]), self.xpu(pair[1])) for pair, _ in flows}
-        stepped = sum(max(latency[p] for p in pairs) for pairs in algorithm.step_pairs() if pairs)
+        stepped = algorithm.flow_latency(latency)
         extra = max(0.0, stepped - max(latency.values()))
         left = [len(flows)]
 

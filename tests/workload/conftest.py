@@ -6,8 +6,8 @@ from hcsim.workload import load_workload_spec
 
 @pytest.fixture
 def llama13b():
-    """The paper's workload: LLaMA2-13B with Table 4 costs."""
-    return load_workload_spec("llama2-13b")
+    """The paper's workload: LLaMA2-13B with Table 4 costs, one fused vertex per decoder pass."""
+    return load_workload_spec("llama2-13b", {"fidelity": "decoder"})
 
 
 @pytest.fixture

@@ -108,7 +108,7 @@ def test_all_reduces_in_order_or_concurrent(xpus4):
 
 def test_vertex_counts_at_both_fidelities(xpus4):
     layers = 15  # Table 4 rows
-    decoder = build_training_graph(load_workload_spec("llama2-13b"), xpus4)
+    decoder = build_training_graph(load_workload_spec("llama2-13b", {"fidelity": "decoder"}), xpus4)
     layer = build_training_graph(load_workload_spec("llama2-13b", {"fidelity": "layer"}), xpus4)
     assert decoder.number_of_nodes() == 2 * L + L + 1
     assert layer.number_of_nodes() == 2 * L * layers + L + 1
