@@ -52,7 +52,10 @@ p2p                direct              α + S/B
 Add an algorithm by subclassing :class:`Algorithm` (set ``name`` and
 ``collective``, implement :meth:`Algorithm.steps` and :meth:`Algorithm.step`)
 and decorating it with :func:`register`; the workload or scenario then names
-it, and the engine is not touched::
+it, and the engine is not touched. Every simulation runs in a fresh process,
+which knows only the algorithms its imports register: name a user algorithm
+by its import path, ``"package.module:ClassName"``, and the worker imports it
+(a plain registered name works in processes that import its module)::
 
     @register
     class Star(Algorithm):
@@ -66,6 +69,7 @@ it, and the engine is not touched::
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -137,6 +141,16 @@ class Algorithm:
                 total[rank, dst] += size
         return {pair: size * self.flow_stretch for pair, size in total.items()}
 
+    def flow_transfers(self) -> list[tuple[tuple[int, int], float]]:
+        """The ``flow`` fidelity's transfers, ((src, dst), bytes) sorted; default one per pair of :meth:`flows`.
+
+        An algorithm whose pairs carry independent streams (the two trees of
+        the double binary tree, its reduce and its broadcast) may give one
+        transfer per stream, so that max-min sharing sees equal flows as the
+        step fidelity does.
+        """
+        return sorted(self.flows().items())
+
     def step_pairs(self) -> list[set[tuple[int, int]]]:
         """For each step index, the pairs that send in it (for the flow model's latency)."""
         by_step: list[set[tuple[int, int]]] = []
@@ -183,12 +197,28 @@ def get_algorithm(collective: str, name: str | None, ranks: int, size: float,
         cannot run on this group (e.g. halving_doubling on a group that is not a power of two).
     """
     name = name or DEFAULT_ALGORITHM.get(collective, "ring")
+    if ":" in name:
+        return _imported(collective, name)(ranks, size, groups)
     try:
         cls = _REGISTRY[collective, name]
     except KeyError:
         known = ", ".join(sorted(n for c, n in _REGISTRY if c == collective)) or "none"
         raise ConfigError(f"no algorithm {name!r} for {collective}; known: {known}") from None
     return cls(ranks, size, groups)
+
+
+def _imported(collective: str, path: str) -> type[Algorithm]:
+    """The Algorithm class named by "package.module:ClassName" (imported here, so in every worker process)."""
+    module_name, _, class_name = path.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as err:
+        raise ConfigError(f"algorithm {path!r}: cannot import {class_name!r} from {module_name!r} ({err}); fix: "
+                          f"give 'package.module:ClassName' of an importable Algorithm subclass") from err
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)) or cls.collective != collective:
+        raise ConfigError(f"algorithm {path!r}: not an Algorithm subclass for {collective} "
+                          f"(its collective is {getattr(cls, 'collective', None)!r})")
+    return cls
 
 
 def algorithms() -> dict[str, list[str]]:
@@ -229,6 +259,7 @@ class _Table(Algorithm):
         self._sends: list[dict[int, dict[int, float]]] = [defaultdict(lambda: defaultdict(float)) for _ in range(ranks)]
         self._recvs: list[dict[int, set[int]]] = [defaultdict(set) for _ in range(ranks)]
         self._length = 0
+        self._streams: dict[tuple[int, int, int], float] = defaultdict(float)
         self.build()
         self._table = [[Step(sends=tuple(sorted(self._sends[r][s].items())), recvs=tuple(sorted(self._recvs[r][s])))
                         if (s in self._sends[r] or s in self._recvs[r]) else _IDLE for s in range(self._length)]
@@ -239,9 +270,13 @@ class _Table(Algorithm):
         """Fill the schedule with :meth:`send`."""
         raise NotImplementedError
 
-    def send(self, step: int, src: int, dst: int, size: float) -> None:
-        """`src` sends `size` bytes to `dst` in `step` (merged with other sends of the pair in that step)."""
+    def send(self, step: int, src: int, dst: int, size: float, stream: int = 0) -> None:
+        """`src` sends `size` bytes to `dst` in `step` (merged with other sends of the pair in that step).
+
+        `stream` tags independent streams of a pair; the flow fidelity gives each its own transfer.
+        """
         self._sends[src][step][dst] += size
+        self._streams[src, dst, stream] += size
         self._recvs[dst][step].add(src)
         self._length = max(self._length, step + 1)
 
@@ -250,6 +285,15 @@ class _Table(Algorithm):
 
     def step(self, rank: int, index: int) -> Step:
         return self._table[rank][index]
+
+    def flows(self) -> dict[tuple[int, int], float]:
+        total: dict[tuple[int, int], float] = defaultdict(float)
+        for (src, dst, _), size in self._streams.items():
+            total[src, dst] += size * self.flow_stretch
+        return dict(total)
+
+    def flow_transfers(self) -> list[tuple[tuple[int, int], float]]:
+        return sorted(((src, dst), size * self.flow_stretch) for (src, dst, _), size in self._streams.items())
 
 
 # ---- rings ----------------------------------------------------------------------------------------------------
@@ -464,7 +508,11 @@ class DoubleBinaryTreeAllReduce(_Table):
     child and those transfers run faster.
 
     Flow fidelity stretches the flows by (steps)/(2C): the pipeline's fill and
-    drain steps carry one chunk but last a whole step.
+    drain steps carry one chunk but last a whole step; each tree's reduce and
+    broadcast of a pair is a transfer of its own (a pair can be an edge of
+    both trees). On a single switch with n = 2^(D+1) - 1 >= 7 every link then
+    carries at most four equal flows and every flow crosses one that carries
+    four, which gives the closed form too; n = 3 gives 1.5·S/B instead of 2·S/B.
     """
 
     name, collective = "double_binary_tree", "all_reduce"
@@ -489,13 +537,13 @@ class DoubleBinaryTreeAllReduce(_Table):
         reduce_steps = max(height[root] for height, _, root in shapes) + c - 1
         self.pipeline_steps = reduce_steps + max(max(depth.values()) for _, depth, _ in shapes) + c - 1
         chunk = self.size / (2 * c)
-        for parent, (height, depth, _) in zip(trees, shapes):
+        for tree, (parent, (height, depth, _)) in enumerate(zip(trees, shapes)):
             for node, up in sorted(parent.items()):
                 if up < 0:
                     continue
                 for j in range(c):
-                    self.send(height[node] + j, node, up, chunk)
-                    self.send(reduce_steps + depth[up] + j, up, node, chunk)
+                    self.send(height[node] + j, node, up, chunk, stream=2 * tree)
+                    self.send(reduce_steps + depth[up] + j, up, node, chunk, stream=2 * tree + 1)
         self.flow_stretch = self.pipeline_steps / (2 * c)
 
 
