@@ -1,0 +1,90 @@
+"""`hcsim sweep`: run an experiment's grid of scenarios, then plot and summarise it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+__all__ = ["register"]
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "sweep", help="run an experiment: a grid of scenarios, with plots and a summary",
+        description="Run every point of an experiment (a base scenario plus axes) in parallel processes, "
+                    "appending one row per finished point to OUT/NAME.csv, then draw OUT/NAME.png/.svg and "
+                    "write OUT/NAME.md. A killed sweep loses no finished point: run it again with --resume.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n  hcsim sweep experiments/paper/fig8.yaml --jobs 2\n"
+               "  hcsim sweep experiments/paper/fig8.yaml --jobs 2 --resume\n"
+               "  hcsim sweep my-experiment.yaml --executor dask://scheduler:8786\n"
+               "  hcsim sweep experiments/paper/fig10.yaml --report-only   # redraw from the CSV")
+    parser.add_argument("experiment", type=Path, help="experiment YAML")
+    parser.add_argument("-j", "--jobs", type=int, default=1, help="points run at once (local executor; default 1)")
+    parser.add_argument("--resume", action="store_true", help="keep the rows already in the CSV, run the others")
+    parser.add_argument("--retry-errors", action="store_true", help="with --resume, run failed points again")
+    parser.add_argument("--overwrite", action="store_true", help="start over, replacing an existing CSV")
+    parser.add_argument("--executor", default="local", metavar="local|dask://HOST:PORT",
+                        help="where points run: local processes (default) or a Dask cluster (pip install 'hcsim[dask]')")
+    parser.add_argument("--out", type=Path, default=Path("results"), help="folder of the outputs (default: results)")
+    parser.add_argument("--timeout", type=float, metavar="SECONDS", help="kill a point after this long (an error row)")
+    parser.add_argument("--report-only", action="store_true", help="run nothing: redraw the plots and summary from the CSV")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from hcsim.errors import ConfigError
+    from hcsim.sweep import load_experiment, run_sweep, write_report
+
+    experiment = load_experiment(args.experiment)
+    if args.report_only:
+        csv = args.out / f"{experiment.name}.csv"
+        if not csv.is_file():
+            raise ConfigError(f"{csv}: no such file; run the sweep first (without --report-only)")
+        for path in write_report(experiment, csv, args.out):
+            print(f"wrote {path}")
+        return 0
+    bar = _Progress(enabled=not args.no_progress and not args.quiet)
+    try:
+        report = run_sweep(experiment, args.out, jobs=args.jobs, resume=args.resume, overwrite=args.overwrite,
+                           retry_errors=args.retry_errors, executor=args.executor, timeout=args.timeout,
+                           progress=bar.update, planned=bar.start)
+    finally:
+        bar.close()
+    print(f"{experiment.name}: {report.ran} points run, {report.skipped} already done, {report.failed} failed, "
+          f"in {report.wall_time_s / 60:.1f} min -> {report.csv}")
+    for path in report.outputs:
+        print(f"wrote {path}")
+    return 1 if report.failed else 0
+
+
+class _Progress:
+    """A tqdm bar weighted by each point's rough cost (XPUs x iterations), so its ETA is meaningful."""
+
+    def __init__(self, enabled: bool):
+        self.enabled, self.bar, self.done, self.failed, self.total = enabled, None, 0, 0, 0
+
+    def start(self, points) -> None:
+        self.total = len(points)
+        if self.enabled and points:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=sum(p.cost for p in points), file=sys.stderr, unit="xpu-it", dynamic_ncols=True,
+                            bar_format="{desc} {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]")
+            self._postfix()
+
+    def update(self, point, row, cost) -> None:
+        self.done += 1
+        self.failed += row["status"] != "ok"
+        if self.bar is not None:
+            self.bar.update(cost)
+            self._postfix()
+
+    def _postfix(self) -> None:
+        self.bar.set_description_str(f"{self.done}/{self.total} points" + (f", {self.failed} failed" if self.failed else ""))
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,216 @@
+"""Qualitative findings checked against sweep results: the paper's claims as data.
+
+A finding is a mapping in an experiment's ``findings:`` list; ``check`` names
+its kind. Rows are compared within groups that agree on every other axis
+column (so "at every scale and device mix" is the default), failed points left
+out. Kinds:
+
+``better``
+    ``axis``, ``better``, ``worse``: in every group, ``metric`` at
+    axis=better exceeds it at axis=worse (``strict: false``: is not below it,
+    relative tolerance 1e-9).
+``step``
+    ``along``, ``from``, ``to``, ``expect`` (lower | higher), ``min_change``
+    (relative, default 0): ``metric`` changes that way between the two values.
+``saturating``
+    ``along``: ``metric`` never decreases as `along` grows, grows by more than
+    ``min_gain`` (default 1 %) in all, and grows less over the upper half of
+    the range (log scale) than over the lower half.
+``threshold``
+    ``along``, ``flat_below``, ``steep_above``, ``scale`` (an axis): ``metric``
+    moves by at most ``flat_tolerance`` (default 2 %) from the smallest value
+    up to `flat_below`; most of its loss over the range comes above
+    `steep_above`; the loss grows with `scale`, and at the largest scale is at
+    least ``min_loss`` (default 10 %).
+
+``metric`` defaults to ``batches_per_s``; ``where`` keeps only rows whose
+columns have the given values. Quantities are written with units
+(``flat_below: 1us``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Finding", "evaluate", "check_spec", "KINDS"]
+
+KINDS = {
+    "better": ("axis", "better", "worse"),
+    "step": ("along", "from", "to", "expect"),
+    "saturating": ("along",),
+    "threshold": ("along", "flat_below", "steep_above", "scale"),
+}
+_OPTIONAL = ("claim", "check", "metric", "where", "strict", "min_change", "min_gain", "flat_tolerance", "min_loss")
+_DIMENSIONS = {"cxl_bandwidth": "bandwidth", "cxl_latency": "time"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Finding:
+    """The verdict on one claim: whether the results bear it out, and the numbers that say so."""
+
+    claim: str
+    ok: bool
+    detail: str
+
+
+def check_spec(spec: dict[str, Any]) -> list[str]:
+    """The problems of one finding spec (empty when it is valid)."""
+    kind = spec.get("check")
+    if kind not in KINDS:
+        return [f"check: {kind!r} is not one of {', '.join(KINDS)}"]
+    problems = [f"{key}: required for check {kind!r}" for key in KINDS[kind] if key not in spec]
+    known = set(KINDS[kind]) | set(_OPTIONAL)
+    problems += [f"{key}: unknown key for check {kind!r}; keys: {', '.join(sorted(known))}"
+                 for key in spec if key not in known]
+    if kind == "step" and spec.get("expect") not in ("lower", "higher"):
+        problems.append(f"expect: {spec.get('expect')!r} is not one of lower, higher")
+    return problems
+
+
+def evaluate(spec: dict[str, Any], rows: list[dict[str, Any]], axes: list[str]) -> Finding:
+    """Check one finding against result `rows`; `axes` are the experiment's axis columns."""
+    rows = [r for r in rows if r.get("status") == "ok" and _selected(r, spec.get("where") or {})]
+    claim = spec.get("claim") or spec["check"]
+    if not rows:
+        return Finding(claim=claim, ok=False, detail="no results to check")
+    ok, detail = _CHECKS[spec["check"]](spec, rows, axes, spec.get("metric", "batches_per_s"))
+    return Finding(claim=claim, ok=ok, detail=detail)
+
+
+def _selected(row: dict[str, Any], where: dict[str, Any]) -> bool:
+    for key, wanted in where.items():
+        wanted = wanted if isinstance(wanted, list) else [wanted]
+        if row.get(key) not in wanted and str(row.get(key)) not in map(str, wanted):
+            return False
+    return True
+
+
+def _value(spec: dict[str, Any], key: str, column: str) -> Any:
+    value = spec[key]
+    if isinstance(value, str) and column in _DIMENSIONS:
+        from hcsim.units import parse_quantity
+
+        return parse_quantity(value, _DIMENSIONS[column], f"findings.{key}")
+    return value
+
+
+def _groups(rows, axes, exclude) -> dict[tuple, list[dict[str, Any]]]:
+    keys = [a for a in axes if a not in exclude]
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        groups[tuple((k, row.get(k)) for k in keys)].append(row)
+    return groups
+
+
+def _name(group: tuple) -> str:
+    return ", ".join(f"{k}={v}" for k, v in group) or "all"
+
+
+def _equal(a: Any, b: Any) -> bool:
+    return a == b or str(a) == str(b)
+
+
+def _at(rows, column, value):
+    return [r for r in rows if _equal(r[column], value)]
+
+
+def _better(spec, rows, axes, metric):
+    axis = spec["axis"]
+    strict = spec.get("strict", True)
+    ratios, failures = [], []
+    for group, members in sorted(_groups(rows, axes, {axis}).items(), key=lambda g: str(g[0])):
+        good, bad = _at(members, axis, spec["better"]), _at(members, axis, spec["worse"])
+        if not good or not bad:
+            continue
+        ratio = good[0][metric] / bad[0][metric]
+        ratios.append(ratio)
+        if not (ratio > 1 if strict else ratio >= 1 - 1e-9):
+            failures.append(f"{_name(group)}: {ratio:.4f}x")
+    if not ratios:
+        return False, f"no pair of {axis}={spec['better']} and {axis}={spec['worse']} to compare"
+    detail = (f"{metric} at {axis}={spec['better']} / at {axis}={spec['worse']}: "
+              f"{min(ratios):.4g}x to {max(ratios):.4g}x over {len(ratios)} pairs")
+    return not failures, detail + (f"; fails at {'; '.join(failures)}" if failures else "")
+
+
+def _step(spec, rows, axes, metric):
+    along = spec["along"]
+    low, high = _value(spec, "from", along), _value(spec, "to", along)
+    minimum = spec.get("min_change", 0.0)
+    changes, failures = [], []
+    for group, members in sorted(_groups(rows, axes, {along}).items(), key=lambda g: str(g[0])):
+        a, b = _at(members, along, low), _at(members, along, high)
+        if not a or not b:
+            continue
+        change = b[0][metric] / a[0][metric] - 1
+        changes.append(f"{_name(group)}: {change:+.1%}")
+        wanted = change <= -minimum if spec["expect"] == "lower" else change >= minimum
+        if not wanted or change == 0:
+            failures.append(_name(group))
+    if not changes:
+        return False, f"no rows at both {along}={low} and {along}={high}"
+    detail = f"{metric} from {along}={low} to {along}={high}: " + "; ".join(changes)
+    return not failures, detail
+
+
+def _curve(members, along, metric):
+    points = sorted((r[along], r[metric]) for r in members)
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def _saturating(spec, rows, axes, metric):
+    along = spec["along"]
+    min_gain = spec.get("min_gain", 0.01)
+    parts, failures = [], []
+    for group, members in sorted(_groups(rows, axes, {along}).items(), key=lambda g: str(g[0])):
+        xs, ys = _curve(members, along, metric)
+        if len(xs) < 3:
+            continue
+        middle = math.sqrt(xs[0] * xs[-1])
+        m = min(range(len(xs)), key=lambda i: abs(math.log(xs[i] / middle)))
+        lower, upper = ys[m] / ys[0] - 1, ys[-1] / ys[m] - 1
+        monotone = all(b >= a * (1 - 1e-9) for a, b in zip(ys, ys[1:]))
+        total = ys[-1] / ys[0] - 1
+        parts.append(f"{_name(group)}: +{total:.1%} in all, +{lower:.1%} up to {along}={xs[m]:g}, +{upper:.1%} above")
+        if not (monotone and total > min_gain and upper < lower):
+            failures.append(_name(group) + ("" if monotone else " (not monotone)"))
+    if not parts:
+        return False, f"fewer than 3 values of {along} in every group"
+    return not failures, "; ".join(parts) + (f". Fails at {'; '.join(failures)}" if failures else "")
+
+
+def _threshold(spec, rows, axes, metric):
+    along, scale = spec["along"], spec["scale"]
+    flat_below, steep_above = _value(spec, "flat_below", along), _value(spec, "steep_above", along)
+    tolerance, min_loss = spec.get("flat_tolerance", 0.02), spec.get("min_loss", 0.10)
+    parts, failures = [], []
+    for group, members in sorted(_groups(rows, axes, {along, scale}).items(), key=lambda g: str(g[0])):
+        losses = []
+        for size in sorted({r[scale] for r in members}):
+            xs, ys = _curve(_at(members, scale, size), along, metric)
+            flat = [i for i, x in enumerate(xs) if x <= flat_below * (1 + 1e-9)]
+            steep = [i for i, x in enumerate(xs) if x >= steep_above * (1 - 1e-9)]
+            if len(xs) < 3 or not flat or not steep:
+                continue
+            flat_change = ys[flat[-1]] / ys[0] - 1
+            loss = 1 - ys[-1] / ys[0]
+            above = (ys[steep[0]] - ys[-1]) / (ys[0] - ys[-1]) if ys[0] > ys[-1] else 1.0
+            losses.append((size, loss))
+            parts.append(f"{scale}={size}: {flat_change:+.2%} up to {flat_below:g}, "
+                         f"{-loss:+.1%} at {xs[-1]:g} ({above:.0%} of it above {steep_above:g})")
+            if abs(flat_change) > tolerance or above < 0.5:
+                failures.append(f"{_name(group)} {scale}={size}")
+        if len(losses) >= 2 and not (all(b[1] >= a[1] - 1e-9 for a, b in zip(losses, losses[1:]))
+                                     and losses[-1][1] > losses[0][1]):
+            failures.append(f"{_name(group)}: the loss does not grow with {scale}")
+        if losses and losses[-1][1] < min_loss:
+            failures.append(f"{_name(group)}: loss {losses[-1][1]:.1%} < {min_loss:.0%} at {scale}={losses[-1][0]}")
+    if not parts:
+        return False, f"no curve reaches both {flat_below:g} and {steep_above:g} in {along}"
+    return not failures, "; ".join(parts) + (f". Fails: {'; '.join(failures)}" if failures else "")
+
+
+_CHECKS = {"better": _better, "step": _step, "saturating": _saturating, "threshold": _threshold}

@@ -1,0 +1,188 @@
+"""Plots of sweep results: one figure per plot spec of an experiment, as PNG and SVG.
+
+A plot spec (a mapping in the experiment's ``plots:`` list)::
+
+    x: xpus                        # a column of the results (an axis)
+    y: batches_per_s               # a result column
+    series: [devices, coherent]    # one line (or bar) per combination: colour by the first, dash by the second
+    panels: cxl_bandwidth          # optional: one subplot per value of this column
+    kind: line                     # line | bar (bar: x is categorical, series side by side)
+    logx: true                     # log axes (base 2 for xpus)
+    logy: false
+    where: {devices: [H100]}       # optional: keep only these rows
+    title: "..."                   # optional; xlabel and ylabel are optional too
+    name: fig8-per-xpu             # optional: file stem (default: the experiment's name)
+    labels: {coherent: {true: with coherence, false: without coherence}}   # optional legend text
+
+matplotlib is imported inside the functions (Agg backend): ``import hcsim``
+stays light.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+__all__ = ["plot_experiment", "plot_rows", "check_plot", "PLOT_KEYS"]
+
+PLOT_KEYS = ("x", "y", "series", "panels", "kind", "logx", "logy", "where", "title", "xlabel", "ylabel",
+             "name", "labels", "legend", "legend_loc")
+
+# Axis labels of the columns the paper's figures use (units in brackets).
+_LABELS = {
+    "xpus": "Scale (number of XPUs)",
+    "batches_per_s": "Performance (batch/s)",
+    "batches_per_s_per_xpu": "Performance per XPU (batch/s)",
+    "samples_per_s": "Throughput (samples/s)",
+    "iteration_time_s": "Iteration time (s)",
+    "cxl_bandwidth": "CXL_link bandwidth (GB/s)",
+    "cxl_latency": "CXL_link latency (us)",
+    "exposed_comm_s": "Exposed communication per iteration (s)",
+    "memory_stall_s": "Memory stall per iteration (s)",
+    "compute_s": "Compute per iteration (s)",
+}
+# Display scale of SI columns (the CSV keeps SI units).
+_SCALES = {"cxl_bandwidth": 1e-9, "cxl_latency": 1e6}
+_COLOURS = ["#1f4e9c", "#c0392b", "#2e8b57", "#e08e0b", "#7d3c98", "#17a2b8", "#6d4c41", "#555555"]
+_DASHES = ["-", "--", ":", "-."]
+_MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
+
+
+def check_plot(spec: dict[str, Any]) -> list[str]:
+    """The problems of one plot spec (empty when it is valid)."""
+    problems = [f"{key}: unknown plot key; plot keys: {', '.join(PLOT_KEYS)}" for key in spec if key not in PLOT_KEYS]
+    for key in ("x", "y"):
+        if not isinstance(spec.get(key), str):
+            problems.append(f"{key}: required, the name of a results column")
+    if spec.get("kind", "line") not in ("line", "bar"):
+        problems.append(f"kind: {spec['kind']!r} is not one of line, bar")
+    series = spec.get("series", [])
+    if not (isinstance(series, str) or (isinstance(series, list) and all(isinstance(s, str) for s in series))):
+        problems.append("series: expected a column name or a list of them")
+    return problems
+
+
+def plot_experiment(experiment, rows: list[dict[str, Any]], out: Path) -> list[Path]:
+    """Draw every plot of `experiment` from its result rows into `out`; return the files (PNG, SVG)."""
+    files: list[Path] = []
+    for i, spec in enumerate(experiment.plots):
+        stem = spec.get("name") or (experiment.name if i == 0 else f"{experiment.name}-{i + 1}")
+        files += plot_rows(rows, spec, Path(out) / stem)
+    return files
+
+
+def plot_rows(rows: list[dict[str, Any]], spec: dict[str, Any], stem: Path) -> list[Path]:
+    """Draw one plot spec from result rows (failed points left out); write STEM.png and STEM.svg."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if r.get("status") == "ok" and _selected(r, spec.get("where") or {})]
+    series = [spec["series"]] if isinstance(spec.get("series"), str) else list(spec.get("series") or [])
+    panel_key = spec.get("panels")
+    panels = _values(rows, panel_key) if panel_key else [None]
+    with plt.rc_context({"font.family": "serif", "font.size": 10, "axes.grid": True, "grid.alpha": 0.3,
+                         "svg.hashsalt": "hcsim", "axes.spines.top": False, "axes.spines.right": False}):
+        width = min(4.2 * len(panels), 14)
+        figure, axes = plt.subplots(1, len(panels), figsize=(max(width, 5.2), 3.8), squeeze=False, sharey=True)
+        for ax, panel in zip(axes[0], panels):
+            chosen = [r for r in rows if panel_key is None or r[panel_key] == panel]
+            if spec.get("kind", "line") == "bar":
+                _bars(ax, chosen, spec, series)
+            else:
+                _lines(ax, chosen, spec, series)
+            if panel_key:
+                ax.set_title(_legend_text(spec, panel_key, panel), fontsize=10)
+            ax.set_xlabel(spec.get("xlabel") or _LABELS.get(spec["x"], spec["x"]))
+        axes[0][0].set_ylabel(spec.get("ylabel") or _LABELS.get(spec["y"], spec["y"]))
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        if handles and spec.get("legend", True):
+            axes[0][-1].legend(handles, labels, fontsize=8, frameon=False, loc=spec.get("legend_loc", "best"))
+        if spec.get("title"):
+            figure.suptitle(spec["title"], fontsize=11)
+        figure.tight_layout()
+        stem.parent.mkdir(parents=True, exist_ok=True)
+        files = [stem.with_suffix(".png"), stem.with_suffix(".svg")]
+        figure.savefig(files[0], dpi=150)
+        figure.savefig(files[1], metadata={"Date": None})
+        plt.close(figure)
+    return files
+
+
+def _selected(row: dict[str, Any], where: dict[str, Any]) -> bool:
+    for key, wanted in where.items():
+        wanted = wanted if isinstance(wanted, list) else [wanted]
+        if row.get(key) not in wanted and str(row.get(key)) not in map(str, wanted):
+            return False
+    return True
+
+
+def _values(rows: list[dict[str, Any]], key: str) -> list[Any]:
+    values = list(dict.fromkeys(r[key] for r in rows))
+    numeric = all(isinstance(v, (int, float)) for v in values)
+    return sorted(values) if numeric else values
+
+
+def _legend_text(spec: dict[str, Any], key: str, value: Any) -> str:
+    names = (spec.get("labels") or {}).get(key) or {}
+    for candidate in (value, str(value), str(value).lower()):
+        if candidate in names:
+            return str(names[candidate])
+    if key in _SCALES and isinstance(value, (int, float)):
+        unit = "GB/s" if key == "cxl_bandwidth" else "us"
+        return f"{key.removeprefix('cxl_')} {value * _SCALES[key]:g} {unit}"
+    if key == "xpus":
+        return f"{value} XPUs"
+    if isinstance(value, bool):
+        return f"{key}" if value else f"no {key}"
+    return str(value)
+
+
+def _series_label(spec: dict[str, Any], series: list[str], combination: tuple) -> str:
+    return ", ".join(_legend_text(spec, k, v) for k, v in zip(series, combination)) or spec["y"]
+
+
+def _lines(ax, rows, spec, series) -> None:
+    x, y = spec["x"], spec["y"]
+    scale = _SCALES.get(x, 1.0)
+    firsts = _values(rows, series[0]) if series else [None]
+    seconds = _values(rows, series[1]) if len(series) > 1 else [None]
+    combos = list(dict.fromkeys(tuple(r[k] for k in series) for r in rows))
+    combos.sort(key=lambda c: [(_values(rows, k).index(v)) for k, v in zip(series, c)])
+    for combo in combos:
+        chosen = sorted((r for r in rows if tuple(r[k] for k in series) == combo), key=lambda r: r[x])
+        colour = firsts.index(combo[0]) if series else 0
+        dash = seconds.index(combo[1]) if len(series) > 1 else 0
+        ax.plot([r[x] * scale for r in chosen], [r[y] for r in chosen], label=_series_label(spec, series, combo),
+                color=_COLOURS[colour % len(_COLOURS)], linestyle=_DASHES[dash % len(_DASHES)],
+                marker=_MARKERS[colour % len(_MARKERS)], markersize=4, linewidth=1.4)
+    if spec.get("logx"):
+        ax.set_xscale("log", base=2 if x == "xpus" else 10)
+    if spec.get("logy"):
+        ax.set_yscale("log")
+    xs = sorted({r[x] * scale for r in rows})
+    if xs and len(xs) <= 12:
+        ax.set_xticks(xs)
+        ax.set_xticklabels([f"{v:g}" for v in xs], rotation=0 if len(xs) <= 7 else 45)
+        ax.minorticks_off()
+
+
+def _bars(ax, rows, spec, series) -> None:
+    x, y = spec["x"], spec["y"]
+    categories = list(dict.fromkeys(r[x] for r in rows))
+    combos = list(dict.fromkeys(tuple(r[k] for k in series) for r in rows)) or [()]
+    width = 0.8 / len(combos)
+    for i, combo in enumerate(combos):
+        heights = []
+        for category in categories:
+            match = [r[y] for r in rows if r[x] == category and tuple(r[k] for k in series) == combo]
+            heights.append(match[0] if match else 0.0)
+        positions = [c + (i - (len(combos) - 1) / 2) * width for c in range(len(categories))]
+        bars = ax.bar(positions, heights, width, label=_series_label(spec, series, combo),
+                      color=_COLOURS[i % len(_COLOURS)])
+        ax.bar_label(bars, labels=[f"{h:.4g}" for h in heights], fontsize=7, padding=1)
+    ax.set_xticks(range(len(categories)))
+    ax.set_xticklabels([str(c) for c in categories], fontsize=8)
+    if spec.get("logy"):
+        ax.set_yscale("log")

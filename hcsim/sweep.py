@@ -1,0 +1,702 @@
+"""Experiments: a base scenario, axes to sweep, plots and findings; the runner that sweeps them.
+
+An experiment is a YAML file::
+
+    name: fig8                      # results/fig8.csv, .png, .svg, .md
+    description: one paragraph      # printed at the top of the summary
+    base:                           # scenario keys shared by every point
+      scenario: my-scenario.yaml    # optional: a scenario file to start from (relative to this file)
+      fidelity: decoder
+      cxl_latency: 200ns
+    axes:                           # the grid: the product of every axis's values, in this order
+      devices: [[H100], [H100, A100]]
+      coherent: [true, false]
+      xpus: [64, 128, 256]
+      system:                       # a zip group: each entry sets several keys together
+        - {label: 64 H100, xpus: 64, devices: [H100]}
+        - {label: 128 H100 + 128 A100, xpus: 256, devices: [H100, A100]}
+    plots: [...]                    # see hcsim.plotting.PlotSpec
+    findings: [...]                 # see hcsim.findings
+    notes: |                        # markdown appended to the summary (discussion, disagreements)
+
+An axis is any scenario key (``xpus``, ``cxl_bandwidth``, ``devices``,
+``coherent``, ``collective``...) or a dotted override
+(``platform_overrides.rack.servers``); an axis whose values are all mappings
+is a zip group, named freely.
+
+The runner runs every point in a fresh process of its own (SimGrid allows one
+Engine per process, ever): a `concurrent.futures` executor (threads locally,
+a Dask cluster with ``dask://HOST:PORT``) hands each point to
+:func:`run_point`, which starts ``python -m hcsim.sweep`` and waits for it. A
+child that crashes (a C++ abort takes the whole process down) costs only its
+own point, which is recorded with its error. Each finished point is appended
+to the CSV as one line, with one ``os.write`` on an ``O_APPEND`` descriptor
+followed by ``fsync``, so a killed sweep loses no finished point and never
+leaves half a row; ``resume`` skips the points already in the file, matched
+by their key (the hash of the point's full scenario).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import json
+import logging
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hcsim.config import Fields, load_yaml
+from hcsim.errors import ConfigError, HcsimError
+from hcsim.scenario import SCENARIO_KEYS, Scenario, apply_settings, load_scenario
+
+__all__ = ["Experiment", "Axis", "Point", "SweepReport", "load_experiment", "run_sweep", "run_point",
+           "result_row", "read_results", "write_report", "columns", "RESULT_COLUMNS"]
+
+log = logging.getLogger(__name__)
+
+# Scenario keys recorded in every row, whether or not they are axes (resolved values, SI units).
+SCENARIO_COLUMNS = ("xpus", "devices", "coherent", "cxl_bandwidth", "cxl_latency", "collective", "fidelity",
+                    "collective_fidelity", "iterations")
+# What a row records of a point's result; every row has all of them (blank for a failed point).
+RESULT_COLUMNS = (
+    "iteration_time_s",        # s, mean over the steady-state iterations (all but the first)
+    "batches_per_s",           # the paper's throughput: XPUs x batches per XPU / iteration time
+    "samples_per_s",
+    "batches_per_s_per_xpu",   # batches_per_s / xpus: where a slower device type enters, it drops
+    "compute_s",               # s per iteration, mean over XPUs (device types weighted by their XPUs)
+    "memory_stall_s",
+    "exposed_comm_s",
+    "iteration_times_s",       # JSON list, s
+    "breakdown",               # JSON: device -> {xpus, compute_s, memory_stall_s, exposed_comm_s}
+    "device_counts",           # "128 H100 + 128 A100"
+    "activities",
+    "wall_time_s",             # s of the simulation process (setup included)
+    "peak_rss_mb",
+    "inputs_hash",
+    "hcsim_version",
+    "simgrid_version",
+)
+STATUS_COLUMNS = ("status", "error")  # status: ok | error
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Axis:
+    """One dimension of the grid: a scenario key and its values, or a zip group of mappings."""
+
+    name: str
+    values: tuple[Any, ...]
+    group: bool = False  # True: each value is a mapping of several keys set together
+
+    def settings(self, value: Any) -> dict[str, Any]:
+        """The scenario settings one value of this axis makes."""
+        if self.group:
+            return {k: v for k, v in value.items() if k != "label"}
+        return {self.name: value}
+
+    def label(self, value: Any) -> Any:
+        """The value written in this axis's own column."""
+        if self.group:
+            return value.get("label") or ", ".join(f"{k}={_text(v)}" for k, v in value.items())
+        return value
+
+    def keys(self) -> list[str]:
+        """The scenario keys this axis sets, in first-seen order."""
+        if not self.group:
+            return [self.name]
+        return list(dict.fromkeys(k for value in self.values for k in value if k != "label"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Point:
+    """One point of an experiment's grid: its CSV key, its axis columns and its scenario."""
+
+    index: int
+    key: str                      # the scenario's digest: what --resume matches
+    labels: dict[str, Any]        # axis column -> value, as written in the CSV
+    scenario: Scenario
+
+    @property
+    def cost(self) -> float:
+        """A rough relative run time, for the progress bar and the order of submission."""
+        return float(self.scenario.xpus * self.scenario.iterations)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Experiment:
+    """A sweep: base scenario settings, axes, and what to draw and check from the results."""
+
+    name: str
+    path: Path | None = None
+    description: str = ""
+    base_scenario: Path | None = None
+    base: dict[str, Any] = field(default_factory=dict)
+    axes: tuple[Axis, ...] = ()
+    plots: tuple[dict[str, Any], ...] = ()
+    findings: tuple[dict[str, Any], ...] = ()
+    notes: str = ""
+
+    def axis_columns(self) -> list[str]:
+        """The axis columns of the CSV: each axis's name, then the keys its zip groups set."""
+        names: list[str] = []
+        for axis in self.axes:
+            names.append(axis.name)
+            names.extend(k for k in axis.keys() if k != axis.name)
+        return list(dict.fromkeys(names))
+
+    def points(self) -> list[Point]:
+        """Every point of the grid, in grid order (the last axis varies fastest).
+
+        Raises
+        ------
+        ConfigError
+            if a point's settings do not make a valid scenario (the message names the point).
+        """
+        points = []
+        for index, combination in enumerate(itertools.product(*(axis.values for axis in self.axes))):
+            settings = dict(self.base)
+            labels: dict[str, Any] = {}
+            for axis, value in zip(self.axes, combination):
+                settings.update(axis.settings(value))
+                labels[axis.name] = axis.label(value)
+            where = f"{self.path or self.name}: point {index} ({_describe(labels)})"
+            try:
+                data = apply_settings({}, {**settings, "name": self.name}, where)
+                scenario = load_scenario(self.base_scenario, data)
+            except ConfigError as err:
+                raise ConfigError(f"{where}: {err}") from err
+            for axis in self.axes:
+                for key in axis.keys():
+                    if key != axis.name or not axis.group:
+                        labels[key] = _column_value(scenario, key, settings.get(key))
+            points.append(Point(index=index, key=scenario.digest(), labels=labels, scenario=scenario))
+        keys = [p.key for p in points]
+        if len(set(keys)) != len(keys):
+            raise ConfigError(f"{self.path or self.name}: axes: two points make the same scenario; "
+                              "remove the repeated axis values")
+        return points
+
+
+def _describe(labels: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={_text(v)}" for k, v in labels.items())
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "+".join(map(str, value))
+    return str(value)
+
+
+def _column_value(scenario: Scenario, key: str, raw: Any) -> Any:
+    """A scenario key's value for the CSV: resolved and in SI units when it is a scenario field."""
+    if key in SCENARIO_KEYS:
+        value = getattr(scenario, key)
+        if key == "devices" and value is not None:
+            return "+".join(value)
+        return value
+    return _text(raw) if isinstance(raw, (list, tuple)) else raw
+
+
+def load_experiment(path: str | Path) -> Experiment:
+    """Read an experiment YAML; every problem of the file is reported at once.
+
+    Raises
+    ------
+    ConfigError
+        naming the file and field: unknown keys, an axis with no values, a bad plot or finding.
+    """
+    path = Path(path)
+    fields = Fields(load_yaml(path), f"{path}: ")
+    name = fields.string("name", path.stem)
+    description = fields.string("description", "")
+    notes = fields.string("notes", "")
+    base = fields.raw("base") or {}
+    base_scenario = None
+    if not isinstance(base, dict):
+        fields.problems.append(f"{fields.path('base')}: expected a mapping of scenario keys to values")
+        base = {}
+    base = dict(base)
+    if "scenario" in base:
+        base_scenario = (path.parent / str(base.pop("scenario"))).resolve()
+        if not base_scenario.is_file():
+            fields.problems.append(f"{fields.path('base.scenario')}: no such file {base_scenario}")
+            base_scenario = None
+    for key in base:
+        _check_key(str(key), f"{fields.path('base')}.{key}", fields.problems)
+    axes = _axes(fields)
+    plots = _mappings(fields, "plots")
+    findings = _mappings(fields, "findings")
+    fields.done()
+    from hcsim.findings import check_spec
+    from hcsim.plotting import check_plot
+
+    problems = []
+    for i, plot in enumerate(plots):
+        problems += [f"{path}: plots[{i}]: {p}" for p in check_plot(plot)]
+    for i, finding in enumerate(findings):
+        problems += [f"{path}: findings[{i}]: {p}" for p in check_spec(finding)]
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return Experiment(name=name, path=path, description=description.strip(), base_scenario=base_scenario,
+                      base=base, axes=axes, plots=tuple(plots), findings=tuple(findings), notes=notes.strip())
+
+
+def _check_key(key: str, where: str, problems: list[str]) -> None:
+    head = key.partition(".")[0]
+    if head not in SCENARIO_KEYS:
+        import difflib
+
+        close = difflib.get_close_matches(head, SCENARIO_KEYS, n=1)
+        problems.append(f"{where}: not a scenario key{f' (did you mean {close[0]!r}?)' if close else ''}; "
+                        f"scenario keys: {', '.join(SCENARIO_KEYS)}")
+
+
+def _axes(fields: Fields) -> tuple[Axis, ...]:
+    raw = fields.raw("axes") or {}
+    where = fields.path("axes")
+    if not isinstance(raw, dict):
+        fields.problems.append(f"{where}: expected a mapping of scenario keys to lists of values")
+        return ()
+    axes = []
+    for name, values in raw.items():
+        name = str(name)
+        if not isinstance(values, list) or not values:
+            fields.problems.append(f"{where}.{name}: expected a non-empty list of values, got {values!r}")
+            continue
+        group = all(isinstance(v, dict) for v in values)
+        if group:
+            for i, value in enumerate(values):
+                for key in value:
+                    if key != "label":
+                        _check_key(str(key), f"{where}.{name}[{i}].{key}", fields.problems)
+        else:
+            _check_key(name, f"{where}.{name}", fields.problems)
+        axes.append(Axis(name=name, values=tuple(values), group=group))
+    return tuple(axes)
+
+
+def _mappings(fields: Fields, key: str) -> list[dict[str, Any]]:
+    raw = fields.raw(key) or []
+    if not isinstance(raw, list) or not all(isinstance(item, dict) for item in raw):
+        fields.problems.append(f"{fields.path(key)}: expected a list of mappings")
+        return []
+    return [dict(item) for item in raw]
+
+
+def columns(experiment: Experiment) -> list[str]:
+    """The CSV header of `experiment`: point key, axes, scenario keys, results, status."""
+    axes = experiment.axis_columns()
+    return ["point", *axes, *(c for c in SCENARIO_COLUMNS if c not in axes), *RESULT_COLUMNS, *STATUS_COLUMNS]
+
+
+# --- running one point -------------------------------------------------------------------------
+
+
+def run_point(scenario: Scenario, timeout: float | None = None,
+              started: Callable[[subprocess.Popen], None] | None = None) -> dict[str, Any]:
+    """Run `scenario` in a fresh Python process and return its result record, or ``{"error": message}``.
+
+    This is what a sweep's executor runs (a local thread, or a Dask worker:
+    the child is started with that worker's own Python). The child is killed
+    if this process dies (Linux) or `timeout` (s) passes.
+    """
+    with tempfile.TemporaryDirectory(prefix="hcsim-point-") as folder:
+        source, target = Path(folder) / "scenario.pickle", Path(folder) / "result.json"
+        source.write_bytes(pickle.dumps(scenario))
+        command = [sys.executable, "-m", "hcsim.sweep", str(source), str(target), str(os.getpid())]
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.PIPE, text=True, errors="replace")
+        if started is not None:
+            started(process)
+        try:
+            _, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            return {"error": f"timed out after {timeout:g} s"}
+        if target.is_file():
+            return json.loads(target.read_text())
+        code = process.returncode
+        cause = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        lines = [line for line in stderr.splitlines() if line.strip() and "[xbt_cfg/INFO]" not in line]
+        return {"error": f"the simulation process died ({cause})" + (f": {lines[-1].strip()}" if lines else "")}
+
+
+def _point_main(argv: Sequence[str]) -> int:
+    """Child side of :func:`run_point`: run one pickled scenario, write its result as JSON."""
+    source, target, parent = Path(argv[0]), Path(argv[1]), int(argv[2])
+    _die_with_parent(parent)
+    scenario = pickle.loads(source.read_bytes())
+    from hcsim.simulation import atomic_write, run_here
+
+    try:
+        result = run_here(scenario)
+    except HcsimError as err:
+        result = {"error": str(err)}
+    except Exception as err:  # a bug: record it and keep the traceback on stderr for the log
+        import traceback
+
+        traceback.print_exc()
+        result = {"error": f"{type(err).__name__}: {err} (a bug in hcsim; please report it)"}
+    atomic_write(target, json.dumps(result))
+    return 0
+
+
+def _die_with_parent(parent: int) -> None:
+    """Ask Linux to kill this process when its parent dies, so a killed sweep leaves no orphans."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            return
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def result_row(point: Point, result: dict[str, Any], header: Sequence[str]) -> dict[str, Any]:
+    """A CSV row (column -> value) of one point's result record, or of its error."""
+    row: dict[str, Any] = dict.fromkeys(header, "")
+    row["point"] = point.key
+    row.update(point.labels)
+    for key in SCENARIO_COLUMNS:
+        if key not in point.labels:
+            row[key] = _column_value(point.scenario, key, None)
+    if "error" in result:
+        row.update(status="error", error=result["error"])
+        return row
+    breakdown = result["breakdown"]
+    xpus = result["xpus"]
+    for metric in ("compute_s", "memory_stall_s", "exposed_comm_s"):
+        row[metric] = sum(b[metric] * b["xpus"] for b in breakdown.values()) / xpus
+    row.update(
+        iteration_time_s=result["iteration_time_s"], batches_per_s=result["batches_per_s"],
+        samples_per_s=result["samples_per_s"], batches_per_s_per_xpu=result["batches_per_s"] / xpus,
+        iteration_times_s=json.dumps(result["iteration_times_s"]), breakdown=json.dumps(breakdown, sort_keys=True),
+        device_counts=" + ".join(f"{n} {d}" for d, n in result["devices"].items()),
+        activities=result["activities"], wall_time_s=round(result["wall_time_s"], 3),
+        peak_rss_mb=round(result["peak_rss_mb"], 1), inputs_hash=result["inputs_hash"],
+        hcsim_version=result["versions"]["hcsim"], simgrid_version=result["versions"]["simgrid"],
+        status="ok")
+    if result["coherent"] is not None and row["coherent"] in ("", None):
+        row["coherent"] = result["coherent"]
+    return row
+
+
+# --- the CSV -------------------------------------------------------------------------------------
+
+
+def _csv_line(values: Iterable[Any]) -> str:
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="\n").writerow(["" if v is None else v for v in values])
+    return buffer.getvalue()
+
+
+class _ResultsFile:
+    """results/NAME.csv: a header written once, then whole rows appended one write each."""
+
+    def __init__(self, path: Path, header: list[str]):
+        self.path = path
+        self.header = header
+        self.lock = threading.Lock()
+        if not path.exists() or path.stat().st_size == 0:
+            from hcsim.simulation import atomic_write
+
+            atomic_write(path, _csv_line(header))
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+
+    def append(self, row: dict[str, Any]) -> None:
+        data = _csv_line(row[c] for c in self.header).encode()
+        with self.lock:
+            written = os.write(self.fd, data)  # one write of the whole line: a kill never leaves half of it
+            if written != len(data):
+                raise OSError(f"{self.path}: short write ({written} of {len(data)} bytes); the disk may be full")
+            os.fsync(self.fd)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _existing(path: Path, header: list[str]) -> dict[str, str]:
+    """Point key -> status of the rows already in `path`; a torn last line (power loss) is dropped."""
+    if not path.exists() or path.stat().st_size == 0:
+        return {}
+    text = path.read_text()
+    if not text.endswith("\n"):
+        from hcsim.simulation import atomic_write
+
+        text = text[: text.rfind("\n") + 1]
+        log.warning("%s: dropped an incomplete last line", path)
+        atomic_write(path, text)
+    reader = csv.reader(io.StringIO(text))
+    found = next(reader, None)
+    if found != header:
+        raise ConfigError(f"{path}: its columns are not this experiment's (were the axes changed?). "
+                          "Fix: move the file away, or run with --overwrite to start over")
+    return {row[0]: row[header.index("status")] for row in reader if row}
+
+
+def _drop_rows(path: Path, keys: set[str]) -> None:
+    from hcsim.simulation import atomic_write
+
+    lines = path.read_text().splitlines(keepends=True)
+    keep = [lines[0]] + [line for line in lines[1:] if next(csv.reader([line]))[0] not in keys]
+    atomic_write(path, "".join(keep))
+
+
+def read_results(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of a sweep's CSV, with numbers, booleans and blanks (None) typed back.
+
+    (``pandas.read_csv(path)`` reads the same file.)
+    """
+    with open(path, newline="") as stream:
+        return [{k: _typed(v) for k, v in row.items()} for row in csv.DictReader(stream)]
+
+
+def _typed(text: str) -> Any:
+    if text == "":
+        return None
+    if text in ("True", "False"):
+        return text == "True"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+# --- the runner ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepReport:
+    """What a sweep did: the CSV, points run / skipped / failed, wall time (s), the report files."""
+
+    csv: Path
+    total: int
+    ran: int
+    skipped: int
+    failed: int
+    wall_time_s: float
+    outputs: tuple[Path, ...] = ()
+
+
+def run_sweep(experiment: Experiment, out: str | Path = "results", *, jobs: int = 1, resume: bool = False,
+              overwrite: bool = False, retry_errors: bool = False, executor: str = "local",
+              timeout: float | None = None, report: bool = True,
+              progress: Callable[[Point, dict[str, Any], float], None] | None = None,
+              planned: Callable[[list[Point]], None] | None = None) -> SweepReport:
+    """Run every point of `experiment` not yet in ``OUT/NAME.csv``, `jobs` at a time; then draw and summarise.
+
+    Parameters
+    ----------
+    out : folder of NAME.csv, NAME.png, NAME.svg and NAME.md.
+    jobs : points run at once (local executor; a Dask cluster runs as many as it has threads).
+    resume : keep the rows already in the CSV and run only the missing points.
+    overwrite : start over, replacing an existing CSV.
+    retry_errors : with `resume`, run again the points recorded with an error.
+    executor : ``local`` (threads, each waiting for its point's process) or ``dask://HOST:PORT``.
+    timeout : s a point may run before it is killed and recorded as an error.
+    report : draw the plots and write the summary at the end.
+    progress : called in the calling thread after each point with (point, row, cost).
+    planned : called once with the points about to run.
+
+    Raises
+    ------
+    ConfigError
+        if the CSV exists and neither `resume` nor `overwrite` is given, or its columns differ.
+    """
+    started_at = time.perf_counter()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{experiment.name}.csv"
+    header = columns(experiment)
+    points = experiment.points()
+    if path.exists() and path.stat().st_size and not (resume or overwrite):
+        raise ConfigError(f"{path}: exists. Fix: --resume to run only the missing points, or --overwrite to start over")
+    if overwrite and path.exists():
+        path.unlink()
+    done = _existing(path, header) if resume else {}
+    if retry_errors:
+        failed = {k for k, status in done.items() if status != "ok"}
+        if failed:
+            _drop_rows(path, failed)
+            done = {k: s for k, s in done.items() if k not in failed}
+    todo = [p for p in points if p.key not in done]
+    todo.sort(key=lambda p: -p.cost)  # longest first: the last jobs to finish are short ones
+    if planned is not None:
+        planned(todo)
+    results = _ResultsFile(path, header)
+    failures = 0
+    try:
+        with _open_executor(executor, jobs) as (pool, children):
+            futures: dict[Future, Point] = {
+                pool.submit(run_point, p.scenario, timeout, children.add if children is not None else None): p
+                for p in todo}
+            try:
+                for future in as_completed(futures):
+                    point = futures[future]
+                    try:
+                        result = future.result()
+                    except Exception as err:  # the executor itself failed (a lost Dask worker...)
+                        result = {"error": f"the executor failed: {type(err).__name__}: {err}"}
+                    row = result_row(point, result, header)
+                    results.append(row)
+                    failures += row["status"] != "ok"
+                    if row["status"] != "ok":
+                        log.warning("point %d (%s) failed: %s", point.index, _describe(point.labels), row["error"])
+                    if progress is not None:
+                        progress(point, row, point.cost)
+            except BaseException:
+                for future in futures:
+                    future.cancel()
+                if children is not None:
+                    children.kill_all()
+                raise
+    finally:
+        results.close()
+    outputs = write_report(experiment, path, out) if report else ()
+    return SweepReport(csv=path, total=len(points), ran=len(todo), skipped=len(points) - len(todo),
+                       failed=failures, wall_time_s=time.perf_counter() - started_at, outputs=tuple(outputs))
+
+
+class _Children:
+    """The point processes a local sweep has started, to kill them when the sweep is interrupted."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.processes: list[subprocess.Popen] = []
+
+    def add(self, process: subprocess.Popen) -> None:
+        with self.lock:
+            self.processes = [p for p in self.processes if p.poll() is None] + [process]
+
+    def kill_all(self) -> None:
+        with self.lock:
+            for process in self.processes:
+                if process.poll() is None:
+                    process.kill()
+
+
+class _open_executor:
+    """``local`` -> a thread pool of `jobs` threads; ``dask://HOST:PORT`` -> a Dask cluster's executor."""
+
+    def __init__(self, spec: str, jobs: int):
+        if jobs < 1:
+            raise ConfigError(f"--jobs: must be >= 1, got {jobs}")
+        self.spec, self.jobs, self.client = spec, jobs, None
+
+    def __enter__(self) -> tuple[Executor, _Children | None]:
+        if self.spec == "local":
+            self.pool: Executor = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="hcsim-point")
+            return self.pool, _Children()
+        if self.spec.startswith("dask://"):
+            try:
+                import distributed
+            except ImportError as err:
+                raise ConfigError(f"--executor {self.spec}: Dask is not installed. "
+                                  "Fix: pip install 'hcsim[dask]'") from err
+            address = "tcp://" + self.spec.removeprefix("dask://")
+            try:
+                self.client = distributed.Client(address, timeout="10s")
+            except OSError as err:
+                raise ConfigError(f"--executor {self.spec}: cannot reach a Dask scheduler at {address}: {err}") from err
+            self.pool = self.client.get_executor(pure=False)
+            return self.pool, None
+        raise ConfigError(f"--executor {self.spec!r}: expected 'local' or 'dask://HOST:PORT'")
+
+    def __exit__(self, *exc) -> None:
+        interrupted = exc[0] is not None
+        if self.client is None:
+            self.pool.shutdown(wait=not interrupted, cancel_futures=interrupted)
+        else:
+            self.pool.shutdown(wait=not interrupted)
+        if self.client is not None:
+            self.client.close()
+
+
+# --- the report ----------------------------------------------------------------------------------
+
+
+def write_report(experiment: Experiment, csv_path: Path, out: Path) -> list[Path]:
+    """Draw the experiment's plots (PNG and SVG) and write its markdown summary; return the files."""
+    from hcsim.findings import evaluate
+    from hcsim.plotting import plot_experiment
+    from hcsim.simulation import atomic_write
+
+    rows = read_results(csv_path)
+    keys = {p.key for p in experiment.points()}
+    rows = [r for r in rows if r["point"] in keys]
+    outputs = plot_experiment(experiment, rows, out)
+    findings = [evaluate(spec, rows, experiment.axis_columns()) for spec in experiment.findings]
+    summary = out / f"{experiment.name}.md"
+    atomic_write(summary, _summary(experiment, rows, findings, outputs))
+    return [*outputs, summary]
+
+
+def _summary(experiment: Experiment, rows: list[dict[str, Any]], findings, figures: list[Path]) -> str:
+    ok = [r for r in rows if r["status"] == "ok"]
+    failed = [r for r in rows if r["status"] != "ok"]
+    lines = [f"# {experiment.name}", ""]
+    if experiment.description:
+        lines += [experiment.description, ""]
+    for figure in figures:
+        if figure.suffix == ".png":
+            lines += [f"![{figure.stem}]({figure.name})", ""]
+    if findings:
+        lines += ["## Findings", ""]
+        for finding in findings:
+            lines.append(f"- **{'holds' if finding.ok else 'does not hold'}**: {finding.claim} — {finding.detail}")
+        lines.append("")
+    if experiment.notes:
+        lines += ["## Discussion", "", experiment.notes, ""]
+    lines += ["## Results", ""]
+    axes = experiment.axis_columns()
+    shown = [c for c in axes if c in rows[0]] if rows else axes
+    metrics = ["batches_per_s", "batches_per_s_per_xpu", "iteration_time_s", "compute_s", "memory_stall_s",
+               "exposed_comm_s", "wall_time_s"]
+    lines.append("| " + " | ".join(shown + metrics) + " |")
+    lines.append("|" + "---|" * (len(shown) + len(metrics)))
+    for row in sorted(ok, key=lambda r: [_sort_key(r[c]) for c in shown]):
+        cells = [_cell(c, row[c]) for c in shown] + [f"{row[m]:.4g}" for m in metrics]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    wall = sum(r["wall_time_s"] for r in ok)
+    lines.append(f"{len(ok)} points, {len(failed)} failed; {wall / 60:.1f} min of simulation process time in all.")
+    if failed:
+        lines += ["", "Failed points:", ""]
+        lines += [f"- {_describe({c: r[c] for c in shown})}: {r['error']}" for r in failed]
+    lines += ["", f"Columns and every metric: `{experiment.name}.csv` (`pandas.read_csv`). "
+              f"Regenerate with `hcsim sweep {experiment.path or experiment.name + '.yaml'} --resume`.", ""]
+    return "\n".join(lines)
+
+
+def _sort_key(value: Any) -> tuple:
+    return (0, value, "") if isinstance(value, (int, float)) else (1, 0, str(value))
+
+
+def _cell(column: str, value: Any) -> str:
+    from hcsim.units import format_quantity
+
+    if column == "cxl_bandwidth" and isinstance(value, (int, float)):
+        return format_quantity(value, "B/s")
+    if column == "cxl_latency" and isinstance(value, (int, float)):
+        return format_quantity(value, "s")
+    return str(value)
+
+
+if __name__ == "__main__":
+    sys.exit(_point_main(sys.argv[1:]))
