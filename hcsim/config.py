@@ -93,8 +93,9 @@ class Fields:
             return self._missing(key, default)
         try:
             value = parse_quantity(self.raw(key), dimension, self.path(key))
-        except ConfigError as err:
-            return self._fail(key, str(err).split(": ", 1)[1], None)
+        except ConfigError as err:  # its message already names the field
+            self.problems.append(str(err))
+            return None
         if positive and not value > 0:
             return self._fail(key, f"must be > 0, got {self.data[key]!r}", None)
         return value
@@ -140,6 +141,7 @@ class Fields:
         return Fields(self.raw(key), self.path(key), self.problems)
 
     def _missing(self, key: str, default: Any) -> Any:
+        self.seen.add(key)  # a known key, for suggestions
         if default is ...:
             return self._fail(key, "is required", None)
         return default

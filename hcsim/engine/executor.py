@@ -262,8 +262,7 @@ class Executor:
         state.ready(rank)
 
     def collective_done(self, vertex: _Vertex, run: int) -> None:
-        if all(self.done_runs[vertex.offset + r] >= run for r in range(len(vertex.xpus))):
-            self.collective_state.pop((vertex.index, run), None)
+        self.collective_state.pop((vertex.index, run), None)
 
     # ---- run ----------------------------------------------------------------------------------------------
 
@@ -309,7 +308,7 @@ class _CollectiveRun:
         self.current = {}
         self.sends_left = {}
         self.arrived: dict[tuple[int, int], int] = defaultdict(int)
-        self.waiting = 0
+        self.finished = 0
 
     def xpu(self, rank: int) -> str:
         return self.vertex.xpus[rank]
@@ -357,35 +356,40 @@ class _CollectiveRun:
 
     def _finish(self, rank: int) -> None:
         self.step[rank] = float("inf")
+        self.finished += 1
         self.executor._complete(self.vertex, rank, self.run, self.start[rank])
-        self.executor.collective_done(self.vertex, self.run)
+        if self.finished == self.algorithm.ranks:
+            self.executor.collective_done(self.vertex, self.run)
 
-    # flow fidelity: every pair's bytes in one transfer, then the latency of the other steps
+    # flow fidelity: phases of merged steps (Algorithm.flow_phases), one after the other; a phase of k steps
+    # ends when its transfers have ended plus (k - 1) x its largest route latency
     def _start_flows(self) -> None:
-        executor, algorithm = self.executor, self.algorithm
-        flows = algorithm.flow_transfers()  # ((src, dst), bytes), sorted; a pair may carry several streams
-        if not flows:
-            for rank in range(algorithm.ranks):
+        self.phases = self.algorithm.flow_phases()
+        self.latencies: dict[tuple[int, int], float] = {}
+        self._next_phase(0)
+
+    def _next_phase(self, index: int) -> None:
+        executor = self.executor
+        if index == len(self.phases):
+            for rank in range(self.algorithm.ranks):
                 self._finish(rank)
             return
-        latency = {pair: executor.latency(self.xpu(pair[0]), self.xpu(pair[1])) for pair, _ in flows}
-        stepped = algorithm.flow_latency(latency)
-        extra = max(0.0, stepped - max(latency.values()))
-        left = [len(flows)]
+        transfers, steps = self.phases[index]
+        for pair, _ in transfers:
+            if pair not in self.latencies:
+                self.latencies[pair] = executor.latency(self.xpu(pair[0]), self.xpu(pair[1]))
+        extra = (steps - 1) * max(self.latencies[pair] for pair, _ in transfers)
+        left = [len(transfers)]
 
         def flow_done():
             left[0] -= 1
             if left[0] == 0:
                 if extra > 0:
-                    executor.backend.delay(extra, finish_all)
+                    executor.backend.delay(extra, lambda: self._next_phase(index + 1))
                 else:
-                    finish_all()
+                    self._next_phase(index + 1)
 
-        def finish_all():
-            for rank in range(algorithm.ranks):
-                self._finish(rank)
-
-        for (src, dst), size in flows:
+        for (src, dst), size in transfers:
             tracing = executor.trace is not None and executor.trace.wants(self.xpu(src), self.run)
             executor._transfer(self.xpu(src), self.xpu(dst), size, flow_done, tracing, self.run, self.vertex.name)
 

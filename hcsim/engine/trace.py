@@ -71,7 +71,7 @@ class TraceRecorder:
             if xpu not in self.xpus:
                 continue
             pid, tid = track(xpu, "memory" if memory else "comm")
-            events.append({"ph": "X", "name": label, "cat": "memory" if memory else "comm", "pid": pid, "tid": tid,
+            events.append({"ph": "X", "name": label, "cat": "memory-traffic" if memory else "network", "pid": pid, "tid": tid,
                            "ts": start * 1e6, "dur": (end - start) * 1e6,
                            "args": {"iteration": run, "src": src, "dst": dst, "bytes": size}})
         Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ns"}))

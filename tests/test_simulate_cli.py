@@ -1,0 +1,136 @@
+"""`hcsim simulate` end to end: results, traces, determinism and errors.
+
+Every simulation runs in a subprocess: SimGrid allows one engine per process.
+"""
+
+import csv
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hcsim.errors import ConfigError
+from hcsim.scenario import load_scenario
+from hcsim.simulation import atomic_write
+
+SMALL = ["--set", "xpus=8", "--set", "iterations=2"]
+
+
+def hcsim(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "hcsim.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=600)
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    done = hcsim("simulate", *SMALL, "--json", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout), out
+
+
+def test_json_result_has_the_documented_fields(small_run):
+    result, out = small_run
+    for key in ("iteration_times_s", "iteration_time_s", "batches_per_s", "samples_per_s", "breakdown",
+                "activities", "wall_time_s", "xpus"):
+        assert key in result
+    assert result["xpus"] == 8 and len(result["iteration_times_s"]) == 2
+    assert result["iteration_time_s"] == result["iteration_times_s"][1]  # steady state: after the first
+    assert result["batches_per_s"] == pytest.approx(8 / result["iteration_time_s"], rel=1e-12)
+    row = result["breakdown"]["H100"]
+    assert row["xpus"] == 8
+    assert row["compute_s"] + row["memory_stall_s"] + row["exposed_comm_s"] == pytest.approx(
+        sum(result["iteration_times_s"]) / 2, rel=1e-9)
+    assert json.loads((out / "result.json").read_text()) == result
+
+
+def test_traces_have_one_event_per_vertex_run(small_run):
+    result, out = small_run
+    with open(out / "trace.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    events = json.loads((out / "trace.json").read_text())["traceEvents"]
+    vertex_events = [e for e in events if e["ph"] == "X" and e["cat"] in ("compute", "comm")]
+    assert len(rows) == len(vertex_events) > 0
+    runs = {(r["iteration"], r["xpu"], r["vertex"]) for r in rows}
+    assert len(runs) == len(rows)  # each vertex run once
+    assert {r["iteration"] for r in rows} == {"1", "2"}
+    for event in events:
+        assert event["ph"] in ("X", "M")
+        if event["ph"] == "X":
+            assert event["dur"] >= 0 and {"pid", "tid", "ts", "name"} <= set(event)
+    assert any(e["ph"] == "X" and e["cat"] == "memory-traffic" for e in events)
+
+
+def test_same_inputs_same_numbers(small_run):
+    first, _ = small_run
+    again = hcsim("simulate", *SMALL, "--json")
+    second = json.loads(again.stdout)
+    for volatile in ("wall_time_s", "setup_time_s", "peak_rss_mb"):
+        first = {k: v for k, v in first.items() if k != volatile}
+        second.pop(volatile)
+    assert json.dumps(first, sort_keys=True) == json.dumps(second, sort_keys=True)
+
+
+def test_analytic_local_access_is_exact_on_data_parallel_training():
+    """The analytic fold of private HBM reads is exact when each XPU computes one vertex at a time."""
+    times = {}
+    for mode in ("analytic", "simulated"):
+        done = hcsim("simulate", "--set", "xpus=4", "--set", "iterations=1", "--set", f"local_access={mode}",
+                     "--set", "platform_overrides.cxl.type3_capacity=unbounded", "--json")
+        assert done.returncode == 0, done.stderr
+        times[mode] = json.loads(done.stdout)["iteration_time_s"]
+    assert times["analytic"] == pytest.approx(times["simulated"], rel=1e-12)
+
+
+def test_coherence_beats_no_coherence_at_small_scale():
+    rates = {}
+    for coherent in ("true", "false"):
+        done = hcsim("simulate", "--set", "xpus=8", "--set", "iterations=1", "--set", f"coherent={coherent}", "--json")
+        rates[coherent] = json.loads(done.stdout)["batches_per_s"]
+    assert rates["true"] > rates["false"]
+
+
+@pytest.mark.parametrize("settings,message", [
+    (["--set", "xpus=5000"], r"xpus: 5000 XPUs asked for, but platform 'paper-cxl' has 4096"),
+    (["--set", "devices=[H200]"], r"devices.*H200"),
+    (["--set", "xpu=8"], r"xpu: unknown key \(did you mean 'xpus'\?\)"),
+    (["--set", "cxl_bandwidth=128"], r"cxl_bandwidth: 128 has no unit"),
+    (["--set", "platform=no-such-platform"], r"no-such-platform: no such file"),
+    (["--set", "xpus=2", "--set", "platform_overrides.cxl.type3_capacity=1GiB"], r"does not fit even with spilling"),
+])
+def test_bad_input_gets_one_clear_line(settings, message):
+    done = hcsim("simulate", *settings)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    error = [line for line in done.stderr.splitlines() if line.startswith("hcsim: error")]
+    assert error
+    assert re.search(message, done.stderr), done.stderr
+
+
+def test_missing_scenario_file_is_named(tmp_path):
+    done = hcsim("simulate", str(tmp_path / "nope.yaml"))
+    assert done.returncode == 2 and "nope.yaml: cannot read" in done.stderr
+
+
+def test_scenario_file_errors_name_the_file_and_every_field(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("xpus: -3\ncxl_latency: 5\ncolective: ring\n")
+    with pytest.raises(ConfigError) as error:
+        load_scenario(path)
+    text = str(error.value)
+    assert f"{path}: xpus: must be >= 1" in text
+    assert f"{path}: cxl_latency: 5 has no unit" in text
+    assert "colective: unknown key (did you mean 'collective'?)" in text
+
+
+def test_interrupted_write_leaves_the_old_file(tmp_path):
+    target = tmp_path / "result.json"
+    target.write_text("old")
+
+    with pytest.raises(TypeError):
+        atomic_write(target, object())  # fails mid-write
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["result.json"]
