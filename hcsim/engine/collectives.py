@@ -10,15 +10,16 @@ numbers up; a rank may have empty steps). Rank r starts step s+1 when its
 step s has ended (all its sends done and all its receives arrived), as real
 implementations do; this is the ``step`` fidelity.
 
-The ``flow`` fidelity stands in at scale: each (src, dst) pair carries the sum
-of its steps' bytes (:meth:`Algorithm.flows`) in one transfer, all started
-together once every rank is ready, and the collective ends when the last
-transfer ends plus the latency its other steps would have paid
-(:meth:`Algorithm.flow_latency`, the sum over steps of the step's largest
-route latency, minus the latency the slowest transfer already paid).
-Pipelined algorithms stretch their flows by (steps of the pipeline) / (chunks)
-so that the fill and drain steps, which carry one chunk each but last a full
-step, are counted (:attr:`Algorithm.flow_stretch`).
+The ``flow`` fidelity stands in at scale (:meth:`Algorithm.flow_phases`):
+consecutive steps with the same pattern (the same transfers, pair by pair)
+merge into one phase in which each pair carries the sum of its bytes in one
+transfer; a phase starts once the phase before it has ended everywhere, and
+ends when its last transfer has ended plus the latency its merged steps would
+have paid ((steps - 1) x the phase's largest route latency). A ring is one
+phase of n transfers instead of 2n(n-1); recursive halving-doubling has
+2·log2(n) phases; a pipeline merges its steady state. Steps that differ stay
+apart, so the bottleneck of each step is charged where the step model charges
+it, and the ranks are in lock step, which is where the two fidelities differ.
 
 Message size ``S`` (the vertex's ``bytes``) follows nccl-tests: the buffer of
 one rank for all-reduce and broadcast, the whole (gathered) buffer for
@@ -110,7 +111,6 @@ class Algorithm:
 
     name = ""
     collective = ""
-    flow_stretch = 1.0  # flows() multiplies bytes by this (pipelines: steps / chunks)
 
     def __init__(self, ranks: int, size: float, groups: Sequence[Sequence[int]] | None = None):
         if ranks < 1:
@@ -134,36 +134,34 @@ class Algorithm:
         return set(self.flows())
 
     def flows(self) -> dict[tuple[int, int], float]:
-        """Bytes per (src, dst) pair summed over all steps, times :attr:`flow_stretch` (``flow`` fidelity)."""
+        """Bytes per (src, dst) pair summed over all steps."""
         total: dict[tuple[int, int], float] = defaultdict(float)
         for rank, step in self._all_steps():
             for dst, size in step.sends:
                 total[rank, dst] += size
-        return {pair: size * self.flow_stretch for pair, size in total.items()}
+        return dict(total)
 
-    def flow_transfers(self) -> list[tuple[tuple[int, int], float]]:
-        """The ``flow`` fidelity's transfers, ((src, dst), bytes) sorted; default one per pair of :meth:`flows`.
+    def flow_phases(self) -> list[tuple[list[tuple[tuple[int, int], float]], int]]:
+        """The ``flow`` fidelity's phases: ([((src, dst), bytes), ...] sorted, number of steps merged).
 
-        An algorithm whose pairs carry independent streams (the two trees of
-        the double binary tree, its reduce and its broadcast) may give one
-        transfer per stream, so that max-min sharing sees equal flows as the
-        step fidelity does.
+        Consecutive step indices whose transfers are the same (pair and bytes)
+        merge; a pair's bytes in a phase are summed. Steps in which nobody
+        sends are dropped.
         """
-        return sorted(self.flows().items())
-
-    def step_pairs(self) -> list[set[tuple[int, int]]]:
-        """For each step index, the pairs that send in it (for the flow model's latency)."""
-        by_step: list[set[tuple[int, int]]] = []
-        for rank in range(self.ranks):
-            for index in range(self.steps(rank)):
-                while len(by_step) <= index:
-                    by_step.append(set())
-                by_step[index].update((rank, dst) for dst, _ in self.step(rank, index).sends)
-        return by_step
-
-    def flow_latency(self, latency: dict[tuple[int, int], float]) -> float:
-        """Sum over steps of the largest route latency (s) among the step's pairs; `latency` per pair."""
-        return sum(max(latency[p] for p in pairs) for pairs in self.step_pairs() if pairs)
+        phases: list[tuple[list[tuple[tuple[int, int], float]], int]] = []
+        previous = None
+        for index in range(max((self.steps(r) for r in range(self.ranks)), default=0)):
+            pattern = tuple(sorted(((r, dst), size) for r in range(self.ranks) if index < self.steps(r)
+                                   for dst, size in self.step(r, index).sends))
+            if not pattern:
+                continue
+            if pattern == previous:
+                transfers, count = phases[-1]
+                phases[-1] = (transfers, count + 1)
+            else:
+                phases.append((list(pattern), 1))
+                previous = pattern
+        return [([(pair, size * count) for pair, size in transfers], count) for transfers, count in phases]
 
     def _all_steps(self):
         for rank in range(self.ranks):
@@ -259,7 +257,6 @@ class _Table(Algorithm):
         self._sends: list[dict[int, dict[int, float]]] = [defaultdict(lambda: defaultdict(float)) for _ in range(ranks)]
         self._recvs: list[dict[int, set[int]]] = [defaultdict(set) for _ in range(ranks)]
         self._length = 0
-        self._streams: dict[tuple[int, int, int], float] = defaultdict(float)
         self.build()
         self._table = [[Step(sends=tuple(sorted(self._sends[r][s].items())), recvs=tuple(sorted(self._recvs[r][s])))
                         if (s in self._sends[r] or s in self._recvs[r]) else _IDLE for s in range(self._length)]
@@ -270,13 +267,9 @@ class _Table(Algorithm):
         """Fill the schedule with :meth:`send`."""
         raise NotImplementedError
 
-    def send(self, step: int, src: int, dst: int, size: float, stream: int = 0) -> None:
-        """`src` sends `size` bytes to `dst` in `step` (merged with other sends of the pair in that step).
-
-        `stream` tags independent streams of a pair; the flow fidelity gives each its own transfer.
-        """
+    def send(self, step: int, src: int, dst: int, size: float) -> None:
+        """`src` sends `size` bytes to `dst` in `step` (merged with other sends of the pair in that step)."""
         self._sends[src][step][dst] += size
-        self._streams[src, dst, stream] += size
         self._recvs[dst][step].add(src)
         self._length = max(self._length, step + 1)
 
@@ -285,15 +278,6 @@ class _Table(Algorithm):
 
     def step(self, rank: int, index: int) -> Step:
         return self._table[rank][index]
-
-    def flows(self) -> dict[tuple[int, int], float]:
-        total: dict[tuple[int, int], float] = defaultdict(float)
-        for (src, dst, _), size in self._streams.items():
-            total[src, dst] += size * self.flow_stretch
-        return dict(total)
-
-    def flow_transfers(self) -> list[tuple[tuple[int, int], float]]:
-        return sorted(((src, dst), size * self.flow_stretch) for (src, dst, _), size in self._streams.items())
 
 
 # ---- rings ----------------------------------------------------------------------------------------------------
@@ -311,19 +295,13 @@ class _Ring(Algorithm):
         n = self.ranks
         return Step(sends=(((rank + 1) % n, self.size / n),), recvs=((rank - 1) % n,))
 
-    # closed-form shortcuts: a ring's steps are all alike (n x 2(n-1) Steps at 1024 ranks is slow to list)
+    # a ring's steps are all alike (listing n x 2(n-1) Steps at 1024 ranks is slow): one phase
     def flows(self) -> dict[tuple[int, int], float]:
         n = self.ranks
-        if n < 2:
-            return {}
-        return {(r, (r + 1) % n): self.rounds * (n - 1) * self.size / n for r in range(n)}
+        return {(r, (r + 1) % n): self.rounds * (n - 1) * self.size / n for r in range(n)} if n > 1 else {}
 
-    def step_pairs(self) -> list[set[tuple[int, int]]]:
-        pairs = set(self.flows())
-        return [pairs] * self.steps(0)
-
-    def flow_latency(self, latency: dict[tuple[int, int], float]) -> float:
-        return self.steps(0) * max(latency.values()) if latency else 0.0
+    def flow_phases(self) -> list[tuple[list[tuple[tuple[int, int], float]], int]]:
+        return [(sorted(self.flows().items()), self.steps(0))] if self.ranks > 1 else []
 
 
 @register
@@ -507,12 +485,8 @@ class DoubleBinaryTreeAllReduce(_Table):
     lock step: 2(D + C - 1)·(α + S/(C·B)). Other n: some parents have one
     child and those transfers run faster.
 
-    Flow fidelity stretches the flows by (steps)/(2C): the pipeline's fill and
-    drain steps carry one chunk but last a whole step; each tree's reduce and
-    broadcast of a pair is a transfer of its own (a pair can be an edge of
-    both trees). On a single switch with n = 2^(D+1) - 1 >= 7 every link then
-    carries at most four equal flows and every flow crosses one that carries
-    four, which gives the closed form too; n = 3 gives 1.5·S/B instead of 2·S/B.
+    Flow fidelity merges the steady-state steps (all tree edges busy) into one
+    phase; fill and drain steps stay apart.
     """
 
     name, collective = "double_binary_tree", "all_reduce"
@@ -537,14 +511,13 @@ class DoubleBinaryTreeAllReduce(_Table):
         reduce_steps = max(height[root] for height, _, root in shapes) + c - 1
         self.pipeline_steps = reduce_steps + max(max(depth.values()) for _, depth, _ in shapes) + c - 1
         chunk = self.size / (2 * c)
-        for tree, (parent, (height, depth, _)) in enumerate(zip(trees, shapes)):
+        for parent, (height, depth, _) in zip(trees, shapes):
             for node, up in sorted(parent.items()):
                 if up < 0:
                     continue
                 for j in range(c):
-                    self.send(height[node] + j, node, up, chunk, stream=2 * tree)
-                    self.send(reduce_steps + depth[up] + j, up, node, chunk, stream=2 * tree + 1)
-        self.flow_stretch = self.pipeline_steps / (2 * c)
+                    self.send(height[node] + j, node, up, chunk)
+                    self.send(reduce_steps + depth[up] + j, up, node, chunk)
 
 
 def _shape(parent: dict[int, int]) -> tuple[dict[int, int], dict[int, int], int]:
@@ -574,19 +547,23 @@ def _shape(parent: dict[int, int]) -> tuple[dict[int, int], dict[int, int], int]
 
 @register
 class PairwiseAllToAll(_Table):
-    """Shifted pairwise exchange: in step k (1..n-1) rank r sends S/n to r+k and receives from r-k.
+    """Pairwise exchange: in step k (1..n-1) rank r sends S/n to r XOR k (n a power of two; the
+    classic MPI schedule: with aligned servers of 2^j ranks, the first 2^j - 1 steps stay inside the
+    servers and every later one leaves them, so a step's transfers are all alike) or to r+k mod n
+    (other n), and receives from its partner.
 
-    One transfer per link direction per step: (n-1)α + (n-1)/n·S/B. In flow
-    fidelity the n-1 transfers of a rank share its link, which gives the same.
+    One transfer per link direction per step: (n-1)α + (n-1)/n·S/B. Every step
+    differs, so the flow fidelity is the step schedule in lock step.
     """
 
     name, collective = "pairwise", "all_to_all"
 
     def build(self) -> None:
         n = self.ranks
+        power_of_two = not n & (n - 1)
         for k in range(1, n):
             for r in range(n):
-                self.send(k - 1, r, (r + k) % n, self.size / n)
+                self.send(k - 1, r, r ^ k if power_of_two else (r + k) % n, self.size / n)
 
 
 @register
@@ -595,7 +572,7 @@ class PipelinedRingBroadcast(_Table):
 
     Rank i forwards chunk j in step i + j; one transfer per link direction per
     step: (n + C - 2)(α + S/(C·B)). C = ceil(S / chunk_bytes) between 1 and
-    max_chunks (4 MiB, 32). Flow fidelity stretches by (n + C - 2)/C.
+    max_chunks (4 MiB, 32).
     """
 
     name, collective = "ring", "broadcast"
@@ -608,7 +585,20 @@ class PipelinedRingBroadcast(_Table):
         for i in range(n - 1):
             for j in range(c):
                 self.send(i + j, i, i + 1, self.size / c)
-        self.flow_stretch = (n + c - 2) / c if n > 1 else 1.0
+
+    def flow_phases(self) -> list[tuple[list[tuple[tuple[int, int], float]], int]]:
+        """The first chunk hop by hop (the pipeline's fill), then the other C-1 chunks on every hop at once.
+
+        Lock-stepping the fill and drain steps would charge every step the
+        slowest hop active in it, while the step fidelity's ranks run ahead of
+        slow hops downstream of them: fill + (C-1) x the slowest hop, as here.
+        """
+        n, c = self.ranks, self.chunks
+        chunk = self.size / c
+        phases = [([((i, i + 1), chunk)], 1) for i in range(n - 1)]
+        if c > 1 and n > 1:
+            phases.append(([((i, i + 1), chunk * (c - 1)) for i in range(n - 1)], c - 1))
+        return phases
 
 
 @register

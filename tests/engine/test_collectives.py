@@ -76,9 +76,6 @@ CASES = [  # collective, algorithm, closed form, group sizes
     ("p2p", "direct", lambda n, s, c=None: A + s / B, (2,)),
 ]
 HIERARCHICAL = [(4, 2), (2, 4), (4, 4)]  # (ranks per server, servers)
-# Flow fidelity equals the closed form wherever every transfer's bottleneck link carries the same number of
-# flows; the double binary tree on 3 ranks is the exception (its links carry 3 flows, not 4; docstring).
-FLOW_INEXACT = {("all_reduce", "double_binary_tree", 3)}
 
 
 def _chain(graph, group, items, barrier_xpu):
@@ -129,8 +126,6 @@ def test_every_algorithm_matches_its_closed_form_on_one_switch(n, fidelity):
     measured = _durations(platform, group, [row[:4] for row in rows], f"xpu{n}", fidelity)
     wrong = []
     for name, collective, algorithm, _, expected in rows:
-        if fidelity == "flow" and (collective, algorithm, n) in FLOW_INEXACT:
-            continue
         if not math.isclose(measured[name], expected, rel_tol=1e-6):
             wrong.append(f"{name}: {measured[name]!r} s, closed form {expected!r} s")
     assert not wrong, "\n".join(wrong)
@@ -208,16 +203,31 @@ def test_double_binary_tree_trees_are_complementary(n):
     """Each tree has n-1 edges, each carrying S/2 up and S/2 down; no rank is inner in both trees."""
     size = 1e9
     tree = get_algorithm("all_reduce", "double_binary_tree", n, size)
-    transfers = tree.flow_transfers()
-    assert len(transfers) == 2 * 2 * (n - 1)  # 2 trees x (n-1) edges x (reduce, broadcast)
-    assert sum(b for _, b in transfers) == pytest.approx(2 * (n - 1) * size * tree.flow_stretch)
-    senders_down: dict[int, set[int]] = {}
-    for (src, dst), _ in transfers:
-        senders_down.setdefault(dst, set()).add(src)
-    # a rank receives from its children (reduce) and from its parent (broadcast) in each tree:
-    # inner in one tree (2 children + parent) and a leaf in the other (parent): at most 4 senders
-    assert max(len(s) for s in senders_down.values()) <= 4
-    assert tree.flow_stretch == pytest.approx(tree.pipeline_steps / (2 * tree.chunks))
+    flows = tree.flows()
+    assert sum(flows.values()) == pytest.approx(2 * 2 * (n - 1) * size / 2)
+    senders: dict[int, set[int]] = {}
+    for src, dst in flows:
+        senders.setdefault(dst, set()).add(src)
+    # a rank hears from its children (reduce) and its parent (broadcast) in each tree: inner in one tree
+    # (2 children + parent) and a leaf in the other (parent) makes at most 4
+    assert max(len(s) for s in senders.values()) <= 4
+
+
+@pytest.mark.parametrize("collective,name", ALL)
+def test_flow_phases_carry_every_byte(collective, name):
+    n = 16 if collective != "p2p" else 2
+    algorithm = get_algorithm(collective, name, n, 1e8, [list(range(i, i + 4)) for i in range(0, n, 4)])
+    by_pair: dict[tuple[int, int], float] = {}
+    for transfers, steps in algorithm.flow_phases():
+        assert steps >= 1
+        for pair, size in transfers:
+            by_pair[pair] = by_pair.get(pair, 0.0) + size
+    flows = algorithm.flows()
+    assert by_pair.keys() == flows.keys()
+    assert all(math.isclose(by_pair[p], flows[p]) for p in flows)
+    assert sum(steps for _, steps in algorithm.flow_phases()) == sum(
+        1 for i in range(max(algorithm.steps(r) for r in range(n)))
+        if any(i < algorithm.steps(r) and algorithm.step(r, i).sends for r in range(n)))
 
 
 def test_halving_doubling_needs_a_power_of_two():
@@ -267,3 +277,43 @@ def test_a_user_algorithm_runs_by_name():
     seconds = _durations(platform, [f"xpu{i}" for i in range(n)], [("star", "broadcast", f"{__name__}:_StarBroadcast", size)],
                          f"xpu{n}", "step")
     assert math.isclose(seconds["star"], A + (n - 1) * size / B, rel_tol=1e-6)
+
+
+# ---- flow fidelity against step fidelity on the paper's topologies (heterogeneous links) ------------------------
+
+AGREEMENT = [(c, name) for c, name in ALL if c != "p2p"]
+AGREEMENT_SIZES = (1e6, 1e8, 1e9)
+
+
+@pytest.fixture(scope="module")
+def agreement():
+    """{(topology, n): {name: (step s, flow s)}} for every algorithm and size, two processes per case."""
+    table = {}
+    for topology in ("paper-traditional", "paper-cxl"):
+        for n in (16, 64):
+            platform = build_platform(load_platform_spec(topology, {}), xpus=n + 1)  # xpu{n}: the barriers
+            group = [f"xpu{i}" for i in range(n)]
+            items = [(f"{c}.{a}.{s:g}", c, a, s) for c, a in AGREEMENT for s in AGREEMENT_SIZES]
+            step = _durations(platform, group, items, f"xpu{n}", "step")
+            flow = _durations(platform, group, items, f"xpu{n}", "flow")
+            table[topology, n] = {name: (step[name], flow[name]) for name, *_ in items}
+    return table
+
+
+def _disagreements(table, keep):
+    return [f"{topology} n={n} {name}: step {step!r} s, flow {flow!r} s ({flow / step - 1:+.2%})"
+            for (topology, n), rows in sorted(table.items()) for name, (step, flow) in rows.items()
+            if keep(name) and not math.isclose(flow, step, rel_tol=0.01)]
+
+
+def test_flow_is_within_one_percent_of_step_on_the_paper_topologies(agreement):
+    wrong = _disagreements(agreement, lambda name: "double_binary_tree" not in name)
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.xfail(strict=True, reason="known gap: the double binary tree's step fidelity lets ranks run ahead "
+                                       "and contend across steps; the lock-step flow phases are up to 14% faster "
+                                       "on paper-cxl (docs/collectives.md)")
+def test_double_binary_tree_flow_is_within_one_percent_of_step(agreement):
+    wrong = _disagreements(agreement, lambda name: "double_binary_tree" in name)
+    assert not wrong, "\n".join(wrong)
