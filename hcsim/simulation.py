@@ -137,7 +137,7 @@ def run_here(scenario: Scenario, out: Path | None = None) -> dict[str, Any]:
     traced = frozenset(prepared.xpus[: scenario.trace_xpus]) if out is not None and scenario.trace_xpus else None
     options = RunOptions(iterations=scenario.iterations, coherent=prepared.coherent,
                          collective_fidelity=scenario.collective_fidelity, step_limit=scenario.step_limit,
-                         local_access=scenario.local_access,
+                         local_access=scenario.local_access, xpu_fidelity=scenario.xpu_fidelity,
                          trace_xpus=traced,
                          trace_iterations=frozenset(scenario.trace_iterations) if scenario.trace_iterations else None)
     outcome = execute(prepared.platform, prepared.workload, options, prepared.pairs)

@@ -134,3 +134,18 @@ def test_interrupted_write_leaves_the_old_file(tmp_path):
         atomic_write(target, object())  # fails mid-write
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["result.json"]
+
+
+@pytest.mark.parametrize("settings", [
+    [],
+    ["--set", "coherent=false"],
+    ["--set", "devices=[H100,V100]", "--set", "platform_overrides.rack.servers=1"],
+])
+def test_representative_xpus_agree_with_all_xpus_within_one_percent(settings):
+    times = {}
+    for level in ("all", "representative"):
+        done = hcsim("simulate", "--set", "xpus=16", "--set", "iterations=1", "--set", f"xpu_fidelity={level}",
+                     *settings, "--json")
+        assert done.returncode == 0, done.stderr
+        times[level] = json.loads(done.stdout)["iteration_time_s"]
+    assert times["representative"] == pytest.approx(times["all"], rel=0.01)

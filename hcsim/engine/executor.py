@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -46,6 +46,12 @@ class RunOptions:
     # of the two; exact when the XPU runs one compute vertex at a time (its HBM link is private).
     # "simulated": both activities, always.
     local_access: str = "analytic"
+    # "all": every XPU's computation and memory traffic is simulated. "representative": XPUs alike
+    # (same device, same memory paths, same spilled vertices) follow one representative in
+    # lockstep: an instance of a follower ends when it is ready and its representative's same
+    # run has ended; collectives still run over every XPU. It drops the followers' memory traffic
+    # from the links it shares with collectives (a named fidelity level: tests bound the error).
+    xpu_fidelity: str = "all"
     trace_xpus: frozenset[str] | None = None  # None: trace nothing
     trace_iterations: frozenset[int] | None = None  # None: every iteration
 
@@ -95,6 +101,11 @@ class Executor:
         self.trace = TraceRecorder(options.trace_xpus, options.trace_iterations) if options.trace_xpus else None
         self.collective_state: dict[tuple[int, int], "_CollectiveRun"] = {}
         self._path_cache: dict[tuple[str, str], tuple[float, float]] = {}
+        self.representative = self._representatives() if options.xpu_fidelity == "representative" else {}
+        self.followed: dict[tuple[int, str, int], tuple[float, float]] = {}  # (vertex, rep, run) -> busy
+        self.following: dict[tuple[int, str, int], list[tuple[int, float]]] = defaultdict(list)
+        self.immediate: deque = deque()
+        self.draining = False
 
     # ---- set-up -------------------------------------------------------------------------------------------
 
@@ -167,7 +178,10 @@ class Executor:
         self.arrivals.pop((instance, run), None)
         self.running[instance] = True
         if vertex.kind == "compute":
-            self._start_compute(vertex, rank, run)
+            if vertex.xpus[rank] in self.representative:
+                self._follow(vertex, rank, run)
+            else:
+                self._start_compute(vertex, rank, run)
         else:
             self._rank_ready(vertex, rank, run)
 
@@ -207,9 +221,12 @@ class Executor:
 
         def finish():
             elapsed = self.backend.now() - start
+            stall = max(0.0, elapsed - compute_time)
             self.busy[xpu][0] += compute_time
-            self.busy[xpu][1] += max(0.0, elapsed - compute_time)
+            self.busy[xpu][1] += stall
             self._complete(vertex, rank, run, start)
+            if self.representative:
+                self._release_followers(vertex, xpu, run, compute_time, stall)
 
         def compute_beside(memory, then):
             if memory == local and self.options.local_access == "analytic" and flops > 0 and size > 0:
@@ -264,6 +281,54 @@ class Executor:
     def collective_done(self, vertex: _Vertex, run: int) -> None:
         self.collective_state.pop((vertex.index, run), None)
 
+    # ---- representative XPUs ------------------------------------------------------------------------------
+
+    def _representatives(self) -> dict[str, str]:
+        """Follower XPU -> its representative: the first XPU of each class of alike XPUs."""
+        compute = [v for v in self.vertices if v.kind == "compute"]
+        nodes = self.platform.nodes
+        first: dict[tuple, str] = {}
+        followers = {}
+        for xpu in dict.fromkeys(x for v in compute for x in v.xpus):
+            node = nodes[xpu]
+            paths = tuple(self._path(node[key], xpu) if (node[key], xpu) in self.routes else None
+                          for key in ("local_memory", "extended_memory"))
+            key = (node["device"], _speed(node, self.precision), paths,
+                   tuple(xpu in v.data["spilled_xpus"] for v in compute))
+            rep = first.setdefault(key, xpu)
+            if rep != xpu:
+                followers[xpu] = rep
+        return followers
+
+    def _follow(self, vertex: _Vertex, rank: int, run: int) -> None:
+        key = (vertex.index, self.representative[vertex.xpus[rank]], run)
+        now = self.backend.now()
+        if key in self.followed:
+            self.immediate.append((vertex, rank, run, now, self.followed[key]))
+            self._drain()
+        else:
+            self.following[key].append((rank, now))
+
+    def _release_followers(self, vertex: _Vertex, rep: str, run: int, compute: float, stall: float) -> None:
+        key = (vertex.index, rep, run)
+        self.followed[key] = (compute, stall)
+        for rank, start in self.following.pop(key, ()):
+            self.immediate.append((vertex, rank, run, start, (compute, stall)))
+        self._drain()
+
+    def _drain(self) -> None:
+        """Complete followers iteratively (a chain of them would otherwise recurse deeply)."""
+        if self.draining:
+            return
+        self.draining = True
+        while self.immediate:
+            vertex, rank, run, start, (compute, stall) = self.immediate.popleft()
+            busy = self.busy[vertex.xpus[rank]]
+            busy[0] += compute
+            busy[1] += stall
+            self._complete(vertex, rank, run, start)
+        self.draining = False
+
     # ---- run ----------------------------------------------------------------------------------------------
 
     def run(self) -> RunResult:
@@ -289,12 +354,16 @@ class Executor:
 
     def access_time(self, src: str, dst: str, size: float) -> float:
         """Latency + size / bottleneck bandwidth of an uncontended transfer, in s."""
-        route = self.routes[src, dst]
+        latency, bandwidth = self._path(src, dst)
+        return latency + size / bandwidth
+
+    def _path(self, src: str, dst: str) -> tuple[float, float]:
+        """(latency s, bottleneck B/s) of the compiled route src -> dst."""
         key = (src, dst)
         if key not in self._path_cache:
+            route = self.routes[key]
             self._path_cache[key] = (route_latency(self.platform, route), route_bandwidth(self.platform, route))
-        latency, bandwidth = self._path_cache[key]
-        return latency + size / bandwidth
+        return self._path_cache[key]
 
 
 class _CollectiveRun:
