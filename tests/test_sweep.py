@@ -1,0 +1,311 @@
+"""Sweeps: experiment specs, the grid, the CSV (atomic rows, resume, errors), kill-and-resume, Dask, reports.
+
+Every point runs in a process of its own (SimGrid allows one engine per
+process), so these tests use tiny points: 2 to 8 XPUs, one iteration.
+"""
+
+import ast
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+import hcsim
+from hcsim.errors import ConfigError
+from hcsim.findings import evaluate
+from hcsim.sweep import columns, load_experiment, read_results, run_sweep
+
+TINY = """
+name: tiny
+description: Two to eight XPUs, with and without coherence.
+base:
+  iterations: 1
+  fidelity: decoder
+  platform_overrides: {rack.servers: 1}
+axes:
+  coherent: [true, false]
+  xpus: [2, 4]
+plots:
+  - {x: xpus, y: batches_per_s, series: coherent}
+findings:
+  - {check: better, claim: coherence wins, axis: coherent, better: true, worse: false}
+"""
+
+
+def write(folder: Path, text: str, name: str = "exp.yaml") -> Path:
+    path = folder / name
+    path.write_text(text)
+    return path
+
+
+def data_rows(path: Path) -> list[list[str]]:
+    with open(path, newline="") as stream:
+        return list(csv.reader(stream))[1:]
+
+
+def hcsim_cli(*args, cwd=None, **kwargs):
+    return subprocess.run([sys.executable, "-m", "hcsim.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=600, **kwargs)
+
+
+# --- experiment specs and the grid -------------------------------------------------------------
+
+
+def test_the_grid_is_the_product_of_the_axes_in_order(tmp_path):
+    experiment = load_experiment(write(tmp_path, TINY))
+    points = experiment.points()
+    assert [(p.labels["coherent"], p.labels["xpus"]) for p in points] == [(True, 2), (True, 4), (False, 2), (False, 4)]
+    assert len({p.key for p in points}) == 4
+    assert all(p.scenario.iterations == 1 and p.scenario.platform_overrides == {"rack.servers": 1} for p in points)
+
+
+def test_axis_values_are_recorded_in_si_units_and_devices_joined(tmp_path):
+    experiment = load_experiment(write(tmp_path, """
+name: units
+axes:
+  cxl_bandwidth: [64GB/s, 128GB/s]
+  cxl_latency: [200ns]
+  devices: [[H100, A100]]
+"""))
+    labels = [p.labels for p in experiment.points()]
+    assert labels == [{"cxl_bandwidth": 64e9, "cxl_latency": 2e-7, "devices": "H100+A100"},
+                      {"cxl_bandwidth": 128e9, "cxl_latency": 2e-7, "devices": "H100+A100"}]
+
+
+def test_a_zip_group_sets_several_keys_together(tmp_path):
+    experiment = load_experiment(write(tmp_path, """
+name: table
+axes:
+  system:
+    - {label: 64 H100, xpus: 64, devices: [H100]}
+    - {label: 128 H100 + 128 A100, xpus: 256, devices: [H100, A100]}
+  collective: [ring, coherent_ring]
+"""))
+    points = experiment.points()
+    assert len(points) == 4
+    assert points[2].labels == {"system": "128 H100 + 128 A100", "xpus": 256, "devices": "H100+A100",
+                                "collective": "ring"}
+    assert points[2].scenario.devices == ("H100", "A100") and points[2].scenario.xpus == 256
+    assert columns(experiment)[:5] == ["point", "system", "xpus", "devices", "collective"]
+
+
+def test_dotted_override_axes_reach_the_override_maps(tmp_path):
+    experiment = load_experiment(write(tmp_path, """
+name: racks
+base: {platform_overrides: {cxl.radix: 16}}
+axes:
+  platform_overrides.rack.servers: [1, 2]
+"""))
+    scenario = experiment.points()[1].scenario
+    assert scenario.platform_overrides == {"cxl.radix": 16, "rack.servers": 2}
+
+
+def test_a_base_scenario_file_is_read_relative_to_the_experiment(tmp_path):
+    write(tmp_path, "xpus: 16\ncoherent: false\n", "base.yaml")
+    experiment = load_experiment(write(tmp_path, "name: b\nbase: {scenario: base.yaml}\naxes: {iterations: [1, 3]}\n"))
+    assert [(p.scenario.xpus, p.scenario.coherent, p.scenario.iterations) for p in experiment.points()] == \
+        [(16, False, 1), (16, False, 3)]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("name: x\naxes: {xpu: [1]}\n", r"axes\.xpu: not a scenario key \(did you mean 'xpus'\?\)"),
+    ("name: x\naxes: {xpus: []}\n", r"axes\.xpus: expected a non-empty list"),
+    ("name: x\nbase: {cxl_bandwith: 1GB/s}\n", r"base\.cxl_bandwith: not a scenario key \(did you mean 'cxl_bandwidth'\?\)"),
+    ("name: x\naxis: {xpus: [1]}\n", r"axis: unknown key \(did you mean 'axes'\?\)"),
+    ("name: x\nplots: [{x: xpus}]\n", r"plots\[0\]: y: required"),
+    ("name: x\nplots: [{x: xpus, y: b, colour: red}]\n", r"plots\[0\]: colour: unknown plot key"),
+    ("name: x\nfindings: [{check: faster}]\n", r"findings\[0\]: check: 'faster' is not one of"),
+    ("name: x\nfindings: [{check: better, axis: coherent}]\n", r"findings\[0\]: better: required"),
+    ("name: x\nbase: {scenario: nowhere.yaml}\n", r"base\.scenario: no such file"),
+])
+def test_experiment_errors_name_the_field(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=message):
+        load_experiment(write(tmp_path, text))
+
+
+def test_a_bad_value_names_the_point(tmp_path):
+    experiment = load_experiment(write(tmp_path, "name: x\naxes: {cxl_latency: [200ns, 200]}\n"))
+    with pytest.raises(ConfigError, match=r"point 1 \(cxl_latency=200\).*cxl_latency"):
+        experiment.points()
+
+
+def test_repeated_points_are_rejected(tmp_path):
+    experiment = load_experiment(write(tmp_path, "name: x\naxes: {xpus: [8, 8]}\n"))
+    with pytest.raises(ConfigError, match="two points make the same scenario"):
+        experiment.points()
+
+
+# --- running -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_sweep(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny")
+    experiment = load_experiment(write(folder, TINY))
+    seen = []
+    report = run_sweep(experiment, folder / "results", jobs=2, progress=lambda p, row, cost: seen.append(row))
+    return experiment, report, seen
+
+
+def test_a_sweep_writes_one_row_per_point_with_every_column(tiny_sweep):
+    experiment, report, seen = tiny_sweep
+    assert (report.total, report.ran, report.skipped, report.failed) == (4, 4, 0, 0)
+    rows = read_results(report.csv)
+    assert len(rows) == 4 and len(seen) == 4
+    assert list(rows[0]) == columns(experiment)
+    assert {(r["coherent"], r["xpus"]) for r in rows} == {(True, 2), (True, 4), (False, 2), (False, 4)}
+    for row in rows:
+        assert row["status"] == "ok" and row["error"] is None
+        assert row["batches_per_s"] == pytest.approx(row["xpus"] / row["iteration_time_s"])
+        assert row["batches_per_s_per_xpu"] == pytest.approx(1 / row["iteration_time_s"])
+        assert json.loads(row["breakdown"])["H100"]["xpus"] == row["xpus"]
+        assert row["device_counts"] == f"{row['xpus']} H100"
+        assert row["cxl_bandwidth"] == 128e9 and row["cxl_latency"] == 2e-7 and row["iterations"] == 1
+
+
+def test_rows_are_whole_lines_in_a_file_that_pandas_would_read(tiny_sweep):
+    _, report, _ = tiny_sweep
+    text = report.csv.read_text()
+    assert text.endswith("\n") and text.count("\n") == 5
+    assert len({len(row) for row in csv.reader(text.splitlines())}) == 1
+
+
+def test_a_sweep_draws_its_plots_and_summarises_its_findings(tiny_sweep):
+    _, report, _ = tiny_sweep
+    names = sorted(p.name for p in report.outputs)
+    assert names == ["tiny.md", "tiny.png", "tiny.svg"]
+    assert report.csv.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+    summary = report.csv.with_suffix(".md").read_text()
+    assert "**holds**: coherence wins" in summary and "![tiny](tiny.png)" in summary
+    assert "| coherent | xpus | batches_per_s |" in summary
+
+
+def test_resume_skips_what_is_done_and_a_plain_rerun_refuses(tiny_sweep):
+    experiment, report, _ = tiny_sweep
+    with pytest.raises(ConfigError, match=r"exists\. Fix: --resume"):
+        run_sweep(experiment, report.csv.parent)
+    again = run_sweep(experiment, report.csv.parent, resume=True, report=False)
+    assert (again.ran, again.skipped) == (0, 4)
+    assert len(data_rows(report.csv)) == 4
+
+
+def test_a_failing_point_is_recorded_and_the_sweep_goes_on(tmp_path):
+    experiment = load_experiment(write(tmp_path, """
+name: failing
+base: {iterations: 1, fidelity: decoder, platform_overrides: {rack.servers: 1}}
+axes:
+  xpus: [2, 5000]
+"""))
+    report = run_sweep(experiment, tmp_path / "r", jobs=2, report=False)
+    assert (report.ran, report.failed) == (2, 1)
+    rows = {r["xpus"]: r for r in read_results(report.csv)}
+    assert rows[2]["status"] == "ok"
+    assert rows[5000]["status"] == "error" and rows[5000]["batches_per_s"] is None
+    assert "5000 XPUs asked for" in rows[5000]["error"]
+    # --resume keeps the failure; --retry-errors runs it again (and it fails again, once)
+    assert run_sweep(experiment, tmp_path / "r", resume=True, report=False).ran == 0
+    retried = run_sweep(experiment, tmp_path / "r", resume=True, retry_errors=True, report=False)
+    assert (retried.ran, retried.failed) == (1, 1)
+    assert sorted(r["xpus"] for r in read_results(report.csv)) == [2, 5000]
+
+
+def test_resume_drops_a_torn_last_line_and_reruns_its_point(tmp_path, tiny_sweep):
+    experiment, report, _ = tiny_sweep
+    folder = tmp_path / "torn"
+    folder.mkdir()
+    text = report.csv.read_text()
+    (folder / "tiny.csv").write_text(text[: text.rfind("\n", 0, len(text) - 1) + 1] + text.splitlines()[-1][:30])
+    again = run_sweep(experiment, folder, resume=True, report=False)
+    assert again.ran == 1
+    rows = data_rows(folder / "tiny.csv")
+    assert len(rows) == 4 and len({r[0] for r in rows}) == 4
+
+
+def test_resume_refuses_a_csv_of_another_experiment(tmp_path, tiny_sweep):
+    _, report, _ = tiny_sweep
+    (tmp_path / "tiny.csv").write_text("point,other\n")
+    experiment = load_experiment(write(tmp_path, TINY))
+    with pytest.raises(ConfigError, match="columns are not this experiment's"):
+        run_sweep(experiment, tmp_path, resume=True)
+
+
+def test_a_killed_sweep_loses_no_finished_point_and_resume_completes_it(tmp_path):
+    spec = write(tmp_path, TINY.replace("xpus: [2, 4]", "xpus: [2, 4, 8]"))
+    out = tmp_path / "results"
+    result = out / "tiny.csv"
+    sweep = subprocess.Popen([sys.executable, "-m", "hcsim.cli", "sweep", str(spec), "--jobs", "1", "--out", str(out),
+                              "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (result.exists() and len(data_rows(result)) >= 1):
+        assert sweep.poll() is None, sweep.stderr.read().decode()
+        time.sleep(0.05)
+    children = psutil.Process(sweep.pid).children(recursive=True)
+    sweep.kill()  # SIGKILL: no cleanup runs in the sweep; its point process dies with it (PR_SET_PDEATHSIG)
+    sweep.wait()
+    _, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, "a point process outlived its killed sweep"
+    before = data_rows(result)
+    assert 1 <= len(before) < 6
+    done = hcsim_cli("sweep", str(spec), "--jobs", "2", "--out", str(out), "--resume", "--no-progress")
+    assert done.returncode == 0, done.stderr
+    assert f"{6 - len(before)} points run, {len(before)} already done, 0 failed" in done.stdout
+    after = data_rows(result)
+    assert len(after) == 6 and len({r[0] for r in after}) == 6
+    assert after[: len(before)] == before  # the finished rows are kept as they were
+
+
+def test_the_cli_reports_a_bad_experiment_in_one_line(tmp_path):
+    done = hcsim_cli("sweep", str(write(tmp_path, "name: x\naxes: {xpu: [1]}\n")))
+    assert done.returncode == 2
+    assert done.stderr.startswith("hcsim: error: ") and "did you mean 'xpus'" in done.stderr
+
+
+def test_report_only_redraws_from_the_csv(tiny_sweep, tmp_path):
+    experiment, report, _ = tiny_sweep
+    done = hcsim_cli("sweep", str(experiment.path), "--out", str(report.csv.parent), "--report-only")
+    assert done.returncode == 0, done.stderr
+    assert "tiny.md" in done.stdout
+
+
+def test_an_unknown_executor_is_an_error(tiny_sweep):
+    experiment, report, _ = tiny_sweep
+    with pytest.raises(ConfigError, match="expected 'local' or 'dask://HOST:PORT'"):
+        run_sweep(experiment, report.csv.parent, resume=True, executor="ray://x")
+
+
+def test_points_run_on_a_dask_cluster(tmp_path):
+    distributed = pytest.importorskip("distributed")
+    experiment = load_experiment(write(tmp_path, TINY))
+    with distributed.LocalCluster(processes=True, n_workers=1, threads_per_worker=1, dashboard_address=None) as cluster:
+        address = cluster.scheduler_address.removeprefix("tcp://")
+        report = run_sweep(experiment, tmp_path / "dask", executor=f"dask://{address}", report=False)
+    assert (report.ran, report.failed) == (4, 0)
+    local = {(r["coherent"], r["xpus"]): r["iteration_time_s"] for r in read_results(report.csv)}
+    assert local[(True, 4)] < local[(False, 4)]
+
+
+def test_findings_report_failures_with_their_numbers():
+    rows = [{"status": "ok", "coherent": c, "xpus": x, "batches_per_s": b}
+            for c, x, b in [(True, 8, 2.0), (False, 8, 1.0), (True, 16, 3.0), (False, 16, 3.5)]]
+    finding = evaluate({"check": "better", "axis": "coherent", "better": True, "worse": False}, rows,
+                       ["coherent", "xpus"])
+    assert not finding.ok
+    assert "0.8571x to 2x over 2 pairs" in finding.detail and "xpus=16: 0.8571x" in finding.detail
+
+
+def test_matplotlib_is_imported_only_by_plotting_and_simgrid_never_by_sweeps():
+    root = Path(hcsim.__file__).parent
+    for path in [root / "sweep.py", root / "findings.py", root / "plotting.py", root / "cli" / "sweep.py"]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            for name in names:
+                assert not name.startswith(("simgrid", "hcsim.engine")), f"{path.name} imports {name}"
+                assert path.name == "plotting.py" or not name.startswith("matplotlib"), f"{path.name} imports {name}"
