@@ -7,6 +7,7 @@ all problems of a file are reported at once in one ConfigError.
 
 from __future__ import annotations
 
+import copy
 import difflib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -17,7 +18,7 @@ import yaml
 from hcsim.errors import ConfigError
 from hcsim.units import parse_quantity
 
-__all__ = ["REPO_ROOT", "load_yaml", "resolve_spec", "Fields"]
+__all__ = ["REPO_ROOT", "load_yaml", "resolve_spec", "Fields", "parse_settings", "apply_overrides"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -162,3 +163,37 @@ class Fields:
 def _suggest(value: object, options: Iterable[str]) -> str:
     close = difflib.get_close_matches(str(value), [str(o) for o in options], n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def parse_settings(items: Iterable[str], example: str = "xpus=256") -> dict[str, Any]:
+    """``KEY=VALUE`` strings (from ``--set``) to a mapping; values read as YAML (``true``, ``[H100, A100]``)."""
+    settings: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. {example}")
+        try:
+            settings[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+        except yaml.YAMLError as err:
+            raise ConfigError(f"--set {item!r}: the value is not valid YAML") from err
+    return settings
+
+
+def apply_overrides(data: Any, overrides: Mapping[str, Any] | None, where: str) -> dict:
+    """A copy of raw spec `data` with each dotted key set (``{"links.cxl.latency": "1us"}``).
+
+    Raises ConfigError naming the key when a prefix of it is not a mapping.
+    """
+    data = copy.deepcopy(data) if isinstance(data, dict) else {}
+    for key, value in (overrides or {}).items():
+        parts = str(key).split(".")
+        node = data
+        for depth, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"{where}: override {key!r}: {'.'.join(parts[:depth + 1])} is not a mapping")
+            node = child
+        node[parts[-1]] = copy.deepcopy(value)
+    return data

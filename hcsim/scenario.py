@@ -15,9 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from hcsim.config import Fields, load_yaml
+from hcsim.config import Fields, load_yaml, parse_settings
 from hcsim.errors import ConfigError
 
 __all__ = ["Scenario", "load_scenario", "apply_settings", "SCENARIO_KEYS"]
@@ -117,24 +115,14 @@ def load_scenario(path: str | Path | None = None, settings: list[str] | dict | N
 def apply_settings(data: dict, settings: list[str] | dict, where: str = "--set") -> dict:
     """Return `data` with ``key=value`` settings applied (dotted keys reach into the override maps)."""
     data = dict(data)
-    items = settings.items() if isinstance(settings, dict) else (_split_setting(s) for s in settings)
-    for key, value in items:
+    items = settings if isinstance(settings, dict) else parse_settings(settings)
+    for key, value in items.items():
         head, _, rest = str(key).partition(".")
         if rest and head in ("platform_overrides", "workload_overrides"):
             data[head] = {**(data.get(head) or {}), rest: value}
         else:
             data[key] = value
     return data
-
-
-def _split_setting(text: str) -> tuple[str, Any]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise ConfigError(f"--set {text!r}: expected key=value, e.g. xpus=256 or cxl_bandwidth=256GB/s")
-    try:
-        return key.strip(), yaml.safe_load(value) if value.strip() else ""
-    except yaml.YAMLError as err:
-        raise ConfigError(f"--set {text!r}: the value is not valid YAML") from err
 
 
 def _from_mapping(data: dict, where: str, base: str) -> Scenario:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
 import time
 
-from hcsim.errors import ConfigError
 from hcsim.units import format_quantity
 
 __all__ = ["register"]
@@ -47,18 +45,9 @@ def register(subparsers) -> None:
 
 
 def _overrides(items: list[str]) -> dict[str, object]:
-    import yaml  # values are YAML scalars or lists, as in a spec: true, 4096, [H100, A100], 256GB/s
+    from hcsim.config import parse_settings  # values are YAML: true, 4096, [H100, A100], 256GB/s
 
-    overrides = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. links.cxl.latency=1us")
-        try:
-            overrides[key.strip()] = yaml.safe_load(value)
-        except yaml.YAMLError as err:
-            raise ConfigError(f"--set {item!r}: cannot read the value: {err}") from err
-    return overrides
+    return parse_settings(items, "links.cxl.latency=1us")
 
 
 def _graph(args):

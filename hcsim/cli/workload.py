@@ -43,14 +43,10 @@ def _add_set(parser: argparse.ArgumentParser) -> None:
 
 
 def _load(args):
+    from hcsim.config import parse_settings
     from hcsim.workload import build_training_graph, load_workload_spec
 
-    overrides = {}
-    for item in args.overrides:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. training.batch_per_xpu=4")
-        overrides[key.strip()] = value
+    overrides = parse_settings(args.overrides, "training.batch_per_xpu=4")
     if args.xpus < 1:
         raise ConfigError(f"--xpus must be >= 1, got {args.xpus}")
     spec = load_workload_spec(args.spec, overrides)

@@ -22,7 +22,6 @@ before it is checked, so their errors name the key: ``{"links.cxl.latency":
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from hcsim.config import Fields, load_yaml, resolve_spec
+from hcsim.config import Fields, apply_overrides, load_yaml, resolve_spec
 from hcsim.errors import ConfigError
 from hcsim.platform.devices import BUILTIN_CATALOG, Device, load_catalog
 from hcsim.platform.topology import LINK_KINDS, MEMORY_ROLES, NODE_KINDS
@@ -38,7 +37,7 @@ from hcsim.units import BytesPerSecond, Bytes, FlopsPerSecond, Seconds
 
 __all__ = [
     "LinkSpec", "ServerSpec", "NetworkSpec", "CxlSpec", "NodeSpec", "EdgeSpec", "TopologySpec",
-    "PlatformSpec", "load_platform_spec", "apply_overrides", "TABLE5_LINKS", "TYPE3_ATTACH",
+    "PlatformSpec", "load_platform_spec", "TABLE5_LINKS", "TYPE3_ATTACH",
 ]
 
 # Links every structured spec names (paper Table 5 plus the ones the paper leaves open).
@@ -146,28 +145,6 @@ class PlatformSpec:
     def device_of_rack(self, rack: int) -> Device:
         """The device of every XPU in `rack` (racks cycle through `devices`)."""
         return self.catalog[self.devices[rack % len(self.devices)]]
-
-
-def apply_overrides(data: Any, overrides: Mapping[str, object] | None, where: str) -> Any:
-    """Return a copy of raw spec `data` with dotted-key `overrides` set (``"links.cxl.latency": "1us"``)."""
-    data = copy.deepcopy(data) if data is not None else {}
-    problems = []
-    for key, value in (overrides or {}).items():
-        parts = str(key).split(".")
-        node = data
-        for depth, part in enumerate(parts[:-1]):
-            if not isinstance(node, dict):
-                break
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                problems.append(f"{where}override {key!r}: {'.'.join(parts[:depth + 1])} is not a mapping")
-                break
-        else:
-            if isinstance(node, dict):
-                node[parts[-1]] = copy.deepcopy(value)
-    if problems:
-        raise ConfigError("\n".join(problems))
-    return data
 
 
 def load_platform_spec(name_or_path: str | Path, overrides: Mapping[str, object] | None = None) -> PlatformSpec:

@@ -13,7 +13,7 @@ Units: FLOP and bytes (SI: GB = 1e9 B).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from hcsim.errors import ConfigError
 

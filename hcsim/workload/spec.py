@@ -8,14 +8,12 @@ the graph fidelity. See ``workloads/llama2-13b.yaml`` for every key.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 
-from hcsim.config import Fields, load_yaml, resolve_spec
+from hcsim.config import Fields, apply_overrides, load_yaml, resolve_spec
 from hcsim.errors import ConfigError
 from hcsim.units import parse_quantity
 from hcsim.workload.graph import PRECISIONS
@@ -122,28 +120,6 @@ def load_workload_spec(name_or_path: str | Path, overrides: dict[str, Any] | Non
     if overrides:
         data = apply_overrides(data, overrides, str(path))
     return parse_workload_spec(data, str(path))
-
-
-def apply_overrides(data: Any, overrides: dict[str, Any], where: str) -> dict:
-    """A copy of `data` with each dotted key set (string values parsed as YAML)."""
-    data = copy.deepcopy(data) if isinstance(data, dict) else {}
-    for key, value in overrides.items():
-        if isinstance(value, str):
-            try:
-                value = yaml.safe_load(value)
-            except yaml.YAMLError as err:
-                raise ConfigError(f"{where}: override {key}={value!r}: not a YAML value") from err
-        parts = str(key).split(".")
-        node = data
-        for depth, part in enumerate(parts[:-1]):
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                raise ConfigError(f"{where}: override {key!r}: {'.'.join(parts[:depth + 1])} is not a mapping")
-            node = child
-        node[parts[-1]] = value
-    return data
 
 
 def parse_workload_spec(data: Any, where: str = "workload") -> WorkloadSpec:

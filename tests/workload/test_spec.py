@@ -16,8 +16,8 @@ def test_the_paper_workload_as_configured_in_table5(llama13b):
     assert llama13b.decoder_table() is llama13b.table
 
 
-def test_overrides_take_dotted_keys_and_yaml_values():
-    spec = load_workload_spec("llama2-13b", {"training.batch_per_xpu": "4", "fidelity": "layer",
+def test_overrides_take_dotted_keys_and_typed_values():
+    spec = load_workload_spec("llama2-13b", {"training.batch_per_xpu": 4, "fidelity": "layer",
                                              "gradients.algorithm": "coherent_ring", "costs": "shape"})
     assert (spec.batch_per_xpu, spec.fidelity, spec.algorithm, spec.costs) == (4, "layer", "coherent_ring", "shape")
     assert spec.decoder_table().layers[-1].name == "add_mlp"
