@@ -26,7 +26,7 @@ from hcsim import __version__
 from hcsim.errors import ConfigError
 from hcsim.scenario import Scenario
 
-__all__ = ["Prepared", "prepare", "host_pairs", "execute", "run_here", "simulate", "simulate_graphs",
+__all__ = ["Prepared", "prepare", "host_pairs", "execute", "run_here", "simulate", "simulate_graphs", "total_runs",
            "write_outputs", "atomic_write"]
 
 log = logging.getLogger(__name__)
@@ -92,8 +92,10 @@ def host_pairs(platform: nx.Graph, workload: nx.DiGraph) -> set[tuple[str, str]]
     return pairs
 
 
-def execute(platform: nx.Graph, workload: nx.DiGraph, options, pairs=None):
-    """Compile `platform` for the pairs `workload` uses and run it here (once per process)."""
+def execute(platform: nx.Graph, workload: nx.DiGraph, options, pairs=None, progress=None):
+    """Compile `platform` for the pairs `workload` uses and run it here (once per process).
+
+    `progress(n)` is called as vertex runs complete (see :meth:`total_runs`)."""
     from hcsim.engine.backend import SimgridBackend
     from hcsim.engine.executor import Executor
     from hcsim.platform import compile_platform
@@ -104,7 +106,12 @@ def execute(platform: nx.Graph, workload: nx.DiGraph, options, pairs=None):
         xml = Path(folder) / "platform.xml"
         xml.write_text(compiled.xml)
         backend = SimgridBackend(xml)
-    return Executor(platform, workload, compiled.routes, backend, options).run()
+    return Executor(platform, workload, compiled.routes, backend, options, progress).run()
+
+
+def total_runs(workload: nx.DiGraph, iterations: int) -> int:
+    """How many vertex runs a simulation of `iterations` iterations completes."""
+    return iterations * sum(len(xpus) for _, xpus in workload.nodes(data="xpus"))
 
 
 def _execute_child(platform, workload, options) -> dict[str, Any]:
@@ -126,8 +133,11 @@ def simulate_graphs(platform: nx.Graph, workload: nx.DiGraph, options=None) -> d
         return pool.submit(_execute_child, platform, workload, options or RunOptions()).result()
 
 
-def run_here(scenario: Scenario, out: Path | None = None) -> dict[str, Any]:
-    """Run `scenario` in this process (SimGrid: once per process); write outputs to `out` if given."""
+def run_here(scenario: Scenario, out: Path | None = None, progress=None) -> dict[str, Any]:
+    """Run `scenario` in this process (SimGrid: once per process); write outputs to `out` if given.
+
+    `progress`, if given, is a factory called with the total number of vertex
+    runs; it returns a callable that receives how many more have completed."""
     from hcsim.engine.executor import RunOptions
 
     wall = time.perf_counter()
@@ -139,7 +149,8 @@ def run_here(scenario: Scenario, out: Path | None = None) -> dict[str, Any]:
                          local_access=scenario.local_access, xpu_fidelity=scenario.xpu_fidelity,
                          trace_xpus=traced,
                          trace_iterations=frozenset(scenario.trace_iterations) if scenario.trace_iterations else None)
-    outcome = execute(prepared.platform, prepared.workload, options, prepared.pairs)
+    update = progress(total_runs(prepared.workload, scenario.iterations)) if progress else None
+    outcome = execute(prepared.platform, prepared.workload, options, prepared.pairs, update)
     result = summarize(prepared, outcome, setup_s, time.perf_counter() - wall)
     if out is not None:
         write_outputs(Path(out), result, outcome.trace, prepared.platform)

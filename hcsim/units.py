@@ -94,6 +94,8 @@ def format_quantity(value: float, unit: str) -> str:
     '200 ns'
     """
     if unit == "s":
+        if abs(value) < 1e-12:  # below a picosecond: rounding noise of the simulation clock
+            return "0 s"
         for scale, name in _SUBSECOND:
             if abs(value) >= scale or scale == 1e-9:
                 return f"{value / scale:.4g} {name}"

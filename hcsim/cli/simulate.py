@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from hcsim.units import format_quantity
@@ -32,7 +33,19 @@ def run(args) -> int:
     from hcsim.simulation import run_here
 
     scenario = load_scenario(args.scenario, args.settings)
-    result = run_here(scenario, args.out)
+    bars = []
+
+    def progress(total: int):
+        from tqdm import tqdm
+
+        bars.append(tqdm(total=total, unit="run", desc="simulating", disable=None, leave=False, file=sys.stderr))
+        return bars[0].update
+
+    try:
+        result = run_here(scenario, args.out, progress)
+    finally:
+        for bar in bars:
+            bar.close()
     if args.json:
         print(json.dumps(result))
     else:

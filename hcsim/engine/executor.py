@@ -85,7 +85,10 @@ class _Vertex:
 class Executor:
     """Runs a workload graph on a compiled platform for some iterations."""
 
-    def __init__(self, platform: nx.Graph, workload: nx.DiGraph, routes: dict, backend: Backend, options: RunOptions):
+    def __init__(self, platform: nx.Graph, workload: nx.DiGraph, routes: dict, backend: Backend, options: RunOptions,
+                 progress=None):
+        """`progress`, if given, is called with the number of vertex runs done since its last call."""
+        self.progress = progress
         self.platform, self.workload, self.routes = platform, workload, routes
         self.backend, self.options = backend, options
         self.precision = workload.graph.get("precision", "fp32")
@@ -193,6 +196,8 @@ class Executor:
         if self.trace is not None:
             self.trace.vertex(run, vertex.xpus[rank], vertex.name, vertex.kind, start, now)
         self.completed_in_run[run] += 1
+        if self.progress is not None and self.completed_in_run[run] % 4096 == 0:
+            self.progress(4096)
         if self.completed_in_run[run] == self.total_instances:
             self.iteration_ends.append(now)
         xpu = vertex.xpus[rank]
