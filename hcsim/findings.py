@@ -19,9 +19,9 @@ out. Kinds:
 ``threshold``
     ``along``, ``flat_below``, ``steep_above``, ``scale`` (an axis): ``metric``
     moves by at most ``flat_tolerance`` (default 2 %) from the smallest value
-    up to `flat_below`; most of its loss over the range comes above
-    `steep_above`; the loss grows with `scale`, and at the largest scale is at
-    least ``min_loss`` (default 10 %).
+    up to `flat_below`; at the largest scale it has lost at least ``min_loss``
+    (default 10 %) at `steep_above`; its loss over the whole range grows with
+    `scale`. The detail names where the steepest drop is.
 
 ``metric`` defaults to ``batches_per_s``; ``where`` keeps only rows whose
 columns have the given values. Quantities are written with units
@@ -196,18 +196,19 @@ def _threshold(spec, rows, axes, metric):
             if len(xs) < 3 or not flat or not steep:
                 continue
             flat_change = ys[flat[-1]] / ys[0] - 1
-            loss = 1 - ys[-1] / ys[0]
-            above = (ys[steep[0]] - ys[-1]) / (ys[0] - ys[-1]) if ys[0] > ys[-1] else 1.0
-            losses.append((size, loss))
-            parts.append(f"{scale}={size}: {flat_change:+.2%} up to {flat_below:g}, "
-                         f"{-loss:+.1%} at {xs[-1]:g} ({above:.0%} of it above {steep_above:g})")
-            if abs(flat_change) > tolerance or above < 0.5:
-                failures.append(f"{_name(group)} {scale}={size}")
+            loss = 1 - ys[steep[0]] / ys[0]
+            worst = max(range(len(xs) - 1), key=lambda i: ys[i] - ys[i + 1])
+            losses.append((size, 1 - ys[-1] / ys[0], loss))
+            parts.append(f"{scale}={size}: {flat_change:+.2%} up to {flat_below:g}, {-loss:+.1%} at {xs[steep[0]]:g}, "
+                         f"{ys[-1] / ys[0] - 1:+.1%} at {xs[-1]:g} (steepest between {xs[worst]:g} and {xs[worst + 1]:g})")
+            if abs(flat_change) > tolerance:
+                failures.append(f"{_name(group)} {scale}={size}: not flat below {flat_below:g}")
         if len(losses) >= 2 and not (all(b[1] >= a[1] - 1e-9 for a, b in zip(losses, losses[1:]))
                                      and losses[-1][1] > losses[0][1]):
             failures.append(f"{_name(group)}: the loss does not grow with {scale}")
-        if losses and losses[-1][1] < min_loss:
-            failures.append(f"{_name(group)}: loss {losses[-1][1]:.1%} < {min_loss:.0%} at {scale}={losses[-1][0]}")
+        if losses and losses[-1][2] < min_loss:
+            failures.append(f"{_name(group)}: loss {losses[-1][2]:.1%} < {min_loss:.0%} at {steep_above:g}, "
+                            f"{scale}={losses[-1][0]}")
     if not parts:
         return False, f"no curve reaches both {flat_below:g} and {steep_above:g} in {along}"
     return not failures, "; ".join(parts) + (f". Fails: {'; '.join(failures)}" if failures else "")

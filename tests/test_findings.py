@@ -1,0 +1,80 @@
+"""The paper's qualitative findings, checked at reduced scale with real simulations.
+
+Each test takes a paper experiment from experiments/paper/, keeps its base
+scenario and its findings, and shrinks it: racks of one server (8 XPUs, set
+with ``platform_overrides: {rack.servers: 1}``) so that the second device
+type of a mixed system enters at 16 XPUs instead of 256, and scales of 4 to
+32 XPUs. The full-scale runs are ``hcsim sweep experiments/paper/NAME.yaml``;
+their summaries (experiments/paper/results/NAME.md) evaluate the same findings.
+"""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from hcsim.findings import evaluate
+from hcsim.sweep import Axis, load_experiment, read_results, run_sweep
+
+PAPER = Path(__file__).resolve().parents[1] / "experiments" / "paper"
+SMALL_RACKS = {"rack.servers": 1}  # 8 XPUs per rack (paper: 128)
+
+
+def reduced(name: str, axes: dict, findings: dict | None = None):
+    """The paper experiment `name` with racks of 8 XPUs, the given axes, and findings edited by index."""
+    experiment = load_experiment(PAPER / f"{name}.yaml")
+    base = {**experiment.base, "platform_overrides": {**experiment.base.get("platform_overrides", {}), **SMALL_RACKS}}
+    specs = [dict(spec) for spec in experiment.findings]
+    for index, changes in (findings or {}).items():
+        specs[index].update(changes)
+    return dataclasses.replace(
+        experiment, name=f"{name}-reduced", base=base, findings=tuple(specs),
+        axes=tuple(Axis(name=k, values=tuple(v), group=all(isinstance(x, dict) for x in v)) for k, v in axes.items()))
+
+
+def run_and_check(experiment, folder: Path):
+    report = run_sweep(experiment, folder, jobs=2, report=False)
+    assert report.failed == 0, [r["error"] for r in read_results(report.csv) if r["error"]]
+    rows = read_results(report.csv)
+    return [evaluate(spec, rows, experiment.axis_columns()) for spec in experiment.findings]
+
+
+@pytest.fixture(scope="module")
+def fig8(tmp_path_factory):
+    experiment = reduced("fig8", {"devices": [["H100"], ["H100", "A100"], ["H100", "V100"]], "coherent": [True, False],
+                                  "xpus": [4, 8, 16]},
+                         findings={1: {"from": 8, "to": 16}})  # the second device type enters with the second rack
+    return run_and_check(experiment, tmp_path_factory.mktemp("fig8"))
+
+
+def test_coherence_beats_no_coherence_at_every_scale_and_device_mix(fig8):
+    assert fig8[0].ok, fig8[0].detail
+
+
+def test_in_mixed_systems_throughput_per_xpu_drops_where_the_second_device_type_enters(fig8):
+    assert fig8[1].ok, fig8[1].detail
+
+
+def test_more_cxl_bandwidth_helps_with_diminishing_returns(tmp_path):
+    experiment = reduced("fig10", {"xpus": [8, 32],
+                                   "cxl_bandwidth": ["16GB/s", "32GB/s", "64GB/s", "128GB/s", "512GB/s"]},
+                         findings={1: {"from": 8, "to": 32}})
+    saturating, scaling = run_and_check(experiment, tmp_path)
+    assert saturating.ok, saturating.detail
+    assert scaling.ok, scaling.detail
+
+
+def test_latency_hardly_matters_below_1us_and_dominates_above_10us_more_so_at_larger_scale(tmp_path):
+    experiment = reduced("fig11", {"xpus": [8, 32], "cxl_latency": ["100ns", "1us", "10us", "100us"]})
+    (threshold,) = run_and_check(experiment, tmp_path)
+    assert threshold.ok, threshold.detail
+
+
+def test_the_coherent_ring_all_reduce_is_never_slower_than_the_ring(tmp_path):
+    systems = [{"label": "8 H100", "xpus": 8, "devices": ["H100"]},
+               {"label": "32 H100", "xpus": 32, "devices": ["H100"]},
+               {"label": "16 H100 + 16 A100", "xpus": 32, "devices": ["H100", "H100", "A100", "A100"]},
+               {"label": "16 H100 + 16 V100", "xpus": 32, "devices": ["H100", "H100", "V100", "V100"]}]
+    experiment = reduced("table6", {"cxl_latency": ["200ns"], "system": systems, "collective": ["ring", "coherent_ring"]})
+    (never_slower,) = run_and_check(experiment, tmp_path)
+    assert never_slower.ok, never_slower.detail
