@@ -1,0 +1,150 @@
+"""Compare collective algorithms over message and group sizes on the paper's topologies.
+
+Reads experiments/collectives.yaml; runs every (topology, group size,
+algorithm, size) point in a fresh process (one SimGrid Engine per process)
+with two workers; writes results/collectives.csv, results/collectives.md
+(a table for the README) and results/collectives.png/.svg (time and bus
+bandwidth against size, one column per topology).
+
+Usage: python experiments/collectives.py [experiments/collectives.yaml] [--out results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
+from pathlib import Path
+
+import yaml
+from tqdm import tqdm
+
+from hcsim.units import parse_quantity
+
+HERE = Path(__file__).resolve().parent
+
+
+def load(path: Path) -> dict:
+    """The experiment description with sizes in bytes."""
+    spec = yaml.safe_load(path.read_text())
+    spec["sizes"] = [parse_quantity(s, "size", f"collectives.yaml: sizes[{i}]") for i, s in enumerate(spec["sizes"])]
+    return spec
+
+
+def run_point(topology: str, n: int, collective: str, algorithm: str, size: float, fidelity: str,
+              step_limit: int) -> dict:
+    """One point in this (fresh) process: the collective alone on the first n XPUs of `topology`."""
+    from hcsim.engine.executor import RunOptions
+    from hcsim.platform import build_platform, load_platform_spec, xpus
+    from hcsim.simulation import execute
+    from hcsim.workload import add_comm, new_workload
+
+    wall = time.perf_counter()
+    platform = build_platform(load_platform_spec(topology, {}), xpus=n)
+    group = xpus(platform)[:n]
+    graph = new_workload(f"{collective}-{algorithm}")
+    add_comm(graph, "c", xpus=group, bytes=size, collective=collective, algorithm=algorithm, start=True)
+    outcome = execute(platform, graph, RunOptions(collective_fidelity=fidelity, step_limit=step_limit))
+    seconds = outcome.iteration_ends[0]
+    algbw = size / seconds
+    factor = 2 * (n - 1) / n if collective == "all_reduce" else (n - 1) / n
+    return {"topology": topology, "xpus": n, "collective": collective, "algorithm": algorithm, "bytes": size,
+            "fidelity": outcome.collective_fidelity.get("c", fidelity), "time_s": seconds, "algbw_Bps": algbw,
+            "busbw_Bps": algbw * factor, "activities": outcome.activities,
+            "wall_s": time.perf_counter() - wall}
+
+
+def run(spec: dict) -> list[dict]:
+    """Every point of `spec`, two at a time, each in a fresh process."""
+    points = [(t, n, spec["collective"], a, s, spec["fidelity"], spec["step_limit"])
+              for t in spec["topologies"] for n in spec["group_sizes"] for a in spec["algorithms"]
+              for s in spec["sizes"]]
+    rows = []
+    with ProcessPoolExecutor(max_workers=spec.get("workers", 2), mp_context=get_context("spawn"),
+                             max_tasks_per_child=1) as pool:
+        futures = [pool.submit(run_point, *p) for p in points]
+        for future in tqdm(as_completed(futures), total=len(futures), desc="collectives"):
+            rows.append(future.result())
+    return sorted(rows, key=lambda r: (r["topology"], r["xpus"], r["algorithm"], r["bytes"]))
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def markdown(rows: list[dict], spec: dict) -> str:
+    """Bus bandwidth (GB/s) per algorithm, topology, group size and message size."""
+    sizes = spec["sizes"]
+    lines = ["| topology | XPUs | algorithm | " + " | ".join(_size(s) for s in sizes) + " |",
+             "|---|---|---|" + "---|" * len(sizes)]
+    index = {(r["topology"], r["xpus"], r["algorithm"], r["bytes"]): r for r in rows}
+    for t in spec["topologies"]:
+        for n in spec["group_sizes"]:
+            for a in spec["algorithms"]:
+                cells = []
+                for s in sizes:
+                    r = index.get((t, n, a, s))
+                    cells.append(f"{r['time_s'] * 1e3:.3g} ms / {r['busbw_Bps'] / 1e9:.3g}" if r else "–")
+                lines.append(f"| {t} | {n} | {a} | " + " | ".join(cells) + " |")
+    return ("Time and bus bandwidth (GB/s) of one all-reduce, "
+            f"fidelity {spec['fidelity']} (step up to {spec['step_limit']} XPUs):\n\n" + "\n".join(lines) + "\n")
+
+
+def _size(size: float) -> str:
+    return f"{size / 1e9:g} GB" if size >= 1e9 else f"{size / 1e6:g} MB"
+
+
+def plot(rows: list[dict], spec: dict, stem: Path) -> None:
+    """Time and bus bandwidth against size; one column per topology, one line per (algorithm, XPUs)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    topologies = spec["topologies"]
+    fig, axes = plt.subplots(2, len(topologies), figsize=(6 * len(topologies), 9), squeeze=False)
+    styles = ["-", "--", ":", "-."]
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for col, t in enumerate(topologies):
+        for i, a in enumerate(spec["algorithms"]):
+            for j, n in enumerate(spec["group_sizes"]):
+                pts = sorted((r["bytes"], r["time_s"], r["busbw_Bps"]) for r in rows
+                             if r["topology"] == t and r["algorithm"] == a and r["xpus"] == n)
+                if not pts:
+                    continue
+                x = [p[0] for p in pts]
+                kw = dict(color=colors[i % len(colors)], linestyle=styles[j % len(styles)], marker=".")
+                axes[0][col].plot(x, [p[1] for p in pts], label=f"{a}, {n} XPUs", **kw)
+                axes[1][col].plot(x, [p[2] / 1e9 for p in pts], **kw)
+        axes[0][col].set(title=t, xscale="log", yscale="log", ylabel="time (s)")
+        axes[1][col].set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="bus bandwidth (GB/s)")
+        for ax in axes[:, col]:
+            ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    for ext in ("png", "svg"):
+        fig.savefig(stem.with_suffix(f".{ext}"), dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("spec", nargs="?", default=HERE / "collectives.yaml", type=Path)
+    parser.add_argument("--out", default=HERE.parent / "results", type=Path)
+    args = parser.parse_args()
+    spec = load(args.spec)
+    rows = run(spec)
+    write_csv(rows, args.out / "collectives.csv")
+    (args.out / "collectives.md").write_text(markdown(rows, spec))
+    plot(rows, spec, args.out / "collectives")
+    print(markdown(rows, spec))  # noqa: T201 (a script's report)
+
+
+if __name__ == "__main__":
+    main()
