@@ -140,6 +140,7 @@ def test_interrupted_write_leaves_the_old_file(tmp_path):
     [],
     ["--set", "coherent=false"],
     ["--set", "devices=[H100,V100]", "--set", "platform_overrides.rack.servers=1"],
+    ["--set", "collective_fidelity=flow"],  # flows into server-boundary XPUs share their CXL link with reads
 ])
 def test_representative_xpus_agree_with_all_xpus_within_one_percent(settings):
     times = {}

@@ -289,16 +289,27 @@ class Executor:
     # ---- representative XPUs ------------------------------------------------------------------------------
 
     def _representatives(self) -> dict[str, str]:
-        """Follower XPU -> its representative: the first XPU of each class of alike XPUs."""
+        """Follower XPU -> its representative: the first XPU of each class of alike XPUs.
+
+        Alike: same device and speed, same memory paths, same spilled vertices, and the same
+        collective paths in and out (so an XPU whose incoming ring transfer shares its memory
+        link is not represented by one whose transfer arrives over the XPU switch)."""
         compute = [v for v in self.vertices if v.kind == "compute"]
         nodes = self.platform.nodes
+        traffic: dict[str, set] = defaultdict(set)
+        for vertex in self.vertices:
+            if vertex.kind == "comm":
+                for s, d in vertex.algorithm.pairs():
+                    src, dst = vertex.xpus[s], vertex.xpus[d]
+                    traffic[src].add(("out", self._path(src, dst)))
+                    traffic[dst].add(("in", self._path(src, dst)))
         first: dict[tuple, str] = {}
         followers = {}
         for xpu in dict.fromkeys(x for v in compute for x in v.xpus):
             node = nodes[xpu]
             paths = tuple(self._path(node[key], xpu) if (node[key], xpu) in self.routes else None
                           for key in ("local_memory", "extended_memory"))
-            key = (node["device"], _speed(node, self.precision), paths,
+            key = (node["device"], _speed(node, self.precision), paths, tuple(sorted(traffic[xpu])),
                    tuple(xpu in v.data["spilled_xpus"] for v in compute))
             rep = first.setdefault(key, xpu)
             if rep != xpu:
