@@ -643,11 +643,11 @@ def write_report(experiment: Experiment, csv_path: Path, out: Path) -> list[Path
     outputs = plot_experiment(experiment, rows, out)
     findings = [evaluate(spec, rows, experiment.axis_columns()) for spec in experiment.findings]
     summary = out / f"{experiment.name}.md"
-    atomic_write(summary, _summary(experiment, rows, findings, outputs))
+    atomic_write(summary, _summary(experiment, rows, findings, outputs, out))
     return [*outputs, summary]
 
 
-def _summary(experiment: Experiment, rows: list[dict[str, Any]], findings, figures: list[Path]) -> str:
+def _summary(experiment: Experiment, rows: list[dict[str, Any]], findings, figures: list[Path], out: Path) -> str:
     ok = [r for r in rows if r["status"] == "ok"]
     failed = [r for r in rows if r["status"] != "ok"]
     lines = [f"# {experiment.name}", ""]
@@ -680,7 +680,7 @@ def _summary(experiment: Experiment, rows: list[dict[str, Any]], findings, figur
         lines += ["", "Failed points:", ""]
         lines += [f"- {_describe({c: r[c] for c in shown})}: {r['error']}" for r in failed]
     lines += ["", f"Columns and every metric: `{experiment.name}.csv` (`pandas.read_csv`). "
-              f"Regenerate with `hcsim sweep {experiment.path or experiment.name + '.yaml'} --resume`.", ""]
+              f"Regenerate with `hcsim sweep {experiment.path or experiment.name + '.yaml'} --out {out} --resume`.", ""]
     return "\n".join(lines)
 
 
