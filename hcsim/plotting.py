@@ -65,23 +65,31 @@ def check_plot(spec: dict[str, Any]) -> list[str]:
 def plot_experiment(experiment, rows: list[dict[str, Any]], out: Path) -> list[Path]:
     """Draw every plot of `experiment` from its result rows into `out`; return the files (PNG, SVG)."""
     files: list[Path] = []
+    points = experiment.points()
+    order = {c: list(dict.fromkeys(p.labels[c] for p in points)) for c in experiment.axis_columns()}
     for i, spec in enumerate(experiment.plots):
         stem = spec.get("name") or (experiment.name if i == 0 else f"{experiment.name}-{i + 1}")
-        files += plot_rows(rows, spec, Path(out) / stem)
+        files += plot_rows(rows, spec, Path(out) / stem, order)
     return files
 
 
-def plot_rows(rows: list[dict[str, Any]], spec: dict[str, Any], stem: Path) -> list[Path]:
-    """Draw one plot spec from result rows (failed points left out); write STEM.png and STEM.svg."""
+def plot_rows(rows: list[dict[str, Any]], spec: dict[str, Any], stem: Path,
+              order: dict[str, list[Any]] | None = None) -> list[Path]:
+    """Draw one plot spec from result rows (failed points left out); write STEM.png and STEM.svg.
+
+    `order` gives, per column, the order of its values in legends and panels (default: sorted numbers,
+    other values as they come).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rows = [r for r in rows if r.get("status") == "ok" and _selected(r, spec.get("where") or {})]
+    spec = {**spec, "_order": order or {}}
     series = [spec["series"]] if isinstance(spec.get("series"), str) else list(spec.get("series") or [])
     panel_key = spec.get("panels")
-    panels = _values(rows, panel_key) if panel_key else [None]
+    panels = _values(rows, panel_key, spec) if panel_key else [None]
     with plt.rc_context({"font.family": "serif", "font.size": 10, "axes.grid": True, "grid.alpha": 0.3,
                          "svg.hashsalt": "hcsim", "axes.spines.top": False, "axes.spines.right": False}):
         width = min(4.2 * len(panels), 14)
@@ -118,9 +126,12 @@ def _selected(row: dict[str, Any], where: dict[str, Any]) -> bool:
     return True
 
 
-def _values(rows: list[dict[str, Any]], key: str) -> list[Any]:
+def _values(rows: list[dict[str, Any]], key: str, spec: dict[str, Any]) -> list[Any]:
     values = list(dict.fromkeys(r[key] for r in rows))
-    numeric = all(isinstance(v, (int, float)) for v in values)
+    known = spec["_order"].get(key)
+    if known is not None:
+        return [v for v in known if v in values] + [v for v in values if v not in known]
+    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
     return sorted(values) if numeric else values
 
 
@@ -146,10 +157,10 @@ def _series_label(spec: dict[str, Any], series: list[str], combination: tuple) -
 def _lines(ax, rows, spec, series) -> None:
     x, y = spec["x"], spec["y"]
     scale = _SCALES.get(x, 1.0)
-    firsts = _values(rows, series[0]) if series else [None]
-    seconds = _values(rows, series[1]) if len(series) > 1 else [None]
+    firsts = _values(rows, series[0], spec) if series else [None]
+    seconds = _values(rows, series[1], spec) if len(series) > 1 else [None]
     combos = list(dict.fromkeys(tuple(r[k] for k in series) for r in rows))
-    combos.sort(key=lambda c: [(_values(rows, k).index(v)) for k, v in zip(series, c)])
+    combos.sort(key=lambda c: [_values(rows, k, spec).index(v) for k, v in zip(series, c)])
     for combo in combos:
         chosen = sorted((r for r in rows if tuple(r[k] for k in series) == combo), key=lambda r: r[x])
         colour = firsts.index(combo[0]) if series else 0
@@ -170,8 +181,9 @@ def _lines(ax, rows, spec, series) -> None:
 
 def _bars(ax, rows, spec, series) -> None:
     x, y = spec["x"], spec["y"]
-    categories = list(dict.fromkeys(r[x] for r in rows))
+    categories = _values(rows, x, spec)
     combos = list(dict.fromkeys(tuple(r[k] for k in series) for r in rows)) or [()]
+    combos.sort(key=lambda c: [_values(rows, k, spec).index(v) for k, v in zip(series, c)])
     width = 0.8 / len(combos)
     for i, combo in enumerate(combos):
         heights = []
