@@ -106,7 +106,20 @@ def _groups(rows, axes, exclude) -> dict[tuple, list[dict[str, Any]]]:
 
 
 def _name(group: tuple) -> str:
-    return ", ".join(f"{k}={v}" for k, v in group) or "all"
+    return ", ".join(f"{k}={_show(k, v)}" for k, v in group) or "all"
+
+
+def _show(column: str, value: Any) -> str:
+    """A value as people read it: 128 GB/s, 200 ns; others as they are."""
+    if column in _DIMENSIONS and isinstance(value, (int, float)):
+        from hcsim.units import format_quantity
+
+        return format_quantity(value, "B/s" if _DIMENSIONS[column] == "bandwidth" else "s").replace(" ", "")
+    return str(value)
+
+
+def _order(group: tuple) -> list:
+    return [(0, v, "") if isinstance(v, (int, float)) else (1, 0, str(v)) for _, v in group]
 
 
 def _equal(a: Any, b: Any) -> bool:
@@ -121,7 +134,7 @@ def _better(spec, rows, axes, metric):
     axis = spec["axis"]
     strict = spec.get("strict", True)
     ratios, failures = [], []
-    for group, members in sorted(_groups(rows, axes, {axis}).items(), key=lambda g: str(g[0])):
+    for group, members in sorted(_groups(rows, axes, {axis}).items(), key=lambda g: _order(g[0])):
         good, bad = _at(members, axis, spec["better"]), _at(members, axis, spec["worse"])
         if not good or not bad:
             continue
@@ -141,7 +154,7 @@ def _step(spec, rows, axes, metric):
     low, high = _value(spec, "from", along), _value(spec, "to", along)
     minimum = spec.get("min_change", 0.0)
     changes, failures = [], []
-    for group, members in sorted(_groups(rows, axes, {along}).items(), key=lambda g: str(g[0])):
+    for group, members in sorted(_groups(rows, axes, {along}).items(), key=lambda g: _order(g[0])):
         a, b = _at(members, along, low), _at(members, along, high)
         if not a or not b:
             continue
@@ -152,7 +165,7 @@ def _step(spec, rows, axes, metric):
             failures.append(_name(group))
     if not changes:
         return False, f"no rows at both {along}={low} and {along}={high}"
-    detail = f"{metric} from {along}={low} to {along}={high}: " + "; ".join(changes)
+    detail = f"{metric} from {along}={_show(along, low)} to {along}={_show(along, high)}: " + "; ".join(changes)
     return not failures, detail
 
 
@@ -165,7 +178,7 @@ def _saturating(spec, rows, axes, metric):
     along = spec["along"]
     min_gain = spec.get("min_gain", 0.01)
     parts, failures = [], []
-    for group, members in sorted(_groups(rows, axes, {along}).items(), key=lambda g: str(g[0])):
+    for group, members in sorted(_groups(rows, axes, {along}).items(), key=lambda g: _order(g[0])):
         xs, ys = _curve(members, along, metric)
         if len(xs) < 3:
             continue
@@ -174,7 +187,8 @@ def _saturating(spec, rows, axes, metric):
         lower, upper = ys[m] / ys[0] - 1, ys[-1] / ys[m] - 1
         monotone = all(b >= a * (1 - 1e-9) for a, b in zip(ys, ys[1:]))
         total = ys[-1] / ys[0] - 1
-        parts.append(f"{_name(group)}: +{total:.1%} in all, +{lower:.1%} up to {along}={xs[m]:g}, +{upper:.1%} above")
+        parts.append(f"{_name(group)}: +{total:.1%} in all, +{lower:.1%} up to {along}={_show(along, xs[m])}, "
+                     f"+{upper:.1%} above")
         if not (monotone and total > min_gain and upper < lower):
             failures.append(_name(group) + ("" if monotone else " (not monotone)"))
     if not parts:
@@ -187,7 +201,7 @@ def _threshold(spec, rows, axes, metric):
     flat_below, steep_above = _value(spec, "flat_below", along), _value(spec, "steep_above", along)
     tolerance, min_loss = spec.get("flat_tolerance", 0.02), spec.get("min_loss", 0.10)
     parts, failures = [], []
-    for group, members in sorted(_groups(rows, axes, {along, scale}).items(), key=lambda g: str(g[0])):
+    for group, members in sorted(_groups(rows, axes, {along, scale}).items(), key=lambda g: _order(g[0])):
         losses = []
         for size in sorted({r[scale] for r in members}):
             xs, ys = _curve(_at(members, scale, size), along, metric)
@@ -199,8 +213,10 @@ def _threshold(spec, rows, axes, metric):
             loss = 1 - ys[steep[0]] / ys[0]
             worst = max(range(len(xs) - 1), key=lambda i: ys[i] - ys[i + 1])
             losses.append((size, 1 - ys[-1] / ys[0], loss))
-            parts.append(f"{scale}={size}: {flat_change:+.2%} up to {flat_below:g}, {-loss:+.1%} at {xs[steep[0]]:g}, "
-                         f"{ys[-1] / ys[0] - 1:+.1%} at {xs[-1]:g} (steepest between {xs[worst]:g} and {xs[worst + 1]:g})")
+            show = lambda x: _show(along, x)  # noqa: E731
+            parts.append(f"{scale}={size}: {flat_change:+.2%} up to {show(flat_below)}, {-loss:+.1%} at "
+                         f"{show(xs[steep[0]])}, {ys[-1] / ys[0] - 1:+.1%} at {show(xs[-1])} "
+                         f"(steepest between {show(xs[worst])} and {show(xs[worst + 1])})")
             if abs(flat_change) > tolerance:
                 failures.append(f"{_name(group)} {scale}={size}: not flat below {flat_below:g}")
         if len(losses) >= 2 and not (all(b[1] >= a[1] - 1e-9 for a, b in zip(losses, losses[1:]))
