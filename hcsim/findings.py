@@ -9,6 +9,10 @@ out. Kinds:
     ``axis``, ``better``, ``worse``: in every group, ``metric`` at
     axis=better exceeds it at axis=worse (``strict: false``: is not below it,
     relative tolerance 1e-9).
+``close``
+    ``axis``, ``reference``, ``other``, ``tolerance`` (relative, default 1 %):
+    in every group, ``metric`` at axis=other is within `tolerance` of it at
+    axis=reference (a cheaper model against an exact one).
 ``step``
     ``along``, ``from``, ``to``, ``expect`` (lower | higher), ``min_change``
     (relative, default 0): ``metric`` changes that way between the two values.
@@ -39,11 +43,13 @@ __all__ = ["Finding", "evaluate", "check_spec", "KINDS"]
 
 KINDS = {
     "better": ("axis", "better", "worse"),
+    "close": ("axis", "reference", "other"),
     "step": ("along", "from", "to", "expect"),
     "saturating": ("along",),
     "threshold": ("along", "flat_below", "steep_above", "scale"),
 }
-_OPTIONAL = ("claim", "check", "metric", "where", "strict", "min_change", "min_gain", "flat_tolerance", "min_loss")
+_OPTIONAL = ("claim", "check", "metric", "where", "strict", "min_change", "min_gain", "flat_tolerance", "min_loss",
+             "tolerance")
 _DIMENSIONS = {"cxl_bandwidth": "bandwidth", "cxl_latency": "time"}
 
 
@@ -83,6 +89,11 @@ def evaluate(spec: dict[str, Any], rows: list[dict[str, Any]], axes: list[str]) 
 def _selected(row: dict[str, Any], where: dict[str, Any]) -> bool:
     for key, wanted in where.items():
         wanted = wanted if isinstance(wanted, list) else [wanted]
+        if key in _DIMENSIONS:
+            from hcsim.units import parse_quantity
+
+            wanted = [parse_quantity(w, _DIMENSIONS[key], f"findings.where.{key}") if isinstance(w, str) else w
+                      for w in wanted]
         if row.get(key) not in wanted and str(row.get(key)) not in map(str, wanted):
             return False
     return True
@@ -98,11 +109,26 @@ def _value(spec: dict[str, Any], key: str, column: str) -> Any:
 
 
 def _groups(rows, axes, exclude) -> dict[tuple, list[dict[str, Any]]]:
+    """Rows grouped by every axis column but `exclude` and the columns that vary with them (zip groups)."""
+    exclude = set(exclude) | {a for a in axes for e in exclude if _varies_with(rows, a, e)}
     keys = [a for a in axes if a not in exclude]
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         groups[tuple((k, row.get(k)) for k in keys)].append(row)
     return groups
+
+
+def _varies_with(rows, column: str, axis: str) -> bool:
+    """True when `column` takes several values, each fixed by the value of `axis` (set by the same zip group).
+
+    In a grid two independent axes never do, so this finds exactly a zip group's other columns.
+    """
+    seen: dict[str, Any] = {}
+    for row in rows:
+        value = seen.setdefault(str(row.get(axis)), row.get(column))
+        if value != row.get(column):
+            return False
+    return len({str(v) for v in seen.values()}) > 1
 
 
 def _name(group: tuple) -> str:
@@ -147,6 +173,24 @@ def _better(spec, rows, axes, metric):
     detail = (f"{metric} at {axis}={spec['better']} / at {axis}={spec['worse']}: "
               f"{min(ratios):.4g}x to {max(ratios):.4g}x over {len(ratios)} pairs")
     return not failures, detail + (f"; fails at {'; '.join(failures)}" if failures else "")
+
+
+def _close(spec, rows, axes, metric):
+    axis, tolerance = spec["axis"], spec.get("tolerance", 0.01)
+    errors, failures = [], []
+    for group, members in sorted(_groups(rows, axes, {axis}).items(), key=lambda g: _order(g[0])):
+        reference, other = _at(members, axis, spec["reference"]), _at(members, axis, spec["other"])
+        if not reference or not other:
+            continue
+        error = other[0][metric] / reference[0][metric] - 1
+        errors.append(abs(error))
+        if abs(error) > tolerance:
+            failures.append(f"{_name(group)}: {error:+.2%}")
+    if not errors:
+        return False, f"no pair of {axis}={spec['reference']} and {axis}={spec['other']} to compare"
+    detail = (f"{metric} at {axis}={spec['other']} against {axis}={spec['reference']}: at most "
+              f"{max(errors):.2%} apart over {len(errors)} pairs (tolerance {tolerance:.0%})")
+    return not failures, detail + (f"; off at {'; '.join(failures)}" if failures else "")
 
 
 def _step(spec, rows, axes, metric):
@@ -230,4 +274,4 @@ def _threshold(spec, rows, axes, metric):
     return not failures, "; ".join(parts) + (f". Fails: {'; '.join(failures)}" if failures else "")
 
 
-_CHECKS = {"better": _better, "step": _step, "saturating": _saturating, "threshold": _threshold}
+_CHECKS = {"better": _better, "close": _close, "step": _step, "saturating": _saturating, "threshold": _threshold}
