@@ -309,3 +309,20 @@ def test_matplotlib_is_imported_only_by_plotting_and_simgrid_never_by_sweeps():
             for name in names:
                 assert not name.startswith(("simgrid", "hcsim.engine")), f"{path.name} imports {name}"
                 assert path.name == "plotting.py" or not name.startswith("matplotlib"), f"{path.name} imports {name}"
+
+
+def test_close_compares_the_members_of_a_zip_group_against_a_reference():
+    rows = [{"status": "ok", "level": level, "fidelity": fidelity, "xpus": x, "batches_per_s": b}
+            for level, fidelity, x, b in [("exact", "layer", 8, 1.0), ("cheap", "decoder", 8, 1.004),
+                                          ("exact", "layer", 16, 2.0), ("cheap", "decoder", 16, 2.2)]]
+    spec = {"check": "close", "axis": "level", "reference": "exact", "other": "cheap", "tolerance": 0.01}
+    finding = evaluate(spec, rows, ["level", "fidelity", "xpus"])  # fidelity varies with level: not a group key
+    assert not finding.ok
+    assert "at most 10.00% apart over 2 pairs" in finding.detail and "xpus=16: +10.00%" in finding.detail
+
+
+def test_findings_read_quantities_in_where():
+    rows = [{"status": "ok", "coherent": c, "cxl_bandwidth": bw, "batches_per_s": b}
+            for c, bw, b in [(True, 32e9, 1.0), (False, 32e9, 2.0), (True, 128e9, 3.0), (False, 128e9, 2.0)]]
+    spec = {"check": "better", "axis": "coherent", "better": True, "worse": False, "where": {"cxl_bandwidth": "128GB/s"}}
+    assert evaluate(spec, rows, ["cxl_bandwidth", "coherent"]).ok
