@@ -20,6 +20,7 @@ stays light.
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -141,8 +142,9 @@ def _legend_text(spec: dict[str, Any], key: str, value: Any) -> str:
         if candidate in names:
             return str(names[candidate])
     if key in _SCALES and isinstance(value, (int, float)):
-        unit = "GB/s" if key == "cxl_bandwidth" else "us"
-        return f"{key.removeprefix('cxl_')} {value * _SCALES[key]:g} {unit}"
+        from hcsim.units import format_quantity
+
+        return f"{key.removeprefix('cxl_')} {format_quantity(value, 'B/s' if key == 'cxl_bandwidth' else 's')}"
     if key == "xpus":
         return f"{value} XPUs"
     if isinstance(value, bool):
@@ -195,6 +197,6 @@ def _bars(ax, rows, spec, series) -> None:
                       color=_COLOURS[i % len(_COLOURS)])
         ax.bar_label(bars, labels=[f"{h:.4g}" for h in heights], fontsize=7, padding=1)
     ax.set_xticks(range(len(categories)))
-    ax.set_xticklabels([str(c) for c in categories], fontsize=8)
+    ax.set_xticklabels([textwrap.fill(str(c), 12) for c in categories], fontsize=8)
     if spec.get("logy"):
         ax.set_yscale("log")
