@@ -326,3 +326,34 @@ def test_findings_read_quantities_in_where():
             for c, bw, b in [(True, 32e9, 1.0), (False, 32e9, 2.0), (True, 128e9, 3.0), (False, 128e9, 2.0)]]
     spec = {"check": "better", "axis": "coherent", "better": True, "worse": False, "where": {"cxl_bandwidth": "128GB/s"}}
     assert evaluate(spec, rows, ["cxl_bandwidth", "coherent"]).ok
+
+
+@pytest.fixture
+def fake_python(tmp_path, monkeypatch):
+    """Make run_point start a shell script of ours instead of Python."""
+    def install(body: str) -> None:
+        script = tmp_path / "python"
+        script.write_text(f"#!/bin/sh\n{body}\n")
+        script.chmod(0o755)
+        monkeypatch.setattr("hcsim.sweep.sys.executable", str(script))
+    return install
+
+
+def test_a_point_whose_process_crashes_is_an_error_naming_the_signal(fake_python):
+    from hcsim.scenario import Scenario
+    from hcsim.sweep import run_point
+
+    fake_python('echo "terminate called after throwing an instance of xbt::Exception" >&2; kill -SEGV $$')
+    result = run_point(Scenario(xpus=2))
+    assert result == {"error": "the simulation process died (signal SIGSEGV): "
+                               "terminate called after throwing an instance of xbt::Exception"}
+
+
+def test_a_point_that_runs_too_long_is_killed_and_recorded(fake_python):
+    from hcsim.scenario import Scenario
+    from hcsim.sweep import run_point
+
+    fake_python("exec sleep 30")
+    started = time.monotonic()
+    assert run_point(Scenario(xpus=2), timeout=0.5) == {"error": "timed out after 0.5 s"}
+    assert time.monotonic() - started < 10
