@@ -551,7 +551,7 @@ def run_sweep(experiment: Experiment, out: str | Path = "results", *, jobs: int 
     results = _ResultsFile(path, header)
     failures = 0
     try:
-        with _open_executor(executor, jobs) as (pool, children):
+        with _PointExecutor(executor, jobs) as (pool, children):
             futures: dict[Future, Point] = {
                 pool.submit(run_point, p.scenario, timeout, children.add if children is not None else None): p
                 for p in todo}
@@ -600,7 +600,7 @@ class _Children:
                     process.kill()
 
 
-class _open_executor:
+class _PointExecutor:
     """``local`` -> a thread pool of `jobs` threads; ``dask://HOST:PORT`` -> a Dask cluster's executor."""
 
     def __init__(self, spec: str, jobs: int):

@@ -61,7 +61,7 @@ def run(args) -> int:
 
 
 class _Progress:
-    """A tqdm bar weighted by each point's rough cost (XPUs x iterations), so its ETA is meaningful."""
+    """A tqdm bar weighted by each point's rough cost (Point.cost), so its estimate of the time left holds."""
 
     def __init__(self, enabled: bool):
         self.enabled, self.bar, self.done, self.failed, self.total = enabled, None, 0, 0, 0
@@ -71,7 +71,7 @@ class _Progress:
         if self.enabled and points:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=sum(p.cost for p in points), file=sys.stderr, unit="xpu-it", dynamic_ncols=True,
+            self.bar = tqdm(total=sum(p.cost for p in points), file=sys.stderr, dynamic_ncols=True,
                             bar_format="{desc} {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]")
             self._postfix()
 
