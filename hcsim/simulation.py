@@ -7,6 +7,7 @@ simulation in a fresh process (spawned, never forked) and returns plain data;
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -183,7 +184,8 @@ def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float) -> dic
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # Linux reports KiB
         "inputs": scenario.to_dict(),
         "inputs_hash": scenario.digest(),
-        "versions": {"hcsim": __version__, "simgrid": _simgrid_version(), "python": host_platform.python_version()},
+        "versions": {"hcsim": __version__, "source": _source_digest(), "simgrid": _simgrid_version(),
+                     "python": host_platform.python_version()},
     }
 
 
@@ -210,6 +212,16 @@ def _breakdown(prepared: Prepared, outcome, per_iteration: float) -> dict[str, d
     return table
 
 
+def _source_digest() -> str:
+    """A hash of hcsim's own source, so results of two code versions can be told apart."""
+    digest = hashlib.sha256()
+    package = Path(__file__).resolve().parent
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def _simgrid_version() -> str:
     from hcsim.engine.simgrid_loader import load
 
@@ -220,9 +232,12 @@ def atomic_write(path: Path, text: str) -> None:
     """Write `text` to `path` so that an interruption leaves the old file or none, never half of one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    umask = os.umask(0)
+    os.umask(umask)
     try:
         with os.fdopen(handle, "w") as stream:
             stream.write(text)
+        os.chmod(temporary, 0o666 & ~umask)  # mkstemp makes 0600; give it a plain new file's mode
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)

@@ -421,7 +421,6 @@ class _ResultsFile:
             from hcsim.simulation import atomic_write
 
             atomic_write(path, _csv_line(header))
-            _readable(path)
         self.fd = os.open(path, os.O_WRONLY | os.O_APPEND)
 
     def append(self, row: dict[str, Any]) -> None:
@@ -447,7 +446,6 @@ def _existing(path: Path, header: list[str]) -> dict[str, str]:
         text = text[: text.rfind("\n") + 1]
         log.warning("%s: dropped an incomplete last line", path)
         atomic_write(path, text)
-        _readable(path)
     reader = csv.reader(io.StringIO(text))
     found = next(reader, None)
     if found != header:
@@ -462,7 +460,6 @@ def _drop_rows(path: Path, keys: set[str]) -> None:
     lines = path.read_text().splitlines(keepends=True)
     keep = [lines[0]] + [line for line in lines[1:] if next(csv.reader([line]))[0] not in keys]
     atomic_write(path, "".join(keep))
-    _readable(path)
 
 
 def read_results(path: str | Path) -> list[dict[str, Any]]:
@@ -653,15 +650,7 @@ def write_report(experiment: Experiment, csv_path: Path, out: Path) -> list[Path
     findings = [evaluate(spec, rows, experiment.axis_columns()) for spec in experiment.findings]
     summary = out / f"{experiment.name}.md"
     atomic_write(summary, _summary(experiment, rows, findings, outputs, out))
-    _readable(summary)
     return [*outputs, summary]
-
-
-def _readable(path: Path) -> None:
-    """Give a file made by atomic_write (mkstemp: 0600) the permissions of a plain new file."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
 
 
 def _summary(experiment: Experiment, rows: list[dict[str, Any]], findings, figures: list[Path], out: Path) -> str:

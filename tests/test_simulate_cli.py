@@ -150,3 +150,14 @@ def test_representative_xpus_agree_with_all_xpus_within_one_percent(settings):
         assert done.returncode == 0, done.stderr
         times[level] = json.loads(done.stdout)["iteration_time_s"]
     assert times["representative"] == pytest.approx(times["all"], rel=0.01)
+
+
+def test_atomic_write_gives_a_plain_new_file_mode(tmp_path):
+    import os
+
+    umask = os.umask(0o022)
+    try:
+        atomic_write(tmp_path / "result.json", "{}")
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "result.json").stat().st_mode & 0o777 == 0o644
