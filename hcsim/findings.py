@@ -39,7 +39,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Finding", "evaluate", "check_spec", "KINDS"]
+__all__ = ["Finding", "evaluate", "check_spec", "selected", "KINDS"]
 
 KINDS = {
     "better": ("axis", "better", "worse"),
@@ -78,7 +78,7 @@ def check_spec(spec: dict[str, Any]) -> list[str]:
 
 def evaluate(spec: dict[str, Any], rows: list[dict[str, Any]], axes: list[str]) -> Finding:
     """Check one finding against result `rows`; `axes` are the experiment's axis columns."""
-    rows = [r for r in rows if r.get("status") == "ok" and _selected(r, spec.get("where") or {})]
+    rows = [r for r in rows if r.get("status") == "ok" and selected(r, spec.get("where") or {})]
     claim = spec.get("claim") or spec["check"]
     if not rows:
         return Finding(claim=claim, ok=False, detail="no results to check")
@@ -86,7 +86,8 @@ def evaluate(spec: dict[str, Any], rows: list[dict[str, Any]], axes: list[str]) 
     return Finding(claim=claim, ok=ok, detail=detail)
 
 
-def _selected(row: dict[str, Any], where: dict[str, Any]) -> bool:
+def selected(row: dict[str, Any], where: dict[str, Any]) -> bool:
+    """Whether a result row matches every `where` key (a value or a list; quantities may carry units)."""
     for key, wanted in where.items():
         wanted = wanted if isinstance(wanted, list) else [wanted]
         if key in _DIMENSIONS:

@@ -24,6 +24,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from hcsim.findings import selected
+
 __all__ = ["plot_experiment", "plot_rows", "check_plot", "PLOT_KEYS"]
 
 PLOT_KEYS = ("x", "y", "series", "panels", "kind", "logx", "logy", "where", "title", "xlabel", "ylabel",
@@ -86,7 +88,7 @@ def plot_rows(rows: list[dict[str, Any]], spec: dict[str, Any], stem: Path,
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in rows if r.get("status") == "ok" and _selected(r, spec.get("where") or {})]
+    rows = [r for r in rows if r.get("status") == "ok" and selected(r, spec.get("where") or {})]
     spec = {**spec, "_order": order or {}}
     series = [spec["series"]] if isinstance(spec.get("series"), str) else list(spec.get("series") or [])
     panel_key = spec.get("panels")
@@ -117,14 +119,6 @@ def plot_rows(rows: list[dict[str, Any]], spec: dict[str, Any], stem: Path,
         figure.savefig(files[1], metadata={"Date": None})
         plt.close(figure)
     return files
-
-
-def _selected(row: dict[str, Any], where: dict[str, Any]) -> bool:
-    for key, wanted in where.items():
-        wanted = wanted if isinstance(wanted, list) else [wanted]
-        if row.get(key) not in wanted and str(row.get(key)) not in map(str, wanted):
-            return False
-    return True
 
 
 def _values(rows: list[dict[str, Any]], key: str, spec: dict[str, Any]) -> list[Any]:
