@@ -157,15 +157,20 @@ def _at(rows, column, value):
     return [r for r in rows if _equal(r[column], value)]
 
 
+def _pairs(rows, axes, axis, first, second):
+    """(group, row at axis=first, row at axis=second) for every group of rows that has both."""
+    for group, members in sorted(_groups(rows, axes, {axis}).items(), key=lambda g: _order(g[0])):
+        a, b = _at(members, axis, first), _at(members, axis, second)
+        if a and b:
+            yield group, a[0], b[0]
+
+
 def _better(spec, rows, axes, metric):
     axis = spec["axis"]
     strict = spec.get("strict", True)
     ratios, failures = [], []
-    for group, members in sorted(_groups(rows, axes, {axis}).items(), key=lambda g: _order(g[0])):
-        good, bad = _at(members, axis, spec["better"]), _at(members, axis, spec["worse"])
-        if not good or not bad:
-            continue
-        ratio = good[0][metric] / bad[0][metric]
+    for group, good, bad in _pairs(rows, axes, axis, spec["better"], spec["worse"]):
+        ratio = good[metric] / bad[metric]
         ratios.append(ratio)
         if not (ratio > 1 if strict else ratio >= 1 - 1e-9):
             failures.append(f"{_name(group)}: {ratio:.4f}x")
@@ -179,11 +184,8 @@ def _better(spec, rows, axes, metric):
 def _close(spec, rows, axes, metric):
     axis, tolerance = spec["axis"], spec.get("tolerance", 0.01)
     errors, failures = [], []
-    for group, members in sorted(_groups(rows, axes, {axis}).items(), key=lambda g: _order(g[0])):
-        reference, other = _at(members, axis, spec["reference"]), _at(members, axis, spec["other"])
-        if not reference or not other:
-            continue
-        error = other[0][metric] / reference[0][metric] - 1
+    for group, reference, other in _pairs(rows, axes, axis, spec["reference"], spec["other"]):
+        error = other[metric] / reference[metric] - 1
         errors.append(abs(error))
         if abs(error) > tolerance:
             failures.append(f"{_name(group)}: {error:+.2%}")
