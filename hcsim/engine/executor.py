@@ -70,7 +70,7 @@ class RunResult:
 
 class _Vertex:
     __slots__ = ("name", "index", "kind", "xpus", "pos", "data", "preds", "succs", "offset", "uniform", "algorithm",
-                 "fidelity", "ready_ranks")
+                 "fidelity")
 
     def __init__(self, name, index, data, pos, offset):
         self.name, self.index, self.data = name, index, data
