@@ -10,16 +10,21 @@ numbers up; a rank may have empty steps). Rank r starts step s+1 when its
 step s has ended (all its sends done and all its receives arrived), as real
 implementations do; this is the ``step`` fidelity.
 
+An algorithm may have several lanes (NCCL's channels): independent step
+sequences per rank, the rank done when all are (:attr:`Algorithm.lanes`).
+
 The ``flow`` fidelity stands in at scale (:meth:`Algorithm.flow_phases`):
 consecutive steps with the same pattern (the same transfers, pair by pair)
-merge into one phase in which each pair carries the sum of its bytes in one
-transfer; a phase starts once the phase before it has ended everywhere, and
-ends when its last transfer has ended plus the latency its merged steps would
-have paid ((steps - 1) x the phase's largest route latency). A ring is one
-phase of n transfers instead of 2n(n-1); recursive halving-doubling has
-2·log2(n) phases; a pipeline merges its steady state. Steps that differ stay
-apart, so the bottleneck of each step is charged where the step model charges
-it, and the ranks are in lock step, which is where the two fidelities differ.
+merge into one phase (:class:`FlowPhase`) in which each pair carries the sum
+of its bytes in one transfer; a phase starts once the phase before it has
+ended everywhere, and ends when its transfers, stretched by the latency their
+merged steps would have paid, have ended (or, for a pipeline, when the last
+chunk has gone through). A ring is one phase of n transfers instead of
+2n(n-1); recursive halving-doubling has 2·log2(n) phases. Steps that differ
+stay apart, so the bottleneck of each step is charged where the step model
+charges it, and the ranks are in lock step, which is where the two fidelities
+differ. An algorithm without an aggregated model (the double binary tree)
+runs its steps at both fidelities.
 
 Message size ``S`` (the vertex's ``bytes``) follows nccl-tests: the buffer of
 one rank for all-reduce and broadcast, the whole (gathered) buffer for
@@ -78,7 +83,7 @@ from dataclasses import dataclass
 
 from hcsim.errors import ConfigError
 
-__all__ = ["Algorithm", "Step", "register", "get_algorithm", "algorithms", "server_groups", "DEFAULT_ALGORITHM"]
+__all__ = ["Algorithm", "Step", "FlowPhase", "register", "get_algorithm", "algorithms", "server_groups", "DEFAULT_ALGORITHM"]
 
 _REGISTRY: dict[tuple[str, str], type["Algorithm"]] = {}
 
@@ -92,6 +97,30 @@ class Step:
 
     sends: tuple[tuple[int, float], ...]
     recvs: tuple[int, ...]
+
+
+Transfer = tuple[tuple[int, int], float]  # ((src, dst), bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class FlowPhase:
+    """One phase of the ``flow`` fidelity: transfers that run side by side, one per pair.
+
+    Each transfer stands for `steps` steps (or pipeline chunks) of its pair.
+    With its measured duration d and route latency α, one step of it takes
+    t = α + (d - α)/steps. `feeds` makes the phase a pipeline: feeds[i] lists
+    the transfers (indices below i) whose chunks transfer i forwards, so its
+    first chunk leaves when theirs have arrived (fill_i = max(fill_f + t_f))
+    and its last one after theirs (F_i = max(max F_f + t_i, fill_i + steps·t_i)).
+    Without feeds every F_i = d_i + (steps - 1)·α_i: the lock step of merged
+    steps. The phase ends at the largest F_i. Phases of one `lane` run one
+    after the other; lanes run side by side.
+    """
+
+    transfers: tuple[Transfer, ...]
+    steps: int
+    feeds: tuple[tuple[int, ...], ...] = ()
+    lane: int = 0
 
 
 _IDLE = Step(sends=(), recvs=())
@@ -111,6 +140,9 @@ class Algorithm:
 
     name = ""
     collective = ""
+    lanes = 1
+    """Independent step sequences per rank (NCCL's channels): a rank's lanes advance on their own and the
+    rank is done when all of them are. An algorithm with several implements lane_steps and lane_step."""
 
     def __init__(self, ranks: int, size: float, groups: Sequence[Sequence[int]] | None = None):
         if ranks < 1:
@@ -129,6 +161,14 @@ class Algorithm:
         """Step `index` (0-based) of `rank`."""
         raise NotImplementedError
 
+    def lane_steps(self, rank: int, lane: int) -> int:
+        """Number of steps of `rank` in `lane` (one lane: :meth:`steps`)."""
+        return self.steps(rank)
+
+    def lane_step(self, rank: int, index: int, lane: int) -> Step:
+        """Step `index` of `rank` in `lane` (one lane: :meth:`step`)."""
+        return self.step(rank, index)
+
     def pairs(self) -> set[tuple[int, int]]:
         """Every (src, dst) pair of ranks that exchanges data."""
         return set(self.flows())
@@ -136,37 +176,36 @@ class Algorithm:
     def flows(self) -> dict[tuple[int, int], float]:
         """Bytes per (src, dst) pair summed over all steps."""
         total: dict[tuple[int, int], float] = defaultdict(float)
-        for rank, step in self._all_steps():
-            for dst, size in step.sends:
-                total[rank, dst] += size
+        for lane in range(self.lanes):
+            for rank in range(self.ranks):
+                for index in range(self.lane_steps(rank, lane)):
+                    for dst, size in self.lane_step(rank, index, lane).sends:
+                        total[rank, dst] += size
         return dict(total)
 
-    def flow_phases(self) -> list[tuple[list[tuple[tuple[int, int], float]], int]]:
-        """The ``flow`` fidelity's phases: ([((src, dst), bytes), ...] sorted, number of steps merged).
+    def flow_phases(self) -> list[FlowPhase] | None:
+        """The ``flow`` fidelity's phases (:class:`FlowPhase`), lane by lane; None: no aggregated model
+        (the step schedule runs at both fidelities).
 
         Consecutive step indices whose transfers are the same (pair and bytes)
-        merge; a pair's bytes in a phase are summed. Steps in which nobody
-        sends are dropped.
+        merge into one phase of that many steps; a pair's bytes in a phase are
+        summed. Steps in which nobody sends are dropped.
         """
-        phases: list[tuple[list[tuple[tuple[int, int], float]], int]] = []
-        previous = None
-        for index in range(max((self.steps(r) for r in range(self.ranks)), default=0)):
-            pattern = tuple(sorted(((r, dst), size) for r in range(self.ranks) if index < self.steps(r)
-                                   for dst, size in self.step(r, index).sends))
-            if not pattern:
-                continue
-            if pattern == previous:
-                transfers, count = phases[-1]
-                phases[-1] = (transfers, count + 1)
-            else:
-                phases.append((list(pattern), 1))
-                previous = pattern
-        return [([(pair, size * count) for pair, size in transfers], count) for transfers, count in phases]
-
-    def _all_steps(self):
-        for rank in range(self.ranks):
-            for index in range(self.steps(rank)):
-                yield rank, self.step(rank, index)
+        phases: list[FlowPhase] = []
+        for lane in range(self.lanes):
+            merged: list[list] = []  # [pattern, count]
+            for index in range(max((self.lane_steps(r, lane) for r in range(self.ranks)), default=0)):
+                pattern = tuple(sorted(((r, dst), size) for r in range(self.ranks) if index < self.lane_steps(r, lane)
+                                       for dst, size in self.lane_step(r, index, lane).sends))
+                if not pattern:
+                    continue
+                if merged and merged[-1][0] == pattern:
+                    merged[-1][1] += 1
+                else:
+                    merged.append([pattern, 1])
+            phases += [FlowPhase(tuple((pair, size * count) for pair, size in pattern), count, lane=lane)
+                       for pattern, count in merged]
+        return phases
 
 
 def register(cls: type[Algorithm]) -> type[Algorithm]:
@@ -250,34 +289,45 @@ def _chunks(size: float, chunk_bytes: float, max_chunks: int) -> int:
 
 
 class _Table(Algorithm):
-    """An algorithm whose schedule is built once in __init__ as per-rank lists of steps."""
+    """An algorithm whose schedule is built once in __init__ as per-lane, per-rank lists of steps."""
 
     def __init__(self, ranks, size, groups=None):
         super().__init__(ranks, size, groups)
-        self._sends: list[dict[int, dict[int, float]]] = [defaultdict(lambda: defaultdict(float)) for _ in range(ranks)]
-        self._recvs: list[dict[int, set[int]]] = [defaultdict(set) for _ in range(ranks)]
-        self._length = 0
+        self._sends = defaultdict(lambda: defaultdict(float))  # (lane, src, step) -> {dst: bytes}
+        self._recvs = defaultdict(set)  # (lane, dst, step) -> {src}
+        self._length = [0] * self.lanes
         self.build()
-        self._table = [[Step(sends=tuple(sorted(self._sends[r][s].items())), recvs=tuple(sorted(self._recvs[r][s])))
-                        if (s in self._sends[r] or s in self._recvs[r]) else _IDLE for s in range(self._length)]
-                       for r in range(ranks)]
+        self._table = [[[self._entry(lane, r, s) for s in range(self._length[lane])] for r in range(ranks)]
+                       for lane in range(self.lanes)]
         del self._sends, self._recvs
+
+    def _entry(self, lane: int, rank: int, step: int) -> Step:
+        key = (lane, rank, step)
+        if key not in self._sends and key not in self._recvs:
+            return _IDLE
+        return Step(sends=tuple(sorted(self._sends.get(key, {}).items())), recvs=tuple(sorted(self._recvs.get(key, ()))))
 
     def build(self) -> None:
         """Fill the schedule with :meth:`send`."""
         raise NotImplementedError
 
-    def send(self, step: int, src: int, dst: int, size: float) -> None:
-        """`src` sends `size` bytes to `dst` in `step` (merged with other sends of the pair in that step)."""
-        self._sends[src][step][dst] += size
-        self._recvs[dst][step].add(src)
-        self._length = max(self._length, step + 1)
+    def send(self, step: int, src: int, dst: int, size: float, lane: int = 0) -> None:
+        """`src` sends `size` bytes to `dst` in `step` of `lane` (merged with other sends of the pair there)."""
+        self._sends[lane, src, step][dst] += size
+        self._recvs[lane, dst, step].add(src)
+        self._length[lane] = max(self._length[lane], step + 1)
 
     def steps(self, rank: int) -> int:
-        return self._length
+        return self._length[0]
 
     def step(self, rank: int, index: int) -> Step:
-        return self._table[rank][index]
+        return self._table[0][rank][index]
+
+    def lane_steps(self, rank: int, lane: int) -> int:
+        return self._length[lane]
+
+    def lane_step(self, rank: int, index: int, lane: int) -> Step:
+        return self._table[lane][rank][index]
 
 
 # ---- rings ----------------------------------------------------------------------------------------------------
@@ -300,8 +350,8 @@ class _Ring(Algorithm):
         n = self.ranks
         return {(r, (r + 1) % n): self.rounds * (n - 1) * self.size / n for r in range(n)} if n > 1 else {}
 
-    def flow_phases(self) -> list[tuple[list[tuple[tuple[int, int], float]], int]]:
-        return [(sorted(self.flows().items()), self.steps(0))] if self.ranks > 1 else []
+    def flow_phases(self) -> list[FlowPhase]:
+        return [FlowPhase(tuple(sorted(self.flows().items())), self.steps(0))] if self.ranks > 1 else []
 
 
 @register
@@ -462,69 +512,20 @@ def _inorder_parents(n: int) -> list[int]:
     return parents
 
 
-@register
-class DoubleBinaryTreeAllReduce(_Table):
-    """NCCL's double binary tree: two complementary trees each reduce then broadcast half of S.
-
-    Tree A is the in-order binary tree over ranks 0..n-1; tree B is the same
-    tree over ranks shifted by one (n odd) or mirrored (n even), so a rank is
-    an inner node in at most one tree. Each tree carries S/2 in C chunks of
-    c = S/(2C) (``chunks``: ceil(S / chunk_bytes) between 1 and max_chunks;
-    chunk_bytes = 4 MiB, max_chunks = 32 by default; subclass to change).
-
-    Schedule (one chunk per tree edge per step): reduce: a node of height h
-    (leaves 0) sends chunk j to its parent in step h + j; broadcast, after all
-    reduces (R = H + C - 1 steps, H the larger root height): a node of depth d
-    sends chunk j to its children in step R + d + j. Reduce and broadcast do
-    not overlap, so at most two transfers share a link direction.
-
-    Closed form when both trees are complete (n = 2^(D+1) - 1, depth D): every
-    reduce transfer shares its parent's downlink with its sibling's, every
-    broadcast transfer its parent's uplink with its sibling's, and no link
-    carries more than two, so every step lasts α + 2c/B and the ranks stay in
-    lock step: 2(D + C - 1)·(α + S/(C·B)). Other n: some parents have one
-    child and those transfers run faster.
-
-    Flow fidelity merges the steady-state steps (all tree edges busy) into one
-    phase; fill and drain steps stay apart.
-    """
-
-    name, collective = "double_binary_tree", "all_reduce"
-    chunk_bytes = 4 * 2**20
-    max_chunks = 32
-
-    def build(self) -> None:
-        n = self.ranks
-        self.chunks = c = _chunks(self.size / 2, self.chunk_bytes, self.max_chunks)
-        if n < 2:
-            return
-        positions = _inorder_parents(n)
-        if n % 2:
-            rank_of = [(q - 1) % n for q in range(n)]  # tree B: position q holds rank q - 1 (shift)
-        else:
-            rank_of = [n - 1 - q for q in range(n)]  # tree B: mirrored
-        trees = []
-        for mapping in (list(range(n)), rank_of):
-            parent = {mapping[q]: (mapping[p] if p >= 0 else -1) for q, p in enumerate(positions)}
-            trees.append(parent)
-        shapes = [_shape(parent) for parent in trees]
-        reduce_steps = max(height[root] for height, _, root in shapes) + c - 1
-        self.pipeline_steps = reduce_steps + max(max(depth.values()) for _, depth, _ in shapes) + c - 1
-        chunk = self.size / (2 * c)
-        for parent, (height, depth, _) in zip(trees, shapes):
-            for node, up in sorted(parent.items()):
-                if up < 0:
-                    continue
-                for j in range(c):
-                    self.send(height[node] + j, node, up, chunk)
-                    self.send(reduce_steps + depth[up] + j, up, node, chunk)
+@dataclass(frozen=True, slots=True)
+class _Tree:
+    parent: dict[int, int]  # rank -> parent rank (-1: the root)
+    children: dict[int, list[int]]
+    height: dict[int, int]  # leaves 0
+    depth: dict[int, int]  # root 0
+    root: int
 
 
-def _shape(parent: dict[int, int]) -> tuple[dict[int, int], dict[int, int], int]:
-    """Height (leaves 0) and depth (root 0) of every node of a tree given by parents, and the root."""
+def _tree(parent: dict[int, int]) -> _Tree:
+    """A tree given by parents, with every node's height and depth."""
     children: dict[int, list[int]] = defaultdict(list)
     root = -1
-    for node, up in parent.items():
+    for node, up in sorted(parent.items()):
         if up < 0:
             root = node
         else:
@@ -539,7 +540,74 @@ def _shape(parent: dict[int, int]) -> tuple[dict[int, int], dict[int, int], int]
     height: dict[int, int] = {}
     for node in reversed(order):
         height[node] = 1 + max((height[c] for c in children[node]), default=-1)
-    return height, depth, root
+    return _Tree(parent, dict(children), height, depth, root)
+
+
+@register
+class DoubleBinaryTreeAllReduce(_Table):
+    """NCCL's double binary tree: two complementary trees each reduce then broadcast half of S.
+
+    Tree A is the in-order binary tree over ranks 0..n-1; tree B is the same
+    tree over ranks shifted by one (n odd) or mirrored (n even), so a rank is
+    an inner node in at most one tree. Each tree carries S/2 in C chunks of
+    c = S/(2C) (``chunks``: ceil(S / chunk_bytes) between 1 and max_chunks;
+    chunk_bytes = 4 MiB, max_chunks = 32 by default; subclass to change).
+
+    Each tree is a lane of its own (NCCL runs them on separate channels).
+    Schedule of a tree (one chunk per tree edge per step): reduce: a node of
+    height h (leaves 0) sends chunk j to its parent in step h + j; broadcast,
+    after its reduce (R = H + C - 1 steps, H the root's height): a node of
+    depth d sends chunk j to its children in step R + d + j.
+
+    Closed form when both trees are complete (n = 2^(D+1) - 1, depth D): every
+    reduce transfer shares its parent's downlink with its sibling's, every
+    broadcast transfer its parent's uplink with its sibling's, and no link
+    carries more than two, so every step lasts α + 2c/B and the ranks stay in
+    lock step: 2(D + C - 1)·(α + S/(C·B)). Other n: some parents have one
+    child and those transfers run faster.
+
+    Both fidelities run this schedule (see :meth:`flow_phases`).
+    """
+
+    name, collective = "double_binary_tree", "all_reduce"
+    chunk_bytes = 4 * 2**20
+    max_chunks = 32
+    lanes = 2
+
+    def build(self) -> None:
+        n = self.ranks
+        self.chunks = c = _chunks(self.size / 2, self.chunk_bytes, self.max_chunks)
+        self.trees: list[_Tree] = []
+        if n < 2:
+            return
+        positions = _inorder_parents(n)
+        if n % 2:
+            rank_of = [(q - 1) % n for q in range(n)]  # tree B: position q holds rank q - 1 (shift)
+        else:
+            rank_of = [n - 1 - q for q in range(n)]  # tree B: mirrored
+        for mapping in (list(range(n)), rank_of):
+            self.trees.append(_tree({mapping[q]: (mapping[p] if p >= 0 else -1) for q, p in enumerate(positions)}))
+        chunk = self.size / (2 * c)
+        for lane, tree in enumerate(self.trees):
+            reduce_steps = tree.height[tree.root] + c - 1
+            for node, up in sorted(tree.parent.items()):
+                if up < 0:
+                    continue
+                for j in range(c):
+                    self.send(tree.height[node] + j, node, up, chunk, lane)
+                    self.send(reduce_steps + tree.depth[up] + j, up, node, chunk, lane)
+
+    def flow_phases(self) -> None:
+        """None: no aggregated model of the tree held 1% against its step schedule under contention.
+
+        Measured on paper-cxl (16..64 XPUs, 1 MB..1 GB): lock-step phases with the
+        steady state merged were off by -14%..+18%; one pipelined transfer per tree
+        edge (FlowPhase feeds) by up to +56%: in step fidelity a rank's chunk
+        waits for the slower of its send and its receive, so which flows overlap
+        on a shared link changes chunk by chunk, and no static set of flows
+        reproduces it. The step schedule is 4(n-1)·C transfers, linear in n.
+        """
+        return None
 
 
 # ---- all-to-all, broadcast, p2p ---------------------------------------------------------------------------------
@@ -586,19 +654,18 @@ class PipelinedRingBroadcast(_Table):
             for j in range(c):
                 self.send(i + j, i, i + 1, self.size / c)
 
-    def flow_phases(self) -> list[tuple[list[tuple[tuple[int, int], float]], int]]:
-        """The first chunk hop by hop (the pipeline's fill), then the other C-1 chunks on every hop at once.
+    def flow_phases(self) -> list[FlowPhase]:
+        """One pipeline phase: every hop carries S at once, hop i fed by hop i-1.
 
         Lock-stepping the fill and drain steps would charge every step the
         slowest hop active in it, while the step fidelity's ranks run ahead of
-        slow hops downstream of them: fill + (C-1) x the slowest hop, as here.
+        slow hops downstream of them: fill + (C-1) x the slowest hop, as the
+        pipeline rule of :class:`FlowPhase` gives.
         """
-        n, c = self.ranks, self.chunks
-        chunk = self.size / c
-        phases = [([((i, i + 1), chunk)], 1) for i in range(n - 1)]
-        if c > 1 and n > 1:
-            phases.append(([((i, i + 1), chunk * (c - 1)) for i in range(n - 1)], c - 1))
-        return phases
+        if self.ranks < 2:
+            return []
+        hops = tuple(((i, i + 1), self.size) for i in range(self.ranks - 1))
+        return [FlowPhase(hops, self.chunks, feeds=((),) + tuple((i,) for i in range(self.ranks - 2)))]
 
 
 @register

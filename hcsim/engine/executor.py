@@ -18,6 +18,7 @@ All mutable state of a run lives in one Executor; ``run()`` returns plain data.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from hcsim.engine.backend import Backend
-from hcsim.engine.collectives import get_algorithm, server_groups
+from hcsim.engine.collectives import FlowPhase, get_algorithm, server_groups
 from hcsim.engine.trace import TraceRecorder
 from hcsim.platform.routes import route_bandwidth, route_latency
 
@@ -70,7 +71,7 @@ class RunResult:
 
 class _Vertex:
     __slots__ = ("name", "index", "kind", "xpus", "pos", "data", "preds", "succs", "offset", "uniform", "algorithm",
-                 "fidelity")
+                 "fidelity", "phases")
 
     def __init__(self, name, index, data, pos, offset):
         self.name, self.index, self.data = name, index, data
@@ -143,6 +144,10 @@ class Executor:
         fidelity = self.options.collective_fidelity
         if fidelity == "auto":
             fidelity = "step" if len(vertex.xpus) <= self.options.step_limit else "flow"
+        if fidelity == "flow":
+            vertex.phases = vertex.algorithm.flow_phases()
+            if vertex.phases is None:  # no aggregated model: the step schedule stands in
+                fidelity = "step"
         vertex.fidelity = fidelity
         self.fidelity_used[vertex.name] = fidelity
 
@@ -389,10 +394,11 @@ class _CollectiveRun:
         self.executor, self.vertex, self.run = executor, vertex, run
         self.algorithm = vertex.algorithm
         self.start = {}
-        self.step = {}
+        self.step = {}  # (rank, lane) -> its current step index
         self.current = {}
         self.sends_left = {}
-        self.arrived: dict[tuple[int, int], int] = defaultdict(int)
+        self.lanes_left = {}
+        self.arrived: dict[tuple[int, int, int], int] = defaultdict(int)  # (rank, lane, step) -> receives
         self.finished = 0
 
     def xpu(self, rank: int) -> str:
@@ -404,79 +410,107 @@ class _CollectiveRun:
             if len(self.start) == self.algorithm.ranks:
                 self._start_flows()
             return
-        self.step[rank] = -1
-        self._advance(rank)
+        self.lanes_left[rank] = self.algorithm.lanes
+        for lane in range(self.algorithm.lanes):
+            self.step[rank, lane] = -1
+            self._advance(rank, lane)
 
-    # step fidelity: rank r starts step s+1 once its step s sends are done and its receives arrived
-    def _advance(self, rank: int) -> None:
+    # step fidelity: a rank's lane starts step s+1 once its step s sends are done and its receives arrived
+    def _advance(self, rank: int, lane: int) -> None:
+        key = (rank, lane)
         while True:
-            index = self.step[rank] + 1
-            if index >= self.algorithm.steps(rank):
-                self._finish(rank)
+            index = self.step[key] + 1
+            if index >= self.algorithm.lane_steps(rank, lane):
+                self.step[key] = math.inf
+                self.lanes_left[rank] -= 1
+                if self.lanes_left[rank] == 0:
+                    self._finish(rank)
                 return
-            step = self.algorithm.step(rank, index)
-            self.step[rank] = index
-            self.current[rank] = step
-            self.sends_left[rank] = len(step.sends)
+            step = self.algorithm.lane_step(rank, index, lane)
+            self.step[key] = index
+            self.current[key] = step
+            self.sends_left[key] = len(step.sends)
             for dst, size in step.sends:
-                self._send(rank, dst, index, size)
-            if not self._step_complete(rank):
+                self._send(rank, dst, lane, index, size)
+            if not self._step_complete(key):
                 return
 
-    def _step_complete(self, rank: int) -> bool:
-        return self.sends_left[rank] == 0 and self.arrived[rank, self.step[rank]] >= len(self.current[rank].recvs)
+    def _step_complete(self, key: tuple[int, int]) -> bool:
+        return self.sends_left[key] == 0 and self.arrived[(*key, self.step[key])] >= len(self.current[key].recvs)
 
-    def _send(self, rank: int, dst: int, index: int, size: float) -> None:
+    def _send(self, rank: int, dst: int, lane: int, index: int, size: float) -> None:
         executor = self.executor
         tracing = executor.trace is not None and executor.trace.wants(self.xpu(rank), self.run)
 
         def done():
-            self.sends_left[rank] -= 1
-            self.arrived[dst, index] += 1
-            for who in (rank, dst):
-                if who in self.step and self.step[who] == index and self._step_complete(who):
-                    self._advance(who)
+            self.sends_left[rank, lane] -= 1
+            self.arrived[dst, lane, index] += 1
+            for key in ((rank, lane), (dst, lane)):
+                if self.step.get(key) == index and self._step_complete(key):
+                    self._advance(*key)
 
         executor._transfer(self.xpu(rank), self.xpu(dst), size, done, tracing, self.run, self.vertex.name)
 
     def _finish(self, rank: int) -> None:
-        self.step[rank] = float("inf")
         self.finished += 1
         self.executor._complete(self.vertex, rank, self.run, self.start[rank])
         if self.finished == self.algorithm.ranks:
             self.executor.collective_done(self.vertex, self.run)
 
-    # flow fidelity: phases of merged steps (Algorithm.flow_phases), one after the other; a phase of k steps
-    # ends when its transfers have ended plus (k - 1) x its largest route latency
+    # flow fidelity: each lane's phases (Algorithm.flow_phases) one after the other, the lanes side by side;
+    # a phase ends when FlowPhase's rule says, from its transfers' measured durations
     def _start_flows(self) -> None:
-        self.phases = self.algorithm.flow_phases()
-        self.latencies: dict[tuple[int, int], float] = {}
-        self._next_phase(0)
+        lanes: dict[int, list[FlowPhase]] = defaultdict(list)
+        for phase in self.vertex.phases:
+            if phase.transfers:
+                lanes[phase.lane].append(phase)
+        self.lanes_busy = len(lanes)
+        if not lanes:
+            self._flows_done()
+        for phases in lanes.values():
+            self._next_phase(phases, 0)
 
-    def _next_phase(self, index: int) -> None:
-        executor = self.executor
-        if index == len(self.phases):
-            for rank in range(self.algorithm.ranks):
-                self._finish(rank)
+    def _flows_done(self) -> None:
+        for rank in range(self.algorithm.ranks):
+            self._finish(rank)
+
+    def _next_phase(self, phases: list[FlowPhase], index: int) -> None:
+        if index == len(phases):
+            self.lanes_busy -= 1
+            if self.lanes_busy == 0:
+                self._flows_done()
             return
-        transfers, steps = self.phases[index]
-        for pair, _ in transfers:
-            if pair not in self.latencies:
-                self.latencies[pair] = executor.latency(self.xpu(pair[0]), self.xpu(pair[1]))
-        extra = (steps - 1) * max(self.latencies[pair] for pair, _ in transfers)
-        left = [len(transfers)]
+        executor, phase = self.executor, phases[index]
+        begin = executor.backend.now()
+        durations = [0.0] * len(phase.transfers)
+        left = [len(phase.transfers)]
 
-        def flow_done():
+        def flow_done(i):
+            durations[i] = executor.backend.now() - begin
             left[0] -= 1
             if left[0] == 0:
+                extra = begin + self._phase_time(phase, durations) - executor.backend.now()
                 if extra > 0:
-                    executor.backend.delay(extra, lambda: self._next_phase(index + 1))
+                    executor.backend.delay(extra, lambda: self._next_phase(phases, index + 1))
                 else:
-                    self._next_phase(index + 1)
+                    self._next_phase(phases, index + 1)
 
-        for (src, dst), size in transfers:
+        for i, ((src, dst), size) in enumerate(phase.transfers):
             tracing = executor.trace is not None and executor.trace.wants(self.xpu(src), self.run)
-            executor._transfer(self.xpu(src), self.xpu(dst), size, flow_done, tracing, self.run, self.vertex.name)
+            executor._transfer(self.xpu(src), self.xpu(dst), size, lambda i=i: flow_done(i), tracing, self.run,
+                               self.vertex.name)
+
+    def _phase_time(self, phase: FlowPhase, durations: list[float]) -> float:
+        """How long `phase` lasts by FlowPhase's rule, given its transfers' durations."""
+        k = phase.steps
+        step, fill, last = [], [], []
+        for i, ((src, dst), _) in enumerate(phase.transfers):
+            alpha = self.executor.latency(self.xpu(src), self.xpu(dst))
+            step.append(alpha + (durations[i] - alpha) / k)
+            feeds = phase.feeds[i] if phase.feeds else ()
+            fill.append(max((fill[f] + step[f] for f in feeds), default=0.0))
+            last.append(max(max((last[f] for f in feeds), default=0.0) + step[i], fill[i] + k * step[i]))
+        return max(last)
 
 
 def _speed(node: dict, precision: str) -> float:
