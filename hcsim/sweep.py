@@ -335,7 +335,7 @@ def run_point(scenario: Scenario, timeout: float | None = None,
             return json.loads(target.read_text())
         code = process.returncode
         cause = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-        lines = [line for line in stderr.splitlines() if line.strip() and "[xbt_cfg/INFO]" not in line]
+        lines = [line for line in stderr.splitlines() if line.strip()]
         return {"error": f"the simulation process died ({cause})" + (f": {lines[-1].strip()}" if lines else "")}
 
 

@@ -4,12 +4,18 @@ The extension built by ``pip install simgrid`` has no RPATH to
 ``libsimgrid.so.4.1`` (installed beside it in site-packages or in the
 environment's lib/), so ``import simgrid`` fails unless that library is loaded
 first. We load it with RTLD_GLOBAL, then import the module.
+
+Importing it prints ``[xbt_cfg/INFO] Configuration change: Set
+'contexts/factory' to 'thread'`` on standard error, before any option can
+lower the log level; the import runs with file descriptor 2 on /dev/null.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
+import os
 import sys
 import sysconfig
 from pathlib import Path
@@ -30,12 +36,26 @@ def load():
             ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
             break
     try:
-        import simgrid
+        with _quiet_stderr():
+            import simgrid
     except ImportError as err:
         raise SimulationError(
             f"cannot import SimGrid ({err}); run `make setup` (or `pip install simgrid==4.1` "
             "with PIP_CONSTRAINT pointing at constraints.txt)") from err
     return simgrid
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _candidate_folders() -> list[Path]:

@@ -120,6 +120,8 @@ def _structured(spec: PlatformSpec, count: int) -> nx.Graph:
         rack_xpus.append(in_rack)
     if spec.coherent:
         add_cxl_fabric(graph, rack_xpus, spec.cxl, links)
+        if spec.cxl.xpu_traffic == "fabric":
+            graph.graph["avoid_links"] = ("eth",)
     return graph
 
 

@@ -8,6 +8,10 @@ pair (latency, -bottleneck) in lexicographic order; both criteria are
 monotone along a path, which is what Dijkstra needs. Latencies are summed as
 integer femtoseconds so that equal paths compare equal.
 
+A graph may name link kinds that routes never take (``graph.graph["avoid_links"]``:
+a coherent platform with ``cxl.xpu_traffic: fabric`` avoids ``eth``, so XPUs
+talk over CXL even where Ethernet is faster).
+
 Routes pass through transit nodes only (switches, NICs, CPUs by default: see
 :func:`hcsim.platform.topology.is_transit`), with one exception: a host
 forwards between the fabric and a memory it owns (``xpu3.hbm -> xpu3 ->
@@ -53,11 +57,11 @@ def shortest_routes(graph: nx.Graph, source: str, targets: Iterable[str]) -> dic
         else:
             wanted.add(target)
     if wanted:
-        routes.update(_dijkstra(graph, source, wanted))
+        routes.update(_dijkstra(graph, source, wanted, frozenset(graph.graph.get("avoid_links", ()))))
     return routes
 
 
-def _dijkstra(graph: nx.Graph, source: str, targets: set[str]) -> dict[str, list[str]]:
+def _dijkstra(graph: nx.Graph, source: str, targets: set[str], avoid: frozenset = frozenset()) -> dict[str, list[str]]:
     adjacency = graph._adj  # read-only fast path; networkx documents _adj as the adjacency store
     nodes = graph._node
     best = {source: (0, float("-inf"))}
@@ -79,7 +83,7 @@ def _dijkstra(graph: nx.Graph, source: str, targets: set[str]) -> dict[str, list
         for neighbour, link in adjacency[node].items():
             if neighbour in settled:
                 continue
-            if own_only and nodes[neighbour].get("owner") != node:
+            if (own_only and nodes[neighbour].get("owner") != node) or link["kind"] in avoid:
                 continue
             key = (dist + round(link["latency"] * _FS), max(neg_bottleneck, -link["bandwidth"]))
             if neighbour not in best or key < best[neighbour]:
@@ -88,7 +92,8 @@ def _dijkstra(graph: nx.Graph, source: str, targets: set[str]) -> dict[str, list
                 heapq.heappush(heap, (*key, counter, neighbour))
                 counter += 1
     if remaining:
-        raise TopologyError(f"no route from {source!r} to {', '.join(map(repr, sorted(remaining)))}")
+        without = f" without {'/'.join(sorted(avoid))} links" if avoid else ""
+        raise TopologyError(f"no route{without} from {source!r} to {', '.join(map(repr, sorted(remaining)))}")
     return {target: _walk_back(parent, target) for target in targets}
 
 

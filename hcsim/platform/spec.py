@@ -43,6 +43,7 @@ __all__ = [
 # Links every structured spec names (paper Table 5 plus the ones the paper leaves open).
 TABLE5_LINKS = ("tor_to_l1", "nic_to_tor", "upi", "pcie", "xpu_link", "cxl", "hbm", "dram")
 TYPE3_ATTACH = ("switch", "xpu")
+XPU_TRAFFIC = ("shortest", "fabric")
 UNBOUNDED = ("unbounded", "inf")
 
 
@@ -94,6 +95,7 @@ class CxlSpec:
     radix: int
     type3_attach: str
     type3_capacity: Bytes
+    xpu_traffic: str = "shortest"  # "fabric": routes never take Ethernet (XPUs talk over CXL only)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -272,6 +274,7 @@ def _cxl(fields: Fields) -> CxlSpec | None:
         radix=fields.number("radix", kind=int, minimum=2),
         type3_attach=fields.choice("type3_attach", TYPE3_ATTACH),
         type3_capacity=_capacity(fields, "type3_capacity"),
+        xpu_traffic=fields.choice("xpu_traffic", XPU_TRAFFIC, default="shortest"),
     )
     fields.check_unknown()
     return None if None in values.values() else CxlSpec(**values)

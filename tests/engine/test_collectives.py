@@ -295,6 +295,39 @@ def test_a_user_algorithm_runs_by_name():
     assert math.isclose(seconds["star"], A + (n - 1) * size / B, rel_tol=1e-6)
 
 
+class _Relay(Algorithm):
+    """Rank 0 sends S to rank 1 in step 0; rank 1 sends S to rank 2 in step 1, in lane `relay_lane`.
+
+    In one lane rank 1 forwards after its receive: 2(α + S/B). In a lane of its own rank 1's send does
+    not wait (the two transfers use different directions of rank 1's link): α + S/B.
+    """
+
+    name, collective, lanes, relay_lane = "test_relay", "broadcast", 2, 1
+
+    def lane_steps(self, rank, lane):
+        return 2
+
+    def lane_step(self, rank, index, lane):
+        if lane == 0 and index == 0 and rank in (0, 1):
+            return Step(sends=((1, self.size),), recvs=()) if rank == 0 else Step(sends=(), recvs=(0,))
+        if lane == self.relay_lane and index == 1 and rank in (1, 2):
+            return Step(sends=((2, self.size),), recvs=()) if rank == 1 else Step(sends=(), recvs=(1,))
+        return Step(sends=(), recvs=())
+
+
+class _OneLaneRelay(_Relay):
+    name, relay_lane = "test_relay_one_lane", 0
+
+
+def test_lanes_advance_independently():
+    size = 1e8
+    items = [("lanes", "broadcast", f"{__name__}:_Relay", size),
+             ("one", "broadcast", f"{__name__}:_OneLaneRelay", size)]
+    seconds = _durations(single_switch(4, H100), ["xpu0", "xpu1", "xpu2"], items, "xpu3", "step")
+    assert math.isclose(seconds["lanes"], A + size / B, rel_tol=1e-6)
+    assert math.isclose(seconds["one"], 2 * (A + size / B), rel_tol=1e-6)
+
+
 # ---- flow fidelity against step fidelity on the paper's topologies (heterogeneous links) ------------------------
 
 AGREEMENT = [(c, name) for c, name in ALL if c != "p2p"]

@@ -5,7 +5,7 @@ import random
 import networkx as nx
 import pytest
 
-from hcsim.errors import TopologyError
+from hcsim.errors import ConfigError, TopologyError
 from hcsim.platform import build_platform, load_platform_spec, route_bandwidth, route_latency, shortest_routes
 from hcsim.platform.pairs import data_parallel_pairs
 from hcsim.platform.topology import is_transit
@@ -103,3 +103,21 @@ def test_unreachable_target_is_a_topology_error(catalog):
     graph.add_node("island", kind="memory", capacity=1.0, role="dram", owner=None)
     with pytest.raises(TopologyError, match=r"no route from 'xpu0' to 'island'"):
         _route(graph, "xpu0", "island")
+
+
+@pytest.mark.parametrize("policy,takes_ethernet", [("shortest", True), ("fabric", False)])
+def test_xpu_traffic_policy_decides_whether_slow_cxl_gives_way_to_ethernet(policy, takes_ethernet):
+    cxl = 20e-6  # per CXL link: xpu0 -> leaf -> xpu8 is 40 us, the Ethernet detour about 11 us
+    spec = load_platform_spec("paper-cxl", {"xpus": 16, "links.cxl.latency": "20us", "cxl.xpu_traffic": policy})
+    graph = build_platform(spec)
+    route = _route(graph, "xpu0", "xpu8")
+    kinds = {graph.edges[u, v]["kind"] for u, v in zip(route, route[1:])}
+    assert ("eth" in kinds) == takes_ethernet
+    if not takes_ethernet:
+        assert route_latency(graph, route) == pytest.approx(2 * cxl)
+    assert _route(graph, "xpu0", "xpu0.cxl")[-1] == "xpu0.cxl"  # memory routes are unaffected
+
+
+def test_xpu_traffic_policy_is_validated():
+    with pytest.raises(ConfigError, match=r"cxl.xpu_traffic: 'fabrik' is not one of shortest, fabric"):
+        load_platform_spec("paper-cxl", {"cxl.xpu_traffic": "fabrik"})
