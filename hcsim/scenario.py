@@ -137,7 +137,7 @@ def _from_mapping(data: dict, where: str, base: str) -> Scenario:
     values["coherent"] = fields.flag("coherent", None) if fields.raw("coherent") is not None else None
     values["cxl_bandwidth"] = fields.quantity("cxl_bandwidth", "bandwidth", default.cxl_bandwidth)
     values["cxl_latency"] = fields.quantity("cxl_latency", "time", default.cxl_latency)
-    values["collective"] = fields.string("collective", None)
+    values["collective"] = _collective(fields)
     values["collective_fidelity"] = fields.choice("collective_fidelity", FIDELITIES, default.collective_fidelity)
     values["step_limit"] = fields.number("step_limit", default.step_limit, kind=int, minimum=1)
     values["local_access"] = fields.choice("local_access", ("analytic", "simulated"), default.local_access)
@@ -157,6 +157,16 @@ def _from_mapping(data: dict, where: str, base: str) -> Scenario:
         values[key] = {str(k): v for k, v in value.items()}
     fields.done()
     return Scenario(**values)
+
+
+def _collective(fields: Fields) -> str | None:
+    """An all-reduce algorithm: a registered name, or "package.module:Class" (checked where it is imported)."""
+    from hcsim.engine.collectives import algorithms
+
+    name = fields.string("collective", None)
+    if name is None or ":" in name:
+        return name
+    return fields.choice("collective", algorithms()["all_reduce"], None)
 
 
 def _devices(fields: Fields):

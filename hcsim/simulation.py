@@ -63,13 +63,18 @@ def prepare(scenario: Scenario) -> Prepared:
     workload_spec = load_workload_spec(resolve_spec(scenario.workload, "workloads", base), scenario.workload_settings())
     workload = build_training_graph(workload_spec, xpus)
     validate_workload(workload, xpus)
+    coherent = bool(graph.graph.get("coherent"))
+    if not coherent and any(a == "coherent_ring" for _, a in workload.nodes(data="algorithm")):
+        raise ConfigError(f"scenario {scenario.name!r}: collective: coherent_ring keeps the reduced shards in "
+                          f"coherent memory, which this platform (coherent: false) does not have; fix: set "
+                          f"coherent: true, or collective: ring")
     nodes = graph.nodes
     capacities = {x: nodes[nodes[x]["local_memory"]]["capacity"] for x in xpus}
     extended = {x: nodes[nodes[x]["extended_memory"]]["capacity"] if nodes[x]["extended_memory"] else 0.0
                 for x in xpus}
     placement = place_memory(workload, capacities, workload_spec, extended)
     pairs = host_pairs(graph, workload)
-    return Prepared(scenario, graph, workload, placement, xpus, pairs, bool(graph.graph.get("coherent")))
+    return Prepared(scenario, graph, workload, placement, xpus, pairs, coherent)
 
 
 def host_pairs(platform: nx.Graph, workload: nx.DiGraph) -> set[tuple[str, str]]:

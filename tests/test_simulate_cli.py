@@ -100,6 +100,10 @@ def test_coherence_beats_no_coherence_at_small_scale():
     (["--set", "cxl_bandwidth=128"], r"cxl_bandwidth: 128 has no unit"),
     (["--set", "platform=no-such-platform"], r"no-such-platform: no such file"),
     (["--set", "xpus=2", "--set", "platform_overrides.cxl.type3_capacity=1GiB"], r"does not fit even with spilling"),
+    (["--set", "collective=rign"], r"collective: 'rign' is not one of .*\(did you mean 'ring'\?\)"),
+    (["--set", "collective=coherent_ring", "--set", "coherent=false"],
+     r"collective: coherent_ring keeps the reduced shards in coherent memory.*coherent: false"),
+    (["--set", "xpus=12", "--set", "collective=halving_doubling"], r"halving_doubling.*power-of-two group, got 12"),
 ])
 def test_bad_input_gets_one_clear_line(settings, message):
     done = hcsim("simulate", *settings)
