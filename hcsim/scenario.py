@@ -21,6 +21,7 @@ from hcsim.errors import ConfigError
 __all__ = ["Scenario", "load_scenario", "apply_settings", "SCENARIO_KEYS"]
 
 FIDELITIES = ("step", "flow", "auto")
+RING_ORDERS = ("topology", "interleaved")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,6 +37,8 @@ class Scenario:
     cxl_bandwidth: float | None = 128e9  # B/s per direction; None: the platform spec's
     cxl_latency: float | None = 200e-9  # s; None: the platform spec's
     collective: str | None = None  # all-reduce algorithm (ring, coherent_ring, ...); None: the workload's
+    ring_order: str | tuple[str, ...] = "topology"  # rank order of the collectives' groups: topology
+    # (neighbours in a server adjacent), interleaved (consecutive ranks on different servers) or XPU names
     collective_fidelity: str = "auto"  # step | flow | auto (step up to step_limit ranks)
     step_limit: int = 64
     local_access: str = "analytic"  # analytic | simulated: see hcsim.engine.executor.RunOptions
@@ -79,8 +82,8 @@ class Scenario:
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
-        for key in ("devices", "trace_iterations"):
-            if data[key] is not None:
+        for key in ("devices", "trace_iterations", "ring_order"):
+            if isinstance(data[key], tuple):
                 data[key] = list(data[key])
         return data
 
@@ -138,6 +141,7 @@ def _from_mapping(data: dict, where: str, base: str) -> Scenario:
     values["cxl_bandwidth"] = fields.quantity("cxl_bandwidth", "bandwidth", default.cxl_bandwidth)
     values["cxl_latency"] = fields.quantity("cxl_latency", "time", default.cxl_latency)
     values["collective"] = _collective(fields)
+    values["ring_order"] = _ring_order(fields)
     values["collective_fidelity"] = fields.choice("collective_fidelity", FIDELITIES, default.collective_fidelity)
     values["step_limit"] = fields.number("step_limit", default.step_limit, kind=int, minimum=1)
     values["local_access"] = fields.choice("local_access", ("analytic", "simulated"), default.local_access)
@@ -167,6 +171,17 @@ def _collective(fields: Fields) -> str | None:
     if name is None or ":" in name:
         return name
     return fields.choice("collective", algorithms()["all_reduce"], None)
+
+
+def _ring_order(fields: Fields) -> str | tuple[str, ...]:
+    value = fields.raw("ring_order")
+    if isinstance(value, list) and value and all(isinstance(x, str) for x in value):
+        return tuple(value)
+    if value is None or value in RING_ORDERS:
+        return value or "topology"
+    fields.problems.append(f"{fields.path('ring_order')}: expected {' or '.join(RING_ORDERS)} or a list of XPU "
+                           f"names, got {value!r}")
+    return "topology"
 
 
 def _devices(fields: Fields):

@@ -61,7 +61,7 @@ def prepare(scenario: Scenario) -> Prepared:
     graph = build_platform(platform_spec, scenario.xpus)
     xpus = platform_xpus(graph)[: scenario.xpus]
     workload_spec = load_workload_spec(resolve_spec(scenario.workload, "workloads", base), scenario.workload_settings())
-    workload = build_training_graph(workload_spec, xpus)
+    workload = build_training_graph(workload_spec, rank_order(graph, xpus, scenario))
     validate_workload(workload, xpus)
     coherent = bool(graph.graph.get("coherent"))
     if not coherent and any(a == "coherent_ring" for _, a in workload.nodes(data="algorithm")):
@@ -75,6 +75,26 @@ def prepare(scenario: Scenario) -> Prepared:
     placement = place_memory(workload, capacities, workload_spec, extended)
     pairs = host_pairs(graph, workload)
     return Prepared(scenario, graph, workload, placement, xpus, pairs, coherent)
+
+
+def rank_order(platform: nx.Graph, xpus: list[str], scenario: Scenario) -> list[str]:
+    """The XPUs in the rank order of the collectives (scenario.ring_order), `xpus` being in topology order."""
+    order = scenario.ring_order
+    if order == "topology":
+        return xpus
+    if order == "interleaved":  # round robin over the servers: rank i+1 is on another server than rank i
+        by_server: dict[object, list[str]] = {}
+        for xpu in xpus:
+            by_server.setdefault(platform.nodes[xpu].get("server"), []).append(xpu)
+        columns = list(by_server.values())
+        return [column[i] for i in range(max(map(len, columns))) for column in columns if i < len(column)]
+    if sorted(order) != sorted(xpus):
+        missing, extra = sorted(set(xpus) - set(order)), sorted(set(order) - set(xpus))
+        raise ConfigError(f"scenario {scenario.name!r}: ring_order: must list each of the {len(xpus)} XPUs once"
+                          + (f"; missing {', '.join(missing[:5])}" if missing else "")
+                          + (f"; not in this run: {', '.join(extra[:5])}" if extra else "")
+                          + ("" if missing or extra else "; some are listed twice"))
+    return list(order)
 
 
 def host_pairs(platform: nx.Graph, workload: nx.DiGraph) -> set[tuple[str, str]]:
