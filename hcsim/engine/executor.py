@@ -71,7 +71,7 @@ class RunResult:
 
 class _Vertex:
     __slots__ = ("name", "index", "kind", "xpus", "pos", "data", "preds", "succs", "offset", "uniform", "algorithm",
-                 "fidelity", "phases")
+                 "fidelity", "phases", "required")
 
     def __init__(self, name, index, data, pos, offset):
         self.name, self.index, self.data = name, index, data
@@ -79,8 +79,8 @@ class _Vertex:
         self.xpus = data["xpus"]
         self.pos = pos  # xpu -> rank index, shared by vertices with the same xpus
         self.offset = offset
-        self.preds: list[tuple[_Vertex, int]] = []
-        self.succs: list[tuple[_Vertex, int]] = []
+        self.preds: list[tuple[_Vertex, int, bool]] = []  # (vertex, skip_first_iteration, disjoint xpus)
+        self.succs: list[tuple[_Vertex, int, bool]] = []
 
 
 class Executor:
@@ -126,11 +126,16 @@ class Executor:
             vertices.append(vertex)
             by_name[name] = vertex
         for u, v, skip in graph.edges(data="skip_first_iteration"):
-            by_name[v].preds.append((by_name[u], int(bool(skip))))
-            by_name[u].succs.append((by_name[v], int(bool(skip))))
+            before, after = by_name[u], by_name[v]
+            edge = (int(bool(skip)), not set(before.xpus) & set(after.xpus))  # (skip, disjoint)
+            after.preds.append((before, *edge))
+            before.succs.append((after, *edge))
         for vertex in vertices:
-            vertex.succs.sort(key=lambda pair: pair[0].index)
-            vertex.uniform = all(u.xpus == vertex.xpus or not (set(u.xpus) & set(vertex.xpus)) for u, _ in vertex.preds)
+            vertex.succs.sort(key=lambda edge: edge[0].index)
+            vertex.uniform = all(u.xpus == vertex.xpus or disjoint for u, _, disjoint in vertex.preds)
+            if vertex.uniform:  # every rank waits for the same count: (run 1, later runs)
+                vertex.required = tuple(sum(len(u.xpus) if disjoint else 1 for u, skip, disjoint in vertex.preds
+                                            if later or not skip) for later in (False, True))
             if vertex.kind == "comm":
                 self._prepare_collective(vertex)
         return vertices
@@ -155,14 +160,16 @@ class Executor:
 
     def _required(self, vertex: _Vertex, rank: int, run: int) -> int:
         """How many predecessor completions instance (vertex, rank) needs for `run`."""
+        if vertex.uniform:
+            return vertex.required[run > 1]
         xpu = vertex.xpus[rank]
         count = 0
-        for pred, skip in vertex.preds:
+        for pred, skip, disjoint in vertex.preds:
             if run == 1 and skip:
                 continue
             if xpu in pred.pos:
                 count += 1
-            elif vertex.uniform or not (set(pred.xpus) & set(vertex.xpus)):
+            elif disjoint:
                 count += len(pred.xpus)
         return count
 
@@ -206,13 +213,13 @@ class Executor:
         if self.completed_in_run[run] == self.total_instances:
             self.iteration_ends.append(now)
         xpu = vertex.xpus[rank]
-        for succ, skip in vertex.succs:
+        for succ, skip, disjoint in vertex.succs:
             target = run + skip
             if target > self.options.iterations:
                 continue
             if xpu in succ.pos:
                 self._notify(succ, succ.pos[xpu], target)
-            elif not (set(vertex.xpus) & set(succ.xpus)):
+            elif disjoint:
                 for other in range(len(succ.xpus)):
                     self._notify(succ, other, target)
         self._try_start(vertex, rank)
@@ -371,7 +378,7 @@ class Executor:
                          collective_fidelity=self.fidelity_used)
 
     def latency(self, src: str, dst: str) -> float:
-        return route_latency(self.platform, self.routes[src, dst])
+        return self._path(src, dst)[0]
 
     def access_time(self, src: str, dst: str, size: float) -> float:
         """Latency + size / bottleneck bandwidth of an uncontended transfer, in s."""
