@@ -144,7 +144,7 @@ def _execute_child(platform, workload, options) -> dict[str, Any]:
     outcome = execute(platform, workload, options)
     trace = outcome.trace
     return {"iteration_ends": outcome.iteration_ends, "activities": outcome.activities, "busy": outcome.busy,
-            "collective_fidelity": outcome.collective_fidelity, "vertices": trace.vertices if trace else [], "transfers": trace.transfers if trace else []}
+            "collective_fidelity": outcome.collective_fidelity, "link_bytes": outcome.link_bytes, "vertices": trace.vertices if trace else [], "transfers": trace.transfers if trace else []}
 
 
 def simulate_graphs(platform: nx.Graph, workload: nx.DiGraph, options=None) -> dict[str, Any]:
@@ -202,6 +202,7 @@ def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float) -> dic
         "batches_per_s": len(xpus) / iteration_time,
         "samples_per_s": len(xpus) * samples / iteration_time,
         "breakdown": _breakdown(prepared, outcome, ends[-1] / len(ends)),
+        "links": _busiest_links(prepared.platform, outcome.link_bytes, ends[-1]),
         "activities": outcome.activities,
         "collective_fidelity": sorted(set(outcome.collective_fidelity.values())),
         "wall_time_s": wall_s,
@@ -235,6 +236,17 @@ def _breakdown(prepared: Prepared, outcome, per_iteration: float) -> dict[str, d
         table[device] = {"xpus": len(members), "compute_s": compute, "memory_stall_s": stall,
                          "exposed_comm_s": max(0.0, per_iteration - compute - stall)}
     return table
+
+
+def _busiest_links(platform: nx.Graph, link_bytes: dict, seconds: float, top: int = 3) -> dict[str, list[dict]]:
+    """Per link kind, the `top` link directions by mean utilization over the run: bytes / (bandwidth x time)."""
+    by_kind: dict[str, list[dict]] = {}
+    for (u, v), size in link_bytes.items():
+        edge = platform.edges[u, v]
+        by_kind.setdefault(edge["kind"], []).append({"link": f"{u} -> {v}", "bytes": size,
+                                                     "utilization": size / (edge["bandwidth"] * seconds)})
+    return {kind: sorted(rows, key=lambda r: (-r["utilization"], r["link"]))[:top]
+            for kind, rows in sorted(by_kind.items())}
 
 
 def _source_digest() -> str:

@@ -71,6 +71,9 @@ def summary(result: dict) -> str:
     for device, row in result["breakdown"].items():
         lines.append(f"    {device:<14} {format_quantity(row['compute_s'], 's'):<11} "
                      f"{format_quantity(row['memory_stall_s'], 's'):<13} {format_quantity(row['exposed_comm_s'], 's')}")
+    busiest = sorted(((rows[0]["utilization"], kind, rows[0]["link"]) for kind, rows in result["links"].items()),
+                     reverse=True)
+    lines.append("  busiest links    " + "   ".join(f"{kind} {link} {u:.0%}" for u, kind, link in busiest[:3]))
     lines.append(f"  simulated {result['activities']:,} activities in {result['wall_time_s']:.2f} s wall "
                  f"({result['activities'] / max(result['wall_time_s'], 1e-9):,.0f}/s), peak {result['peak_rss_mb']:.0f} MB")
     return "\n".join(lines)

@@ -67,6 +67,7 @@ class RunResult:
     wall_time_s: float
     trace: TraceRecorder | None = None
     collective_fidelity: dict[str, str] = field(default_factory=dict)
+    link_bytes: dict[tuple[str, str], float] = field(default_factory=dict)  # (u, v) link direction -> bytes
 
 
 class _Vertex:
@@ -110,6 +111,7 @@ class Executor:
         self.following: dict[tuple[int, str, int], list[tuple[int, float]]] = defaultdict(list)
         self.immediate: deque = deque()
         self.draining = False
+        self.pair_bytes: dict[tuple[str, str], float] = defaultdict(float)  # (src, dst) -> bytes moved
 
     # ---- set-up -------------------------------------------------------------------------------------------
 
@@ -193,6 +195,7 @@ class Executor:
         self.arrivals.pop((instance, run), None)
         self.running[instance] = True
         if vertex.kind == "compute":
+            self._count_reads(vertex, vertex.xpus[rank])
             if vertex.xpus[rank] in self.representative:
                 self._follow(vertex, rank, run)
             else:
@@ -273,6 +276,28 @@ class Executor:
                            f"{vertex.name}.copy")
         else:
             compute_beside(extended if spilled else local, finish)
+
+    def _count_reads(self, vertex: _Vertex, xpu: str) -> None:
+        """Add the memory bytes this instance moves (as _start_compute moves them, analytic reads and
+        representative XPUs' followers included) to the link-load accounting."""
+        size = vertex.data["memory_bytes"]
+        if size <= 0:
+            return
+        node = self.platform.nodes[xpu]
+        if xpu in vertex.data["spilled_xpus"]:
+            self.pair_bytes[node["extended_memory"], xpu] += size
+            if self.options.coherent:
+                return  # read in place over the fabric; otherwise copied, then read from local memory
+        self.pair_bytes[node["local_memory"], xpu] += size
+
+    def link_bytes(self) -> dict[tuple[str, str], float]:
+        """Bytes through each link direction (u, v), from the pairs' routes."""
+        loads: dict[tuple[str, str], float] = defaultdict(float)
+        for pair, size in self.pair_bytes.items():
+            route = self.routes[pair]
+            for link in zip(route, route[1:]):
+                loads[link] += size
+        return dict(loads)
 
     def _transfer(self, src: str, dst: str, size: float, then, tracing: bool, run: int, label: str) -> None:
         if not tracing:
@@ -375,7 +400,7 @@ class Executor:
                                   f"(a dependency that is never met): {', '.join(unfinished[:5])}")
         return RunResult(iteration_ends=list(self.iteration_ends), activities=self.backend.activities,
                          busy=self.busy, wall_time_s=time.perf_counter() - wall, trace=self.trace,
-                         collective_fidelity=self.fidelity_used)
+                         collective_fidelity=self.fidelity_used, link_bytes=self.link_bytes())
 
     def latency(self, src: str, dst: str) -> float:
         return self._path(src, dst)[0]
@@ -446,9 +471,6 @@ class _CollectiveRun:
         return self.sends_left[key] == 0 and self.arrived[(*key, self.step[key])] >= len(self.current[key].recvs)
 
     def _send(self, rank: int, dst: int, lane: int, index: int, size: float) -> None:
-        executor = self.executor
-        tracing = executor.trace is not None and executor.trace.wants(self.xpu(rank), self.run)
-
         def done():
             self.sends_left[rank, lane] -= 1
             self.arrived[dst, lane, index] += 1
@@ -456,7 +478,13 @@ class _CollectiveRun:
                 if self.step.get(key) == index and self._step_complete(key):
                     self._advance(*key)
 
-        executor._transfer(self.xpu(rank), self.xpu(dst), size, done, tracing, self.run, self.vertex.name)
+        self._transfer(rank, dst, size, done)
+
+    def _transfer(self, src: int, dst: int, size: float, then) -> None:
+        executor, source, target = self.executor, self.xpu(src), self.xpu(dst)
+        executor.pair_bytes[source, target] += size
+        tracing = executor.trace is not None and executor.trace.wants(source, self.run)
+        executor._transfer(source, target, size, then, tracing, self.run, self.vertex.name)
 
     def _finish(self, rank: int) -> None:
         self.finished += 1
@@ -503,9 +531,7 @@ class _CollectiveRun:
                     self._next_phase(phases, index + 1)
 
         for i, ((src, dst), size) in enumerate(phase.transfers):
-            tracing = executor.trace is not None and executor.trace.wants(self.xpu(src), self.run)
-            executor._transfer(self.xpu(src), self.xpu(dst), size, lambda i=i: flow_done(i), tracing, self.run,
-                               self.vertex.name)
+            self._transfer(src, dst, size, lambda i=i: flow_done(i))
 
     def _phase_time(self, phase: FlowPhase, durations: list[float]) -> float:
         """How long `phase` lasts by FlowPhase's rule, given its transfers' durations."""

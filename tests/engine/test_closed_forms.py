@@ -130,3 +130,25 @@ def test_dependencies_follow_shared_xpus_barriers_and_partial_overlaps():
     expected = {("c", "xpu0"): 2, ("c", "xpu1"): 3, ("d", "xpu2"): 3, ("g", "xpu4"): 2, ("g", "xpu5"): 1}
     for key, units in expected.items():
         assert close(ends[key], units), (key, ends[key])
+
+
+def test_link_loads_count_every_byte_on_its_route():
+    """One p2p transfer of S loads the sender's uplink and the receiver's downlink with S, nothing else; a
+    compute vertex's analytic HBM read counts too, though it is folded into the compute time."""
+    graph = new_workload("p2p")
+    add_comm(graph, "send", xpus=["xpu0", "xpu1"], bytes=5e8, collective="p2p", start=True)
+    add_compute(graph, "read", xpus=["xpu2"], flops=1e12, memory_bytes=3e9, start=True)
+    result = simulate_graphs(single_switch(3, H100), graph, RunOptions(iterations=1))
+    assert result["link_bytes"] == {("xpu0", "xswitch"): 5e8, ("xswitch", "xpu1"): 5e8, ("xpu2.hbm", "xpu2"): 3e9}
+
+
+@pytest.mark.parametrize("fidelity", ["step", "flow"])
+def test_ring_all_reduce_loads_every_xpu_link_with_its_closed_form(fidelity):
+    n, size = 8, 3.3e8
+    xpus = [f"xpu{i}" for i in range(n)]
+    result = simulate_graphs(single_switch(n, H100), skeleton_graph(xpus, 0.0, size, "ring"),
+                             RunOptions(collective_fidelity=fidelity, iterations=1))
+    loads = result["link_bytes"]
+    for x in xpus:
+        for link in ((x, "xswitch"), ("xswitch", x)):
+            assert close(loads[link], 2 * (n - 1) / n * size, 1e-12), (link, loads[link])
