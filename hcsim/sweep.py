@@ -78,6 +78,8 @@ RESULT_COLUMNS = (
     "compute_s",               # s per iteration, mean over XPUs (device types weighted by their XPUs)
     "memory_stall_s",
     "exposed_comm_s",
+    "busiest_link",            # "kind u -> v": the link direction with the highest mean utilization
+    "busiest_link_utilization",  # its bytes / (bandwidth x simulated time)
     "iteration_times_s",       # JSON list, s
     "breakdown",               # JSON: device -> {xpus, compute_s, memory_stall_s, exposed_comm_s}
     "device_counts",           # "128 H100 + 128 A100"
@@ -387,7 +389,9 @@ def result_row(point: Point, result: dict[str, Any], header: Sequence[str]) -> d
     xpus = result["xpus"]
     for metric in ("compute_s", "memory_stall_s", "exposed_comm_s"):
         row[metric] = sum(b[metric] * b["xpus"] for b in breakdown.values()) / xpus
+    kind, busiest = max(((k, rows[0]) for k, rows in result["links"].items()), key=lambda kr: kr[1]["utilization"])
     row.update(
+        busiest_link=f"{kind} {busiest['link']}", busiest_link_utilization=busiest["utilization"],
         iteration_time_s=result["iteration_time_s"], batches_per_s=result["batches_per_s"],
         samples_per_s=result["samples_per_s"], batches_per_s_per_xpu=result["batches_per_s"] / xpus,
         iteration_times_s=json.dumps(result["iteration_times_s"]), breakdown=json.dumps(breakdown, sort_keys=True),
@@ -674,10 +678,11 @@ def _summary(experiment: Experiment, rows: list[dict[str, Any]], findings, figur
     shown = [c for c in axes if c in rows[0]] if rows else axes
     metrics = ["batches_per_s", "batches_per_s_per_xpu", "iteration_time_s", "compute_s", "memory_stall_s",
                "exposed_comm_s", "wall_time_s"]
-    lines.append("| " + " | ".join(shown + metrics) + " |")
-    lines.append("|" + "---|" * (len(shown) + len(metrics)))
+    lines.append("| " + " | ".join(shown + metrics) + " | busiest link |")
+    lines.append("|" + "---|" * (len(shown) + len(metrics) + 1))
     for row in sorted(ok, key=lambda r: [_sort_key(r[c]) for c in shown]):
         cells = [_cell(c, row[c]) for c in shown] + [f"{row[m]:.4g}" for m in metrics]
+        cells.append(f"{row['busiest_link']} {row['busiest_link_utilization']:.0%}")
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     wall = sum(r["wall_time_s"] for r in ok)

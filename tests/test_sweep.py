@@ -168,6 +168,9 @@ def test_a_sweep_writes_one_row_per_point_with_every_column(tiny_sweep):
         assert json.loads(row["breakdown"])["H100"]["xpus"] == row["xpus"]
         assert row["device_counts"] == f"{row['xpus']} H100"
         assert row["cxl_bandwidth"] == 128e9 and row["cxl_latency"] == 2e-7 and row["iterations"] == 1
+        kind, link = row["busiest_link"].split(" ", 1)
+        assert kind in ("cxl", "eth", "pcie", "xpu_link", "hbm", "dram", "upi") and " -> " in link
+        assert 0 < row["busiest_link_utilization"] <= 1
 
 
 def test_rows_are_whole_lines_in_a_file_that_pandas_would_read(tiny_sweep):
