@@ -63,7 +63,8 @@ def _show(args) -> int:
     spec, graph = _graph(args)
     summary = summarize_platform(graph)
     print(f"{summary.name}: {'coherent (CXL fabric)' if summary.coherent else 'not coherent'}, "
-          f"{graph.number_of_nodes()} nodes, {graph.number_of_edges()} links")
+          f"{graph.number_of_nodes()} nodes, {graph.number_of_edges()} links"
+          + (f"; routes never use {', '.join(summary.avoided_links)} links" if summary.avoided_links else ""))
     print("nodes:")
     for kind, count in summary.nodes.items():
         print(f"  {kind:<20} {count:>8}")

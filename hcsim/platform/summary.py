@@ -17,7 +17,8 @@ class PlatformSummary:
 
     nodes : {"kind" or "kind/role": count}; links : {link kind: count};
     devices : {device name: XPU count}; fp32_flops, fp16_flops : FLOP/s summed
-    over XPUs; memory : {role: bytes summed, math.inf if any is unbounded}.
+    over XPUs; memory : {role: bytes summed, math.inf if any is unbounded};
+    avoided_links : link kinds that routes never take (``cxl.xpu_traffic: fabric``).
     """
 
     name: str
@@ -28,6 +29,7 @@ class PlatformSummary:
     fp32_flops: float
     fp16_flops: float
     memory: dict[str, float]
+    avoided_links: tuple[str, ...] = ()
 
 
 def summarize_platform(graph: nx.Graph) -> PlatformSummary:
@@ -59,4 +61,5 @@ def summarize_platform(graph: nx.Graph) -> PlatformSummary:
     return PlatformSummary(name=graph.graph.get("name", "?"), coherent=bool(graph.graph.get("coherent")),
                            nodes=dict(sorted(nodes.items())), links=dict(sorted(links.items())),
                            devices=dict(sorted(devices.items())), fp32_flops=fp32, fp16_flops=fp16,
-                           memory={role: (math.inf if math.isinf(v) else v) for role, v in sorted(memory.items())})
+                           memory={role: (math.inf if math.isinf(v) else v) for role, v in sorted(memory.items())},
+                           avoided_links=tuple(graph.graph.get("avoid_links", ())))

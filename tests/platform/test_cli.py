@@ -20,6 +20,12 @@ def test_show_counts_and_totals(capsys):
     assert lines["H100"] == ["128"] and lines["A100"] == ["128"]
     assert lines["cxl_type3"] == ["unbounded"]
     assert "fp32 11.07 PFLOPS" in out  # 128 x 67 + 128 x 19.5 TFLOPS
+    assert "routes never use" not in out
+
+
+def test_show_names_the_links_routes_avoid(capsys):
+    assert main(["platform", "show", "paper-cxl", "--xpus", "16", "--set", "cxl.xpu_traffic=fabric"]) == 0
+    assert "; routes never use eth links" in capsys.readouterr().out.splitlines()[0]
 
 
 def test_compile_writes_xml(tmp_path, capsys):
