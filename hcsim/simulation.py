@@ -7,7 +7,9 @@ simulation in a fresh process (spawned, never forked) and returns plain data;
 
 from __future__ import annotations
 
+import csv
 import hashlib
+import io
 import json
 import logging
 import os
@@ -151,7 +153,8 @@ def simulate_graphs(platform: nx.Graph, workload: nx.DiGraph, options=None) -> d
     """Run a platform graph and a workload graph in a fresh process; plain data back.
 
     Returns ``iteration_ends`` (s), ``activities``, ``busy`` (xpu -> [compute s,
-    memory stall s]) and the traced ``vertices`` and ``transfers``.
+    memory stall s]), ``collective_fidelity`` (vertex -> step | flow), ``link_bytes``
+    ((u, v) -> bytes) and the traced ``vertices`` and ``transfers``.
     """
     from hcsim.engine.executor import RunOptions
 
@@ -179,7 +182,7 @@ def run_here(scenario: Scenario, out: Path | None = None, progress=None) -> dict
     outcome = execute(prepared.platform, prepared.workload, options, prepared.pairs, update)
     result = summarize(prepared, outcome, setup_s, time.perf_counter() - wall)
     if out is not None:
-        write_outputs(Path(out), result, outcome.trace, prepared.platform)
+        write_outputs(Path(out), result, outcome, prepared.platform)
     return result
 
 
@@ -238,15 +241,25 @@ def _breakdown(prepared: Prepared, outcome, per_iteration: float) -> dict[str, d
     return table
 
 
-def _busiest_links(platform: nx.Graph, link_bytes: dict, seconds: float, top: int = 3) -> dict[str, list[dict]]:
-    """Per link kind, the `top` link directions by mean utilization over the run: bytes / (bandwidth x time)."""
-    by_kind: dict[str, list[dict]] = {}
+def link_loads(platform: nx.Graph, link_bytes: dict, seconds: float) -> list[dict]:
+    """Every loaded link direction, busiest first: bytes and mean utilization = bytes / (bandwidth x seconds)."""
+    rows = []
     for (u, v), size in link_bytes.items():
         edge = platform.edges[u, v]
-        by_kind.setdefault(edge["kind"], []).append({"link": f"{u} -> {v}", "bytes": size,
-                                                     "utilization": size / (edge["bandwidth"] * seconds)})
-    return {kind: sorted(rows, key=lambda r: (-r["utilization"], r["link"]))[:top]
-            for kind, rows in sorted(by_kind.items())}
+        rows.append({"source": u, "target": v, "kind": edge["kind"], "bandwidth_Bps": edge["bandwidth"],
+                     "bytes": size, "utilization": size / (edge["bandwidth"] * seconds)})
+    return sorted(rows, key=lambda r: (-r["utilization"], r["source"], r["target"]))
+
+
+def _busiest_links(platform: nx.Graph, link_bytes: dict, seconds: float, top: int = 3) -> dict[str, list[dict]]:
+    """Per link kind, the `top` link directions by mean utilization over the run."""
+    by_kind: dict[str, list[dict]] = {}
+    for row in link_loads(platform, link_bytes, seconds):
+        rows = by_kind.setdefault(row["kind"], [])
+        if len(rows) < top:
+            rows.append({"link": f"{row['source']} -> {row['target']}", "bytes": row["bytes"],
+                         "utilization": row["utilization"]})
+    return dict(sorted(by_kind.items()))
 
 
 def _source_digest() -> str:
@@ -281,9 +294,18 @@ def atomic_write(path: Path, text: str) -> None:
         raise
 
 
-def write_outputs(out: Path, result: dict, trace, platform: nx.Graph) -> None:
-    """result.json, and with a trace: trace.csv and trace.json (Perfetto) in `out`."""
+def write_outputs(out: Path, result: dict, outcome, platform: nx.Graph) -> None:
+    """result.json, links.csv (every loaded link direction), and with a trace: trace.csv and trace.json
+    (Perfetto) in `out`."""
     out.mkdir(parents=True, exist_ok=True)
+    rows = link_loads(platform, outcome.link_bytes, outcome.iteration_ends[-1])
+    table = io.StringIO()
+    writer = csv.DictWriter(table, fieldnames=["source", "target", "kind", "bandwidth_Bps", "bytes", "utilization"],
+                            lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write(out / "links.csv", table.getvalue())
+    trace = outcome.trace
     if trace is not None:
         for name, writer in (("trace.csv", trace.write_csv), ("trace.json", lambda p: trace.write_perfetto(p, platform))):
             temporary = out / f".{name}.partial"

@@ -49,6 +49,18 @@ def test_json_result_has_the_documented_fields(small_run):
     assert json.loads((out / "result.json").read_text()) == result
 
 
+def test_links_csv_lists_every_loaded_link_and_agrees_with_the_result(small_run):
+    result, out = small_run
+    with open(out / "links.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    utilization = [float(r["utilization"]) for r in rows]
+    assert utilization == sorted(utilization, reverse=True) and 0 < utilization[-1] and utilization[0] <= 1
+    for kind, busiest in result["links"].items():
+        first = next(r for r in rows if r["kind"] == kind)
+        assert f"{first['source']} -> {first['target']}" == busiest[0]["link"]
+        assert float(first["bytes"]) == busiest[0]["bytes"]
+
+
 def test_traces_have_one_event_per_vertex_run(small_run):
     result, out = small_run
     with open(out / "trace.csv") as handle:

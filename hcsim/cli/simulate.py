@@ -51,7 +51,7 @@ def run(args) -> int:
     else:
         print(summary(result))
         if args.out:
-            print(f"\nwrote {args.out}/result.json" + (", trace.csv, trace.json (open in https://ui.perfetto.dev)"
+            print(f"\nwrote {args.out}/result.json, links.csv" + (", trace.csv, trace.json (open in https://ui.perfetto.dev)"
                                                        if scenario.trace_xpus else ""))
     return 0
 
