@@ -19,7 +19,7 @@ def register(subparsers) -> None:
                     "LLaMA2-13B data parallel, CXL 128 GB/s and 200 ns) and print the result.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  hcsim simulate\n  hcsim simulate --set xpus=256 --set devices=[H100,A100] --json\n"
-               "  hcsim simulate my-scenario.yaml --out runs/a   # result.json, trace.csv, trace.json (Perfetto)")
+               "  hcsim simulate my-scenario.yaml --out runs/a   # result.json, links.csv, trace.csv, trace.json (Perfetto)")
     parser.add_argument("scenario", nargs="?", type=Path, help="scenario YAML (default: the built-in default)")
     parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                         help="override a scenario key, e.g. xpus=256, cxl_latency=1us, coherent=false (repeatable)")
