@@ -43,6 +43,7 @@ _LABELS = {
     "exposed_comm_s": "Exposed communication per iteration (s)",
     "memory_stall_s": "Memory stall per iteration (s)",
     "compute_s": "Compute per iteration (s)",
+    "busiest_link_utilization": "Busiest link, mean utilization",
 }
 # Display scale of SI columns (the CSV keeps SI units).
 _SCALES = {"cxl_bandwidth": 1e-9, "cxl_latency": 1e6}
