@@ -7,8 +7,6 @@ process), so these tests use tiny points: 2 to 8 XPUs, one iteration.
 import ast
 import csv
 import json
-import os
-import signal
 import subprocess
 import sys
 import time

@@ -3,9 +3,6 @@
 import ast
 import subprocess
 import sys
-from pathlib import Path
-
-import pytest
 
 from hcsim.cli import main
 from hcsim.config import REPO_ROOT
