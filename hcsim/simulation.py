@@ -146,7 +146,8 @@ def _execute_child(platform, workload, options) -> dict[str, Any]:
     outcome = execute(platform, workload, options)
     trace = outcome.trace
     return {"iteration_ends": outcome.iteration_ends, "activities": outcome.activities, "busy": outcome.busy,
-            "collective_fidelity": outcome.collective_fidelity, "link_bytes": outcome.link_bytes, "vertices": trace.vertices if trace else [], "transfers": trace.transfers if trace else []}
+            "collective_fidelity": outcome.collective_fidelity, "link_bytes": outcome.link_bytes,
+            "vertices": trace.vertices if trace else [], "transfers": trace.transfers if trace else []}
 
 
 def simulate_graphs(platform: nx.Graph, workload: nx.DiGraph, options=None) -> dict[str, Any]:

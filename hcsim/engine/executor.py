@@ -195,11 +195,13 @@ class Executor:
         self.arrivals.pop((instance, run), None)
         self.running[instance] = True
         if vertex.kind == "compute":
-            self._count_reads(vertex, vertex.xpus[rank])
-            if vertex.xpus[rank] in self.representative:
+            xpu = vertex.xpus[rank]
+            form = self._memory_form(vertex, xpu)
+            self._count_reads(vertex, xpu, form)
+            if xpu in self.representative:
                 self._follow(vertex, rank, run)
             else:
-                self._start_compute(vertex, rank, run)
+                self._start_compute(vertex, rank, run, form)
         else:
             self._rank_ready(vertex, rank, run)
 
@@ -229,12 +231,20 @@ class Executor:
 
     # ---- compute instances --------------------------------------------------------------------------------
 
-    def _start_compute(self, vertex: _Vertex, rank: int, run: int) -> None:
+    def _memory_form(self, vertex: _Vertex, xpu: str) -> tuple[str | None, str]:
+        """Where `xpu`'s data for `vertex` is copied from first (None: not copied) and where it is read from."""
+        node = self.platform.nodes[xpu]
+        if xpu not in vertex.data["spilled_xpus"]:
+            return None, node["local_memory"]
+        if self.options.coherent:
+            return None, node["extended_memory"]  # read in place over the fabric
+        return node["extended_memory"], node["local_memory"]
+
+    def _start_compute(self, vertex: _Vertex, rank: int, run: int, form: tuple[str | None, str]) -> None:
         data, xpu = vertex.data, vertex.xpus[rank]
         node = self.platform.nodes[xpu]
         start = self.backend.now()
-        spilled = xpu in data["spilled_xpus"]
-        local, extended = node["local_memory"], node["extended_memory"]
+        local = node["local_memory"]
         flops, size = data["flops"], data["memory_bytes"]
         compute_time = flops / _speed(node, self.precision)
         tracing = self.trace is not None and self.trace.wants(xpu, run)
@@ -271,24 +281,23 @@ class Executor:
             if size > 0:
                 self._transfer(memory, xpu, size, part_done, tracing, run, f"{vertex.name}.read")
 
-        if spilled and not self.options.coherent and size > 0:
-            self._transfer(extended, xpu, size, lambda: compute_beside(local, finish), tracing, run,
+        copy_from, memory = form
+        if copy_from is not None and size > 0:
+            self._transfer(copy_from, xpu, size, lambda: compute_beside(memory, finish), tracing, run,
                            f"{vertex.name}.copy")
         else:
-            compute_beside(extended if spilled else local, finish)
+            compute_beside(memory, finish)
 
-    def _count_reads(self, vertex: _Vertex, xpu: str) -> None:
-        """Add the memory bytes this instance moves (as _start_compute moves them, analytic reads and
-        representative XPUs' followers included) to the link-load accounting."""
+    def _count_reads(self, vertex: _Vertex, xpu: str, form: tuple[str | None, str]) -> None:
+        """Add the memory bytes this instance moves (analytic reads and representative XPUs' followers
+        included) to the link-load accounting."""
         size = vertex.data["memory_bytes"]
         if size <= 0:
             return
-        node = self.platform.nodes[xpu]
-        if xpu in vertex.data["spilled_xpus"]:
-            self.pair_bytes[node["extended_memory"], xpu] += size
-            if self.options.coherent:
-                return  # read in place over the fabric; otherwise copied, then read from local memory
-        self.pair_bytes[node["local_memory"], xpu] += size
+        copy_from, memory = form
+        if copy_from is not None:
+            self.pair_bytes[copy_from, xpu] += size
+        self.pair_bytes[memory, xpu] += size
 
     def link_bytes(self) -> dict[tuple[str, str], float]:
         """Bytes through each link direction (u, v), from the pairs' routes."""
