@@ -54,6 +54,7 @@ def prepare(scenario: Scenario) -> Prepared:
     from hcsim.platform import build_platform, load_platform_spec
     from hcsim.platform.topology import xpus as platform_xpus
     from hcsim.workload import build_training_graph, load_workload_spec, place_memory, validate_workload
+    from hcsim.workload.layout import ParallelLayout
 
     base = Path(scenario.base)
     platform_spec = load_platform_spec(resolve_spec(scenario.platform, "platforms", base), scenario.platform_settings())
@@ -63,7 +64,8 @@ def prepare(scenario: Scenario) -> Prepared:
     graph = build_platform(platform_spec, scenario.xpus)
     xpus = platform_xpus(graph)[: scenario.xpus]
     workload_spec = load_workload_spec(resolve_spec(scenario.workload, "workloads", base), scenario.workload_settings())
-    workload = build_training_graph(workload_spec, rank_order(graph, xpus, scenario))
+    layout = ParallelLayout(xpus)
+    workload = build_training_graph(workload_spec, layout, lambda group: rank_order(graph, group, scenario, xpus))
     validate_workload(workload, xpus)
     coherent = bool(graph.graph.get("coherent"))
     if not coherent and any(a == "coherent_ring" for _, a in workload.nodes(data="algorithm")):
@@ -79,8 +81,11 @@ def prepare(scenario: Scenario) -> Prepared:
     return Prepared(scenario, graph, workload, placement, xpus, pairs, coherent)
 
 
-def rank_order(platform: nx.Graph, xpus: list[str], scenario: Scenario) -> list[str]:
-    """The XPUs in the rank order of the collectives (scenario.ring_order), `xpus` being in topology order."""
+def rank_order(platform: nx.Graph, xpus: list[str], scenario: Scenario, run_xpus: list[str] | None = None) -> list[str]:
+    """A collective group's XPUs in rank order (scenario.ring_order), `xpus` being in topology order.
+
+    `run_xpus` are all XPUs of the run (default: `xpus`): an explicit order must list each once, and
+    orders each group by the positions of its members in that list."""
     order = scenario.ring_order
     if order == "topology":
         return xpus
@@ -90,13 +95,15 @@ def rank_order(platform: nx.Graph, xpus: list[str], scenario: Scenario) -> list[
             by_server.setdefault(platform.nodes[xpu].get("server"), []).append(xpu)
         columns = list(by_server.values())
         return [column[i] for i in range(max(map(len, columns))) for column in columns if i < len(column)]
-    if sorted(order) != sorted(xpus):
-        missing, extra = sorted(set(xpus) - set(order)), sorted(set(order) - set(xpus))
-        raise ConfigError(f"scenario {scenario.name!r}: ring_order: must list each of the {len(xpus)} XPUs once"
+    run_xpus = xpus if run_xpus is None else run_xpus
+    if sorted(order) != sorted(run_xpus):
+        missing, extra = sorted(set(run_xpus) - set(order)), sorted(set(order) - set(run_xpus))
+        raise ConfigError(f"scenario {scenario.name!r}: ring_order: must list each of the {len(run_xpus)} XPUs once"
                           + (f"; missing {', '.join(missing[:5])}" if missing else "")
                           + (f"; not in this run: {', '.join(extra[:5])}" if extra else "")
                           + ("" if missing or extra else "; some are listed twice"))
-    return list(order)
+    members = set(xpus)
+    return [x for x in order if x in members]
 
 
 def host_pairs(platform: nx.Graph, workload: nx.DiGraph) -> set[tuple[str, str]]:
@@ -112,11 +119,11 @@ def host_pairs(platform: nx.Graph, workload: nx.DiGraph) -> set[tuple[str, str]]
             for x in data["spilled_xpus"]:
                 pairs.add((nodes[x]["extended_memory"], x))
         else:
-            group = data["xpus"]
             collective = data["collective"]
-            algorithm = get_algorithm(collective, data.get("algorithm") or ("direct" if collective == "p2p" else None),
-                                      len(group), data["bytes"], server_groups(platform, group))
-            pairs.update((group[s], group[d]) for s, d in algorithm.pairs())
+            name = data.get("algorithm") or ("direct" if collective == "p2p" else None)
+            for group in data["groups"]:
+                algorithm = get_algorithm(collective, name, len(group), data["bytes"], server_groups(platform, group))
+                pairs.update((group[s], group[d]) for s, d in algorithm.pairs())
     return pairs
 
 
@@ -147,6 +154,7 @@ def _execute_child(platform, workload, options) -> dict[str, Any]:
     trace = outcome.trace
     return {"iteration_ends": outcome.iteration_ends, "activities": outcome.activities, "busy": outcome.busy,
             "collective_fidelity": outcome.collective_fidelity, "link_bytes": outcome.link_bytes,
+            "xpu_times": outcome.xpu_times, "representatives": outcome.representatives,
             "vertices": trace.vertices if trace else [], "transfers": trace.transfers if trace else []}
 
 
@@ -154,11 +162,15 @@ def simulate_graphs(platform: nx.Graph, workload: nx.DiGraph, options=None) -> d
     """Run a platform graph and a workload graph in a fresh process; plain data back.
 
     Returns ``iteration_ends`` (s), ``activities``, ``busy`` (xpu -> [compute s,
-    memory stall s]), ``collective_fidelity`` (vertex -> step | flow), ``link_bytes``
-    ((u, v) -> bytes) and the traced ``vertices`` and ``transfers``.
+    memory stall s]), ``xpu_times`` (xpu -> compute_s, memory_stall_s, comm_s, idle_s
+    per measured iteration), ``representatives`` (follower -> representative XPU),
+    ``collective_fidelity`` (vertex -> step | flow), ``link_bytes`` ((u, v) -> bytes)
+    and the traced ``vertices`` and ``transfers``.
     """
     from hcsim.engine.executor import RunOptions
+    from hcsim.workload import validate_workload
 
+    validate_workload(workload)
     with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"), max_tasks_per_child=1) as pool:
         return pool.submit(_execute_child, platform, workload, options or RunOptions()).result()
 
@@ -193,19 +205,17 @@ def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float) -> dic
     times = [b - a for a, b in zip([0.0] + ends, ends)]
     steady = times[1:] if len(times) > 1 else times
     iteration_time = sum(steady) / len(steady)
-    samples = prepared.workload.graph.get("samples_per_iteration", 1)
-    xpus = prepared.xpus
-    scenario = prepared.scenario
+    scenario, graph = prepared.scenario, prepared.workload.graph
     return {
         "scenario": scenario.name,
-        "xpus": len(xpus),
+        "xpus": len(prepared.xpus),
         "devices": _device_counts(prepared),
         "coherent": prepared.coherent,
         "iteration_times_s": times,
         "iteration_time_s": iteration_time,
-        "batches_per_s": len(xpus) / iteration_time,
-        "samples_per_s": len(xpus) * samples / iteration_time,
-        "breakdown": _breakdown(prepared, outcome, ends[-1] / len(ends)),
+        "measured_iterations": f"{2 if len(times) > 1 else 1}..{len(times)}",
+        **throughput(prepared.platform, prepared.workload, prepared.xpus, iteration_time),
+        "breakdown": _breakdown(prepared, outcome.xpu_times),
         "links": _busiest_links(prepared.platform, outcome.link_bytes, ends[-1]),
         "activities": outcome.activities,
         "collective_fidelity": sorted(set(outcome.collective_fidelity.values())),
@@ -214,9 +224,33 @@ def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float) -> dic
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # Linux reports KiB
         "inputs": scenario.to_dict(),
         "inputs_hash": scenario.digest(),
+        "layout": graph.get("layout"),
         "versions": {"hcsim": __version__, "source": _source_digest(), "simgrid": _simgrid_version(),
                      "python": host_platform.python_version()},
     }
+
+
+def throughput(platform: nx.Graph, workload: nx.DiGraph, xpus: list[str], iteration_time: float) -> dict[str, float]:
+    """Throughput metrics of an iteration time, from the workload's layout and counts.
+
+    ``batches_per_s`` counts one batch per data-parallel replica and iteration (the paper's metric:
+    XPUs / T in data parallelism); ``samples_per_s`` and ``tokens_per_s`` the job's samples and
+    tokens; ``model_flops_per_s_per_xpu`` the model FLOPs (graph attribute ``model_flops``) per
+    second and XPU; ``mfu`` those over the XPUs' peak FLOP/s at the workload's precision."""
+    graph = workload.graph
+    dp = (graph.get("layout") or {}).get("sizes", {}).get("dp", len(xpus))
+    samples = graph.get("global_samples", dp * graph.get("samples_per_iteration", 1))
+    metrics = {"batches_per_s": dp / iteration_time, "samples_per_s": samples / iteration_time}
+    if graph.get("tokens_per_sample"):
+        metrics["tokens_per_s"] = samples * graph["tokens_per_sample"] / iteration_time
+    if graph.get("model_flops"):
+        from hcsim.platform.devices import peak_flops
+
+        precision = graph.get("precision", "fp32")
+        peak = sum(peak_flops(platform.nodes[x], precision) for x in xpus)
+        metrics["model_flops_per_s_per_xpu"] = graph["model_flops"] / iteration_time / len(xpus)
+        metrics["mfu"] = graph["model_flops"] / iteration_time / peak
+    return metrics
 
 
 def _device_counts(prepared: Prepared) -> dict[str, int]:
@@ -227,18 +261,22 @@ def _device_counts(prepared: Prepared) -> dict[str, int]:
     return counts
 
 
-def _breakdown(prepared: Prepared, outcome, per_iteration: float) -> dict[str, dict[str, float]]:
-    """Per device type, mean seconds per iteration: compute, memory stall, exposed communication."""
-    iterations = len(outcome.iteration_ends)
+BREAKDOWN = ("compute_s", "memory_stall_s", "exposed_comm_s", "idle_s")
+
+
+def _breakdown(prepared: Prepared, xpu_times: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Per device type, mean seconds per measured iteration: compute, memory stall, exposed communication
+    (in a collective whose members have all arrived, computing nothing) and idle (waiting for a
+    dependency, for peers or in a pipeline bubble); the four add up to the iteration time."""
     groups: dict[str, list[str]] = {}
     for x in prepared.xpus:
         groups.setdefault(prepared.platform.nodes[x]["device"], []).append(x)
     table = {}
     for device, members in sorted(groups.items()):
-        compute = sum(outcome.busy[x][0] for x in members) / len(members) / iterations
-        stall = sum(outcome.busy[x][1] for x in members) / len(members) / iterations
-        table[device] = {"xpus": len(members), "compute_s": compute, "memory_stall_s": stall,
-                         "exposed_comm_s": max(0.0, per_iteration - compute - stall)}
+        rows = [xpu_times[x] for x in members]
+        table[device] = {"xpus": len(members)}
+        for column, key in zip(BREAKDOWN, ("compute_s", "memory_stall_s", "comm_s", "idle_s")):
+            table[device][column] = sum(row[key] for row in rows) / len(rows)
     return table
 
 

@@ -65,12 +65,16 @@ def summary(result: dict) -> str:
         f"({'coherent' if result['coherent'] else 'not coherent'}), workload {inputs['workload']}",
         f"  iteration time   {format_quantity(result['iteration_time_s'], 's')}"
         f"  (iterations: {', '.join(format_quantity(t, 's') for t in result['iteration_times_s'])})",
-        f"  throughput       {result['batches_per_s']:.3f} batches/s, {result['samples_per_s']:.3f} samples/s",
-        "  per iteration    compute     memory stall  exposed comm",
+        f"  throughput       {result['batches_per_s']:.3f} batches/s, {result['samples_per_s']:.3f} samples/s"
+        + (f", {result['tokens_per_s']:,.0f} tokens/s" if "tokens_per_s" in result else "")
+        + (f", MFU {result['mfu']:.1%}" if "mfu" in result else ""),
+        f"  per iteration    compute     memory stall  exposed comm  idle          "
+        f"(mean per XPU, iterations {result['measured_iterations']})",
     ]
     for device, row in result["breakdown"].items():
         lines.append(f"    {device:<14} {format_quantity(row['compute_s'], 's'):<11} "
-                     f"{format_quantity(row['memory_stall_s'], 's'):<13} {format_quantity(row['exposed_comm_s'], 's')}")
+                     f"{format_quantity(row['memory_stall_s'], 's'):<13} {format_quantity(row['exposed_comm_s'], 's'):<13} "
+                     f"{format_quantity(row['idle_s'], 's')}")
     busiest = sorted(((rows[0]["utilization"], kind, rows[0]["link"]) for kind, rows in result["links"].items()),
                      reverse=True)
     lines.append("  busiest links    " + "   ".join(f"{kind} {link} {u:.0%}" for u, kind, link in busiest[:3]))

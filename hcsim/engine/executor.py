@@ -28,6 +28,7 @@ import networkx as nx
 from hcsim.engine.backend import Backend
 from hcsim.engine.collectives import FlowPhase, get_algorithm, server_groups
 from hcsim.engine.trace import TraceRecorder
+from hcsim.platform.devices import peak_flops
 from hcsim.platform.routes import route_bandwidth, route_latency
 
 __all__ = ["Executor", "RunOptions", "RunResult"]
@@ -68,20 +69,67 @@ class RunResult:
     trace: TraceRecorder | None = None
     collective_fidelity: dict[str, str] = field(default_factory=dict)
     link_bytes: dict[tuple[str, str], float] = field(default_factory=dict)  # (u, v) link direction -> bytes
+    xpu_times: dict[str, dict[str, float]] = field(default_factory=dict)  # Executor.xpu_times()
+    representatives: dict[str, str] = field(default_factory=dict)  # follower XPU -> its representative
+
+
+class _Edge:
+    """One dependency as the executor follows it: the vertex at the other end, the skip flag, the wait rule."""
+
+    __slots__ = ("vertex", "skip", "wait")
+
+    def __init__(self, vertex: "_Vertex", skip: int, wait: str):
+        self.vertex, self.skip, self.wait = vertex, skip, wait
 
 
 class _Vertex:
-    __slots__ = ("name", "index", "kind", "xpus", "pos", "data", "preds", "succs", "offset", "uniform", "algorithm",
-                 "fidelity", "phases", "required")
+    """A workload vertex and its units (one per XPU: a compute instance or a collective's member)."""
+
+    __slots__ = ("name", "index", "kind", "xpus", "pos", "data", "preds", "succs", "offset", "required", "groups",
+                 "group_of", "group_offsets", "algorithms", "group_counts")
 
     def __init__(self, name, index, data, pos, offset):
         self.name, self.index, self.data = name, index, data
         self.kind = data["kind"]
         self.xpus = data["xpus"]
-        self.pos = pos  # xpu -> rank index, shared by vertices with the same xpus
+        self.pos = pos  # xpu -> unit index, shared by vertices with the same xpus
         self.offset = offset
-        self.preds: list[tuple[_Vertex, int, bool]] = []  # (vertex, skip_first_iteration, disjoint xpus)
-        self.succs: list[tuple[_Vertex, int, bool]] = []
+        self.preds: list[_Edge] = []
+        self.succs: list[_Edge] = []
+        self.required = None  # (run 1, later runs) when every unit waits for the same count
+        self.group_counts: dict = {}  # (pred index, group) -> units of pred in the group (wait "group")
+
+    def group(self, unit: int) -> tuple[str, ...]:
+        """The group (XPU names) of a communication vertex's unit."""
+        return self.groups[self.group_of[unit]]
+
+    def group_span(self, unit: int) -> tuple[int, int]:
+        """The units [first, end) of the group of a communication vertex's unit."""
+        group = self.group_of[unit]
+        first = self.group_offsets[group]
+        return first, first + len(self.groups[group])
+
+
+@dataclass(slots=True)
+class _Clock:
+    """What one XPU is doing, for the breakdown: open compute instances and collectives, and time so far."""
+
+    computing: int = 0
+    communicating: int = 0
+    since: float = 0.0
+    busy: float = 0.0  # s with a compute instance open (computing or stalled on memory)
+    comm: float = 0.0  # s in a collective whose group has all arrived, with no compute open
+    idle: float = 0.0  # s with neither: waiting for a dependency, for peers, or a pipeline bubble
+
+    def advance(self, now: float) -> None:
+        span = now - self.since
+        if self.computing:
+            self.busy += span
+        elif self.communicating:
+            self.comm += span
+        else:
+            self.idle += span
+        self.since = now
 
 
 class Executor:
@@ -95,6 +143,7 @@ class Executor:
         self.backend, self.options = backend, options
         self.precision = workload.graph.get("precision", "fp32")
         self.fidelity_used: dict[str, str] = {}
+        self._algorithm_cache: dict = {}
         self.vertices = self._index_vertices()
         self.total_instances = sum(len(v.xpus) for v in self.vertices)
         self.done_runs = [0] * self.total_instances
@@ -103,8 +152,10 @@ class Executor:
         self.completed_in_run: dict[int, int] = defaultdict(int)
         self.iteration_ends: list[float] = []
         self.busy: dict[str, list[float]] = {x: [0.0, 0.0] for v in self.vertices for x in v.xpus}
+        self.clocks: dict[str, _Clock] = {x: _Clock() for x in self.busy}
+        self.first_iteration: dict[str, tuple] | None = None  # per XPU at the end of iteration 1
         self.trace = TraceRecorder(options.trace_xpus, options.trace_iterations) if options.trace_xpus else None
-        self.collective_state: dict[tuple[int, int], "_CollectiveRun"] = {}
+        self.collective_state: dict[tuple[int, int, int], "_CollectiveRun"] = {}
         self._path_cache: dict[tuple[str, str], tuple[float, float]] = {}
         self.representative = self._representatives() if options.xpu_fidelity == "representative" else {}
         self.followed: dict[tuple[int, str, int], tuple[float, float]] = {}  # (vertex, rep, run) -> busy
@@ -127,53 +178,104 @@ class Executor:
             offset += len(data["xpus"])
             vertices.append(vertex)
             by_name[name] = vertex
-        for u, v, skip in graph.edges(data="skip_first_iteration"):
+        for u, v, data in graph.edges(data=True):
             before, after = by_name[u], by_name[v]
-            edge = (int(bool(skip)), not set(before.xpus) & set(after.xpus))  # (skip, disjoint)
-            after.preds.append((before, *edge))
-            before.succs.append((after, *edge))
+            skip = int(bool(data["skip_first_iteration"]))
+            after.preds.append(_Edge(before, skip, data["wait"]))
+            before.succs.append(_Edge(after, skip, data["wait"]))
         for vertex in vertices:
-            vertex.succs.sort(key=lambda edge: edge[0].index)
-            vertex.uniform = all(u.xpus == vertex.xpus or disjoint for u, _, disjoint in vertex.preds)
-            if vertex.uniform:  # every rank waits for the same count: (run 1, later runs)
-                vertex.required = tuple(sum(len(u.xpus) if disjoint else 1 for u, skip, disjoint in vertex.preds
-                                            if later or not skip) for later in (False, True))
+            vertex.succs.sort(key=lambda edge: edge.vertex.index)
             if vertex.kind == "comm":
                 self._prepare_collective(vertex)
+        for vertex in vertices:
+            vertex.required = self._uniform_requirement(vertex)
         return vertices
+
+    def _uniform_requirement(self, vertex: _Vertex) -> tuple[int, int] | None:
+        """(run 1, later runs) predecessor completions, when every unit of `vertex` needs the same."""
+        counts = [0, 0]
+        for edge in vertex.preds:
+            pred = edge.vertex
+            if edge.wait == "all":
+                n = len(pred.xpus)
+            elif pred.xpus is vertex.xpus or pred.pos.keys() == vertex.pos.keys():
+                n = 1 if edge.wait == "xpu" else None
+                if edge.wait == "group":
+                    sizes = {len(g) for g in (vertex.groups if vertex.kind == "comm" else pred.groups)}
+                    n = sizes.pop() if len(sizes) == 1 else None
+            else:
+                n = None
+            if n is None:
+                return None
+            counts[1] += n
+            if not edge.skip:
+                counts[0] += n
+        return counts[0], counts[1]
 
     def _prepare_collective(self, vertex: _Vertex) -> None:
         data = vertex.data
-        collective = "p2p" if data["collective"] == "p2p" else data["collective"]
-        algorithm = data.get("algorithm") or ("direct" if collective == "p2p" else None)
-        vertex.algorithm = get_algorithm(collective, algorithm, len(vertex.xpus), data["bytes"],
-                                         server_groups(self.platform, vertex.xpus))
-        fidelity = self.options.collective_fidelity
-        if fidelity == "auto":
-            fidelity = "step" if len(vertex.xpus) <= self.options.step_limit else "flow"
-        if fidelity == "flow":
-            vertex.phases = vertex.algorithm.flow_phases()
-            if vertex.phases is None:  # no aggregated model: the step schedule stands in
-                fidelity = "step"
-        vertex.fidelity = fidelity
-        self.fidelity_used[vertex.name] = fidelity
+        collective = data["collective"]
+        name = data.get("algorithm") or ("direct" if collective == "p2p" else None)
+        vertex.groups = data["groups"]
+        vertex.group_of, vertex.group_offsets, vertex.algorithms = [], [], []
+        fidelities = set()
+        for g, group in enumerate(vertex.groups):
+            vertex.group_offsets.append(len(vertex.group_of))
+            vertex.group_of += [g] * len(group)
+            servers = server_groups(self.platform, group)
+            key = (collective, name, len(group), data["bytes"], tuple(map(tuple, servers)))
+            if key not in self._algorithm_cache:  # alike groups share one algorithm and its flow phases
+                algorithm = get_algorithm(collective, name, len(group), data["bytes"], servers)
+                fidelity = self.options.collective_fidelity
+                if fidelity == "auto":
+                    fidelity = "step" if len(group) <= self.options.step_limit else "flow"
+                phases = algorithm.flow_phases() if fidelity == "flow" else None
+                if fidelity == "flow" and phases is None:  # no aggregated model: the step schedule stands in
+                    fidelity = "step"
+                self._algorithm_cache[key] = (algorithm, fidelity, phases)
+            algorithm, fidelity, phases = self._algorithm_cache[key]
+            vertex.algorithms.append((algorithm, fidelity, phases))
+            fidelities.add(fidelity)
+        self.fidelity_used[vertex.name] = "/".join(sorted(fidelities))
 
     # ---- dependencies -------------------------------------------------------------------------------------
 
     def _required(self, vertex: _Vertex, rank: int, run: int) -> int:
-        """How many predecessor completions instance (vertex, rank) needs for `run`."""
-        if vertex.uniform:
+        """How many predecessor completions unit `rank` of `vertex` needs for `run`."""
+        if vertex.required is not None:
             return vertex.required[run > 1]
         xpu = vertex.xpus[rank]
         count = 0
-        for pred, skip, disjoint in vertex.preds:
-            if run == 1 and skip:
+        for edge in vertex.preds:
+            if run == 1 and edge.skip:
                 continue
-            if xpu in pred.pos:
-                count += 1
-            elif disjoint:
+            pred = edge.vertex
+            if edge.wait == "all":
                 count += len(pred.xpus)
+            elif edge.wait == "xpu":
+                count += xpu in pred.pos
+            elif vertex.kind == "comm":  # a collective member waits for pred's units in its group
+                count += self._group_count(vertex, pred, vertex.group_of[rank])
+            else:  # a compute waits for its XPU's whole group of pred
+                count += len(pred.group(pred.pos[xpu])) if xpu in pred.pos else 0
         return count
+
+    def _group_count(self, vertex: _Vertex, pred: _Vertex, group: int) -> int:
+        key = (pred.index, group)
+        if key not in vertex.group_counts:
+            vertex.group_counts[key] = sum(x in pred.pos for x in vertex.groups[group])
+        return vertex.group_counts[key]
+
+    def _waiting_units(self, edge: _Edge, pred: _Vertex, xpu: str):
+        """The units of edge.vertex that a completion of `pred`'s unit on `xpu` counts for."""
+        succ = edge.vertex
+        if edge.wait == "all":
+            return range(len(succ.xpus))
+        if edge.wait == "xpu":
+            return (succ.pos[xpu],) if xpu in succ.pos else ()
+        if succ.kind == "comm":
+            return range(*succ.group_span(succ.pos[xpu])) if xpu in succ.pos else ()
+        return [succ.pos[x] for x in pred.group(pred.pos[xpu]) if x in succ.pos]
 
     def _notify(self, vertex: _Vertex, rank: int, run: int) -> None:
         instance = vertex.offset + rank
@@ -194,8 +296,9 @@ class Executor:
             return
         self.arrivals.pop((instance, run), None)
         self.running[instance] = True
+        xpu = vertex.xpus[rank]
         if vertex.kind == "compute":
-            xpu = vertex.xpus[rank]
+            self._open(xpu, computing=1)
             form = self._memory_form(vertex, xpu)
             self._count_reads(vertex, xpu, form)
             if xpu in self.representative:
@@ -210,24 +313,59 @@ class Executor:
         self.running[instance] = False
         self.done_runs[instance] = run
         now = self.backend.now()
+        xpu = vertex.xpus[rank]
+        if vertex.kind == "compute":
+            self._open(xpu, computing=-1)
         if self.trace is not None:
-            self.trace.vertex(run, vertex.xpus[rank], vertex.name, vertex.kind, start, now)
+            self.trace.vertex(run, xpu, vertex.name, vertex.kind, start, now)
         self.completed_in_run[run] += 1
         if self.progress is not None and self.completed_in_run[run] % 4096 == 0:
             self.progress(4096)
         if self.completed_in_run[run] == self.total_instances:
-            self.iteration_ends.append(now)
-        xpu = vertex.xpus[rank]
-        for succ, skip, disjoint in vertex.succs:
-            target = run + skip
+            self._iteration_ended(now)
+        for edge in vertex.succs:
+            target = run + edge.skip
             if target > self.options.iterations:
                 continue
-            if xpu in succ.pos:
-                self._notify(succ, succ.pos[xpu], target)
-            elif disjoint:
-                for other in range(len(succ.xpus)):
-                    self._notify(succ, other, target)
+            succ = edge.vertex
+            for unit in self._waiting_units(edge, vertex, xpu):
+                self._notify(succ, unit, target)
         self._try_start(vertex, rank)
+
+    # ---- where the time goes ------------------------------------------------------------------------------
+
+    def _open(self, xpu: str, computing: int = 0, communicating: int = 0) -> None:
+        """Count an instance in (+1) or out (-1) of `xpu`'s clock."""
+        clock = self.clocks[xpu]
+        clock.advance(self.backend.now())
+        clock.computing += computing
+        clock.communicating += communicating
+
+    def _iteration_ended(self, now: float) -> None:
+        self.iteration_ends.append(now)
+        if len(self.iteration_ends) == 1:
+            self.first_iteration = {x: self._times(x, now) for x in self.clocks}
+
+    def _times(self, xpu: str, now: float) -> tuple[float, float, float, float, float]:
+        clock = self.clocks[xpu]
+        clock.advance(now)
+        return (clock.busy, clock.comm, clock.idle, *self.busy[xpu])
+
+    def xpu_times(self) -> dict[str, dict[str, float]]:
+        """Per XPU, seconds per iteration over the measured iterations (2.. when there are several, else 1):
+        compute, memory stall, exposed communication and idle, which add up to the iteration time."""
+        ends = self.iteration_ends
+        measured = len(ends) - 1 if len(ends) > 1 else 1
+        table = {}
+        for xpu in self.clocks:
+            busy, comm, idle, compute, stall = self._times(xpu, ends[-1])
+            if len(ends) > 1:
+                first = self.first_iteration[xpu]
+                busy, comm, idle, compute = busy - first[0], comm - first[1], idle - first[2], compute - first[3]
+            compute = min(compute, busy)  # an instance open across the window's start counts where it ends
+            table[xpu] = {"compute_s": compute / measured, "memory_stall_s": (busy - compute) / measured,
+                          "comm_s": comm / measured, "idle_s": idle / measured}
+        return table
 
     # ---- compute instances --------------------------------------------------------------------------------
 
@@ -246,7 +384,7 @@ class Executor:
         start = self.backend.now()
         local = node["local_memory"]
         flops, size = data["flops"], data["memory_bytes"]
-        compute_time = flops / _speed(node, self.precision)
+        compute_time = flops / peak_flops(node, self.precision)
         tracing = self.trace is not None and self.trace.wants(xpu, run)
 
         def finish():
@@ -322,41 +460,45 @@ class Executor:
 
     # ---- collectives --------------------------------------------------------------------------------------
 
-    def _rank_ready(self, vertex: _Vertex, rank: int, run: int) -> None:
-        key = (vertex.index, run)
+    def _rank_ready(self, vertex: _Vertex, unit: int, run: int) -> None:
+        group = vertex.group_of[unit]
+        key = (vertex.index, group, run)
         state = self.collective_state.get(key)
         if state is None:
-            state = self.collective_state[key] = _CollectiveRun(self, vertex, run)
-        state.ready(rank)
+            state = self.collective_state[key] = _CollectiveRun(self, vertex, group, run)
+        state.ready(unit - vertex.group_offsets[group])
 
-    def collective_done(self, vertex: _Vertex, run: int) -> None:
-        self.collective_state.pop((vertex.index, run), None)
+    def collective_done(self, vertex: _Vertex, group: int, run: int) -> None:
+        self.collective_state.pop((vertex.index, group, run), None)
 
     # ---- representative XPUs ------------------------------------------------------------------------------
 
     def _representatives(self) -> dict[str, str]:
         """Follower XPU -> its representative: the first XPU of each class of alike XPUs.
 
-        Alike: same device and speed, same memory paths, same spilled vertices, and the same
-        collective paths in and out (so an XPU whose incoming ring transfer shares its memory
-        link is not represented by one whose transfer arrives over the XPU switch)."""
+        Alike: same device and speed, the same compute vertices, the same memory paths and spilled
+        vertices, and the same collective paths in and out (so an XPU whose incoming ring transfer
+        shares its memory link is not represented by one whose transfer arrives over the XPU switch)."""
         compute = [v for v in self.vertices if v.kind == "compute"]
         nodes = self.platform.nodes
         traffic: dict[str, set] = defaultdict(set)
         for vertex in self.vertices:
             if vertex.kind == "comm":
-                for s, d in vertex.algorithm.pairs():
-                    src, dst = vertex.xpus[s], vertex.xpus[d]
-                    traffic[src].add(("out", self._path(src, dst)))
-                    traffic[dst].add(("in", self._path(src, dst)))
+                for group, (algorithm, _, _) in zip(vertex.groups, vertex.algorithms):
+                    for s, d in algorithm.pairs():
+                        src, dst = group[s], group[d]
+                        traffic[src].add(("out", self._path(src, dst)))
+                        traffic[dst].add(("in", self._path(src, dst)))
+        placements = list({(id(v.xpus), id(v.data["spilled_xpus"])): (v.pos, v.data["spilled_xpus"])
+                           for v in compute}.values())  # vertices share these: test each distinct pair once
         first: dict[tuple, str] = {}
         followers = {}
         for xpu in dict.fromkeys(x for v in compute for x in v.xpus):
             node = nodes[xpu]
             paths = tuple(self._path(node[key], xpu) if (node[key], xpu) in self.routes else None
                           for key in ("local_memory", "extended_memory"))
-            key = (node["device"], _speed(node, self.precision), paths, tuple(sorted(traffic[xpu])),
-                   tuple(xpu in v.data["spilled_xpus"] for v in compute))
+            runs = tuple((xpu in pos, xpu in spilled) for pos, spilled in placements)
+            key = (node["device"], peak_flops(node, self.precision), paths, tuple(sorted(traffic[xpu])), runs)
             rep = first.setdefault(key, xpu)
             if rep != xpu:
                 followers[xpu] = rep
@@ -396,9 +538,10 @@ class Executor:
     def run(self) -> RunResult:
         wall = time.perf_counter()
         for vertex in self.vertices:
-            for rank in range(len(vertex.xpus)):
-                if self._required(vertex, rank, 1) == 0:
-                    self._try_start(vertex, rank)
+            if vertex.data.get("start"):
+                for rank in range(len(vertex.xpus)):
+                    if self._required(vertex, rank, 1) == 0:
+                        self._try_start(vertex, rank)
         self.backend.run()
         unfinished = [v.name for v in self.vertices
                       if any(self.done_runs[v.offset + r] < self.options.iterations for r in range(len(v.xpus)))]
@@ -409,7 +552,8 @@ class Executor:
                                   f"(a dependency that is never met): {', '.join(unfinished[:5])}")
         return RunResult(iteration_ends=list(self.iteration_ends), activities=self.backend.activities,
                          busy=self.busy, wall_time_s=time.perf_counter() - wall, trace=self.trace,
-                         collective_fidelity=self.fidelity_used, link_bytes=self.link_bytes())
+                         collective_fidelity=self.fidelity_used, link_bytes=self.link_bytes(),
+                         xpu_times=self.xpu_times(), representatives=dict(self.representative))
 
     def latency(self, src: str, dst: str) -> float:
         return self._path(src, dst)[0]
@@ -429,11 +573,12 @@ class Executor:
 
 
 class _CollectiveRun:
-    """One run of one collective vertex: ranks join as they become ready."""
+    """One run of one group of one collective vertex: the group's ranks join as they become ready."""
 
-    def __init__(self, executor: Executor, vertex: _Vertex, run: int):
+    def __init__(self, executor: Executor, vertex: _Vertex, group: int, run: int):
         self.executor, self.vertex, self.run = executor, vertex, run
-        self.algorithm = vertex.algorithm
+        self.group, self.members, self.offset = group, vertex.groups[group], vertex.group_offsets[group]
+        self.algorithm, self.fidelity, self.phases = vertex.algorithms[group]
         self.start = {}
         self.step = {}  # (rank, lane) -> its current step index
         self.current = {}
@@ -441,13 +586,20 @@ class _CollectiveRun:
         self.lanes_left = {}
         self.arrived: dict[tuple[int, int, int], int] = defaultdict(int)  # (rank, lane, step) -> receives
         self.finished = 0
+        self.active: set[int] = set()  # ranks counted as communicating on their XPU's clock
+        self.finished_ranks: set[int] = set()
 
     def xpu(self, rank: int) -> str:
-        return self.vertex.xpus[rank]
+        return self.members[rank]
 
     def ready(self, rank: int) -> None:
         self.start[rank] = self.executor.backend.now()
-        if self.vertex.fidelity == "flow":
+        if len(self.start) == self.algorithm.ranks:  # everyone is here: waiting for peers ends
+            for other in range(self.algorithm.ranks):
+                if other not in self.finished_ranks:
+                    self.active.add(other)
+                    self.executor._open(self.members[other], communicating=1)
+        if self.fidelity == "flow":
             if len(self.start) == self.algorithm.ranks:
                 self._start_flows()
             return
@@ -497,15 +649,18 @@ class _CollectiveRun:
 
     def _finish(self, rank: int) -> None:
         self.finished += 1
-        self.executor._complete(self.vertex, rank, self.run, self.start[rank])
+        self.finished_ranks.add(rank)
+        if rank in self.active:
+            self.executor._open(self.members[rank], communicating=-1)
+        self.executor._complete(self.vertex, self.offset + rank, self.run, self.start[rank])
         if self.finished == self.algorithm.ranks:
-            self.executor.collective_done(self.vertex, self.run)
+            self.executor.collective_done(self.vertex, self.group, self.run)
 
     # flow fidelity: each lane's phases (Algorithm.flow_phases) one after the other, the lanes side by side;
     # a phase ends when FlowPhase's rule says, from its transfers' measured durations
     def _start_flows(self) -> None:
         lanes: dict[int, list[FlowPhase]] = defaultdict(list)
-        for phase in self.vertex.phases:
+        for phase in self.phases:
             if phase.transfers:
                 lanes[phase.lane].append(phase)
         self.lanes_busy = len(lanes)
@@ -553,10 +708,6 @@ class _CollectiveRun:
             fill.append(max((fill[f] + step[f] for f in feeds), default=0.0))
             last.append(max(max((last[f] for f in feeds), default=0.0) + step[i], fill[i] + k * step[i]))
         return max(last)
-
-
-def _speed(node: dict, precision: str) -> float:
-    return node["fp16_flops"] if precision in ("fp16", "bf16") else node["fp32_flops"]
 
 
 def _stable_order(graph: nx.DiGraph) -> list:

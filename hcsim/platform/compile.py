@@ -50,6 +50,7 @@ import networkx as nx
 from lxml import etree
 
 from hcsim.errors import TopologyError
+from hcsim.platform.devices import peak_flops
 from hcsim.platform.routes import shortest_routes
 from hcsim.platform.topology import HOST_KINDS
 
@@ -283,7 +284,7 @@ def _zone_id(pod: str) -> str:
 
 def _speed(data: dict, precision: str) -> float:
     if data["kind"] == "xpu":
-        return float(data["fp16_flops"] if precision in ("fp16", "bf16") else data["fp32_flops"])
+        return peak_flops(data, precision)
     if data["kind"] == "cpu":
         return float(data.get("flops") or 1.0)
     return 1.0

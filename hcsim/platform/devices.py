@@ -12,7 +12,7 @@ from pathlib import Path
 from hcsim.config import REPO_ROOT, Fields, load_yaml
 from hcsim.errors import ConfigError
 
-__all__ = ["Device", "load_catalog", "builtin_catalog", "PRECISIONS"]
+__all__ = ["Device", "load_catalog", "builtin_catalog", "peak_flops", "PRECISIONS"]
 
 PRECISIONS = ("fp32", "fp16")
 BUILTIN_CATALOG = REPO_ROOT / "platforms" / "devices.yaml"
@@ -36,6 +36,11 @@ class Device:
     def flops(self, precision: str) -> float:
         """FLOP/s at `precision` ("fp32" or "fp16"; bf16 counts as fp16)."""
         return self.fp16_flops if precision in ("fp16", "bf16") else self.fp32_flops
+
+
+def peak_flops(xpu: dict, precision: str) -> float:
+    """Peak FLOP/s of an XPU node (platform graph attributes) at `precision` (bf16 counts as fp16)."""
+    return float(xpu["fp16_flops"] if precision in ("fp16", "bf16") else xpu["fp32_flops"])
 
 
 def load_catalog(path: str | Path) -> dict[str, Device]:

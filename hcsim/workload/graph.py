@@ -1,101 +1,167 @@
 """The workload graph: what runs where, and in which order (paper Table 3).
 
 A workload is a ``networkx.DiGraph`` that may contain cycles (training
-repeats). To stay small at thousands of XPUs, a vertex is *replicated*: it
-names the XPUs it runs on and stands for one instance per XPU (SPMD, as data
-parallel training is). Units are SI: FLOP, bytes.
+repeats). To stay small at thousands of XPUs, one vertex stands for many
+*instances*: a compute vertex runs once on each of its XPUs, and a
+communication vertex runs its collective once in each of its groups (one
+vertex is the tensor-parallel all-reduce of every TP group at once). Units
+are SI: FLOP, bytes, seconds. Format version 2 (:data:`FORMAT_VERSION`);
+files of version 1 (no ``format_version``) are converted on load.
 
 Graph attributes
-    name : str; precision : "fp32" | "fp16" | "bf16" (picks the XPU FLOP/s);
-    samples_per_iteration : int, samples one XPU processes per iteration
-    (its batch; throughput counts batches as the paper does).
+    name : str; precision : one of PRECISIONS (picks the XPU FLOP/s);
+    format_version : 2;
+    samples_per_iteration : int, samples one data-parallel replica processes per
+        iteration (throughput counts batches as the paper does);
+    optional, set by the builders and read by reports: ``layout`` (a
+    :class:`~hcsim.workload.layout.ParallelLayout` as a mapping), ``global_samples``
+    (samples per iteration of the whole job), ``tokens_per_sample``,
+    ``model_flops`` (FLOP of one iteration of the whole job, counted as
+    Megatron-LM counts them, for MFU).
 
 Vertex attributes
     kind : "compute" | "comm".
-    xpus : tuple of XPU names. A compute vertex runs once on each of them; a
-        collective runs over all of them as its group; a point-to-point
-        transfer is ``(src, dst)``.
-    start : bool, the vertex is in the initial running set (paper Fig. 5).
+    start : bool, the vertex's instances are in the initial running set (paper Fig. 5).
     label : optional str for reports (``decoder3.fwd.linear_k``).
-    phase, decoder : optional, set by the training-graph builder
-        (:mod:`hcsim.workload.training`): "fwd" | "bwd" | "allreduce" |
-        "optimizer", and the decoder number (1..L; 0 for none). Any other
-        attribute is kept and ignored.
-    compute: flops (per XPU), memory_bytes (per XPU, read by the computation),
+    Any other attribute (``phase``, ``decoder``, ``stage``, ``micro_batch`` set
+    by the training-graph builders) is kept and ignored by the engine.
+    compute:
+        xpus : tuple of XPU names; one instance per XPU.
+        flops : FLOP per instance; memory_bytes : bytes per instance, read by the computation;
+        duration : optional seconds per instance (a measured kernel time): it
+            replaces flops / FLOP/s;
         spilled_xpus : frozenset of the XPUs on which the vertex's data lives in
-        extended memory (set by memory placement; empty when all is local).
-    comm: bytes (the buffer each rank contributes: S of the closed forms);
+            extended memory (set by memory placement; empty when all is local).
+    comm:
+        groups : tuple of disjoint tuples of XPU names; the collective runs
+            independently in each group (ranks in that order); for
+            ``collective: "p2p"`` each group is one ``(src, dst)`` pair.
+        xpus : every member of every group, in group order (derived; the
+            vertex's units, one per member XPU).
+        bytes : the buffer each rank contributes (S of the closed forms);
         collective : one of COLLECTIVES; algorithm : optional algorithm name.
 
 Edge attributes
+    wait : which instance of the successor waits for which of the predecessor
+        (WAITS, never inferred). A *unit* is a vertex on one XPU: a compute
+        instance, or one member of a collective's group.
+
+        - ``"xpu"``: v's unit on XPU x waits for u's unit on x (compute after
+          compute on the same XPU; a collective member after its own XPU's
+          compute; a compute after its own XPU's part of a collective). v's
+          units on XPUs u does not run on wait for nothing from u.
+        - ``"group"``: v's unit on x waits for every unit of u in x's group: v's
+          group when v is a communication vertex (a collective member after every
+          member's compute, or a p2p receiver after its sender's part of the
+          collective before), else u's (a compute after its whole group's
+          collective has ended).
+        - ``"all"``: every unit of v waits for every unit of u (a barrier).
     skip_first_iteration : bool, the dependency does not hold in iteration 1
         (the back edge that closes the training loop).
 
-Dependencies between instances: for an edge u -> v, the instance of v on XPU
-x waits for the instance of u on x when both run on x; an instance of v on an
-XPU that u does not run on waits for nothing from u, unless u and v share no
-XPU at all, in which case every instance of v waits for every instance of u.
-Run k of an instance waits for run k of its predecessors (run k-1 across a
-``skip_first_iteration`` edge, nothing when k = 1).
+Run k of a unit waits for run k of its predecessors' units (run k-1 across a
+``skip_first_iteration`` edge, nothing when k = 1) and for its own run k-1.
+Only the units of start vertices may have no predecessor in iteration 1; a
+unit of any other vertex that would have none is an error (it would start at
+t = 0 and run ahead of its iteration).
+
+Example: two XPUs, a forward and a backward pass, a gradient all-reduce, and
+the back edge that makes iteration k+1 wait for iteration k's gradients:
+
+>>> g = new_workload("tiny")
+>>> _ = add_compute(g, "fwd", xpus=["x0", "x1"], flops=1e12, start=True)
+>>> _ = add_compute(g, "bwd", xpus=["x0", "x1"], flops=2e12)
+>>> _ = add_comm(g, "grads", groups=[["x0", "x1"]], bytes=1e9, collective="all_reduce")
+>>> add_dependency(g, "fwd", "bwd"); add_dependency(g, "bwd", "grads")
+>>> add_dependency(g, "grads", "fwd", skip_first_iteration=True)
+>>> validate_workload(g, ["x0", "x1"])
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import networkx as nx
 
 from hcsim.errors import WorkloadError
 
-__all__ = ["COLLECTIVES", "PRECISIONS", "new_workload", "add_compute", "add_comm", "add_dependency",
-           "validate_workload", "save_workload", "load_workload", "unroll_iterations"]
+__all__ = ["COLLECTIVES", "PRECISIONS", "WAITS", "FORMAT_VERSION", "new_workload", "add_compute", "add_comm", "covered_xpus",
+           "add_dependency", "validate_workload", "save_workload", "load_workload", "unroll_iterations"]
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "p2p")
 PRECISIONS = ("fp32", "fp16", "bf16")
+WAITS = ("xpu", "group", "all")
+FORMAT_VERSION = 2
 
 
-def new_workload(name: str, *, precision: str = "fp32", samples_per_iteration: int = 1) -> nx.DiGraph:
-    """An empty workload graph."""
-    return nx.DiGraph(name=name, precision=precision, samples_per_iteration=samples_per_iteration)
+def new_workload(name: str, *, precision: str = "fp32", samples_per_iteration: int = 1, **attributes) -> nx.DiGraph:
+    """An empty workload graph (format version 2); `attributes` are further graph attributes."""
+    return nx.DiGraph(name=name, precision=precision, samples_per_iteration=samples_per_iteration,
+                      format_version=FORMAT_VERSION, **attributes)
 
 
-def add_compute(graph: nx.DiGraph, name: str, *, xpus, flops: float, memory_bytes: float = 0.0,
-                start: bool = False, label: str | None = None) -> str:
-    """Add a compute vertex replicated on `xpus`; returns its name."""
+def add_compute(graph: nx.DiGraph, name: str, *, xpus: Iterable[str], flops: float, memory_bytes: float = 0.0,
+                duration: float | None = None, start: bool = False, label: str | None = None) -> str:
+    """Add a compute vertex with one instance on each of `xpus`; returns its name.
+
+    `duration` (s), when given, is the instance's compute time instead of flops / FLOP/s."""
     graph.add_node(name, kind="compute", xpus=tuple(xpus), flops=float(flops), memory_bytes=float(memory_bytes),
                    spilled_xpus=frozenset(), start=start, label=label or name)
+    if duration is not None:
+        graph.nodes[name]["duration"] = float(duration)
     return name
 
 
-def add_comm(graph: nx.DiGraph, name: str, *, xpus, bytes: float, collective: str,
+def add_comm(graph: nx.DiGraph, name: str, *, bytes: float, collective: str, groups: Iterable[Sequence[str]] | None = None,
+             pairs: Iterable[tuple[str, str]] | None = None, xpus: Sequence[str] | None = None,
              algorithm: str | None = None, start: bool = False, label: str | None = None) -> str:
-    """Add a communication vertex over `xpus` (the group, or ``(src, dst)``); returns its name."""
-    graph.add_node(name, kind="comm", xpus=tuple(xpus), bytes=float(bytes), collective=collective,
-                   algorithm=algorithm, start=start, label=label or name)
+    """Add a communication vertex; returns its name.
+
+    Give its `groups` (disjoint; the collective runs in each), its p2p `pairs`
+    ``(src, dst)``, or `xpus` for a single group (a single pair for p2p)."""
+    given = [g for g in (groups, pairs, xpus) if g is not None]
+    if len(given) != 1:
+        raise WorkloadError(f"vertex {name!r}: give exactly one of groups, pairs or xpus")
+    members = (tuple(xpus),) if xpus is not None else tuple(tuple(g) for g in given[0])
+    graph.add_node(name, kind="comm", groups=members, xpus=_members(members), bytes=float(bytes),
+                   collective=collective, algorithm=algorithm, start=start, label=label or name)
     return name
 
 
-def add_dependency(graph: nx.DiGraph, before: str, after: str, *, skip_first_iteration: bool = False) -> None:
-    """`after` waits for `before` (from iteration 2 on when `skip_first_iteration`)."""
-    graph.add_edge(before, after, skip_first_iteration=skip_first_iteration)
+def add_dependency(graph: nx.DiGraph, before: str, after: str, *, wait: str = "xpu",
+                   skip_first_iteration: bool = False) -> None:
+    """`after` waits for `before` by rule `wait` (WAITS; from iteration 2 on when `skip_first_iteration`)."""
+    if wait not in WAITS:
+        raise WorkloadError(f"edge {before!r} -> {after!r}: wait must be one of {', '.join(WAITS)}, got {wait!r}")
+    graph.add_edge(before, after, wait=wait, skip_first_iteration=skip_first_iteration)
+
+
+def _members(groups: tuple[tuple[str, ...], ...]) -> tuple[str, ...]:
+    return groups[0] if len(groups) == 1 else tuple(x for group in groups for x in group)
 
 
 def validate_workload(graph: nx.DiGraph, platform_xpus=None) -> None:
     """Check a workload before any run; raise one WorkloadError listing every problem.
 
     Checks: vertex kinds and sizes (non-negative, finite), XPUs that exist on
-    the platform (when `platform_xpus` is given), collectives and p2p shape,
-    at least one start vertex, that every cycle is broken by a
-    ``skip_first_iteration`` edge (otherwise its vertices can never run), and
-    that every vertex is a start vertex or reachable from one over edges that
-    hold in iteration 1 (otherwise it never becomes ready).
+    the platform (when `platform_xpus` is given), groups disjoint and p2p pairs
+    of two, every edge's wait rule (an ``xpu`` edge between vertices that share
+    no XPU connects nothing; ``group`` needs a communication vertex), at least
+    one start vertex, every cycle broken by a ``skip_first_iteration`` edge, and
+    every unit of a non-start vertex waiting for something in iteration 1
+    (otherwise it would start at t = 0, or never).
     """
     known = set(platform_xpus) if platform_xpus is not None else None
     problems = []
     missing_by_group: dict = {}  # groups are shared tuples: check each distinct one once
     for name, data in graph.nodes(data=True):
         problems += _vertex_problems(name, data, known, missing_by_group)
+    well_formed = not problems  # the edge rules and coverage need well-formed vertices
+    if well_formed:
+        for u, v, data in graph.edges(data=True):
+            problems += _edge_problems(graph, u, v, data)
     if not any(data.get("start") for _, data in graph.nodes(data=True)) and graph.number_of_nodes():
         problems.append("no start vertex: mark the first vertices of an iteration with start: true")
     first_iteration = nx.DiGraph((u, v) for u, v, skip in graph.edges(data="skip_first_iteration") if not skip)
@@ -106,15 +172,8 @@ def validate_workload(graph: nx.DiGraph, platform_xpus=None) -> None:
     if cycle:
         names = " -> ".join(str(u) for u, _ in cycle) + f" -> {cycle[0][0]}"
         problems.append(f"cycle with no skip_first_iteration edge (these vertices can never start): {names}")
-    starts = [n for n, start in graph.nodes(data="start") if start]
-    if starts and not cycle:
-        first_iteration.add_nodes_from(graph.nodes)
-        reached = set(starts).union(*(nx.descendants(first_iteration, n) for n in starts))
-        stranded = sorted((n for n in graph.nodes if n not in reached), key=str)
-        if stranded:
-            problems.append(f"{len(stranded)} vertices are neither start vertices nor reachable from one in iteration 1 "
-                            f"(they never become ready): {', '.join(map(str, stranded[:5]))}"
-                            f"{', ...' if len(stranded) > 5 else ''}. Fix: mark them start: true or add a dependency")
+    if not problems:
+        problems += _coverage_problems(graph)
     if problems:
         raise WorkloadError(f"workload {graph.graph.get('name', '?')!r} is invalid:\n  " + "\n  ".join(problems))
 
@@ -135,22 +194,85 @@ def _vertex_problems(name, data, known, missing_by_group) -> list[str]:
         if missing:
             problems.append(f"vertex {name!r}: placed on XPUs the platform does not have: {', '.join(map(repr, missing[:5]))}")
     sizes = ("flops", "memory_bytes") if kind == "compute" else ("bytes",)
+    if kind == "compute" and "duration" in data:
+        sizes += ("duration",)
     for key in sizes:
         value = data.get(key)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
             problems.append(f"vertex {name!r}: {key} must be a finite number >= 0, got {value!r}")
     if kind == "compute":
+        if len(set(xpus)) != len(xpus):
+            problems.append(f"vertex {name!r}: xpus lists an XPU more than once")
         spilled = data.get("spilled_xpus") or ()
         strays = set(spilled) - set(xpus) if spilled else ()
         if strays:
             problems.append(f"vertex {name!r}: spilled_xpus names XPUs it does not run on: "
                             f"{', '.join(map(repr, sorted(strays)[:5]))}")
-    if kind == "comm":
-        collective = data.get("collective")
-        if collective not in COLLECTIVES:
-            problems.append(f"vertex {name!r}: collective {collective!r} is not one of {', '.join(COLLECTIVES)}")
-        elif collective == "p2p" and len(xpus) != 2:
-            problems.append(f"vertex {name!r}: a p2p transfer names exactly two XPUs (src, dst), got {len(xpus)}")
+    else:
+        problems += _comm_problems(name, data)
+    return problems
+
+
+def _comm_problems(name, data) -> list[str]:
+    problems = []
+    collective = data.get("collective")
+    groups = data.get("groups") or ()
+    if collective not in COLLECTIVES:
+        problems.append(f"vertex {name!r}: collective {collective!r} is not one of {', '.join(COLLECTIVES)}")
+    elif collective == "p2p" and any(len(pair) != 2 or pair[0] == pair[1] for pair in groups):
+        problems.append(f"vertex {name!r}: a p2p transfer names two different XPUs (src, dst) per pair")
+    if any(not group for group in groups):
+        problems.append(f"vertex {name!r}: a group is empty")
+    members = data.get("xpus") or ()
+    if len(set(members)) != len(members):
+        problems.append(f"vertex {name!r}: groups must be disjoint (an XPU is in two groups, or twice in one); "
+                        f"split it into one vertex per set of disjoint groups")
+    return problems
+
+
+def _edge_problems(graph: nx.DiGraph, u, v, data) -> list[str]:
+    wait = data.get("wait")
+    if wait not in WAITS:
+        return [f"edge {u!r} -> {v!r}: wait must be one of {', '.join(WAITS)}, got {wait!r}"]
+    before, after = graph.nodes[u], graph.nodes[v]
+    if wait == "group" and before["kind"] == after["kind"] == "compute":
+        return [f"edge {u!r} -> {v!r}: wait 'group' needs a communication vertex at one end; use 'xpu' or 'all'"]
+    if wait == "xpu" and before["xpus"] is not after["xpus"] and set(before["xpus"]).isdisjoint(after["xpus"]):
+        return [f"edge {u!r} -> {v!r}: wait 'xpu' between vertices that share no XPU connects nothing; "
+                f"use wait 'all' for a barrier"]
+    return []
+
+
+def covered_xpus(graph: nx.DiGraph, u, v, wait: str):
+    """The XPUs of v whose units wait for some unit of u over an edge u -> v with rule `wait` (None: all)."""
+    before, after = graph.nodes[u], graph.nodes[v]
+    if wait == "all" or before["xpus"] is after["xpus"]:
+        return None
+    if wait == "group" and after["kind"] == "comm":
+        touched = set(before["xpus"])
+        return {x for group in after["groups"] for x in group if not touched.isdisjoint(group)}
+    return set(after["xpus"]).intersection(before["xpus"])
+
+
+def _coverage_problems(graph: nx.DiGraph) -> list[str]:
+    problems = []
+    for v, data in graph.nodes(data=True):
+        if data.get("start"):
+            continue
+        covered: set = set()
+        for u, _, edge in graph.in_edges(v, data=True):
+            if edge["skip_first_iteration"]:
+                continue
+            xpus = covered_xpus(graph, u, v, edge["wait"])
+            if xpus is None:
+                break
+            covered |= xpus
+        else:
+            alone = [x for x in data["xpus"] if x not in covered]
+            if alone:
+                problems.append(f"vertex {v!r}: its units on {len(alone)} XPUs ({', '.join(map(str, alone[:5]))}"
+                                f"{', ...' if len(alone) > 5 else ''}) wait for nothing in iteration 1, and it is not "
+                                f"a start vertex. Fix: add a dependency that reaches them, or mark it start: true")
     return problems
 
 
@@ -158,7 +280,7 @@ def unroll_iterations(graph: nx.DiGraph, iterations: int) -> nx.DiGraph:
     """The acyclic graph of vertex runs ``(name, k)`` for k = 1..iterations, per the semantics above.
 
     An edge u -> v gives (u, k) -> (v, k), or (u, k-1) -> (v, k) when it skips the
-    first iteration (nothing for k = 1). Replication is not expanded: one node
+    first iteration (nothing for k = 1). Instances are not expanded: one node
     stands for every instance of a run. Useful to check dependencies and orders.
 
     >>> g = new_workload("loop")
@@ -183,8 +305,10 @@ def save_workload(graph: nx.DiGraph, path: str | Path) -> None:
     data = nx.node_link_data(graph, edges="edges")
     for node in data["nodes"]:
         for key, value in node.items():
-            if isinstance(value, (tuple, frozenset, set)):
-                node[key] = sorted(value) if isinstance(value, (frozenset, set)) else list(value)
+            if isinstance(value, (frozenset, set)):
+                node[key] = sorted(value)
+            elif isinstance(value, tuple):
+                node[key] = [list(g) if isinstance(g, tuple) else g for g in value]
     Path(path).write_text(json.dumps(data, indent=1))
 
 
@@ -192,8 +316,13 @@ def load_workload(path: str | Path, platform_xpus=None) -> nx.DiGraph:
     """Read a graph written by :func:`save_workload` (or by the user's own tools) and validate it.
 
     Accepts the edge list under ``edges`` or under ``links`` (older networkx).
-    Equal ``xpus`` and ``spilled_xpus`` values are shared between vertices, so
-    a graph over thousands of XPUs costs one tuple per distinct group.
+    A file of format version 1 (hcsim before the parallel layout: no
+    ``format_version``; a communication vertex has one group, its ``xpus``; edges
+    have no ``wait``) is converted with version 1's rules: an edge between
+    vertices that share an XPU waits per XPU, between vertices that share none
+    it is a barrier. Equal ``xpus``, ``groups`` and ``spilled_xpus`` values are
+    shared between vertices, so a graph over thousands of XPUs costs one tuple
+    per distinct group.
     """
     try:
         data = json.loads(Path(path).read_text())
@@ -201,21 +330,58 @@ def load_workload(path: str | Path, platform_xpus=None) -> nx.DiGraph:
         graph = nx.node_link_graph(data, directed=True, edges=key)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, nx.NetworkXError) as err:
         raise WorkloadError(f"{path}: not a node-link workload graph: {err}") from err
-    shared: dict = {}
-    problems = []
-    for name, node in graph.nodes(data=True):
-        for key, kind in (("xpus", tuple), ("spilled_xpus", frozenset)):
-            value = node.get(key) or ()
-            if isinstance(value, str) or not isinstance(value, (list, tuple)):
-                problems.append(f"vertex {name!r}: {key} must be a list of XPU names, got {value!r}")
-                value = ()
-            if key == "xpus" or node.get("kind") == "compute":
-                value = kind(value)
-                node[key] = shared.setdefault((kind, value), value)
-        node.setdefault("start", False)
+    version = graph.graph.get("format_version", 1)
+    if version not in (1, FORMAT_VERSION):
+        raise WorkloadError(f"{path}: workload graph format_version {version!r} is not one this hcsim reads "
+                            f"(1 or {FORMAT_VERSION}); write it with this version's `hcsim workload export`")
+    problems = _read_vertices(graph, version)
     if problems:
         raise WorkloadError(f"{path}: " + "; ".join(problems[:10]))
-    for _, _, edge in graph.edges(data=True):
+    for u, v, edge in graph.edges(data=True):
         edge.setdefault("skip_first_iteration", False)
+        if version == 1:
+            edge["wait"] = _version1_wait(graph.nodes[u], graph.nodes[v])
+    graph.graph["format_version"] = FORMAT_VERSION
     validate_workload(graph, platform_xpus)
     return graph
+
+
+def _version1_wait(before: dict, after: dict) -> str:
+    """The rule a version-1 edge meant: a barrier between vertices on disjoint XPUs, else per XPU; a
+    collective that only some of its members' XPUs feed waits for its group (version 1 started the
+    others at t = 0, which is the defect version 2 removes)."""
+    ours, theirs = set(before["xpus"]), set(after["xpus"])
+    if ours.isdisjoint(theirs):
+        return "all"
+    partial = not theirs <= ours
+    return "group" if partial and "comm" in (before.get("kind"), after.get("kind")) else "xpu"
+
+
+def _read_vertices(graph: nx.DiGraph, version: int) -> list[str]:
+    """Turn the lists of a JSON graph into shared tuples and frozensets; convert version-1 vertices."""
+    shared: dict = {}
+
+    def names(name, key, value) -> tuple | None:
+        if isinstance(value, str) or not isinstance(value, (list, tuple)) \
+                or not all(isinstance(x, str) for x in value):
+            problems.append(f"vertex {name!r}: {key} must be a list of XPU names, got {str(value)[:80]}")
+            return None
+        return shared.setdefault(("t", tuple(value)), tuple(value))
+
+    problems: list[str] = []
+    for name, node in graph.nodes(data=True):
+        node.setdefault("start", False)
+        if node.get("kind") == "comm":
+            groups = node.get("groups") if version > 1 else [node.get("xpus") or ()]
+            if not isinstance(groups, list) or not groups:
+                problems.append(f"vertex {name!r}: groups must be a list of lists of XPU names, got {str(groups)[:80]}")
+                continue
+            members = tuple(names(name, "groups", g) or () for g in groups)
+            node["groups"] = shared.setdefault(("g", members), members)
+            node["xpus"] = shared.setdefault(("t", _members(members)), _members(members))
+            continue
+        node["xpus"] = names(name, "xpus", node.get("xpus") or ()) or ()
+        if node.get("kind") == "compute":
+            spilled = names(name, "spilled_xpus", node.get("spilled_xpus") or ()) or ()
+            node["spilled_xpus"] = shared.setdefault(("s", frozenset(spilled)), frozenset(spilled))
+    return problems

@@ -25,6 +25,7 @@ import networkx as nx
 
 from hcsim.errors import WorkloadError
 from hcsim.workload.graph import add_comm, add_compute, add_dependency, new_workload
+from hcsim.workload.layout import ParallelLayout
 from hcsim.workload.model import LayerCost
 from hcsim.workload.spec import WorkloadSpec
 
@@ -41,11 +42,11 @@ def gradient_bytes(spec: WorkloadSpec, parameters: int) -> float:
     return parameters * spec.sizes.gradient
 
 
-def build_training_graph(spec: WorkloadSpec, xpus: list[str]) -> nx.DiGraph:
+def build_training_graph(spec: WorkloadSpec, xpus: list[str] | ParallelLayout, group_order=None) -> nx.DiGraph:
     """The data-parallel training graph of `spec` over `xpus` (paper Fig. 7).
 
     Every compute vertex is replicated on all `xpus`; every all-reduce has the
-    group `xpus` (in that order: ring order is the caller's), collective
+    group `xpus` (in that order, or as ``group_order(xpus)`` orders it), collective
     "all_reduce", algorithm ``spec.algorithm``, and bytes = the bucket's
     parameters x gradient bytes per element. The optimizer step does
     ``spec.optimizer_flops_per_parameter`` FLOP and reads
@@ -54,32 +55,42 @@ def build_training_graph(spec: WorkloadSpec, xpus: list[str]) -> nx.DiGraph:
     Parameters
     ----------
     spec : the workload (:func:`hcsim.workload.load_workload_spec`).
-    xpus : XPU names, at least one, no repeats.
+    xpus : XPU names, at least one, no repeats; or a data-parallel ParallelLayout.
+    group_order : optional callable giving a group's ranks in ring order.
 
     Returns
     -------
     networkx.DiGraph following :mod:`hcsim.workload.graph`, with graph
     attributes name, precision, samples_per_iteration (= batch per XPU),
-    decoders, fidelity, bucket, parameters (of the decoders), model.
+    decoders, fidelity, bucket, parameters (of the decoders), model, and the
+    layout, global_samples and model_flops of :mod:`hcsim.workload.graph`.
 
     Raises
     ------
     WorkloadError
         if `xpus` is empty or repeats a name.
     """
-    group = tuple(xpus)
-    if not group:
-        raise WorkloadError(f"workload {spec.name!r}: no XPUs to train on")
-    if len(set(group)) != len(group):
-        repeated = sorted({x for x in group if group.count(x) > 1})
-        raise WorkloadError(f"workload {spec.name!r}: XPUs listed more than once: {', '.join(repeated[:5])}")
+    if not isinstance(xpus, ParallelLayout):
+        if not xpus:
+            raise WorkloadError(f"workload {spec.name!r}: no XPUs to train on")
+        if len(set(xpus)) != len(xpus):
+            repeated = sorted({x for x in xpus if list(xpus).count(x) > 1})
+            raise WorkloadError(f"workload {spec.name!r}: XPUs listed more than once: {', '.join(repeated[:5])}")
+        xpus = ParallelLayout(xpus)
+    layout = xpus
+    if layout.sizes["dp"] != len(layout.xpus):
+        raise WorkloadError(f"workload {spec.name!r}: this graph is data parallel only; the layout is {layout!r}")
+    group = tuple(group_order(layout.xpus) if group_order else layout.xpus)
     table = spec.decoder_table()
     decoders = spec.model.decoders
     batch = spec.batch_per_xpu
     width = len(str(decoders))
     graph = new_workload(spec.name, precision=spec.precision, samples_per_iteration=batch)
     graph.graph.update(model=spec.model.name, decoders=decoders, fidelity=spec.fidelity, bucket=spec.bucket,
-                       parameters=table.parameters * decoders)
+                       parameters=table.parameters * decoders, layout=layout.to_dict(),
+                       global_samples=batch * len(group), tokens_per_sample=spec.model.sequence,
+                       model_flops=len(group) * decoders * sum(layer.fwd_flops(batch) + layer.bwd_flops(batch)
+                                                               for layer in table.layers))
 
     def tag(d: int) -> str:
         return f"d{d:0{width}d}"

@@ -112,8 +112,8 @@ def test_iterations_follow_a_hand_computed_timeline():
 def test_dependencies_follow_shared_xpus_barriers_and_partial_overlaps():
     """Compute units of 1 s, every XPU busy with one vertex at a time. c on xpu0, xpu1 after a (xpu0, 1 s)
     and b (xpu1, 2 s): each instance waits for its own XPU's predecessor (ends at 2 and 3). d on xpu2 after b
-    (disjoint XPUs: a barrier on every b instance) ends at 3. g on xpu4, xpu5 after f (xpu3, xpu4): g's xpu4
-    instance waits for f's, its xpu5 instance (partial overlap) waits for nothing (ends at 2 and 1)."""
+    (wait "all": a barrier on every b instance) ends at 3. g, a start vertex on xpu4, xpu5, after f (xpu3,
+    xpu4): g's xpu4 instance waits for f's, its xpu5 instance waits for nothing (ends at 2 and 1)."""
     unit = H100.fp32_flops
     graph = new_workload("deps")
     add_compute(graph, "a", xpus=["xpu0"], flops=unit, start=True)
@@ -122,8 +122,9 @@ def test_dependencies_follow_shared_xpus_barriers_and_partial_overlaps():
     add_compute(graph, "d", xpus=["xpu2"], flops=unit)
     add_compute(graph, "f", xpus=["xpu3", "xpu4"], flops=unit, start=True)
     add_compute(graph, "g", xpus=["xpu4", "xpu5"], flops=unit, start=True)
-    for before, after in (("a", "c"), ("b", "c"), ("b", "d"), ("f", "g")):
+    for before, after in (("a", "c"), ("b", "c"), ("f", "g")):
         add_dependency(graph, before, after)
+    add_dependency(graph, "b", "d", wait="all")
     xpus = frozenset(f"xpu{i}" for i in range(6))
     result = simulate_graphs(single_switch(6, H100), graph, RunOptions(trace_xpus=xpus, iterations=1))
     ends = {(name, xpu): end for _, xpu, name, _, _, end in result["vertices"]}

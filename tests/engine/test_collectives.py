@@ -83,9 +83,9 @@ def _chain(graph, group, items, barrier_xpu):
     previous = add_compute(graph, "b0", xpus=[barrier_xpu], flops=0.0, start=True)
     for index, (name, collective, algorithm, size) in enumerate(items, start=1):
         add_comm(graph, name, xpus=group, bytes=size, collective=collective, algorithm=algorithm)
-        add_dependency(graph, previous, name)
+        add_dependency(graph, previous, name, wait="all")
         previous = add_compute(graph, f"b{index}", xpus=[barrier_xpu], flops=0.0)
-        add_dependency(graph, name, previous)
+        add_dependency(graph, name, previous, wait="all")
 
 
 def _durations(platform, group, items, barrier_xpu, fidelity):
@@ -241,7 +241,7 @@ def test_the_double_binary_tree_runs_its_step_schedule_at_flow_fidelity():
     assert get_algorithm("all_reduce", "double_binary_tree", 16, 1e8).flow_phases() is None
     graph = new_workload("tree")
     add_comm(graph, "tree", xpus=[f"xpu{i}" for i in range(4)], bytes=1e8, collective="all_reduce",
-             algorithm="double_binary_tree")
+             algorithm="double_binary_tree", start=True)
     result = simulate_graphs(single_switch(4, H100), graph, RunOptions(collective_fidelity="flow", iterations=1))
     assert result["collective_fidelity"] == {"tree": "step"}
 

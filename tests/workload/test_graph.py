@@ -32,18 +32,23 @@ def test_a_cycle_broken_by_a_skip_edge_is_valid():
     (lambda g: g.nodes["ar"].update(bytes=math.inf), r"'ar': bytes must be a finite number"),
     (lambda g: g.nodes["ar"].update(bytes=True), r"'ar': bytes must be a finite number"),
     (lambda g: g.nodes["ar"].update(collective="allreduce"), r"'ar': collective 'allreduce' is not one of"),
-    (lambda g: g.nodes["ar"].update(collective="p2p", xpus=("a",)), r"'ar': a p2p transfer names exactly two XPUs"),
+    (lambda g: g.nodes["ar"].update(collective="p2p", groups=(("a",),)), r"'ar': a p2p transfer names two different XPUs"),
+    (lambda g: g.nodes["ar"].update(groups=(("a", "b"), ("b",)), xpus=("a", "b", "b")), r"'ar': groups must be disjoint"),
+    (lambda g: g.edges["fwd", "bwd"].update(wait="same"), r"edge 'fwd' -> 'bwd': wait must be one of xpu, group, all"),
+    (lambda g: g.edges["fwd", "bwd"].update(wait="group"), r"edge 'fwd' -> 'bwd': wait 'group' needs a communication"),
     (lambda g: g.nodes["fwd"].update(start=False), r"no start vertex"),
     (lambda g: g.nodes["fwd"].update(spilled_xpus=frozenset({"z"})), r"'fwd': spilled_xpus names XPUs it does not run on"),
     (lambda g: g.edges["ar", "fwd"].update(skip_first_iteration=False),
      r"cycle with no skip_first_iteration edge .*: (fwd -> bwd -> ar -> fwd|bwd -> ar -> fwd -> bwd|ar -> fwd -> bwd -> ar)"),
-    (lambda g: add_compute(g, "orphan", xpus=["a"], flops=1), r"1 vertices are neither start vertices nor reachable.*orphan"),
+    (lambda g: add_compute(g, "orphan", xpus=["a"], flops=1), r"'orphan': its units on 1 XPUs \(a\) wait for nothing"),
+    (lambda g: (add_compute(g, "c", xpus=["c"], flops=1), add_dependency(g, "fwd", "c")),
+     r"edge 'fwd' -> 'c': wait 'xpu' between vertices that share no XPU connects nothing"),
 ])
 def test_every_validation_error_names_the_vertex(mutate, message):
     graph = two_layer()
     mutate(graph)
     with pytest.raises(WorkloadError, match=message):
-        validate_workload(graph, ["a", "b"])
+        validate_workload(graph, ["a", "b", "c"])
 
 
 def test_vertices_on_xpus_the_platform_lacks_are_named():
