@@ -216,6 +216,7 @@ def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float) -> dic
         "measured_iterations": f"{2 if len(times) > 1 else 1}..{len(times)}",
         **throughput(prepared.platform, prepared.workload, prepared.xpus, iteration_time),
         "breakdown": _breakdown(prepared, outcome.xpu_times),
+        "memory": _memory(prepared),
         "links": _busiest_links(prepared.platform, outcome.link_bytes, ends[-1]),
         "activities": outcome.activities,
         "collective_fidelity": sorted(set(outcome.collective_fidelity.values())),
@@ -259,6 +260,17 @@ def _device_counts(prepared: Prepared) -> dict[str, int]:
         device = prepared.platform.nodes[x]["device"]
         counts[device] = counts.get(device, 0) + 1
     return counts
+
+
+def _memory(prepared: Prepared) -> dict[str, dict[str, float]]:
+    """Per device type, the largest training state an XPU holds (bytes), and how much of it spills."""
+    table: dict[str, dict[str, float]] = {}
+    for x in prepared.xpus:
+        held = prepared.placement.inventory[x]
+        row = table.setdefault(prepared.platform.nodes[x]["device"], {"state_bytes": 0.0, "spilled_bytes": 0.0})
+        row["state_bytes"] = max(row["state_bytes"], held.total)
+        row["spilled_bytes"] = max(row["spilled_bytes"], held.spilled)
+    return dict(sorted(table.items()))
 
 
 BREAKDOWN = ("compute_s", "memory_stall_s", "exposed_comm_s", "idle_s")

@@ -77,6 +77,7 @@ def describe(spec, graph, placement, device_name: str) -> str:
     """The text `hcsim workload show` prints."""
     state = placement.state
     entry = placement.by_capacity[0]
+    held = next(iter(placement.inventory.values()))  # every XPU holds the same state in data parallelism
     compute = [d for _, d in graph.nodes(data=True) if d["kind"] == "compute"]
     comm = [d for _, d in graph.nodes(data=True) if d["kind"] == "comm"]
     table = spec.decoder_table()
@@ -91,9 +92,9 @@ def describe(spec, graph, placement, device_name: str) -> str:
         f"  graph: {len(compute)} compute and {len(comm)} communication vertices, {graph.number_of_edges()} edges "
         f"(fidelity {spec.fidelity}, gradient bucket {spec.bucket}, algorithm {spec.algorithm})",
         f"parameters: {graph.graph['parameters']:,} ({table.parameters:,} per decoder)",
-        f"training state per XPU: {b(state.total, 'B')} ({b(state.per_decoder, 'B')} per decoder)",
-        f"  parameters {b(state.parameters, 'B')}, gradients {b(state.gradients, 'B')}, "
-        f"optimizer states {b(state.optimizer, 'B')}, activations {b(state.activations, 'B')}",
+        f"training state per XPU: {b(held.total, 'B')} ({b(state.per_decoder, 'B')} per decoder)",
+        f"  parameters {b(held.parameters, 'B')}, gradients {b(held.gradients, 'B')}, "
+        f"optimizer states {b(held.optimizer, 'B')}, activations {b(held.activations, 'B')}",
         f"memory on {device_name} ({b(entry.capacity, 'B')} local):",
         f"  local: decoders 1-{entry.local_decoders}, {b(entry.local_bytes, 'B')}" if entry.local_decoders
         else "  local: nothing (one decoder block is larger than the local memory)",

@@ -1,5 +1,8 @@
 """Memory placement: which training state lives in an XPU's local memory and which spills.
 
+The placement keeps an inventory per XPU (:class:`XpuMemory`): what the XPU
+holds by kind and how much of it is local or spilled; reports read it.
+
 Policy (paper section 3.1(2), Fig. 3 and Fig. 7). Each XPU of a data-parallel
 job holds the same state; per decoder block d it is
 
@@ -33,7 +36,7 @@ from hcsim.errors import WorkloadError
 from hcsim.units import format_quantity
 from hcsim.workload.spec import WorkloadSpec
 
-__all__ = ["StateBytes", "CapacityPlacement", "Placement", "training_state", "place_memory"]
+__all__ = ["StateBytes", "XpuMemory", "CapacityPlacement", "Placement", "training_state", "place_memory"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,6 +60,22 @@ class StateBytes:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class XpuMemory:
+    """What one XPU holds, in bytes: its training state by kind, and how much of it is local or spilled."""
+
+    parameters: float
+    gradients: float
+    optimizer: float
+    activations: float
+    local: float
+    spilled: float
+
+    @property
+    def total(self) -> float:
+        return self.parameters + self.gradients + self.optimizer + self.activations
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CapacityPlacement:
     """The decision for every XPU of one local capacity (bytes)."""
 
@@ -75,6 +94,7 @@ class Placement:
 
     state: StateBytes
     by_capacity: tuple[CapacityPlacement, ...]
+    inventory: dict[str, XpuMemory]  # per XPU; XPUs that hold the same share one record
 
     def for_capacity(self, capacity: float) -> CapacityPlacement:
         for entry in self.by_capacity:
@@ -162,10 +182,14 @@ def place_memory(graph: nx.DiGraph, capacities: dict[str, float], spec: Workload
         for k in spilled_by_count:
             if (d and k < d) or (not d and data["spilled_xpus"] and k < decoders):
                 spilled_by_count[k].append(name)
-    entries = []
+    entries, records = [], {}
     for capacity, k in sorted(local_of.items()):
+        records[capacity] = XpuMemory(parameters=state.parameters, gradients=state.gradients,
+                                      optimizer=state.optimizer, activations=state.activations,
+                                      local=k * block, spilled=(decoders - k) * block)
         entries.append(CapacityPlacement(
             capacity=capacity, xpus=sum(1 for x in xpus if capacities[x] == capacity), local_decoders=k,
             local_bytes=k * block, spilled_bytes=(decoders - k) * block,
             spilled_decoders=tuple(range(k + 1, decoders + 1)), spilled_vertices=tuple(spilled_by_count[k])))
-    return Placement(state=state, by_capacity=tuple(entries))
+    return Placement(state=state, by_capacity=tuple(entries),
+                     inventory={x: records[capacities[x]] for x in xpus})

@@ -111,3 +111,18 @@ def test_every_xpu_needs_a_capacity(llama13b, xpus4):
     graph = build_training_graph(llama13b, xpus4)
     with pytest.raises(WorkloadError, match="no local memory capacity for XPUs xpu3"):
         place_memory(graph, {x: TiB for x in xpus4[:3]}, llama13b)
+
+
+def test_the_inventory_holds_each_xpus_state_split_into_local_and_spilled(llama13b, xpus4):
+    """Data parallelism: every XPU holds the whole state; local + spilled = state; XPUs of one capacity share a record."""
+    graph = build_training_graph(llama13b, xpus4)
+    capacities = {x: (80 if x < "xpu2" else 32) * 2**30 for x in xpus4}
+    placement = place_memory(graph, capacities, llama13b)
+    state = placement.state
+    for x in xpus4:
+        held = placement.inventory[x]
+        assert held.total == state.total
+        assert held.local + held.spilled == pytest.approx(state.total, rel=1e-12)
+        assert held.local <= capacities[x]
+    assert placement.inventory["xpu0"] is placement.inventory["xpu1"]
+    assert placement.inventory["xpu2"].spilled > placement.inventory["xpu0"].spilled
