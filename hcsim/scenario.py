@@ -17,6 +17,8 @@ from typing import Any
 
 from hcsim.config import Fields, load_yaml, parse_settings
 from hcsim.errors import ConfigError
+from hcsim.workload.model import RECOMPUTATION
+from hcsim.workload.schedules import SCHEDULES
 
 __all__ = ["Scenario", "load_scenario", "apply_settings", "SCENARIO_KEYS"]
 
@@ -47,6 +49,17 @@ class Scenario:
     iterations: int = 2
     platform_overrides: dict[str, Any] = field(default_factory=dict)  # dotted platform-spec keys
     workload_overrides: dict[str, Any] = field(default_factory=dict)  # dotted workload-spec keys
+    # parallelism (tp x pp x dp = xpus); the paper's data-parallel graph unless tp, pp or a batch is given
+    tp: int = 1  # tensor-parallel group size (Megatron-LM; a TP group sits inside a server)
+    pp: int = 1  # pipeline stages
+    dp: int | None = None  # data-parallel replicas; None: xpus / (tp x pp)
+    micro_batch: int | None = None  # samples per micro-batch; None: the workload's batch_per_xpu
+    global_batch: int | None = None  # samples per iteration; None: dp x micro_batch
+    schedule: str = "1f1b"  # gpipe | 1f1b | interleaved | zb-h1 (hcsim.workload.schedules)
+    virtual_stages: int = 1  # model chunks per pipeline stage (interleaved 1F1B)
+    recompute: str | None = None  # none | selective | full; None: the workload's recomputation
+    sequence_parallel: bool = False  # Megatron-LM sequence parallelism inside TP groups
+    layer_split: tuple[int, ...] | None = None  # decoders per (virtual) stage; None: even
     trace_xpus: int = 8  # trace the first N XPUs (when an output folder is given); 0: none
     trace_iterations: tuple[int, ...] | None = None  # None: every iteration
     base: str = "."  # folder that relative spec paths are relative to
@@ -72,6 +85,12 @@ class Scenario:
             settings["links.cxl.latency"] = f"{self.cxl_latency!r}s"
         return settings
 
+    @property
+    def hybrid(self) -> bool:
+        """Whether the run needs the hybrid-parallel graph (any parallel key beyond the paper's data parallelism)."""
+        return self.tp > 1 or self.pp > 1 or self.micro_batch is not None or self.global_batch is not None \
+            or self.recompute is not None or self.layer_split is not None
+
     def workload_settings(self) -> dict[str, Any]:
         settings = dict(self.workload_overrides)
         if self.collective is not None:
@@ -82,7 +101,7 @@ class Scenario:
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
-        for key in ("devices", "trace_iterations", "ring_order"):
+        for key in ("devices", "trace_iterations", "ring_order", "layer_split"):
             if isinstance(data[key], tuple):
                 data[key] = list(data[key])
         return data
@@ -149,6 +168,20 @@ def _from_mapping(data: dict, where: str, base: str) -> Scenario:
     values["fidelity"] = fields.choice("fidelity", ("layer", "decoder"), None)
     values["iterations"] = fields.number("iterations", default.iterations, kind=int, minimum=1)
     values["trace_xpus"] = fields.number("trace_xpus", default.trace_xpus, kind=int, minimum=0)
+    for key in ("tp", "pp", "virtual_stages"):
+        values[key] = fields.number(key, getattr(default, key), kind=int, minimum=1)
+    for key in ("dp", "micro_batch", "global_batch"):
+        values[key] = fields.number(key, None, kind=int, minimum=1)
+    values["schedule"] = fields.choice("schedule", SCHEDULES, default.schedule)
+    values["recompute"] = fields.choice("recompute", RECOMPUTATION, None)
+    values["sequence_parallel"] = fields.flag("sequence_parallel", False)
+    split = fields.raw("layer_split")
+    if split is not None and not (isinstance(split, list) and split
+                                  and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in split)):
+        fields.problems.append(f"{fields.path('layer_split')}: expected a list of decoder counts >= 1, one per "
+                               f"(virtual) pipeline stage, got {str(split)[:80]}")
+        split = None
+    values["layer_split"] = tuple(split) if split else None
     iterations = fields.raw("trace_iterations")
     if iterations is not None and not (isinstance(iterations, list) and all(isinstance(i, int) for i in iterations)):
         fields.problems.append(f"{fields.path('trace_iterations')}: expected a list of iteration numbers, got {iterations!r}")

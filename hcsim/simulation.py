@@ -54,6 +54,7 @@ def prepare(scenario: Scenario) -> Prepared:
     from hcsim.platform import build_platform, load_platform_spec
     from hcsim.platform.topology import xpus as platform_xpus
     from hcsim.workload import build_training_graph, load_workload_spec, place_memory, validate_workload
+    from hcsim.workload.hybrid import build_hybrid_graph, place_hybrid_memory
     from hcsim.workload.layout import ParallelLayout
 
     base = Path(scenario.base)
@@ -64,8 +65,20 @@ def prepare(scenario: Scenario) -> Prepared:
     graph = build_platform(platform_spec, scenario.xpus)
     xpus = platform_xpus(graph)[: scenario.xpus]
     workload_spec = load_workload_spec(resolve_spec(scenario.workload, "workloads", base), scenario.workload_settings())
-    layout = ParallelLayout(xpus)
-    workload = build_training_graph(workload_spec, layout, lambda group: rank_order(graph, group, scenario, xpus))
+    sizes = {"tp": scenario.tp, "pp": scenario.pp} | ({"dp": scenario.dp} if scenario.dp else {})
+    try:
+        layout = ParallelLayout(xpus, sizes)
+    except ConfigError as err:
+        raise ConfigError(f"scenario {scenario.name!r}: {err}") from err
+
+    def order(group):
+        return rank_order(graph, group, scenario, xpus)
+
+    parallelism = _parallelism(scenario, workload_spec, layout) if scenario.hybrid else None
+    if parallelism:
+        workload = build_hybrid_graph(workload_spec, parallelism, layout, order)
+    else:
+        workload = build_training_graph(workload_spec, layout, order)
     validate_workload(workload, xpus)
     coherent = bool(graph.graph.get("coherent"))
     if not coherent and any(a == "coherent_ring" for _, a in workload.nodes(data="algorithm")):
@@ -76,9 +89,27 @@ def prepare(scenario: Scenario) -> Prepared:
     capacities = {x: nodes[nodes[x]["local_memory"]]["capacity"] for x in xpus}
     extended = {x: nodes[nodes[x]["extended_memory"]]["capacity"] if nodes[x]["extended_memory"] else 0.0
                 for x in xpus}
-    placement = place_memory(workload, capacities, workload_spec, extended)
+    if parallelism:
+        placement = place_hybrid_memory(workload, workload_spec, parallelism, layout, capacities, extended)
+    else:
+        placement = place_memory(workload, capacities, workload_spec, extended)
     pairs = host_pairs(graph, workload)
     return Prepared(scenario, graph, workload, placement, xpus, pairs, coherent)
+
+
+def _parallelism(scenario: Scenario, spec, layout):
+    """The scenario's hybrid parallelism over `layout`, defaults filled from the workload spec."""
+    from hcsim.workload.hybrid import Parallelism
+
+    dp = layout.sizes["dp"]
+    micro_batch = scenario.micro_batch or spec.batch_per_xpu
+    try:
+        return Parallelism(tp=scenario.tp, pp=scenario.pp, dp=dp, micro_batch=micro_batch,
+                           global_batch=scenario.global_batch or dp * micro_batch, schedule=scenario.schedule,
+                           virtual_stages=scenario.virtual_stages, recompute=scenario.recompute or spec.recomputation,
+                           sequence_parallel=scenario.sequence_parallel, layer_split=scenario.layer_split)
+    except ConfigError as err:
+        raise ConfigError(f"scenario {scenario.name!r}: {err}") from err
 
 
 def rank_order(platform: nx.Graph, xpus: list[str], scenario: Scenario, run_xpus: list[str] | None = None) -> list[str]:
@@ -216,6 +247,7 @@ def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float) -> dic
         "measured_iterations": f"{2 if len(times) > 1 else 1}..{len(times)}",
         **throughput(prepared.platform, prepared.workload, prepared.xpus, iteration_time),
         "breakdown": _breakdown(prepared, outcome.xpu_times),
+        "stages": _stage_breakdown(prepared, outcome.xpu_times),
         "memory": _memory(prepared),
         "links": _busiest_links(prepared.platform, outcome.link_bytes, ends[-1]),
         "activities": outcome.activities,
@@ -283,6 +315,23 @@ def _breakdown(prepared: Prepared, xpu_times: dict[str, dict[str, float]]) -> di
     groups: dict[str, list[str]] = {}
     for x in prepared.xpus:
         groups.setdefault(prepared.platform.nodes[x]["device"], []).append(x)
+    return _mean_times(groups, xpu_times)
+
+
+def _stage_breakdown(prepared: Prepared, xpu_times: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """As :func:`_breakdown`, per pipeline stage ("0", "1", ...; one stage without pipeline parallelism),
+    where idle time is mostly the pipeline bubble."""
+    sizes = (prepared.workload.graph.get("layout") or {}).get("sizes", {})
+    if sizes.get("pp", 1) == 1:
+        return {}
+    from hcsim.workload.layout import ParallelLayout
+
+    layout = ParallelLayout(prepared.xpus, sizes, prepared.workload.graph["layout"]["order"])
+    groups = {str(s): list(layout.stage_xpus(s)) for s in range(sizes["pp"])}
+    return _mean_times(groups, xpu_times)
+
+
+def _mean_times(groups: dict[str, list[str]], xpu_times: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
     table = {}
     for device, members in sorted(groups.items()):
         rows = [xpu_times[x] for x in members]

@@ -75,6 +75,12 @@ def summary(result: dict) -> str:
         lines.append(f"    {device:<14} {format_quantity(row['compute_s'], 's'):<11} "
                      f"{format_quantity(row['memory_stall_s'], 's'):<13} {format_quantity(row['exposed_comm_s'], 's'):<13} "
                      f"{format_quantity(row['idle_s'], 's')}")
+    if result.get("stages"):
+        lines.append("  per stage        compute     memory stall  exposed comm  idle (bubble)")
+        for stage, row in result["stages"].items():
+            lines.append(f"    stage {stage:<8} {format_quantity(row['compute_s'], 's'):<11} "
+                         f"{format_quantity(row['memory_stall_s'], 's'):<13} "
+                         f"{format_quantity(row['exposed_comm_s'], 's'):<13} {format_quantity(row['idle_s'], 's')}")
     busiest = sorted(((rows[0]["utilization"], kind, rows[0]["link"]) for kind, rows in result["links"].items()),
                      reverse=True)
     lines.append("  busiest links    " + "   ".join(f"{kind} {link} {u:.0%}" for u, kind, link in busiest[:3]))

@@ -1,0 +1,418 @@
+"""The hybrid-parallel training graph: tensor, sequence, pipeline and data parallelism.
+
+A :class:`Parallelism` says how a model is split (tp, pp, dp, micro-batch,
+global batch, schedule, virtual stages, recomputation, sequence parallelism);
+a :class:`~hcsim.workload.layout.ParallelLayout` places the split on XPUs.
+:func:`build_hybrid_graph` then builds one training iteration:
+
+- each pipeline stage holds consecutive decoders (``layer_split`` or an even
+  split; with v virtual stages, stage s holds chunks s, p+s, 2p+s, ... of the
+  p·v chunks); the first stage also embeds, the last computes the logits (LM
+  head: 2·b·s·h·V FLOPs forward, twice that backward);
+- a stage runs its passes (:mod:`hcsim.workload.schedules`) chained in the
+  schedule's order on every XPU of the stage, each compute vertex running on
+  all of them (one instance per XPU: every TP rank computes 1/t of a layer);
+- tensor parallelism as Megatron-LM splits a decoder: the attention block and
+  the MLP block each end with an all-reduce of b·s·h elements over the TP
+  group in the forward pass, and their input gradients with one in the
+  backward pass; with sequence parallelism each all-reduce becomes a
+  reduce-scatter after the block and an all-gather before it (same bytes);
+  one communication vertex carries every TP group of the stage;
+- pipeline parallelism: a p2p vertex per micro-batch and chunk boundary
+  carries b·s·h activation elements from each XPU of a stage to the XPU with
+  the same (tp, dp) coordinates on the next stage, and their gradients back;
+- data parallelism: after a chunk's last backward pass, its gradients (its
+  parameters / t x gradient bytes) are all-reduced over each DP group of the
+  stage; then the stage's optimizer step; the back edge from it to the stage's
+  first pass closes the iteration;
+- recomputation: ``full`` runs each decoder's forward again (with its TP
+  all-reduces) before its backward; ``selective`` adds the attention core's
+  forward FLOPs to the attention block's backward.
+
+Per-decoder costs come from the workload's decoder table (rows before
+``norm_mlp`` are the attention block, the rest the MLP block); a TP rank does
+1/t of every row's FLOPs and bytes (Megatron splits heads and the MLP's
+inner dimension; the norms, dropouts and adds, replicated without sequence
+parallelism, are memory-bound rows of negligible FLOPs). The weight gradient
+of a linear row is half its backward FLOPs (the other half is the input
+gradient).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from hcsim.errors import ConfigError
+from hcsim.workload.graph import add_comm, add_compute, add_dependency, new_workload
+from hcsim.workload.layout import ParallelLayout
+from hcsim.workload.model import RECOMPUTATION, LayerCost
+from hcsim.workload.schedules import Op, check_schedule, stage_order
+from hcsim.workload.spec import WorkloadSpec
+
+__all__ = ["Parallelism", "BlockCost", "build_hybrid_graph", "place_hybrid_memory", "stage_layers", "in_flight"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Parallelism:
+    """How training is split; sizes are counts, `micro_batch` and `global_batch` in samples."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    micro_batch: int = 1
+    global_batch: int = 1
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+    recompute: str = "none"
+    sequence_parallel: bool = False
+    layer_split: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("tp", "pp", "dp", "micro_batch", "global_batch", "virtual_stages"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{key}: must be an integer >= 1, got {value!r}")
+        if self.global_batch % (self.dp * self.micro_batch):
+            raise ConfigError(f"global_batch: {self.global_batch} is not a multiple of dp x micro_batch = "
+                              f"{self.dp} x {self.micro_batch}; valid: multiples of {self.dp * self.micro_batch}")
+        if self.recompute not in RECOMPUTATION:
+            raise ConfigError(f"recompute: {self.recompute!r} is not one of {', '.join(RECOMPUTATION)}")
+        if self.sequence_parallel and self.tp == 1:
+            raise ConfigError("sequence_parallel: needs tp > 1 (it splits the tensor-parallel group's sequence)")
+        check_schedule(self.schedule, self.pp, self.micro_batches, self.virtual_stages)
+        if self.layer_split is not None and len(self.layer_split) != self.pp * self.virtual_stages:
+            raise ConfigError(f"layer_split: gives {len(self.layer_split)} stages, expected pp x virtual_stages = "
+                              f"{self.pp * self.virtual_stages}")
+
+    @property
+    def micro_batches(self) -> int:
+        """m: micro-batches per iteration and DP replica."""
+        return self.global_batch // (self.dp * self.micro_batch)
+
+    def check_model(self, spec: WorkloadSpec) -> None:
+        """Raise ConfigError when the model cannot be split this way."""
+        model = spec.model
+        if model.heads % self.tp:
+            raise ConfigError(f"tp: {self.tp} does not divide the {model.heads} attention heads of {model.name}")
+        if (model.kv_heads or model.heads) % self.tp:
+            raise ConfigError(f"tp: {self.tp} does not divide the {model.kv_heads} kv heads of {model.name}")
+        chunks = self.pp * self.virtual_stages
+        if self.layer_split is None and model.decoders % chunks:
+            raise ConfigError(f"pp x virtual_stages = {chunks} does not divide the {model.decoders} decoders of "
+                              f"{model.name}; give a layer_split")
+        if self.layer_split is not None and (sum(self.layer_split) != model.decoders or min(self.layer_split) < 1):
+            raise ConfigError(f"layer_split: {list(self.layer_split)} must be positive and sum to the "
+                              f"{model.decoders} decoders of {model.name}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BlockCost:
+    """One block (attention or MLP) of one decoder on one TP rank, per micro-batch: FLOP and bytes."""
+
+    fwd_flops: float
+    fwd_bytes: float
+    input_grad_flops: float
+    weight_grad_flops: float
+    bwd_bytes: float
+    core_flops: float = 0.0  # the attention core's forward FLOPs (what selective recomputation redoes)
+    parameters: float = 0.0  # per TP rank
+
+    @property
+    def bwd_flops(self) -> float:
+        return self.input_grad_flops + self.weight_grad_flops
+
+
+def block_costs(spec: WorkloadSpec, micro_batch: int, tp: int) -> tuple[BlockCost, BlockCost]:
+    """The attention and MLP blocks of one decoder on one TP rank (see the module docstring)."""
+    layers = spec.decoder_table().layers
+    split = next((i for i, layer in enumerate(layers) if layer.name == "norm_mlp"), len(layers) // 2)
+    return _block(layers[:split], micro_batch, tp), _block(layers[split:], micro_batch, tp)
+
+
+def _block(rows: tuple[LayerCost, ...], b: int, tp: int) -> BlockCost:
+    weight_grad = sum(row.bwd_flops(b) / 2 for row in rows if row.parameters and row.fwd_flops(b))
+    core = sum(row.fwd_flops(b) for row in rows if not row.parameters)
+    return BlockCost(fwd_flops=sum(r.fwd_flops(b) for r in rows) / tp, fwd_bytes=sum(r.fwd_bytes(b) for r in rows) / tp,
+                     input_grad_flops=(sum(r.bwd_flops(b) for r in rows) - weight_grad) / tp,
+                     weight_grad_flops=weight_grad / tp, bwd_bytes=sum(r.bwd_bytes(b) for r in rows) / tp,
+                     core_flops=core / tp, parameters=sum(r.parameters for r in rows) / tp)
+
+
+def stage_layers(spec: WorkloadSpec, par: Parallelism) -> list[list[int]]:
+    """Per pipeline stage, per chunk (virtual stage), the number of decoders it holds."""
+    chunks = par.pp * par.virtual_stages
+    split = par.layer_split or (spec.model.decoders // chunks,) * chunks
+    return [[split[c * par.pp + s] for c in range(par.virtual_stages)] for s in range(par.pp)]
+
+
+def in_flight(order: list[Op]) -> int:
+    """The most micro-batch chunks whose activations a stage holds at once in `order` (a forward keeps them
+    until the backward, or the weight-gradient pass when the schedule splits them)."""
+    frees = "W" if any(op.kind == "W" for op in order) else "B"
+    held = peak = 0
+    for op in order:
+        held += (op.kind == "F") - (op.kind == frees)
+        peak = max(peak, held)
+    return peak
+
+
+@dataclass
+class _Builder:
+    spec: WorkloadSpec
+    par: Parallelism
+    layout: ParallelLayout
+    group_order: object = None
+    graph: nx.DiGraph = field(init=False)
+
+    def __post_init__(self) -> None:
+        spec, par = self.spec, self.par
+        self.attn, self.mlp = block_costs(spec, par.micro_batch, par.tp)
+        self.layers = stage_layers(spec, par)
+        model = spec.model
+        self.activation = par.micro_batch * model.sequence * model.hidden * spec.sizes.activation
+        vocab = model.vocabulary
+        self.head_flops = 2.0 * par.micro_batch * model.sequence * model.hidden * vocab / par.tp
+        self.head_parameters = vocab * model.hidden / par.tp
+        decoder = self.attn.fwd_flops + self.attn.bwd_flops + self.mlp.fwd_flops + self.mlp.bwd_flops
+        per_micro_batch = (decoder * model.decoders + 3 * self.head_flops) * par.tp
+        self.graph = new_workload(spec.name, precision=spec.precision, samples_per_iteration=par.global_batch // par.dp,
+                                  layout=self.layout.to_dict(), global_samples=par.global_batch,
+                                  tokens_per_sample=model.sequence,
+                                  model_flops=per_micro_batch * par.micro_batches * par.dp,
+                                  parallelism={k: getattr(par, k) for k in ("tp", "pp", "dp", "micro_batch",
+                                               "global_batch", "schedule", "virtual_stages", "recompute",
+                                               "sequence_parallel")},
+                                  model=model.name, decoders=model.decoders, fidelity=spec.fidelity)
+
+    def groups(self, axis: str, stage: int) -> tuple[tuple[str, ...], ...]:
+        members = set(self.layout.stage_xpus(stage))
+        found = tuple(g for g in self.layout.groups(axis) if g[0] in members)
+        return tuple(tuple(self.group_order(g)) for g in found) if self.group_order else found
+
+    def build(self) -> nx.DiGraph:
+        par = self.par
+        self.first: dict = {}  # (stage, op) -> first vertex, last vertex
+        for stage in range(par.pp):
+            self.add_stage(stage)
+        self.add_pipeline_transfers()
+        return self.graph
+
+    # ---- one stage -------------------------------------------------------------------------------------
+
+    def add_stage(self, stage: int) -> None:
+        par = self.par
+        xpus = self.layout.stage_xpus(stage)
+        order = stage_order(par.schedule, stages=par.pp, micro_batches=par.micro_batches, stage=stage,
+                            chunks=par.virtual_stages)
+        previous = None
+        last_of_chunk: dict[int, str] = {}
+        for op in order:
+            first, last = self.add_op(stage, op, xpus, start=previous is None)
+            self.first[stage, op] = (first, last)
+            if previous is not None:
+                add_dependency(self.graph, previous, first)
+            previous = last
+            if op.kind == ("W" if par.schedule == "zb-h1" else "B"):
+                last_of_chunk[op.chunk] = last
+        opt = f"s{stage}.optimizer"
+        parameters = sum(self.chunk_parameters(stage, c) for c in range(par.virtual_stages))
+        add_compute(self.graph, opt, xpus=xpus, flops=self.spec.optimizer_flops_per_parameter * parameters,
+                    memory_bytes=self.spec.optimizer_bytes_per_parameter * parameters)
+        self.graph.nodes[opt].update(phase="optimizer", stage=stage)
+        add_dependency(self.graph, previous, opt)
+        for chunk, last in sorted(last_of_chunk.items()):
+            if par.dp > 1:
+                name = f"s{stage}.c{chunk}.grads"
+                add_comm(self.graph, name, groups=self.groups("dp", stage), collective="all_reduce",
+                         bytes=self.chunk_parameters(stage, chunk) * self.spec.sizes.gradient,
+                         algorithm=self.spec.algorithm)
+                self.graph.nodes[name].update(phase="allreduce", stage=stage)
+                add_dependency(self.graph, last, name)
+                add_dependency(self.graph, name, opt)
+        add_dependency(self.graph, opt, self.first[stage, order[0]][0], skip_first_iteration=True)
+
+    def chunk_parameters(self, stage: int, chunk: int) -> float:
+        """Parameters of one chunk on one TP rank (the LM head's on the last chunk)."""
+        decoders = self.layers[stage][chunk]
+        last = stage == self.par.pp - 1 and chunk == self.par.virtual_stages - 1
+        first = stage == 0 and chunk == 0
+        return decoders * (self.attn.parameters + self.mlp.parameters) + (self.head_parameters if last or first else 0)
+
+    def add_op(self, stage: int, op: Op, xpus, start: bool) -> tuple[str, str]:
+        """Add the vertices of one pass, chained; return its first and last vertex."""
+        par = self.par
+        decoders = self.layers[stage][op.chunk]
+        tag = f"s{stage}.c{op.chunk}.mb{op.micro_batch}.{op.kind}"
+        chain: list[str] = []
+        is_last = stage == par.pp - 1 and op.chunk == par.virtual_stages - 1
+
+        def compute(suffix, flops, size):
+            name = add_compute(self.graph, f"{tag}.{suffix}", xpus=xpus, flops=flops, memory_bytes=size,
+                               start=start and not chain)
+            phase = "recompute" if ".recompute" in suffix else {"F": "fwd", "B": "bwd", "W": "bwd"}[op.kind]
+            self.graph.nodes[name].update(phase=phase, stage=stage, micro_batch=op.micro_batch)
+            chain.append(name)
+
+        if op.kind == "W":
+            flops = decoders * (self.attn.weight_grad_flops + self.mlp.weight_grad_flops)
+            compute("wgrad", flops, 0.0)
+            return self._chain(chain)
+        split = par.schedule == "zb-h1"
+        if op.kind == "F":
+            for d in range(decoders):
+                self.add_decoder_forward(compute, chain, stage, f"L{d}")
+            if is_last:
+                compute("head", self.head_flops, self.head_parameters * self.spec.sizes.weight)
+            return self._chain(chain)
+        if is_last:
+            compute("head", 2 * self.head_flops, self.head_parameters * self.spec.sizes.state)
+        for d in reversed(range(decoders)):
+            if par.recompute == "full":
+                self.add_decoder_forward(compute, chain, stage, f"L{d}.recompute")
+            for block, label in ((self.mlp, "mlp"), (self.attn, "attn")):
+                flops = block.input_grad_flops if split else block.bwd_flops
+                if par.recompute == "selective":
+                    flops += block.core_flops
+                compute(f"L{d}.{label}", flops, block.bwd_bytes)
+                self.add_tp_collective(chain, stage, f"{chain[-1]}.tp", backward=True)
+        return self._chain(chain)
+
+    def add_decoder_forward(self, compute, chain, stage, label) -> None:
+        for block, name in ((self.attn, "attn"), (self.mlp, "mlp")):
+            compute(f"{label}.{name}", block.fwd_flops, block.fwd_bytes)
+            self.add_tp_collective(chain, stage, f"{chain[-1]}.tp", backward=False)
+
+    def add_tp_collective(self, chain: list[str], stage: int, name: str, backward: bool) -> None:
+        """The TP collective after a block: one all-reduce, or (SP) a reduce-scatter and an all-gather."""
+        if self.par.tp == 1:
+            return
+        groups = self.groups("tp", stage)
+        kinds = ("reduce_scatter", "all_gather") if self.par.sequence_parallel else ("all_reduce",)
+        for kind in kinds:
+            vertex = add_comm(self.graph, f"{name}.{kind}", groups=groups, bytes=self.activation, collective=kind,
+                              algorithm="ring")
+            self.graph.nodes[vertex].update(phase="tp", stage=stage)
+            chain.append(vertex)
+
+    def _chain(self, chain: list[str]) -> tuple[str, str]:
+        for before, after in zip(chain, chain[1:]):
+            add_dependency(self.graph, before, after)
+        return chain[0], chain[-1]
+
+    # ---- between stages ----------------------------------------------------------------------------------
+
+    def add_pipeline_transfers(self) -> None:
+        """Activations forward and gradients backward across every chunk boundary, per micro-batch."""
+        par = self.par
+        p, v = par.pp, par.virtual_stages
+        for q in range(p * v - 1):  # virtual stage q -> q + 1
+            (s, c), (t, d) = (q % p, q // p), ((q + 1) % p, (q + 1) // p)
+            pairs_fwd = list(zip(self.layout.stage_xpus(s), self.layout.stage_xpus(t)))
+            pairs_bwd = [(dst, src) for src, dst in pairs_fwd]
+            for j in range(par.micro_batches):
+                self.transfer(f"p2p.q{q}.mb{j}.act", pairs_fwd, self.first[s, Op("F", j, c)][1],
+                              self.first[t, Op("F", j, d)][0])
+                self.transfer(f"p2p.q{q}.mb{j}.grad", pairs_bwd, self.first[t, Op("B", j, d)][1],
+                              self.first[s, Op("B", j, c)][0])
+
+    def transfer(self, name: str, pairs, after: str, before: str) -> None:
+        add_comm(self.graph, name, pairs=pairs, bytes=self.activation, collective="p2p")
+        self.graph.nodes[name].update(phase="p2p")
+        add_dependency(self.graph, after, name, wait="group")
+        add_dependency(self.graph, name, before)
+
+
+def build_hybrid_graph(spec: WorkloadSpec, par: Parallelism, layout: ParallelLayout, group_order=None) -> nx.DiGraph:
+    """The hybrid-parallel training graph of `spec` split by `par` over `layout` (module docstring).
+
+    Raises
+    ------
+    ConfigError
+        when the layout's sizes differ from `par`'s or the model cannot be split that way.
+    """
+    sizes = layout.sizes
+    if (sizes["tp"], sizes["pp"], sizes["dp"]) != (par.tp, par.pp, par.dp) or sizes["ep"] * sizes["cp"] != 1:
+        raise ConfigError(f"parallel layout {layout!r} does not match tp {par.tp} x pp {par.pp} x dp {par.dp}")
+    par.check_model(spec)
+    return _Builder(spec, par, layout, group_order).build()
+
+
+def place_hybrid_memory(graph: nx.DiGraph, spec: WorkloadSpec, par: Parallelism, layout: ParallelLayout,
+                        capacities: dict[str, float], extended: dict[str, float]):
+    """Per-XPU inventory of a hybrid graph and its spills; sets ``spilled_xpus`` of spilled decoders' vertices.
+
+    An XPU of stage s holds its chunks' parameters (per TP rank) x state bytes per parameter and, per
+    decoder, the activations of the micro-batches the schedule keeps in flight (:func:`in_flight`;
+    activations of one decoder and micro-batch per TP rank: the workload's recomputation formula / t).
+    Decoders stay local in forward order while they fit; the rest spill to extended memory (the
+    paper's policy, per stage).
+
+    Raises
+    ------
+    WorkloadError
+        naming the stage, the bytes needed and the bytes available, when the spill does not fit.
+    """
+    from dataclasses import replace
+
+    from hcsim.errors import WorkloadError
+    from hcsim.units import format_quantity
+    from hcsim.workload.placement import Placement, StateBytes, XpuMemory
+
+    builder = _Builder(spec, par, layout)
+    sized = replace(spec, recomputation=par.recompute)
+    per_decoder_activation = sized.activation_bytes()(par.micro_batch) / par.tp
+    decoder_parameters = builder.attn.parameters + builder.mlp.parameters
+    inventory, spilled_by_stage = {}, {}
+    for stage in range(par.pp):
+        order = stage_order(par.schedule, stages=par.pp, micro_batches=par.micro_batches, stage=stage,
+                            chunks=par.virtual_stages)
+        flight = in_flight(order) / par.virtual_stages  # micro-batches in flight per chunk, on average
+        decoders = sum(builder.layers[stage])
+        extra = sum(builder.chunk_parameters(stage, c) for c in range(par.virtual_stages)) - decoders * decoder_parameters
+        per_decoder = decoder_parameters * spec.sizes.state + per_decoder_activation * flight
+        fixed = extra * spec.sizes.state  # embedding / LM head: kept local
+        for x in layout.stage_xpus(stage):
+            local = min(decoders, max(0, int((capacities[x] - fixed) // per_decoder))) if per_decoder else decoders
+            spilled = (decoders - local) * per_decoder
+            if spilled > extended.get(x, 0.0):
+                raise WorkloadError(
+                    f"pipeline stage {stage} does not fit on XPU {x!r}: it needs "
+                    f"{format_quantity(fixed + decoders * per_decoder, 'B')} ({decoders} decoders, "
+                    f"{format_quantity(per_decoder, 'B')} each with {flight:g} micro-batches in flight), its local "
+                    f"memory holds {format_quantity(capacities[x], 'B')} and its extended memory "
+                    f"{format_quantity(extended.get(x, 0.0), 'B')}. Fix: more tp or pp, recompute, or a smaller "
+                    f"micro_batch")
+            params = fixed / spec.sizes.state + decoders * decoder_parameters
+            inventory[x] = XpuMemory(parameters=params * spec.sizes.weight, gradients=params * spec.sizes.gradient,
+                                     optimizer=params * spec.sizes.optimizer,
+                                     activations=decoders * per_decoder_activation * flight,
+                                     local=fixed + local * per_decoder, spilled=spilled)
+            spilled_by_stage.setdefault(stage, {}).setdefault(local, []).append(x)
+    _mark_spills(graph, builder, spilled_by_stage)
+    total = max(inventory.values(), key=lambda m: m.total)
+    state = StateBytes(parameters=total.parameters, gradients=total.gradients, optimizer=total.optimizer,
+                       activations=total.activations, decoders=max(sum(layers) for layers in builder.layers))
+    return Placement(state=state, by_capacity=(), inventory=inventory)
+
+
+def _mark_spills(graph: nx.DiGraph, builder: _Builder, spilled_by_stage: dict) -> None:
+    """Give each compute vertex of a spilled decoder the XPUs on which it spills (shared frozensets)."""
+    decoder_of: dict = {}
+    for stage, layers in enumerate(builder.layers):
+        index = 0
+        for chunk, count in enumerate(layers):
+            for d in range(count):
+                decoder_of[stage, chunk, d] = index
+                index += 1
+    shared: dict = {}
+    for name, data in graph.nodes(data=True):
+        if data["kind"] != "compute" or ".L" not in name:
+            continue
+        stage = data["stage"]
+        chunk = int(name.split(".c", 1)[1].split(".", 1)[0])
+        d = int(name.split(".L", 1)[1].split(".", 1)[0])
+        position = decoder_of[stage, chunk, d]
+        spilled = frozenset(x for local, xs in spilled_by_stage[stage].items() if position >= local for x in xs)
+        data["spilled_xpus"] = shared.setdefault(spilled, spilled)

@@ -1,0 +1,101 @@
+"""Pipeline schedules on uniform stages with nearly free communication (fake kernel: no SimGrid),
+and one contended end-to-end run on SimGrid.
+
+A device of 1 TFLOP/s with 1e20 B/s memory makes every vertex compute-bound, and links of 1e18 B/s
+and 1e-15 s make collectives and p2p transfers cost nothing measurable, so an iteration takes exactly
+what the schedule's bubble formula says (Narayanan et al. 2021; Qi et al. 2023, REFERENCE.md).
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hcsim.engine.executor import Executor, RunOptions
+from hcsim.platform.builders import single_switch
+from hcsim.platform.devices import Device
+from hcsim.platform.routes import shortest_routes
+from hcsim.simulation import host_pairs
+from hcsim.workload import load_workload_spec, validate_workload
+from hcsim.workload.hybrid import Parallelism, block_costs, build_hybrid_graph
+from hcsim.workload.layout import ParallelLayout
+from fake_backend import FakeBackend  # tests/engine is on sys.path (pytest rootdir-less import)
+
+FAST = Device(name="fast", fp32_flops=1e12, fp16_flops=1e12, memory=1e15, memory_bandwidth=1e20)
+SHAPE = {"model.decoders": 8, "model.hidden": 64, "model.heads": 4, "model.ffn": 256, "model.sequence": 32,
+         "model.vocabulary": 0, "training.precision": "fp16", "training.optimizer_flops_per_parameter": 0}
+
+
+def spec():
+    return load_workload_spec("gpt3-175b", SHAPE)
+
+
+def iteration_time(par: Parallelism) -> float:
+    n = par.tp * par.pp * par.dp
+    platform = single_switch(n, FAST, xpu_link_bandwidth=1e18, xpu_link_latency=1e-15, hbm_latency=1e-15)
+    xpus = [f"xpu{i}" for i in range(n)]
+    graph = build_hybrid_graph(spec(), par, ParallelLayout(xpus, {"tp": par.tp, "pp": par.pp, "dp": par.dp}))
+    validate_workload(graph, xpus)
+    pairs = host_pairs(platform, graph)
+    routes = {}
+    for source in sorted({s for s, _ in pairs}):
+        found = shortest_routes(platform, source, sorted(d for s, d in pairs if s == source))
+        routes.update({(source, target): route for target, route in found.items()})
+    ends = Executor(platform, graph, routes, FakeBackend(platform, routes, "fp16"), RunOptions(iterations=2)).run()
+    return ends.iteration_ends[1] - ends.iteration_ends[0]
+
+
+def pass_times(p: int, micro_batch: int = 1, tp: int = 1) -> tuple[float, float, float]:
+    """(t_F, t_B, t_W) of one stage of p and one micro-batch, in s (t_B includes t_W)."""
+    attn, mlp = block_costs(spec(), micro_batch, tp)
+    layers = 8 // p
+    return tuple(layers * (getattr(attn, k) + getattr(mlp, k)) / 1e12
+                 for k in ("fwd_flops", "bwd_flops", "weight_grad_flops"))
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p, m", [(2, 4), (4, 4), (4, 8)])
+def test_gpipe_and_1f1b_take_m_plus_p_minus_1_passes(schedule, p, m):
+    t_f, t_b, _ = pass_times(p)
+    measured = iteration_time(Parallelism(pp=p, global_batch=m, schedule=schedule))
+    assert measured == pytest.approx((m + p - 1) * (t_f + t_b), rel=1e-6)
+    bubble = measured / (m * (t_f + t_b)) - 1
+    assert bubble == pytest.approx((p - 1) / m, rel=1e-5)
+
+
+@pytest.mark.parametrize("p, v, m", [(2, 2, 4), (2, 4, 4), (4, 2, 8)])
+def test_interleaved_bubble_is_p_minus_1_over_v_m(p, v, m):
+    t_f, t_b, _ = pass_times(p)
+    measured = iteration_time(Parallelism(pp=p, global_batch=m, schedule="interleaved", virtual_stages=v))
+    assert measured / (m * (t_f + t_b)) - 1 == pytest.approx((p - 1) / (v * m), rel=1e-5)
+
+
+@pytest.mark.parametrize("p, m", [(2, 4), (4, 8)])
+def test_zb_h1_bubble_is_below_1f1b_and_its_authors_bound(p, m):
+    t_f, t_b, t_w = pass_times(p)
+    one_f_one_b = iteration_time(Parallelism(pp=p, global_batch=m, schedule="1f1b"))
+    zero_bubble = iteration_time(Parallelism(pp=p, global_batch=m, schedule="zb-h1"))
+    assert zero_bubble < one_f_one_b
+    assert zero_bubble - m * (t_f + t_b) <= (p - 1) * (t_f + t_b - t_w) * (1 + 1e-6)  # Qi et al.: ZB-H1's bubble
+
+
+def test_tensor_parallelism_divides_a_stage_s_compute_time():
+    measured = {tp: iteration_time(Parallelism(tp=tp, pp=2, global_batch=4)) for tp in (1, 2)}
+    assert measured[2] == pytest.approx(measured[1] / 2, rel=1e-5)
+
+
+def test_schedules_order_as_their_bubbles_on_a_contended_platform(tmp_path):
+    """On the paper's CXL platform (TP over the XPU switch, p2p and DP over CXL, shared links): GPipe and
+    1F1B have the same bubble, interleaving and ZB-H1 shrink it, so they are faster."""
+    times = {}
+    for schedule, extra in (("1f1b", []), ("gpipe", []), ("interleaved", ["virtual_stages=2"]), ("zb-h1", [])):
+        settings = ["xpus=16", "workload=llama2-7b", "tp=2", "pp=4", "global_batch=16", "iterations=2",
+                    "workload_overrides.model.decoders=16", f"schedule={schedule}", *extra]
+        args = [a for s in settings for a in ("--set", s)]
+        done = subprocess.run([sys.executable, "-m", "hcsim.cli", "simulate", "--json", *args], capture_output=True,
+                              text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        times[schedule] = json.loads(done.stdout)["iteration_time_s"]
+    assert times["gpipe"] == pytest.approx(times["1f1b"], rel=0.02)
+    assert times["interleaved"] < times["1f1b"] and times["zb-h1"] < times["1f1b"]
