@@ -24,7 +24,18 @@ def register(subparsers) -> None:
     show = actions.add_parser("show", help="training state, what is local and what spills, FLOPs per iteration")
     show.add_argument("spec", metavar="SPEC", help="a workload YAML file or a built-in name (llama2-13b)")
     show.add_argument("--device", default="H100", help="device whose local memory holds the state (default H100)")
-    show.add_argument("--xpus", type=int, default=1, help="data-parallel XPUs (default 1)")
+    show.add_argument("--xpus", type=int, default=1, help="XPUs (default 1): dp = xpus / (tp x pp)")
+    parallel = show.add_argument_group("parallelism (any of these shows the hybrid-parallel graph per stage)")
+    parallel.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
+    parallel.add_argument("--pp", type=int, default=1, help="pipeline stages (default 1)")
+    parallel.add_argument("--micro-batch", type=int, default=None, help="samples per micro-batch (default: the "
+                          "spec's batch_per_xpu)")
+    parallel.add_argument("--global-batch", type=int, default=None, help="samples per iteration (default dp x "
+                          "micro-batch)")
+    parallel.add_argument("--schedule", default="1f1b", help="gpipe | 1f1b | interleaved | zb-h1 (default 1f1b)")
+    parallel.add_argument("--virtual-stages", type=int, default=1, help="chunks per stage (interleaved)")
+    parallel.add_argument("--recompute", default=None, help="none | selective | full (default: the spec's)")
+    parallel.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism")
     _add_set(show)
     show.set_defaults(run=run_show)
 
@@ -67,6 +78,10 @@ def run_show(args) -> int:
     from hcsim.workload import place_memory
 
     device = _device(args.device)
+    if args.tp > 1 or args.pp > 1 or args.micro_batch or args.global_batch or args.recompute \
+            or args.sequence_parallel or args.virtual_stages > 1:
+        print(describe_stages(args, device))
+        return 0
     spec, xpus, graph = _load(args)
     placement = place_memory(graph, {x: device.memory for x in xpus}, spec)
     print(describe(spec, graph, placement, device.name))
@@ -110,6 +125,43 @@ def describe(spec, graph, placement, device_name: str) -> str:
         "in forward and backward)",
         f"gradient all-reduce per iteration: {b(sum(d['bytes'] for d in comm), 'B')} in {len(comm)} collectives",
     ]
+    return "\n".join(lines)
+
+
+def describe_stages(args, device) -> str:
+    """What `hcsim workload show` prints for a hybrid-parallel configuration: per stage FLOPs and memory."""
+    from hcsim.config import parse_settings
+    from hcsim.workload import load_workload_spec
+    from hcsim.workload.hybrid import Parallelism, build_hybrid_graph, place_hybrid_memory
+    from hcsim.workload.layout import ParallelLayout
+
+    spec = load_workload_spec(args.spec, parse_settings(args.overrides, "training.batch_per_xpu=4"))
+    xpus = [f"xpu{i}" for i in range(args.xpus)]
+    layout = ParallelLayout(xpus, {"tp": args.tp, "pp": args.pp})
+    dp, micro_batch = layout.sizes["dp"], args.micro_batch or spec.batch_per_xpu
+    par = Parallelism(tp=args.tp, pp=args.pp, dp=dp, micro_batch=micro_batch,
+                      global_batch=args.global_batch or dp * micro_batch, schedule=args.schedule,
+                      virtual_stages=args.virtual_stages, recompute=args.recompute or spec.recomputation,
+                      sequence_parallel=args.sequence_parallel)
+    graph = build_hybrid_graph(spec, par, layout)
+    inf = float("inf")
+    placement = place_hybrid_memory(graph, spec, par, layout, {x: device.memory for x in xpus}, dict.fromkeys(xpus, inf))
+    b = format_quantity
+    lines = [f"workload {spec.name}: {spec.model.name}, {spec.model.decoders} decoders, precision {spec.precision}",
+             f"  tp {par.tp} x pp {par.pp} x dp {par.dp}, micro-batch {par.micro_batch}, global batch "
+             f"{par.global_batch} ({par.micro_batches} micro-batches per replica), schedule {par.schedule}"
+             + (f" x {par.virtual_stages} virtual stages" if par.virtual_stages > 1 else "")
+             + f", recompute {par.recompute}" + (", sequence parallel" if par.sequence_parallel else ""),
+             f"  graph: {graph.number_of_nodes()} vertices, {graph.number_of_edges()} edges; model FLOPs per "
+             f"iteration {b(graph.graph['model_flops'], 'FLOP')}",
+             f"per stage, per XPU, on {device.name} ({b(device.memory, 'B')} local):",
+             "  stage  FLOP/iteration  parameters  gradients  optimizer  activations  total      spills"]
+    for stage in range(par.pp):
+        flops = sum(d["flops"] for _, d in graph.nodes(data=True) if d["kind"] == "compute" and d["stage"] == stage)
+        held = placement.inventory[layout.stage_xpus(stage)[0]]
+        lines.append(f"  {stage:<6} {b(flops, 'FLOP'):<15} {b(held.parameters, 'B'):<11} {b(held.gradients, 'B'):<10} "
+                     f"{b(held.optimizer, 'B'):<10} {b(held.activations, 'B'):<12} {b(held.total, 'B'):<10} "
+                     f"{b(held.spilled, 'B') if held.spilled else 'nothing'}")
     return "\n".join(lines)
 
 
