@@ -45,6 +45,7 @@ class Scenario:
     step_limit: int = 64
     local_access: str = "analytic"  # analytic | simulated: see hcsim.engine.executor.RunOptions
     xpu_fidelity: str = "all"  # all | representative: see hcsim.engine.executor.RunOptions
+    local_collectives: str = "simulated"  # simulated | analytic: see hcsim.engine.executor.RunOptions
     fidelity: str | None = None  # workload fidelity: layer | decoder; None: the workload spec's
     iterations: int = 2
     platform_overrides: dict[str, Any] = field(default_factory=dict)  # dotted platform-spec keys
@@ -165,6 +166,8 @@ def _from_mapping(data: dict, where: str, base: str) -> Scenario:
     values["step_limit"] = fields.number("step_limit", default.step_limit, kind=int, minimum=1)
     values["local_access"] = fields.choice("local_access", ("analytic", "simulated"), default.local_access)
     values["xpu_fidelity"] = fields.choice("xpu_fidelity", ("all", "representative"), default.xpu_fidelity)
+    values["local_collectives"] = fields.choice("local_collectives", ("simulated", "analytic"),
+                                                default.local_collectives)
     values["fidelity"] = fields.choice("fidelity", ("layer", "decoder"), None)
     values["iterations"] = fields.number("iterations", default.iterations, kind=int, minimum=1)
     values["trace_xpus"] = fields.number("trace_xpus", default.trace_xpus, kind=int, minimum=0)

@@ -220,6 +220,7 @@ def run_here(scenario: Scenario, out: Path | None = None, progress=None) -> dict
     options = RunOptions(iterations=scenario.iterations, coherent=prepared.coherent,
                          collective_fidelity=scenario.collective_fidelity, step_limit=scenario.step_limit,
                          local_access=scenario.local_access, xpu_fidelity=scenario.xpu_fidelity,
+                         local_collectives=scenario.local_collectives,
                          trace_xpus=traced,
                          trace_iterations=frozenset(scenario.trace_iterations) if scenario.trace_iterations else None)
     update = progress(total_runs(prepared.workload, scenario.iterations)) if progress else None

@@ -54,6 +54,10 @@ class RunOptions:
     # run has ended; collectives still run over every XPU. It drops the followers' memory traffic
     # from the links it shares with collectives (a named fidelity level: tests bound the error).
     xpu_fidelity: str = "all"
+    # "analytic": a collective whose group sits in one server is one delay, its flow phases' closed form on
+    # uncontended routes (no transfer is simulated; its bytes still load the links); exact when nothing
+    # else uses those links meanwhile, as with tensor parallelism on a server's XPU switch.
+    local_collectives: str = "simulated"
     trace_xpus: frozenset[str] | None = None  # None: trace nothing
     trace_iterations: frozenset[int] | None = None  # None: every iteration
 
@@ -144,6 +148,9 @@ class Executor:
         self.precision = workload.graph.get("precision", "fp32")
         self.fidelity_used: dict[str, str] = {}
         self._algorithm_cache: dict = {}
+        self._server_cache: dict = {}
+        self._closed_forms: dict = {}
+        self._path_cache: dict[tuple[str, str], tuple[float, float]] = {}
         self.vertices = self._index_vertices()
         self.total_instances = sum(len(v.xpus) for v in self.vertices)
         self.done_runs = [0] * self.total_instances
@@ -156,7 +163,6 @@ class Executor:
         self.first_iteration: dict[str, tuple] | None = None  # per XPU at the end of iteration 1
         self.trace = TraceRecorder(options.trace_xpus, options.trace_iterations) if options.trace_xpus else None
         self.collective_state: dict[tuple[int, int, int], "_CollectiveRun"] = {}
-        self._path_cache: dict[tuple[str, str], tuple[float, float]] = {}
         self.representative = self._representatives() if options.xpu_fidelity == "representative" else {}
         self.followed: dict[tuple[int, str, int], tuple[float, float]] = {}  # (vertex, rep, run) -> busy
         self.following: dict[tuple[int, str, int], list[tuple[int, float]]] = defaultdict(list)
@@ -198,7 +204,7 @@ class Executor:
             pred = edge.vertex
             if edge.wait == "all":
                 n = len(pred.xpus)
-            elif pred.xpus is vertex.xpus or pred.pos.keys() == vertex.pos.keys():
+            elif pred.pos is vertex.pos or pred.pos.keys() == vertex.pos.keys():
                 n = 1 if edge.wait == "xpu" else None
                 if edge.wait == "group":
                     sizes = {len(g) for g in (vertex.groups if vertex.kind == "comm" else pred.groups)}
@@ -222,7 +228,7 @@ class Executor:
         for g, group in enumerate(vertex.groups):
             vertex.group_offsets.append(len(vertex.group_of))
             vertex.group_of += [g] * len(group)
-            servers = server_groups(self.platform, group)
+            servers = self._servers(group)
             key = (collective, name, len(group), data["bytes"], tuple(map(tuple, servers)))
             if key not in self._algorithm_cache:  # alike groups share one algorithm and its flow phases
                 algorithm = get_algorithm(collective, name, len(group), data["bytes"], servers)
@@ -234,9 +240,33 @@ class Executor:
                     fidelity = "step"
                 self._algorithm_cache[key] = (algorithm, fidelity, phases)
             algorithm, fidelity, phases = self._algorithm_cache[key]
+            if self.options.local_collectives == "analytic" and len(servers) == 1:
+                analytic = phases or algorithm.flow_phases()
+                if analytic is not None:  # one delay: the flow model's closed form on uncontended routes
+                    key = (id(algorithm), group)
+                    if key not in self._closed_forms:
+                        self._closed_forms[key] = (analytic, self._closed_form(group, analytic))
+                    fidelity, phases = "analytic", self._closed_forms[key]
             vertex.algorithms.append((algorithm, fidelity, phases))
             fidelities.add(fidelity)
         self.fidelity_used[vertex.name] = "/".join(sorted(fidelities))
+
+    def _servers(self, group: tuple[str, ...]) -> list[list[int]]:
+        """server_groups of a group; groups are shared tuples, so each distinct one is computed once."""
+        key = id(group)
+        if key not in self._server_cache:
+            self._server_cache[key] = (group, server_groups(self.platform, group))  # keep group alive: ids stay unique
+        return self._server_cache[key][1]
+
+    def _closed_form(self, group: tuple[str, ...], phases: list[FlowPhase]) -> float:
+        """Seconds a collective's flow phases take over `group` when no other traffic shares their links."""
+        lanes: dict[int, float] = defaultdict(float)
+        for phase in phases:
+            if phase.transfers:
+                pairs = [(group[s], group[d]) for (s, d), _ in phase.transfers]
+                durations = [self.access_time(src, dst, size) for (src, dst), (_, size) in zip(pairs, phase.transfers)]
+                lanes[phase.lane] += phase_time(phase, durations, [self.latency(*pair) for pair in pairs])
+        return max(lanes.values(), default=0.0)
 
     # ---- dependencies -------------------------------------------------------------------------------------
 
@@ -599,6 +629,14 @@ class _CollectiveRun:
                 if other not in self.finished_ranks:
                     self.active.add(other)
                     self.executor._open(self.members[other], communicating=1)
+        if self.fidelity == "analytic":
+            if len(self.start) == self.algorithm.ranks:
+                phases, seconds = self.phases
+                for phase in phases:
+                    for (src, dst), size in phase.transfers:
+                        self.executor.pair_bytes[self.xpu(src), self.xpu(dst)] += size
+                self.executor.backend.delay(seconds, self._flows_done)
+            return
         if self.fidelity == "flow":
             if len(self.start) == self.algorithm.ranks:
                 self._start_flows()
@@ -698,16 +736,21 @@ class _CollectiveRun:
             self._transfer(src, dst, size, lambda i=i: flow_done(i))
 
     def _phase_time(self, phase: FlowPhase, durations: list[float]) -> float:
-        """How long `phase` lasts by FlowPhase's rule, given its transfers' durations."""
-        k = phase.steps
-        step, fill, last = [], [], []
-        for i, ((src, dst), _) in enumerate(phase.transfers):
-            alpha = self.executor.latency(self.xpu(src), self.xpu(dst))
-            step.append(alpha + (durations[i] - alpha) / k)
-            feeds = phase.feeds[i] if phase.feeds else ()
-            fill.append(max((fill[f] + step[f] for f in feeds), default=0.0))
-            last.append(max(max((last[f] for f in feeds), default=0.0) + step[i], fill[i] + k * step[i]))
-        return max(last)
+        return phase_time(phase, durations, [self.executor.latency(self.xpu(s), self.xpu(d))
+                                             for (s, d), _ in phase.transfers])
+
+
+def phase_time(phase: FlowPhase, durations: list[float], latencies: list[float]) -> float:
+    """How long `phase` lasts by FlowPhase's rule, given its transfers' durations and route latencies (s)."""
+    k = phase.steps
+    step, fill, last = [], [], []
+    for i in range(len(phase.transfers)):
+        alpha = latencies[i]
+        step.append(alpha + (durations[i] - alpha) / k)
+        feeds = phase.feeds[i] if phase.feeds else ()
+        fill.append(max((fill[f] + step[f] for f in feeds), default=0.0))
+        last.append(max(max((last[f] for f in feeds), default=0.0) + step[i], fill[i] + k * step[i]))
+    return max(last)
 
 
 def _stable_order(graph: nx.DiGraph) -> list:

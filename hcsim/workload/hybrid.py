@@ -167,6 +167,7 @@ class _Builder:
     graph: nx.DiGraph = field(init=False)
 
     def __post_init__(self) -> None:
+        self._groups: dict = {}
         spec, par = self.spec, self.par
         self.attn, self.mlp = block_costs(spec, par.micro_batch, par.tp)
         self.layers = stage_layers(spec, par)
@@ -187,9 +188,13 @@ class _Builder:
                                   model=model.name, decoders=model.decoders, fidelity=spec.fidelity)
 
     def groups(self, axis: str, stage: int) -> tuple[tuple[str, ...], ...]:
-        members = set(self.layout.stage_xpus(stage))
-        found = tuple(g for g in self.layout.groups(axis) if g[0] in members)
-        return tuple(tuple(self.group_order(g)) for g in found) if self.group_order else found
+        """The groups of `axis` on `stage`, in ring order; one shared tuple per (axis, stage)."""
+        key = (axis, stage)
+        if key not in self._groups:
+            members = set(self.layout.stage_xpus(stage))
+            found = tuple(g for g in self.layout.groups(axis) if g[0] in members)
+            self._groups[key] = tuple(tuple(self.group_order(g)) for g in found) if self.group_order else found
+        return self._groups[key]
 
     def build(self) -> nx.DiGraph:
         par = self.par

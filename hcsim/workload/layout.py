@@ -128,4 +128,11 @@ class ParallelLayout:
 
     def stage_xpus(self, stage: int) -> tuple[str, ...]:
         """The XPUs of pipeline stage `stage`, in topology order."""
-        return tuple(x for x in self.xpus if self.stage(x) == stage)
+        return self._stages[stage]
+
+    @cached_property
+    def _stages(self) -> tuple[tuple[str, ...], ...]:
+        stages: list[list[str]] = [[] for _ in range(self.sizes["pp"])]
+        for x in self.xpus:
+            stages[self.stage(x)].append(x)
+        return tuple(map(tuple, stages))

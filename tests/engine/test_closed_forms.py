@@ -153,3 +153,14 @@ def test_ring_all_reduce_loads_every_xpu_link_with_its_closed_form(fidelity):
     for x in xpus:
         for link in ((x, "xswitch"), ("xswitch", x)):
             assert close(loads[link], 2 * (n - 1) / n * size, 1e-12), (link, loads[link])
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "halving_doubling"])
+def test_an_analytic_collective_in_one_server_equals_the_simulated_one_on_simgrid(algorithm):
+    """local_collectives: analytic replaces the transfers by their closed form: equal when uncontended."""
+    xpus = [f"xpu{i}" for i in range(8)]
+    graph = skeleton_graph(xpus, 1e12, 3.3e8, algorithm)
+    ends = {mode: simulate_graphs(single_switch(8, H100), graph,
+                                  RunOptions(collective_fidelity="flow", local_collectives=mode))["iteration_ends"]
+            for mode in ("simulated", "analytic")}
+    assert close(ends["analytic"][0], ends["simulated"][0], 1e-9)

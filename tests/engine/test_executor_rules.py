@@ -215,3 +215,23 @@ def test_the_rules_run_without_importing_simgrid():
             "assert 'simgrid' not in sys.modules, 'simgrid was imported'; sys.exit(code)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("algorithm, collective", [("ring", "all_reduce"), ("coherent_ring", "all_reduce"),
+                                                   ("ring", "all_gather"), ("halving_doubling", "all_reduce")])
+def test_analytic_local_collectives_equal_the_simulated_flow_model_when_uncontended(algorithm, collective):
+    """A collective in one server as one delay (local_collectives: analytic) takes what its flow phases take."""
+    def graph():
+        g = new_workload("tp")
+        add_compute(g, "c", xpus=[f"xpu{i}" for i in range(8)], flops=SECOND, start=True)
+        add_comm(g, "ar", groups=[[f"xpu{i}" for i in range(4)], [f"xpu{i}" for i in range(4, 8)]], bytes=3e8,
+                 collective=collective, algorithm=algorithm)
+        add_dependency(g, "c", "ar")
+        add_dependency(g, "ar", "c", skip_first_iteration=True)
+        return g
+
+    runs = {mode: run(graph(), 8, iterations=2, collective_fidelity="flow", local_collectives=mode)
+            for mode in ("simulated", "analytic")}
+    assert runs["analytic"][0] == pytest.approx(runs["simulated"][0], rel=1e-12)
+    assert runs["analytic"][2].link_bytes == pytest.approx(runs["simulated"][2].link_bytes, rel=1e-12)
+    assert runs["analytic"][2].activities < runs["simulated"][2].activities
