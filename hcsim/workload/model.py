@@ -247,8 +247,8 @@ def _dense_only(shape: ModelShape) -> None:
     """The Table-4 generator models dense MLPs only: refuse a mixture-of-experts shape."""
     if shape.moe:
         raise ConfigError(f"model {shape.name!r}: has {shape.experts} experts, and the data-parallel decoder "
-                          "table (Table-4 conventions) models dense MLPs only. Fix: use "
-                          "hcsim.workload.transformer for mixture-of-experts costs")
+                          "table (Table-4 conventions) models dense MLPs only, so the data-parallel graph cannot run it. "
+                          "Fix: take its costs from hcsim.workload.transformer (decoder_layer)")
 
 
 def generate_decoder_table(shape: ModelShape, sizes: ElementSizes) -> DecoderTable:

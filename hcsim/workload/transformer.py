@@ -17,9 +17,10 @@ forward order, costed for ONE rank of the tensor-parallel group::
 
 All three take the same keywords: ``micro_batch`` (b, samples), ``sequence``
 (s, tokens; defaults to ``shape.sequence``), ``tp`` (t), ``sequence_parallel``,
-``ep`` (expert-parallel degree: experts held per rank = experts / ep) and
+``ep`` (expert-parallel degree: experts held per rank = experts / ep),
 ``precision`` ("fp32" | "fp16" | "bf16", element sizes of
-:func:`~hcsim.workload.model.element_sizes`); :func:`lm_head` also takes
+:func:`~hcsim.workload.model.element_sizes`) and ``attention``
+(:data:`ATTENTION`: "standard" or "flash"); :func:`lm_head` also takes
 ``tied_copy``. Whole-model helpers: :func:`model_blocks` (the three blocks at
 once), :func:`iteration_flops` (model FLOPs per iteration, Megatron-LM's
 count), :func:`model_parameters` and :func:`active_parameters`.
@@ -48,7 +49,9 @@ Conventions (docs/workload-model.md, "The transformer model"):
   square, as Megatron-LM counts it, not the causal half), twice each
   backward. Element-wise ops, norms, biases and the loss have 0 FLOP: they
   are memory-bound and charged bytes only. So the model FLOPs per iteration
-  of a GPT are exactly 72·B·s·L·h²·(1 + s/6h + V/12Lh).
+  of a GPT are exactly 72·B·s·L·h²·(1 + s/6h + V/12Lh). With
+  ``attention="flash"`` the fused core recomputes QKᵀ in backward: 2·b·s²·h/t
+  more FLOP per layer (hardware FLOPs).
 - Bytes are the device-memory traffic of one unfused kernel per op: it reads
   its inputs (and weights) once and writes its outputs once, in the
   activation element size (masks 1 B, loss logits FP32). A weight gradient
@@ -85,10 +88,11 @@ from dataclasses import dataclass
 from hcsim.errors import ConfigError
 from hcsim.workload.model import RECOMPUTATION, ElementSizes, ModelShape, element_sizes
 
-__all__ = ["OP_KINDS", "BLOCK_KINDS", "LOGIT_BYTES", "Work", "Op", "Block", "decoder_layer", "embedding", "lm_head",
+__all__ = ["OP_KINDS", "ATTENTION", "BLOCK_KINDS", "LOGIT_BYTES", "Work", "Op", "Block", "decoder_layer", "embedding", "lm_head",
            "model_blocks", "iteration_flops", "model_parameters", "active_parameters"]
 
 OP_KINDS = ("gemm", "attention", "elementwise", "norm")
+ATTENTION = ("standard", "flash")
 BLOCK_KINDS = ("embedding", "decoder", "head")
 LOGIT_BYTES = 4.0  # the loss reads logits in FP32 whatever the training precision (Korthikanti et al.: 4sbv)
 
@@ -254,6 +258,7 @@ class _Rank:
     sp: bool
     ep: int
     sizes: ElementSizes
+    attention: str
 
     @property
     def tokens(self) -> int:
@@ -267,9 +272,11 @@ class _Rank:
 
 
 def _rank(shape: ModelShape, micro_batch: int, sequence: int | None, tp: int, sequence_parallel: bool, ep: int,
-          precision: str) -> _Rank:
+          precision: str, attention: str) -> _Rank:
     """Check the parallel configuration against the shape; raise one ConfigError naming the key."""
     s = shape.sequence if sequence is None else sequence
+    if attention not in ATTENTION:
+        raise ConfigError(f"model {shape.name!r}: attention {attention!r} is not one of {', '.join(ATTENTION)}")
     for key, value in (("micro_batch", micro_batch), ("sequence", s), ("tp", tp), ("ep", ep)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"model {shape.name!r}: {key} must be an integer >= 1, got {value!r}")
@@ -289,7 +296,7 @@ def _rank(shape: ModelShape, micro_batch: int, sequence: int | None, tp: int, se
             raise ConfigError(f"model {shape.name!r}: {key} {value} is not a multiple of {name} {degree}. "
                               f"Fix: choose {name} among the divisors of {value}")
     return _Rank(shape=shape, b=micro_batch, s=s, t=tp, sp=bool(sequence_parallel), ep=ep,
-                 sizes=element_sizes(precision))
+                 sizes=element_sizes(precision), attention=attention)
 
 
 def _gemm(name: str, r: _Rank, tokens: float, n_in: float, n_out: float, *, weights: float, bias: float = 0.0,
@@ -354,6 +361,11 @@ def _attention(r: _Rank) -> list[Op]:
     if shape.positions == "rope":
         ops.append(_elementwise("rope", r, fwd=2 * n * (q + kv), bwd=2 * n * (q + kv)))
     bmm = 2.0 * b * s * s * q  # one of QKᵀ, P·V on this rank's heads
+    if r.attention == "flash":
+        ops.append(_flash_attention(r, q, kv, bmm))
+        ops.append(_gemm("attention_projection", r, n, q, h, weights=q * h, bias=h if shape.bias else 0.0,
+                         saved=n * q * e))
+        return ops
     ops.append(Op(name="attention_scores", kind="attention", attention_core=True,
                   forward=Work(bmm, (n * (q + kv) + scores) * e),
                   backward_input=Work(2 * bmm, (scores + 2 * n * (q + kv)) * e),
@@ -370,6 +382,25 @@ def _attention(r: _Rank) -> list[Op]:
     ops.append(_gemm("attention_projection", r, n, q, h, weights=q * h, bias=h if shape.bias else 0.0,
                      saved=n * q * e))
     return ops
+
+
+def _flash_attention(r: _Rank, q: float, kv: float, bmm: float) -> Op:
+    """The attention core as one fused kernel (Dao et al. 2022, FlashAttention, Algorithms 1 and 2).
+
+    Forward reads Q, K, V and writes the output and the FP32 log-sum-exp of
+    each score row; no s x s tensor reaches device memory. Backward reads Q,
+    K, V, the output, its gradient and the log-sum-exp, recomputes QKᵀ (so 5
+    products to the forward's 2) and writes dQ, dK, dV. It keeps Q, K, V and
+    the log-sum-exp (the output is kept as the projection's input); dropout
+    masks are regenerated from the random state.
+    """
+    e, n = r.sizes.activation, r.tokens
+    statistics = r.b * (r.shape.heads / r.t) * r.s * 4.0  # one FP32 log-sum-exp per score row
+    qkv = n * (q + 2 * kv) * e
+    return Op(name="flash_attention", kind="attention", attention_core=True,
+              forward=Work(2 * bmm, qkv + n * q * e + statistics),
+              backward_input=Work(5 * bmm, qkv + 2 * n * q * e + statistics + qkv),
+              saved=qkv + statistics)
 
 
 def _activation(name: str, r: _Rank, tokens: float, width: float) -> Op:
@@ -413,27 +444,33 @@ def _moe(r: _Rank) -> list[Op]:
 
 
 def decoder_layer(shape: ModelShape, *, micro_batch: int = 1, sequence: int | None = None, tp: int = 1,
-                  sequence_parallel: bool = False, ep: int = 1, precision: str = "bf16") -> Block:
+                  sequence_parallel: bool = False, ep: int = 1, precision: str = "bf16",
+                  attention: str = "standard") -> Block:
     """One decoder layer (transformer block) on one tensor-parallel rank.
 
     Ops in forward order: norm_attention, qkv, [rope], attention_scores, softmax,
     [attention_dropout], attention_context, attention_projection, [dropout_attention],
     residual_attention, norm_mlp, then mlp_in, activation, mlp_out (dense) or router,
     routing, dispatch, expert_in, activation, expert_out, combine (mixture of experts),
-    then [dropout_mlp], residual_mlp (brackets: only with rotary positions / dropout).
+    then [dropout_mlp], residual_mlp (brackets: only with rotary positions / dropout;
+    ``attention="flash"`` replaces scores to context by one flash_attention op).
 
     Parameters
     ----------
     shape : the model; micro_batch : b (samples); sequence : s (tokens, default
     shape.sequence); tp : tensor-parallel degree t (divides heads, kv heads and
     ffn); sequence_parallel : norms, dropouts and adds on s/t tokens; ep :
-    expert-parallel degree (divides experts); precision : element sizes.
+    expert-parallel degree (divides experts); precision : element sizes;
+    attention : "standard" (Megatron-LM's unfused core, the s x s scores in
+    memory) or "flash" (one fused ``flash_attention`` op in place of scores,
+    softmax, dropout and context: no s x s tensor kept, QKᵀ recomputed in
+    backward, so its FLOPs are hardware FLOPs, above the model FLOPs).
 
     >>> gpt = ModelShape(name="gpt", decoders=2, hidden=64, heads=4, ffn=256, sequence=32)
     >>> decoder_layer(gpt, micro_batch=2).forward.flops == 2 * (24 * 32 * 64**2 + 4 * 32**2 * 64)
     True
     """
-    r = _rank(shape, micro_batch, sequence, tp, sequence_parallel, ep, precision)
+    r = _rank(shape, micro_batch, sequence, tp, sequence_parallel, ep, precision, attention)
     h = shape.hidden
     ops = [_norm("norm_attention", r)] + _attention(r)
     if shape.dropout:
@@ -460,7 +497,8 @@ def _vocabulary(shape: ModelShape, t: int) -> int:
 
 
 def embedding(shape: ModelShape, *, micro_batch: int = 1, sequence: int | None = None, tp: int = 1,
-              sequence_parallel: bool = False, ep: int = 1, precision: str = "bf16") -> Block:
+              sequence_parallel: bool = False, ep: int = 1, precision: str = "bf16",
+              attention: str = "standard") -> Block:
     """The input embedding on one tensor-parallel rank (the first pipeline stage).
 
     Ops: embedding_lookup (vocabulary-parallel: ceil(V/t) x h rows, the rank
@@ -470,7 +508,7 @@ def embedding(shape: ModelShape, *, micro_batch: int = 1, sequence: int | None =
     [embedding_dropout]. Its backward is a weight gradient only (token ids
     have no gradient). Keywords as :func:`decoder_layer`.
     """
-    r = _rank(shape, micro_batch, sequence, tp, sequence_parallel, ep, precision)
+    r = _rank(shape, micro_batch, sequence, tp, sequence_parallel, ep, precision, attention)
     h, e, w, g = shape.hidden, r.sizes.activation, r.sizes.weight, r.sizes.gradient
     rows = _vocabulary(shape, tp)
     gathered = r.tokens / tp  # tokens whose ids fall in this rank's vocabulary slice (uniformly spread)
@@ -492,7 +530,8 @@ def embedding(shape: ModelShape, *, micro_batch: int = 1, sequence: int | None =
 
 
 def lm_head(shape: ModelShape, *, micro_batch: int = 1, sequence: int | None = None, tp: int = 1,
-            sequence_parallel: bool = False, ep: int = 1, precision: str = "bf16", tied_copy: bool = False) -> Block:
+            sequence_parallel: bool = False, ep: int = 1, precision: str = "bf16", attention: str = "standard",
+            tied_copy: bool = False) -> Block:
     """The final norm, the logits GEMM and the cross-entropy loss on one rank (the last pipeline stage).
 
     The logits GEMM is vocabulary-parallel (h x ceil(V/t)); the loss reads the
@@ -502,7 +541,7 @@ def lm_head(shape: ModelShape, *, micro_batch: int = 1, sequence: int | None = N
     a copy on the last stage when it is not the first, and all-reduces the two
     gradients). Keywords as :func:`decoder_layer`.
     """
-    r = _rank(shape, micro_batch, sequence, tp, sequence_parallel, ep, precision)
+    r = _rank(shape, micro_batch, sequence, tp, sequence_parallel, ep, precision, attention)
     h, e = shape.hidden, r.sizes.activation
     rows = _vocabulary(shape, tp)
     n = r.tokens

@@ -172,6 +172,27 @@ def test_recomputation():
     assert layer.activation_bytes("selective") < layer.activation_bytes("none")
 
 
+@pytest.mark.parametrize("name", ["gpt3-175b", "llama3-8b"])
+def test_flash_attention_keeps_no_score_matrices(name):
+    """Dao et al. 2022: the fused core keeps Q, K, V and one FP32 log-sum-exp per row, recomputes QKᵀ backward."""
+    shape = load_workload_spec(name).model
+    b, s, t = 2, 1024, 4
+    standard = decoder_layer(shape, micro_batch=b, sequence=s, tp=t, sequence_parallel=True)
+    flash = decoder_layer(shape, micro_batch=b, sequence=s, tp=t, sequence_parallel=True, attention="flash")
+    core = flash.op("flash_attention")
+    products = 2 * b * s * s * shape.hidden / t  # one of QKᵀ, P·V
+    assert core.forward.flops == 2 * products and core.backward_input.flops == 5 * products
+    assert flash.forward.flops == standard.forward.flops
+    assert flash.backward.flops == standard.backward.flops + products
+    lse = b * shape.heads / t * s * 4
+    # flash keeps what selective recomputation keeps, plus the log-sum-exp, and no dropout masks of the scores
+    assert flash.activation_bytes() == pytest.approx(standard.activation_bytes("selective") + lse, rel=1e-12)
+    assert flash.forward.bytes < standard.forward.bytes
+    assert [op.name for op in flash.ops if op.attention_core] == ["flash_attention"]
+    with pytest.raises(ConfigError, match="attention 'paged' is not one of standard, flash"):
+        decoder_layer(shape, attention="paged")
+
+
 def test_element_sizes_follow_the_precision():
     shape = load_workload_spec("llama2-7b").model  # no dropout: no 1-byte masks
     half, full = (decoder_layer(shape, micro_batch=1, sequence=256, precision=p) for p in ("bf16", "fp32"))
