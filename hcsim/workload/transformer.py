@@ -88,8 +88,8 @@ from dataclasses import dataclass
 from hcsim.errors import ConfigError
 from hcsim.workload.model import RECOMPUTATION, ElementSizes, ModelShape, element_sizes
 
-__all__ = ["OP_KINDS", "ATTENTION", "BLOCK_KINDS", "LOGIT_BYTES", "Work", "Op", "Block", "decoder_layer", "embedding", "lm_head",
-           "model_blocks", "iteration_flops", "model_parameters", "active_parameters"]
+__all__ = ["OP_KINDS", "ATTENTION", "BLOCK_KINDS", "LOGIT_BYTES", "Work", "Op", "Block", "decoder_layer", "embedding",
+           "lm_head", "model_blocks", "iteration_flops", "model_parameters", "active_parameters"]
 
 OP_KINDS = ("gemm", "attention", "elementwise", "norm")
 ATTENTION = ("standard", "flash")

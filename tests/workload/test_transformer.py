@@ -1,13 +1,14 @@
 """The transformer model (hcsim.workload.transformer) against Megatron-LM's closed forms and published model sizes."""
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from hcsim.errors import ConfigError
 from hcsim.workload import ModelShape, load_workload_spec
 from hcsim.workload.memory import layer_activation_bytes, output_activation_bytes
-from hcsim.workload.transformer import (OP_KINDS, active_parameters, decoder_layer, embedding, iteration_flops,
+from hcsim.workload.transformer import (OP_KINDS, Work, active_parameters, decoder_layer, embedding, iteration_flops,
                                         lm_head, model_blocks, model_parameters)
 
 
@@ -24,7 +25,8 @@ GPTS = [gpt(), gpt(hidden=2304, heads=24, decoders=24, vocabulary=51200), gpt(hi
 @pytest.mark.parametrize("shape", GPTS, ids=lambda s: f"h{s.hidden}")
 @pytest.mark.parametrize("batch", [1, 8, 1536])
 def test_gpt_iteration_flops_are_megatrons(shape, batch):
-    """Narayanan et al. SC'21: 72·B·s·L·h²(1 + s/6h + V/12Lh); full recomputation 96·B·s·L·h²(1 + s/6h + V/16Lh)."""
+    """Narayanan et al. SC'21: 72·B·s·L·h²(1 + s/6h + V/12Lh);
+    with full recomputation 96·B·s·L·h²(1 + s/6h + V/16Lh)."""
     s, h, L, V = shape.sequence, shape.hidden, shape.decoders, shape.vocabulary
     plain = 72 * batch * s * L * h**2 * (1 + s / (6 * h) + V / (12 * L * h))
     full = 96 * batch * s * L * h**2 * (1 + s / (6 * h) + V / (16 * L * h))
@@ -48,7 +50,7 @@ def test_gpt_parameters(shape):
     """Lecture seed / REFERENCE.md: L(12h² + 13h) + hv + h(s + 1), where the final LayerNorm's β adds one more h."""
     h, L, V, s = shape.hidden, shape.decoders, shape.vocabulary, shape.sequence
     assert model_parameters(shape) == L * (12 * h**2 + 13 * h) + h * V + h * (s + 1) + h
-    untied = ModelShape(**{**{k: getattr(shape, k) for k in shape.__slots__}, "tied_embeddings": False})
+    untied = replace(shape, tied_embeddings=False)
     assert model_parameters(untied) - model_parameters(shape) == V * h
 
 
@@ -90,7 +92,7 @@ def test_backward_is_input_plus_weight_gradient(shape, tp, sp):
             if op.kind == "gemm":  # dX = dY·Wᵀ and dW = Xᵀ·dY each cost the forward product
                 assert op.backward_input.flops == op.backward_weight.flops == op.forward.flops > 0
             elif op.kind == "attention":  # no weights: two products backward per product forward
-                assert op.backward_weight == type(op.backward_weight)() and op.backward_input.flops == 2 * op.forward.flops
+                assert op.backward_weight == Work() and op.backward_input.flops == 2 * op.forward.flops
             else:
                 assert op.forward.flops == op.backward.flops == 0 and op.forward.bytes > 0
             # weights have a gradient; the tied logits accumulate theirs into the embedding's
@@ -203,7 +205,7 @@ def test_element_sizes_follow_the_precision():
 
 def test_mixture_of_experts_computes_top_k_experts_per_token():
     moe = load_workload_spec("mixtral-8x7b").model
-    dense = ModelShape(**{**{k: getattr(moe, k) for k in moe.__slots__}, "experts": 1, "top_k": 1})
+    dense = replace(moe, experts=1, top_k=1)
     m, d = (decoder_layer(x, micro_batch=2, sequence=128, tp=2) for x in (moe, dense))
     experts = m.op("expert_in").forward.flops + m.op("expert_out").forward.flops
     assert experts == moe.top_k * (d.op("mlp_in").forward.flops + d.op("mlp_out").forward.flops)
