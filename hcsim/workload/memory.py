@@ -18,6 +18,8 @@ Pure functions, each with its source (``/work/shared/REFERENCE.md`` collects the
   the same, op by op, for any shape and precision.)
 - :func:`in_flight_microbatches`: micro-batches whose activations a pipeline
   stage holds at its peak, per schedule (:data:`SCHEDULES`).
+- :func:`stage_memory`: all of it for one XPU of a pipeline stage, from the
+  op-level costs of :mod:`hcsim.workload.transformer`.
 
 Units: bytes, elements (counts), parameters (counts).
 """
@@ -27,11 +29,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hcsim.errors import ConfigError
-from hcsim.workload.model import RECOMPUTATION, element_sizes
+from hcsim.workload.model import RECOMPUTATION, ModelShape, element_sizes
+from hcsim.workload.transformer import decoder_layer, embedding, lm_head
 
 __all__ = ["ZERO_STAGES", "SCHEDULES", "ZeroState", "state_bytes_per_parameter", "zero_state",
            "zero_bytes_per_parameter", "distributed_optimizer_bytes_per_parameter", "zero_traffic_elements",
-           "layer_activation_bytes", "output_activation_bytes", "in_flight_microbatches"]
+           "layer_activation_bytes", "output_activation_bytes", "in_flight_microbatches", "StageMemory",
+           "stage_memory"]
 
 ZERO_STAGES = (0, 1, 2, 3)
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
@@ -215,3 +219,58 @@ def in_flight_microbatches(schedule: str, *, stage: int, stages: int, microbatch
     if schedule in ("1f1b", "zb-h1") or v == 1:
         return float(min(p - i, m))
     return min(m * v, v * p + p - 2 * i - 1) / v
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageMemory:
+    """Bytes one XPU of a pipeline stage holds at its peak: model state by kind, and activations.
+
+    parameters : the weights it holds (count, before ZeRO sharding);
+    state : weights, gradients, optimizer (:class:`ZeroState`);
+    activations : in-flight micro-batches x the stage's activation bytes per micro-batch.
+    """
+
+    parameters: int
+    state: ZeroState
+    activations: float
+
+    @property
+    def total(self) -> float:
+        return self.state.total + self.activations
+
+
+def stage_memory(shape: ModelShape, *, layers: int, first: bool, last: bool, in_flight: float, micro_batch: int = 1,
+                 sequence: int | None = None, tp: int = 1, sequence_parallel: bool = False, ep: int = 1,
+                 precision: str = "bf16", attention: str = "standard", optimizer: str = "adam",
+                 recompute: str = "none", dp: int = 1, zero_stage: int = 0) -> StageMemory:
+    """Memory of one XPU of a pipeline stage holding `layers` decoder layers.
+
+    Parameters: the layers' (per tensor-parallel rank), plus the embedding on
+    the `first` stage and the output layer on the `last` (a tied output layer
+    on a last stage that is not also the first keeps a copy, as in
+    Megatron-LM); model state by :func:`zero_state` over `dp` ranks;
+    activations = `in_flight` (:func:`in_flight_microbatches`) x (the layers'
+    :meth:`~hcsim.workload.transformer.Block.activation_bytes` for `recompute`,
+    plus the embedding's and the head's where they are). Other keywords as
+    :func:`hcsim.workload.transformer.decoder_layer`.
+
+    Not counted: the working set of the layer being recomputed or
+    back-propagated, communication buffers, fragmentation; experts are
+    sharded over the same `dp` ranks as the rest.
+    """
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 0:
+        raise ConfigError(f"layers must be an integer >= 0, got {layers!r}")
+    if not in_flight >= 0:
+        raise ConfigError(f"in_flight must be >= 0 micro-batches, got {in_flight!r}")
+    keywords = dict(micro_batch=micro_batch, sequence=sequence, tp=tp, sequence_parallel=sequence_parallel, ep=ep,
+                    precision=precision, attention=attention)
+    layer = decoder_layer(shape, **keywords)
+    blocks = [(layer, layers)]
+    if first:
+        blocks.append((embedding(shape, **keywords), 1))
+    if last:
+        blocks.append((lm_head(shape, tied_copy=not first, **keywords), 1))
+    parameters = sum(block.parameters * count for block, count in blocks)
+    activations = sum(block.activation_bytes(recompute) * count for block, count in blocks)
+    return StageMemory(parameters=parameters, activations=in_flight * activations,
+                       state=zero_state(parameters, dp, zero_stage, precision=precision, optimizer=optimizer))

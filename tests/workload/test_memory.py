@@ -3,9 +3,12 @@
 import pytest
 
 from hcsim.errors import ConfigError
+from hcsim.workload import ModelShape, load_workload_spec
 from hcsim.workload.memory import (distributed_optimizer_bytes_per_parameter, in_flight_microbatches,
-                                   layer_activation_bytes, state_bytes_per_parameter, zero_bytes_per_parameter,
-                                   zero_state, zero_traffic_elements)
+                                   layer_activation_bytes, output_activation_bytes, stage_memory,
+                                   state_bytes_per_parameter, zero_bytes_per_parameter, zero_state,
+                                   zero_traffic_elements)
+from hcsim.workload.transformer import model_parameters
 
 PSI = 7.5e9  # the ZeRO paper's running example
 
@@ -109,3 +112,43 @@ def test_zero_errors():
         zero_state(PSI, 0, 1)
     with pytest.raises(ConfigError, match="precision 'int8' is not one of"):
         zero_state(PSI, 8, 3, precision="int8")
+
+
+def test_stage_memory_of_gpt3_on_8x8():
+    """GPT-3 175B with TP 8, PP 8, SP, 1F1B, m = 64 (Korthikanti et al.'s configuration): the per-stage
+    memory is the closed forms: 16 B per parameter, in-flight micro-batches x Korthikanti's activations."""
+    shape = ModelShape(name="gpt3", decoders=96, hidden=12288, heads=96, ffn=4 * 12288, sequence=2048,
+                       vocabulary=51200, positions="learned", bias=True, tied_embeddings=True)
+    p, t, s, b, h, a, v = 8, 8, 2048, 1, 12288, 96, 51200
+    stages = []
+    for i in range(p):
+        in_flight = in_flight_microbatches("1f1b", stage=i, stages=p, microbatches=64)
+        stages.append(stage_memory(shape, layers=96 // p, first=i == 0, last=i == p - 1, in_flight=in_flight,
+                                   micro_batch=b, tp=t, sequence_parallel=True, recompute="selective"))
+        layer = layer_activation_bytes(sequence=s, micro_batch=b, hidden=h, heads=a, tp=t, sequence_parallel=True,
+                                       recompute="selective")
+        outside = 0.0
+        if i == 0:  # the embedding's dropout mask
+            outside += s * b * h / t
+        if i == p - 1:  # final norm and logits inputs, FP32 logits
+            outside += output_activation_bytes(sequence=s, micro_batch=b, hidden=h, vocabulary=v, tp=t,
+                                               sequence_parallel=True) - s * b * h / t
+        assert stages[-1].activations == pytest.approx(in_flight * (12 * layer + outside), rel=1e-12)
+        assert stages[-1].state.total == 16 * stages[-1].parameters
+    # every parameter is on some stage, the tied output layer twice (first and last stage), 1/t per rank
+    # but for the replicated norms, positions and row-parallel biases
+    held = sum(stage.parameters for stage in stages) * t
+    replicated = s * h + 96 * (4 * h + 2 * h) + 2 * h  # positions; per layer 2 LayerNorms, 2 row-parallel biases
+    assert held == model_parameters(shape) + v * h + (t - 1) * replicated
+    assert stages[0].activations > stages[-1].activations  # 8 micro-batches in flight against 1
+
+
+def test_stage_memory_with_zero():
+    shape = load_workload_spec("llama3-8b").model
+    whole = stage_memory(shape, layers=32, first=True, last=True, in_flight=1, dp=8, zero_stage=0)
+    sharded = stage_memory(shape, layers=32, first=True, last=True, in_flight=1, dp=8, zero_stage=3)
+    assert whole.parameters == sharded.parameters == model_parameters(shape)
+    assert sharded.state.total == pytest.approx(whole.state.total / 8, rel=1e-12)
+    assert sharded.activations == whole.activations
+    with pytest.raises(ConfigError, match="layers must be an integer >= 0"):
+        stage_memory(shape, layers=-1, first=True, last=False, in_flight=1)
