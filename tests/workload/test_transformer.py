@@ -37,6 +37,33 @@ def test_gpt_iteration_flops_are_megatrons(shape, batch):
     assert selective - iteration_flops(shape, batch=batch) == pytest.approx(4 * batch * s * s * h * L, rel=1e-9)
 
 
+@pytest.mark.parametrize("name", ["llama2-70b", "llama3-405b", "mixtral-8x7b"])
+def test_llama_iteration_flops(name):
+    """Grouped-query attention and SwiGLU: per layer forward 2·b·s·(h(h + 2h_kv) + h² + 3hf_active) + 4·b·s²·h
+    (f_active = top_k x expert ffn, plus the router's 2·b·s·h·E), logits 2·b·s·h·V; backward twice the forward."""
+    shape = load_workload_spec(name).model
+    b, s, h, hk, L, V = 4, shape.sequence, shape.hidden, shape.kv_hidden, shape.decoders, shape.vocabulary
+    f = shape.top_k * shape.expert_hidden
+    router = 2 * b * s * h * shape.experts if shape.moe else 0
+    layer = 2 * b * s * (h * (h + 2 * hk) + h * h + 3 * h * f) + 4 * b * s * s * h + router
+    assert iteration_flops(shape, batch=b) == pytest.approx(3 * (L * layer + 2 * b * s * h * V), rel=1e-12)
+
+
+@pytest.mark.parametrize("shape", [GPTS[2], load_workload_spec("mixtral-8x7b").model], ids=lambda s: s.name)
+def test_costs_are_affine_in_the_micro_batch(shape):
+    """Every op's FLOPs and activation traffic grow linearly with b; only weight traffic is constant."""
+    for t, sp in ((1, False), (4, True)):
+        blocks = [model_blocks(shape, micro_batch=b, tp=t, sequence_parallel=sp) for b in (1, 2, 3)]
+        for one, two, three in zip(*blocks):
+            for op1, op2, op3 in zip(one.ops, two.ops, three.ops):
+                for key in ("forward", "backward_input", "backward_weight"):
+                    w1, w2, w3 = (getattr(op, key) for op in (op1, op2, op3))
+                    assert w3.flops - w2.flops == pytest.approx(w2.flops - w1.flops, rel=1e-12, abs=0)
+                    assert w2.flops == 2 * w1.flops
+                    assert w3.bytes - w2.bytes == pytest.approx(w2.bytes - w1.bytes, rel=1e-12), (op1.name, key)
+                assert op2.saved == 2 * op1.saved and op1.parameters == op2.parameters
+
+
 def test_any_sequence_length():
     shape = gpt(hidden=1024, heads=16, decoders=4, sequence=8192, vocabulary=5000)
     for s in (128, 1000, 8192):
