@@ -116,8 +116,9 @@ class ModelShape:
     Table-4 path does not simulate the embedding and output layers, as in the
     paper; :mod:`hcsim.workload.transformer` does).
 
-    Read only by :mod:`hcsim.workload.transformer` (the Table-4 generator
-    :func:`generate_decoder_table` ignores them, as Table 4 does): positions :
+    Read by :mod:`hcsim.workload.transformer` (the Table-4 generator
+    :func:`generate_decoder_table` ignores them, as Table 4 does, and refuses
+    more than one expert): positions :
     "learned" (an s x h table, GPT), "rope" (rotary, no parameters, LLaMA) or
     "none"; bias : linear layers and layer norms have biases (GPT);
     tied_embeddings : the output layer reuses the input embedding matrix;
@@ -246,8 +247,8 @@ def _elementwise(name: str, fwd_elements: float, bwd_elements: float, sizes: Ele
 def _dense_only(shape: ModelShape) -> None:
     """The Table-4 generator models dense MLPs only: refuse a mixture-of-experts shape."""
     if shape.moe:
-        raise ConfigError(f"model {shape.name!r}: has {shape.experts} experts, and the data-parallel decoder "
-                          "table (Table-4 conventions) models dense MLPs only, so the data-parallel graph cannot run it. "
+        raise ConfigError(f"model {shape.name!r}: has {shape.experts} experts, and the decoder table of the "
+                          "data-parallel graph (Table-4 conventions) models dense MLPs only. "
                           "Fix: take its costs from hcsim.workload.transformer (decoder_layer)")
 
 
