@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from hcsim.errors import ConfigError
 from hcsim.workload.model import RECOMPUTATION, ModelShape, element_sizes
+from hcsim.workload.schedules import SCHEDULES
 from hcsim.workload.transformer import decoder_layer, embedding, lm_head
 
 __all__ = ["ZERO_STAGES", "SCHEDULES", "ZeroState", "state_bytes_per_parameter", "zero_state",
@@ -38,7 +39,6 @@ __all__ = ["ZERO_STAGES", "SCHEDULES", "ZeroState", "state_bytes_per_parameter",
            "stage_memory"]
 
 ZERO_STAGES = (0, 1, 2, 3)
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 
 
 def state_bytes_per_parameter(precision: str = "bf16", optimizer: str = "adam") -> float:
@@ -201,8 +201,14 @@ def in_flight_microbatches(schedule: str, *, stage: int, stages: int, microbatch
       forwards, then one forward and one backward in turn; Narayanan et al. 2021);
     - "interleaved": Megatron-LM's warm-up of (v - 1)·p + 2(p - i - 1) chunk
       forwards, so min(m·v, v·p + p - 2i - 1)/v; on the first stage
-      p·(1 + (p - 1)/(p·v)) (Megatron-LM theoretical_memory_usage.py);
-    - "zb-h1": as 1F1B, min(p - i, m) (Qi et al. 2023: ZB-H1 keeps 1F1B's peak).
+      p·(1 + (p - 1)/(p·v)) (Megatron-LM theoretical_memory_usage.py); when
+      m = p Megatron-LM runs every forward first: m;
+    - "zb-h1": min(p, m) on every stage (Qi et al. 2023, §2.1: ZB-H1 delays
+      stage i's weight-gradient passes by i backwards so that all stages
+      have the same number of micro-batches in flight). Counted whole until
+      the weight gradient; a micro-batch past its input gradient keeps less
+      (the GEMM inputs and output gradients), which is why the first stage,
+      p like 1F1B's, bounds the peak.
     """
     if schedule not in SCHEDULES:
         raise ConfigError(f"schedule {schedule!r} is not one of {', '.join(SCHEDULES)}")
@@ -216,8 +222,12 @@ def in_flight_microbatches(schedule: str, *, stage: int, stages: int, microbatch
     p, m, v, i = stages, microbatches, virtual_stages, stage
     if schedule == "gpipe":
         return float(m)
-    if schedule in ("1f1b", "zb-h1") or v == 1:
+    if schedule == "zb-h1":
+        return float(min(p, m))
+    if schedule == "1f1b" or v == 1:
         return float(min(p - i, m))
+    if m == p:
+        return float(m)
     return min(m * v, v * p + p - 2 * i - 1) / v
 
 
