@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from hcsim.errors import ConfigError
 
 __all__ = ["Affine", "LayerCost", "DecoderTable", "ModelShape", "ElementSizes", "element_sizes",
-           "generate_decoder_table", "activation_bytes", "MLP_TYPES", "NORM_TYPES", "OPTIMIZERS",
+           "generate_decoder_table", "activation_bytes", "MLP_TYPES", "NORM_TYPES", "POSITION_TYPES", "OPTIMIZERS",
            "RECOMPUTATION"]
 
 MLP_TYPES = ("gelu", "swiglu")
 NORM_TYPES = ("layernorm", "rmsnorm")
+POSITION_TYPES = ("none", "learned", "rope")
 OPTIMIZERS = ("adam", "sgd")
 RECOMPUTATION = ("none", "selective", "full")
 
@@ -111,8 +112,19 @@ class ModelShape:
     key/value heads (grouped-query attention; = heads when absent); ffn : MLP
     inner size f; mlp : "gelu" (two matrices h x f) or "swiglu" (three);
     norm : "layernorm" (2h parameters) or "rmsnorm" (h); dropout : whether the
-    block has dropout layers; sequence : s; vocabulary : v (informative: the
-    embedding and output layers are not simulated, as in the paper).
+    block has dropout layers; sequence : s; vocabulary : v (the data-parallel
+    Table-4 path does not simulate the embedding and output layers, as in the
+    paper; :mod:`hcsim.workload.transformer` does).
+
+    Read by :mod:`hcsim.workload.transformer` (the Table-4 generator
+    :func:`generate_decoder_table` ignores them, as Table 4 does, and refuses
+    more than one expert): positions :
+    "learned" (an s x h table, GPT), "rope" (rotary, no parameters, LLaMA) or
+    "none"; bias : linear layers and layer norms have biases (GPT);
+    tied_embeddings : the output layer reuses the input embedding matrix;
+    experts : experts per mixture-of-experts MLP (1 = a dense MLP); top_k :
+    experts each token is routed to; expert_ffn : inner size of one expert
+    (defaults to ffn).
     """
 
     name: str
@@ -126,6 +138,12 @@ class ModelShape:
     norm: str = "layernorm"
     dropout: bool = True
     vocabulary: int = 0
+    positions: str = "none"
+    bias: bool = False
+    tied_embeddings: bool = False
+    experts: int = 1
+    top_k: int = 1
+    expert_ffn: int | None = None
 
     def __post_init__(self) -> None:
         for key in ("decoders", "hidden", "heads", "ffn", "sequence"):
@@ -140,11 +158,31 @@ class ModelShape:
             raise ConfigError(f"model {self.name!r}: mlp {self.mlp!r} is not one of {', '.join(MLP_TYPES)}")
         if self.norm not in NORM_TYPES:
             raise ConfigError(f"model {self.name!r}: norm {self.norm!r} is not one of {', '.join(NORM_TYPES)}")
+        if self.positions not in POSITION_TYPES:
+            raise ConfigError(f"model {self.name!r}: positions {self.positions!r} is not one of "
+                              f"{', '.join(POSITION_TYPES)}")
+        for key in ("experts", "top_k") + (("expert_ffn",) if self.expert_ffn is not None else ()):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"model {self.name!r}: {key} must be an integer >= 1, got {value!r}")
+        if self.top_k > self.experts:
+            raise ConfigError(f"model {self.name!r}: top_k {self.top_k} exceeds experts {self.experts}: "
+                              "a token is routed to at most every expert")
 
     @property
     def kv_hidden(self) -> int:
         """Width of the K and V projections: kv_heads x head size."""
         return (self.kv_heads or self.heads) * (self.hidden // self.heads)
+
+    @property
+    def moe(self) -> bool:
+        """Whether the MLPs are mixture-of-experts layers (more than one expert)."""
+        return self.experts > 1
+
+    @property
+    def expert_hidden(self) -> int:
+        """Inner size of one expert's MLP (= ffn for a dense MLP)."""
+        return self.expert_ffn if self.expert_ffn is not None else self.ffn
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -206,6 +244,14 @@ def _elementwise(name: str, fwd_elements: float, bwd_elements: float, sizes: Ele
         bwd_bytes=Affine(parameters * sizes.state, bwd_elements * sizes.activation + bwd_mask * sizes.mask))
 
 
+def _dense_only(shape: ModelShape) -> None:
+    """The Table-4 generator models dense MLPs only: refuse a mixture-of-experts shape."""
+    if shape.moe:
+        raise ConfigError(f"model {shape.name!r}: has {shape.experts} experts, and the decoder table of the "
+                          "data-parallel graph (Table-4 conventions) models dense MLPs only. "
+                          "Fix: take its costs from hcsim.workload.transformer (decoder_layer)")
+
+
 def generate_decoder_table(shape: ModelShape, sizes: ElementSizes) -> DecoderTable:
     """Per-layer costs of one decoder block from its shape, with the standard formulas.
 
@@ -229,6 +275,7 @@ def generate_decoder_table(shape: ModelShape, sizes: ElementSizes) -> DecoderTab
     -------
     DecoderTable with one row per layer, in forward order.
     """
+    _dense_only(shape)
     s, h, f, a = shape.sequence, shape.hidden, shape.ffn, shape.heads
     hk = shape.kv_hidden
     sh = s * h
@@ -283,6 +330,7 @@ def activation_bytes(shape: ModelShape, sizes: ElementSizes, recomputation: str 
     """
     if recomputation not in RECOMPUTATION:
         raise ConfigError(f"recomputation {recomputation!r} is not one of {', '.join(RECOMPUTATION)}")
+    _dense_only(shape)
     s, h, f, a = shape.sequence, shape.hidden, shape.ffn, shape.heads
     e, m = sizes.activation, sizes.mask
     sh = s * h

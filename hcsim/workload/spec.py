@@ -17,8 +17,9 @@ from hcsim.config import Fields, apply_overrides, load_yaml, resolve_spec
 from hcsim.errors import ConfigError
 from hcsim.units import parse_quantity
 from hcsim.workload.graph import PRECISIONS
-from hcsim.workload.model import (MLP_TYPES, NORM_TYPES, OPTIMIZERS, RECOMPUTATION, Affine, DecoderTable, ElementSizes,
-                                  LayerCost, ModelShape, activation_bytes, element_sizes, generate_decoder_table)
+from hcsim.workload.model import (MLP_TYPES, NORM_TYPES, OPTIMIZERS, POSITION_TYPES, RECOMPUTATION, Affine, DecoderTable,
+                                  ElementSizes, LayerCost, ModelShape, activation_bytes, element_sizes,
+                                  generate_decoder_table)
 
 __all__ = ["WorkloadSpec", "load_workload_spec", "parse_workload_spec", "BUCKETS", "FIDELITIES", "COST_SOURCES"]
 
@@ -167,6 +168,12 @@ def _shape(fields: Fields, name: str) -> ModelShape | None:
         norm=fields.choice("norm", NORM_TYPES, "layernorm"),
         dropout=fields.flag("dropout", True),
         vocabulary=fields.number("vocabulary", 0, kind=int, minimum=0),
+        positions=fields.choice("positions", POSITION_TYPES, "none"),
+        bias=fields.flag("bias", False),
+        tied_embeddings=fields.flag("tied_embeddings", False),
+        experts=fields.number("experts", 1, kind=int, minimum=1),
+        top_k=fields.number("top_k", 1, kind=int, minimum=1),
+        expert_ffn=fields.number("expert_ffn", None, kind=int, minimum=1),
     )
     fields.check_unknown()
     if any(values[k] is None for k in ("decoders", "hidden", "heads", "ffn", "sequence")):

@@ -1,0 +1,286 @@
+"""Closed-form memory and traffic of data-parallel training state, activations and pipeline schedules.
+
+Pure functions, each with its source (``/work/shared/REFERENCE.md`` collects them):
+
+- :func:`state_bytes_per_parameter`: training state per parameter (FP32 + Adam
+  16 B = 4 + 4 + 8; mixed precision + Adam 16 B = 2 + 2 + 12).
+- :func:`zero_state` / :func:`zero_bytes_per_parameter`: weights, gradients and
+  optimizer state per XPU for ZeRO stage 0-3 over N_d data-parallel ranks
+  (16Ψ, 4Ψ + 12Ψ/N_d, 2Ψ + 14Ψ/N_d, 16Ψ/N_d in mixed precision with Adam);
+  :func:`distributed_optimizer_bytes_per_parameter`: Megatron-LM's distributed
+  optimizer (6 + 12/d with BF16 weights and FP32 gradients).
+- :func:`zero_traffic_elements`: data-parallel communication per rank per
+  iteration, 2Ψ elements for ZeRO 0-2 and 3Ψ for ZeRO-3.
+- :func:`layer_activation_bytes`: a GPT layer's activations per micro-batch
+  (Korthikanti et al. 2022), with tensor / sequence parallelism and
+  recomputation; :func:`output_activation_bytes`: the embedding and output
+  layers'. (:meth:`hcsim.workload.transformer.Block.activation_bytes` gives
+  the same, op by op, for any shape and precision.)
+- :func:`in_flight_microbatches`: micro-batches whose activations a pipeline
+  stage holds at its peak, per schedule (:data:`SCHEDULES`).
+- :func:`stage_memory`: all of it for one XPU of a pipeline stage, from the
+  op-level costs of :mod:`hcsim.workload.transformer`.
+
+Units: bytes, elements (counts), parameters (counts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hcsim.errors import ConfigError
+from hcsim.workload.model import RECOMPUTATION, ModelShape, element_sizes
+from hcsim.workload.schedules import SCHEDULES
+from hcsim.workload.transformer import decoder_layer, embedding, lm_head
+
+__all__ = ["ZERO_STAGES", "SCHEDULES", "ZeroState", "state_bytes_per_parameter", "zero_state",
+           "zero_bytes_per_parameter", "distributed_optimizer_bytes_per_parameter", "zero_traffic_elements",
+           "layer_activation_bytes", "output_activation_bytes", "in_flight_microbatches", "StageMemory",
+           "stage_memory"]
+
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+def state_bytes_per_parameter(precision: str = "bf16", optimizer: str = "adam") -> float:
+    """Training-state bytes per parameter: weight + gradient + optimizer state (+ FP32 master copy).
+
+    FP32 + Adam: 4 + 4 + 8 = 16 B (memory-optimization seed §1.1); FP16/BF16
+    mixed precision + Adam: 2 + 2 + (4 master + 8 moments) = 16 B (lecture
+    seed; Rajbhandari et al. 2020, ZeRO §3.1, K = 12).
+
+    >>> state_bytes_per_parameter("fp32"), state_bytes_per_parameter("bf16")
+    (16.0, 16.0)
+    """
+    return element_sizes(precision, optimizer).state
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ZeroState:
+    """Bytes of model state one data-parallel rank holds: weights, gradients, optimizer (incl. master)."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer
+
+
+def _check_degree(key: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{key} must be an integer >= 1, got {value!r}")
+
+
+def _check_stage(stage: int) -> None:
+    if stage not in ZERO_STAGES or isinstance(stage, bool):
+        raise ConfigError(f"zero stage {stage!r} is not one of {', '.join(map(str, ZERO_STAGES))}")
+
+
+def zero_state(parameters: float, dp: int, stage: int, *, precision: str = "bf16",
+               optimizer: str = "adam") -> ZeroState:
+    """Model-state bytes per XPU for Ψ = `parameters` over N_d = `dp` ranks with ZeRO `stage`.
+
+    Rajbhandari et al. 2020 (ZeRO), §5 and Fig. 1: stage 1 shards the
+    optimizer state (incl. the FP32 master), stage 2 also the gradients,
+    stage 3 also the weights. With w, g, K bytes of weight, gradient and
+    optimizer state per parameter: stage 0 (w + g + K)Ψ; 1 (w + g)Ψ + KΨ/N_d;
+    2 wΨ + (g + K)Ψ/N_d; 3 (w + g + K)Ψ/N_d. Mixed precision with Adam
+    (w = g = 2, K = 12): 16Ψ, 4Ψ + 12Ψ/N_d, 2Ψ + 14Ψ/N_d, 16Ψ/N_d.
+    """
+    _check_degree("dp", dp)
+    _check_stage(stage)
+    if not parameters >= 0:
+        raise ConfigError(f"parameters must be >= 0, got {parameters!r}")
+    sizes = element_sizes(precision, optimizer)
+    shard = [1.0, 1.0, 1.0]  # weights, gradients, optimizer: fraction held
+    for index in range(stage):  # stage 1 shards index 2, stage 2 also 1, stage 3 also 0
+        shard[2 - index] = 1.0 / dp
+    return ZeroState(weights=sizes.weight * parameters * shard[0], gradients=sizes.gradient * parameters * shard[1],
+                     optimizer=sizes.optimizer * parameters * shard[2])
+
+
+def zero_bytes_per_parameter(dp: int, stage: int, *, precision: str = "bf16", optimizer: str = "adam") -> float:
+    """:func:`zero_state` per parameter (16, 4 + 12/N_d, 2 + 14/N_d, 16/N_d for BF16 + Adam)."""
+    return zero_state(1.0, dp, stage, precision=precision, optimizer=optimizer).total
+
+
+def distributed_optimizer_bytes_per_parameter(dp: int, *, weight: float = 2.0, gradient: float = 4.0,
+                                              optimizer: float = 12.0) -> float:
+    """Megatron-LM's distributed optimizer (ZeRO-1 over the data-parallel group): bytes per parameter.
+
+    Weights and gradients stay whole, the optimizer state (FP32 master and
+    Adam moments) is sharded over d ranks: weight + gradient + optimizer/d.
+    Megatron-LM docs/source/api-guide/dist_optimizer.md: BF16 weights with FP32
+    gradient accumulation 6 + 12/d (the default here), FP32 8 + 8/d
+    (weight=4, gradient=4, optimizer=8).
+    """
+    _check_degree("dp", dp)
+    return weight + gradient + optimizer / dp
+
+
+def zero_traffic_elements(parameters: float, stage: int, dp: int | None = None) -> float:
+    """Elements each data-parallel rank sends per iteration for the gradients (and ZeRO-3 parameters).
+
+    Rajbhandari et al. 2020, §7: stages 0-2 reduce-scatter and all-gather (an
+    all-reduce): 2Ψ; stage 3 adds one more all-gather of the parameters
+    (forward and backward each gather them; the gradients are only
+    reduce-scattered): 3Ψ. The paper's figures drop the ring's (N_d - 1)/N_d;
+    pass `dp` to include it. Multiply by bytes per element (2 in BF16).
+    """
+    _check_stage(stage)
+    volume = (3.0 if stage == 3 else 2.0) * parameters
+    if dp is None:
+        return volume
+    _check_degree("dp", dp)
+    return volume * (dp - 1) / dp
+
+
+def layer_activation_bytes(*, sequence: int, micro_batch: int, hidden: int, heads: int, tp: int = 1,
+                           sequence_parallel: bool = False, recompute: str = "none") -> float:
+    """Activation bytes of one GPT layer for one micro-batch on one tensor-parallel rank (16-bit).
+
+    Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
+    Transformer Models"), §4 and Table 2, with s, b, h, a, t:
+
+    - no parallelism: s·b·h·(34 + 5as/h)
+    - tensor parallel: s·b·h·(10 + 24/t + 5as/(ht))
+    - tensor + sequence parallel: s·b·h·(34 + 5as/h)/t
+    - selective recomputation drops the 5as/h term (the a·s² tensors);
+    - full recomputation keeps the layer input, 2sbh; with sequence
+      parallelism that input is scattered over the t ranks, so 2sbh/t (the
+      paper's Table 2 lists 2sbh for every case; Megatron-LM keeps the
+      sequence-parallel layer input scattered).
+
+    Assumes a GPT block (f = 4h, GeLU, dropout, kv heads = heads), 2-byte
+    activations and 1-byte dropout masks; for other shapes and precisions use
+    :meth:`hcsim.workload.transformer.Block.activation_bytes`.
+    """
+    if recompute not in RECOMPUTATION:
+        raise ConfigError(f"recompute {recompute!r} is not one of {', '.join(RECOMPUTATION)}")
+    for key, value in (("sequence", sequence), ("micro_batch", micro_batch), ("hidden", hidden), ("heads", heads),
+                       ("tp", tp)):
+        _check_degree(key, value)
+    s, b, h, a, t = sequence, micro_batch, hidden, heads, tp
+    sbh = s * b * h
+    if recompute == "full":
+        return 2.0 * sbh / (t if sequence_parallel else 1)
+    scores = 0.0 if recompute == "selective" else 5.0 * a * s / (h * t)
+    if sequence_parallel:
+        return sbh * (34.0 / t + scores)
+    return sbh * (10.0 + 24.0 / t + scores)
+
+
+def output_activation_bytes(*, sequence: int, micro_batch: int, hidden: int, vocabulary: int, tp: int = 1,
+                            sequence_parallel: bool = False) -> float:
+    """Activation bytes of the embedding and output layers for one micro-batch (16-bit).
+
+    Korthikanti et al. 2022, §4.3: the embedding dropout mask (sbh, 1 B), the
+    final layer norm's input (2sbh), the output projection's input (2sbh) and
+    the FP32 logits of the loss (4sbv); without parallelism 5sbh + 4sbv (the
+    lecture seed's "5hs + 4sv"). The first three are split t ways with
+    sequence parallelism, the logits always (vocabulary-parallel).
+    """
+    for key, value in (("sequence", sequence), ("micro_batch", micro_batch), ("hidden", hidden),
+                       ("vocabulary", vocabulary), ("tp", tp)):
+        _check_degree(key, value)
+    s, b, h, v, t = sequence, micro_batch, hidden, vocabulary, tp
+    return 5.0 * s * b * h / (t if sequence_parallel else 1) + 4.0 * s * b * v / t
+
+
+def in_flight_microbatches(schedule: str, *, stage: int, stages: int, microbatches: int,
+                           virtual_stages: int = 1) -> float:
+    """Micro-batches whose activations pipeline stage `stage` (0-based) holds at its peak.
+
+    Counted in micro-batches of the whole stage's layers (with interleaving a
+    device's v chunks each hold 1/v of them). p = `stages`, m = `microbatches`,
+    v = `virtual_stages`, i = `stage`:
+
+    - "gpipe": m (every forward before any backward; Huang et al. 2019);
+    - "1f1b": min(p - i, m) (PipeDream-Flush / Megatron-LM: p - i - 1 warm-up
+      forwards, then one forward and one backward in turn; Narayanan et al. 2021);
+    - "interleaved": Megatron-LM's warm-up of (v - 1)·p + 2(p - i - 1) chunk
+      forwards, so min(m·v, v·p + p - 2i - 1)/v; on the first stage
+      p·(1 + (p - 1)/(p·v)) (Megatron-LM theoretical_memory_usage.py); when
+      m = p Megatron-LM runs every forward first: m;
+    - "zb-h1": min(p, m) on every stage (Qi et al. 2023, §2.1: ZB-H1 delays
+      stage i's weight-gradient passes by i backwards so that all stages
+      have the same number of micro-batches in flight). Counted whole until
+      the weight gradient; a micro-batch past its input gradient keeps less
+      (the GEMM inputs and output gradients), which is why the first stage,
+      p like 1F1B's, bounds the peak.
+    """
+    if schedule not in SCHEDULES:
+        raise ConfigError(f"schedule {schedule!r} is not one of {', '.join(SCHEDULES)}")
+    for key, value in (("stages", stages), ("microbatches", microbatches), ("virtual_stages", virtual_stages)):
+        _check_degree(key, value)
+    if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < stages:
+        raise ConfigError(f"stage {stage!r} is not a stage of a {stages}-stage pipeline (0 to {stages - 1})")
+    if virtual_stages != 1 and schedule != "interleaved":
+        raise ConfigError(f"virtual_stages {virtual_stages} needs schedule 'interleaved', got {schedule!r}. "
+                          "Fix: virtual_stages 1, or schedule interleaved")
+    p, m, v, i = stages, microbatches, virtual_stages, stage
+    if schedule == "gpipe":
+        return float(m)
+    if schedule == "zb-h1":
+        return float(min(p, m))
+    if schedule == "1f1b" or v == 1:
+        return float(min(p - i, m))
+    if m == p:
+        return float(m)
+    return min(m * v, v * p + p - 2 * i - 1) / v
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageMemory:
+    """Bytes one XPU of a pipeline stage holds at its peak: model state by kind, and activations.
+
+    parameters : the weights it holds (count, before ZeRO sharding);
+    state : weights, gradients, optimizer (:class:`ZeroState`);
+    activations : in-flight micro-batches x the stage's activation bytes per micro-batch.
+    """
+
+    parameters: int
+    state: ZeroState
+    activations: float
+
+    @property
+    def total(self) -> float:
+        return self.state.total + self.activations
+
+
+def stage_memory(shape: ModelShape, *, layers: int, first: bool, last: bool, in_flight: float, micro_batch: int = 1,
+                 sequence: int | None = None, tp: int = 1, sequence_parallel: bool = False, ep: int = 1,
+                 precision: str = "bf16", attention: str = "standard", optimizer: str = "adam",
+                 recompute: str = "none", dp: int = 1, zero_stage: int = 0) -> StageMemory:
+    """Memory of one XPU of a pipeline stage holding `layers` decoder layers.
+
+    Parameters: the layers' (per tensor-parallel rank), plus the embedding on
+    the `first` stage and the output layer on the `last` (a tied output layer
+    on a last stage that is not also the first keeps a copy, as in
+    Megatron-LM); model state by :func:`zero_state` over `dp` ranks;
+    activations = `in_flight` (:func:`in_flight_microbatches`) x (the layers'
+    :meth:`~hcsim.workload.transformer.Block.activation_bytes` for `recompute`,
+    plus the embedding's and the head's where they are). Other keywords as
+    :func:`hcsim.workload.transformer.decoder_layer`.
+
+    Not counted: the working set of the layer being recomputed or
+    back-propagated, communication buffers, fragmentation; experts are
+    sharded over the same `dp` ranks as the rest.
+    """
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 0:
+        raise ConfigError(f"layers must be an integer >= 0, got {layers!r}")
+    if not in_flight >= 0:
+        raise ConfigError(f"in_flight must be >= 0 micro-batches, got {in_flight!r}")
+    keywords = dict(micro_batch=micro_batch, sequence=sequence, tp=tp, sequence_parallel=sequence_parallel, ep=ep,
+                    precision=precision, attention=attention)
+    layer = decoder_layer(shape, **keywords)
+    blocks = [(layer, layers)]
+    if first:
+        blocks.append((embedding(shape, **keywords), 1))
+    if last:
+        blocks.append((lm_head(shape, tied_copy=not first, **keywords), 1))
+    parameters = sum(block.parameters * count for block, count in blocks)
+    activations = sum(block.activation_bytes(recompute) * count for block, count in blocks)
+    return StageMemory(parameters=parameters, activations=in_flight * activations,
+                       state=zero_state(parameters, dp, zero_stage, precision=precision, optimizer=optimizer))
