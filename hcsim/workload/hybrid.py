@@ -47,9 +47,11 @@ import networkx as nx
 from hcsim.errors import ConfigError
 from hcsim.workload.graph import add_comm, add_compute, add_dependency, new_workload
 from hcsim.workload.layout import ParallelLayout
-from hcsim.workload.model import RECOMPUTATION, LayerCost
+from hcsim.workload.memory import stage_memory
+from hcsim.workload.model import RECOMPUTATION
 from hcsim.workload.schedules import Op, check_schedule, stage_order
 from hcsim.workload.spec import WorkloadSpec
+from hcsim.workload.transformer import decoder_layer, embedding, lm_head
 
 __all__ = ["Parallelism", "BlockCost", "build_hybrid_graph", "place_hybrid_memory", "stage_layers", "in_flight"]
 
@@ -94,6 +96,9 @@ class Parallelism:
     def check_model(self, spec: WorkloadSpec) -> None:
         """Raise ConfigError when the model cannot be split this way."""
         model = spec.model
+        if spec.costs == "table":
+            raise ConfigError(f"workload {spec.name!r} takes its costs from a table (costs: table); hybrid parallelism "
+                              f"derives per-rank costs from the model shape: set costs: shape (e.g. llama2-13b-shape)")
         if model.heads % self.tp:
             raise ConfigError(f"tp: {self.tp} does not divide the {model.heads} attention heads of {model.name}")
         if (model.kv_heads or model.heads) % self.tp:
@@ -117,6 +122,7 @@ class BlockCost:
     weight_grad_flops: float
     bwd_bytes: float
     core_flops: float = 0.0  # the attention core's forward FLOPs (what selective recomputation redoes)
+    core_bytes: float = 0.0
     parameters: float = 0.0  # per TP rank
 
     @property
@@ -124,20 +130,27 @@ class BlockCost:
         return self.input_grad_flops + self.weight_grad_flops
 
 
-def block_costs(spec: WorkloadSpec, micro_batch: int, tp: int) -> tuple[BlockCost, BlockCost]:
-    """The attention and MLP blocks of one decoder on one TP rank (see the module docstring)."""
-    layers = spec.decoder_table().layers
-    split = next((i for i, layer in enumerate(layers) if layer.name == "norm_mlp"), len(layers) // 2)
-    return _block(layers[:split], micro_batch, tp), _block(layers[split:], micro_batch, tp)
+def block_costs(spec: WorkloadSpec, micro_batch: int, tp: int, sequence_parallel: bool = False
+                ) -> tuple[BlockCost, BlockCost]:
+    """The attention and MLP blocks of one decoder on one TP rank (hcsim.workload.transformer's ops up to
+    ``norm_mlp``, and from it)."""
+    layer = decoder_layer(spec.model, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel,
+                          precision=spec.precision, attention=spec.attention)
+    split = next(i for i, op in enumerate(layer.ops) if op.name == "norm_mlp")
+    return _block(layer.ops[:split]), _block(layer.ops[split:])
 
 
-def _block(rows: tuple[LayerCost, ...], b: int, tp: int) -> BlockCost:
-    weight_grad = sum(row.bwd_flops(b) / 2 for row in rows if row.parameters and row.fwd_flops(b))
-    core = sum(row.fwd_flops(b) for row in rows if not row.parameters)
-    return BlockCost(fwd_flops=sum(r.fwd_flops(b) for r in rows) / tp, fwd_bytes=sum(r.fwd_bytes(b) for r in rows) / tp,
-                     input_grad_flops=(sum(r.bwd_flops(b) for r in rows) - weight_grad) / tp,
-                     weight_grad_flops=weight_grad / tp, bwd_bytes=sum(r.bwd_bytes(b) for r in rows) / tp,
-                     core_flops=core / tp, parameters=sum(r.parameters for r in rows) / tp)
+def _block(ops) -> BlockCost:
+    def total(key, part):
+        return sum(getattr(getattr(op, key), part) for op in ops)
+
+    core = [op for op in ops if op.attention_core]
+    return BlockCost(fwd_flops=total("forward", "flops"), fwd_bytes=total("forward", "bytes"),
+                     input_grad_flops=total("backward_input", "flops"),
+                     weight_grad_flops=total("backward_weight", "flops"),
+                     bwd_bytes=total("backward_input", "bytes") + total("backward_weight", "bytes"),
+                     core_flops=sum(op.forward.flops for op in core), core_bytes=sum(op.forward.bytes for op in core),
+                     parameters=sum(op.parameters for op in ops))
 
 
 def stage_layers(spec: WorkloadSpec, par: Parallelism) -> list[list[int]]:
@@ -169,23 +182,33 @@ class _Builder:
     def __post_init__(self) -> None:
         self._groups: dict = {}
         spec, par = self.spec, self.par
-        self.attn, self.mlp = block_costs(spec, par.micro_batch, par.tp)
+        self.attn, self.mlp = block_costs(spec, par.micro_batch, par.tp, par.sequence_parallel)
         self.layers = stage_layers(spec, par)
         model = spec.model
         self.activation = par.micro_batch * model.sequence * model.hidden * spec.sizes.activation
-        vocab = model.vocabulary
-        self.head_flops = 2.0 * par.micro_batch * model.sequence * model.hidden * vocab / par.tp
-        self.head_parameters = vocab * model.hidden / par.tp
-        decoder = self.attn.fwd_flops + self.attn.bwd_flops + self.mlp.fwd_flops + self.mlp.bwd_flops
-        per_micro_batch = (decoder * model.decoders + 3 * self.head_flops) * par.tp
+        keywords = dict(micro_batch=par.micro_batch, tp=par.tp, sequence_parallel=par.sequence_parallel,
+                        precision=spec.precision, attention=spec.attention)
+        self.vocabulary = model.vocabulary > 0  # a model without one (tests: uniform stages) has no ends
+        self.embedding = embedding(model, **keywords) if self.vocabulary else None
+        self.head = lm_head(model, tied_copy=par.pp > 1 and model.tied_embeddings, **keywords) \
+            if self.vocabulary else None
         self.graph = new_workload(spec.name, precision=spec.precision, samples_per_iteration=par.global_batch // par.dp,
                                   layout=self.layout.to_dict(), global_samples=par.global_batch,
                                   tokens_per_sample=model.sequence,
-                                  model_flops=per_micro_batch * par.micro_batches * par.dp,
+                                  model_flops=self.model_flops(),
                                   parallelism={k: getattr(par, k) for k in ("tp", "pp", "dp", "micro_batch",
                                                "global_batch", "schedule", "virtual_stages", "recompute",
                                                "sequence_parallel")},
                                   model=model.name, decoders=model.decoders, fidelity=spec.fidelity)
+
+    def model_flops(self) -> float:
+        """FLOP of one iteration of the whole job, forward and backward, no recomputation (Megatron-LM's count:
+        :func:`hcsim.workload.transformer.iteration_flops`)."""
+        blocks = [self.attn, self.mlp]
+        per_rank = self.spec.model.decoders * sum(b.fwd_flops + b.bwd_flops for b in blocks)
+        if self.vocabulary:
+            per_rank += sum(b.forward.flops + b.backward.flops for b in (self.embedding, self.head))
+        return per_rank * self.par.tp * self.par.micro_batches * self.par.dp
 
     def groups(self, axis: str, stage: int) -> tuple[tuple[str, ...], ...]:
         """The groups of `axis` on `stage`, in ring order; one shared tuple per (axis, stage)."""
@@ -239,11 +262,15 @@ class _Builder:
         add_dependency(self.graph, opt, self.first[stage, order[0]][0], skip_first_iteration=True)
 
     def chunk_parameters(self, stage: int, chunk: int) -> float:
-        """Parameters of one chunk on one TP rank (the LM head's on the last chunk)."""
-        decoders = self.layers[stage][chunk]
-        last = stage == self.par.pp - 1 and chunk == self.par.virtual_stages - 1
-        first = stage == 0 and chunk == 0
-        return decoders * (self.attn.parameters + self.mlp.parameters) + (self.head_parameters if last or first else 0)
+        """Parameters of one chunk on one TP rank (with the embedding's on the first, the head's on the last)."""
+        first, last = self.ends(stage, chunk)
+        return (self.layers[stage][chunk] * (self.attn.parameters + self.mlp.parameters)
+                + (self.embedding.parameters if first else 0) + (self.head.parameters if last else 0))
+
+    def ends(self, stage: int, chunk: int) -> tuple[bool, bool]:
+        """Whether (stage, chunk) holds the model's first layers (embedding) and its last (head)."""
+        return (self.vocabulary and stage == 0 and chunk == 0,
+                self.vocabulary and stage == self.par.pp - 1 and chunk == self.par.virtual_stages - 1)
 
     def add_op(self, stage: int, op: Op, xpus, start: bool) -> tuple[str, str]:
         """Add the vertices of one pass, chained; return its first and last vertex."""
@@ -251,7 +278,7 @@ class _Builder:
         decoders = self.layers[stage][op.chunk]
         tag = f"s{stage}.c{op.chunk}.mb{op.micro_batch}.{op.kind}"
         chain: list[str] = []
-        is_last = stage == par.pp - 1 and op.chunk == par.virtual_stages - 1
+        is_first, is_last = self.ends(stage, op.chunk)
 
         def compute(suffix, flops, size):
             name = add_compute(self.graph, f"{tag}.{suffix}", xpus=xpus, flops=flops, memory_bytes=size,
@@ -260,28 +287,37 @@ class _Builder:
             self.graph.nodes[name].update(phase=phase, stage=stage, micro_batch=op.micro_batch)
             chain.append(name)
 
-        if op.kind == "W":
-            flops = decoders * (self.attn.weight_grad_flops + self.mlp.weight_grad_flops)
-            compute("wgrad", flops, 0.0)
+        ends = [(self.embedding, "embedding")] * is_first + [(self.head, "head")] * is_last
+        if op.kind == "W":  # zero-bubble: the weight gradients of the chunk, deferred
+            work = [(block.backward_weight, label) for block, label in ends]
+            flops = decoders * (self.attn.weight_grad_flops + self.mlp.weight_grad_flops) + sum(w.flops for w, _ in work)
+            compute("wgrad", flops, sum(w.bytes for w, _ in work))
             return self._chain(chain)
         split = par.schedule == "zb-h1"
         if op.kind == "F":
+            if is_first:
+                compute("embedding", self.embedding.forward.flops, self.embedding.forward.bytes)
             for d in range(decoders):
                 self.add_decoder_forward(compute, chain, stage, f"L{d}")
             if is_last:
-                compute("head", self.head_flops, self.head_parameters * self.spec.sizes.weight)
+                compute("head", self.head.forward.flops, self.head.forward.bytes)
             return self._chain(chain)
         if is_last:
-            compute("head", 2 * self.head_flops, self.head_parameters * self.spec.sizes.state)
+            work = self.head.backward_input if split else self.head.backward
+            compute("head", work.flops, work.bytes)
         for d in reversed(range(decoders)):
             if par.recompute == "full":
                 self.add_decoder_forward(compute, chain, stage, f"L{d}.recompute")
             for block, label in ((self.mlp, "mlp"), (self.attn, "attn")):
                 flops = block.input_grad_flops if split else block.bwd_flops
+                size = block.bwd_bytes
                 if par.recompute == "selective":
-                    flops += block.core_flops
-                compute(f"L{d}.{label}", flops, block.bwd_bytes)
+                    flops, size = flops + block.core_flops, size + block.core_bytes
+                compute(f"L{d}.{label}", flops, size)
                 self.add_tp_collective(chain, stage, f"{chain[-1]}.tp", backward=True)
+        if is_first:
+            work = self.embedding.backward_input if split else self.embedding.backward
+            compute("embedding", work.flops, work.bytes)
         return self._chain(chain)
 
     def add_decoder_forward(self, compute, chain, stage, label) -> None:
@@ -348,57 +384,52 @@ def place_hybrid_memory(graph: nx.DiGraph, spec: WorkloadSpec, par: Parallelism,
                         capacities: dict[str, float], extended: dict[str, float]):
     """Per-XPU inventory of a hybrid graph and its spills; sets ``spilled_xpus`` of spilled decoders' vertices.
 
-    An XPU of stage s holds its chunks' parameters (per TP rank) x state bytes per parameter and, per
-    decoder, the activations of the micro-batches the schedule keeps in flight (:func:`in_flight`;
-    activations of one decoder and micro-batch per TP rank: the workload's recomputation formula / t).
-    Decoders stay local in forward order while they fit; the rest spill to extended memory (the
-    paper's policy, per stage).
+    An XPU of stage s holds what :func:`hcsim.workload.memory.stage_memory` says: its decoders' (and the
+    embedding's or head's) model state per TP rank and the activations of the micro-batches the schedule
+    keeps in flight (:func:`in_flight` of the stage's op order, per chunk). Decoders stay local in forward
+    order while they fit; the rest spill to extended memory (the paper's policy, per stage).
 
     Raises
     ------
     WorkloadError
         naming the stage, the bytes needed and the bytes available, when the spill does not fit.
     """
-    from dataclasses import replace
-
     from hcsim.errors import WorkloadError
     from hcsim.units import format_quantity
     from hcsim.workload.placement import Placement, StateBytes, XpuMemory
 
     builder = _Builder(spec, par, layout)
-    sized = replace(spec, recomputation=par.recompute)
-    per_decoder_activation = sized.activation_bytes()(par.micro_batch) / par.tp
-    decoder_parameters = builder.attn.parameters + builder.mlp.parameters
+    keywords = dict(micro_batch=par.micro_batch, tp=par.tp, sequence_parallel=par.sequence_parallel,
+                    precision=spec.precision, attention=spec.attention, optimizer=spec.optimizer,
+                    recompute=par.recompute, dp=par.dp)
     inventory, spilled_by_stage = {}, {}
     for stage in range(par.pp):
         order = stage_order(par.schedule, stages=par.pp, micro_batches=par.micro_batches, stage=stage,
                             chunks=par.virtual_stages)
-        flight = in_flight(order) / par.virtual_stages  # micro-batches in flight per chunk, on average
+        flight = in_flight(order) / par.virtual_stages  # micro-batches in flight per chunk
         decoders = sum(builder.layers[stage])
-        extra = sum(builder.chunk_parameters(stage, c) for c in range(par.virtual_stages)) - decoders * decoder_parameters
-        per_decoder = decoder_parameters * spec.sizes.state + per_decoder_activation * flight
-        fixed = extra * spec.sizes.state  # embedding / LM head: kept local
+        first, last = builder.ends(stage, 0)[0], builder.ends(stage, par.virtual_stages - 1)[1]
+        memory = stage_memory(spec.model, layers=decoders, first=first, last=last, in_flight=flight, **keywords)
+        one = stage_memory(spec.model, layers=1, first=False, last=False, in_flight=flight, **keywords).total
+        fixed = memory.total - decoders * one  # embedding / head: kept local
         for x in layout.stage_xpus(stage):
-            local = min(decoders, max(0, int((capacities[x] - fixed) // per_decoder))) if per_decoder else decoders
-            spilled = (decoders - local) * per_decoder
-            if spilled > extended.get(x, 0.0):
+            local = min(decoders, max(0, int((capacities[x] - fixed) // one))) if one else decoders
+            spilled = (decoders - local) * one
+            if spilled > extended.get(x, 0.0) or fixed > capacities[x]:
                 raise WorkloadError(
-                    f"pipeline stage {stage} does not fit on XPU {x!r}: it needs "
-                    f"{format_quantity(fixed + decoders * per_decoder, 'B')} ({decoders} decoders, "
-                    f"{format_quantity(per_decoder, 'B')} each with {flight:g} micro-batches in flight), its local "
-                    f"memory holds {format_quantity(capacities[x], 'B')} and its extended memory "
+                    f"pipeline stage {stage} does not fit on XPU {x!r}: it needs {format_quantity(memory.total, 'B')} "
+                    f"({decoders} decoders, {format_quantity(one, 'B')} each with {flight:g} micro-batches in flight), "
+                    f"its local memory holds {format_quantity(capacities[x], 'B')} and its extended memory "
                     f"{format_quantity(extended.get(x, 0.0), 'B')}. Fix: more tp or pp, recompute, or a smaller "
                     f"micro_batch")
-            params = fixed / spec.sizes.state + decoders * decoder_parameters
-            inventory[x] = XpuMemory(parameters=params * spec.sizes.weight, gradients=params * spec.sizes.gradient,
-                                     optimizer=params * spec.sizes.optimizer,
-                                     activations=decoders * per_decoder_activation * flight,
-                                     local=fixed + local * per_decoder, spilled=spilled)
+            state = memory.state
+            inventory[x] = XpuMemory(parameters=state.weights, gradients=state.gradients, optimizer=state.optimizer,
+                                     activations=memory.activations, local=memory.total - spilled, spilled=spilled)
             spilled_by_stage.setdefault(stage, {}).setdefault(local, []).append(x)
     _mark_spills(graph, builder, spilled_by_stage)
-    total = max(inventory.values(), key=lambda m: m.total)
-    state = StateBytes(parameters=total.parameters, gradients=total.gradients, optimizer=total.optimizer,
-                       activations=total.activations, decoders=max(sum(layers) for layers in builder.layers))
+    peak = max(inventory.values(), key=lambda m: m.total)
+    state = StateBytes(parameters=peak.parameters, gradients=peak.gradients, optimizer=peak.optimizer,
+                       activations=peak.activations, decoders=max(sum(layers) for layers in builder.layers))
     return Placement(state=state, by_capacity=(), inventory=inventory)
 
 

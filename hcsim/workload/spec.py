@@ -17,6 +17,7 @@ from hcsim.config import Fields, apply_overrides, load_yaml, resolve_spec
 from hcsim.errors import ConfigError
 from hcsim.units import parse_quantity
 from hcsim.workload.graph import PRECISIONS
+from hcsim.workload.transformer import ATTENTION
 from hcsim.workload.model import (MLP_TYPES, NORM_TYPES, OPTIMIZERS, POSITION_TYPES, RECOMPUTATION, Affine, DecoderTable,
                                   ElementSizes, LayerCost, ModelShape, activation_bytes, element_sizes,
                                   generate_decoder_table)
@@ -40,6 +41,7 @@ class WorkloadSpec:
     optimizer_bytes_per_parameter : bytes the optimizer step vertex reads per
     parameter (0 when the backward pass already reads the state, as in Table 4);
     recomputation : "none" | "selective" | "full" (activations kept);
+    attention : "standard" | "flash" (FlashAttention-style fused core; hybrid-parallel graphs);
     bucket : gradient all-reduce granularity "layer" | "decoder" | "model";
     algorithm : collective algorithm name for the engine; in_order : all-reduces
     run one after another (one communication stream); fidelity : "layer" (one
@@ -56,6 +58,7 @@ class WorkloadSpec:
     optimizer_flops_per_parameter: float = 12.0
     optimizer_bytes_per_parameter: float = 0.0
     recomputation: str = "none"
+    attention: str = "standard"
     bucket: str = "decoder"
     algorithm: str = "ring"
     in_order: bool = True
@@ -65,7 +68,8 @@ class WorkloadSpec:
 
     def __post_init__(self) -> None:
         checks = [("costs", COST_SOURCES), ("precision", PRECISIONS), ("optimizer", OPTIMIZERS),
-                  ("recomputation", RECOMPUTATION), ("bucket", BUCKETS), ("fidelity", FIDELITIES)]
+                  ("recomputation", RECOMPUTATION), ("attention", ATTENTION), ("bucket", BUCKETS),
+                  ("fidelity", FIDELITIES)]
         for key, options in checks:
             if getattr(self, key) not in options:
                 raise ConfigError(f"workload {self.name!r}: {key} {getattr(self, key)!r} is not one of {', '.join(options)}")
@@ -139,6 +143,7 @@ def parse_workload_spec(data: Any, where: str = "workload") -> WorkloadSpec:
         optimizer_flops_per_parameter=training.number("optimizer_flops_per_parameter", 12.0, minimum=0),
         optimizer_bytes_per_parameter=training.quantity("optimizer_bytes_per_parameter", "size", 0.0, positive=False),
         recomputation=training.choice("recomputation", RECOMPUTATION, "none"),
+        attention=training.choice("attention", ATTENTION, "standard"),
     )
     training.check_unknown()
     gradients = top.sub("gradients")
