@@ -17,9 +17,7 @@ import platform as host_platform
 import resource
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -202,7 +200,7 @@ def simulate_graphs(platform: nx.Graph, workload: nx.DiGraph, options=None) -> d
     from hcsim.workload import validate_workload
 
     validate_workload(workload)
-    with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"), max_tasks_per_child=1) as pool:
+    with _fresh_process() as pool:
         return pool.submit(_execute_child, platform, workload, options or RunOptions()).result()
 
 
@@ -421,5 +419,14 @@ def _child(scenario: Scenario, out: str | None) -> dict[str, Any]:
 
 def simulate(scenario: Scenario, out: Path | str | None = None) -> dict[str, Any]:
     """Run `scenario` in a fresh process and return its result record (the Python API)."""
-    with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"), max_tasks_per_child=1) as pool:
+    with _fresh_process() as pool:
         return pool.submit(_child, scenario, str(out) if out else None).result()
+
+
+def _fresh_process():
+    """A pool of one spawned (never forked) process for one task (imported here: `hcsim simulate` runs in
+    its own process and needs no multiprocessing)."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    return ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"), max_tasks_per_child=1)
