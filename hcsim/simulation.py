@@ -141,18 +141,22 @@ def host_pairs(platform: nx.Graph, workload: nx.DiGraph) -> set[tuple[str, str]]
 
     nodes = platform.nodes
     pairs: set[tuple[str, str]] = set()
+    done = set()  # collectives already counted: the same algorithm and size on the same group
     for _, data in workload.nodes(data=True):
         if data["kind"] == "compute":
             for x in data["xpus"]:
                 pairs.add((nodes[x]["local_memory"], x))
             for x in data["spilled_xpus"]:
                 pairs.add((nodes[x]["extended_memory"], x))
-        else:
-            collective = data["collective"]
-            name = data.get("algorithm") or ("direct" if collective == "p2p" else None)
-            for group in data["groups"]:
-                algorithm = get_algorithm(collective, name, len(group), data["bytes"], server_groups(platform, group))
-                pairs.update((group[s], group[d]) for s, d in algorithm.pairs())
+            continue
+        collective = data["collective"]
+        name = data.get("algorithm") or ("direct" if collective == "p2p" else None)
+        for group in data["groups"]:
+            if (key := (collective, name, group, data["bytes"])) in done:
+                continue
+            done.add(key)
+            algorithm = get_algorithm(collective, name, len(group), data["bytes"], server_groups(platform, group))
+            pairs.update((group[s], group[d]) for s, d in algorithm.pairs())
     return pairs
 
 

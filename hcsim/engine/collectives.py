@@ -331,20 +331,22 @@ class _Table(Algorithm):
         return recorder
 
     def _replay(self, sink) -> None:
-        """Run :meth:`build` with every :meth:`send` going to sink(step, src, dst, size, lane)."""
-        self._sink = sink
+        """Run :meth:`build` with every :meth:`send` going to sink(step, src, dst, size, lane=0)."""
+        self.send = sink  # shadows the method for this replay: one call per send, not two
         try:
             self.build()
         finally:
-            del self._sink
+            del self.send
 
     def build(self) -> None:
         """Fill the schedule with :meth:`send` (called more than once: must depend on the parameters only)."""
         raise NotImplementedError
 
     def send(self, step: int, src: int, dst: int, size: float, lane: int = 0) -> None:
-        """`src` sends `size` bytes to `dst` in `step` of `lane` (merged with other sends of the pair there)."""
-        self._sink(step, src, dst, size, lane)
+        """`src` sends `size` bytes to `dst` in `step` of `lane` (merged with other sends of the pair there);
+        only :meth:`build` calls it, during a replay."""
+        raise ConfigError(f"{type(self).__name__}.send: call it from build() only (the schedule is recorded while "
+                          f"build() runs)")
 
     def _steps_table(self) -> list:
         """[lane][rank][step] -> Step, built on first use."""
@@ -352,7 +354,7 @@ class _Table(Algorithm):
             sends = defaultdict(lambda: defaultdict(float))  # (lane, src, step) -> {dst: bytes}
             recvs = defaultdict(set)  # (lane, dst, step) -> {src}
 
-            def record(step: int, src: int, dst: int, size: float, lane: int) -> None:
+            def record(step: int, src: int, dst: int, size: float, lane: int = 0) -> None:
                 sends[lane, src, step][dst] += size
                 recvs[lane, dst, step].add(src)
 
@@ -410,7 +412,7 @@ class _PhaseRecorder:
         self.pairs: set[tuple[int, int]] = set()
         self.phases: list[FlowPhase] = []
 
-    def send(self, step: int, src: int, dst: int, size: float, lane: int) -> None:
+    def send(self, step: int, src: int, dst: int, size: float, lane: int = 0) -> None:
         open_steps = self.open[lane]
         transfers = open_steps.get(step)
         if transfers is None:
