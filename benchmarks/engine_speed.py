@@ -1,22 +1,39 @@
-"""Engine speed: wall time, activities per second and peak memory at each scale and fidelity.
+"""Engine speed: wall time, peak memory, activities and activities/s at each scale and fidelity,
+against what plain SimGrid sustains on the same kind of activities.
 
-LLaMA2-13B data parallel on the paper's coherent topology, one iteration
-(the defaults of `hcsim simulate` otherwise). Each point runs in a process of
-its own. Quote the figures with the machine's size: `nproc`, `free -g`.
+Cases (each point runs in a fresh process):
 
-    .venv/bin/python benchmarks/engine_speed.py                    # 64..4096, both fidelities
-    .venv/bin/python benchmarks/engine_speed.py --xpus 64 256 --level decoder layer+repr
+- ``layer``, ``layer+repr``, ``decoder``, ``decoder+repr``: LLaMA2-13B data parallel on the paper's
+  coherent topology, one iteration, through ``hcsim simulate`` (workload fidelity; +repr:
+  representative XPUs);
+- ``2d-hierarchical``: issue 15's 2-D case (benchmarks/hierarchical_2d.py: servers of 8 on a
+  switch, rings across servers, 40 layers of fixed compute and a 634 MB hierarchical all-reduce);
+- ``simgrid``: plain SimGrid, no hcsim engine: every XPU of a single switch alternates an execution
+  and a transfer to its ring neighbour, each a pooled ExecTask / CommTask fired with
+  ``enqueue_firings`` and refired from its completion callback, as hcsim's backend
+  (hcsim/engine/backend.py) drives them. Its activities/s is the ceiling of a Task-driven engine;
+  the other cases print their ratio to it at the same number of XPUs.
+
+Per case, the fitted exponent k of wall time ~ XPUs^k (least squares on logs) is printed. Quote the
+figures with the machine line (cores, memory, load average): the machine may be shared.
+
+    .venv/bin/python benchmarks/engine_speed.py                    # 64..4096, every case
+    .venv/bin/python benchmarks/engine_speed.py --xpus 64 256 --case decoder layer+repr simgrid
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+HERE = Path(__file__).resolve().parent
 
 LEVELS = {  # name: scenario settings
     "layer": ["fidelity=layer"],
@@ -24,13 +41,11 @@ LEVELS = {  # name: scenario settings
     "decoder": ["fidelity=decoder"],
     "decoder+repr": ["fidelity=decoder", "xpu_fidelity=representative"],
 }
+CASES = [*LEVELS, "2d-hierarchical", "simgrid"]
 
 
-def run_point(xpus: int, level: str, iterations: int, timeout: float) -> dict:
-    command = [sys.executable, "-m", "hcsim.cli", "simulate", "--json", "--set", f"xpus={xpus}",
-               "--set", f"iterations={iterations}"]
-    for setting in LEVELS[level]:
-        command += ["--set", setting]
+def _child(command: list[str], timeout: float) -> dict:
+    """Run `command` (prints one JSON object last) in a fresh process; its record plus process_s."""
     start = time.perf_counter()
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
@@ -38,31 +53,135 @@ def run_point(xpus: int, level: str, iterations: int, timeout: float) -> dict:
         return {"error": f"> {timeout:.0f} s"}
     if done.returncode:
         return {"error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"}
-    result = json.loads(done.stdout)
-    result["process_s"] = time.perf_counter() - start
-    return result
+    record = json.loads(done.stdout.strip().splitlines()[-1])
+    record["process_s"] = time.perf_counter() - start
+    return record
+
+
+def run_point(case: str, xpus: int, iterations: int, timeout: float, firings: int) -> dict:
+    """One point in a fresh process: process_s, run_s (the simulation proper), activities, peak_rss_mb."""
+    if case == "simgrid":
+        return _child([sys.executable, __file__, "--simgrid-point", str(xpus), "--firings", str(firings)], timeout)
+    if case == "2d-hierarchical":
+        r = _child([sys.executable, str(HERE / "hierarchical_2d.py"), "--point", str(xpus)], timeout)
+        if "error" not in r:
+            r["run_s"] = r["sim_s"]
+        return r
+    command = [sys.executable, "-m", "hcsim.cli", "simulate", "--json", "--set", f"xpus={xpus}",
+               "--set", f"iterations={iterations}"]
+    for setting in LEVELS[case]:
+        command += ["--set", setting]
+    r = _child(command, timeout)
+    if "error" not in r:
+        r["run_s"] = r["wall_time_s"] - r["setup_time_s"]  # compile, load, run: what follows building the graphs
+    return r
+
+
+def simgrid_point(xpus: int, firings: int) -> dict:
+    """Plain SimGrid: `xpus` chains (execution, transfer to the ring neighbour, ...), `firings` Task firings."""
+    from hcsim.engine.backend import SIMGRID_CONFIG
+    from hcsim.engine.simgrid_loader import load
+    from hcsim.platform import compile_platform
+    from hcsim.platform.builders import single_switch
+    from hcsim.platform.devices import builtin_catalog
+
+    h100 = builtin_catalog()["H100"]
+    graph = single_switch(xpus, h100)
+    names = [f"xpu{i}" for i in range(xpus)]
+    compiled = compile_platform(graph, {(names[i], names[(i + 1) % xpus]) for i in range(xpus)})
+    xml = Path(f"/tmp/hcsim-simgrid-bench-{os.getpid()}.xml")
+    xml.write_text(compiled.xml)
+    sg = load()
+    engine = sg.Engine(["bench", "--log=root.thres:warning", "--log=xbt_cfg.thres:warning"])
+    for setting in SIMGRID_CONFIG:
+        engine.set_config(setting)
+    engine.load_platform(str(xml))
+    xml.unlink()
+    set_amount = sg.Task.amount.fset
+    per_chain = max(2, firings // xpus)
+    left = [per_chain] * xpus
+    flops, size = h100.fp32_flops * 1e-4, 1e6  # 100 us of compute, 1 MB (about 1 us on the XPU link)
+    tasks = []
+    for i in range(xpus):
+        host, peer = sg.Host.by_name(names[i]), sg.Host.by_name(names[(i + 1) % xpus])
+        execution = sg.ExecTask.init(f"e{i}", 0.0, host)
+        transfer = sg.CommTask.init(f"c{i}", 0.0, host, peer)
+        tasks += [execution, transfer]
+
+        def fire(task, amount, chain=i):
+            if left[chain] > 0:
+                left[chain] -= 1
+                set_amount(task, amount, "instance_0")
+                task.enqueue_firings(1)
+
+        execution.on_this_completion_cb(lambda _t, transfer=transfer, fire=fire: fire(transfer, size))
+        transfer.on_this_completion_cb(lambda _t, execution=execution, fire=fire: fire(execution, flops))
+        fire(execution, flops)
+    start = time.perf_counter()
+    engine.run()
+    run_s = time.perf_counter() - start
+    return {"xpus": xpus, "activities": per_chain * xpus, "run_s": run_s, "wall_s": run_s,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def fitted_exponent(points: list[tuple[int, float]]) -> float | None:
+    """k of wall ~ xpus^k, least squares on (log xpus, log wall); None below two distinct sizes."""
+    if len({x for x, _ in points}) < 2:
+        return None
+    xs, ys = [math.log(x) for x, _ in points], [math.log(w) for _, w in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+
+
+def machine() -> str:
+    memory = "?"
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                memory = f"{int(line.split()[1]) / 2**20:.1f} GiB"
+    except OSError:
+        pass
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return f"machine: {os.cpu_count()} cores, {memory} memory, load average {load}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--xpus", type=int, nargs="+", default=[64, 256, 1024, 4096])
-    parser.add_argument("--level", nargs="+", default=list(LEVELS), choices=list(LEVELS),
-                        help="fidelity levels: workload fidelity (+repr: representative XPUs)")
+    parser.add_argument("--case", nargs="+", default=CASES, choices=CASES, help="what to measure (see above)")
     parser.add_argument("--iterations", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=900, help="seconds per point")
+    parser.add_argument("--firings", type=int, default=200_000, help="Task firings of each simgrid point")
+    parser.add_argument("--simgrid-point", type=int, help=argparse.SUPPRESS)  # run one simgrid point here
     args = parser.parse_args()
-    print(f"machine: {os.cpu_count()} cores; LLaMA2-13B data parallel, paper-cxl, {args.iterations} iteration(s)")
-    print(f"{'level':<13} {'xpus':>5} {'wall s':>8} {'sim s':>8} {'activities':>11} {'act/s':>9} {'peak MB':>8}  "
-          "iteration time")
-    for level in args.level:
+    if args.simgrid_point:
+        print(json.dumps(simgrid_point(args.simgrid_point, args.firings)))
+        return
+    print(machine())
+    print(f"LLaMA2-13B data parallel, paper-cxl, {args.iterations} iteration(s); run = compile + load + simulate")
+    cases = sorted(args.case, key=lambda c: c != "simgrid")  # the ceiling first, for the ratios
+    ceiling: dict[int, float] = {}
+    print(f"{'case':<16} {'xpus':>5} {'wall s':>8} {'run s':>8} {'activities':>11} {'act/s':>9} {'/simgrid':>8} "
+          f"{'peak MB':>8}  iteration time")
+    for case in cases:
+        walls = []
         for xpus in args.xpus:
-            r = run_point(xpus, level, args.iterations, args.timeout)
+            r = run_point(case, xpus, args.iterations, args.timeout, args.firings)
             if "error" in r:
-                print(f"{level:<13} {xpus:>5}  failed: {r['error']}", flush=True)
+                print(f"{case:<16} {xpus:>5}  failed: {r['error']}", flush=True)
                 continue
-            print(f"{level:<13} {xpus:>5} {r['process_s']:>8.1f} {r['wall_time_s']:>8.1f} {r['activities']:>11,} "
-                  f"{r['activities'] / r['wall_time_s']:>9,.0f} {r['peak_rss_mb']:>8.0f}  {r['iteration_time_s']:.6g} s",
-                  flush=True)
+            rate = r["activities"] / r["run_s"]
+            if case == "simgrid":
+                ceiling[xpus] = rate
+            ratio = f"{rate / ceiling[xpus]:.2f}" if xpus in ceiling and case != "simgrid" else "-"
+            walls.append((xpus, r["process_s"]))
+            iteration = f"{r['iteration_time_s']:.6g} s" if "iteration_time_s" in r else "-"
+            print(f"{case:<16} {xpus:>5} {r['process_s']:>8.1f} {r['run_s']:>8.1f} {r['activities']:>11,} "
+                  f"{rate:>9,.0f} {ratio:>8} {r['peak_rss_mb']:>8.0f}  {iteration}", flush=True)
+        k = fitted_exponent(walls)
+        if k is not None:
+            print(f"{case:<16} wall time ~ XPUs^{k:.2f} over {', '.join(str(x) for x, _ in walls)}", flush=True)
+    print(machine().replace("machine:", "after:"))
 
 
 if __name__ == "__main__":

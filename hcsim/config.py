@@ -39,15 +39,19 @@ def resolve_spec(name: str | Path, folder: str, base: Path | None = None) -> Pat
     raise ConfigError(f"{name}: no such file, nor a built-in {folder} spec; built-in ones: {', '.join(builtin)}")
 
 
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def load_yaml(path: str | Path) -> Any:
-    """Parse a YAML file with ``yaml.safe_load``; errors name the file and line."""
+    """Parse a YAML file as ``yaml.safe_load`` does (with libyaml's loader when PyYAML has it: several
+    times faster); errors name the file and line."""
     path = Path(path)
     try:
         text = path.read_text()
     except OSError as err:
         raise ConfigError(f"{path}: cannot read: {err.strerror}") from err
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_SAFE_LOADER)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = f":{mark.line + 1}" if mark else ""

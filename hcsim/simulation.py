@@ -17,9 +17,7 @@ import platform as host_platform
 import resource
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -143,18 +141,22 @@ def host_pairs(platform: nx.Graph, workload: nx.DiGraph) -> set[tuple[str, str]]
 
     nodes = platform.nodes
     pairs: set[tuple[str, str]] = set()
+    done = set()  # collectives already counted: the same algorithm and size on the same group
     for _, data in workload.nodes(data=True):
         if data["kind"] == "compute":
             for x in data["xpus"]:
                 pairs.add((nodes[x]["local_memory"], x))
             for x in data["spilled_xpus"]:
                 pairs.add((nodes[x]["extended_memory"], x))
-        else:
-            collective = data["collective"]
-            name = data.get("algorithm") or ("direct" if collective == "p2p" else None)
-            for group in data["groups"]:
-                algorithm = get_algorithm(collective, name, len(group), data["bytes"], server_groups(platform, group))
-                pairs.update((group[s], group[d]) for s, d in algorithm.pairs())
+            continue
+        collective = data["collective"]
+        name = data.get("algorithm") or ("direct" if collective == "p2p" else None)
+        for group in data["groups"]:
+            if (key := (collective, name, group, data["bytes"])) in done:
+                continue
+            done.add(key)
+            algorithm = get_algorithm(collective, name, len(group), data["bytes"], server_groups(platform, group))
+            pairs.update((group[s], group[d]) for s, d in algorithm.pairs())
     return pairs
 
 
@@ -202,7 +204,7 @@ def simulate_graphs(platform: nx.Graph, workload: nx.DiGraph, options=None) -> d
     from hcsim.workload import validate_workload
 
     validate_workload(workload)
-    with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"), max_tasks_per_child=1) as pool:
+    with _fresh_process() as pool:
         return pool.submit(_execute_child, platform, workload, options or RunOptions()).result()
 
 
@@ -421,5 +423,14 @@ def _child(scenario: Scenario, out: str | None) -> dict[str, Any]:
 
 def simulate(scenario: Scenario, out: Path | str | None = None) -> dict[str, Any]:
     """Run `scenario` in a fresh process and return its result record (the Python API)."""
-    with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"), max_tasks_per_child=1) as pool:
+    with _fresh_process() as pool:
         return pool.submit(_child, scenario, str(out) if out else None).result()
+
+
+def _fresh_process():
+    """A pool of one spawned (never forked) process for one task (imported here: `hcsim simulate` runs in
+    its own process and needs no multiprocessing)."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    return ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"), max_tasks_per_child=1)

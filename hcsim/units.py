@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 
 from hcsim.errors import ConfigError
 
@@ -67,6 +68,9 @@ def parse_quantity(text: object, dimension: str, where: str = "value") -> float:
     unit, example = DIMENSIONS[dimension]
     if not isinstance(text, str):
         raise ConfigError(f"{where}: {text!r} has no unit; write it with one, for example {example!r}")
+    value = _parse_simple(text, dimension)
+    if value is not None:
+        return value
     registry = _registry()
     try:
         quantity = registry.Quantity(text.strip())
@@ -76,6 +80,38 @@ def parse_quantity(text: object, dimension: str, where: str = "value") -> float:
     if not math.isfinite(value):
         raise ConfigError(f"{where}: {text!r} is not finite")
     return _round_decimal(value)
+
+
+# The forms specs use, read without pint (whose import and registry take about 2 s): a number, then a
+# decimal or binary prefix and B, bit, FLOP or FLOPS, optionally per second, or a time in s, ms, us, µs,
+# ns, ps (no leading zeros: pint reads '039' oddly). Everything else goes to pint; tests check both
+# readings agree.
+_SIMPLE = re.compile(r"\s*([+-]?(?:(?:0|[1-9]\d*)(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*"
+                     r"(?:(?P<big>[kMGTP]i?|Ki)?(?P<unit>B|bit|FLOPS|FLOP)(?P<per>/s)?|(?P<small>[munµp]?)s)\s*")
+_BIG = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
+        "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50}
+_SMALL = {"": 1.0, "m": 1e-3, "u": 1e-6, "µ": 1e-6, "n": 1e-9, "p": 1e-12}
+_SIMPLE_DIMENSION = {("B", False): "size", ("bit", False): "size", ("B", True): "bandwidth",
+                     ("bit", True): "bandwidth", ("FLOP", False): "flop", ("FLOP", True): "flops",
+                     ("FLOPS", False): "flops"}
+
+
+def _parse_simple(text: str, dimension: str) -> float | None:
+    """`text` in SI base units if it is one of the simple forms above and of `dimension`, else None."""
+    match = _SIMPLE.fullmatch(text)
+    if match is None or match["big"] == "ki":
+        return None
+    number = float(match[1])
+    if match["unit"] is None:
+        if dimension != "time":
+            return None
+        return _round_decimal(number * _SMALL[match["small"]])
+    if _SIMPLE_DIMENSION.get((match["unit"], match["per"] is not None)) != dimension:
+        return None
+    value = number * _BIG[match["big"] or ""]
+    if match["unit"] == "bit":
+        value /= 8
+    return _round_decimal(value) if math.isfinite(value) else None
 
 
 def _round_decimal(value: float) -> float:

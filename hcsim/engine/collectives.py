@@ -75,6 +75,7 @@ by its import path, ``"package.module:ClassName"``, and the worker imports it
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 from collections import defaultdict
@@ -227,6 +228,9 @@ def get_algorithm(collective: str, name: str | None, ranks: int, size: float,
     ranks : group size; size : message size S in bytes.
     groups : optional ranks per server (:func:`server_groups`).
 
+    Returns one shared instance per (algorithm, ranks, size, groups) in this process: treat it as
+    read-only.
+
     Raises
     ------
     ConfigError
@@ -235,12 +239,20 @@ def get_algorithm(collective: str, name: str | None, ranks: int, size: float,
     """
     name = name or DEFAULT_ALGORITHM.get(collective, "ring")
     if ":" in name:
-        return _imported(collective, name)(ranks, size, groups)
-    try:
-        cls = _REGISTRY[collective, name]
-    except KeyError:
-        known = ", ".join(sorted(n for c, n in _REGISTRY if c == collective)) or "none"
-        raise ConfigError(f"no algorithm {name!r} for {collective}; known: {known}") from None
+        cls = _imported(collective, name)
+    else:
+        try:
+            cls = _REGISTRY[collective, name]
+        except KeyError:
+            known = ", ".join(sorted(n for c, n in _REGISTRY if c == collective)) or "none"
+            raise ConfigError(f"no algorithm {name!r} for {collective}; known: {known}") from None
+    return _shared(cls, ranks, size, tuple(map(tuple, groups)) if groups else None)
+
+
+@functools.lru_cache(maxsize=256)
+def _shared(cls: type[Algorithm], ranks: int, size: float, groups: tuple[tuple[int, ...], ...] | None) -> Algorithm:
+    """One instance per (class, ranks, size, groups): the vertices of a workload that run the same collective
+    on the same group shape share it, and with it its pairs, flow phases or step table, built once."""
     return cls(ranks, size, groups)
 
 
@@ -289,45 +301,148 @@ def _chunks(size: float, chunk_bytes: float, max_chunks: int) -> int:
 
 
 class _Table(Algorithm):
-    """An algorithm whose schedule is built once in __init__ as per-lane, per-rank lists of steps."""
+    """An algorithm whose schedule :meth:`build` describes as :meth:`send` calls.
+
+    __init__ runs :meth:`build` once to check the group and collect the pairs, the step counts
+    and the flow phases, merging steps as the sends stream in (:class:`_PhaseRecorder`); the step
+    table (step fidelity) is built from another run of :meth:`build` on first use. So a
+    flow-fidelity run never holds the step schedule.
+    """
 
     def __init__(self, ranks, size, groups=None):
         super().__init__(ranks, size, groups)
-        self._sends = defaultdict(lambda: defaultdict(float))  # (lane, src, step) -> {dst: bytes}
-        self._recvs = defaultdict(set)  # (lane, dst, step) -> {src}
-        self._length = [0] * self.lanes
-        self.build()
-        self._table = [[[self._entry(lane, r, s) for s in range(self._length[lane])] for r in range(ranks)]
-                       for lane in range(self.lanes)]
-        del self._sends, self._recvs
+        self._table: list | None = None
+        recorder = self._record(streaming=True)
+        if recorder is None:  # build() went back to a finished step: collect every step (phases on demand)
+            recorder = self._record(streaming=False)
+            self._phases = None
+        else:
+            self._phases = recorder.phases
+        self._pairs, self._length = frozenset(recorder.pairs), recorder.length
 
-    def _entry(self, lane: int, rank: int, step: int) -> Step:
-        key = (lane, rank, step)
-        if key not in self._sends and key not in self._recvs:
-            return _IDLE
-        return Step(sends=tuple(sorted(self._sends.get(key, {}).items())), recvs=tuple(sorted(self._recvs.get(key, ()))))
+    def _record(self, streaming: bool) -> "_PhaseRecorder | None":
+        """A replay of :meth:`build` into a :class:`_PhaseRecorder`; None if streaming met an earlier step."""
+        recorder = _PhaseRecorder(self.lanes, streaming)
+        try:
+            self._replay(recorder.send)
+        except _OutOfOrder:
+            return None
+        recorder.close()
+        return recorder
+
+    def _replay(self, sink) -> None:
+        """Run :meth:`build` with every :meth:`send` going to sink(step, src, dst, size, lane=0)."""
+        self.send = sink  # shadows the method for this replay: one call per send, not two
+        try:
+            self.build()
+        finally:
+            del self.send
 
     def build(self) -> None:
-        """Fill the schedule with :meth:`send`."""
+        """Fill the schedule with :meth:`send` (called more than once: must depend on the parameters only)."""
         raise NotImplementedError
 
     def send(self, step: int, src: int, dst: int, size: float, lane: int = 0) -> None:
-        """`src` sends `size` bytes to `dst` in `step` of `lane` (merged with other sends of the pair there)."""
-        self._sends[lane, src, step][dst] += size
-        self._recvs[lane, dst, step].add(src)
-        self._length[lane] = max(self._length[lane], step + 1)
+        """`src` sends `size` bytes to `dst` in `step` of `lane` (merged with other sends of the pair there);
+        only :meth:`build` calls it, during a replay."""
+        raise ConfigError(f"{type(self).__name__}.send: call it from build() only (the schedule is recorded while "
+                          f"build() runs)")
+
+    def _steps_table(self) -> list:
+        """[lane][rank][step] -> Step, built on first use."""
+        if self._table is None:
+            sends = defaultdict(lambda: defaultdict(float))  # (lane, src, step) -> {dst: bytes}
+            recvs = defaultdict(set)  # (lane, dst, step) -> {src}
+
+            def record(step: int, src: int, dst: int, size: float, lane: int = 0) -> None:
+                sends[lane, src, step][dst] += size
+                recvs[lane, dst, step].add(src)
+
+            self._replay(record)
+
+            def entry(key) -> Step:
+                if key not in sends and key not in recvs:
+                    return _IDLE
+                return Step(sends=tuple(sorted(sends.get(key, {}).items())), recvs=tuple(sorted(recvs.get(key, ()))))
+
+            self._table = [[[entry((lane, r, s)) for s in range(self._length[lane])] for r in range(self.ranks)]
+                           for lane in range(self.lanes)]
+        return self._table
+
+    def pairs(self) -> set[tuple[int, int]]:
+        return set(self._pairs)
+
+    def flow_phases(self) -> list[FlowPhase] | None:
+        """As :meth:`Algorithm.flow_phases`, merged while the schedule was built (the step table is not needed)."""
+        if self._phases is None:
+            self._phases = self._record(streaming=False).phases
+        return list(self._phases)
 
     def steps(self, rank: int) -> int:
         return self._length[0]
 
     def step(self, rank: int, index: int) -> Step:
-        return self._table[0][rank][index]
+        return (self._table or self._steps_table())[0][rank][index]
 
     def lane_steps(self, rank: int, lane: int) -> int:
         return self._length[lane]
 
     def lane_step(self, rank: int, index: int, lane: int) -> Step:
-        return self._table[lane][rank][index]
+        return (self._table or self._steps_table())[lane][rank][index]
+
+
+class _OutOfOrder(Exception):
+    """A send to a step that a streaming :class:`_PhaseRecorder` has already merged."""
+
+
+class _PhaseRecorder:
+    """The pairs, step counts and flow phases of a schedule from its sends (:meth:`Algorithm.flow_phases`'s rule).
+
+    Each step's transfers are summed per pair, in send order, as the step table does; consecutive
+    equal steps of a lane merge. Streaming: a lane holds only the step being sent to and merges it
+    when a send goes to a later step, so memory is one step per lane plus the phases (a send to an
+    earlier step raises :class:`_OutOfOrder`). Otherwise every step is kept until :meth:`close`.
+    """
+
+    def __init__(self, lanes: int, streaming: bool):
+        self.streaming = streaming
+        self.open: list[dict[int, dict[tuple[int, int], float]]] = [{} for _ in range(lanes)]  # lane: step -> pairs
+        self.merged: list[list[list]] = [[] for _ in range(lanes)]  # lane: [[pattern, count], ...]
+        self.length = [0] * lanes  # steps per lane
+        self.pairs: set[tuple[int, int]] = set()
+        self.phases: list[FlowPhase] = []
+
+    def send(self, step: int, src: int, dst: int, size: float, lane: int = 0) -> None:
+        open_steps = self.open[lane]
+        transfers = open_steps.get(step)
+        if transfers is None:
+            if self.streaming and open_steps:
+                (current,) = open_steps
+                if step < current:
+                    raise _OutOfOrder
+                self._merge(lane, open_steps.pop(current))
+            transfers = open_steps[step] = {}
+            if step >= self.length[lane]:
+                self.length[lane] = step + 1
+        transfers[src, dst] = transfers.get((src, dst), 0.0) + size
+
+    def _merge(self, lane: int, transfers: dict[tuple[int, int], float]) -> None:
+        self.pairs.update(transfers)
+        pattern = tuple(sorted(transfers.items()))
+        merged = self.merged[lane]
+        if merged and merged[-1][0] == pattern:
+            merged[-1][1] += 1
+        else:
+            merged.append([pattern, 1])
+
+    def close(self) -> None:
+        """Merge the steps still open and list the phases, lane by lane."""
+        for lane, open_steps in enumerate(self.open):
+            for step in sorted(open_steps):
+                self._merge(lane, open_steps.pop(step))
+        self.phases = [FlowPhase(tuple((pair, size * count) for pair, size in pattern), count, lane=lane)
+                       for lane, merged in enumerate(self.merged) for pattern, count in merged]
+        self.merged = []
 
 
 # ---- rings ----------------------------------------------------------------------------------------------------
