@@ -26,7 +26,7 @@ from typing import Any
 
 from hcsim.findings import selected
 
-__all__ = ["plot_experiment", "plot_rows", "check_plot", "PLOT_KEYS"]
+__all__ = ["plot_experiment", "plot_rows", "plot_plans", "check_plot", "PLOT_KEYS"]
 
 PLOT_KEYS = ("x", "y", "series", "panels", "kind", "logx", "logy", "where", "title", "xlabel", "ylabel",
              "name", "labels", "legend", "legend_loc")
@@ -195,3 +195,26 @@ def _bars(ax, rows, spec, series) -> None:
     ax.set_xticklabels([textwrap.fill(str(c), 12) for c in categories], fontsize=8)
     if spec.get("logy"):
         ax.set_yscale("log")
+
+
+def plot_plans(rows: list[dict[str, Any]], path: Path) -> None:
+    """Bars of simulated iteration time per plan (best first), the closed-form estimate as a marker."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [r for r in rows if r["simulated_s"] is not None]
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(done) + 1.5))
+    positions = range(len(done))
+    ax.barh(positions, [r["simulated_s"] for r in done], color="#4c72b0", label="simulated (contention)")
+    ax.plot([r["estimated_s"] for r in done], positions, "k|", markersize=14, label="closed-form estimate")
+    ax.set_yticks(list(positions), [r["plan"] for r in done], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("Iteration time (s)")
+    ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=2, fontsize=8, frameon=False)
+    fig.suptitle("hcsim plan: best configurations, fastest first", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+

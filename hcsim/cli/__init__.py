@@ -16,7 +16,7 @@ from hcsim.errors import HcsimError
 
 __all__ = ["main"]
 
-SUBCOMMANDS = ("simulate", "platform", "workload", "sweep")
+SUBCOMMANDS = ("simulate", "platform", "workload", "sweep", "plan")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,183 @@
+"""`hcsim plan`: the best way to train a model on a cluster (hcsim.plan), simulated.
+
+    hcsim plan llama2-70b --platform paper-cxl --xpus 256 --global-batch 256 --devices H100,A100
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import sys
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from hcsim.errors import ConfigError
+
+__all__ = ["register"]
+
+SIMULATION = {"collective_fidelity": "flow", "local_collectives": "analytic", "xpu_fidelity": "representative",
+              "iterations": 1}
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "plan", help="find the best parallel configuration of a model on a cluster",
+        description="Enumerate tp x pp x dp x micro-batch x schedule x recomputation (and layer splits on mixed "
+                    "clusters), drop what does not fit in memory, rank the rest with closed forms, simulate the "
+                    "best with contention and print them ranked by simulated throughput.",
+        epilog="example: hcsim plan llama2-70b --platform paper-cxl --xpus 256 --global-batch 256 "
+               "--devices H100,A100 --top 10 --jobs 2 --out plans/")
+    parser.add_argument("model", metavar="MODEL", help="a workload spec (workloads/*.yaml) or its path")
+    parser.add_argument("--platform", default="paper-cxl", help="platform spec (default paper-cxl)")
+    parser.add_argument("--xpus", type=int, required=True, help="XPUs to train on (the platform's first ones)")
+    parser.add_argument("--global-batch", type=int, required=True, help="samples per iteration")
+    parser.add_argument("--devices", default=None, help="device per rack, comma-separated, cycling (H100,A100)")
+    parser.add_argument("--top", type=int, default=10, help="plans to simulate (default 10)")
+    parser.add_argument("-j", "--jobs", type=int, default=1, help="simulations at once (default 1)")
+    parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                        help="any scenario key, e.g. workload_overrides.training.precision=bf16 (repeatable)")
+    parser.add_argument("--out", default=None, help="folder for plan.csv and plan.png")
+    parser.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from hcsim.plan import candidates, estimate, fits, rank_correlation
+    from hcsim.scenario import load_scenario
+
+    if args.top < 1 or args.jobs < 1:
+        raise ConfigError(f"--top and --jobs must be >= 1, got {args.top} and {args.jobs}")
+    devices = [d.strip() for d in args.devices.split(",")] if args.devices else None
+    base = {"platform": args.platform, "workload": args.model, "xpus": args.xpus, **SIMULATION}
+    if devices:
+        base["devices"] = devices
+    scenario = load_scenario(None, {**base, **_settings(args.settings)})
+    platform, xpus, spec = _cluster(scenario)
+    speeds = _stage_speeds(platform, xpus, spec.precision) if devices and len(set(devices)) > 1 else None
+    found = candidates(spec, xpus, args.global_batch, _server_size(platform, xpus), speeds)
+    reasons = {c: fits(spec, c, platform, xpus) for c in found}
+    fitting = [c for c, reason in reasons.items() if reason is None]
+    print(f"{len(found)} configurations of {spec.model.name} on {len(xpus)} XPUs "
+          f"({', '.join(f'{n} {d}' for d, n in Counter(platform.nodes[x]['device'] for x in xpus).items())}), "
+          f"global batch {args.global_batch}: {len(fitting)} fit in local memory")
+    for reason, count in Counter(_kind(r) for r in reasons.values() if r).most_common():
+        print(f"  {count} do not fit: {reason}")
+    if not fitting:
+        raise ConfigError("no configuration fits in local memory: more XPUs, a smaller global batch or a smaller model")
+    ranked = sorted(((estimate(spec, c, platform, xpus), c) for c in fitting), key=lambda e: e[0])[: args.top]
+    results = _simulate(scenario, ranked, args.jobs)
+    rows = _rows(ranked, results, args.global_batch)
+    print(_table(rows))
+    done = [r for r in rows if r["simulated_s"] is not None]
+    if len(done) > 1:
+        rho = rank_correlation([r["estimated_s"] for r in done], [r["simulated_s"] for r in done])
+        print(f"rank correlation (Spearman) of estimated and simulated iteration times: {rho:.2f}")
+    if args.out:
+        _write(Path(args.out), rows)
+    return 0
+
+
+def _settings(items: list[str]) -> dict:
+    from hcsim.config import parse_settings
+
+    return parse_settings(items) if items else {}
+
+
+def _cluster(scenario):
+    from hcsim.config import resolve_spec
+    from hcsim.platform import build_platform, load_platform_spec
+    from hcsim.platform.topology import xpus as platform_xpus
+    from hcsim.workload import load_workload_spec
+
+    base = Path(scenario.base)
+    spec = load_platform_spec(resolve_spec(scenario.platform, "platforms", base), scenario.platform_settings())
+    if scenario.xpus > spec.xpus:
+        raise ConfigError(f"--xpus: {scenario.xpus} asked for, but platform {scenario.platform!r} has {spec.xpus}")
+    platform = build_platform(spec, scenario.xpus)
+    workload = load_workload_spec(resolve_spec(scenario.workload, "workloads", base), scenario.workload_settings())
+    return platform, platform_xpus(platform)[: scenario.xpus], workload
+
+
+def _server_size(platform, xpus) -> int:
+    return max(Counter(platform.nodes[x].get("server", x) for x in xpus).values())
+
+
+def _stage_speeds(platform, xpus, precision):
+    """Per pipeline stage (a contiguous block of XPUs: pp is the outermost axis), its slowest XPU's peak."""
+    from hcsim.platform.devices import peak_flops
+
+    def speeds(pp: int) -> list[float]:
+        size = len(xpus) // pp
+        return [min(peak_flops(platform.nodes[x], precision) for x in xpus[s * size:(s + 1) * size]) for s in range(pp)]
+
+    return speeds
+
+
+def _kind(reason: str) -> str:
+    """A reason without its numbers, to count alike ones together."""
+    return "a pipeline stage needs more than its XPUs' local memory" if "needs" in reason else reason
+
+
+def _simulate(scenario, ranked, jobs: int) -> list[dict]:
+    from dataclasses import replace
+
+    from tqdm import tqdm
+
+    from hcsim.sweep import run_point
+
+    points = [replace(scenario, **_typed(c.settings())) for _, c in ranked]
+    with ThreadPoolExecutor(max_workers=jobs) as pool, \
+            tqdm(total=len(points), unit="plan", desc="simulating", disable=None, file=sys.stderr) as bar:
+        futures = [pool.submit(run_point, point) for point in points]
+        results = []
+        for future in futures:
+            results.append(future.result())
+            bar.update()
+    return results
+
+
+def _typed(settings: dict) -> dict:
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in settings.items()}
+
+
+def _rows(ranked, results, global_batch: int) -> list[dict]:
+    rows = []
+    for (estimated, candidate), result in zip(ranked, results):
+        row = {"plan": candidate.label(), "estimated_s": estimated, "simulated_s": None, "samples_per_s": None,
+               "mfu": None, "memory_gb": None, "bottleneck": result.get("error", "")}
+        if "error" not in result:
+            times = result["breakdown"]
+            slowest = max(times.values(), key=lambda t: t["compute_s"] + t["memory_stall_s"])
+            part = max(("compute_s", "memory_stall_s", "exposed_comm_s", "idle_s"), key=lambda k: slowest[k])
+            kind, busiest = max(((k, v[0]) for k, v in result["links"].items()), key=lambda kv: kv[1]["utilization"])
+            row.update(simulated_s=result["iteration_time_s"], samples_per_s=result["samples_per_s"],
+                       mfu=result.get("mfu"), memory_gb=max(m["state_bytes"] for m in result["memory"].values()) / 1e9,
+                       bottleneck=f"{part.removesuffix('_s').replace('_', ' ')}; busiest {kind} link "
+                                  f"{busiest['utilization']:.0%}")
+        rows.append(row)
+    return sorted(rows, key=lambda r: (r["simulated_s"] is None, r["simulated_s"] or 0.0))
+
+
+def _table(rows: list[dict]) -> str:
+    lines = [f"{'#':>2}  {'plan':<58} {'estimated':>9} {'simulated':>9} {'samples/s':>9} {'MFU':>6} {'GB/XPU':>6}  "
+             "bottleneck"]
+    for i, r in enumerate(rows, 1):
+        sim = f"{r['simulated_s']:.3f} s" if r["simulated_s"] is not None else "failed"
+        lines.append(f"{i:>2}  {r['plan'][:58]:<58} {r['estimated_s']:>7.3f} s {sim:>9} "
+                     f"{(r['samples_per_s'] or 0):>9.2f} {(r['mfu'] or 0):>6.1%} {(r['memory_gb'] or 0):>6.1f}  "
+                     f"{r['bottleneck']}")
+    return "\n".join(lines)
+
+
+def _write(out: Path, rows: list[dict]) -> None:
+    from hcsim.plotting import plot_plans
+    from hcsim.simulation import atomic_write
+
+    out.mkdir(parents=True, exist_ok=True)
+    table = io.StringIO()
+    writer = csv.DictWriter(table, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write(out / "plan.csv", table.getvalue())
+    plot_plans(rows, out / "plan.png")
+    print(f"wrote {out}/plan.csv, plan.png")
