@@ -169,7 +169,7 @@ def _better(spec, rows, axes, metric):
     axis = spec["axis"]
     strict = spec.get("strict", True)
     ratios, failures = [], []
-    for group, good, bad in _pairs(rows, axes, axis, spec["better"], spec["worse"]):
+    for group, good, bad in _pairs(rows, axes, axis, _value(spec, "better", axis), _value(spec, "worse", axis)):
         ratio = good[metric] / bad[metric]
         ratios.append(ratio)
         if not (ratio > 1 if strict else ratio >= 1 - 1e-9):
@@ -184,7 +184,8 @@ def _better(spec, rows, axes, metric):
 def _close(spec, rows, axes, metric):
     axis, tolerance = spec["axis"], spec.get("tolerance", 0.01)
     errors, failures = [], []
-    for group, reference, other in _pairs(rows, axes, axis, spec["reference"], spec["other"]):
+    for group, reference, other in _pairs(rows, axes, axis, _value(spec, "reference", axis),
+                                          _value(spec, "other", axis)):
         error = other[metric] / reference[metric] - 1
         errors.append(abs(error))
         if abs(error) > tolerance:

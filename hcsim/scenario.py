@@ -19,6 +19,7 @@ from hcsim.config import Fields, load_yaml, parse_settings
 from hcsim.errors import ConfigError
 from hcsim.workload.model import RECOMPUTATION
 from hcsim.workload.schedules import SCHEDULES
+from hcsim.workload.zero import OFFLOAD_STATES, OFFLOAD_TARGETS, ZERO_STAGES
 
 __all__ = ["Scenario", "load_scenario", "apply_settings", "SCENARIO_KEYS"]
 
@@ -61,6 +62,11 @@ class Scenario:
     recompute: str | None = None  # none | selective | full; None: the workload's recomputation
     sequence_parallel: bool = False  # Megatron-LM sequence parallelism inside TP groups
     layer_split: tuple[int, ...] | None = None  # decoders per (virtual) stage; None: even
+    zero: int = 0  # ZeRO stage 0-3 over each DP group (1 = Megatron's distributed optimizer)
+    offload: str = "none"  # none | cpu (host DRAM, step on the CPU) | cxl (CXL Type 3, in place)
+    offload_state: tuple[str, ...] = ("optimizer",)  # what offload keeps out of HBM: optimizer, parameters, activations
+    ep: int = 1  # expert-parallel group size (MoE models; EP ranks split the data too: dp = xpus / (tp x ep x pp))
+    moe_skew: float = 1.0  # most loaded expert rank's tokens / the mean (1: balanced routing)
     trace_xpus: int = 8  # trace the first N XPUs (when an output folder is given); 0: none
     trace_iterations: tuple[int, ...] | None = None  # None: every iteration
     base: str = "."  # folder that relative spec paths are relative to
@@ -90,7 +96,8 @@ class Scenario:
     def hybrid(self) -> bool:
         """Whether the run needs the hybrid-parallel graph (any parallel key beyond the paper's data parallelism)."""
         return self.tp > 1 or self.pp > 1 or self.micro_batch is not None or self.global_batch is not None \
-            or self.recompute is not None or self.layer_split is not None
+            or self.recompute is not None or self.layer_split is not None or self.zero > 0 or self.offload != "none" \
+            or self.ep > 1
 
     def workload_settings(self) -> dict[str, Any]:
         settings = dict(self.workload_overrides)
@@ -102,7 +109,7 @@ class Scenario:
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
-        for key in ("devices", "trace_iterations", "ring_order", "layer_split"):
+        for key in ("devices", "trace_iterations", "ring_order", "layer_split", "offload_state"):
             if isinstance(data[key], tuple):
                 data[key] = list(data[key])
         return data
@@ -171,7 +178,7 @@ def _from_mapping(data: dict, where: str, base: str) -> Scenario:
     values["fidelity"] = fields.choice("fidelity", ("layer", "decoder"), None)
     values["iterations"] = fields.number("iterations", default.iterations, kind=int, minimum=1)
     values["trace_xpus"] = fields.number("trace_xpus", default.trace_xpus, kind=int, minimum=0)
-    for key in ("tp", "pp", "virtual_stages"):
+    for key in ("tp", "pp", "virtual_stages", "ep"):
         values[key] = fields.number(key, getattr(default, key), kind=int, minimum=1)
     for key in ("dp", "micro_batch", "global_batch"):
         values[key] = fields.number(key, None, kind=int, minimum=1)
@@ -185,6 +192,18 @@ def _from_mapping(data: dict, where: str, base: str) -> Scenario:
                                f"(virtual) pipeline stage, got {str(split)[:80]}")
         split = None
     values["layer_split"] = tuple(split) if split else None
+    values["zero"] = fields.choice("zero", ZERO_STAGES, default.zero)
+    values["moe_skew"] = fields.number("moe_skew", default.moe_skew, minimum=1)
+    values["offload"] = fields.choice("offload", OFFLOAD_TARGETS, default.offload)
+    state = fields.raw("offload_state")
+    if isinstance(state, str):
+        state = [state]
+    if state is not None and not (isinstance(state, list) and state and all(s in OFFLOAD_STATES for s in state)
+                                  and len(set(state)) == len(state)):
+        fields.problems.append(f"{fields.path('offload_state')}: expected some of {', '.join(OFFLOAD_STATES)} "
+                               f"(a name or a list, each once), got {str(state)[:80]}")
+        state = None
+    values["offload_state"] = tuple(state) if state else default.offload_state
     iterations = fields.raw("trace_iterations")
     if iterations is not None and not (isinstance(iterations, list) and all(isinstance(i, int) for i in iterations)):
         fields.problems.append(f"{fields.path('trace_iterations')}: expected a list of iteration numbers, got {iterations!r}")

@@ -27,7 +27,7 @@ from hcsim import __version__
 from hcsim.errors import ConfigError
 from hcsim.scenario import Scenario
 
-__all__ = ["Prepared", "prepare", "host_pairs", "execute", "run_here", "simulate", "simulate_graphs", "total_runs",
+__all__ = ["Prepared", "prepare", "offload_memory", "host_pairs", "execute", "run_here", "simulate", "simulate_graphs", "total_runs",
            "write_outputs", "atomic_write"]
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ def prepare(scenario: Scenario) -> Prepared:
     graph = build_platform(platform_spec, scenario.xpus)
     xpus = platform_xpus(graph)[: scenario.xpus]
     workload_spec = load_workload_spec(resolve_spec(scenario.workload, "workloads", base), scenario.workload_settings())
-    sizes = {"tp": scenario.tp, "pp": scenario.pp} | ({"dp": scenario.dp} if scenario.dp else {})
+    sizes = {"tp": scenario.tp, "pp": scenario.pp, "ep": scenario.ep} | ({"dp": scenario.dp} if scenario.dp else {})
     try:
         layout = ParallelLayout(xpus, sizes)
     except ConfigError as err:
@@ -88,11 +88,48 @@ def prepare(scenario: Scenario) -> Prepared:
     extended = {x: nodes[nodes[x]["extended_memory"]]["capacity"] if nodes[x]["extended_memory"] else 0.0
                 for x in xpus}
     if parallelism:
-        placement = place_hybrid_memory(workload, workload_spec, parallelism, layout, capacities, extended)
+        offload = offload_memory(graph, xpus, scenario, coherent)
+        placement = place_hybrid_memory(workload, workload_spec, parallelism, layout, capacities, extended, offload)
     else:
         placement = place_memory(workload, capacities, workload_spec, extended)
     pairs = host_pairs(graph, workload)
     return Prepared(scenario, graph, workload, placement, xpus, pairs, coherent)
+
+
+def offload_memory(platform: nx.Graph, xpus: list[str], scenario: Scenario, coherent: bool) -> dict:
+    """XPU -> (memory node, capacity in bytes) that `scenario.offload` puts state in; {} without offload.
+
+    Raises
+    ------
+    ConfigError
+        when the platform lacks that memory: ``cpu`` needs every XPU's host DRAM (``host_memory``) and a
+        CPU with FLOP/s to run the optimizer step on; ``cxl`` needs a coherent platform whose XPUs' extended
+        memory is a CXL Type 3 expander.
+    """
+    if scenario.offload == "none":
+        return {}
+    nodes = platform.nodes
+    where = f"scenario {scenario.name!r}: offload: {scenario.offload}"
+    found = {}
+    for x in xpus:
+        if scenario.offload == "cpu":
+            memory = nodes[x].get("host_memory")
+            if memory is None:
+                raise ConfigError(f"{where}: XPU {x!r} has no host CPU memory on platform {scenario.platform!r}; "
+                                  f"valid: offload: cxl or none, or a platform whose servers have CPUs")
+            cpu = nodes[memory]["owner"]
+            if "optimizer" in scenario.offload_state and not nodes[cpu].get("flops"):
+                raise ConfigError(f"{where}: CPU {cpu!r} has no FLOP/s to run the offloaded optimizer step; "
+                                  f"fix: set platform_overrides server.cpu_flops (e.g. 2TFLOPS)")
+        else:
+            memory = nodes[x].get("extended_memory")
+            if not coherent or memory is None or nodes[memory].get("role") != "cxl_type3":
+                raise ConfigError(f"{where}: needs a coherent platform whose XPUs have CXL Type 3 memory; "
+                                  f"{scenario.platform!r} (coherent: {coherent}) gives XPU {x!r} "
+                                  f"{'no extended memory' if memory is None else nodes[memory].get('role')}; "
+                                  f"valid: coherent: true on paper-cxl, or offload: cpu")
+        found[x] = (memory, nodes[memory]["capacity"])
+    return found
 
 
 def _parallelism(scenario: Scenario, spec, layout):
@@ -100,12 +137,15 @@ def _parallelism(scenario: Scenario, spec, layout):
     from hcsim.workload.hybrid import Parallelism
 
     dp = layout.sizes["dp"]
+    replicas = dp * layout.sizes["ep"]
     micro_batch = scenario.micro_batch or spec.batch_per_xpu
     try:
         return Parallelism(tp=scenario.tp, pp=scenario.pp, dp=dp, micro_batch=micro_batch,
-                           global_batch=scenario.global_batch or dp * micro_batch, schedule=scenario.schedule,
+                           global_batch=scenario.global_batch or replicas * micro_batch, schedule=scenario.schedule,
                            virtual_stages=scenario.virtual_stages, recompute=scenario.recompute or spec.recomputation,
-                           sequence_parallel=scenario.sequence_parallel, layer_split=scenario.layer_split)
+                           sequence_parallel=scenario.sequence_parallel, layer_split=scenario.layer_split,
+                           zero=scenario.zero, offload=scenario.offload, offload_state=scenario.offload_state,
+                           ep=layout.sizes["ep"], moe_skew=scenario.moe_skew)
     except ConfigError as err:
         raise ConfigError(f"scenario {scenario.name!r}: {err}") from err
 
@@ -138,14 +178,19 @@ def rank_order(platform: nx.Graph, xpus: list[str], scenario: Scenario, run_xpus
 def host_pairs(platform: nx.Graph, workload: nx.DiGraph) -> set[tuple[str, str]]:
     """The ordered host pairs a run transfers between: memory reads and collective traffic."""
     from hcsim.engine.collectives import get_algorithm, server_groups
+    from hcsim.engine.executor import form_transfers, memory_form
 
     nodes = platform.nodes
     pairs: set[tuple[str, str]] = set()
     done = set()  # collectives already counted: the same algorithm and size on the same group
     for _, data in workload.nodes(data=True):
         if data["kind"] == "compute":
+            offloads = data.get("host") or data.get("move") or data.get("offload")
             for x in data["xpus"]:
                 pairs.add((nodes[x]["local_memory"], x))
+                if offloads:
+                    for coherent in (True, False):
+                        pairs.update(form_transfers(nodes, data, x, memory_form(nodes, data, x, coherent)))
             for x in data["spilled_xpus"]:
                 pairs.add((nodes[x]["extended_memory"], x))
             continue

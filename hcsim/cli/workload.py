@@ -36,6 +36,8 @@ def register(subparsers) -> None:
     parallel.add_argument("--virtual-stages", type=int, default=1, help="chunks per stage (interleaved)")
     parallel.add_argument("--recompute", default=None, help="none | selective | full (default: the spec's)")
     parallel.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism")
+    parallel.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 over each DP group (default 0)")
+    parallel.add_argument("--ep", type=int, default=1, help="expert-parallel size (mixture-of-experts models)")
     _add_set(show)
     show.set_defaults(run=run_show)
 
@@ -79,7 +81,7 @@ def run_show(args) -> int:
 
     device = _device(args.device)
     if args.tp > 1 or args.pp > 1 or args.micro_batch or args.global_batch or args.recompute \
-            or args.sequence_parallel or args.virtual_stages > 1:
+            or args.sequence_parallel or args.virtual_stages > 1 or args.zero or args.ep > 1:
         print(describe_stages(args, device))
         return 0
     spec, xpus, graph = _load(args)
@@ -137,12 +139,12 @@ def describe_stages(args, device) -> str:
 
     spec = load_workload_spec(args.spec, parse_settings(args.overrides, "training.batch_per_xpu=4"))
     xpus = [f"xpu{i}" for i in range(args.xpus)]
-    layout = ParallelLayout(xpus, {"tp": args.tp, "pp": args.pp})
+    layout = ParallelLayout(xpus, {"tp": args.tp, "pp": args.pp, "ep": args.ep})
     dp, micro_batch = layout.sizes["dp"], args.micro_batch or spec.batch_per_xpu
     par = Parallelism(tp=args.tp, pp=args.pp, dp=dp, micro_batch=micro_batch,
-                      global_batch=args.global_batch or dp * micro_batch, schedule=args.schedule,
+                      global_batch=args.global_batch or dp * args.ep * micro_batch, schedule=args.schedule,
                       virtual_stages=args.virtual_stages, recompute=args.recompute or spec.recomputation,
-                      sequence_parallel=args.sequence_parallel)
+                      sequence_parallel=args.sequence_parallel, zero=args.zero, ep=args.ep)
     graph = build_hybrid_graph(spec, par, layout)
     inf = float("inf")
     placement = place_hybrid_memory(graph, spec, par, layout, {x: device.memory for x in xpus}, dict.fromkeys(xpus, inf))
@@ -151,7 +153,8 @@ def describe_stages(args, device) -> str:
              f"  tp {par.tp} x pp {par.pp} x dp {par.dp}, micro-batch {par.micro_batch}, global batch "
              f"{par.global_batch} ({par.micro_batches} micro-batches per replica), schedule {par.schedule}"
              + (f" x {par.virtual_stages} virtual stages" if par.virtual_stages > 1 else "")
-             + f", recompute {par.recompute}" + (", sequence parallel" if par.sequence_parallel else ""),
+             + f", recompute {par.recompute}" + (", sequence parallel" if par.sequence_parallel else "")
+             + (f", ZeRO-{par.zero}" if par.zero else "") + (f", ep {par.ep}" if par.ep > 1 else ""),
              f"  graph: {graph.number_of_nodes()} vertices, {graph.number_of_edges()} edges; model FLOPs per "
              f"iteration {b(graph.graph['model_flops'], 'FLOP')}",
              f"per stage, per XPU, on {device.name} ({b(device.memory, 'B')} local):",

@@ -31,7 +31,7 @@ from hcsim.engine.trace import TraceRecorder
 from hcsim.platform.devices import peak_flops
 from hcsim.platform.routes import route_bandwidth, route_latency
 
-__all__ = ["Executor", "RunOptions", "RunResult"]
+__all__ = ["Executor", "RunOptions", "RunResult", "memory_form", "form_transfers"]
 
 log = logging.getLogger(__name__)
 
@@ -328,11 +328,13 @@ class Executor:
         self.running[instance] = True
         xpu = vertex.xpus[rank]
         if vertex.kind == "compute":
-            self._open(xpu, computing=1)
+            on_cpu = vertex.data.get("host") == "cpu"
+            if not on_cpu:  # the XPU waits (idle) while its host CPU computes
+                self._open(xpu, computing=1)
             form = self._memory_form(vertex, xpu)
             self._count_reads(vertex, xpu, form)
-            if xpu in self.representative:
-                self._follow(vertex, rank, run)
+            if xpu in self.representative and not (on_cpu or vertex.data.get("move")):
+                self._follow(vertex, rank, run)  # offload traffic and CPU steps run on every XPU: they share CPUs
             else:
                 self._start_compute(vertex, rank, run, form)
         else:
@@ -344,7 +346,7 @@ class Executor:
         self.done_runs[instance] = run
         now = self.backend.now()
         xpu = vertex.xpus[rank]
-        if vertex.kind == "compute":
+        if vertex.kind == "compute" and vertex.data.get("host") != "cpu":
             self._open(xpu, computing=-1)
         if self.trace is not None:
             self.trace.vertex(run, xpu, vertex.name, vertex.kind, start, now)
@@ -401,12 +403,7 @@ class Executor:
 
     def _memory_form(self, vertex: _Vertex, xpu: str) -> tuple[str | None, str]:
         """Where `xpu`'s data for `vertex` is copied from first (None: not copied) and where it is read from."""
-        node = self.platform.nodes[xpu]
-        if xpu not in vertex.data["spilled_xpus"]:
-            return None, node["local_memory"]
-        if self.options.coherent:
-            return None, node["extended_memory"]  # read in place over the fabric
-        return node["extended_memory"], node["local_memory"]
+        return memory_form(self.platform.nodes, vertex.data, xpu, self.options.coherent)
 
     def _start_compute(self, vertex: _Vertex, rank: int, run: int, form: tuple[str | None, str]) -> None:
         data, xpu = vertex.data, vertex.xpus[rank]
@@ -450,7 +447,23 @@ class Executor:
                 self._transfer(memory, xpu, size, part_done, tracing, run, f"{vertex.name}.read")
 
         copy_from, memory = form
-        if copy_from is not None and size > 0:
+        if data.get("move"):  # an offload copy: memory_bytes from copy_from to memory, nothing computed
+            self._transfer(copy_from, memory, size, finish, tracing, run, f"{vertex.name}.move")
+        elif data.get("host") == "cpu":  # on the CPU that owns the XPU's host memory, beside reading it
+            cpu = self.platform.nodes[memory]["owner"]
+            pending = [2]
+
+            def part():  # not the XPU's compute: its clock shows the wait as idle
+                pending[0] -= 1
+                if not pending[0]:
+                    self._complete(vertex, rank, run, start)
+
+            self.backend.execute(cpu, flops, part)
+            if size > 0:
+                self._transfer(memory, cpu, size, part, tracing, run, f"{vertex.name}.read")
+            else:
+                part()
+        elif copy_from is not None and size > 0:
             self._transfer(copy_from, xpu, size, lambda: compute_beside(memory, finish), tracing, run,
                            f"{vertex.name}.copy")
         else:
@@ -462,10 +475,8 @@ class Executor:
         size = vertex.data["memory_bytes"]
         if size <= 0:
             return
-        copy_from, memory = form
-        if copy_from is not None:
-            self.pair_bytes[copy_from, xpu] += size
-        self.pair_bytes[memory, xpu] += size
+        for pair in form_transfers(self.platform.nodes, vertex.data, xpu, form):
+            self.pair_bytes[pair] += size
 
     def link_bytes(self) -> dict[tuple[str, str], float]:
         """Bytes through each link direction (u, v), from the pairs' routes."""
@@ -751,6 +762,40 @@ def phase_time(phase: FlowPhase, durations: list[float], latencies: list[float])
         fill.append(max((fill[f] + step[f] for f in feeds), default=0.0))
         last.append(max(max((last[f] for f in feeds), default=0.0) + step[i], fill[i] + k * step[i]))
     return max(last)
+
+
+def memory_form(nodes, data: dict, xpu: str, coherent: bool) -> tuple[str | None, str]:
+    """Where `xpu`'s data for a compute vertex with attributes `data` is copied from first (None: not
+    copied) and where it is read from (`nodes`: the platform graph's nodes).
+
+    Offload (vertex attributes, hcsim.workload.graph): a step on the host CPU reads its CPU's DRAM; a
+    move copies between the XPU and its offload memory (the pair is (from, to)); data offloaded to the
+    CPU is copied from its DRAM first, whatever the platform's coherence (DRAM is not on the CXL fabric).
+    """
+    node = nodes[xpu]
+    if data.get("host") == "cpu":
+        return None, node["host_memory"]
+    move = data.get("move")
+    if move:
+        memory = node["host_memory"] if data.get("offload") == "cpu" else node["extended_memory"]
+        return (memory, xpu) if move == "in" else (xpu, memory)
+    if xpu not in data["spilled_xpus"]:
+        return None, node["local_memory"]
+    if data.get("offload") == "cpu":
+        return node["host_memory"], node["local_memory"]
+    if coherent:
+        return None, node["extended_memory"]  # read in place over the fabric
+    return node["extended_memory"], node["local_memory"]
+
+
+def form_transfers(nodes, data: dict, xpu: str, form: tuple[str | None, str]) -> list[tuple[str, str]]:
+    """The (src, dst) host pairs that move a compute instance's memory bytes in memory form `form`."""
+    copy_from, memory = form
+    if data.get("move"):
+        return [(copy_from, memory)]
+    if data.get("host") == "cpu":
+        return [(memory, nodes[memory]["owner"])]
+    return [(copy_from, xpu), (memory, xpu)] if copy_from is not None else [(memory, xpu)]
 
 
 def _stable_order(graph: nx.DiGraph) -> list:

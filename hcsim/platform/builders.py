@@ -152,7 +152,7 @@ def add_server(graph: nx.Graph, name: str, *, rack: int, first_xpu: int, xpus: i
     PCIe bandwidth); NICs ``{name}.nic{c}.{k}`` on the PCIe switches, linked to
     `tor` by NIC_to_ToR; XPUs ``xpu{first_xpu + i}`` filling the PCIe switches
     in order, each with its HBM; the XPU switch ``{name}.xsw``. The extended
-    memory of an XPU is its CPU's DRAM.
+    memory and the host memory (where CPU offload goes) of an XPU are its CPU's DRAM.
     """
     where = dict(rack=rack, server=name)
     pcie = links["pcie"]
@@ -181,7 +181,7 @@ def add_server(graph: nx.Graph, name: str, *, rack: int, first_xpu: int, xpus: i
         add_xpu(graph, xpu, device, hbm_latency=hbm.latency, **where)
         if hbm.bandwidth is not None:
             graph.edges[xpu, f"{xpu}.hbm"]["bandwidth"] = hbm.bandwidth
-        graph.nodes[xpu]["extended_memory"] = f"{name}.dram{c}"
+        graph.nodes[xpu]["extended_memory"] = graph.nodes[xpu]["host_memory"] = f"{name}.dram{c}"
         _link(graph, xpu, f"{name}.pcie{c}", pcie, "pcie")
         if server.xpu_switch:
             _link(graph, xpu, f"{name}.xsw", links["xpu_link"], "xpu_link")

@@ -22,7 +22,9 @@ Node attributes (``kind`` first)
             level : CXL switches only, 1 for leaves, +1 per cascade level.
     xpu: device : catalog name; fp32_flops, fp16_flops : FLOP/s;
          local_memory : name of its HBM memory node;
-         extended_memory : name of the memory node it spills to, or None.
+         extended_memory : name of the memory node it spills to, or None;
+         host_memory : optional, the DRAM of the CPU it is attached to (CPU
+         offload copies there, and an offloaded optimizer step runs on the DRAM's owner).
     cpu: flops : FLOP/s (0 when it only hosts memory and PCIe).
     memory: capacity : bytes (math.inf for unbounded);
             role : "hbm" | "dram" | "cxl_type3" | "cxl_type2";

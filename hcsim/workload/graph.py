@@ -32,6 +32,13 @@ Vertex attributes
             replaces flops / FLOP/s;
         spilled_xpus : frozenset of the XPUs on which the vertex's data lives in
             extended memory (set by memory placement; empty when all is local).
+        offload : optional "cpu" | "cxl", where offloaded data lives: "cpu" is the
+            XPU's host DRAM (platform ``host_memory``; spilled data is copied from
+            it first, coherent platform or not), "cxl" its extended memory.
+        host : optional "cpu": the instance computes on the CPU that owns the XPU's
+            host memory, reading memory_bytes from it (the XPU waits, idle).
+        move : optional "in" | "out": the instance computes nothing and copies
+            memory_bytes from its offload memory to the XPU (in) or back (out).
     comm:
         groups : tuple of disjoint tuples of XPU names; the collective runs
             independently in each group (ranks in that order); for

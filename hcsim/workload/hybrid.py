@@ -40,7 +40,7 @@ gradient).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import networkx as nx
 
@@ -52,6 +52,8 @@ from hcsim.workload.model import RECOMPUTATION
 from hcsim.workload.schedules import Op, check_schedule, stage_order
 from hcsim.workload.spec import WorkloadSpec
 from hcsim.workload.transformer import decoder_layer, embedding, lm_head
+from hcsim.workload.experts import EXPERT_OPS, routed_elements
+from hcsim.workload.zero import check_zero_offload, optimizer_step_bytes
 
 __all__ = ["Parallelism", "BlockCost", "build_hybrid_graph", "place_hybrid_memory", "stage_layers", "in_flight"]
 
@@ -70,15 +72,28 @@ class Parallelism:
     recompute: str = "none"
     sequence_parallel: bool = False
     layer_split: tuple[int, ...] | None = None
+    zero: int = 0  # ZeRO stage over each DP group (hcsim.workload.zero)
+    offload: str = "none"  # none | cpu | cxl
+    offload_state: tuple[str, ...] = ("optimizer",)  # what offload keeps out of HBM
+    ep: int = 1  # expert parallelism (hcsim.workload.experts): the EP ranks also split the data
+    moe_skew: float = 1.0  # most loaded EP rank's tokens / the mean (1: balanced routing)
 
     def __post_init__(self) -> None:
-        for key in ("tp", "pp", "dp", "micro_batch", "global_batch", "virtual_stages"):
+        for key in ("tp", "pp", "dp", "micro_batch", "global_batch", "virtual_stages", "ep"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{key}: must be an integer >= 1, got {value!r}")
-        if self.global_batch % (self.dp * self.micro_batch):
-            raise ConfigError(f"global_batch: {self.global_batch} is not a multiple of dp x micro_batch = "
-                              f"{self.dp} x {self.micro_batch}; valid: multiples of {self.dp * self.micro_batch}")
+        if self.global_batch % (self.replicas * self.micro_batch):
+            ep = (" x ep", f" x {self.ep}") if self.ep > 1 else ("", "")
+            raise ConfigError(f"global_batch: {self.global_batch} is not a multiple of dp{ep[0]} x micro_batch = "
+                              f"{self.dp}{ep[1]} x {self.micro_batch}; valid: multiples of "
+                              f"{self.replicas * self.micro_batch}")
+        if isinstance(self.moe_skew, bool) or not isinstance(self.moe_skew, (int, float)) or not self.moe_skew >= 1:
+            raise ConfigError(f"moe_skew: must be a number >= 1 (the most loaded expert rank's tokens over the "
+                              f"mean; 1 = balanced routing), got {self.moe_skew!r}")
+        if self.ep > 1 and self.zero >= 1:
+            raise ConfigError(f"zero: {self.zero} with ep: {self.ep} is not modelled (expert and dense parameters "
+                              f"shard over different groups); valid: zero: 0 with expert parallelism")
         if self.recompute not in RECOMPUTATION:
             raise ConfigError(f"recompute: {self.recompute!r} is not one of {', '.join(RECOMPUTATION)}")
         if self.sequence_parallel and self.tp == 1:
@@ -87,11 +102,26 @@ class Parallelism:
         if self.layer_split is not None and len(self.layer_split) != self.pp * self.virtual_stages:
             raise ConfigError(f"layer_split: gives {len(self.layer_split)} stages, expected pp x virtual_stages = "
                               f"{self.pp * self.virtual_stages}")
+        check_zero_offload(self.zero, self.offload, self.offload_state)
+
+    @property
+    def separate_step(self) -> bool:
+        """Whether the optimizer step reads the state it updates (ZeRO >= 1 or offload: hcsim.workload.zero)."""
+        return self.zero >= 1 or self.offload != "none"
+
+    def offloads(self, state: str) -> bool:
+        """Whether `state` (optimizer, parameters, activations) is offloaded."""
+        return self.offload != "none" and state in self.offload_state
+
+    @property
+    def replicas(self) -> int:
+        """Ranks that see different data: dp x ep (expert-parallel ranks split the batch too)."""
+        return self.dp * self.ep
 
     @property
     def micro_batches(self) -> int:
-        """m: micro-batches per iteration and DP replica."""
-        return self.global_batch // (self.dp * self.micro_batch)
+        """m: micro-batches per iteration and data replica."""
+        return self.global_batch // (self.replicas * self.micro_batch)
 
     def check_model(self, spec: WorkloadSpec) -> None:
         """Raise ConfigError when the model cannot be split this way."""
@@ -130,14 +160,29 @@ class BlockCost:
         return self.input_grad_flops + self.weight_grad_flops
 
 
-def block_costs(spec: WorkloadSpec, micro_batch: int, tp: int, sequence_parallel: bool = False
+def block_costs(spec: WorkloadSpec, micro_batch: int, tp: int, sequence_parallel: bool = False, ep: int = 1
                 ) -> tuple[BlockCost, BlockCost]:
     """The attention and MLP blocks of one decoder on one TP rank (hcsim.workload.transformer's ops up to
-    ``norm_mlp``, and from it)."""
-    layer = decoder_layer(spec.model, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel,
+    ``norm_mlp``, and from it); for a mixture-of-experts model the MLP block without the experts
+    (:func:`expert_costs`)."""
+    layer = decoder_layer(spec.model, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel, ep=ep,
                           precision=spec.precision, attention=spec.attention)
     split = next(i for i, op in enumerate(layer.ops) if op.name == "norm_mlp")
-    return _block(layer.ops[:split]), _block(layer.ops[split:])
+    return _block(layer.ops[:split]), _block([op for op in layer.ops[split:] if op.name not in EXPERT_OPS])
+
+
+def expert_costs(spec: WorkloadSpec, micro_batch: int, tp: int, sequence_parallel: bool = False, ep: int = 1,
+                 skew: float = 1.0) -> BlockCost | None:
+    """The experts of one MoE decoder on one rank of its TP and EP groups, x `skew` (the most loaded rank's
+    pace: hcsim.workload.experts); None for a dense model."""
+    if not spec.model.moe:
+        return None
+    layer = decoder_layer(spec.model, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel, ep=ep,
+                          precision=spec.precision, attention=spec.attention)
+    block = _block([op for op in layer.ops if op.name in EXPERT_OPS])
+    return replace(block, fwd_flops=block.fwd_flops * skew, fwd_bytes=block.fwd_bytes * skew,
+                   input_grad_flops=block.input_grad_flops * skew, weight_grad_flops=block.weight_grad_flops * skew,
+                   bwd_bytes=block.bwd_bytes * skew)
 
 
 def _block(ops) -> BlockCost:
@@ -182,7 +227,12 @@ class _Builder:
     def __post_init__(self) -> None:
         self._groups: dict = {}
         spec, par = self.spec, self.par
-        self.attn, self.mlp = block_costs(spec, par.micro_batch, par.tp, par.sequence_parallel)
+        self.attn, self.mlp = block_costs(spec, par.micro_batch, par.tp, par.sequence_parallel, par.ep)
+        self.experts = expert_costs(spec, par.micro_batch, par.tp, par.sequence_parallel, par.ep, par.moe_skew)
+        self.balanced = expert_costs(spec, par.micro_batch, par.tp, par.sequence_parallel, par.ep)  # model FLOPs
+        self.expert_parameters = self.experts.parameters if self.experts else 0.0  # per TP rank, held
+        self.dispatch = routed_elements(spec.model, par.micro_batch, par.tp) * spec.sizes.activation * par.moe_skew
+        self.units: dict[int, list[tuple[str, str, float, str]]] = {}  # stage -> (first, last, params, tag)
         self.layers = stage_layers(spec, par)
         model = spec.model
         self.activation = par.micro_batch * model.sequence * model.hidden * spec.sizes.activation
@@ -192,30 +242,40 @@ class _Builder:
         self.embedding = embedding(model, **keywords) if self.vocabulary else None
         self.head = lm_head(model, tied_copy=par.pp > 1 and model.tied_embeddings, **keywords) \
             if self.vocabulary else None
-        self.graph = new_workload(spec.name, precision=spec.precision, samples_per_iteration=par.global_batch // par.dp,
+        self.graph = new_workload(spec.name, precision=spec.precision,
+                                  samples_per_iteration=par.global_batch // par.replicas,
                                   layout=self.layout.to_dict(), global_samples=par.global_batch,
                                   tokens_per_sample=model.sequence,
                                   model_flops=self.model_flops(),
                                   parallelism={k: getattr(par, k) for k in ("tp", "pp", "dp", "micro_batch",
                                                "global_batch", "schedule", "virtual_stages", "recompute",
-                                               "sequence_parallel")},
+                                               "sequence_parallel", "zero", "offload", "ep", "moe_skew")},
                                   model=model.name, decoders=model.decoders, fidelity=spec.fidelity)
 
     def model_flops(self) -> float:
         """FLOP of one iteration of the whole job, forward and backward, no recomputation (Megatron-LM's count:
         :func:`hcsim.workload.transformer.iteration_flops`)."""
-        blocks = [self.attn, self.mlp]
+        blocks = [b for b in (self.attn, self.mlp, self.balanced) if b]
         per_rank = self.spec.model.decoders * sum(b.fwd_flops + b.bwd_flops for b in blocks)
         if self.vocabulary:
             per_rank += sum(b.forward.flops + b.backward.flops for b in (self.embedding, self.head))
-        return per_rank * self.par.tp * self.par.micro_batches * self.par.dp
+        return per_rank * self.par.tp * self.par.micro_batches * self.par.replicas
 
     def groups(self, axis: str, stage: int) -> tuple[tuple[str, ...], ...]:
-        """The groups of `axis` on `stage`, in ring order; one shared tuple per (axis, stage)."""
+        """The groups of `axis` on `stage`, in ring order; one shared tuple per (axis, stage). Axis
+        "replicas": the XPUs that hold the same dense parameters (the ep x dp ranks with equal tp and cp
+        coordinates)."""
         key = (axis, stage)
         if key not in self._groups:
             members = set(self.layout.stage_xpus(stage))
-            found = tuple(g for g in self.layout.groups(axis) if g[0] in members)
+            if axis == "replicas" and self.par.ep > 1:
+                by_coordinates: dict = {}
+                for x in self.layout.stage_xpus(stage):
+                    c = self.layout.coordinates(x)
+                    by_coordinates.setdefault((c["tp"], c["cp"]), []).append(x)
+                found = tuple(tuple(g) for g in by_coordinates.values())
+            else:
+                found = tuple(g for g in self.layout.groups("dp" if axis == "replicas" else axis) if g[0] in members)
             self._groups[key] = tuple(tuple(self.group_order(g)) for g in found) if self.group_order else found
         return self._groups[key]
 
@@ -244,28 +304,93 @@ class _Builder:
             previous = last
             if op.kind == ("W" if par.schedule == "zb-h1" else "B"):
                 last_of_chunk[op.chunk] = last
-        opt = f"s{stage}.optimizer"
+        end = self.add_optimizer(stage, xpus, previous, last_of_chunk)
+        add_dependency(self.graph, end, self.first[stage, order[0]][0], skip_first_iteration=True)
+        if par.zero == 3 and par.dp > 1:
+            self.add_parameter_gathers(stage, end)
+
+    def add_optimizer(self, stage: int, xpus, previous: str, last_of_chunk: dict[int, str]) -> str:
+        """The DP gradient collectives, the optimizer step (on its shard with ZeRO, on the host CPU or over
+        CXL with offload) and, for ZeRO 1-2, the all-gather of the updated weights; returns the last vertex."""
+        par, spec, sizes = self.par, self.spec, self.spec.sizes
+        shard = 1.0 / par.dp if par.zero >= 1 else 1.0
         parameters = sum(self.chunk_parameters(stage, c) for c in range(par.virtual_stages))
-        add_compute(self.graph, opt, xpus=xpus, flops=self.spec.optimizer_flops_per_parameter * parameters,
-                    memory_bytes=self.spec.optimizer_bytes_per_parameter * parameters)
+        per_parameter = optimizer_step_bytes(sizes, spec.optimizer_bytes_per_parameter) if par.separate_step \
+            else spec.optimizer_bytes_per_parameter
+        opt = add_compute(self.graph, f"s{stage}.optimizer", xpus=xpus,
+                          flops=spec.optimizer_flops_per_parameter * parameters * shard,
+                          memory_bytes=per_parameter * parameters * shard)
         self.graph.nodes[opt].update(phase="optimizer", stage=stage)
+        on_cpu = par.offloads("optimizer") and par.offload == "cpu"
+        if par.offloads("optimizer"):
+            self.graph.nodes[opt].update(offload=par.offload, **({"host": "cpu"} if on_cpu else
+                                                                 {"spilled_xpus": frozenset(xpus)}))
         add_dependency(self.graph, previous, opt)
         for chunk, last in sorted(last_of_chunk.items()):
-            if par.dp > 1:
-                name = f"s{stage}.c{chunk}.grads"
-                add_comm(self.graph, name, groups=self.groups("dp", stage), collective="all_reduce",
-                         bytes=self.chunk_parameters(stage, chunk) * self.spec.sizes.gradient,
-                         algorithm=self.spec.algorithm)
+            parts = (("grads", "replicas", "dense"), ("expert_grads", "dp", "experts")) if par.ep > 1 \
+                else (("grads", "dp", "all"),)
+            reduced = []
+            for label, axis, kind in parts:
+                if par.dp * (par.ep if axis == "replicas" else 1) == 1 or not self.chunk_parameters(stage, chunk, kind):
+                    continue
+                name = f"s{stage}.c{chunk}.{label}"
+                add_comm(self.graph, name, groups=self.groups(axis, stage),
+                         collective="reduce_scatter" if par.zero >= 1 else "all_reduce",
+                         bytes=self.chunk_parameters(stage, chunk, kind) * sizes.gradient,
+                         algorithm=self.spec.algorithm if par.zero == 0 else "ring")
                 self.graph.nodes[name].update(phase="allreduce", stage=stage)
                 add_dependency(self.graph, last, name)
+                reduced.append(name)
+            for name in reduced[:-1]:
                 add_dependency(self.graph, name, opt)
-        add_dependency(self.graph, opt, self.first[stage, order[0]][0], skip_first_iteration=True)
+            last = reduced[-1] if reduced else last
+            if on_cpu:  # ZeRO-Offload: the chunk's gradient shard to host DRAM as soon as it is reduced
+                last = self.add_move(f"s{stage}.c{chunk}.offload.grads", xpus, stage, "out", last,
+                                     self.chunk_parameters(stage, chunk) * shard * sizes.gradient)
+            add_dependency(self.graph, last, opt)
+        end = opt
+        if on_cpu:
+            end = self.add_move(f"s{stage}.offload.weights", xpus, stage, "in", opt, parameters * shard * sizes.weight)
+        if par.zero in (1, 2) and par.dp > 1:
+            name = add_comm(self.graph, f"s{stage}.weights.all_gather", groups=self.groups("dp", stage),
+                            collective="all_gather", bytes=parameters * sizes.weight, algorithm="ring")
+            self.graph.nodes[name].update(phase="zero", stage=stage)
+            add_dependency(self.graph, end, name)
+            end = name
+        return end
 
-    def chunk_parameters(self, stage: int, chunk: int) -> float:
-        """Parameters of one chunk on one TP rank (with the embedding's on the first, the head's on the last)."""
+    def add_move(self, name: str, xpus, stage: int, direction: str, after: str, size: float) -> str:
+        """A copy of `size` bytes between each XPU and its offload memory (`direction` in | out)."""
+        add_compute(self.graph, name, xpus=xpus, flops=0.0, memory_bytes=size)
+        self.graph.nodes[name].update(phase="offload", stage=stage, move=direction, offload=self.par.offload)
+        add_dependency(self.graph, after, name)
+        return name
+
+    def add_parameter_gathers(self, stage: int, optimizer: str) -> None:
+        """ZeRO-3: an all-gather of each unit's weights before it runs, one unit ahead (module zero)."""
+        units = self.units[stage]
+        groups = self.groups("dp", stage)
+        gathers = []
+        for k, (first, _, parameters, tag) in enumerate(units):
+            name = add_comm(self.graph, f"{tag}.gather", groups=groups, collective="all_gather",
+                            bytes=parameters * self.spec.sizes.weight, algorithm="ring", start=not k)
+            self.graph.nodes[name].update(phase="zero", stage=stage)
+            add_dependency(self.graph, name, first)
+            if k:
+                add_dependency(self.graph, gathers[-1], name)
+            if k >= 2:
+                add_dependency(self.graph, units[k - 2][1], name)
+            gathers.append(name)
+        add_dependency(self.graph, optimizer, gathers[0], skip_first_iteration=True)
+
+    def chunk_parameters(self, stage: int, chunk: int, kind: str = "all") -> float:
+        """Parameters of one chunk on one TP rank (with the embedding's on the first, the head's on the last);
+        `kind` "dense" or "experts" counts only those (the experts a rank holds)."""
         first, last = self.ends(stage, chunk)
-        return (self.layers[stage][chunk] * (self.attn.parameters + self.mlp.parameters)
-                + (self.embedding.parameters if first else 0) + (self.head.parameters if last else 0))
+        dense = (self.layers[stage][chunk] * (self.attn.parameters + self.mlp.parameters)
+                 + (self.embedding.parameters if first else 0) + (self.head.parameters if last else 0))
+        experts = self.layers[stage][chunk] * self.expert_parameters
+        return {"all": dense + experts, "dense": dense, "experts": experts}[kind]
 
     def ends(self, stage: int, chunk: int) -> tuple[bool, bool]:
         """Whether (stage, chunk) holds the model's first layers (embedding) and its last (head)."""
@@ -290,40 +415,74 @@ class _Builder:
         ends = [(self.embedding, "embedding")] * is_first + [(self.head, "head")] * is_last
         if op.kind == "W":  # zero-bubble: the weight gradients of the chunk, deferred
             work = [(block.backward_weight, label) for block, label in ends]
-            flops = decoders * (self.attn.weight_grad_flops + self.mlp.weight_grad_flops) + sum(w.flops for w, _ in work)
+            blocks = (self.attn, self.mlp, self.experts)
+            flops = decoders * sum(b.weight_grad_flops for b in blocks if b) + sum(w.flops for w, _ in work)
             compute("wgrad", flops, sum(w.bytes for w, _ in work))
             return self._chain(chain)
         split = par.schedule == "zb-h1"
+        units = self.units.setdefault(stage, [])  # what ZeRO-3 gathers before it runs, in execution order
+        decoder = self.attn.parameters + self.mlp.parameters + self.expert_parameters
+
+        def unit(mark: int, parameters: float, label: str) -> None:
+            units.append((chain[mark], chain[-1], parameters, f"{tag}.{label}"))
+
         if op.kind == "F":
             if is_first:
                 compute("embedding", self.embedding.forward.flops, self.embedding.forward.bytes)
+                unit(len(chain) - 1, self.embedding.parameters, "embedding")
             for d in range(decoders):
+                mark = len(chain)
                 self.add_decoder_forward(compute, chain, stage, f"L{d}")
+                unit(mark, decoder, f"L{d}")
             if is_last:
                 compute("head", self.head.forward.flops, self.head.forward.bytes)
+                unit(len(chain) - 1, self.head.parameters, "head")
             return self._chain(chain)
         if is_last:
             work = self.head.backward_input if split else self.head.backward
             compute("head", work.flops, work.bytes)
+            unit(len(chain) - 1, self.head.parameters, "head")
         for d in reversed(range(decoders)):
+            mark = len(chain)
             if par.recompute == "full":
                 self.add_decoder_forward(compute, chain, stage, f"L{d}.recompute")
             for block, label in ((self.mlp, "mlp"), (self.attn, "attn")):
+                if self.experts and label == "mlp":  # the combine's gradients, experts, the dispatch's
+                    self.add_all_to_all(chain, stage, f"{tag}.L{d}.combine_grad")
+                    experts = self.experts
+                    compute(f"L{d}.experts", experts.input_grad_flops if split else experts.bwd_flops,
+                            experts.bwd_bytes)
+                    self.add_all_to_all(chain, stage, f"{chain[-1]}.dispatch_grad")
                 flops = block.input_grad_flops if split else block.bwd_flops
                 size = block.bwd_bytes
                 if par.recompute == "selective":
                     flops, size = flops + block.core_flops, size + block.core_bytes
                 compute(f"L{d}.{label}", flops, size)
                 self.add_tp_collective(chain, stage, f"{chain[-1]}.tp", backward=True)
+            unit(mark, decoder, f"L{d}")
         if is_first:
             work = self.embedding.backward_input if split else self.embedding.backward
             compute("embedding", work.flops, work.bytes)
+            unit(len(chain) - 1, self.embedding.parameters, "embedding")
         return self._chain(chain)
 
     def add_decoder_forward(self, compute, chain, stage, label) -> None:
         for block, name in ((self.attn, "attn"), (self.mlp, "mlp")):
             compute(f"{label}.{name}", block.fwd_flops, block.fwd_bytes)
+            if self.experts and name == "mlp":  # dispatch, experts, combine
+                self.add_all_to_all(chain, stage, f"{chain[-1]}.dispatch")
+                compute(f"{label}.experts", self.experts.fwd_flops, self.experts.fwd_bytes)
+                self.add_all_to_all(chain, stage, f"{chain[-1]}.combine")
             self.add_tp_collective(chain, stage, f"{chain[-1]}.tp", backward=False)
+
+    def add_all_to_all(self, chain: list[str], stage: int, name: str) -> None:
+        """An all-to-all of the tokens' activations (or their gradients) over every EP group of the stage."""
+        if self.par.ep == 1:
+            return
+        vertex = add_comm(self.graph, name, groups=self.groups("ep", stage), bytes=self.dispatch,
+                          collective="all_to_all", algorithm="pairwise")
+        self.graph.nodes[vertex].update(phase="ep", stage=stage)
+        chain.append(vertex)
 
     def add_tp_collective(self, chain: list[str], stage: int, name: str, backward: bool) -> None:
         """The TP collective after a block: one all-reduce, or (SP) a reduce-scatter and an all-gather."""
@@ -374,35 +533,49 @@ def build_hybrid_graph(spec: WorkloadSpec, par: Parallelism, layout: ParallelLay
         when the layout's sizes differ from `par`'s or the model cannot be split that way.
     """
     sizes = layout.sizes
-    if (sizes["tp"], sizes["pp"], sizes["dp"]) != (par.tp, par.pp, par.dp) or sizes["ep"] * sizes["cp"] != 1:
-        raise ConfigError(f"parallel layout {layout!r} does not match tp {par.tp} x pp {par.pp} x dp {par.dp}")
+    if (sizes["tp"], sizes["pp"], sizes["dp"], sizes["ep"]) != (par.tp, par.pp, par.dp, par.ep) or sizes["cp"] != 1:
+        raise ConfigError(f"parallel layout {layout!r} does not match tp {par.tp} x pp {par.pp} x dp {par.dp} x "
+                          f"ep {par.ep}")
     par.check_model(spec)
     return _Builder(spec, par, layout, group_order).build()
 
 
 def place_hybrid_memory(graph: nx.DiGraph, spec: WorkloadSpec, par: Parallelism, layout: ParallelLayout,
-                        capacities: dict[str, float], extended: dict[str, float]):
+                        capacities: dict[str, float], extended: dict[str, float],
+                        offload_memory: dict[str, tuple[str, float]] | None = None):
     """Per-XPU inventory of a hybrid graph and its spills; sets ``spilled_xpus`` of spilled decoders' vertices.
 
     An XPU of stage s holds what :func:`hcsim.workload.memory.stage_memory` says: its decoders' (and the
-    embedding's or head's) model state per TP rank and the activations of the micro-batches the schedule
-    keeps in flight (:func:`in_flight` of the stage's op order, per chunk). Decoders stay local in forward
-    order while they fit; the rest spill to extended memory (the paper's policy, per stage).
+    embedding's or head's) model state per TP rank, sharded by ZeRO over its DP group, and the activations
+    of the micro-batches the schedule keeps in flight (:func:`in_flight` of the stage's op order, per
+    chunk); with ZeRO-3 also two gathered layers (the stage's largest all-gather, twice). Offloaded state
+    (``par.offload_state``) lives in `offload_memory` (XPU -> (memory node, capacity), shared nodes summed)
+    and counts as spilled. Decoders stay local in forward order while they fit; the rest spill to extended
+    memory (the paper's policy, per stage). With parameters or activations offloaded every decoder vertex
+    reads from the offload memory.
 
     Raises
     ------
     WorkloadError
-        naming the stage, the bytes needed and the bytes available, when the spill does not fit.
+        naming the stage, the bytes needed and the bytes available, when the spill does not fit, or the
+        memory that offloaded state overflows.
     """
     from hcsim.errors import WorkloadError
     from hcsim.units import format_quantity
     from hcsim.workload.placement import Placement, StateBytes, XpuMemory
 
     builder = _Builder(spec, par, layout)
-    keywords = dict(micro_batch=par.micro_batch, tp=par.tp, sequence_parallel=par.sequence_parallel,
+    keywords = dict(micro_batch=par.micro_batch, tp=par.tp, sequence_parallel=par.sequence_parallel, ep=par.ep,
                     precision=spec.precision, attention=spec.attention, optimizer=spec.optimizer,
-                    recompute=par.recompute, dp=par.dp)
-    inventory, spilled_by_stage = {}, {}
+                    recompute=par.recompute, dp=par.dp, zero_stage=par.zero)
+
+    def away(m) -> float:
+        """Bytes of a StageMemory that offload keeps out of HBM."""
+        return ((m.state.optimizer if par.offloads("optimizer") else 0.0)
+                + (m.state.weights + m.state.gradients if par.offloads("parameters") else 0.0)
+                + (m.activations if par.offloads("activations") else 0.0))
+
+    inventory, spilled_by_stage, used = {}, {}, {}
     for stage in range(par.pp):
         order = stage_order(par.schedule, stages=par.pp, micro_batches=par.micro_batches, stage=stage,
                             chunks=par.virtual_stages)
@@ -410,31 +583,49 @@ def place_hybrid_memory(graph: nx.DiGraph, spec: WorkloadSpec, par: Parallelism,
         decoders = sum(builder.layers[stage])
         first, last = builder.ends(stage, 0)[0], builder.ends(stage, par.virtual_stages - 1)[1]
         memory = stage_memory(spec.model, layers=decoders, first=first, last=last, in_flight=flight, **keywords)
-        one = stage_memory(spec.model, layers=1, first=False, last=False, in_flight=flight, **keywords).total
-        fixed = memory.total - decoders * one  # embedding / head: kept local
+        one_layer = stage_memory(spec.model, layers=1, first=False, last=False, in_flight=flight, **keywords)
+        one = one_layer.total - away(one_layer)  # per decoder, in HBM or spilled
+        gathered = 2 * max((d["bytes"] for _, d in graph.nodes(data=True)  # ZeRO-3: layer l and l + 1
+                            if d.get("phase") == "zero" and d.get("stage") == stage), default=0.0) \
+            if par.zero == 3 else 0.0
+        offloaded = away(memory)
+        fixed = memory.total - offloaded - decoders * one + gathered  # embedding / head, gathered layers: local
         for x in layout.stage_xpus(stage):
             local = min(decoders, max(0, int((capacities[x] - fixed) // one))) if one else decoders
             spilled = (decoders - local) * one
             if spilled > extended.get(x, 0.0) or fixed > capacities[x]:
                 raise WorkloadError(
-                    f"pipeline stage {stage} does not fit on XPU {x!r}: it needs {format_quantity(memory.total, 'B')} "
-                    f"({decoders} decoders, {format_quantity(one, 'B')} each with {flight:g} micro-batches in flight), "
-                    f"its local memory holds {format_quantity(capacities[x], 'B')} and its extended memory "
-                    f"{format_quantity(extended.get(x, 0.0), 'B')}. Fix: more tp or pp, recompute, or a smaller "
-                    f"micro_batch")
+                    f"pipeline stage {stage} does not fit on XPU {x!r}: it needs "
+                    f"{format_quantity(fixed + decoders * one, 'B')} ({decoders} decoders, {format_quantity(one, 'B')} "
+                    f"each with {flight:g} micro-batches in flight), its local memory holds "
+                    f"{format_quantity(capacities[x], 'B')} and its extended memory "
+                    f"{format_quantity(extended.get(x, 0.0), 'B')}. Fix: more tp or pp, recompute, ZeRO, offload, "
+                    f"or a smaller micro_batch")
+            if offloaded:
+                node = offload_memory[x][0]
+                used[node] = used.get(node, 0.0) + offloaded
+                if used[node] > offload_memory[x][1]:
+                    raise WorkloadError(
+                        f"offload: {par.offload}: memory {node!r} holds {format_quantity(offload_memory[x][1], 'B')}, "
+                        f"less than the {format_quantity(used[node], 'B')} offloaded to it by its XPUs. Fix: a larger "
+                        f"memory, fewer offload_state kinds, or a higher zero stage")
             state = memory.state
-            inventory[x] = XpuMemory(parameters=state.weights, gradients=state.gradients, optimizer=state.optimizer,
-                                     activations=memory.activations, local=memory.total - spilled, spilled=spilled)
-            spilled_by_stage.setdefault(stage, {}).setdefault(local, []).append(x)
-    _mark_spills(graph, builder, spilled_by_stage)
+            inventory[x] = XpuMemory(parameters=state.weights + gathered, gradients=state.gradients,
+                                     optimizer=state.optimizer, activations=memory.activations,
+                                     local=fixed + local * one, spilled=spilled + offloaded)
+            marked = 0 if par.offloads("parameters") or par.offloads("activations") else local
+            spilled_by_stage.setdefault(stage, {}).setdefault(marked, []).append(x)
+    _mark_spills(graph, builder, spilled_by_stage,
+                 par.offload if par.offloads("parameters") or par.offloads("activations") else None)
     peak = max(inventory.values(), key=lambda m: m.total)
     state = StateBytes(parameters=peak.parameters, gradients=peak.gradients, optimizer=peak.optimizer,
                        activations=peak.activations, decoders=max(sum(layers) for layers in builder.layers))
     return Placement(state=state, by_capacity=(), inventory=inventory)
 
 
-def _mark_spills(graph: nx.DiGraph, builder: _Builder, spilled_by_stage: dict) -> None:
-    """Give each compute vertex of a spilled decoder the XPUs on which it spills (shared frozensets)."""
+def _mark_spills(graph: nx.DiGraph, builder: _Builder, spilled_by_stage: dict, offload: str | None = None) -> None:
+    """Give each compute vertex of a spilled decoder the XPUs on which it spills (shared frozensets), and
+    the memory its state is offloaded to (`offload`: cpu | cxl) when parameters or activations are."""
     decoder_of: dict = {}
     for stage, layers in enumerate(builder.layers):
         index = 0
@@ -452,3 +643,5 @@ def _mark_spills(graph: nx.DiGraph, builder: _Builder, spilled_by_stage: dict) -
         position = decoder_of[stage, chunk, d]
         spilled = frozenset(x for local, xs in spilled_by_stage[stage].items() if position >= local for x in xs)
         data["spilled_xpus"] = shared.setdefault(spilled, spilled)
+        if offload:
+            data["offload"] = offload

@@ -1,0 +1,176 @@
+"""ZeRO and offload in the hybrid graph: memory per XPU and communication volume against the closed forms
+(Rajbhandari et al. 2020, REFERENCE.md), the structure of ZeRO-3's prefetch, offload vertices, errors."""
+
+import math
+
+import networkx as nx
+import pytest
+
+from hcsim.engine.collectives import get_algorithm
+from hcsim.errors import ConfigError, WorkloadError
+from hcsim.workload import load_workload_spec, validate_workload
+from hcsim.workload.hybrid import Parallelism, build_hybrid_graph, place_hybrid_memory
+from hcsim.workload.layout import ParallelLayout
+from hcsim.workload.memory import stage_memory
+from hcsim.workload.transformer import decoder_layer, embedding, lm_head
+
+GPT = {"model.decoders": 8, "model.hidden": 64, "model.heads": 4, "model.ffn": 256, "model.sequence": 32,
+       "model.vocabulary": 1000, "training.precision": "fp16"}
+
+
+def build(par: Parallelism):
+    spec = load_workload_spec("gpt3-175b", GPT)
+    xpus = [f"x{i}" for i in range(par.tp * par.pp * par.dp)]
+    layout = ParallelLayout(xpus, {"tp": par.tp, "pp": par.pp, "dp": par.dp})
+    graph = build_hybrid_graph(spec, par, layout)
+    validate_workload(graph, xpus)
+    return spec, layout, graph
+
+
+def psi(spec, tp=1, pp=1, stage=0) -> float:
+    """Ψ: parameters one XPU's DP group shares, its stage's per TP rank (hcsim.workload.memory.stage_memory)."""
+    layers = spec.model.decoders // pp
+    return stage_memory(spec.model, layers=layers, first=stage == 0, last=stage == pp - 1, in_flight=0, tp=tp,
+                        precision=spec.precision).parameters
+
+
+def dp_bytes_sent(graph, xpu: str) -> float:
+    """Bytes `xpu` sends in one iteration in the data-parallel collectives, from their algorithms' flows."""
+    sent = 0.0
+    for _, data in graph.nodes(data=True):
+        if data.get("phase") not in ("allreduce", "zero"):
+            continue
+        for group in data["groups"]:
+            if xpu in group:
+                algorithm = get_algorithm(data["collective"], data["algorithm"], len(group), data["bytes"])
+                rank = group.index(xpu)
+                sent += sum(size for (src, _), size in algorithm.flows().items() if src == rank)
+    return sent
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+@pytest.mark.parametrize("dp", [2, 4])
+def test_memory_per_xpu_is_zero_s_closed_form(zero, dp):
+    """Mixed precision with Adam: 16Ψ, 4Ψ + 12Ψ/N_d, 2Ψ + 14Ψ/N_d, 16Ψ/N_d bytes of model state per XPU
+    (ZeRO-3 also holds two gathered layers: 2 x the largest layer's weights)."""
+    par = Parallelism(dp=dp, global_batch=dp, zero=zero)
+    spec, layout, graph = build(par)
+    placement = place_hybrid_memory(graph, spec, par, layout, {x: 1e30 for x in layout.xpus}, {})
+    P, n = psi(spec), dp
+    expected = {0: 16 * P, 1: 4 * P + 12 * P / n, 2: 2 * P + 14 * P / n, 3: 16 * P / n}[zero]
+    largest = max(decoder_layer(spec.model).parameters, embedding(spec.model).parameters, lm_head(spec.model).parameters)
+    gathered = 2 * 2 * largest if zero == 3 else 0
+    for x in layout.xpus:
+        held = placement.inventory[x]
+        assert held.parameters + held.gradients + held.optimizer == pytest.approx(expected + gathered, rel=1e-12)
+        assert held.spilled == 0
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+@pytest.mark.parametrize("tp,pp,dp", [(1, 1, 4), (2, 2, 2)])
+def test_communication_volume_per_rank_is_2_psi_or_3_psi(zero, tp, pp, dp):
+    """One micro-batch: each rank sends 2Ψ·(N_d-1)/N_d elements for ZeRO 0-2 (all-reduce, or reduce-scatter +
+    all-gather) and 3Ψ·(N_d-1)/N_d for ZeRO-3 (weights gathered for forward and backward); 2 B each in FP16.
+    Ψ is what one XPU's DP group shares: its stage's parameters per TP rank."""
+    par = Parallelism(tp=tp, pp=pp, dp=dp, global_batch=dp, zero=zero)
+    spec, layout, graph = build(par)
+    for x in layout.xpus:
+        volume = (3 if zero == 3 else 2) * psi(spec, tp, pp, layout.stage(x)) * (dp - 1) / dp * 2
+        assert dp_bytes_sent(graph, x) == pytest.approx(volume, rel=1e-12)
+
+
+def test_zero3_gathers_run_one_layer_ahead():
+    """The gather of unit k+1 waits for the gather of unit k but not for unit k's computation (prefetch); the
+    gather of unit k+2 waits for unit k to end (two gathered layers at most); the first waits for the
+    previous iteration's optimizer step."""
+    _, _, graph = build(Parallelism(dp=2, global_batch=2, zero=3))
+    gathers = [n for n, d in graph.nodes(data=True) if d.get("phase") == "zero"]
+    assert len(gathers) == 2 * (8 + 2)  # every decoder, the embedding and the head, forward and backward
+    first = {g: next(iter(graph.successors(g))) for g in gathers}
+    assert all(graph.nodes[c]["kind"] == "compute" for c in first.values())
+    chain = [gathers[0]]
+    while True:
+        nxt = [s for s in graph.successors(chain[-1]) if s in first]
+        if not nxt:
+            break
+        chain.append(nxt[0])
+    assert chain == sorted(gathers, key=chain.index) and len(chain) == len(gathers)
+    assert graph.nodes[chain[0]]["start"]
+    assert any(graph.edges[p, chain[0]]["skip_first_iteration"] for p in graph.predecessors(chain[0]))
+    for k in range(1, len(chain)):
+        computes = [p for p in graph.predecessors(chain[k]) if graph.nodes[p]["kind"] == "compute"]
+        if k == 1:
+            assert computes == []
+        else:  # exactly the last vertex of unit k-2: after unit k-2's first, before unit k-1's first
+            (last,) = computes
+            assert nx.has_path(graph, first[chain[k - 2]], last) and last != first[chain[k - 1]]
+            assert set(graph.successors(last)) >= {first[chain[k - 1]], chain[k]}
+
+
+def test_stages_1_and_2_gather_the_updated_weights_after_the_optimizer():
+    for zero in (1, 2):
+        _, _, graph = build(Parallelism(dp=2, global_batch=2, zero=zero))
+        gather = [n for n, d in graph.nodes(data=True) if d.get("phase") == "zero"]
+        assert len(gather) == 1 and list(graph.predecessors(gather[0])) == ["s0.optimizer"]
+        assert graph.nodes["s0.optimizer"]["flops"] == pytest.approx(
+            build(Parallelism(dp=2, global_batch=2))[2].nodes["s0.optimizer"]["flops"] / 2)
+
+
+def test_cpu_offload_moves_the_gradient_shard_out_steps_on_the_cpu_and_moves_weights_in():
+    par = Parallelism(dp=4, global_batch=4, zero=2, offload="cpu")
+    spec, _, graph = build(par)
+    out = [d for _, d in graph.nodes(data=True) if d.get("move") == "out"]
+    into = [d for _, d in graph.nodes(data=True) if d.get("move") == "in"]
+    P = psi(spec)
+    assert sum(d["memory_bytes"] for d in out) == pytest.approx(P / 4 * 2)  # FP16 gradient shard
+    assert sum(d["memory_bytes"] for d in into) == pytest.approx(P / 4 * 2)  # FP16 weight shard
+    opt = graph.nodes["s0.optimizer"]
+    assert opt["host"] == "cpu" and opt["offload"] == "cpu"
+    # reads weights, gradients, master + moments and writes weights, master + moments: (16 + 2 + 12) B
+    assert opt["memory_bytes"] == pytest.approx(P / 4 * 30)
+
+
+def test_cxl_offload_reads_the_optimizer_state_in_place():
+    spec, layout, graph = build(Parallelism(dp=2, global_batch=2, zero=1, offload="cxl"))
+    opt = graph.nodes["s0.optimizer"]
+    assert opt["offload"] == "cxl" and opt["spilled_xpus"] == frozenset(layout.xpus) and "host" not in opt
+
+
+@pytest.mark.parametrize("state", [("optimizer",), ("optimizer", "parameters"), ("activations",)])
+def test_offloaded_state_leaves_hbm(state):
+    par = Parallelism(dp=2, global_batch=2, zero=1, offload="cxl", offload_state=state)
+    plain = Parallelism(dp=2, global_batch=2, zero=1)
+    spec, layout, graph = build(par)
+    memory = {x: ("m" + x, math.inf) for x in layout.xpus}
+    held = place_hybrid_memory(graph, spec, par, layout, {x: 1e30 for x in layout.xpus}, {}, memory).inventory
+    base = place_hybrid_memory(build(plain)[2], spec, plain, layout, {x: 1e30 for x in layout.xpus}, {}).inventory
+    x = layout.xpus[0]
+    away = sum(getattr(held[x], k) for k, on in (("optimizer", "optimizer" in state),
+                                                 ("parameters", "parameters" in state),
+                                                 ("gradients", "parameters" in state),
+                                                 ("activations", "activations" in state)) if on)
+    assert held[x].total == pytest.approx(base[x].total)
+    assert held[x].spilled == pytest.approx(away) and held[x].local == pytest.approx(base[x].local - away)
+    decoders = [d for n, d in graph.nodes(data=True) if d["kind"] == "compute" and ".L" in n]
+    assert all(d["spilled_xpus"] == (frozenset(layout.xpus) if state != ("optimizer",) else frozenset())
+               for d in decoders)
+
+
+def test_offload_memory_too_small_is_named():
+    par = Parallelism(dp=2, global_batch=2, offload="cpu")
+    spec, layout, graph = build(par)
+    shared = {x: ("dram0", 1e3) for x in layout.xpus}
+    with pytest.raises(WorkloadError, match="dram0"):
+        place_hybrid_memory(graph, spec, par, layout, {x: 1e30 for x in layout.xpus}, {}, shared)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"zero": 4}, "zero: 4 is not a ZeRO stage"),
+    ({"zero": True}, "zero: True"),
+    ({"offload": "nvme"}, "offload: 'nvme'"),
+    ({"offload": "cpu", "offload_state": ("weights",)}, "offload_state"),
+    ({"offload": "cpu", "offload_state": ()}, "offload_state"),
+])
+def test_invalid_zero_or_offload_is_refused(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        Parallelism(dp=2, global_batch=2, **kwargs)
