@@ -115,9 +115,10 @@ class Scenario:
         return data
 
     def digest(self) -> str:
-        """A hash of the inputs, recorded with results."""
-        data = self.to_dict()
-        data.pop("base")
+        """A hash of the inputs, recorded with results: of the keys set to other than their default, so a key
+        added to hcsim with a default leaves every earlier digest (and sweep point key) unchanged."""
+        defaults = Scenario(name=self.name).to_dict()
+        data = {k: v for k, v in self.to_dict().items() if k != "base" and v != defaults[k]}
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
