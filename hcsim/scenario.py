@@ -40,6 +40,7 @@ class Scenario:
     cxl_bandwidth: float | None = 128e9  # B/s per direction; None: the platform spec's
     cxl_latency: float | None = 200e-9  # s; None: the platform spec's
     collective: str | None = None  # all-reduce algorithm (ring, coherent_ring, ...); None: the workload's
+    collective_chunks: int | None = None  # the all-reduces split into this many chunks; None: the workload's
     ring_order: str | tuple[str, ...] = "topology"  # rank order of the collectives' groups: topology
     # (neighbours in a server adjacent), interleaved (consecutive ranks on different servers) or XPU names
     collective_fidelity: str = "auto"  # step | flow | auto (step up to step_limit ranks)
@@ -76,6 +77,11 @@ class Scenario:
             raise ConfigError(f"scenario {self.name!r}: xpus must be >= 1, got {self.xpus}")
         if self.iterations < 1:
             raise ConfigError(f"scenario {self.name!r}: iterations must be >= 1, got {self.iterations}")
+        if self.collective_chunks is not None and (isinstance(self.collective_chunks, bool)
+                                                   or not isinstance(self.collective_chunks, int)
+                                                   or self.collective_chunks < 1):
+            raise ConfigError(f"scenario {self.name!r}: collective_chunks must be an integer >= 1, "
+                              f"got {self.collective_chunks!r}")
         if self.collective_fidelity not in FIDELITIES:
             raise ConfigError(f"scenario {self.name!r}: collective_fidelity must be one of {', '.join(FIDELITIES)}")
 
@@ -103,6 +109,8 @@ class Scenario:
         settings = dict(self.workload_overrides)
         if self.collective is not None:
             settings["gradients.algorithm"] = self.collective
+        if self.collective_chunks is not None:
+            settings["gradients.chunks"] = self.collective_chunks
         if self.fidelity is not None:
             settings["fidelity"] = self.fidelity
         return settings
@@ -169,6 +177,7 @@ def _from_mapping(data: dict, where: str, base: str) -> Scenario:
     values["cxl_bandwidth"] = fields.quantity("cxl_bandwidth", "bandwidth", default.cxl_bandwidth)
     values["cxl_latency"] = fields.quantity("cxl_latency", "time", default.cxl_latency)
     values["collective"] = _collective(fields)
+    values["collective_chunks"] = fields.number("collective_chunks", None, kind=int, minimum=1)
     values["ring_order"] = _ring_order(fields)
     values["collective_fidelity"] = fields.choice("collective_fidelity", FIDELITIES, default.collective_fidelity)
     values["step_limit"] = fields.number("step_limit", default.step_limit, kind=int, minimum=1)

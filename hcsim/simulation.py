@@ -197,10 +197,11 @@ def host_pairs(platform: nx.Graph, workload: nx.DiGraph) -> set[tuple[str, str]]
         collective = data["collective"]
         name = data.get("algorithm") or ("direct" if collective == "p2p" else None)
         for group in data["groups"]:
-            if (key := (collective, name, group, data["bytes"])) in done:
+            if (key := (collective, name, group, data["bytes"], data.get("chunks"))) in done:
                 continue
             done.add(key)
-            algorithm = get_algorithm(collective, name, len(group), data["bytes"], server_groups(platform, group))
+            algorithm = get_algorithm(collective, name, len(group), data["bytes"], server_groups(platform, group),
+                                      data.get("chunks"))
             pairs.update((group[s], group[d]) for s, d in algorithm.pairs())
     return pairs
 

@@ -31,6 +31,14 @@ one rank for all-reduce and broadcast, the whole (gathered) buffer for
 all-gather, the whole input buffer for reduce-scatter, the send buffer of one
 rank (S/n to every rank) for all-to-all.
 
+Chunks (``chunks`` C, ASTRA-sim's ``preferred-dataset-splits``): the message
+is split into C chunks of S/C. An algorithm that pipelines its chunks itself
+(:attr:`Algorithm.pipelined`: the double binary tree and the chain broadcast
+along their edges, the hierarchical all-reduce across its phases) takes C as
+its chunk count; any other runs its schedule for S/C C times, one chunk after
+the other (:func:`get_algorithm` wraps it): C·T(S/C), each chunk paying the
+latencies again.
+
 Closed forms on a uniform, uncontended topology (every route latency α,
 every XPU one full-duplex link of bandwidth B, as
 :func:`hcsim.platform.single_switch` builds; n ranks; docs/collectives.md
@@ -42,7 +50,8 @@ collective         name                time
 all_reduce         ring                2(n-1)α + 2(n-1)/n·S/B
 all_reduce         coherent_ring       (n-1)α + (n-1)/n·S/B
 all_reduce         hierarchical        2(g-1)α + 2(g-1)/g·S/B + 2(m-1)α + 2(m-1)/(mg)·S/B
-                                       (m servers of g ranks)
+                                       (m servers of g ranks; C chunks pipelined across
+                                       the phases: :class:`HierarchicalAllReduce`)
 all_reduce         halving_doubling    2·log2(n)·α + 2(n-1)/n·S/B (n a power of two)
 all_reduce         double_binary_tree  2(D+C-1)(α + S/(C·B)), n = 2^(D+1) - 1, C chunks
 reduce_scatter     ring                (n-1)α + (n-1)/n·S/B
@@ -53,6 +62,7 @@ all_to_all         pairwise            (n-1)α + (n-1)/n·S/B
 broadcast          ring (pipelined)    (n+C-2)(α + S/(C·B))
 broadcast          binomial_tree       ceil(log2 n)(α + S/B)
 p2p                direct              α + S/B
+any other          with C chunks       C·T(S/C) (T: its row above)
 =================  ==================  ====================================================
 
 Add an algorithm by subclassing :class:`Algorithm` (set ``name`` and
@@ -137,6 +147,8 @@ class Algorithm:
     groups : optional, the ranks of each server in rank order (``[[0, 1, ..., 7], [8, ...], ...]``),
         from :func:`server_groups`; algorithms that follow the topology (``hierarchical``) read it,
         the others ignore it. None: one group.
+    chunks : optional chunk count C (>= 1) of an algorithm that pipelines its chunks (:attr:`pipelined`);
+        None: its own default. :func:`get_algorithm` runs the others chunk after chunk.
     """
 
     name = ""
@@ -144,15 +156,21 @@ class Algorithm:
     lanes = 1
     """Independent step sequences per rank (NCCL's channels): a rank's lanes advance on their own and the
     rank is done when all of them are. An algorithm with several implements lane_steps and lane_step."""
+    pipelined = False
+    """True: the schedule splits S into ``self.chunks`` chunks itself (pipelined); False: get_algorithm
+    repeats the schedule of S/C once per chunk."""
 
-    def __init__(self, ranks: int, size: float, groups: Sequence[Sequence[int]] | None = None):
+    def __init__(self, ranks: int, size: float, groups: Sequence[Sequence[int]] | None = None,
+                 chunks: int | None = None):
         if ranks < 1:
             raise ConfigError(f"{self.name}: a collective needs at least one rank, got {ranks}")
         if not size >= 0:
             raise ConfigError(f"{self.name}: message size must be >= 0 bytes, got {size!r}")
+        _check_chunks(chunks, self.name)
         self.ranks = ranks
         self.size = float(size)
         self.groups = [list(g) for g in groups] if groups else [list(range(ranks))]
+        self.chunks = chunks
 
     def steps(self, rank: int) -> int:
         """Number of steps of `rank`."""
@@ -218,7 +236,7 @@ def register(cls: type[Algorithm]) -> type[Algorithm]:
 
 
 def get_algorithm(collective: str, name: str | None, ranks: int, size: float,
-                  groups: Sequence[Sequence[int]] | None = None) -> Algorithm:
+                  groups: Sequence[Sequence[int]] | None = None, chunks: int | None = None) -> Algorithm:
     """The algorithm `name` (default: :data:`DEFAULT_ALGORITHM` or "ring") for `collective`.
 
     Parameters
@@ -227,6 +245,9 @@ def get_algorithm(collective: str, name: str | None, ranks: int, size: float,
     name : a registered algorithm name, or None for the collective's default.
     ranks : group size; size : message size S in bytes.
     groups : optional ranks per server (:func:`server_groups`).
+    chunks : optional chunk count C >= 1: a pipelined algorithm (:attr:`Algorithm.pipelined`) takes it as
+        its own; any other runs C times on S/C, one chunk after the other. None: the algorithm's default
+        (one chunk, or its own pipeline rule).
 
     Returns one shared instance per (algorithm, ranks, size, groups) in this process: treat it as
     read-only.
@@ -246,14 +267,27 @@ def get_algorithm(collective: str, name: str | None, ranks: int, size: float,
         except KeyError:
             known = ", ".join(sorted(n for c, n in _REGISTRY if c == collective)) or "none"
             raise ConfigError(f"no algorithm {name!r} for {collective}; known: {known}") from None
-    return _shared(cls, ranks, size, tuple(map(tuple, groups)) if groups else None)
+    _check_chunks(chunks, name)
+    return _shared(cls, ranks, size, tuple(map(tuple, groups)) if groups else None, chunks)
 
 
 @functools.lru_cache(maxsize=256)
-def _shared(cls: type[Algorithm], ranks: int, size: float, groups: tuple[tuple[int, ...], ...] | None) -> Algorithm:
-    """One instance per (class, ranks, size, groups): the vertices of a workload that run the same collective
-    on the same group shape share it, and with it its pairs, flow phases or step table, built once."""
-    return cls(ranks, size, groups)
+def _shared(cls: type[Algorithm], ranks: int, size: float, groups: tuple[tuple[int, ...], ...] | None,
+            chunks: int | None = None) -> Algorithm:
+    """One instance per (class, ranks, size, groups, chunks): the vertices of a workload that run the same
+    collective on the same group shape share it, and with it its pairs, flow phases or step table, built once.
+    A pipelined class takes `chunks` itself; any other runs chunk after chunk (:class:`SequentialChunks`)."""
+    if cls.pipelined:
+        return cls(ranks, size, groups, chunks=chunks)
+    if chunks is None or chunks == 1:
+        return cls(ranks, size, groups)
+    return SequentialChunks(_shared(cls, ranks, size / chunks, groups), chunks)
+
+
+def _check_chunks(chunks, name: str) -> None:
+    if chunks is not None and (isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1):
+        raise ConfigError(f"{name}: chunks must be an integer >= 1 (or None for the algorithm's default), "
+                          f"got {chunks!r}")
 
 
 def _imported(collective: str, path: str) -> type[Algorithm]:
@@ -295,6 +329,65 @@ def server_groups(platform, xpus: Sequence[str]) -> list[list[int]]:
     return list(by_server.values())
 
 
+class SequentialChunks(Algorithm):
+    """`chunks` runs of `inner` (the algorithm built for S/C), one chunk after the other.
+
+    Each lane of each rank runs inner's steps of that lane once per chunk, padded to the lane's longest
+    rank so that sends and receives keep lining up; the flow fidelity repeats inner's phases per chunk,
+    merging a phase with the next copy of itself (a ring stays one phase of C·2(n-1) steps). On a
+    uniform, uncontended topology this takes C·T(S/C).
+    """
+
+    def __init__(self, inner: Algorithm, chunks: int):
+        _check_chunks(chunks, inner.name)
+        self.inner = inner
+        self.name, self.collective, self.lanes = inner.name, inner.collective, inner.lanes
+        self.ranks, self.groups = inner.ranks, inner.groups
+        self.size = inner.size * chunks
+        self.chunks = chunks
+        self._period = [max((inner.lane_steps(r, lane) for r in range(inner.ranks)), default=0)
+                        for lane in range(inner.lanes)]
+
+    def lane_steps(self, rank: int, lane: int) -> int:
+        own = self.inner.lane_steps(rank, lane)
+        return (self.chunks - 1) * self._period[lane] + own if own else 0
+
+    def lane_step(self, rank: int, index: int, lane: int) -> Step:
+        index %= self._period[lane]
+        return self.inner.lane_step(rank, index, lane) if index < self.inner.lane_steps(rank, lane) else _IDLE
+
+    def steps(self, rank: int) -> int:
+        return self.lane_steps(rank, 0)
+
+    def step(self, rank: int, index: int) -> Step:
+        return self.lane_step(rank, index, 0)
+
+    def pairs(self) -> set[tuple[int, int]]:
+        return self.inner.pairs()
+
+    def flows(self) -> dict[tuple[int, int], float]:
+        return {pair: size * self.chunks for pair, size in self.inner.flows().items()}
+
+    def flow_phases(self) -> list[FlowPhase] | None:
+        phases = self.inner.flow_phases()
+        if phases is None:
+            return None
+        repeated: list[FlowPhase] = []
+        for lane in sorted({phase.lane for phase in phases}):
+            own = [phase for phase in phases if phase.lane == lane]
+            for phase in own * self.chunks:
+                last = repeated[-1] if repeated else None
+                if (last is not None and last.lane == lane and not last.feeds and not phase.feeds
+                        and [p for p, _ in last.transfers] == [p for p, _ in phase.transfers]
+                        and all(math.isclose(a * phase.steps, b * last.steps) for (_, a), (_, b)
+                                in zip(last.transfers, phase.transfers))):
+                    repeated[-1] = FlowPhase(tuple((p, a + b) for (p, a), (_, b) in zip(last.transfers, phase.transfers)),
+                                             last.steps + phase.steps, lane=lane)
+                else:
+                    repeated.append(phase)
+        return repeated
+
+
 def _chunks(size: float, chunk_bytes: float, max_chunks: int) -> int:
     """Pipeline chunk count: ceil(size / chunk_bytes), between 1 and max_chunks."""
     return max(1, min(max_chunks, math.ceil(size / chunk_bytes))) if size > 0 else 1
@@ -309,8 +402,8 @@ class _Table(Algorithm):
     flow-fidelity run never holds the step schedule.
     """
 
-    def __init__(self, ranks, size, groups=None):
-        super().__init__(ranks, size, groups)
+    def __init__(self, ranks, size, groups=None, chunks=None):
+        super().__init__(ranks, size, groups, chunks)
         self._table: list | None = None
         recorder = self._record(streaming=True)
         if recorder is None:  # build() went back to a finished step: collect every step (phases on demand)
@@ -504,21 +597,37 @@ class RingAllGather(_Ring):
 
 @register
 class HierarchicalAllReduce(_Table):
-    """All-reduce inside each server, then across servers, then back (2D ring).
+    """All-reduce inside each server, then across servers, then back (2D ring), in C pipelined chunks.
 
-    With m servers of g ranks (``groups``, all of one size): a ring
-    reduce-scatter inside each server (g-1 steps of S/g, over the XPU switch),
-    then a ring all-reduce of each S/g shard among the ranks with the same
-    local index on every server (2(m-1) steps of S/(gm)), then a ring
-    all-gather inside each server (g-1 steps of S/g). Every step every rank
-    sends one transfer and receives one, so on a single switch nothing
+    With m servers of g ranks (``groups``, all of one size) and one chunk: a
+    ring reduce-scatter inside each server (RS: g-1 steps of S/g, over the XPU
+    switch), then a ring all-reduce of each S/g shard among the ranks with the
+    same local index on every server (AR: 2(m-1) steps of S/(gm)), then a ring
+    all-gather inside each server (AG: g-1 steps of S/g). Every step every
+    rank sends one transfer and receives one, so on a single switch nothing
     contends: 2(g-1)α + 2(g-1)/g·S/B + 2(m-1)α + 2(m-1)/(mg)·S/B. One server
     (or one rank per server) is the plain ring.
+
+    With C chunks (``chunks``; default 1) every phase moves S/C, and the
+    phases of different chunks overlap as ASTRA-sim's per-dimension queues
+    let them: the links inside a server serve RS_0, RS_1, ..., RS_{C-1}, then
+    AG_0, ..., AG_{C-1}; the links across servers serve AR_0, ..., AR_{C-1};
+    each phase starts at the first step where its link set is free and its
+    chunk's previous phase has ended (so chunk k+1's reduce-scatter runs
+    beside chunk k's all-reduce across servers). Steps stay in lock step: a
+    step that holds an intra-server and an inter-server transfer ends when
+    both have. On a topology where the two link sets are separate and
+    uncontended (a switch per server, rings across servers), a step lasts
+    t_i = α_i + S/(gC·B_i) (intra only), t_e = α_e + S/(gmC·B_e) (inter only)
+    or max(t_i, t_e) (both); with a = g-1 and b = 2(m-1) steps per phase and
+    b <= a and C >= 2, the intra link set is busy 2Ca steps in a row, Cb of
+    them beside an inter step: (2Ca - Cb)·t_i + Cb·max(t_i, t_e), against
+    C(2a·t_i + b·t_e) for the chunks one after the other.
 
     Raises ConfigError when the servers hold different numbers of ranks.
     """
 
-    name, collective = "hierarchical", "all_reduce"
+    name, collective, pipelined = "hierarchical", "all_reduce", True
 
     def build(self) -> None:
         groups = self.groups
@@ -527,23 +636,42 @@ class HierarchicalAllReduce(_Table):
             raise ConfigError(f"hierarchical all_reduce needs the same number of ranks on every server, got "
                               f"{sorted(len(g) for g in groups)} over {len(groups)} servers; fix: use whole "
                               f"servers or algorithm 'ring'")
-        g, m, size = sizes.pop(), len(groups), self.size
-        step = self._intra_ring(0, g)  # reduce-scatter inside each server
-        for _ in range(2 * (m - 1)):  # ring all-reduce of each S/g shard across servers
-            for i, group in enumerate(groups):
-                for local, rank in enumerate(group):
-                    self.send(step, rank, groups[(i + 1) % m][local], size / (g * m))
-            step += 1
-        self._intra_ring(step, g)  # all-gather inside each server
+        g, m = sizes.pop(), len(groups)
+        self.chunks = chunks = self.chunks or 1
+        chunk = self.size / chunks
+        for (intra_rs, inter, intra_ag) in _pipeline_starts(g - 1, 2 * (m - 1), chunks):
+            self._intra_ring(intra_rs, g, chunk)  # reduce-scatter inside each server
+            for step in range(inter, inter + 2 * (m - 1)):  # ring all-reduce of each shard across servers
+                for i, group in enumerate(groups):
+                    for local, rank in enumerate(group):
+                        self.send(step, rank, groups[(i + 1) % m][local], chunk / (g * m))
+            self._intra_ring(intra_ag, g, chunk)  # all-gather inside each server
 
-    def _intra_ring(self, step: int, g: int) -> int:
-        """g-1 ring steps of S/g inside every server from `step`; returns the next step."""
-        for _ in range(g - 1):
+    def _intra_ring(self, step: int, g: int, chunk: float) -> None:
+        """g-1 ring steps of chunk/g inside every server from `step`."""
+        for offset in range(g - 1):
             for group in self.groups:
                 for local, rank in enumerate(group):
-                    self.send(step, rank, group[(local + 1) % g], self.size / g)
-            step += 1
-        return step
+                    self.send(step + offset, rank, group[(local + 1) % g], chunk / g)
+
+
+def _pipeline_starts(a: int, b: int, chunks: int) -> list[tuple[int, int, int]]:
+    """First step of each chunk's three phases (intra a steps, inter b steps, intra a steps), served
+    first come first served by two link sets: intra RS_0..RS_{C-1} then AG_0..AG_{C-1}, inter AR_0..AR_{C-1}.
+
+    >>> _pipeline_starts(3, 2, 2)  # RS_1 (steps 3-5) beside AR_0 (3-4); AG_0 waits for the intra links
+    [(0, 3, 6), (3, 6, 9)]
+    """
+    rs = [k * a for k in range(chunks)]
+    ar, free = [], 0
+    for start in rs:
+        free = max(start + a, free) + b
+        ar.append(free - b)
+    ag, free = [], chunks * a
+    for start in ar:
+        free = max(start + b, free) + a
+        ag.append(free - a)
+    return list(zip(rs, ar, ag))
 
 
 # ---- recursive halving-doubling ---------------------------------------------------------------------------------
@@ -665,8 +793,8 @@ class DoubleBinaryTreeAllReduce(_Table):
     Tree A is the in-order binary tree over ranks 0..n-1; tree B is the same
     tree over ranks shifted by one (n odd) or mirrored (n even), so a rank is
     an inner node in at most one tree. Each tree carries S/2 in C chunks of
-    c = S/(2C) (``chunks``: ceil(S / chunk_bytes) between 1 and max_chunks;
-    chunk_bytes = 4 MiB, max_chunks = 32 by default; subclass to change).
+    c = S/(2C) (``chunks``: as given, else ceil(S / chunk_bytes) between 1 and
+    max_chunks; chunk_bytes = 4 MiB, max_chunks = 32 by default; subclass to change).
 
     Each tree is a lane of its own (NCCL runs them on separate channels).
     Schedule of a tree (one chunk per tree edge per step): reduce: a node of
@@ -684,14 +812,14 @@ class DoubleBinaryTreeAllReduce(_Table):
     Both fidelities run this schedule (see :meth:`flow_phases`).
     """
 
-    name, collective = "double_binary_tree", "all_reduce"
+    name, collective, pipelined = "double_binary_tree", "all_reduce", True
     chunk_bytes = 4 * 2**20
     max_chunks = 32
     lanes = 2
 
     def build(self) -> None:
         n = self.ranks
-        self.chunks = c = _chunks(self.size / 2, self.chunk_bytes, self.max_chunks)
+        self.chunks = c = self.chunks or _chunks(self.size / 2, self.chunk_bytes, self.max_chunks)
         self.trees: list[_Tree] = []
         if n < 2:
             return
@@ -754,17 +882,17 @@ class PipelinedRingBroadcast(_Table):
     """Rank 0 streams S in C chunks down the chain 0 -> 1 -> ... -> n-1.
 
     Rank i forwards chunk j in step i + j; one transfer per link direction per
-    step: (n + C - 2)(α + S/(C·B)). C = ceil(S / chunk_bytes) between 1 and
-    max_chunks (4 MiB, 32).
+    step: (n + C - 2)(α + S/(C·B)). C = ``chunks`` as given, else ceil(S / chunk_bytes)
+    between 1 and max_chunks (4 MiB, 32).
     """
 
-    name, collective = "ring", "broadcast"
+    name, collective, pipelined = "ring", "broadcast", True
     chunk_bytes = 4 * 2**20
     max_chunks = 32
 
     def build(self) -> None:
         n = self.ranks
-        self.chunks = c = _chunks(self.size, self.chunk_bytes, self.max_chunks)
+        self.chunks = c = self.chunks or _chunks(self.size, self.chunk_bytes, self.max_chunks)
         for i in range(n - 1):
             for j in range(c):
                 self.send(i + j, i, i + 1, self.size / c)

@@ -229,9 +229,9 @@ class Executor:
             vertex.group_offsets.append(len(vertex.group_of))
             vertex.group_of += [g] * len(group)
             servers = self._servers(group)
-            key = (collective, name, len(group), data["bytes"], tuple(map(tuple, servers)))
+            key = (collective, name, len(group), data["bytes"], tuple(map(tuple, servers)), data.get("chunks"))
             if key not in self._algorithm_cache:  # alike groups share one algorithm and its flow phases
-                algorithm = get_algorithm(collective, name, len(group), data["bytes"], servers)
+                algorithm = get_algorithm(collective, name, len(group), data["bytes"], servers, data.get("chunks"))
                 fidelity = self.options.collective_fidelity
                 if fidelity == "auto":
                     fidelity = "step" if len(group) <= self.options.step_limit else "flow"

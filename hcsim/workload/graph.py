@@ -46,7 +46,9 @@ Vertex attributes
         xpus : every member of every group, in group order (derived; the
             vertex's units, one per member XPU).
         bytes : the buffer each rank contributes (S of the closed forms);
-        collective : one of COLLECTIVES; algorithm : optional algorithm name.
+        collective : one of COLLECTIVES; algorithm : optional algorithm name;
+        chunks : optional int >= 1, the message split into that many chunks
+            (pipelined or one after the other: :mod:`hcsim.engine.collectives`).
 
 Edge attributes
     wait : which instance of the successor waits for which of the predecessor
@@ -123,17 +125,21 @@ def add_compute(graph: nx.DiGraph, name: str, *, xpus: Iterable[str], flops: flo
 
 def add_comm(graph: nx.DiGraph, name: str, *, bytes: float, collective: str, groups: Iterable[Sequence[str]] | None = None,
              pairs: Iterable[tuple[str, str]] | None = None, xpus: Sequence[str] | None = None,
-             algorithm: str | None = None, start: bool = False, label: str | None = None) -> str:
+             algorithm: str | None = None, start: bool = False, label: str | None = None,
+             chunks: int | None = None) -> str:
     """Add a communication vertex; returns its name.
 
     Give its `groups` (disjoint; the collective runs in each), its p2p `pairs`
-    ``(src, dst)``, or `xpus` for a single group (a single pair for p2p)."""
+    ``(src, dst)``, or `xpus` for a single group (a single pair for p2p). `chunks` splits the message
+    into that many chunks (:func:`hcsim.engine.collectives.get_algorithm`); None: the algorithm's default."""
     given = [g for g in (groups, pairs, xpus) if g is not None]
     if len(given) != 1:
         raise WorkloadError(f"vertex {name!r}: give exactly one of groups, pairs or xpus")
     members = (tuple(xpus),) if xpus is not None else tuple(tuple(g) for g in given[0])
     graph.add_node(name, kind="comm", groups=members, xpus=_members(members), bytes=float(bytes),
                    collective=collective, algorithm=algorithm, start=start, label=label or name)
+    if chunks is not None:
+        graph.nodes[name]["chunks"] = chunks
     return name
 
 
@@ -230,6 +236,9 @@ def _comm_problems(name, data) -> list[str]:
         problems.append(f"vertex {name!r}: a p2p transfer names two different XPUs (src, dst) per pair")
     if any(not group for group in groups):
         problems.append(f"vertex {name!r}: a group is empty")
+    chunks = data.get("chunks")
+    if chunks is not None and (isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1):
+        problems.append(f"vertex {name!r}: chunks must be an integer >= 1 (or absent), got {chunks!r}")
     members = data.get("xpus") or ()
     if len(set(members)) != len(members):
         problems.append(f"vertex {name!r}: groups must be disjoint (an XPU is in two groups, or twice in one); "

@@ -43,7 +43,9 @@ class WorkloadSpec:
     recomputation : "none" | "selective" | "full" (activations kept);
     attention : "standard" | "flash" (FlashAttention-style fused core; hybrid-parallel graphs);
     bucket : gradient all-reduce granularity "layer" | "decoder" | "model";
-    algorithm : collective algorithm name for the engine; in_order : all-reduces
+    algorithm : collective algorithm name for the engine; chunks : the
+    all-reduce split into that many chunks (None: the algorithm's default;
+    :mod:`hcsim.engine.collectives`); in_order : all-reduces
     run one after another (one communication stream); fidelity : "layer" (one
     compute vertex per table row) or "decoder" (one fused vertex per decoder pass).
     """
@@ -61,6 +63,7 @@ class WorkloadSpec:
     attention: str = "standard"
     bucket: str = "decoder"
     algorithm: str = "ring"
+    chunks: int | None = None
     in_order: bool = True
     fidelity: str = "decoder"
     description: str = ""
@@ -80,6 +83,9 @@ class WorkloadSpec:
                 raise ConfigError(f"workload {self.name!r}: {key} must be >= 0, got {getattr(self, key)!r}")
         if not self.algorithm:
             raise ConfigError(f"workload {self.name!r}: algorithm must be a non-empty name")
+        if self.chunks is not None and (isinstance(self.chunks, bool) or not isinstance(self.chunks, int)
+                                        or self.chunks < 1):
+            raise ConfigError(f"workload {self.name!r}: gradients.chunks must be an integer >= 1, got {self.chunks!r}")
         if self.costs == "table":
             if self.table is None:
                 raise ConfigError(f"workload {self.name!r}: costs is 'table' but the spec has no table. "
@@ -149,6 +155,7 @@ def parse_workload_spec(data: Any, where: str = "workload") -> WorkloadSpec:
     gradients = top.sub("gradients")
     values.update(bucket=gradients.choice("bucket", BUCKETS, "decoder"),
                   algorithm=gradients.string("algorithm", "ring"),
+                  chunks=gradients.number("chunks", None, kind=int, minimum=1),
                   in_order=gradients.flag("in_order", True))
     gradients.check_unknown()
     values["fidelity"] = top.choice("fidelity", FIDELITIES, "decoder")

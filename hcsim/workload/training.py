@@ -156,7 +156,7 @@ def _allreduce(graph: nx.DiGraph, name: str, group: tuple, spec: WorkloadSpec, p
                after: str) -> str:
     """Add the all-reduce of `parameters` gradients that starts when vertex `after` has ended."""
     add_comm(graph, name, xpus=group, bytes=gradient_bytes(spec, parameters), collective="all_reduce",
-             algorithm=spec.algorithm)
+             algorithm=spec.algorithm, chunks=spec.chunks)
     graph.nodes[name].update(phase="allreduce", decoder=decoder)
     add_dependency(graph, after, name)
     return name

@@ -9,6 +9,7 @@ end minus its first rank's start, read from the trace.
 
 import math
 
+import networkx as nx
 import pytest
 
 from hcsim.engine.collectives import Algorithm, Step, algorithms, get_algorithm, register, server_groups
@@ -17,6 +18,7 @@ from hcsim.errors import ConfigError
 from hcsim.platform import build_platform, load_platform_spec
 from hcsim.platform.builders import single_switch
 from hcsim.platform.devices import builtin_catalog
+from hcsim.platform.topology import add_link, add_xpu
 from hcsim.simulation import simulate_graphs
 from hcsim.workload import add_comm, add_compute, add_dependency, new_workload
 
@@ -79,10 +81,12 @@ HIERARCHICAL = [(4, 2), (2, 4), (4, 4)]  # (ranks per server, servers)
 
 
 def _chain(graph, group, items, barrier_xpu):
-    """Add collectives `items` [(name, collective, algorithm, bytes)] on `group`, each behind a barrier."""
+    """Add collectives `items` [(name, collective, algorithm, bytes[, chunks])] on `group`, each behind a
+    barrier."""
     previous = add_compute(graph, "b0", xpus=[barrier_xpu], flops=0.0, start=True)
-    for index, (name, collective, algorithm, size) in enumerate(items, start=1):
-        add_comm(graph, name, xpus=group, bytes=size, collective=collective, algorithm=algorithm)
+    for index, (name, collective, algorithm, size, *chunks) in enumerate(items, start=1):
+        add_comm(graph, name, xpus=group, bytes=size, collective=collective, algorithm=algorithm,
+                 chunks=chunks[0] if chunks else None)
         add_dependency(graph, previous, name, wait="all")
         previous = add_compute(graph, f"b{index}", xpus=[barrier_xpu], flops=0.0)
         add_dependency(graph, name, previous, wait="all")
@@ -151,6 +155,137 @@ def test_hierarchical_matches_its_closed_form(fidelity):
             if not math.isclose(seconds, expected[name], rel_tol=1e-6):
                 wrong.append(f"{name}: {seconds!r} s, closed form {expected[name]!r} s")
     assert not wrong, "\n".join(wrong)
+
+
+# ---- chunks ---------------------------------------------------------------------------------------------------
+
+CHUNKS = 3
+
+
+@pytest.mark.parametrize("fidelity", ["step", "flow"])
+def test_chunked_algorithms_match_their_closed_forms_on_one_switch(fidelity):
+    """C chunks: a pipelined algorithm's form with C as its chunk count; any other C·T(S/C) (chunk after chunk,
+    every chunk paying the latencies again)."""
+    n, size = 8, 3.3e8
+    items, expected = [], {}
+    for collective, name, form, _ in CASES:
+        ranks = 2 if collective == "p2p" else (7 if name == "double_binary_tree" else n)
+        pipelined = get_algorithm(collective, name, ranks, size).pipelined
+        key = f"{collective}.{name}"
+        items.append((key, collective, name, size, CHUNKS))
+        expected[key] = form(ranks, size, CHUNKS) if pipelined else CHUNKS * form(ranks, size / CHUNKS, None)
+    wrong = []
+    for ranks in sorted({2, 7, n}):
+        mine = [item for item in items if (2 if item[1] == "p2p" else 7 if item[2] == "double_binary_tree" else n) == ranks]
+        measured = _durations(single_switch(ranks + 1, H100), [f"xpu{i}" for i in range(ranks)], mine,
+                              f"xpu{ranks}", fidelity)
+        wrong += [f"{key}: {measured[key]!r} s, closed form {expected[key]!r} s"
+                  for key, *_ in mine if not math.isclose(measured[key], expected[key], rel_tol=1e-6)]
+    assert not wrong, "\n".join(wrong)
+
+
+def _two_level(g, m, intra_bw, intra_lat, inter_bw, inter_lat):
+    """m servers of g XPUs: a switch per server, and rings across servers (XPU j of server i linked directly to
+    XPU j of server i+1), so intra-server and inter-server transfers never share a link."""
+    graph = nx.Graph(name=f"two-level-{g}x{m}", coherent=False)
+    for i in range(m):
+        graph.add_node(f"sw{i}", kind="switch", role="xpu", rack=0, server=f"s{i}")
+        for j in range(g):
+            add_xpu(graph, f"xpu{i * g + j}", H100, hbm_latency=100e-9, rack=0, server=f"s{i}")
+            add_link(graph, f"xpu{i * g + j}", f"sw{i}", bandwidth=intra_bw, latency=intra_lat, kind="xpu_link")
+    for i in range(m if m > 2 else m - 1):
+        for j in range(g):
+            add_link(graph, f"xpu{i * g + j}", f"xpu{(i + 1) % m * g + j}", bandwidth=inter_bw, latency=inter_lat,
+                     kind="eth")
+    return graph
+
+
+def _lock_step_time(a, b, chunks, t_intra, t_inter):
+    """The documented pipeline rule, step by step: intra link set serves RS_0..RS_{C-1}, AG_0..AG_{C-1}, inter
+    link set AR_0..AR_{C-1}, first come first served; a step lasts its slowest transfer."""
+    intra, inter = set(), set()
+    rs_end = ar_end = 0
+    ar_ends = []
+    for k in range(chunks):
+        intra.update(range(k * a, (k + 1) * a))
+        rs_end = (k + 1) * a
+        start = max(rs_end, ar_end)
+        inter.update(range(start, start + b))
+        ar_end = start + b
+        ar_ends.append(ar_end)
+    free = chunks * a
+    for end in ar_ends:
+        start = max(end, free)
+        intra.update(range(start, start + a))
+        free = start + a
+    return sum(max(t_intra if s in intra else 0.0, t_inter if s in inter else 0.0) for s in intra | inter)
+
+
+@pytest.mark.parametrize("fidelity", ["step", "flow"])
+def test_hierarchical_chunks_pipeline_across_phases(fidelity):
+    """Chunk k+1's reduce-scatter inside the servers runs beside chunk k's all-reduce across them, on a platform
+    whose intra- and inter-server links are separate: the documented lock-step pipeline, and for b <= a its
+    closed form (2Ca - Cb)·t_i + Cb·max(t_i, t_e); faster than one chunk whenever both phases have steps."""
+    intra_bw, intra_lat, inter_bw, inter_lat = 900e9, 100e-9, 50e9, 1e-6
+    size = 6.4e8
+    wrong = []
+    for g, m in ((4, 2), (2, 4), (4, 3)):
+        platform = _two_level(g, m, intra_bw, intra_lat, inter_bw, inter_lat)
+        items = [(f"h{c}", "all_reduce", "hierarchical", size, c) for c in (1, 2, 5)]
+        # the barrier XPU hangs off server 0's switch (its compute vertices move no bytes)
+        add_xpu(platform, f"xpu{g * m}", H100, hbm_latency=100e-9, rack=0, server="s0")
+        add_link(platform, f"xpu{g * m}", "sw0", bandwidth=intra_bw, latency=intra_lat, kind="xpu_link")
+        measured = _durations(platform, [f"xpu{i}" for i in range(g * m)], items, f"xpu{g * m}", fidelity)
+        a, b = g - 1, 2 * (m - 1)
+        for _, _, _, _, c in items:
+            t_i = 2 * intra_lat + size / (g * c) / intra_bw
+            t_e = inter_lat + size / (g * m * c) / inter_bw
+            expected = _lock_step_time(a, b, c, t_i, t_e)
+            if c == 1:
+                assert math.isclose(expected, 2 * a * t_i + b * t_e)
+            elif b <= a:
+                assert math.isclose(expected, (2 * c * a - c * b) * t_i + c * b * max(t_i, t_e))
+            if not math.isclose(measured[f"h{c}"], expected, rel_tol=1e-6):
+                wrong.append(f"g={g} m={m} C={c}: {measured[f'h{c}']!r} s, expected {expected!r} s")
+        assert measured["h2"] < measured["h1"]
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("collective,name", [("all_reduce", "ring"), ("all_reduce", "halving_doubling"),
+                                             ("all_reduce", "hierarchical"), ("all_reduce", "double_binary_tree"),
+                                             ("all_to_all", "pairwise"), ("broadcast", "ring")])
+def test_chunked_schedules_line_up_and_carry_every_byte(collective, name):
+    n, size = 16, 1e8
+    groups = [list(range(i, i + 4)) for i in range(0, n, 4)]
+    plain = get_algorithm(collective, name, n, size, groups)
+    chunked = get_algorithm(collective, name, n, size, groups, chunks=4)
+    assert chunked.chunks == 4 and chunked.name == name and chunked.pairs() == plain.pairs()
+    flows = chunked.flows()
+    assert flows.keys() == plain.flows().keys()
+    assert all(math.isclose(flows[p], plain.flows()[p]) for p in flows)  # chunking moves the same bytes
+    for lane in range(chunked.lanes):
+        for index in range(max(chunked.lane_steps(r, lane) for r in range(n))):
+            sent = sorted((r, dst) for r in range(n) if index < chunked.lane_steps(r, lane)
+                          for dst, _ in chunked.lane_step(r, index, lane).sends)
+            received = sorted((src, r) for r in range(n) if index < chunked.lane_steps(r, lane)
+                              for src in chunked.lane_step(r, index, lane).recvs)
+            assert sent == received, f"lane {lane} step {index}"
+    total = sum(b for r in range(n) for lane in range(chunked.lanes) for i in range(chunked.lane_steps(r, lane))
+                for _, b in chunked.lane_step(r, i, lane).sends)
+    assert math.isclose(total, sum(plain.flows().values()))
+    phases = chunked.flow_phases()
+    if phases is not None:
+        by_pair: dict = {}
+        for phase in phases:
+            for pair, b in phase.transfers:
+                by_pair[pair] = by_pair.get(pair, 0.0) + b
+        assert by_pair.keys() == flows.keys() and all(math.isclose(by_pair[p], flows[p]) for p in flows)
+
+
+def test_chunks_must_be_a_positive_integer():
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ConfigError, match=r"chunks must be an integer >= 1"):
+            get_algorithm("all_reduce", "ring", 4, 1e6, chunks=bad)
 
 
 # ---- schedule invariants (no simulation) --------------------------------------------------------------------------
