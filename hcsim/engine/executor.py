@@ -2,7 +2,8 @@
 
 All start vertices enter the running set; when a vertex instance completes,
 each successor instance whose dependencies are met for its next run starts.
-Compute instances are executions on their XPU (FLOPs / FLOP/s, paper eq. 1)
+Compute instances are executions on their XPU (FLOPs / FLOP/s, paper eq. 1, or
+the vertex's measured ``duration``: an execution of duration x FLOP/s)
 beside a memory access (a transfer from the memory where the data lives to
 the XPU, latency + size/bandwidth, paper eq. 2); communication instances are
 collective algorithms made of transfers (:mod:`hcsim.engine.collectives`).
@@ -410,8 +411,10 @@ class Executor:
         node = self.platform.nodes[xpu]
         start = self.backend.now()
         local = node["local_memory"]
-        flops, size = data["flops"], data["memory_bytes"]
-        compute_time = flops / peak_flops(node, self.precision)
+        size, speed = data["memory_bytes"], peak_flops(node, self.precision)
+        duration = data.get("duration")  # a measured time replaces FLOPs / FLOP/s, on any device
+        flops = data["flops"] if duration is None else duration * speed
+        compute_time = flops / speed
         tracing = self.trace is not None and self.trace.wants(xpu, run)
 
         def finish():

@@ -164,3 +164,25 @@ def test_an_analytic_collective_in_one_server_equals_the_simulated_one_on_simgri
                                   RunOptions(collective_fidelity="flow", local_collectives=mode))["iteration_ends"]
             for mode in ("simulated", "analytic")}
     assert close(ends["analytic"][0], ends["simulated"][0], 1e-9)
+
+
+def test_a_measured_duration_replaces_flops_on_any_device():
+    """A vertex with `duration` takes that long on an H100 and on a V100 alike (its flops ignored), beside its
+    HBM read (the longer of the two); its compute time in `busy` and its trace span are the duration."""
+    from hcsim.platform.topology import add_link, add_xpu
+
+    catalog = builtin_catalog()
+    platform = single_switch(1, H100)
+    add_xpu(platform, "v100", catalog["V100"], hbm_latency=100e-9, rack=0, server="s0")
+    add_link(platform, "v100", "xswitch", bandwidth=LINK_BW, latency=LINK_LAT, kind="xpu_link")
+    duration, size = 0.25, 4e9  # the V100's HBM read (4.4 ms) hides behind it
+    graph = new_workload("measured")
+    add_compute(graph, "kernel", xpus=["xpu0", "v100"], flops=1e15, memory_bytes=size, duration=duration, start=True)
+    add_compute(graph, "short", xpus=["v100"], flops=0.0, memory_bytes=size, duration=1e-3)  # memory-bound
+    add_dependency(graph, "kernel", "short")
+    result = simulate_graphs(platform, graph, RunOptions(trace_xpus=frozenset({"xpu0", "v100"})))
+    spans = {(name, xpu): end - start for _, xpu, name, _, start, end in result["vertices"]}
+    assert close(spans["kernel", "xpu0"], duration, 1e-9) and close(spans["kernel", "v100"], duration, 1e-9)
+    assert close(spans["short", "v100"], 100e-9 + size / catalog["V100"].memory_bandwidth, 1e-9)
+    assert close(result["busy"]["xpu0"][0], duration, 1e-9)
+    assert close(result["busy"]["v100"][0], duration + 1e-3, 1e-9)

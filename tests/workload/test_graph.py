@@ -117,3 +117,22 @@ def test_loading_a_bad_file_says_what_is_wrong(tmp_path, text, message):
     path.write_text(text)
     with pytest.raises(WorkloadError, match=message):
         load_workload(path)
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), True, "1s"])
+def test_duration_must_be_finite_seconds(bad):
+    graph = new_workload("w")
+    add_compute(graph, "c", xpus=["x"], flops=0.0, start=True)
+    graph.nodes["c"]["duration"] = bad  # as a hand-edited graph file may have it
+    with pytest.raises(WorkloadError, match=r"vertex 'c': duration must be a finite number >= 0"):
+        validate_workload(graph)
+
+
+def test_duration_and_chunks_survive_a_save_and_load(tmp_path):
+    graph = new_workload("w")
+    add_compute(graph, "c", xpus=["x", "y"], flops=0.0, duration=2e-3, start=True)
+    add_comm(graph, "ar", xpus=["x", "y"], bytes=1e6, collective="all_reduce", chunks=4)
+    add_dependency(graph, "c", "ar")
+    save_workload(graph, tmp_path / "g.json")
+    loaded = load_workload(tmp_path / "g.json")
+    assert loaded.nodes["c"]["duration"] == 2e-3 and loaded.nodes["ar"]["chunks"] == 4
