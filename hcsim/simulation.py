@@ -7,6 +7,7 @@ simulation in a fresh process (spawned, never forked) and returns plain data;
 
 from __future__ import annotations
 
+import ast
 import csv
 import hashlib
 import io
@@ -15,6 +16,7 @@ import logging
 import os
 import platform as host_platform
 import resource
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -23,8 +25,12 @@ from typing import Any
 
 import networkx as nx
 
-from hcsim import __version__
-from hcsim.errors import ConfigError
+from hcsim.errors import ConfigError, SimulationError, shadowed_package
+
+try:
+    from hcsim import __version__
+except ImportError as _error:  # a folder named hcsim shadows the package: say so, not "cannot import name"
+    raise shadowed_package(_error) from _error
 from hcsim.scenario import Scenario
 
 __all__ = ["Prepared", "prepare", "offload_memory", "host_pairs", "execute", "run_here", "simulate", "simulate_graphs", "total_runs",
@@ -229,12 +235,19 @@ def total_runs(workload: nx.DiGraph, iterations: int) -> int:
 
 
 def _execute_child(platform, workload, options) -> dict[str, Any]:
+    wall = time.perf_counter()
     outcome = execute(platform, workload, options)
     trace = outcome.trace
     return {"iteration_ends": outcome.iteration_ends, "activities": outcome.activities, "busy": outcome.busy,
             "collective_fidelity": outcome.collective_fidelity, "link_bytes": outcome.link_bytes,
             "xpu_times": outcome.xpu_times, "representatives": outcome.representatives,
-            "vertices": trace.vertices if trace else [], "transfers": trace.transfers if trace else []}
+            "vertices": trace.vertices if trace else [], "transfers": trace.transfers if trace else [],
+            "wall_time_s": time.perf_counter() - wall, "peak_rss_mb": _peak_rss_mb()}
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak resident memory in MB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def simulate_graphs(platform: nx.Graph, workload: nx.DiGraph, options=None) -> dict[str, Any]:
@@ -243,15 +256,59 @@ def simulate_graphs(platform: nx.Graph, workload: nx.DiGraph, options=None) -> d
     Returns ``iteration_ends`` (s), ``activities``, ``busy`` (xpu -> [compute s,
     memory stall s]), ``xpu_times`` (xpu -> compute_s, memory_stall_s, comm_s, idle_s
     per measured iteration), ``representatives`` (follower -> representative XPU),
-    ``collective_fidelity`` (vertex -> step | flow), ``link_bytes`` ((u, v) -> bytes)
-    and the traced ``vertices`` and ``transfers``.
+    ``collective_fidelity`` (vertex -> step | flow), ``link_bytes`` ((u, v) -> bytes),
+    the traced ``vertices`` and ``transfers``, ``wall_time_s`` (the worker's compile
+    and run) and ``peak_rss_mb`` (the worker's peak memory, MB).
+
+    The worker is a spawned process that imports the calling script again:
+    call this under ``if __name__ == "__main__":`` (a SimulationError says so).
     """
     from hcsim.engine.executor import RunOptions
     from hcsim.workload import validate_workload
 
     validate_workload(workload)
-    with _fresh_process() as pool:
-        return pool.submit(_execute_child, platform, workload, options or RunOptions()).result()
+    return _in_fresh_process(_execute_child, platform, workload, options or RunOptions())
+
+
+def _in_fresh_process(function, *args):
+    """`function(*args)` in a spawned worker process (SimGrid: one engine per process); its result back."""
+    import multiprocessing
+    from concurrent.futures.process import BrokenProcessPool
+
+    script = getattr(sys.modules.get("__main__"), "__file__", None)
+    if getattr(multiprocessing.current_process(), "_inheriting", False):  # spawn re-imports the main script
+        raise SimulationError(_guard_message(script, "this worker process is importing your script again and reached "
+                                                     "a simulation call at its top level"))
+    try:
+        with _fresh_process() as pool:
+            return pool.submit(function, *args).result()
+    except BrokenProcessPool as err:
+        if script and not _has_main_guard(script):
+            raise SimulationError(_guard_message(script, "the simulation's worker process stopped before it "
+                                                         "could run")) from err
+        raise SimulationError("the simulation's worker process died before returning a result (its own error, if "
+                              "any, is printed above: out of memory? a SimGrid abort?)") from err
+
+
+def _guard_message(script: str | None, what: str) -> str:
+    return (f"{what}: every simulation runs in a fresh process (SimGrid allows one engine per process), started "
+            f"with 'spawn', which imports {script or 'the main script'} again; a call at its top level would start "
+            f"simulations without end. Fix: put the script's code under `if __name__ == \"__main__\":`")
+
+
+def _has_main_guard(script: str) -> bool:
+    """Whether `script` has an ``if __name__ == "__main__":`` block (True when it cannot be read)."""
+    try:
+        tree = ast.parse(Path(script).read_text())
+    except (OSError, SyntaxError, ValueError):
+        return True
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Compare):
+            names = [node.test.left, *node.test.comparators]
+            if (any(isinstance(n, ast.Name) and n.id == "__name__" for n in names)
+                    and any(isinstance(n, ast.Constant) and n.value == "__main__" for n in names)):
+                return True
+    return False
 
 
 def run_here(scenario: Scenario, out: Path | None = None, progress=None) -> dict[str, Any]:
@@ -303,7 +360,7 @@ def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float) -> dic
         "collective_fidelity": sorted(set(outcome.collective_fidelity.values())),
         "wall_time_s": wall_s,
         "setup_time_s": setup_s,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # Linux reports KiB
+        "peak_rss_mb": _peak_rss_mb(),
         "inputs": scenario.to_dict(),
         "inputs_hash": scenario.digest(),
         "layout": graph.get("layout"),
@@ -468,9 +525,10 @@ def _child(scenario: Scenario, out: str | None) -> dict[str, Any]:
 
 
 def simulate(scenario: Scenario, out: Path | str | None = None) -> dict[str, Any]:
-    """Run `scenario` in a fresh process and return its result record (the Python API)."""
-    with _fresh_process() as pool:
-        return pool.submit(_child, scenario, str(out) if out else None).result()
+    """Run `scenario` in a fresh process and return its result record (the Python API).
+
+    Call it under ``if __name__ == "__main__":`` in a script (see :func:`simulate_graphs`)."""
+    return _in_fresh_process(_child, scenario, str(out) if out else None)
 
 
 def _fresh_process():

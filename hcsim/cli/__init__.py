@@ -11,8 +11,12 @@ import importlib
 import logging
 import sys
 
-from hcsim import __version__
-from hcsim.errors import HcsimError
+from hcsim.errors import HcsimError, shadowed_package
+
+try:
+    from hcsim import __version__
+except ImportError as _error:  # a folder named hcsim shadows the package: say so, not "cannot import name"
+    raise shadowed_package(_error) from _error
 
 __all__ = ["main"]
 

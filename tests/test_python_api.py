@@ -1,0 +1,53 @@
+"""The Python API in a user's script: what simulate_graphs returns, and the errors a script can run into.
+
+Scripts run in subprocesses: SimGrid allows one engine per process, and the errors are about how a script is
+started.
+"""
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+SCRIPT = textwrap.dedent("""
+    from hcsim.platform.builders import single_switch
+    from hcsim.platform.devices import builtin_catalog
+    from hcsim.simulation import simulate_graphs
+    from hcsim.workload import add_compute, new_workload
+
+    def run():
+        graph = new_workload("one")
+        add_compute(graph, "c", xpus=["xpu0"], flops=0.0, duration=1e-3, start=True)
+        result = simulate_graphs(single_switch(1, builtin_catalog()["H100"]), graph)
+        print(result["iteration_ends"][0], result["wall_time_s"], result["peak_rss_mb"])
+""")
+
+
+def _run(folder: Path, body: str) -> subprocess.CompletedProcess:
+    (folder / "script.py").write_text(SCRIPT + body)
+    return subprocess.run([sys.executable, "script.py"], cwd=folder, capture_output=True, text=True, timeout=300)
+
+
+def test_simulate_graphs_reports_wall_time_and_peak_memory(tmp_path):
+    done = _run(tmp_path, 'if __name__ == "__main__":\n    run()\n')
+    assert done.returncode == 0, done.stderr
+    end, wall, peak = map(float, done.stdout.split())
+    assert abs(end - 1e-3) < 1e-12
+    assert 0 < wall < 300 and 10 < peak < 10_000  # a SimGrid worker holds at least its libraries
+
+
+def test_a_script_without_a_main_guard_is_told_what_to_do(tmp_path):
+    done = _run(tmp_path, "run()\n")
+    assert done.returncode != 0
+    assert "SimulationError" in done.stderr and 'if __name__ == "__main__":' in done.stderr
+    assert "script.py" in done.stderr
+
+
+def test_a_folder_named_hcsim_shadowing_the_package_is_named(tmp_path):
+    (tmp_path / "hcsim").mkdir()  # a checkout next to the script: no __init__.py in it
+    done = _run(tmp_path, 'if __name__ == "__main__":\n    run()\n')
+    if done.returncode == 0:
+        pytest.skip("hcsim is installed on sys.path itself (not editable): a regular package wins, nothing shadows it")
+    assert f"found the folder {tmp_path / 'hcsim'}" in done.stderr and "shadows it" in done.stderr
