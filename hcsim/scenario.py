@@ -33,7 +33,7 @@ class Scenario:
 
     name: str = "default"
     platform: str = "paper-cxl"  # platform spec: built-in name or path
-    workload: str = "llama2-13b"  # workload spec: built-in name or path
+    workload: str = "llama2-13b"  # workload spec (built-in name or YAML path), a graph .json or chakra:PREFIX
     xpus: int = 64  # XPUs that train (the first ones of the platform, rack by rack)
     devices: tuple[str, ...] | None = None  # device per rack, cycling; None: the platform spec's
     coherent: bool | None = None  # CXL fabric and coherent memory access; None: the platform spec's

@@ -60,6 +60,7 @@ def prepare(scenario: Scenario) -> Prepared:
     from hcsim.workload import build_training_graph, load_workload_spec, place_memory, validate_workload
     from hcsim.workload.hybrid import build_hybrid_graph, place_hybrid_memory
     from hcsim.workload.layout import ParallelLayout
+    from hcsim.workload.sources import is_graph_source
 
     base = Path(scenario.base)
     platform_spec = load_platform_spec(resolve_spec(scenario.platform, "platforms", base), scenario.platform_settings())
@@ -68,21 +69,27 @@ def prepare(scenario: Scenario) -> Prepared:
                           f"{scenario.platform!r} has {platform_spec.xpus}")
     graph = build_platform(platform_spec, scenario.xpus)
     xpus = platform_xpus(graph)[: scenario.xpus]
-    workload_spec = load_workload_spec(resolve_spec(scenario.workload, "workloads", base), scenario.workload_settings())
-    sizes = {"tp": scenario.tp, "pp": scenario.pp, "ep": scenario.ep} | ({"dp": scenario.dp} if scenario.dp else {})
-    try:
-        layout = ParallelLayout(xpus, sizes)
-    except ConfigError as err:
-        raise ConfigError(f"scenario {scenario.name!r}: {err}") from err
-
-    def order(group):
-        return rank_order(graph, group, scenario, xpus)
-
-    parallelism = _parallelism(scenario, workload_spec, layout) if scenario.hybrid else None
-    if parallelism:
-        workload = build_hybrid_graph(workload_spec, parallelism, layout, order)
+    from_graph = is_graph_source(scenario.workload)
+    parallelism = None
+    if from_graph:  # a graph file or a Chakra trace: it names its own XPUs and memory placement
+        workload, xpus = graph_workload(scenario, xpus)
     else:
-        workload = build_training_graph(workload_spec, layout, order)
+        workload_spec = load_workload_spec(resolve_spec(scenario.workload, "workloads", base),
+                                           scenario.workload_settings())
+        sizes = {"tp": scenario.tp, "pp": scenario.pp, "ep": scenario.ep} | ({"dp": scenario.dp} if scenario.dp else {})
+        try:
+            layout = ParallelLayout(xpus, sizes)
+        except ConfigError as err:
+            raise ConfigError(f"scenario {scenario.name!r}: {err}") from err
+
+        def order(group):
+            return rank_order(graph, group, scenario, xpus)
+
+        parallelism = _parallelism(scenario, workload_spec, layout) if scenario.hybrid else None
+        if parallelism:
+            workload = build_hybrid_graph(workload_spec, parallelism, layout, order)
+        else:
+            workload = build_training_graph(workload_spec, layout, order)
     validate_workload(workload, xpus)
     coherent = bool(graph.graph.get("coherent"))
     if not coherent and any(a == "coherent_ring" for _, a in workload.nodes(data="algorithm")):
@@ -93,7 +100,9 @@ def prepare(scenario: Scenario) -> Prepared:
     capacities = {x: nodes[nodes[x]["local_memory"]]["capacity"] for x in xpus}
     extended = {x: nodes[nodes[x]["extended_memory"]]["capacity"] if nodes[x]["extended_memory"] else 0.0
                 for x in xpus}
-    if parallelism:
+    if from_graph:
+        placement = None
+    elif parallelism:
         offload = offload_memory(graph, xpus, scenario, coherent)
         placement = place_hybrid_memory(workload, workload_spec, parallelism, layout, capacities, extended, offload)
     else:
@@ -154,6 +163,32 @@ def _parallelism(scenario: Scenario, spec, layout):
                            ep=layout.sizes["ep"], moe_skew=scenario.moe_skew)
     except ConfigError as err:
         raise ConfigError(f"scenario {scenario.name!r}: {err}") from err
+
+
+def graph_workload(scenario: Scenario, xpus: list[str]) -> tuple[nx.DiGraph, list[str]]:
+    """The workload graph of a scenario whose ``workload`` is a graph file or a Chakra trace, on the run's
+    XPUs (:mod:`hcsim.workload.sources`), with the scenario's collective keys applied: ``collective`` sets
+    every all-reduce's algorithm, ``collective_chunks`` every collective's chunks. Returns the graph and the
+    XPUs it runs on."""
+    from hcsim.workload.sources import load_graph_source, place_graph
+
+    where = f"scenario {scenario.name!r}"
+    spec_only = {"fidelity": scenario.fidelity is not None, "workload_overrides": bool(scenario.workload_overrides),
+                 "ring_order": scenario.ring_order != "topology",
+                 "tp, pp, dp, micro_batch, global_batch, recompute, layer_split": scenario.hybrid or bool(scenario.dp)}
+    for key, given in spec_only.items():
+        if given:
+            raise ConfigError(f"{where}: {key}: applies to workload specs only, and workload {scenario.workload!r} "
+                              f"is a graph; fix: remove {key}, or edit the graph")
+    workload, used = place_graph(load_graph_source(scenario.workload, scenario.base), xpus, f"{where}: workload")
+    for _, data in workload.nodes(data=True):
+        if data.get("kind") != "comm" or data.get("collective") == "p2p":
+            continue
+        if scenario.collective is not None and data.get("collective") == "all_reduce":
+            data["algorithm"] = scenario.collective
+        if scenario.collective_chunks is not None:
+            data["chunks"] = scenario.collective_chunks
+    return workload, used
 
 
 def rank_order(platform: nx.Graph, xpus: list[str], scenario: Scenario, run_xpus: list[str] | None = None) -> list[str]:

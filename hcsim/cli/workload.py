@@ -1,7 +1,9 @@
-"""`hcsim workload`: show a workload spec's state, memory placement and FLOPs; export its graph as JSON.
+"""`hcsim workload`: show a workload spec's state, memory placement and FLOPs; export its graph as JSON;
+import a Chakra execution trace as a graph.
 
     hcsim workload show llama2-13b --device H100 --set training.batch_per_xpu=2
     hcsim workload export llama2-13b --xpus 8 -o graph.json
+    hcsim workload import traces/dp -o dp.json      # traces/dp.0.et, traces/dp.1.et, ...
 """
 
 from __future__ import annotations
@@ -48,6 +50,20 @@ def register(subparsers) -> None:
     export.add_argument("--device", default=None, help="also place memory for this device (sets spilled_xpus)")
     _add_set(export)
     export.set_defaults(run=run_export)
+
+    chakra = actions.add_parser(
+        "import", help="read a Chakra execution trace (ASTRA-sim) into a graph JSON",
+        description="Read the Chakra trace PREFIX.<rank>.et (one file per rank) into an hcsim workload graph and "
+                    "write it as node-link JSON; a scenario runs it with workload: FILE.json (or runs the trace "
+                    "itself with workload: chakra:PREFIX). Sizes are bytes, times microseconds; ASTRA-sim's "
+                    "network 'GB/s' is 2^30 B/s (GiB/s in hcsim), hcsim's GB/s is 1e9 B/s.")
+    chakra.add_argument("prefix", metavar="PREFIX", help="path prefix of the rank files (chakra:PREFIX also accepted)")
+    chakra.add_argument("-o", "--output", required=True, help="JSON file to write")
+    chakra.add_argument("--groups", default=None,
+                        help="communicator groups JSON {pg_name: [ranks]} (default: PREFIX.groups.json if present)")
+    chakra.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "bf16"),
+                        help="FLOP/s for nodes timed by num_ops (default fp32)")
+    chakra.set_defaults(run=run_import)
 
 
 def _add_set(parser: argparse.ArgumentParser) -> None:
@@ -177,4 +193,19 @@ def run_export(args) -> int:
         place_memory(graph, {x: device.memory for x in xpus}, spec)
     save_workload(graph, args.output)
     print(f"wrote {args.output}: {graph.number_of_nodes()} vertices, {graph.number_of_edges()} edges over {len(xpus)} XPUs")
+    return 0
+
+
+def run_import(args) -> int:
+    from hcsim.workload import save_workload
+    from hcsim.workload.chakra import UNITS_NOTE, import_chakra
+    from hcsim.workload.sources import graph_xpus
+
+    prefix = args.prefix[len("chakra:"):] if args.prefix.startswith("chakra:") else args.prefix
+    graph = import_chakra(prefix, groups=args.groups, precision=args.precision)
+    save_workload(graph, args.output)
+    kinds = [data["kind"] for _, data in graph.nodes(data=True)]
+    print(f"wrote {args.output}: {kinds.count('compute')} compute and {kinds.count('comm')} communication vertices, "
+          f"{graph.number_of_edges()} edges over {len(graph_xpus(graph))} ranks")
+    print(UNITS_NOTE)
     return 0
