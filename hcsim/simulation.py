@@ -436,8 +436,11 @@ def _device_counts(prepared: Prepared) -> dict[str, int]:
 
 
 def _memory(prepared: Prepared) -> dict[str, dict[str, float]]:
-    """Per device type, the largest training state an XPU holds (bytes), and how much of it spills."""
+    """Per device type, the largest training state an XPU holds (bytes), and how much of it spills; empty for a
+    graph workload (a graph file or trace says where data lives, spilled_xpus, but not how much state there is)."""
     table: dict[str, dict[str, float]] = {}
+    if prepared.placement is None:
+        return table
     for x in prepared.xpus:
         held = prepared.placement.inventory[x]
         row = table.setdefault(prepared.platform.nodes[x]["device"], {"state_bytes": 0.0, "spilled_bytes": 0.0})

@@ -54,7 +54,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
 from hcsim.errors import WorkloadError
-from hcsim.workload.graph import add_comm, add_compute, add_dependency, new_workload
+from hcsim.workload.graph import add_comm, add_compute, add_dependency, covered_xpus, new_workload, validate_workload
 
 __all__ = ["GlobalMetadata", "Node", "AttributeProto", "NODE_TYPES", "COLLECTIVE_TYPES", "UNITS_NOTE",
            "read_trace", "write_trace", "import_chakra", "trace_files", "attribute"]
@@ -300,8 +300,6 @@ def import_chakra(prefix: str | Path, *, groups: str | Path | dict | None = None
     _add_collectives(graph, items, pg, vertex)
     _add_point_to_point(graph, items, vertex)
     _add_edges(graph, items, vertex)
-    from hcsim.workload.graph import validate_workload
-
     try:
         validate_workload(graph)
     except WorkloadError as err:
@@ -470,5 +468,13 @@ def _add_edges(graph, items, vertex) -> None:
     for u, v, skip in sorted(edges):
         if not graph.has_edge(u, v):  # sorted: an edge of the same iteration comes first and implies the other
             add_dependency(graph, u, v, skip_first_iteration=skip)
-    for name in graph.nodes:
-        graph.nodes[name]["start"] = not any(not skip for _, _, skip in graph.in_edges(name, data="skip_first_iteration"))
+    for name, data in graph.nodes(data=True):  # a start vertex: one of its units waits for nothing in iteration 1
+        covered: set | None = set()
+        for u, _, edge in graph.in_edges(name, data=True):
+            if not edge["skip_first_iteration"]:
+                xpus = covered_xpus(graph, u, name, edge["wait"])
+                if xpus is None:
+                    covered = None
+                    break
+                covered |= xpus
+        data["start"] = covered is not None and not covered.issuperset(data["xpus"])
