@@ -118,6 +118,8 @@ def scenario_yaml(name: str, workload: str) -> str:
 
 def all_reduce_time(name: str) -> float:
     """One uncontended 634 MB all-reduce, by the closed forms of docs/collectives.md."""
+    from hcsim.engine.collectives import hierarchical_time
+
     size = GRADIENT_BYTES
     if name == "ring":  # neighbours are one link apart
         n = RANKS
@@ -126,26 +128,7 @@ def all_reduce_time(name: str) -> float:
     chunks = RUNS[name][2] or 1
     t_intra = 2 * INTRA["latency"] + size / (g * chunks) / INTRA["bandwidth"]  # NPU -> switch -> NPU
     t_inter = INTER["latency"] + size / (g * m * chunks) / INTER["bandwidth"]  # one ring link
-    return _lock_step_pipeline(g - 1, 2 * (m - 1), chunks, t_intra, t_inter)
-
-
-def _lock_step_pipeline(a: int, b: int, chunks: int, t_intra: float, t_inter: float) -> float:
-    """The hierarchical all-reduce in C chunks (docs/collectives.md, "Chunks"): the intra-server links serve
-    RS_0..RS_{C-1} then AG_0..AG_{C-1} (a steps each), the inter-server links AR_0..AR_{C-1} (b steps each),
-    first come first served; a step lasts its slowest transfer. C = 1: 2a·t_i + b·t_e."""
-    intra, inter, ar_end, ends = set(), set(), 0, []
-    for k in range(chunks):
-        intra.update(range(k * a, (k + 1) * a))
-        start = max((k + 1) * a, ar_end)
-        inter.update(range(start, start + b))
-        ar_end = start + b
-        ends.append(ar_end)
-    free = chunks * a
-    for end in ends:
-        start = max(end, free)
-        intra.update(range(start, start + a))
-        free = start + a
-    return sum(max(t_intra if s in intra else 0.0, t_inter if s in inter else 0.0) for s in intra | inter)
+    return hierarchical_time(g, m, chunks, t_intra, t_inter)  # its lock steps (docs/collectives.md, "Chunks")
 
 
 def iteration_time(all_reduce: float) -> float:

@@ -94,7 +94,8 @@ from dataclasses import dataclass
 
 from hcsim.errors import ConfigError
 
-__all__ = ["Algorithm", "Step", "FlowPhase", "register", "get_algorithm", "algorithms", "server_groups", "DEFAULT_ALGORITHM"]
+__all__ = ["Algorithm", "Step", "FlowPhase", "SequentialChunks", "register", "get_algorithm", "algorithms",
+           "server_groups", "hierarchical_time", "DEFAULT_ALGORITHM"]
 
 _REGISTRY: dict[tuple[str, str], type["Algorithm"]] = {}
 
@@ -653,6 +654,25 @@ class HierarchicalAllReduce(_Table):
             for group in self.groups:
                 for local, rank in enumerate(group):
                     self.send(step + offset, rank, group[(local + 1) % g], chunk / g)
+
+
+def hierarchical_time(g: int, m: int, chunks: int, t_intra: float, t_inter: float) -> float:
+    """Time of :class:`HierarchicalAllReduce` over m servers of g ranks in `chunks` chunks, in s, on a platform
+    whose intra- and inter-server links are separate and uncontended: the sum over its lock steps of the
+    slowest transfer in each, t_intra for an intra-server step (α_i + S/(gC·B_i)), t_inter for an
+    inter-server one (α_e + S/(gmC·B_e)).
+
+    >>> hierarchical_time(4, 2, 1, 1.0, 10.0)  # 2(g-1) intra steps + 2(m-1) inter steps
+    26.0
+    >>> hierarchical_time(4, 2, 2, 1.0, 10.0)  # (2Ca - Cb)·t_i + Cb·max(t_i, t_e), a = 3, b = 2
+    48.0
+    """
+    a, b = g - 1, 2 * (m - 1)
+    intra, inter = set(), set()
+    for rs, ar, ag in _pipeline_starts(a, b, chunks):
+        intra.update(range(rs, rs + a), range(ag, ag + a))
+        inter.update(range(ar, ar + b))
+    return sum(max(t_intra if s in intra else 0.0, t_inter if s in inter else 0.0) for s in intra | inter)
 
 
 def _pipeline_starts(a: int, b: int, chunks: int) -> list[tuple[int, int, int]]:

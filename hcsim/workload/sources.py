@@ -16,6 +16,7 @@ the platform's order (N = the graph's XPU count): :func:`place_graph`.
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
@@ -24,6 +25,8 @@ import networkx as nx
 from hcsim.errors import ConfigError
 
 __all__ = ["is_graph_source", "load_graph_source", "graph_xpus", "place_graph", "XPU_KEYS"]
+
+log = logging.getLogger(__name__)
 
 XPU_KEYS = ("xpus", "spilled_xpus", "groups", "pairs")
 """Vertex attributes that hold XPU names (nested tuples or sets of them): renamed by :func:`place_graph`."""
@@ -36,11 +39,12 @@ def is_graph_source(workload: str) -> bool:
 
 def load_graph_source(workload: str, base: Path | str = ".") -> nx.DiGraph:
     """The workload graph named by `workload` (relative paths from `base`), validated on its own."""
-    from hcsim.workload.chakra import import_chakra
+    from hcsim.workload.chakra import UNITS_NOTE, import_chakra
     from hcsim.workload.graph import load_workload
 
     if workload.startswith("chakra:"):
         prefix = Path(workload[len("chakra:"):])
+        log.info("chakra:%s: %s", prefix, UNITS_NOTE)
         return import_chakra(prefix if prefix.is_absolute() else Path(base) / prefix)
     path = Path(workload)
     path = path if path.is_absolute() else Path(base) / path

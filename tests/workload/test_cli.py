@@ -30,3 +30,22 @@ def test_export_writes_a_graph_that_loads_back(tmp_path, capsys):
     graph = load_workload(path, ["xpu0", "xpu1", "xpu2"])
     assert graph.nodes["d40.bwd"]["spilled_xpus"] == frozenset({"xpu0", "xpu1", "xpu2"})
     assert graph.nodes["d01.fwd"]["start"] and graph.edges["optimizer", "d01.fwd"]["skip_first_iteration"]
+
+
+def test_import_writes_a_chakra_trace_as_a_graph_and_names_the_units(tmp_path, capsys):
+    from hcsim.workload.chakra import NODE_TYPES, Node, attribute, import_chakra, write_trace
+
+    all_reduce = [attribute("comm_type", int64_val=0), attribute("comm_size", int64_val=1000)]
+    for rank in range(3):
+        write_trace(tmp_path / f"dp.{rank}.et", [Node(id=1, type=NODE_TYPES["COMP_NODE"], duration_micros=10),
+                                                 Node(id=2, type=NODE_TYPES["COMM_COLL_NODE"], data_deps=[1],
+                                                      attr=all_reduce)])
+    path = tmp_path / "dp.json"
+    assert main(["workload", "import", f"chakra:{tmp_path / 'dp'}", "-o", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "3 compute and 1 communication vertices" in out and "over 3 ranks" in out
+    assert "2^30 B/s" in out and "GiB/s" in out  # ASTRA-sim's GB/s is not hcsim's
+    loaded, imported = load_workload(path), import_chakra(tmp_path / "dp")
+    assert sorted(loaded.nodes(data="xpus")) == sorted(imported.nodes(data="xpus"))
+    assert main(["workload", "import", str(tmp_path / "none"), "-o", str(path)]) == 2
+    assert "no trace files" in capsys.readouterr().err
