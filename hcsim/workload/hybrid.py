@@ -337,7 +337,8 @@ class _Builder:
                 add_comm(self.graph, name, groups=self.groups(axis, stage),
                          collective="reduce_scatter" if par.zero >= 1 else "all_reduce",
                          bytes=self.chunk_parameters(stage, chunk, kind) * sizes.gradient,
-                         algorithm=self.spec.algorithm if par.zero == 0 else "ring")
+                         algorithm=self.spec.algorithm if par.zero == 0 else "ring",
+                         chunks=self.spec.chunks if par.zero == 0 else None)
                 self.graph.nodes[name].update(phase="allreduce", stage=stage)
                 add_dependency(self.graph, last, name)
                 reduced.append(name)
