@@ -397,7 +397,7 @@ def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float) -> dic
         "setup_time_s": setup_s,
         "peak_rss_mb": _peak_rss_mb(),
         "inputs": scenario.to_dict(),
-        "inputs_hash": scenario.digest(),
+        "inputs_hash": scenario.digest() + (f"+{graph['source_digest']}" if "source_digest" in graph else ""),
         "layout": graph.get("layout"),
         "versions": {"hcsim": __version__, "source": _source_digest(), "simgrid": _simgrid_version(),
                      "python": host_platform.python_version()},

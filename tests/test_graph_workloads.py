@@ -36,6 +36,7 @@ def test_an_exported_graph_runs_as_the_spec_it_came_from(tmp_path):
     assert graph.keys() == built.keys()
     for key in ("iteration_times_s", "batches_per_s", "breakdown", "links", "activities", "xpus", "devices"):
         assert graph[key] == built[key], key
+    assert graph["inputs_hash"].count("+") == 1 and "+" not in built["inputs_hash"]  # the graph file's hash too
     for name in ("result.json", "links.csv", "trace.csv", "trace.json"):
         assert (tmp_path / "run" / name).stat().st_size > 0
 

@@ -16,6 +16,7 @@ the platform's order (N = the graph's XPU count): :func:`place_graph`.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from pathlib import Path
@@ -38,19 +39,30 @@ def is_graph_source(workload: str) -> bool:
 
 
 def load_graph_source(workload: str, base: Path | str = ".") -> nx.DiGraph:
-    """The workload graph named by `workload` (relative paths from `base`), validated on its own."""
-    from hcsim.workload.chakra import UNITS_NOTE, import_chakra
+    """The workload graph named by `workload` (relative paths from `base`), validated on its own.
+
+    Its graph attribute ``source_digest`` is a hash of the files read, for the result's inputs hash."""
+    from hcsim.workload.chakra import UNITS_NOTE, import_chakra, trace_files
     from hcsim.workload.graph import load_workload
 
     if workload.startswith("chakra:"):
         prefix = Path(workload[len("chakra:"):])
+        prefix = prefix if prefix.is_absolute() else Path(base) / prefix
         log.info("chakra:%s: %s", prefix, UNITS_NOTE)
-        return import_chakra(prefix if prefix.is_absolute() else Path(base) / prefix)
-    path = Path(workload)
-    path = path if path.is_absolute() else Path(base) / path
-    if not path.is_file():
-        raise ConfigError(f"workload: {workload}: no such graph file (looked for {path})")
-    return load_workload(path)
+        graph = import_chakra(prefix)
+        groups = prefix.parent / f"{prefix.name}.groups.json"
+        files = trace_files(prefix) + ([groups] if groups.is_file() else [])
+    else:
+        path = Path(workload)
+        path = path if path.is_absolute() else Path(base) / path
+        if not path.is_file():
+            raise ConfigError(f"workload: {workload}: no such graph file (looked for {path})")
+        graph, files = load_workload(path), [path]
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(file.read_bytes())
+    graph.graph["source_digest"] = digest.hexdigest()[:16]
+    return graph
 
 
 def _natural(name: str):
