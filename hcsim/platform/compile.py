@@ -97,9 +97,10 @@ def compile_platform(graph: nx.Graph, pairs: Iterable[tuple[str, str]], precisio
     graph : a platform graph (:mod:`hcsim.platform.topology`).
     pairs : ordered (source, destination) host pairs the simulation uses;
         pairs of a host with itself are ignored.
-    precision : "fp32" or "fp16": an XPU's speed is its FLOP/s at this
-        precision; a CPU's is its ``flops`` (1 FLOP/s when 0); a memory's 1 FLOP/s
-        (memories never compute).
+    precision : one of :data:`hcsim.platform.devices.PRECISIONS`: an XPU's speed is
+        its dense peak at this precision (:func:`~hcsim.platform.devices.peak_flops`,
+        a ConfigError when its device has none); a CPU's is its ``flops``
+        (1 FLOP/s when 0); a memory's 1 FLOP/s (memories never compute).
 
     Raises
     ------

@@ -20,7 +20,10 @@ Node attributes (``kind`` first)
         Set it on XPUs for direct-connect topologies (rings, tori).
     switch: role : "pcie" | "xpu" | "tor" | "core" | "cxl" (informative);
             level : CXL switches only, 1 for leaves, +1 per cascade level.
-    xpu: device : catalog name; fp32_flops, fp16_flops : FLOP/s;
+    xpu: device : catalog name; peak_flops : {precision: dense peak FLOP/s} for the
+         precisions the device has (read it with
+         :func:`hcsim.platform.devices.peak_flops`); fp32_flops, fp16_flops :
+         FLOP/s, the same figures under their older names;
          local_memory : name of its HBM memory node;
          extended_memory : name of the memory node it spills to, or None;
          host_memory : optional, the DRAM of the CPU it is attached to (CPU
@@ -45,6 +48,7 @@ from collections import Counter
 import networkx as nx
 
 from hcsim.errors import TopologyError
+from hcsim.platform.devices import PRECISIONS
 
 __all__ = [
     "NODE_KINDS", "LINK_KINDS", "HOST_KINDS", "MEMORY_ROLES", "add_link", "add_xpu", "add_memory",
@@ -66,7 +70,7 @@ def add_link(graph: nx.Graph, u: str, v: str, *, bandwidth: float, latency: floa
 def add_xpu(graph: nx.Graph, name: str, device, *, hbm_latency: float, **where) -> None:
     """Add an XPU of catalog `device` with its HBM memory node and the link between them."""
     memory = f"{name}.hbm"
-    graph.add_node(name, kind="xpu", device=device.name, fp32_flops=device.fp32_flops,
+    graph.add_node(name, kind="xpu", device=device.name, peak_flops=dict(device.peaks), fp32_flops=device.fp32_flops,
                    fp16_flops=device.fp16_flops, local_memory=memory, extended_memory=None, **where)
     graph.add_node(memory, kind="memory", capacity=device.memory, role="hbm", owner=name, **where)
     add_link(graph, name, memory, bandwidth=device.memory_bandwidth, latency=hbm_latency, kind="hbm")
@@ -135,6 +139,10 @@ def _node_problems(graph, node, data, catalog) -> list[str]:
         for key in ("fp32_flops", "fp16_flops"):
             if not _positive(data.get(key)):
                 problems.append(f"xpu {node!r}: {key} must be a positive FLOP/s, got {data.get(key)!r}")
+        peaks = data.get("peak_flops", {})
+        if not isinstance(peaks, dict) or not all(p in PRECISIONS and _positive(v) for p, v in peaks.items()):
+            problems.append(f"xpu {node!r}: peak_flops must map precisions ({', '.join(PRECISIONS)}) to positive "
+                            f"FLOP/s, got {peaks!r}")
         for key in ("local_memory", "extended_memory"):
             memory = data.get(key)
             if memory is not None and graph.nodes.get(memory, {}).get("kind") != "memory":
