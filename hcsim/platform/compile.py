@@ -51,7 +51,7 @@ from lxml import etree
 
 from hcsim.errors import TopologyError
 from hcsim.platform.devices import peak_flops
-from hcsim.platform.routes import shortest_routes
+from hcsim.platform.routes import RouteSearch
 from hcsim.platform.topology import HOST_KINDS
 
 __all__ = ["CompiledPlatform", "compile_platform", "platform_xml", "write_platform", "link_name", "simgrid_links"]
@@ -176,8 +176,9 @@ def _routes(graph: nx.Graph, pairs: list[tuple[str, str]]) -> dict[tuple[str, st
     for src, dst in pairs:
         targets[src].append(dst)
     routes = {}
+    search = RouteSearch(graph)
     for src in sorted(targets):
-        for dst, route in shortest_routes(graph, src, targets[src]).items():
+        for dst, route in search(src, targets[src]).items():
             routes[src, dst] = route
     return routes
 

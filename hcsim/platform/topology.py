@@ -9,6 +9,8 @@ Graph attributes
         over a cache-coherent (CXL) fabric.
     routes : optional dict ``{(src, dst): [node, ...]}`` of user routes that
         win over the computed shortest paths.
+    ib_switches : optional dict ``{level: count}``, the physical switches of
+        an InfiniBand fat tree per level (DGX platforms; 1 = leaves).
 
 Node attributes (``kind`` first)
     kind : "switch" | "xpu" | "cpu" | "memory" | "nic"
@@ -18,8 +20,11 @@ Node attributes (``kind`` first)
         Default: switches, NICs and CPUs forward (a CPU's root complex joins
         its PCIe switch, UPI and DRAM); XPUs and memories are endpoints only.
         Set it on XPUs for direct-connect topologies (rings, tori).
-    switch: role : "pcie" | "xpu" | "tor" | "core" | "cxl" (informative);
-            level : CXL switches only, 1 for leaves, +1 per cascade level.
+    switch: role : "pcie" | "xpu" | "tor" | "core" | "cxl" | "ib" (informative);
+            level : CXL and InfiniBand switches, 1 for leaves, +1 per level above;
+            switches, nics : InfiniBand fat-tree groups: how many physical
+            switches the node stands for, and the NICs below it
+            (:func:`hcsim.platform.builders.add_fat_tree`).
     xpu: device : catalog name; peak_flops : {precision: dense peak FLOP/s} for the
          precisions the device has (read it with
          :func:`hcsim.platform.devices.peak_flops`); fp32_flops, fp16_flops :
@@ -37,7 +42,7 @@ Node attributes (``kind`` first)
 Edge attributes
     bandwidth : B/s per direction; latency : s (> 0: SimGrid's CM02 starves
     flows that share a link with a zero-latency route);
-    kind : "pcie" | "upi" | "xpu_link" | "eth" | "cxl" | "hbm" | "dram".
+    kind : "pcie" | "upi" | "xpu_link" | "eth" | "ib" (InfiniBand) | "cxl" | "hbm" | "dram".
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ __all__ = [
 ]
 
 NODE_KINDS = ("switch", "xpu", "cpu", "memory", "nic")
-LINK_KINDS = ("pcie", "upi", "xpu_link", "eth", "cxl", "hbm", "dram")
+LINK_KINDS = ("pcie", "upi", "xpu_link", "eth", "ib", "cxl", "hbm", "dram")
 HOST_KINDS = ("xpu", "cpu", "memory")  # become SimGrid hosts; the others only carry links
 ENDPOINT_KINDS = ("xpu", "memory")  # routes do not cross these unless the node says transit=True
 MEMORY_ROLES = ("hbm", "dram", "cxl_type3", "cxl_type2")
