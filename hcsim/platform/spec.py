@@ -29,7 +29,7 @@ before it is checked, so their errors name the key: ``{"links.cxl.latency":
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -223,13 +223,17 @@ class PlatformSpec:
         return self.catalog[self.devices[rack % len(self.devices)]]
 
 
-def load_platform_spec(name_or_path: str | Path, overrides: Mapping[str, object] | None = None) -> PlatformSpec:
+def load_platform_spec(name_or_path: str | Path, overrides: Mapping[str, object] | None = None,
+                       optional: Iterable[str] = ()) -> PlatformSpec:
     """Read, override and check a platform spec.
 
     Parameters
     ----------
-    name_or_path : a built-in name (``"paper-cxl"``, ``"paper-traditional"``) or a YAML path.
+    name_or_path : a built-in name (``"paper-cxl"``, ``"dgx-h100"``, ...) or a YAML path.
     overrides : dotted keys with YAML-style values, applied before checking.
+    optional : override keys applied only where the spec has the mapping that
+        holds them (a scenario's default CXL link figures reach the paper's
+        specs, whose ``links`` have ``cxl``, and are left out of DGX specs).
 
     Raises
     ------
@@ -242,7 +246,10 @@ def load_platform_spec(name_or_path: str | Path, overrides: Mapping[str, object]
     """
     path = resolve_spec(name_or_path, "platforms")
     where = f"{path.name}: "
-    data = apply_overrides(load_yaml(path), overrides, where)
+    raw = load_yaml(path)
+    overrides = {key: value for key, value in (overrides or {}).items()
+                 if key not in set(optional) or _holds(raw, str(key).rsplit(".", 1)[0])}
+    data = apply_overrides(raw, overrides, where)
     top = Fields(data, where)
     name = top.string("name", path.stem)
     kind = top.choice("kind", SPEC_KINDS, default="paper")
@@ -278,6 +285,15 @@ def load_platform_spec(name_or_path: str | Path, overrides: Mapping[str, object]
                         catalog=MappingProxyType(catalog), server=server, network=network, cxl=cxl,
                         links=MappingProxyType(links), routes=routes,
                         overrides=MappingProxyType(dict(overrides or {})))
+
+
+def _holds(data: Any, dotted: str) -> bool:
+    """Whether `data` has a mapping at the dotted path (``"links.cxl"``)."""
+    for part in dotted.split("."):
+        if not isinstance(data, Mapping) or part not in data:
+            return False
+        data = data[part]
+    return isinstance(data, Mapping)
 
 
 def _catalog(top: Fields, base: Path) -> dict[str, Device]:
