@@ -72,23 +72,24 @@ class RouteSearch:
         nic_server = {n: data["server"] for n, data in nodes.items()
                       if data.get("kind") == "nic" and data.get("server") is not None}
         # neighbours as (position, node, integer femtoseconds, bandwidth) in networkx's order (ties between
-        # equal keys fall to push order); links of avoided kinds left out; NICs with a server apart, by server,
-        # so a leaf switch of a large fabric offers only the NICs of the servers a search may enter
+        # equal keys fall to push order); links of avoided kinds left out. Links to a NIC with a server are
+        # kept apart, by server: a search adds those of the servers it may enter (its source's and targets')
         self.adjacency: dict[str, list[tuple]] = {}
-        self.nics: dict[str, dict[str, list[tuple]]] = {}
+        self.server_links: dict[str, list[tuple[str, tuple]]] = {}
         for n, adj in graph._adj.items():
-            plain, by_server = [], {}
+            plain = []
             for position, (m, link) in enumerate(adj.items()):
                 if link["kind"] in self.avoid:
                     continue
                 entry = (position, m, round(link["latency"] * _FS), link["bandwidth"])
                 if m in nic_server:
-                    by_server.setdefault(nic_server[m], []).append(entry)
+                    self.server_links.setdefault(nic_server[m], []).append((n, entry))
                 else:
                     plain.append(entry)
             self.adjacency[n] = plain
-            if by_server:
-                self.nics[n] = by_server
+        # transit nodes with at most one other link (a leaf switch of NICs): reached from that link, they lead
+        # nowhere unless a NIC of an allowed server hangs on them, so a search does not queue them
+        self.dead_ends = {n for n, plain in self.adjacency.items() if self.transit[n] and len(plain) <= 1}
 
     def __call__(self, source: str, targets: Iterable[str]) -> dict[str, list[str]]:
         routes: dict[str, list[str]] = {}
@@ -107,8 +108,11 @@ class RouteSearch:
         return routes
 
     def _dijkstra(self, source: str, targets: set[str]) -> dict[str, list[str]]:
-        nodes, adjacency, transit, nics = self.graph._node, self.adjacency, self.transit, self.nics
-        servers = {nodes[n].get("server") for n in (source, *targets)} - {None}
+        nodes, adjacency, transit, dead_ends = self.graph._node, self.adjacency, self.transit, self.dead_ends
+        extra: dict[str, list[tuple]] = {}
+        for server in {nodes[n].get("server") for n in (source, *targets)} - {None}:
+            for node, entry in self.server_links.get(server, ()):
+                extra.setdefault(node, []).append(entry)
         best = {source: (0, float("-inf"))}
         parent: dict[str, str | None] = {source: None}
         heap = [(0, float("-inf"), 0, source)]
@@ -126,12 +130,14 @@ class RouteSearch:
                 previous = nodes[parent[node]]
                 own_only = not (previous.get("kind") == "memory" and previous.get("owner") == node)
             links = adjacency[node]
-            if node in nics:  # the NICs of the servers this search may enter, in networkx's order
-                links = sorted(links + [e for server in servers for e in nics[node].get(server, ())])
+            if node in extra:  # with the NICs of the servers this search may enter, in networkx's order
+                links = sorted(links + extra[node])
             for _, neighbour, latency, bandwidth in links:
                 if neighbour in settled:
                     continue
                 if own_only and nodes[neighbour].get("owner") != node:
+                    continue
+                if neighbour in dead_ends and neighbour not in extra and neighbour not in remaining:
                     continue
                 key = (dist + latency, max(neg_bottleneck, -bandwidth))
                 if neighbour not in best or key < best[neighbour]:
