@@ -69,6 +69,10 @@ def _show(args) -> int:
     print("nodes:")
     for kind, count in summary.nodes.items():
         print(f"  {kind:<20} {count:>8}")
+    levels = graph.graph.get("ib_switches")
+    if levels:  # a fat-tree group node stands for several switches
+        print("InfiniBand switches per level (1 = leaves): "
+              + ", ".join(f"{level}: {count}" for level, count in levels.items()))
     print("links:")
     for kind, count in summary.links.items():
         print(f"  {kind:<20} {count:>8}")
