@@ -34,45 +34,44 @@ BUILTIN_CATALOG = REPO_ROOT / "platforms" / "devices.yaml"
 class Device:
     """An accelerator: dense peak FLOP/s per precision, memory in bytes, memory bandwidth in B/s.
 
-    >>> d = Device(name="X", peaks={"fp32": 1e12, "fp16": 4e12}, memory=2**30, memory_bandwidth=1e11)
-    >>> d.fp16_flops, d.precisions
-    (4000000000000.0, ('fp32', 'fp16'))
+    `fp32_flops` and `fp16_flops` are required; `peaks` adds the other
+    precisions the device has (tf32, bf16, fp8) and, once built, holds every
+    peak, fp32 and fp16 included, in :data:`PRECISIONS` order.
+
+    >>> d = Device(name="X", fp32_flops=1e12, fp16_flops=4e12, memory=2**30, memory_bandwidth=1e11,
+    ...            peaks={"bf16": 4e12})
+    >>> dict(d.peaks), d.precisions
+    ({'fp32': 1000000000000.0, 'bf16': 4000000000000.0, 'fp16': 4000000000000.0}, ('fp32', 'bf16', 'fp16'))
     """
 
     name: str
-    peaks: Mapping[str, FlopsPerSecond] = field(hash=False)
+    fp32_flops: FlopsPerSecond
+    fp16_flops: FlopsPerSecond
     memory: float
     memory_bandwidth: float
+    peaks: Mapping[str, FlopsPerSecond] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
-        unknown = sorted(set(self.peaks) - set(PRECISIONS))
+        peaks = dict(self.peaks)
+        for precision, value in (("fp32", self.fp32_flops), ("fp16", self.fp16_flops)):
+            if peaks.setdefault(precision, value) != value:
+                raise ConfigError(f"device {self.name!r}: peaks[{precision!r}] = {peaks[precision]!r} differs from "
+                                  f"{precision}_flops = {value!r}; give it once")
+        unknown = sorted(set(peaks) - set(PRECISIONS))
         if unknown:
             raise ConfigError(f"device {self.name!r}: unknown precision {unknown[0]!r}; valid: {', '.join(PRECISIONS)}")
-        for precision in REQUIRED_PRECISIONS:
-            if precision not in self.peaks:
-                raise ConfigError(f"device {self.name!r}: needs a {precision} peak (every device has "
-                                  f"{' and '.join(REQUIRED_PRECISIONS)})")
-        for precision, value in self.peaks.items():
+        for precision, value in peaks.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ConfigError(f"device {self.name!r}: {precision} peak must be > 0 FLOP/s, got {value!r}")
         for name in ("memory", "memory_bandwidth"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"device {self.name!r}: {name} must be > 0, got {getattr(self, name)!r}")
-        ordered = {p: float(self.peaks[p]) for p in PRECISIONS if p in self.peaks}
-        object.__setattr__(self, "peaks", MappingProxyType(ordered))
+        object.__setattr__(self, "peaks", MappingProxyType({p: float(peaks[p]) for p in PRECISIONS if p in peaks}))
 
     @property
     def precisions(self) -> tuple[str, ...]:
         """The precisions this device has a peak for, in :data:`PRECISIONS` order."""
         return tuple(self.peaks)
-
-    @property
-    def fp32_flops(self) -> FlopsPerSecond:
-        return self.peaks["fp32"]
-
-    @property
-    def fp16_flops(self) -> FlopsPerSecond:
-        return self.peaks["fp16"]
 
     def flops(self, precision: str) -> FlopsPerSecond:
         """Dense peak FLOP/s at `precision` (see :func:`peak_flops`)."""
@@ -136,8 +135,9 @@ def load_catalog(path: str | Path) -> dict[str, Device]:
         bandwidth = fields.quantity("memory_bandwidth", "bandwidth")
         fields.check_unknown()
         if None not in (memory, bandwidth) and all(peaks[p] is not None for p in REQUIRED_PRECISIONS):
-            catalog[str(name)] = Device(name=str(name), peaks={p: v for p, v in peaks.items() if v is not None},
-                                        memory=memory, memory_bandwidth=bandwidth)
+            catalog[str(name)] = Device(name=str(name), fp32_flops=peaks.pop("fp32"), fp16_flops=peaks.pop("fp16"),
+                                        memory=memory, memory_bandwidth=bandwidth,
+                                        peaks={p: v for p, v in peaks.items() if v is not None})
     top.done()
     return catalog
 

@@ -86,4 +86,6 @@ def test_catalog_errors_name_the_file_and_key(tmp_path):
     for expected in ("devices.X.fp16: is required", "devices.X.fp8:", "devices.X.int4: unknown key"):
         assert expected in message
     with pytest.raises(ConfigError, match=r"device 'Y': fp8 peak must be > 0"):
-        Device(name="Y", peaks={"fp32": 1.0, "fp16": 1.0, "fp8": 0.0}, memory=1.0, memory_bandwidth=1.0)
+        Device(name="Y", fp32_flops=1.0, fp16_flops=1.0, peaks={"fp8": 0.0}, memory=1.0, memory_bandwidth=1.0)
+    with pytest.raises(ConfigError, match=r"device 'Y': peaks\['fp16'\] = 2.0 differs from fp16_flops = 1.0"):
+        Device(name="Y", fp32_flops=1.0, fp16_flops=1.0, peaks={"fp16": 2.0}, memory=1.0, memory_bandwidth=1.0)
