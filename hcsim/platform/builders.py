@@ -281,7 +281,8 @@ def add_dgx_node(graph: nx.Graph, name: str, *, unit: int, first_xpu: int, xpus:
     its own PCIe switch ``{name}.pcie{i}`` (under uplink switch ``i //
     gpus_per_uplink``) beside its NIC ``{name}.nic{i}``; every GPU on the
     NVSwitch ``{name}.nvsw`` (role ``xpu``) by ``links.xpu_link``. A GPU's
-    extended memory is the DRAM of the CPU above it. A GPU reaches its own NIC
+    extended memory and host memory (where CPU offload goes) are the DRAM of
+    the CPU above it. A GPU reaches its own NIC
     in two PCIe hops and any other NIC in four or more, so least-latency routes
     use each GPU's own NIC, as NCCL does on these systems.
     """
@@ -308,7 +309,7 @@ def add_dgx_node(graph: nx.Graph, name: str, *, unit: int, first_xpu: int, xpus:
         add_xpu(graph, xpu, device, hbm_latency=hbm.latency, **where)
         if hbm.bandwidth is not None:
             graph.edges[xpu, f"{xpu}.hbm"]["bandwidth"] = hbm.bandwidth
-        graph.nodes[xpu]["extended_memory"] = f"{name}.dram{u // per_cpu}"
+        graph.nodes[xpu]["extended_memory"] = graph.nodes[xpu]["host_memory"] = f"{name}.dram{u // per_cpu}"
         graph.add_node(switch, kind="switch", role="pcie", **where)
         graph.add_node(nic, kind="nic", **where)
         _link(graph, switch, f"{name}.up{u}", pcie, "pcie")

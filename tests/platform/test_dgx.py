@@ -124,6 +124,7 @@ def test_link_figures_come_from_the_spec(graphs, specs, name, nvlink, nic, pcie,
                  and graph.nodes[e[1]]["role"] == "ib"]
     assert [(d["bandwidth"], d["kind"]) for d in nic_links] == [(nic, "ib")]
     assert graph.nodes["xpu9"]["extended_memory"] == "n1.dram0" and graph.nodes["xpu13"]["extended_memory"] == "n1.dram1"
+    assert graph.nodes["xpu13"]["host_memory"] == "n1.dram1"
     assert graph.nodes["n1.dram0"]["capacity"] == 2**40 and graph.edges["n1.cpu0", "n1.dram0"]["bandwidth"] == dram
 
 
