@@ -1,19 +1,26 @@
-"""How the platform layer scales: build, compile, XML size, SimGrid load time and peak memory, 64..4096 XPUs.
+"""How the platform layer scales: build, compile, XML size, SimGrid load time and peak memory, 64..16,384 XPUs.
 
 Usage: python benchmarks/platform_scale.py [--sizes 64 256 1024 4096] [--specs paper-cxl paper-traditional]
+                                           [--pairs data-parallel|hybrid] [--tp 8] [--pp 8] [--no-load]
 
-Each size is compiled for the host pairs of a data-parallel run (every XPU
-with its HBM and its extended memory, and a ring over all XPUs, both
-directions), in a process of its own; the XML is then loaded in SimGrid (CM02,
-root zone sealed, every compiled route resolved once) in another process, as
-SimGrid allows one Engine per process. Peak memory is each process's maximum
-resident set size.
+Each size is compiled, in a process of its own, for the host pairs of a
+data-parallel run (every XPU with its HBM and its extended memory, and a ring
+over all XPUs, both directions) or of a hybrid-parallel run
+(:func:`hcsim.platform.pairs.hybrid_parallel_pairs`: memory pairs, every pair
+inside a TP group of --tp, pipeline neighbours of --pp stages and a ring over
+each DP group); the XML is then loaded in SimGrid (CM02, root zone sealed,
+every compiled route resolved once) in another process, as SimGrid allows one
+Engine per process (--no-load skips it). Peak memory is each process's
+maximum resident set size.
+
+DGX clusters: python benchmarks/platform_scale.py --specs dgx-h100 dgx-a100 --sizes 1024 4096 16384 --pairs hybrid
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import resource
 import subprocess
 import sys
@@ -26,14 +33,15 @@ def _peak_rss() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0  # Linux reports KiB
 
 
-def compile_one(spec_name: str, count: int, output: str) -> dict:
+def compile_one(spec_name: str, count: int, output: str, pairs_kind: str = "data-parallel", tp: int = 8,
+                pp: int = 8) -> dict:
     from hcsim.platform import build_platform, load_platform_spec, write_platform
-    from hcsim.platform.pairs import data_parallel_pairs
+    from hcsim.platform.pairs import data_parallel_pairs, hybrid_parallel_pairs
 
     start = time.perf_counter()
     graph = build_platform(load_platform_spec(spec_name, {"xpus": count}))
     built = time.perf_counter()
-    pairs = data_parallel_pairs(graph)
+    pairs = data_parallel_pairs(graph) if pairs_kind == "data-parallel" else hybrid_parallel_pairs(graph, tp, pp)
     compiled = write_platform(graph, pairs, output)
     done = time.perf_counter()
     Path(output + ".pairs.json").write_text(json.dumps(sorted(compiled.routes)))
@@ -70,11 +78,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 1024, 4096])
     parser.add_argument("--specs", nargs="+", default=["paper-cxl", "paper-traditional"])
-    parser.add_argument("--compile-one", nargs=3, metavar=("SPEC", "XPUS", "OUT"), help=argparse.SUPPRESS)
+    parser.add_argument("--pairs", choices=("data-parallel", "hybrid"), default="data-parallel")
+    parser.add_argument("--tp", type=int, default=8, help="tensor-parallel group size (--pairs hybrid)")
+    parser.add_argument("--pp", type=int, default=8, help="pipeline stages (--pairs hybrid)")
+    parser.add_argument("--no-load", action="store_true", help="compile only; do not load the XML in SimGrid")
+    parser.add_argument("--compile-one", nargs=6, metavar=("SPEC", "XPUS", "OUT", "PAIRS", "TP", "PP"),
+                        help=argparse.SUPPRESS)
     parser.add_argument("--load-one", metavar="XML", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.compile_one:
-        print(json.dumps(compile_one(args.compile_one[0], int(args.compile_one[1]), args.compile_one[2])))
+        spec, count, out, pairs, tp, pp = args.compile_one
+        print(json.dumps(compile_one(spec, int(count), out, pairs, int(tp), int(pp))))
         return 0
     if args.load_one:
         print(json.dumps(load_one(args.load_one)))
@@ -87,8 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         for spec in args.specs:
             for count in args.sizes:
                 output = str(Path(folder) / f"{spec}-{count}.xml")
-                built = _child("--compile-one", spec, str(count), output)
-                loaded = _child("--load-one", output)
+                built = _child("--compile-one", spec, str(count), output, args.pairs, str(args.tp), str(args.pp))
+                loaded = ({"hosts": "-", "load_s": math.nan, "load_peak_rss": math.nan} if args.no_load
+                          else _child("--load-one", output))
                 print(f"{spec:<18} {count:>5} {loaded['hosts']:>6} {built['routes']:>7} {built['zones']:>5} "
                       f"{built['build_s']:>7.2f} {built['compile_s']:>8.2f} {built['xml_bytes'] / 1e6:>8.1f} "
                       f"{built['compile_peak_rss'] / 1e6:>8.0f} {loaded['load_s']:>7.2f} "

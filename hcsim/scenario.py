@@ -105,6 +105,13 @@ class Scenario:
             or self.recompute is not None or self.layer_split is not None or self.zero > 0 or self.offload != "none" \
             or self.ep > 1
 
+    def defaulted_platform_keys(self) -> tuple[str, ...]:
+        """Keys of platform_settings() left at the scenario defaults: they apply only to platforms with CXL links."""
+        default = Scenario()
+        return tuple(key for key, mine, theirs in [("links.cxl.bandwidth", self.cxl_bandwidth, default.cxl_bandwidth),
+                                                   ("links.cxl.latency", self.cxl_latency, default.cxl_latency)]
+                     if mine == theirs)
+
     def workload_settings(self) -> dict[str, Any]:
         settings = dict(self.workload_overrides)
         if self.collective is not None:

@@ -63,7 +63,8 @@ def prepare(scenario: Scenario) -> Prepared:
     from hcsim.workload.sources import is_graph_source
 
     base = Path(scenario.base)
-    platform_spec = load_platform_spec(resolve_spec(scenario.platform, "platforms", base), scenario.platform_settings())
+    platform_spec = load_platform_spec(resolve_spec(scenario.platform, "platforms", base), scenario.platform_settings(),
+                                       optional=scenario.defaulted_platform_keys())
     if scenario.xpus > platform_spec.xpus:
         raise ConfigError(f"scenario {scenario.name!r}: xpus: {scenario.xpus} XPUs asked for, but platform "
                           f"{scenario.platform!r} has {platform_spec.xpus}")

@@ -108,7 +108,7 @@ def test_coherence_beats_no_coherence_at_small_scale():
 
 @pytest.mark.parametrize("settings,message", [
     (["--set", "xpus=5000"], r"xpus: 5000 XPUs asked for, but platform 'paper-cxl' has 4096"),
-    (["--set", "devices=[H200]"], r"devices.*H200"),
+    (["--set", "devices=[H900]"], r"devices.*H900"),
     (["--set", "xpu=8"], r"xpu: unknown key \(did you mean 'xpus'\?\)"),
     (["--set", "cxl_bandwidth=128"], r"cxl_bandwidth: 128 has no unit"),
     (["--set", "platform=no-such-platform"], r"no-such-platform: no such file"),

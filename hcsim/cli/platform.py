@@ -6,6 +6,7 @@ import logging
 import math
 import time
 
+from hcsim.platform.devices import PRECISIONS
 from hcsim.units import format_quantity
 
 __all__ = ["register"]
@@ -34,7 +35,7 @@ def register(subparsers) -> None:
     compile_.add_argument("-o", "--output", required=True, metavar="FILE.xml")
     compile_.add_argument("--pairs", choices=("data-parallel", "all-xpus"), default="data-parallel",
                           help="host pairs to emit routes for (default: each XPU with its memories, plus a ring)")
-    compile_.add_argument("--precision", choices=("fp32", "fp16"), default="fp32", help="XPU speed used")
+    compile_.add_argument("--precision", choices=PRECISIONS, default="fp32", help="XPU speed used (its dense peak)")
     compile_.set_defaults(run=_compile)
     draw = actions.add_parser("draw", help="draw the platform (a representative part of large ones)")
     common(draw)
@@ -68,6 +69,10 @@ def _show(args) -> int:
     print("nodes:")
     for kind, count in summary.nodes.items():
         print(f"  {kind:<20} {count:>8}")
+    levels = graph.graph.get("ib_switches")
+    if levels:  # a fat-tree group node stands for several switches
+        print("InfiniBand switches per level (1 = leaves): "
+              + ", ".join(f"{level}: {count}" for level, count in levels.items()))
     print("links:")
     for kind, count in summary.links.items():
         print(f"  {kind:<20} {count:>8}")

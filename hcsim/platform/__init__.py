@@ -12,8 +12,8 @@ at module level.
 
 from hcsim.platform.builders import build_platform, single_switch
 from hcsim.platform.compile import CompiledPlatform, compile_platform, link_name, simgrid_links, write_platform
-from hcsim.platform.devices import Device, builtin_catalog, load_catalog
-from hcsim.platform.pairs import data_parallel_pairs, memory_pairs, ring_pairs
+from hcsim.platform.devices import PRECISIONS, Device, builtin_catalog, load_catalog, peak_flops
+from hcsim.platform.pairs import data_parallel_pairs, hybrid_parallel_pairs, memory_pairs, ring_pairs
 from hcsim.platform.routes import route_bandwidth, route_latency, shortest_routes
 from hcsim.platform.spec import PlatformSpec, load_platform_spec
 from hcsim.platform.topology import host_nodes, validate_topology, xpus
@@ -21,8 +21,8 @@ from hcsim.platform.topology import host_nodes, validate_topology, xpus
 __all__ = [
     "load_platform_spec", "PlatformSpec", "build_platform", "single_switch",
     "compile_platform", "write_platform", "CompiledPlatform", "link_name", "simgrid_links",
-    "data_parallel_pairs", "memory_pairs", "ring_pairs",
-    "Device", "builtin_catalog", "load_catalog",
+    "data_parallel_pairs", "hybrid_parallel_pairs", "memory_pairs", "ring_pairs",
+    "Device", "builtin_catalog", "load_catalog", "peak_flops", "PRECISIONS",
     "shortest_routes", "route_latency", "route_bandwidth",
     "validate_topology", "xpus", "host_nodes",
 ]

@@ -13,11 +13,11 @@ import networkx as nx
 
 from hcsim.errors import ConfigError, TopologyError
 from hcsim.platform.devices import Device
-from hcsim.platform.spec import CxlSpec, LinkSpec, PlatformSpec, ServerSpec
+from hcsim.platform.spec import CxlSpec, DgxNodeSpec, FabricSpec, LinkSpec, PlatformSpec, ServerSpec
 from hcsim.platform.topology import add_link, add_memory, add_xpu, validate_topology
 
 __all__ = ["single_switch", "build_platform", "add_spines", "add_tor", "add_server", "add_cxl_fabric",
-           "explicit_topology"]
+           "explicit_topology", "dgx_cluster", "add_dgx_node", "add_fat_tree"]
 
 
 def single_switch(n: int, device: Device, xpu_link_bandwidth: float = 900e9,
@@ -91,6 +91,8 @@ def build_platform(spec: PlatformSpec, xpus: int | None = None) -> nx.Graph:
             raise ConfigError(f"{Path(spec.source).name}: xpus: an explicit topology has exactly {spec.xpus} XPUs, "
                               f"cannot build {count}")
         graph = explicit_topology(spec)
+    elif spec.dgx is not None:
+        graph = dgx_cluster(spec, count)
     else:
         graph = _structured(spec, count)
     graph.graph["routes"] = {(route[0], route[-1]): list(route) for route in spec.routes}
@@ -244,6 +246,136 @@ def _level(graph, nodes: list[str]) -> int:
 
 def _link(graph: nx.Graph, u: str, v: str, spec: LinkSpec, kind: str) -> None:
     add_link(graph, u, v, bandwidth=spec.bandwidth, latency=spec.latency, kind=kind)
+
+
+def dgx_cluster(spec: PlatformSpec, count: int) -> nx.Graph:
+    """DGX-style nodes of 8 (``node.gpus``) GPUs on an InfiniBand fat tree, holding the first `count` GPUs.
+
+    Nodes ``n0``, ``n1``, ... (:func:`add_dgx_node`) are filled in order, the
+    last one possibly in part; node k gets ``devices[k % len(devices)]``. Each
+    GPU's NIC joins the fat tree of :func:`add_fat_tree`. Node attribute
+    ``rack`` is the scalable unit (radix/2 consecutive nodes, the nodes whose
+    NICs of one rail share a leaf in a rail-optimised fabric).
+    """
+    node, fabric, links = spec.dgx.node, spec.dgx.fabric, spec.links
+    graph = nx.Graph(name=spec.name if count == spec.xpus else f"{spec.name}[{count}]", coherent=False)
+    nics: list[tuple[str, int, int]] = []
+    for k in range(math.ceil(count / node.gpus)):
+        first = k * node.gpus
+        device = spec.catalog[spec.devices[k % len(spec.devices)]]
+        placed = add_dgx_node(graph, f"n{k}", unit=k // fabric.down_ports, first_xpu=first,
+                              xpus=min(node.gpus, count - first), device=device, node=node, links=links)
+        nics += [(nic, k, rail) for rail, nic in enumerate(placed)]
+    graph.graph["ib_switches"] = add_fat_tree(graph, nics, fabric, links["nic_to_leaf"], links["ib"])
+    return graph
+
+
+def add_dgx_node(graph: nx.Graph, name: str, *, unit: int, first_xpu: int, xpus: int, device: Device,
+                 node: DgxNodeSpec, links) -> list[str]:
+    """Add one DGX-style node and return its NICs, NIC i beside GPU i.
+
+    Nodes, for node ``name`` (e.g. ``n3``): CPUs ``{name}.cpu{c}`` joined
+    all-to-all by ``links.upi``, each with its DRAM ``{name}.dram{c}`` (owner:
+    the CPU); PCIe uplink switches ``{name}.up{u}``, each on one PCIe link to
+    CPU ``u // (uplinks / cpus)``; GPU ``xpu{first_xpu + i}`` with its HBM on
+    its own PCIe switch ``{name}.pcie{i}`` (under uplink switch ``i //
+    gpus_per_uplink``) beside its NIC ``{name}.nic{i}``; every GPU on the
+    NVSwitch ``{name}.nvsw`` (role ``xpu``) by ``links.xpu_link``. A GPU's
+    extended memory and host memory (where CPU offload goes) are the DRAM of
+    the CPU above it. A GPU reaches its own NIC
+    in two PCIe hops and any other NIC in four or more, so least-latency routes
+    use each GPU's own NIC, as NCCL does on these systems.
+    """
+    where = dict(rack=unit, server=name)
+    pcie, hbm = links["pcie"], links["hbm"]
+    cpus = []
+    for c in range(node.cpus):
+        cpu, dram = f"{name}.cpu{c}", f"{name}.dram{c}"
+        graph.add_node(cpu, kind="cpu", flops=node.cpu_flops, **where)
+        add_memory(graph, dram, capacity=node.dram_capacity, role="dram", owner=cpu, **where)
+        _link(graph, cpu, dram, links["dram"], "dram")
+        for other in cpus:
+            _link(graph, other, cpu, links["upi"], "upi")
+        cpus.append(cpu)
+    per_cpu = node.uplinks // node.cpus
+    for u in range(math.ceil(xpus / node.gpus_per_uplink)):
+        graph.add_node(f"{name}.up{u}", kind="switch", role="pcie", **where)
+        _link(graph, f"{name}.up{u}", cpus[u // per_cpu], pcie, "pcie")
+    if xpus > 0:
+        graph.add_node(f"{name}.nvsw", kind="switch", role="xpu", **where)
+    nics = []
+    for i in range(xpus):
+        xpu, switch, nic, u = f"xpu{first_xpu + i}", f"{name}.pcie{i}", f"{name}.nic{i}", i // node.gpus_per_uplink
+        add_xpu(graph, xpu, device, hbm_latency=hbm.latency, **where)
+        if hbm.bandwidth is not None:
+            graph.edges[xpu, f"{xpu}.hbm"]["bandwidth"] = hbm.bandwidth
+        graph.nodes[xpu]["extended_memory"] = graph.nodes[xpu]["host_memory"] = f"{name}.dram{u // per_cpu}"
+        graph.add_node(switch, kind="switch", role="pcie", **where)
+        graph.add_node(nic, kind="nic", **where)
+        _link(graph, switch, f"{name}.up{u}", pcie, "pcie")
+        _link(graph, xpu, switch, pcie, "pcie")
+        _link(graph, nic, switch, pcie, "pcie")
+        _link(graph, xpu, f"{name}.nvsw", links["xpu_link"], "xpu_link")
+        nics.append(nic)
+    return nics
+
+
+def add_fat_tree(graph: nx.Graph, nics: list[tuple[str, int, int]], fabric: FabricSpec, nic_link: LinkSpec,
+                 ib_link: LinkSpec) -> dict[str, int]:
+    """Join `nics` ((name, node index, rail) each) by a non-blocking fat tree; return the switch count per level.
+
+    Leaves ``ib1.{j}`` take radix/2 NICs each: in NIC order (``fat_tree``),
+    or one leaf per rail and scalable unit of radix/2 nodes, rail by rail
+    (``rail_optimized``). Above them, levels of groups ``ib{level}.{j}`` of
+    radix/2 children each, until at most `radix` children remain, which one
+    top group joins (so L levels hold radix x (radix/2)^(L-1) NICs: 2,048 at
+    L = 2 and 65,536 at L = 3 for 64-port switches; 800 and 16,000 for 40 ports).
+
+    A group stands for the ``switches`` of a folded Clos network that serve
+    its ``nics`` (ceil(nics / (radix/2)) in a middle level, ceil(nics / radix)
+    at the top) and is joined to each child by one link of the child's
+    ``nics`` x ``ib_link`` bandwidth (every up-port of the child): the
+    capacity of a non-blocking fat tree whose load is spread evenly over its
+    parallel links (adaptive routing). Modelling each switch with its own
+    links would give SimGrid's single static route per pair one of those
+    links, so every flow leaving a leaf would share one up-link. Each level
+    keeps its latency: a route between two leaves crosses 2 (L - 1) switch
+    links of ``ib_link`` latency; a NIC reaches its leaf by ``nic_link``.
+    """
+    down, radix = fabric.down_ports, fabric.switch_radix
+    if fabric.topology == "fat_tree":
+        members = [[nic for nic, _, _ in nics[i : i + down]] for i in range(0, len(nics), down)]
+    else:
+        by_leaf: dict[tuple[int, int], list[str]] = {}
+        for nic, node, rail in nics:
+            by_leaf.setdefault((rail, node // down), []).append(nic)
+        members = [by_leaf[key] for key in sorted(by_leaf)]
+    children = []
+    for j, group in enumerate(members):
+        leaf = f"ib1.{j}"
+        graph.add_node(leaf, kind="switch", role="ib", level=1, switches=1, nics=len(group))
+        for nic in group:
+            _link(graph, nic, leaf, nic_link, "ib")
+        children.append(leaf)
+    counts = {1: len(children)}
+    level = 1
+    while len(children) > 1:
+        level += 1
+        top = len(children) <= radix
+        size = len(children) if top else down
+        parents = []
+        for j in range(0, len(children), size):
+            below = sum(graph.nodes[child]["nics"] for child in children[j : j + size])
+            parent = f"ib{level}.{j // size}"
+            graph.add_node(parent, kind="switch", role="ib", level=level, nics=below,
+                           switches=math.ceil(below / (radix if top else down)))
+            for child in children[j : j + size]:
+                add_link(graph, child, parent, bandwidth=graph.nodes[child]["nics"] * ib_link.bandwidth,
+                         latency=ib_link.latency, kind="ib")
+            parents.append(parent)
+        counts[level] = sum(graph.nodes[p]["switches"] for p in parents)
+        children = parents
+    return counts
 
 
 def explicit_topology(spec: PlatformSpec) -> nx.Graph:

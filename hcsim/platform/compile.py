@@ -51,7 +51,7 @@ from lxml import etree
 
 from hcsim.errors import TopologyError
 from hcsim.platform.devices import peak_flops
-from hcsim.platform.routes import shortest_routes
+from hcsim.platform.routes import RouteSearch
 from hcsim.platform.topology import HOST_KINDS
 
 __all__ = ["CompiledPlatform", "compile_platform", "platform_xml", "write_platform", "link_name", "simgrid_links"]
@@ -97,9 +97,10 @@ def compile_platform(graph: nx.Graph, pairs: Iterable[tuple[str, str]], precisio
     graph : a platform graph (:mod:`hcsim.platform.topology`).
     pairs : ordered (source, destination) host pairs the simulation uses;
         pairs of a host with itself are ignored.
-    precision : "fp32" or "fp16": an XPU's speed is its FLOP/s at this
-        precision; a CPU's is its ``flops`` (1 FLOP/s when 0); a memory's 1 FLOP/s
-        (memories never compute).
+    precision : one of :data:`hcsim.platform.devices.PRECISIONS`: an XPU's speed is
+        its dense peak at this precision (:func:`~hcsim.platform.devices.peak_flops`,
+        a ConfigError when its device has none); a CPU's is its ``flops``
+        (1 FLOP/s when 0); a memory's 1 FLOP/s (memories never compute).
 
     Raises
     ------
@@ -175,8 +176,9 @@ def _routes(graph: nx.Graph, pairs: list[tuple[str, str]]) -> dict[tuple[str, st
     for src, dst in pairs:
         targets[src].append(dst)
     routes = {}
+    search = RouteSearch(graph)
     for src in sorted(targets):
-        for dst, route in shortest_routes(graph, src, targets[src]).items():
+        for dst, route in search(src, targets[src]).items():
             routes[src, dst] = route
     return routes
 

@@ -29,7 +29,7 @@ _COLOURS = {
     "DRAM": "#aec7e8", "PCIe switch": "#9467bd", "XPU switch": "#c5b0d5", "XPU": "#d62728",
     "HBM": "#ff9896", "CXL switch": "#17becf", "CXL Type 3": "#2ca02c", "other": "#e377c2",
 }
-_LINK_COLOURS = {"eth": "#7f7f7f", "upi": "#1f77b4", "pcie": "#9467bd", "xpu_link": "#d62728",
+_LINK_COLOURS = {"eth": "#7f7f7f", "ib": "#8c564b", "upi": "#1f77b4", "pcie": "#9467bd", "xpu_link": "#d62728",
                  "hbm": "#ff9896", "dram": "#aec7e8", "cxl": "#17becf"}
 
 

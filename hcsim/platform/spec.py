@@ -2,14 +2,20 @@
 
 A spec is either *structured* (the paper's Fig. 6 family: servers, racks, an
 Ethernet leaf-spine, optionally a CXL fabric; every parameter named in the
-YAML with its default documented there) or *explicit* (a ``topology:`` section
-listing nodes and links one by one, for systems of the user's own).
+YAML with its default documented there), a *DGX cluster* (``kind: dgx``:
+DGX-style GPU nodes on an InfiniBand fat tree, plain or rail-optimised) or
+*explicit* (a ``topology:`` section listing nodes and links one by one, for
+systems of the user's own).
 
 Top-level keys of a structured spec (see ``platforms/paper-cxl.yaml`` for every
 default and its source):
 
     name, xpus, coherent, devices, device_catalog, server, rack, network, cxl,
     links, routes
+
+A DGX spec (see ``platforms/dgx-h100.yaml``) has ``name``, ``kind: dgx``,
+``xpus``, ``devices`` (one per node, cycling), ``device_catalog``, ``node``,
+``fabric``, ``links`` (:data:`DGX_LINKS`) and ``routes``.
 
 An explicit spec has ``name``, ``device_catalog``, ``links`` (only ``hbm``
 is read, for the XPUs' HBM links), ``topology`` (``nodes`` and ``links``) and
@@ -23,7 +29,7 @@ before it is checked, so their errors name the key: ``{"links.cxl.latency":
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -38,10 +44,16 @@ from hcsim.units import BytesPerSecond, Bytes, FlopsPerSecond, Seconds
 __all__ = [
     "LinkSpec", "ServerSpec", "NetworkSpec", "CxlSpec", "NodeSpec", "EdgeSpec", "TopologySpec",
     "PlatformSpec", "load_platform_spec", "TABLE5_LINKS", "TYPE3_ATTACH",
+    "DgxNodeSpec", "FabricSpec", "DgxSpec", "DGX_LINKS", "FABRIC_TOPOLOGIES", "SPEC_KINDS",
 ]
 
 # Links every structured spec names (paper Table 5 plus the ones the paper leaves open).
 TABLE5_LINKS = ("tor_to_l1", "nic_to_tor", "upi", "pcie", "xpu_link", "cxl", "hbm", "dram")
+# Links every DGX spec names: NVLink (to the node's NVSwitch), PCIe, CPU-to-CPU, NIC to leaf switch,
+# switch to switch, HBM and DRAM.
+DGX_LINKS = ("xpu_link", "pcie", "upi", "nic_to_leaf", "ib", "hbm", "dram")
+FABRIC_TOPOLOGIES = ("fat_tree", "rail_optimized")
+SPEC_KINDS = ("paper", "dgx")
 TYPE3_ATTACH = ("switch", "xpu")
 XPU_TRAFFIC = ("shortest", "fabric")
 UNBOUNDED = ("unbounded", "inf")
@@ -99,6 +111,67 @@ class CxlSpec:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class DgxNodeSpec:
+    """One DGX-style GPU node: `gpus` on an NVSwitch, each with its own PCIe switch and NIC.
+
+    Each GPU's PCIe switch holds the GPU and its NIC (GPUDirect RDMA); the GPU
+    switches join `gpus // gpus_per_uplink` uplink switches, each on one PCIe
+    link to a CPU (spread evenly over the `cpus`); the CPUs are joined
+    all-to-all and each has its DRAM (`dram_capacity` bytes per CPU), which is
+    the extended memory of the GPUs under it.
+    """
+
+    gpus: int
+    cpus: int
+    gpus_per_uplink: int
+    cpu_flops: FlopsPerSecond
+    dram_capacity: Bytes
+
+    def __post_init__(self) -> None:
+        if self.gpus % self.gpus_per_uplink or (self.gpus // self.gpus_per_uplink) % self.cpus:
+            raise ConfigError(f"node: gpus ({self.gpus}) must split into uplinks of gpus_per_uplink "
+                              f"({self.gpus_per_uplink}) spread evenly over the cpus ({self.cpus})")
+
+    @property
+    def uplinks(self) -> int:
+        return self.gpus // self.gpus_per_uplink
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FabricSpec:
+    """A non-blocking InfiniBand fat tree of `switch_radix`-port switches over one NIC per GPU.
+
+    ``fat_tree``: NICs fill leaf switches in node order, radix/2 per leaf;
+    ``rail_optimized``: NIC i of every node of a scalable unit (radix/2 nodes)
+    sits on that unit's leaf of rail i, and each rail's leaves share their
+    upper levels first (see :func:`hcsim.platform.builders.dgx_cluster`).
+    """
+
+    topology: str
+    switch_radix: int
+
+    def __post_init__(self) -> None:
+        if self.topology not in FABRIC_TOPOLOGIES:
+            raise ConfigError(f"fabric.topology: {self.topology!r} is not one of {', '.join(FABRIC_TOPOLOGIES)}")
+        if self.switch_radix < 4 or self.switch_radix % 2:
+            raise ConfigError(f"fabric.switch_radix: must be an even number >= 4 (half the ports down, half up), "
+                              f"got {self.switch_radix}")
+
+    @property
+    def down_ports(self) -> int:
+        """Ports of a leaf (or a middle-level switch) that face down: half its radix."""
+        return self.switch_radix // 2
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DgxSpec:
+    """The node and fabric of a ``kind: dgx`` spec."""
+
+    node: DgxNodeSpec
+    fabric: FabricSpec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class NodeSpec:
     """A node of an explicit topology; `attributes` follow hcsim.platform.topology."""
 
@@ -142,6 +215,7 @@ class PlatformSpec:
     links: Mapping[str, LinkSpec]
     routes: tuple[tuple[str, ...], ...] = ()
     topology: TopologySpec | None = None
+    dgx: DgxSpec | None = None
     overrides: Mapping[str, Any] = field(default_factory=dict)
 
     def device_of_rack(self, rack: int) -> Device:
@@ -149,13 +223,17 @@ class PlatformSpec:
         return self.catalog[self.devices[rack % len(self.devices)]]
 
 
-def load_platform_spec(name_or_path: str | Path, overrides: Mapping[str, object] | None = None) -> PlatformSpec:
+def load_platform_spec(name_or_path: str | Path, overrides: Mapping[str, object] | None = None,
+                       optional: Iterable[str] = ()) -> PlatformSpec:
     """Read, override and check a platform spec.
 
     Parameters
     ----------
-    name_or_path : a built-in name (``"paper-cxl"``, ``"paper-traditional"``) or a YAML path.
+    name_or_path : a built-in name (``"paper-cxl"``, ``"dgx-h100"``, ...) or a YAML path.
     overrides : dotted keys with YAML-style values, applied before checking.
+    optional : override keys applied only where the spec has the mapping that
+        holds them (a scenario's default CXL link figures reach the paper's
+        specs, whose ``links`` have ``cxl``, and are left out of DGX specs).
 
     Raises
     ------
@@ -168,11 +246,17 @@ def load_platform_spec(name_or_path: str | Path, overrides: Mapping[str, object]
     """
     path = resolve_spec(name_or_path, "platforms")
     where = f"{path.name}: "
-    data = apply_overrides(load_yaml(path), overrides, where)
+    raw = load_yaml(path)
+    overrides = {key: value for key, value in (overrides or {}).items()
+                 if key not in set(optional) or _holds(raw, str(key).rsplit(".", 1)[0])}
+    data = apply_overrides(raw, overrides, where)
     top = Fields(data, where)
     name = top.string("name", path.stem)
+    kind = top.choice("kind", SPEC_KINDS, default="paper")
     catalog = _catalog(top, path.parent)
-    links = _links(top.sub("links"), explicit=top.has("topology"))
+    explicit = top.has("topology")
+    links = _links(top.sub("links"), ("hbm",) if explicit else DGX_LINKS if kind == "dgx" else TABLE5_LINKS,
+                   optional=explicit)
     routes = _routes(top)
     if top.has("topology"):
         topology = _topology(top.sub("topology"), catalog)
@@ -183,6 +267,14 @@ def load_platform_spec(name_or_path: str | Path, overrides: Mapping[str, object]
                             links=MappingProxyType(links), routes=routes, topology=topology,
                             overrides=MappingProxyType(dict(overrides or {})))
     xpus = top.number("xpus", kind=int, minimum=1)
+    if kind == "dgx":
+        devices = _devices(top, catalog)
+        dgx = _dgx(top.sub("node"), top.sub("fabric"))
+        top.done()
+        return PlatformSpec(name=name, source=str(path), xpus=xpus, coherent=False, devices=devices,
+                            catalog=MappingProxyType(catalog), server=None, network=None, cxl=None,
+                            links=MappingProxyType(links), routes=routes, dgx=dgx,
+                            overrides=MappingProxyType(dict(overrides or {})))
     coherent = top.flag("coherent")
     devices = _devices(top, catalog)
     server = _server(top.sub("server"))
@@ -193,6 +285,15 @@ def load_platform_spec(name_or_path: str | Path, overrides: Mapping[str, object]
                         catalog=MappingProxyType(catalog), server=server, network=network, cxl=cxl,
                         links=MappingProxyType(links), routes=routes,
                         overrides=MappingProxyType(dict(overrides or {})))
+
+
+def _holds(data: Any, dotted: str) -> bool:
+    """Whether `data` has a mapping at the dotted path (``"links.cxl"``)."""
+    for part in dotted.split("."):
+        if not isinstance(data, Mapping) or part not in data:
+            return False
+        data = data[part]
+    return isinstance(data, Mapping)
 
 
 def _catalog(top: Fields, base: Path) -> dict[str, Device]:
@@ -280,12 +381,33 @@ def _cxl(fields: Fields) -> CxlSpec | None:
     return None if None in values.values() else CxlSpec(**values)
 
 
-def _links(fields: Fields, explicit: bool) -> dict[str, LinkSpec]:
+def _dgx(node: Fields, fabric: Fields) -> DgxSpec | None:
+    values = dict(
+        gpus=node.number("gpus", kind=int, minimum=1),
+        cpus=node.number("cpus", kind=int, minimum=1),
+        gpus_per_uplink=node.number("gpus_per_uplink", kind=int, minimum=1),
+        cpu_flops=node.quantity("cpu_flops", "flops", positive=False),
+        dram_capacity=_capacity(node, "dram_capacity"),
+    )
+    node.check_unknown()
+    topology = fabric.choice("topology", FABRIC_TOPOLOGIES)
+    radix = fabric.number("switch_radix", kind=int, minimum=4)
+    fabric.check_unknown()
+    if None in values.values() or None in (topology, radix):
+        return None
+    try:
+        return DgxSpec(node=DgxNodeSpec(**values), fabric=FabricSpec(topology=topology, switch_radix=radix))
+    except ConfigError as err:
+        node.problems.append(f"{node.where.rsplit(': ', 1)[0]}: {err}")
+        return None
+
+
+def _links(fields: Fields, names: tuple[str, ...], optional: bool = False) -> dict[str, LinkSpec]:
+    """The link classes `names` (each required unless `optional`); hbm's bandwidth may be left to the device."""
     links = {}
-    names = ("hbm",) if explicit else TABLE5_LINKS
     for name in names:
         if not fields.has(name):
-            if explicit:
+            if optional:
                 continue
             fields.problems.append(f"{fields.path(name)}: is required (bandwidth and latency of this link class)")
             continue

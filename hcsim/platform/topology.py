@@ -9,6 +9,8 @@ Graph attributes
         over a cache-coherent (CXL) fabric.
     routes : optional dict ``{(src, dst): [node, ...]}`` of user routes that
         win over the computed shortest paths.
+    ib_switches : optional dict ``{level: count}``, the physical switches of
+        an InfiniBand fat tree per level (DGX platforms; 1 = leaves).
 
 Node attributes (``kind`` first)
     kind : "switch" | "xpu" | "cpu" | "memory" | "nic"
@@ -18,9 +20,15 @@ Node attributes (``kind`` first)
         Default: switches, NICs and CPUs forward (a CPU's root complex joins
         its PCIe switch, UPI and DRAM); XPUs and memories are endpoints only.
         Set it on XPUs for direct-connect topologies (rings, tori).
-    switch: role : "pcie" | "xpu" | "tor" | "core" | "cxl" (informative);
-            level : CXL switches only, 1 for leaves, +1 per cascade level.
-    xpu: device : catalog name; fp32_flops, fp16_flops : FLOP/s;
+    switch: role : "pcie" | "xpu" | "tor" | "core" | "cxl" | "ib" (informative);
+            level : CXL and InfiniBand switches, 1 for leaves, +1 per level above;
+            switches, nics : InfiniBand fat-tree groups: how many physical
+            switches the node stands for, and the NICs below it
+            (:func:`hcsim.platform.builders.add_fat_tree`).
+    xpu: device : catalog name; peak_flops : {precision: dense peak FLOP/s} for the
+         precisions the device has (read it with
+         :func:`hcsim.platform.devices.peak_flops`); fp32_flops, fp16_flops :
+         FLOP/s, the same figures under their older names;
          local_memory : name of its HBM memory node;
          extended_memory : name of the memory node it spills to, or None;
          host_memory : optional, the DRAM of the CPU it is attached to (CPU
@@ -34,7 +42,7 @@ Node attributes (``kind`` first)
 Edge attributes
     bandwidth : B/s per direction; latency : s (> 0: SimGrid's CM02 starves
     flows that share a link with a zero-latency route);
-    kind : "pcie" | "upi" | "xpu_link" | "eth" | "cxl" | "hbm" | "dram".
+    kind : "pcie" | "upi" | "xpu_link" | "eth" | "ib" (InfiniBand) | "cxl" | "hbm" | "dram".
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ from collections import Counter
 import networkx as nx
 
 from hcsim.errors import TopologyError
+from hcsim.platform.devices import PRECISIONS
 
 __all__ = [
     "NODE_KINDS", "LINK_KINDS", "HOST_KINDS", "MEMORY_ROLES", "add_link", "add_xpu", "add_memory",
@@ -52,7 +61,7 @@ __all__ = [
 ]
 
 NODE_KINDS = ("switch", "xpu", "cpu", "memory", "nic")
-LINK_KINDS = ("pcie", "upi", "xpu_link", "eth", "cxl", "hbm", "dram")
+LINK_KINDS = ("pcie", "upi", "xpu_link", "eth", "ib", "cxl", "hbm", "dram")
 HOST_KINDS = ("xpu", "cpu", "memory")  # become SimGrid hosts; the others only carry links
 ENDPOINT_KINDS = ("xpu", "memory")  # routes do not cross these unless the node says transit=True
 MEMORY_ROLES = ("hbm", "dram", "cxl_type3", "cxl_type2")
@@ -66,7 +75,7 @@ def add_link(graph: nx.Graph, u: str, v: str, *, bandwidth: float, latency: floa
 def add_xpu(graph: nx.Graph, name: str, device, *, hbm_latency: float, **where) -> None:
     """Add an XPU of catalog `device` with its HBM memory node and the link between them."""
     memory = f"{name}.hbm"
-    graph.add_node(name, kind="xpu", device=device.name, fp32_flops=device.fp32_flops,
+    graph.add_node(name, kind="xpu", device=device.name, peak_flops=dict(device.peaks), fp32_flops=device.fp32_flops,
                    fp16_flops=device.fp16_flops, local_memory=memory, extended_memory=None, **where)
     graph.add_node(memory, kind="memory", capacity=device.memory, role="hbm", owner=name, **where)
     add_link(graph, name, memory, bandwidth=device.memory_bandwidth, latency=hbm_latency, kind="hbm")
@@ -135,6 +144,10 @@ def _node_problems(graph, node, data, catalog) -> list[str]:
         for key in ("fp32_flops", "fp16_flops"):
             if not _positive(data.get(key)):
                 problems.append(f"xpu {node!r}: {key} must be a positive FLOP/s, got {data.get(key)!r}")
+        peaks = data.get("peak_flops", {})
+        if not isinstance(peaks, dict) or not all(p in PRECISIONS and _positive(v) for p, v in peaks.items()):
+            problems.append(f"xpu {node!r}: peak_flops must map precisions ({', '.join(PRECISIONS)}) to positive "
+                            f"FLOP/s, got {peaks!r}")
         for key in ("local_memory", "extended_memory"):
             memory = data.get(key)
             if memory is not None and graph.nodes.get(memory, {}).get("kind") != "memory":

@@ -16,7 +16,7 @@ from hcsim.config import REPO_ROOT
 from hcsim.errors import TopologyError
 from hcsim.platform import build_platform, compile_platform, load_platform_spec, route_latency, single_switch
 from hcsim.platform.compile import simgrid_links
-from hcsim.platform.pairs import data_parallel_pairs, ring_pairs
+from hcsim.platform.pairs import data_parallel_pairs, hybrid_parallel_pairs, ring_pairs
 from hcsim.platform.topology import xpus
 
 HERE = Path(__file__).parent
@@ -160,3 +160,22 @@ def test_4096_xpu_coherent_platform_loads_in_seconds(tmp_path, cxl_4096):
     assert result["peak_rss"] < 800e6
     for (src, dst), (links, latency) in zip(sample, result["routes"]):
         assert links == simgrid_links(compiled.routes[src, dst])
+
+
+@needs_simgrid
+@pytest.mark.parametrize("name, count, tp, pp", [("dgx-h100", 64, 8, 2), ("dgx-a100", 64, 4, 2),
+                                                 ("dgx-h100", 1024, 8, 4), ("dgx-a100", 1024, 8, 8)])
+def test_simgrid_routes_are_the_networkx_routes_on_dgx_clusters(tmp_path, name, count, tp, pp):
+    """Hybrid-parallel pairs (TP groups, pipeline neighbours, DP rings) plus random ones; 1024 A100: 3 switch levels."""
+    graph = _graph(name, count)
+    pairs = hybrid_parallel_pairs(graph, tp, pp) + data_parallel_pairs(graph) + _extra_pairs(graph, 40, 4)
+    pairs = sorted(set(pairs) - {(a, a) for a in graph})
+    compiled = compile_platform(graph, pairs, "bf16")
+    result = simgrid_routes(tmp_path, compiled, pairs)
+    assert result["hosts"] == sum(1 for _, k in graph.nodes(data="kind") if k in ("xpu", "cpu", "memory"))
+    for (src, dst), (links, latency) in zip(pairs, result["routes"]):
+        route = compiled.routes[src, dst]
+        assert links == simgrid_links(route), (src, dst)
+        assert latency == pytest.approx(route_latency(graph, route), rel=1e-9)
+    if count == 1024:  # pipeline neighbours a stage apart cross the fabric's upper levels
+        assert max(len(route) for route in compiled.routes.values()) >= 11

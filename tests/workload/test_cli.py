@@ -17,8 +17,8 @@ def test_show_prints_state_placement_and_flops(capsys):
 
 
 def test_show_reports_errors_in_one_line(capsys):
-    assert main(["workload", "show", "llama2-13b", "--device", "H200"]) == 2
-    assert "--device 'H200': not in the device catalog" in capsys.readouterr().err
+    assert main(["workload", "show", "llama2-13b", "--device", "H900"]) == 2
+    assert "--device 'H900': not in the device catalog" in capsys.readouterr().err
     assert main(["workload", "show", "llama2-13b", "--set", "fidelity"]) == 2
     assert "expected KEY=VALUE" in capsys.readouterr().err
 
