@@ -46,7 +46,7 @@ def run_point(topology: str, n: int, collective: str, algorithm: str, size: floa
     group = xpus(platform)[:n]
     graph = new_workload(f"{collective}-{algorithm}")
     add_comm(graph, "c", xpus=group, bytes=size, collective=collective, algorithm=algorithm, start=True)
-    outcome = execute(platform, graph, RunOptions(collective_fidelity=fidelity, step_limit=step_limit))
+    outcome = execute(platform, graph, RunOptions(collective_model=fidelity, step_limit=step_limit))
     seconds = outcome.iteration_ends[0]
     algbw = size / seconds
     factor = 2 * (n - 1) / n if collective == "all_reduce" else (n - 1) / n

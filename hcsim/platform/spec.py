@@ -30,7 +30,7 @@ from types import MappingProxyType
 from typing import Any
 
 from hcsim.config import Fields, apply_overrides, load_yaml, resolve_spec
-from hcsim.errors import ConfigError
+from hcsim.errors import ConfigError, brief
 from hcsim.platform.devices import BUILTIN_CATALOG, Device, load_catalog
 from hcsim.platform.topology import LINK_KINDS, MEMORY_ROLES, NODE_KINDS
 from hcsim.units import BytesPerSecond, Bytes, FlopsPerSecond, Seconds
@@ -200,7 +200,7 @@ def _catalog(top: Fields, base: Path) -> dict[str, Device]:
     if isinstance(files, str):
         files = [files]
     if not isinstance(files, list):
-        top.problems.append(f"{top.path('device_catalog')}: expected a list of device YAML files, got {files!r}")
+        top.problems.append(f"{top.path('device_catalog')}: expected a list of device YAML files, got {brief(files)}")
         files = []
     catalog = load_catalog(BUILTIN_CATALOG)
     origin = dict.fromkeys(catalog, BUILTIN_CATALOG.name)
@@ -227,13 +227,16 @@ def _devices(top: Fields, catalog: Mapping[str, Device]) -> tuple[str, ...]:
     if isinstance(raw, str):
         raw = [raw]
     if not isinstance(raw, list) or not raw:
-        top.problems.append(f"{top.path('devices')}: expected a non-empty list of device names (one per rack, cycling), got {raw!r}")
+        top.problems.append(f"{top.path('devices')}: expected a non-empty list of device names (one per rack, cycling), got {brief(raw)}")
         return ()
     from hcsim.config import _suggest  # one suggestion format for the whole code base
 
     for i, device in enumerate(raw):
-        if device not in catalog:
-            top.problems.append(f"{top.path('devices')}[{i}]: unknown device {device!r}{_suggest(device, catalog)}; "
+        if not isinstance(device, str):
+            top.problems.append(f"{top.path('devices')}[{i}]: expected a device name, got {brief(device)}; "
+                                f"known: {', '.join(sorted(catalog))}")
+        elif device not in catalog:
+            top.problems.append(f"{top.path('devices')}[{i}]: unknown device {brief(device)}{_suggest(device, catalog)}; "
                                 f"known: {', '.join(sorted(catalog))}")
     return tuple(map(str, raw))
 
@@ -295,6 +298,12 @@ def _links(fields: Fields, explicit: bool) -> dict[str, LinkSpec]:
         sub.check_unknown()
         if latency is not None and (bandwidth is not None or (name == "hbm" and not sub.has("bandwidth"))):
             links[name] = LinkSpec(name=name, bandwidth=bandwidth, latency=latency)
+    if explicit:
+        for name in sorted(set(map(str, fields.data)) & set(TABLE5_LINKS) - {"hbm"}):
+            fields.raw(name)
+            fields.problems.append(f"{fields.path(name)}: an explicit topology reads only links.hbm; give each "
+                                   "link's bandwidth and latency in topology.links (a scenario's cxl_bandwidth and "
+                                   "cxl_latency set links.cxl: leave them out for this platform)")
     fields.check_unknown()
     return links
 
@@ -307,7 +316,7 @@ def _routes(top: Fields) -> tuple[tuple[str, ...], ...]:
     routes = []
     for i, route in enumerate(raw):
         if not isinstance(route, list) or len(route) < 2 or not all(isinstance(n, str) for n in route):
-            top.problems.append(f"{top.path('routes')}[{i}]: expected a list of at least 2 node names, got {route!r}")
+            top.problems.append(f"{top.path('routes')}[{i}]: expected a list of at least 2 node names, got {brief(route)}")
             continue
         routes.append(tuple(route))
     return tuple(routes)
@@ -346,17 +355,21 @@ def _topology(fields: Fields, catalog: Mapping[str, Device]) -> TopologySpec:
         link = Fields(raw, f"{fields.path('links')}[{i}]", fields.problems)
         ends = link.raw("ends")
         if not (isinstance(ends, list) and len(ends) == 2 and all(isinstance(e, str) for e in ends)):
-            link.problems.append(f"{link.path('ends')}: expected two node names, got {ends!r}")
+            link.problems.append(f"{link.path('ends')}: expected two node names, got {brief(ends)}")
             ends = None
         # bandwidth and latency are checked by validate_topology, which names the link
         bandwidth = link.quantity("bandwidth", "bandwidth", default=None, positive=False)
         latency = link.quantity("latency", "time", default=None, positive=False)
         kind = link.choice("kind", LINK_KINDS)
         link.check_unknown()
-        if ends and kind:
+        if ends and ends[0] == ends[1]:
+            link.problems.append(f"{link.path('ends')}: links {ends[0]!r} to itself; a link joins two nodes")
+        elif ends and kind:
             edges.append(EdgeSpec(u=ends[0], v=ends[1], bandwidth=bandwidth, latency=latency, kind=kind))
     if not isinstance(raw_nodes, list) or not raw_nodes:
         fields.problems.append(f"{fields.path('nodes')}: expected a non-empty list of nodes")
+    elif nodes and not any(node.kind == "xpu" for node in nodes):
+        fields.problems.append(f"{fields.path('nodes')}: no node of kind xpu; an explicit topology needs at least one")
     if not isinstance(raw_links, list):
         fields.problems.append(f"{fields.path('links')}: expected a list of links")
     fields.check_unknown()

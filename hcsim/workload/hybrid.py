@@ -199,7 +199,7 @@ class _Builder:
                                   parallelism={k: getattr(par, k) for k in ("tp", "pp", "dp", "micro_batch",
                                                "global_batch", "schedule", "virtual_stages", "recompute",
                                                "sequence_parallel")},
-                                  model=model.name, decoders=model.decoders, fidelity=spec.fidelity)
+                                  model=model.name, decoders=model.decoders, granularity=spec.granularity)
 
     def model_flops(self) -> float:
         """FLOP of one iteration of the whole job, forward and backward, no recomputation (Megatron-LM's count:
