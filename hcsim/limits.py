@@ -2,8 +2,8 @@
 
 The cost of a run is estimated from the specs alone, before a graph is built:
 
-- workload graph vertices (per XPU): ``2 x decoders x vertices per decoder pass`` plus the all-reduces
-  and the optimizer; at most :data:`MAX_GRAPH_VERTICES`;
+- workload graph vertices: ``2 x decoders x vertices per decoder pass`` plus the all-reduces and the
+  optimizer (times the micro-batches with pipeline parallelism); at most :data:`MAX_GRAPH_VERTICES`;
 - vertex runs: ``iterations x XPUs x vertices``; at most :data:`MAX_VERTEX_RUNS` (the largest paper
   experiment, 1024 XPUs of LLaMA2-13B at layer granularity for 2 iterations, is about 3.4 M);
 - XPUs built in a platform graph: at most :data:`MAX_PLATFORM_XPUS`;
@@ -44,11 +44,16 @@ def graph_vertices(spec) -> int:
     return 2 * decoders * per_pass + allreduces + 1
 
 
-def check_run_cost(spec, xpus: int, iterations: int, where: str) -> None:
-    """Refuse a run of workload `spec` on `xpus` XPUs for `iterations` iterations beyond the limits above."""
-    vertices = graph_vertices(spec)
+def check_run_cost(spec, xpus: int, iterations: int, where: str, micro_batches: int = 1, stages: int = 1) -> None:
+    """Refuse a run of workload `spec` on `xpus` XPUs for `iterations` iterations beyond the limits above.
+
+    With pipeline parallelism the graph holds each decoder pass once per micro-batch (`micro_batches`)
+    and each XPU runs the vertices of one of the `stages` stages.
+    """
+    vertices = graph_vertices(spec) * micro_batches
     check_limit(vertices, MAX_GRAPH_VERTICES, "the workload graph's vertices", where,
-                "lower model.decoders or use granularity: decoder")
-    check_limit(float(vertices) * xpus * iterations, MAX_VERTEX_RUNS,
-                f"the vertex runs ({vertices:,} vertices x {xpus:,} XPUs x {iterations:,} iterations)", where,
+                "lower model.decoders or global_batch, or use granularity: decoder")
+    runs = float(vertices) * xpus * iterations / stages
+    check_limit(runs, MAX_VERTEX_RUNS, f"the vertex runs ({vertices:,} vertices x {xpus:,} XPUs"
+                + (f" / {stages} stages" if stages > 1 else "") + f" x {iterations:,} iterations)", where,
                 "lower xpus, iterations or model.decoders")

@@ -76,7 +76,6 @@ def prepare(scenario: Scenario) -> Prepared:
     graph = build_platform(platform_spec, scenario.xpus)
     xpus = platform_xpus(graph)[: scenario.xpus]
     workload_spec = load_workload_spec(resolve_spec(scenario.workload, "workloads", base), scenario.workload_settings())
-    check_run_cost(workload_spec, scenario.xpus, scenario.iterations, f"scenario {scenario.name!r}")
     sizes = {"tp": scenario.tp, "pp": scenario.pp} | ({"dp": scenario.dp} if scenario.dp else {})
     try:
         layout = ParallelLayout(xpus, sizes)
@@ -87,6 +86,9 @@ def prepare(scenario: Scenario) -> Prepared:
         return rank_order(graph, group, scenario, xpus)
 
     parallelism = _parallelism(scenario, workload_spec, layout) if scenario.hybrid else None
+    micro_batches = parallelism.micro_batches if parallelism else 1
+    check_run_cost(workload_spec, scenario.xpus, scenario.iterations, f"scenario {scenario.name!r}", micro_batches,
+                   scenario.pp)
     if parallelism:
         workload = build_hybrid_graph(workload_spec, parallelism, layout, order)
     else:

@@ -64,9 +64,21 @@ def _load(args):
     if getattr(args, "output", None) is not None:
         check_output_file(args.output, "-o")
     spec = load_workload_spec(args.spec, overrides)
+    _check_algorithm(spec)
     check_run_cost(spec, args.xpus, 1, f"workload {spec.name!r} on --xpus {args.xpus}")
     xpus = [f"xpu{i}" for i in range(args.xpus)]
     return spec, xpus, build_training_graph(spec, xpus)
+
+
+def _check_algorithm(spec) -> None:
+    """The spec's all-reduce algorithm is a registered one (or "package.module:Class", checked where imported)."""
+    from hcsim.config import _suggest
+    from hcsim.engine.collectives import algorithms
+
+    known = algorithms()["all_reduce"]
+    if ":" not in spec.algorithm and spec.algorithm not in known:
+        raise ConfigError(f"{spec.source}: gradients.algorithm: {spec.algorithm!r} is not one of {', '.join(known)}"
+                          f"{_suggest(spec.algorithm, known)}")
 
 
 def _device(name: str):

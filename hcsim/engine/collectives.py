@@ -245,7 +245,7 @@ def get_algorithm(collective: str, name: str | None, ranks: int, size: float,
             cls = _REGISTRY[collective, name]
         except KeyError:
             known = ", ".join(sorted(n for c, n in _REGISTRY if c == collective)) or "none"
-            raise ConfigError(f"no algorithm {name!r} for {collective}; known: {known}") from None
+            raise ConfigError(f"{collective} algorithm {name!r}: not registered; known: {known}") from None
     return _shared(cls, ranks, size, tuple(map(tuple, groups)) if groups else None)
 
 

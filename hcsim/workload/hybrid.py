@@ -105,7 +105,7 @@ class Parallelism:
             raise ConfigError(f"tp: {self.tp} does not divide the {model.kv_heads} kv heads of {model.name}")
         chunks = self.pp * self.virtual_stages
         if self.layer_split is None and model.decoders % chunks:
-            raise ConfigError(f"pp x virtual_stages = {chunks} does not divide the {model.decoders} decoders of "
+            raise ConfigError(f"pp: pp x virtual_stages = {chunks} does not divide the {model.decoders} decoders of "
                               f"{model.name}; give a layer_split")
         if self.layer_split is not None and (sum(self.layer_split) != model.decoders or min(self.layer_split) < 1):
             raise ConfigError(f"layer_split: {list(self.layer_split)} must be positive and sum to the "
@@ -375,7 +375,7 @@ def build_hybrid_graph(spec: WorkloadSpec, par: Parallelism, layout: ParallelLay
     """
     sizes = layout.sizes
     if (sizes["tp"], sizes["pp"], sizes["dp"]) != (par.tp, par.pp, par.dp) or sizes["ep"] * sizes["cp"] != 1:
-        raise ConfigError(f"parallel layout {layout!r} does not match tp {par.tp} x pp {par.pp} x dp {par.dp}")
+        raise ConfigError(f"parallel layout: {layout!r} does not match tp {par.tp} x pp {par.pp} x dp {par.dp}")
     par.check_model(spec)
     return _Builder(spec, par, layout, group_order).build()
 

@@ -161,7 +161,7 @@ def parse_workload_spec(data: Any, where: str = "workload") -> WorkloadSpec:
     training.check_unknown()
     gradients = top.sub("gradients")
     values.update(bucket=gradients.choice("bucket", BUCKETS, "decoder"),
-                  algorithm=_algorithm(gradients),
+                  algorithm=gradients.string("algorithm", "ring"),
                   in_order=gradients.flag("in_order", True))
     gradients.check_unknown()
     values["granularity"] = top.choice("granularity", GRANULARITIES, "decoder")
@@ -171,16 +171,6 @@ def parse_workload_spec(data: Any, where: str = "workload") -> WorkloadSpec:
                             source=where, **values)
     except ConfigError as err:
         raise ConfigError(f"{where}: {err}") from err
-
-
-def _algorithm(fields: Fields) -> str | None:
-    """An all-reduce algorithm: a registered name, or "package.module:Class" (checked where it is imported)."""
-    from hcsim.engine.collectives import algorithms
-
-    name = fields.string("algorithm", "ring")
-    if name is None or ":" in name:
-        return name
-    return fields.choice("algorithm", algorithms()["all_reduce"], None)
 
 
 def _shape(fields: Fields, name: str) -> ModelShape | None:
