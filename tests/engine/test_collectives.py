@@ -257,7 +257,7 @@ def test_hierarchical_needs_equal_servers():
 
 
 def test_unknown_algorithm_lists_the_known_ones():
-    with pytest.raises(ConfigError, match=r"no algorithm 'nope' for all_reduce; known: .*coherent_ring"):
+    with pytest.raises(ConfigError, match=r"all_reduce algorithm 'nope': not registered; known: .*coherent_ring"):
         get_algorithm("all_reduce", "nope", 4, 1e6)
 
 
