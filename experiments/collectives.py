@@ -58,7 +58,7 @@ def run_point(topology: str, n: int, collective: str, algorithm: str, size: floa
 
 def run(spec: dict) -> list[dict]:
     """Every point of `spec`, two at a time, each in a fresh process."""
-    points = [(t, n, spec["collective"], a, s, spec["fidelity"], spec["step_limit"])
+    points = [(t, n, spec["collective"], a, s, spec["collective_model"], spec["step_limit"])
               for t in spec["topologies"] for n in spec["group_sizes"] for a in spec["algorithms"]
               for s in spec["sizes"]]
     rows = []
@@ -93,7 +93,7 @@ def markdown(rows: list[dict], spec: dict) -> str:
                     cells.append(f"{r['time_s'] * 1e3:.3g} ms / {r['busbw_Bps'] / 1e9:.3g}" if r else "–")
                 lines.append(f"| {t} | {n} | {a} | " + " | ".join(cells) + " |")
     return ("Time and bus bandwidth (GB/s) of one all-reduce, "
-            f"fidelity {spec['fidelity']} (step up to {spec['step_limit']} XPUs):\n\n" + "\n".join(lines) + "\n")
+            f"collective model {spec['collective_model']} (step up to {spec['step_limit']} XPUs):\n\n" + "\n".join(lines) + "\n")
 
 
 def _size(size: float) -> str:
