@@ -18,9 +18,9 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 
-import yaml
 from tqdm import tqdm
 
+from hcsim.config import load_yaml
 from hcsim.units import parse_quantity
 
 HERE = Path(__file__).resolve().parent
@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 
 def load(path: Path) -> dict:
     """The experiment description with sizes in bytes."""
-    spec = yaml.safe_load(path.read_text())
+    spec = load_yaml(path)  # hcsim's bounded spec reader
     spec["sizes"] = [parse_quantity(s, "size", f"collectives.yaml: sizes[{i}]") for i, s in enumerate(spec["sizes"])]
     return spec
 
