@@ -66,7 +66,7 @@ def test_a_random_scenario_prepares_or_raises_hcsims_error(mapping, xpus):
 
     def action():
         scenario = load_scenario(None, mapping)
-        if scenario.xpus <= 64:
+        if scenario.xpus <= 64 and (scenario.global_batch or 1) <= 16:  # a small graph: preparing stays cheap
             prepare(scenario)
 
     own_error_or_nothing(action)
