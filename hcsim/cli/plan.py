@@ -16,7 +16,7 @@ from hcsim.errors import ConfigError
 
 __all__ = ["register"]
 
-SIMULATION = {"collective_fidelity": "flow", "local_collectives": "analytic", "xpu_fidelity": "representative",
+SIMULATION = {"collective_model": "flow", "local_collectives": "analytic", "xpu_sampling": "representative",
               "iterations": 1}
 
 
