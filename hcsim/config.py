@@ -265,8 +265,9 @@ class Fields:
             return self._fail(key, f"must be > 0, got {brief(self.data[key])}", None)
         return value
 
-    def number(self, key: str, default: Any = ..., kind: type = float, minimum: float | None = None) -> Any:
-        """A plain number (a count or a ratio: no unit)."""
+    def number(self, key: str, default: Any = ..., kind: type = float, minimum: float | None = None,
+               maximum: float | None = None) -> Any:
+        """A plain number (a count or a ratio: no unit), within [minimum, maximum] when given."""
         if key not in self.data:
             return self._missing(key, default)
         value = self.raw(key)
@@ -274,6 +275,8 @@ class Fields:
             return self._fail(key, f"expected {'an integer' if kind is int else 'a number'}, got {brief(value)}", default)
         if minimum is not None and value < minimum:
             return self._fail(key, f"must be >= {minimum}, got {brief(value)}", default)
+        if maximum is not None and value > maximum:
+            return self._fail(key, f"must be <= {maximum:,} (hcsim.limits), got {brief(value)}", default)
         return kind(value)
 
     def choice(self, key: str, options: Iterable[str], default: Any = ...) -> Any:

@@ -7,7 +7,9 @@ The cost of a run is estimated from the specs alone, before a graph is built:
 - vertex runs: ``iterations x XPUs x vertices``; at most :data:`MAX_VERTEX_RUNS` (the largest paper
   experiment, 1024 XPUs of LLaMA2-13B at layer granularity for 2 iterations, is about 3.4 M);
 - XPUs built in a platform graph: at most :data:`MAX_PLATFORM_XPUS`;
-- host pairs compiled into routes (``platform compile --pairs``): at most :data:`MAX_ROUTE_PAIRS`.
+- host pairs compiled into routes (``platform compile --pairs``): at most :data:`MAX_ROUTE_PAIRS`;
+- components a structured platform builds per server or network (``server.cpus``, ``server.nics_per_cpu``,
+  ``server.cpu_pcie_links``, ``server.xpus_per_cpu``, ``network.spines``): at most :data:`MAX_COMPONENTS` each.
 
 Set the environment variable ``HCSIM_NO_LIMITS=1`` to run beyond them anyway.
 """
@@ -18,13 +20,14 @@ import os
 
 from hcsim.errors import ConfigError
 
-__all__ = ["MAX_GRAPH_VERTICES", "MAX_VERTEX_RUNS", "MAX_PLATFORM_XPUS", "MAX_ROUTE_PAIRS", "graph_vertices",
+__all__ = ["MAX_GRAPH_VERTICES", "MAX_VERTEX_RUNS", "MAX_PLATFORM_XPUS", "MAX_ROUTE_PAIRS", "MAX_COMPONENTS", "graph_vertices",
            "check_run_cost", "check_limit"]
 
 MAX_GRAPH_VERTICES = 1_000_000
 MAX_VERTEX_RUNS = 200_000_000
 MAX_PLATFORM_XPUS = 65_536
 MAX_ROUTE_PAIRS = 2_000_000
+MAX_COMPONENTS = 4096
 
 
 def check_limit(estimate: float, limit: float, what: str, where: str, fix: str) -> None:

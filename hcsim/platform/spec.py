@@ -31,6 +31,7 @@ from typing import Any
 
 from hcsim.config import Fields, apply_overrides, load_yaml, resolve_spec
 from hcsim.errors import ConfigError, brief
+from hcsim.limits import MAX_COMPONENTS
 from hcsim.platform.devices import BUILTIN_CATALOG, Device, load_catalog
 from hcsim.platform.topology import LINK_KINDS, MEMORY_ROLES, NODE_KINDS
 from hcsim.units import BytesPerSecond, Bytes, FlopsPerSecond, Seconds
@@ -251,11 +252,11 @@ def _capacity(fields: Fields, key: str) -> Any:
 
 def _server(fields: Fields) -> ServerSpec | None:
     values = dict(
-        cpus=fields.number("cpus", kind=int, minimum=1),
-        xpus_per_cpu=fields.number("xpus_per_cpu", kind=int, minimum=1),
-        cpu_pcie_links=fields.number("cpu_pcie_links", kind=int, minimum=1),
+        cpus=fields.number("cpus", kind=int, minimum=1, maximum=MAX_COMPONENTS),
+        xpus_per_cpu=fields.number("xpus_per_cpu", kind=int, minimum=1, maximum=MAX_COMPONENTS),
+        cpu_pcie_links=fields.number("cpu_pcie_links", kind=int, minimum=1, maximum=MAX_COMPONENTS),
         xpu_switch=fields.flag("xpu_switch"),
-        nics_per_cpu=fields.number("nics_per_cpu", kind=int, minimum=1),
+        nics_per_cpu=fields.number("nics_per_cpu", kind=int, minimum=1, maximum=MAX_COMPONENTS),
         cpu_flops=fields.quantity("cpu_flops", "flops", positive=False),
         dram_capacity=_capacity(fields, "dram_capacity"),
     )
@@ -266,7 +267,7 @@ def _server(fields: Fields) -> ServerSpec | None:
 def _network(rack: Fields, network: Fields) -> NetworkSpec | None:
     servers = rack.number("servers", kind=int, minimum=1)
     rack.check_unknown()
-    spines = network.number("spines", kind=int, minimum=1)
+    spines = network.number("spines", kind=int, minimum=1, maximum=MAX_COMPONENTS)
     network.check_unknown()
     return None if None in (servers, spines) else NetworkSpec(servers_per_rack=servers, spines=spines)
 
