@@ -36,10 +36,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 LEVELS = {  # name: scenario settings
-    "layer": ["fidelity=layer"],
-    "layer+repr": ["fidelity=layer", "xpu_fidelity=representative"],
-    "decoder": ["fidelity=decoder"],
-    "decoder+repr": ["fidelity=decoder", "xpu_fidelity=representative"],
+    "layer": ["granularity=layer"],
+    "layer+repr": ["granularity=layer", "xpu_sampling=representative"],
+    "decoder": ["granularity=decoder"],
+    "decoder+repr": ["granularity=decoder", "xpu_sampling=representative"],
 }
 CASES = [*LEVELS, "2d-hierarchical", "simgrid"]
 

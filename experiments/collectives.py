@@ -18,9 +18,9 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 
-import yaml
 from tqdm import tqdm
 
+from hcsim.config import load_yaml
 from hcsim.units import parse_quantity
 
 HERE = Path(__file__).resolve().parent
@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 
 def load(path: Path) -> dict:
     """The experiment description with sizes in bytes."""
-    spec = yaml.safe_load(path.read_text())
+    spec = load_yaml(path)  # hcsim's bounded spec reader
     spec["sizes"] = [parse_quantity(s, "size", f"collectives.yaml: sizes[{i}]") for i, s in enumerate(spec["sizes"])]
     return spec
 
@@ -46,7 +46,7 @@ def run_point(topology: str, n: int, collective: str, algorithm: str, size: floa
     group = xpus(platform)[:n]
     graph = new_workload(f"{collective}-{algorithm}")
     add_comm(graph, "c", xpus=group, bytes=size, collective=collective, algorithm=algorithm, start=True)
-    outcome = execute(platform, graph, RunOptions(collective_fidelity=fidelity, step_limit=step_limit))
+    outcome = execute(platform, graph, RunOptions(collective_model=fidelity, step_limit=step_limit))
     seconds = outcome.iteration_ends[0]
     algbw = size / seconds
     factor = 2 * (n - 1) / n if collective == "all_reduce" else (n - 1) / n
@@ -58,7 +58,7 @@ def run_point(topology: str, n: int, collective: str, algorithm: str, size: floa
 
 def run(spec: dict) -> list[dict]:
     """Every point of `spec`, two at a time, each in a fresh process."""
-    points = [(t, n, spec["collective"], a, s, spec["fidelity"], spec["step_limit"])
+    points = [(t, n, spec["collective"], a, s, spec["collective_model"], spec["step_limit"])
               for t in spec["topologies"] for n in spec["group_sizes"] for a in spec["algorithms"]
               for s in spec["sizes"]]
     rows = []
@@ -93,7 +93,7 @@ def markdown(rows: list[dict], spec: dict) -> str:
                     cells.append(f"{r['time_s'] * 1e3:.3g} ms / {r['busbw_Bps'] / 1e9:.3g}" if r else "–")
                 lines.append(f"| {t} | {n} | {a} | " + " | ".join(cells) + " |")
     return ("Time and bus bandwidth (GB/s) of one all-reduce, "
-            f"fidelity {spec['fidelity']} (step up to {spec['step_limit']} XPUs):\n\n" + "\n".join(lines) + "\n")
+            f"collective model {spec['collective_model']} (step up to {spec['step_limit']} XPUs):\n\n" + "\n".join(lines) + "\n")
 
 
 def _size(size: float) -> str:

@@ -3,11 +3,39 @@
 Each carries one string that names the place (file and field, node, vertex),
 the problem and, where there is one, the fix; one string so that errors pickle
 back from sweep worker processes unchanged. The CLI prints them in one line.
+
+Every message follows one template (:data:`MESSAGE_TEMPLATE`)::
+
+    WHERE: PROBLEM[; what would be valid, or Fix: ...]
+
+WHERE names the file (``paper-cxl.yaml``, ``exp.yaml:12``), the key
+(``links.cxl.latency``), the option (``--out``) or the object
+(``scenario 'default'``); a message listing several problems repeats the
+template on each line (or indents them under a ``WHERE: ...:`` line). A
+user's value is shown with :func:`brief`, never in full.
 """
 
+import re
+import reprlib
 from pathlib import Path
 
-__all__ = ["HcsimError", "ConfigError", "TopologyError", "WorkloadError", "SimulationError", "shadowed_package"]
+__all__ = ["HcsimError", "ConfigError", "TopologyError", "WorkloadError", "SimulationError", "OutputError", "brief",
+           "MESSAGE_TEMPLATE", "shadowed_package"]
+
+# One line of a message: a place, ": ", the problem (continuation lines of a list are indented instead).
+MESSAGE_TEMPLATE = re.compile(r"^(?P<where>[^\s:][^\n]*?): (?P<problem>\S[^\n]*)$")
+
+_REPR = reprlib.Repr()
+_REPR.maxstring, _REPR.maxother, _REPR.maxlist, _REPR.maxtuple = 60, 60, 6, 6
+_REPR.maxdict, _REPR.maxset, _REPR.maxlevel, _REPR.maxlong = 4, 6, 3, 40
+
+
+def brief(value: object) -> str:
+    """`value`'s repr, cut short (at most about 100 characters): what error messages show of a user's value."""
+    try:
+        return _REPR.repr(value)
+    except Exception:  # a user object whose repr fails
+        return f"<{type(value).__name__}>"
 
 
 class HcsimError(Exception):
@@ -42,3 +70,14 @@ def shadowed_package(error: ImportError) -> ImportError:
                        f"hcsim package in {Path(__file__).resolve().parent}: a folder named 'hcsim' in the current "
                        f"directory or next to your script (a checkout of hcsim?) shadows it. Fix: run the script "
                        f"from another folder, or rename that folder")
+
+
+class OutputError(HcsimError):
+    """A run finished but its outputs could not be written; `result` holds its result record (or None)."""
+
+    def __init__(self, message: str, result: dict | None = None):
+        super().__init__(message, result)
+        self.result = result
+
+    def __str__(self) -> str:
+        return str(self.args[0])

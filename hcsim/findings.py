@@ -39,7 +39,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Finding", "evaluate", "check_spec", "selected", "KINDS"]
+from hcsim.errors import HcsimError, brief
+
+__all__ = ["Finding", "evaluate", "check_spec", "check_where", "selected", "KINDS"]
 
 KINDS = {
     "better": ("axis", "better", "worse"),
@@ -62,17 +64,98 @@ class Finding:
     detail: str
 
 
-def check_spec(spec: dict[str, Any]) -> list[str]:
-    """The problems of one finding spec (empty when it is valid)."""
+_NUMBERS = {"tolerance": "a relative tolerance >= 0", "min_change": "a relative change >= 0",
+            "min_gain": "a relative gain >= 0", "flat_tolerance": "a relative tolerance >= 0",
+            "min_loss": "a relative loss >= 0"}
+
+
+def check_spec(spec: dict[str, Any], columns: list[str] | None = None, numeric: list[str] | None = None,
+               values: dict[str, list[Any]] | None = None) -> list[str]:
+    """The problems of one finding spec (empty when it is valid), each starting with its key.
+
+    With `columns` (the CSV header), `numeric` (its numeric columns) and
+    `values` (axis column -> the values the points take), every column and
+    compared value is checked against what the experiment will produce.
+    """
     kind = spec.get("check")
     if kind not in KINDS:
-        return [f"check: {kind!r} is not one of {', '.join(KINDS)}"]
+        return [f"check: {brief(kind)} is not one of {', '.join(KINDS)}"]
     problems = [f"{key}: required for check {kind!r}" for key in KINDS[kind] if key not in spec]
     known = set(KINDS[kind]) | set(_OPTIONAL)
     problems += [f"{key}: unknown key for check {kind!r}; keys: {', '.join(sorted(known))}"
                  for key in spec if key not in known]
     if kind == "step" and spec.get("expect") not in ("lower", "higher"):
-        problems.append(f"expect: {spec.get('expect')!r} is not one of lower, higher")
+        problems.append(f"expect: {brief(spec.get('expect'))} is not one of lower, higher")
+    for key, meaning in _NUMBERS.items():
+        value = spec.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or math.isinf(value):
+            problems.append(f"{key}: expected {meaning} (a number such as 0.01), got {brief(value)}")
+    if not isinstance(spec.get("strict", True), bool):
+        problems.append(f"strict: expected true or false, got {brief(spec['strict'])}")
+    if not isinstance(spec.get("claim", ""), str):
+        problems.append(f"claim: expected a sentence, got {brief(spec['claim'])}")
+    problems += check_where(spec.get("where"), columns)
+    if columns is None:
+        return problems
+    metric = spec.get("metric", "batches_per_s")
+    if not isinstance(metric, str) or metric not in (numeric or columns):
+        problems.append(f"metric: {brief(metric)} is not a numeric column of the results; "
+                        f"numeric columns: {', '.join(numeric or columns)}")
+    axes = list(values or {})
+    for key in ("axis", "along", "scale"):
+        if key in spec and (not isinstance(spec[key], str) or spec[key] not in axes):
+            problems.append(f"{key}: {brief(spec[key])} is not an axis of this experiment; axes: {', '.join(axes)}")
+    for key in ("along", "scale"):
+        column = spec.get(key)
+        if column in axes and not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                      for v in values[column]):
+            problems.append(f"{key}: {column!r} is not numeric, so it cannot be ordered; give a numeric axis")
+    axis = spec.get("axis") if "axis" in spec else spec.get("along")
+    for key in ("better", "worse", "reference", "other", "from", "to"):
+        if key not in spec or axis not in axes:
+            continue
+        try:
+            wanted = _value(spec, key, axis)
+        except HcsimError as err:
+            problems.append(f"{key}: {err}")
+            continue
+        if not any(_equal(v, wanted) for v in values[axis]):
+            shown = ", ".join(dict.fromkeys(_show(axis, v) for v in values[axis]))
+            problems.append(f"{key}: {brief(spec[key])} is not a value of {axis}; its values: {shown}")
+    for key in ("flat_below", "steep_above"):
+        if key in spec and spec.get("along") in axes:
+            try:
+                value = _value(spec, key, spec["along"])
+            except HcsimError as err:
+                problems.append(f"{key}: {err}")
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                problems.append(f"{key}: expected a value of {spec['along']} (a number, or a quantity with a unit), "
+                                f"got {brief(spec[key])}")
+    return problems
+
+
+def check_where(where: Any, columns: list[str] | None = None) -> list[str]:
+    """The problems of a ``where:`` selection: a mapping of columns to a value or a list of values."""
+    if where is None:
+        return []
+    if not isinstance(where, dict):
+        return [f"where: expected a mapping of columns to values, got {brief(where)}"]
+    problems = []
+    for key, wanted in where.items():
+        if columns is not None and key not in columns:
+            problems.append(f"where.{key}: not a column of this experiment's results; columns: {', '.join(columns)}")
+            continue
+        for value in wanted if isinstance(wanted, list) else [wanted]:
+            if isinstance(value, (dict, list)):
+                problems.append(f"where.{key}: expected a value or a list of values, got {brief(wanted)}")
+            elif key in _DIMENSIONS and isinstance(value, str):
+                from hcsim.units import parse_quantity
+
+                try:
+                    parse_quantity(value, _DIMENSIONS[key], f"where.{key}")
+                except HcsimError as err:
+                    problems.append(str(err))
     return problems
 
 

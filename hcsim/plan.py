@@ -223,7 +223,7 @@ def _recompute(mode: str, blocks: tuple[BlockCost, ...], peak: float, bandwidth:
 def rank_correlation(first: list[float], second: list[float]) -> float:
     """Spearman's rank correlation of two equally long lists (ties get their mean rank)."""
     if len(first) != len(second) or len(first) < 2:
-        raise ConfigError("rank correlation needs two lists of the same length, at least 2")
+        raise ConfigError("rank correlation: needs two lists of the same length, at least 2")
 
     def ranks(values):
         order = sorted(range(len(values)), key=values.__getitem__)

@@ -24,6 +24,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from hcsim.errors import brief
 from hcsim.findings import selected
 
 __all__ = ["plot_experiment", "plot_rows", "plot_plans", "check_plot", "PLOT_KEYS"]
@@ -52,17 +53,46 @@ _DASHES = ["-", "--", ":", "-."]
 _MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
 
 
-def check_plot(spec: dict[str, Any]) -> list[str]:
-    """The problems of one plot spec (empty when it is valid)."""
+def check_plot(spec: dict[str, Any], columns: list[str] | None = None, numeric: list[str] | None = None) -> list[str]:
+    """The problems of one plot spec (empty when it is valid), each starting with its key.
+
+    With `columns` (the experiment's CSV header) every column named must be one
+    of them, and `y` one of the `numeric` columns.
+    """
+    from hcsim.findings import check_where
+
     problems = [f"{key}: unknown plot key; plot keys: {', '.join(PLOT_KEYS)}" for key in spec if key not in PLOT_KEYS]
+    known = f"; columns: {', '.join(columns)}" if columns else ""
     for key in ("x", "y"):
         if not isinstance(spec.get(key), str):
-            problems.append(f"{key}: required, the name of a results column")
+            problems.append(f"{key}: required, the name of a results column{known}")
+        elif columns is not None and spec[key] not in columns:
+            problems.append(f"{key}: {spec[key]!r} is not a column of this experiment's results{known}")
+    if columns is not None and numeric is not None and spec.get("y") in columns and spec["y"] not in numeric:
+        problems.append(f"y: {spec['y']!r} is not a numeric column; numeric columns: {', '.join(numeric)}")
     if spec.get("kind", "line") not in ("line", "bar"):
-        problems.append(f"kind: {spec['kind']!r} is not one of line, bar")
+        problems.append(f"kind: {brief(spec['kind'])} is not one of line, bar")
+    for key in ("logx", "logy", "legend"):
+        if key in spec and not isinstance(spec[key], bool):
+            problems.append(f"{key}: expected true or false, got {brief(spec[key])}")
+    for key in ("title", "xlabel", "ylabel", "name", "legend_loc"):
+        if key in spec and not isinstance(spec[key], str):
+            problems.append(f"{key}: expected a string, got {brief(spec[key])}")
+    if isinstance(spec.get("name"), str) and ("/" in spec["name"] or not spec["name"].strip()):
+        problems.append(f"name: {spec['name']!r} cannot name a file; use letters, digits, '-' and '_'")
     series = spec.get("series", [])
     if not (isinstance(series, str) or (isinstance(series, list) and all(isinstance(s, str) for s in series))):
-        problems.append("series: expected a column name or a list of them")
+        problems.append(f"series: expected a column name or a list of them, got {brief(series)}")
+    elif columns is not None:
+        problems += [f"series: {s!r} is not a column of this experiment's results{known}"
+                     for s in ([series] if isinstance(series, str) else series) if s not in columns]
+    panels = spec.get("panels")
+    if panels is not None and (not isinstance(panels, str) or (columns is not None and panels not in columns)):
+        problems.append(f"panels: expected a column name, got {brief(panels)}{known}")
+    labels = spec.get("labels")
+    if labels is not None and not (isinstance(labels, dict) and all(isinstance(v, dict) for v in labels.values())):
+        problems.append("labels: expected a mapping of column -> {value: legend text}")
+    problems += [f"where.{p}" if not p.startswith("where") else p for p in check_where(spec.get("where"), columns)]
     return problems
 
 

@@ -3,7 +3,13 @@
 A scenario names a platform spec and a workload spec and the knobs the
 experiments sweep. Every key is optional; the built-in default is the
 paper's coherent topology with 64 H100, LLaMA2-13B data parallel, CXL at
-128 GB/s and 200 ns.
+the platform's own 128 GB/s and 200 ns.
+
+Each key's constraint is declared once (``Scenario._constraints``) and
+checked when a Scenario is built, from YAML or from Python. Renamed keys
+(:data:`RENAMED_KEYS`: ``fidelity`` is now ``granularity``,
+``collective_fidelity`` is ``collective_model``, ``xpu_fidelity`` is
+``xpu_sampling``) are still read from YAML and ``--set``, with a warning.
 """
 
 from __future__ import annotations
@@ -11,25 +17,35 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from hcsim.config import Fields, load_yaml, parse_settings
-from hcsim.errors import ConfigError
+from hcsim.engine.executor import COLLECTIVE_MODELS, LOCAL_ACCESSES, LOCAL_COLLECTIVES, XPU_SAMPLINGS
+from hcsim.errors import ConfigError, brief
+from hcsim.params import (Choice, Constraint, Flag, Integer, Integers, Number, Optional, StringMapping, Text, Texts,
+                          Either, check_params)
 from hcsim.workload.model import RECOMPUTATION
 from hcsim.workload.schedules import SCHEDULES
 from hcsim.workload.zero import OFFLOAD_STATES, OFFLOAD_TARGETS, ZERO_STAGES
 
-__all__ = ["Scenario", "load_scenario", "apply_settings", "SCENARIO_KEYS"]
+__all__ = ["Scenario", "load_scenario", "apply_settings", "SCENARIO_KEYS", "RENAMED_KEYS", "COLLECTIVE_MODELS",
+           "XPU_SAMPLINGS", "LOCAL_ACCESSES", "LOCAL_COLLECTIVES", "GRANULARITIES", "RING_ORDERS"]
 
-FIDELITIES = ("step", "flow", "auto")
+log = logging.getLogger(__name__)
+
+GRANULARITIES = ("layer", "decoder")
 RING_ORDERS = ("topology", "interleaved")
+# Old key -> new key: read with a warning, so older scenario and experiment files keep working.
+RENAMED_KEYS = {"fidelity": "granularity", "collective_fidelity": "collective_model", "xpu_fidelity": "xpu_sampling"}
 
 
 @dataclass(frozen=True, kw_only=True)
 class Scenario:
-    """One simulation to run. Quantities in SI units (B/s, s)."""
+    """One simulation to run. Quantities in SI units (B/s, s). Lists given for tuple fields are made tuples."""
 
     name: str = "default"
     platform: str = "paper-cxl"  # platform spec: built-in name or path
@@ -37,18 +53,18 @@ class Scenario:
     xpus: int = 64  # XPUs that train (the first ones of the platform, rack by rack)
     devices: tuple[str, ...] | None = None  # device per rack, cycling; None: the platform spec's
     coherent: bool | None = None  # CXL fabric and coherent memory access; None: the platform spec's
-    cxl_bandwidth: float | None = 128e9  # B/s per direction; None: the platform spec's
-    cxl_latency: float | None = 200e-9  # s; None: the platform spec's
+    cxl_bandwidth: float | None = None  # B/s per direction of every CXL link; None: the platform spec's
+    cxl_latency: float | None = None  # s; None: the platform spec's
     collective: str | None = None  # all-reduce algorithm (ring, coherent_ring, ...); None: the workload's
     collective_chunks: int | None = None  # the all-reduces split into this many chunks; None: the workload's
     ring_order: str | tuple[str, ...] = "topology"  # rank order of the collectives' groups: topology
     # (neighbours in a server adjacent), interleaved (consecutive ranks on different servers) or XPU names
-    collective_fidelity: str = "auto"  # step | flow | auto (step up to step_limit ranks)
+    collective_model: str = "auto"  # step (every transfer) | flow (phases) | auto (step up to step_limit ranks)
     step_limit: int = 64
     local_access: str = "analytic"  # analytic | simulated: see hcsim.engine.executor.RunOptions
-    xpu_fidelity: str = "all"  # all | representative: see hcsim.engine.executor.RunOptions
+    xpu_sampling: str = "all"  # all | representative: see hcsim.engine.executor.RunOptions
     local_collectives: str = "simulated"  # simulated | analytic: see hcsim.engine.executor.RunOptions
-    fidelity: str | None = None  # workload fidelity: layer | decoder; None: the workload spec's
+    granularity: str | None = None  # workload graph: layer | decoder vertices; None: the workload spec's
     iterations: int = 2
     platform_overrides: dict[str, Any] = field(default_factory=dict)  # dotted platform-spec keys
     workload_overrides: dict[str, Any] = field(default_factory=dict)  # dotted workload-spec keys
@@ -69,21 +85,46 @@ class Scenario:
     ep: int = 1  # expert-parallel group size (MoE models; EP ranks split the data too: dp = xpus / (tp x ep x pp))
     moe_skew: float = 1.0  # most loaded expert rank's tokens / the mean (1: balanced routing)
     trace_xpus: int = 8  # trace the first N XPUs (when an output folder is given); 0: none
-    trace_iterations: tuple[int, ...] | None = None  # None: every iteration
+    trace_iterations: tuple[int, ...] | None = None  # iterations traced, from 1; None: every iteration
     base: str = "."  # folder that relative spec paths are relative to
 
+    _constraints: ClassVar[dict[str, Constraint]] = {
+        "name": Text(), "platform": Text(), "workload": Text(),
+        "xpus": Integer(minimum=1),
+        "devices": Optional(Texts("device names"), "the platform spec's"),
+        "coherent": Optional(Flag(), "the platform spec's"),
+        "cxl_bandwidth": Optional(Number(positive=True, unit="B/s"), "the platform spec's"),
+        "cxl_latency": Optional(Number(positive=True, unit="s"), "the platform spec's"),
+        "collective": Optional(Text(), "the workload spec's"),
+        "ring_order": Either((Choice(RING_ORDERS), Texts("XPU names"))),
+        "collective_model": Choice(COLLECTIVE_MODELS),
+        "step_limit": Integer(minimum=1),
+        "local_access": Choice(LOCAL_ACCESSES),
+        "xpu_sampling": Choice(XPU_SAMPLINGS),
+        "local_collectives": Choice(LOCAL_COLLECTIVES),
+        "granularity": Optional(Choice(GRANULARITIES), "the workload spec's"),
+        "iterations": Integer(minimum=1),
+        "platform_overrides": StringMapping(), "workload_overrides": StringMapping(),
+        "tp": Integer(minimum=1), "pp": Integer(minimum=1), "virtual_stages": Integer(minimum=1),
+        "dp": Optional(Integer(minimum=1), "xpus / (tp x pp)"),
+        "micro_batch": Optional(Integer(minimum=1), "the workload's batch_per_xpu"),
+        "global_batch": Optional(Integer(minimum=1), "dp x micro_batch"),
+        "schedule": Choice(SCHEDULES), "recompute": Optional(Choice(RECOMPUTATION), "the workload's recomputation"),
+        "sequence_parallel": Flag(), "layer_split": Optional(Integers(minimum=1), "even"),
+        "trace_xpus": Integer(minimum=0),
+        "trace_iterations": Optional(Integers(minimum=1), "every iteration"),
+        "base": Text(),
+    }
+
     def __post_init__(self) -> None:
-        if self.xpus < 1:
-            raise ConfigError(f"scenario {self.name!r}: xpus must be >= 1, got {self.xpus}")
-        if self.iterations < 1:
-            raise ConfigError(f"scenario {self.name!r}: iterations must be >= 1, got {self.iterations}")
-        if self.collective_chunks is not None and (isinstance(self.collective_chunks, bool)
-                                                   or not isinstance(self.collective_chunks, int)
-                                                   or self.collective_chunks < 1):
-            raise ConfigError(f"scenario {self.name!r}: collective_chunks must be an integer >= 1, "
-                              f"got {self.collective_chunks!r}")
-        if self.collective_fidelity not in FIDELITIES:
-            raise ConfigError(f"scenario {self.name!r}: collective_fidelity must be one of {', '.join(FIDELITIES)}")
+        for key in ("devices", "ring_order", "trace_iterations", "layer_split"):
+            if isinstance(getattr(self, key), list):
+                object.__setattr__(self, key, tuple(getattr(self, key)))
+        name = self.name if isinstance(self.name, str) else "?"
+        check_params(self._constraints, self, f"scenario {name!r}")
+        if self.trace_iterations and max(self.trace_iterations) > self.iterations:
+            raise ConfigError(f"scenario {name!r}: trace_iterations: {brief(self.trace_iterations)} names an "
+                              f"iteration after the last one; the run has iterations 1 to {self.iterations}")
 
     def platform_settings(self) -> dict[str, Any]:
         """Overrides for the platform spec, from the scenario's own keys and platform_overrides."""
@@ -105,21 +146,14 @@ class Scenario:
             or self.recompute is not None or self.layer_split is not None or self.zero > 0 or self.offload != "none" \
             or self.ep > 1
 
-    def defaulted_platform_keys(self) -> tuple[str, ...]:
-        """Keys of platform_settings() left at the scenario defaults: they apply only to platforms with CXL links."""
-        default = Scenario()
-        return tuple(key for key, mine, theirs in [("links.cxl.bandwidth", self.cxl_bandwidth, default.cxl_bandwidth),
-                                                   ("links.cxl.latency", self.cxl_latency, default.cxl_latency)]
-                     if mine == theirs)
-
     def workload_settings(self) -> dict[str, Any]:
         settings = dict(self.workload_overrides)
         if self.collective is not None:
             settings["gradients.algorithm"] = self.collective
         if self.collective_chunks is not None:
             settings["gradients.chunks"] = self.collective_chunks
-        if self.fidelity is not None:
-            settings["fidelity"] = self.fidelity
+        if self.granularity is not None:
+            settings["granularity"] = self.granularity
         return settings
 
     def to_dict(self) -> dict[str, Any]:
@@ -140,40 +174,64 @@ class Scenario:
 SCENARIO_KEYS = tuple(f.name for f in dataclasses.fields(Scenario) if f.name != "base")
 
 
-def load_scenario(path: str | Path | None = None, settings: list[str] | dict | None = None) -> Scenario:
+def load_scenario(path: str | Path | None = None, settings: list[str] | Mapping[str, Any] | None = None) -> Scenario:
     """Read a scenario YAML (or the built-in default when `path` is None), then apply `settings`.
 
     `settings` are ``key=value`` strings (values in YAML syntax: ``xpus=256``,
     ``cxl_bandwidth=256GB/s``, ``devices=[H100,A100]``,
     ``platform_overrides.links.pcie.latency=300ns``) or a mapping.
     """
+    if path is not None and not isinstance(path, (str, Path)):
+        raise ConfigError(f"scenario: expected a YAML file path or None, got {brief(path)}")
     where = str(path) if path else "scenario"
     data = {} if path is None else load_yaml(path)
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: a scenario is a mapping of keys to values, got {type(data).__name__}")
-    data = apply_settings(data, settings or [], where)
+    data = apply_settings(data, settings if settings is not None else [], where)
     base = str(Path(path).resolve().parent) if path else "."
     return _from_mapping(data, where, base)
 
 
-def apply_settings(data: dict, settings: list[str] | dict, where: str = "--set") -> dict:
+def apply_settings(data: dict, settings: list[str] | Mapping[str, Any], where: str = "--set") -> dict:
     """Return `data` with ``key=value`` settings applied (dotted keys reach into the override maps)."""
     data = dict(data)
-    items = settings if isinstance(settings, dict) else parse_settings(settings)
+    items = parse_settings(settings)
     for key, value in items.items():
         head, _, rest = str(key).partition(".")
         if rest and head in ("platform_overrides", "workload_overrides"):
-            data[head] = {**(data.get(head) or {}), rest: value}
+            current = data.get(head)
+            data[head] = {**(current if isinstance(current, dict) else {}), rest: value}
         else:
             data[key] = value
     return data
 
 
+_warned: set[str] = set()
+
+
+def renamed(data: dict, where: str) -> dict:
+    """`data` with renamed keys (:data:`RENAMED_KEYS`) under their new names; a warning once per old key."""
+    data = dict(data)
+    for old, new in RENAMED_KEYS.items():
+        if old not in data:
+            continue
+        if new in data:
+            raise ConfigError(f"{where}{old}: renamed {new}, which is given too; keep only {new}")
+        if old not in _warned:
+            _warned.add(old)
+            log.warning("%s%s: renamed %s; the old key still works but will go (write %s: %s)",
+                        where, old, new, new, brief(data[old]))
+        data[new] = data.pop(old)
+    return data
+
+
 def _from_mapping(data: dict, where: str, base: str) -> Scenario:
+    data = renamed(data, f"{where}: ")
     fields = Fields(data, f"{where}: ")
     default = Scenario()
+    c = Scenario._constraints
     values: dict[str, Any] = {"base": base}
     values["name"] = fields.string("name", default.name if where == "scenario" else Path(where).stem)
     values["platform"] = fields.string("platform", default.platform)
@@ -181,18 +239,17 @@ def _from_mapping(data: dict, where: str, base: str) -> Scenario:
     values["xpus"] = fields.number("xpus", default.xpus, kind=int, minimum=1)
     values["devices"] = _devices(fields)
     values["coherent"] = fields.flag("coherent", None) if fields.raw("coherent") is not None else None
-    values["cxl_bandwidth"] = fields.quantity("cxl_bandwidth", "bandwidth", default.cxl_bandwidth)
-    values["cxl_latency"] = fields.quantity("cxl_latency", "time", default.cxl_latency)
+    for key, dimension in (("cxl_bandwidth", "bandwidth"), ("cxl_latency", "time")):
+        values[key] = fields.quantity(key, dimension, None) if fields.raw(key) is not None else None
     values["collective"] = _collective(fields)
     values["collective_chunks"] = fields.number("collective_chunks", None, kind=int, minimum=1)
     values["ring_order"] = _ring_order(fields)
-    values["collective_fidelity"] = fields.choice("collective_fidelity", FIDELITIES, default.collective_fidelity)
+    for key in ("collective_model", "local_access", "xpu_sampling"):
+        values[key] = fields.choice(key, c[key].options, getattr(default, key))
+    values["granularity"] = fields.choice("granularity", GRANULARITIES, None) if fields.raw("granularity") is not None else None
     values["step_limit"] = fields.number("step_limit", default.step_limit, kind=int, minimum=1)
-    values["local_access"] = fields.choice("local_access", ("analytic", "simulated"), default.local_access)
-    values["xpu_fidelity"] = fields.choice("xpu_fidelity", ("all", "representative"), default.xpu_fidelity)
-    values["local_collectives"] = fields.choice("local_collectives", ("simulated", "analytic"),
+    values["local_collectives"] = fields.choice("local_collectives", LOCAL_COLLECTIVES,
                                                 default.local_collectives)
-    values["fidelity"] = fields.choice("fidelity", ("layer", "decoder"), None)
     values["iterations"] = fields.number("iterations", default.iterations, kind=int, minimum=1)
     values["trace_xpus"] = fields.number("trace_xpus", default.trace_xpus, kind=int, minimum=0)
     for key in ("tp", "pp", "virtual_stages", "ep"):
@@ -206,7 +263,7 @@ def _from_mapping(data: dict, where: str, base: str) -> Scenario:
     if split is not None and not (isinstance(split, list) and split
                                   and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in split)):
         fields.problems.append(f"{fields.path('layer_split')}: expected a list of decoder counts >= 1, one per "
-                               f"(virtual) pipeline stage, got {str(split)[:80]}")
+                               f"(virtual) pipeline stage, got {brief(split)}")
         split = None
     values["layer_split"] = tuple(split) if split else None
     values["zero"] = fields.choice("zero", ZERO_STAGES, default.zero)
@@ -222,17 +279,23 @@ def _from_mapping(data: dict, where: str, base: str) -> Scenario:
         state = None
     values["offload_state"] = tuple(state) if state else default.offload_state
     iterations = fields.raw("trace_iterations")
-    if iterations is not None and not (isinstance(iterations, list) and all(isinstance(i, int) for i in iterations)):
-        fields.problems.append(f"{fields.path('trace_iterations')}: expected a list of iteration numbers, got {iterations!r}")
+    if iterations is not None and not (isinstance(iterations, list) and iterations
+                                       and c["trace_iterations"].accepts(tuple(iterations))):
+        fields.problems.append(f"{fields.path('trace_iterations')}: expected a list of iteration numbers from 1, "
+                               f"got {brief(iterations)}")
+        iterations = None
     values["trace_iterations"] = tuple(iterations) if isinstance(iterations, list) else None
     for key in ("platform_overrides", "workload_overrides"):
         value = fields.raw(key) or {}
         if not isinstance(value, dict):
-            fields.problems.append(f"{fields.path(key)}: expected a mapping of dotted keys to values")
+            fields.problems.append(f"{fields.path(key)}: expected a mapping of dotted keys to values, got {brief(value)}")
             value = {}
         values[key] = {str(k): v for k, v in value.items()}
     fields.done()
-    return Scenario(**values)
+    try:
+        return Scenario(**values)
+    except ConfigError as err:
+        raise ConfigError(str(err).replace(f"scenario {values['name']!r}: ", f"{where}: ", 1)) from None
 
 
 def _collective(fields: Fields) -> str | None:
@@ -252,7 +315,7 @@ def _ring_order(fields: Fields) -> str | tuple[str, ...]:
     if value is None or value in RING_ORDERS:
         return value or "topology"
     fields.problems.append(f"{fields.path('ring_order')}: expected {' or '.join(RING_ORDERS)} or a list of XPU "
-                           f"names, got {value!r}")
+                           f"names, got {brief(value)}")
     return "topology"
 
 
@@ -262,7 +325,8 @@ def _devices(fields: Fields):
         return None
     if isinstance(value, str):
         value = [value]
-    if not (isinstance(value, list) and value and all(isinstance(v, str) for v in value)):
-        fields.problems.append(f"{fields.path('devices')}: expected a device name or a list of them (one per rack), got {value!r}")
+    if not (isinstance(value, list) and value and all(isinstance(v, str) and v for v in value)):
+        fields.problems.append(f"{fields.path('devices')}: expected a device name or a list of them (one per rack), "
+                               f"got {brief(value)}")
         return None
     return tuple(value)

@@ -7,7 +7,6 @@ simulation in a fresh process (spawned, never forked) and returns plain data;
 
 from __future__ import annotations
 
-import ast
 import csv
 import hashlib
 import io
@@ -16,7 +15,6 @@ import logging
 import os
 import platform as host_platform
 import resource
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -25,7 +23,7 @@ from typing import Any
 
 import networkx as nx
 
-from hcsim.errors import ConfigError, SimulationError, shadowed_package
+from hcsim.errors import ConfigError, OutputError, SimulationError, brief, shadowed_package
 
 try:
     from hcsim import __version__
@@ -50,10 +48,18 @@ class Prepared:
     xpus: list[str]
     pairs: set[tuple[str, str]]
     coherent: bool
+    platform_spec: Any = None  # the checked PlatformSpec, for the resolved values a result records
 
 
 def prepare(scenario: Scenario) -> Prepared:
-    """Build the platform and workload graphs of `scenario`, place memory, list the host pairs used."""
+    """Build the platform and workload graphs of `scenario`, place memory, list the host pairs used.
+
+    Raises
+    ------
+    ConfigError
+        if `scenario` is not a Scenario, a spec is invalid, or the run would
+        cost more than the documented limits (:mod:`hcsim.limits`).
+    """
     from hcsim.config import resolve_spec
     from hcsim.platform import build_platform, load_platform_spec
     from hcsim.platform.topology import xpus as platform_xpus
@@ -62,9 +68,13 @@ def prepare(scenario: Scenario) -> Prepared:
     from hcsim.workload.layout import ParallelLayout
     from hcsim.workload.sources import is_graph_source
 
+    from hcsim.limits import check_run_cost
+
+    if not isinstance(scenario, Scenario):
+        raise ConfigError(f"scenario: expected a hcsim.scenario.Scenario (e.g. load_scenario() or Scenario(xpus=8)), "
+                          f"got {brief(scenario)}")
     base = Path(scenario.base)
-    platform_spec = load_platform_spec(resolve_spec(scenario.platform, "platforms", base), scenario.platform_settings(),
-                                       optional=scenario.defaulted_platform_keys())
+    platform_spec = load_platform_spec(resolve_spec(scenario.platform, "platforms", base), scenario.platform_settings())
     if scenario.xpus > platform_spec.xpus:
         raise ConfigError(f"scenario {scenario.name!r}: xpus: {scenario.xpus} XPUs asked for, but platform "
                           f"{scenario.platform!r} has {platform_spec.xpus}")
@@ -87,6 +97,8 @@ def prepare(scenario: Scenario) -> Prepared:
             return rank_order(graph, group, scenario, xpus)
 
         parallelism = _parallelism(scenario, workload_spec, layout) if scenario.hybrid else None
+        check_run_cost(workload_spec, scenario.xpus, scenario.iterations, f"scenario {scenario.name!r}",
+                       parallelism.micro_batches if parallelism else 1, scenario.pp)
         if parallelism:
             workload = build_hybrid_graph(workload_spec, parallelism, layout, order)
         else:
@@ -109,7 +121,7 @@ def prepare(scenario: Scenario) -> Prepared:
     else:
         placement = place_memory(workload, capacities, workload_spec, extended)
     pairs = host_pairs(graph, workload)
-    return Prepared(scenario, graph, workload, placement, xpus, pairs, coherent)
+    return Prepared(scenario, graph, workload, placement, xpus, pairs, coherent, platform_spec)
 
 
 def offload_memory(platform: nx.Graph, xpus: list[str], scenario: Scenario, coherent: bool) -> dict:
@@ -174,7 +186,7 @@ def graph_workload(scenario: Scenario, xpus: list[str]) -> tuple[nx.DiGraph, lis
     from hcsim.workload.sources import load_graph_source, place_graph
 
     where = f"scenario {scenario.name!r}"
-    spec_only = {"fidelity": scenario.fidelity is not None, "workload_overrides": bool(scenario.workload_overrides),
+    spec_only = {"granularity": scenario.granularity is not None, "workload_overrides": bool(scenario.workload_overrides),
                  "ring_order": scenario.ring_order != "topology",
                  "tp, pp, dp, micro_batch, global_batch, recompute, layer_split": scenario.hybrid or bool(scenario.dp)}
     for key, given in spec_only.items():
@@ -302,49 +314,9 @@ def simulate_graphs(platform: nx.Graph, workload: nx.DiGraph, options=None) -> d
     from hcsim.engine.executor import RunOptions
     from hcsim.workload import validate_workload
 
+    _check_main_guard()
     validate_workload(workload)
     return _in_fresh_process(_execute_child, platform, workload, options or RunOptions())
-
-
-def _in_fresh_process(function, *args):
-    """`function(*args)` in a spawned worker process (SimGrid: one engine per process); its result back."""
-    import multiprocessing
-    from concurrent.futures.process import BrokenProcessPool
-
-    script = getattr(sys.modules.get("__main__"), "__file__", None)
-    if getattr(multiprocessing.current_process(), "_inheriting", False):  # spawn re-imports the main script
-        raise SimulationError(_guard_message(script, "this worker process is importing your script again and reached "
-                                                     "a simulation call at its top level"))
-    try:
-        with _fresh_process() as pool:
-            return pool.submit(function, *args).result()
-    except BrokenProcessPool as err:
-        if script and not _has_main_guard(script):
-            raise SimulationError(_guard_message(script, "the simulation's worker process stopped before it "
-                                                         "could run")) from err
-        raise SimulationError("the simulation's worker process died before returning a result (its own error, if "
-                              "any, is printed above: out of memory? a SimGrid abort?)") from err
-
-
-def _guard_message(script: str | None, what: str) -> str:
-    return (f"{what}: every simulation runs in a fresh process (SimGrid allows one engine per process), started "
-            f"with 'spawn', which imports {script or 'the main script'} again; a call at its top level would start "
-            f"simulations without end. Fix: put the script's code under `if __name__ == \"__main__\":`")
-
-
-def _has_main_guard(script: str) -> bool:
-    """Whether `script` has an ``if __name__ == "__main__":`` block (True when it cannot be read)."""
-    try:
-        tree = ast.parse(Path(script).read_text())
-    except (OSError, SyntaxError, ValueError):
-        return True
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Compare):
-            names = [node.test.left, *node.test.comparators]
-            if (any(isinstance(n, ast.Name) and n.id == "__name__" for n in names)
-                    and any(isinstance(n, ast.Constant) and n.value == "__main__" for n in names)):
-                return True
-    return False
 
 
 def run_here(scenario: Scenario, out: Path | None = None, progress=None) -> dict[str, Any]:
@@ -352,15 +324,18 @@ def run_here(scenario: Scenario, out: Path | None = None, progress=None) -> dict
 
     `progress`, if given, is a factory called with the total number of vertex
     runs; it returns a callable that receives how many more have completed."""
+    from hcsim.config import check_output_folder
     from hcsim.engine.executor import RunOptions
 
     wall = time.perf_counter()
+    if out is not None:
+        check_output_folder(out, "out")
     prepared = prepare(scenario)
     setup_s = time.perf_counter() - wall
     traced = frozenset(prepared.xpus[: scenario.trace_xpus]) if out is not None and scenario.trace_xpus else None
     options = RunOptions(iterations=scenario.iterations, coherent=prepared.coherent,
-                         collective_fidelity=scenario.collective_fidelity, step_limit=scenario.step_limit,
-                         local_access=scenario.local_access, xpu_fidelity=scenario.xpu_fidelity,
+                         collective_model=scenario.collective_model, step_limit=scenario.step_limit,
+                         local_access=scenario.local_access, xpu_sampling=scenario.xpu_sampling,
                          local_collectives=scenario.local_collectives,
                          trace_xpus=traced,
                          trace_iterations=frozenset(scenario.trace_iterations) if scenario.trace_iterations else None)
@@ -368,7 +343,11 @@ def run_here(scenario: Scenario, out: Path | None = None, progress=None) -> dict
     outcome = execute(prepared.platform, prepared.workload, options, prepared.pairs, update)
     result = summarize(prepared, outcome, setup_s, time.perf_counter() - wall)
     if out is not None:
-        write_outputs(Path(out), result, outcome, prepared.platform)
+        try:
+            write_outputs(Path(out), result, outcome, prepared.platform)
+        except OSError as err:
+            raise OutputError(f"{err.filename or out}: could not write the outputs ({err.strerror or err}); the run "
+                              "finished and its result is kept, but nothing more was saved", result) from None
     return result
 
 
@@ -384,6 +363,7 @@ def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float) -> dic
         "xpus": len(prepared.xpus),
         "devices": _device_counts(prepared),
         "coherent": prepared.coherent,
+        **_cxl_link(prepared.platform_spec),
         "iteration_times_s": times,
         "iteration_time_s": iteration_time,
         "measured_iterations": f"{2 if len(times) > 1 else 1}..{len(times)}",
@@ -426,6 +406,12 @@ def throughput(platform: nx.Graph, workload: nx.DiGraph, xpus: list[str], iterat
         metrics["model_flops_per_s_per_xpu"] = graph["model_flops"] / iteration_time / len(xpus)
         metrics["mfu"] = graph["model_flops"] / iteration_time / peak
     return metrics
+
+
+def _cxl_link(spec) -> dict[str, float | None]:
+    """The CXL link bandwidth (B/s) and latency (s) the run used: the scenario's, else the platform spec's own."""
+    link = spec.links.get("cxl") if spec is not None else None
+    return {"cxl_bandwidth": link.bandwidth if link else None, "cxl_latency": link.latency if link else None}
 
 
 def _device_counts(prepared: Prepared) -> dict[str, int]:
@@ -566,8 +552,65 @@ def _child(scenario: Scenario, out: str | None) -> dict[str, Any]:
 def simulate(scenario: Scenario, out: Path | str | None = None) -> dict[str, Any]:
     """Run `scenario` in a fresh process and return its result record (the Python API).
 
-    Call it under ``if __name__ == "__main__":`` in a script (see :func:`simulate_graphs`)."""
-    return _in_fresh_process(_child, scenario, str(out) if out else None)
+    The process is spawned: it imports the calling script again, so a script
+    must call this under ``if __name__ == "__main__":`` (checked here).
+
+    Raises
+    ------
+    ConfigError
+        if `scenario` is not a Scenario, `out` cannot be written, or the calling script has no such guard.
+    OutputError
+        if the run finished but writing to `out` failed (its ``result`` is the result record).
+    """
+    if not isinstance(scenario, Scenario):
+        raise ConfigError(f"scenario: expected a hcsim.scenario.Scenario (e.g. load_scenario() or Scenario(xpus=8)), "
+                          f"got {brief(scenario)}")
+    if out is not None:
+        from hcsim.config import check_output_folder
+
+        check_output_folder(out, "out")
+    _check_main_guard()
+    return _in_fresh_process(_child, scenario, str(out) if out is not None else None)
+
+
+def _in_fresh_process(function, *args):
+    """`function(*args)` in a spawned process (SimGrid: one Engine per process); its result or its error."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    try:
+        with _fresh_process() as pool:
+            return pool.submit(function, *args).result()
+    except BrokenProcessPool as err:
+        raise SimulationError(f"simulation process: it died before returning a result ({err}). If this runs from "
+                              "a script, put the script's top-level code under `if __name__ == \"__main__\":` "
+                              "(the process is spawned and imports the script again)") from None
+
+
+def _check_main_guard() -> None:
+    """Refuse to spawn from a script whose top level would run again, unguarded, in the spawned process.
+
+    A spawned process imports the ``__main__`` script again; one that calls
+    :func:`simulate` outside ``if __name__ == "__main__":`` would start a
+    process while starting a process, and the pool breaks.
+    """
+    import ast
+    import sys
+
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if not path or not str(path).endswith(".py") or getattr(main, "__spec__", None) is not None:
+        return  # an interactive session, python -c, python -m (modules are imported by name)
+    try:
+        tree = ast.parse(Path(path).read_text())
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return
+    for node in tree.body:
+        if isinstance(node, ast.If) and "__name__" in ast.unparse(node.test) and "__main__" in ast.unparse(node.test):
+            return
+    raise ConfigError(f"{path}: this script calls hcsim outside `if __name__ == \"__main__\":`. hcsim runs each "
+                      "simulation in a spawned process, which imports the script again; put the script's top-level "
+                      "code under that guard (see the README's Python example)")
+
 
 
 def _fresh_process():

@@ -6,7 +6,7 @@ An experiment is a YAML file::
     description: one paragraph      # printed at the top of the summary
     base:                           # scenario keys shared by every point
       scenario: my-scenario.yaml    # optional: a scenario file to start from (relative to this file)
-      fidelity: decoder
+      granularity: decoder
       cxl_latency: 200ns
     axes:                           # the grid: the product of every axis's values, in this order
       devices: [[H100], [H100, A100]]
@@ -58,8 +58,8 @@ from pathlib import Path
 from typing import Any
 
 from hcsim.config import Fields, load_yaml
-from hcsim.errors import ConfigError, HcsimError
-from hcsim.scenario import SCENARIO_KEYS, Scenario, apply_settings, load_scenario
+from hcsim.errors import ConfigError, HcsimError, OutputError, brief
+from hcsim.scenario import SCENARIO_KEYS, Scenario, apply_settings, load_scenario, renamed
 
 __all__ = ["Experiment", "Axis", "Point", "SweepReport", "load_experiment", "run_sweep", "run_point",
            "result_row", "read_results", "write_report", "columns", "RESULT_COLUMNS"]
@@ -67,8 +67,8 @@ __all__ = ["Experiment", "Axis", "Point", "SweepReport", "load_experiment", "run
 log = logging.getLogger(__name__)
 
 # Scenario keys recorded in every row, whether or not they are axes (resolved values, SI units).
-SCENARIO_COLUMNS = ("xpus", "devices", "coherent", "cxl_bandwidth", "cxl_latency", "collective", "fidelity",
-                    "collective_fidelity", "iterations")
+SCENARIO_COLUMNS = ("xpus", "devices", "coherent", "cxl_bandwidth", "cxl_latency", "collective", "granularity",
+                    "collective_model", "iterations")
 # What a row records of a point's result; every row has all of them (blank for a failed point).
 RESULT_COLUMNS = (
     "iteration_time_s",        # s, mean over the steady-state iterations (all but the first)
@@ -91,6 +91,12 @@ RESULT_COLUMNS = (
     "simgrid_version",
 )
 STATUS_COLUMNS = ("status", "error")  # status: ok | error
+MAX_CSV_BYTES = 2**30  # a results CSV read back (--resume, --report-only) is at most 1 GiB
+# Columns that hold text or JSON, never a number a plot or a finding could use as a metric.
+TEXT_COLUMNS = frozenset({"point", "busiest_link", "iteration_times_s", "breakdown", "device_counts", "inputs_hash",
+                          "hcsim_version", "simgrid_version", "status", "error", "devices", "collective",
+                          "granularity", "collective_model"})
+POINT_FOLDER_PREFIX = "hcsim-point-"  # + the sweep's process id: /tmp/hcsim-point-PID-XXXX, one per running point
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -137,7 +143,7 @@ class Point:
         ``step_limit`` ranks) about n^2/4: measured, 64 XPUs step-exact ~ 1024 XPUs flow.
         """
         s = self.scenario
-        step = s.collective_fidelity == "step" or (s.collective_fidelity == "auto" and s.xpus <= s.step_limit)
+        step = s.collective_model == "step" or (s.collective_model == "auto" and s.xpus <= s.step_limit)
         return float(s.iterations * (s.xpus + (s.xpus * s.xpus / 4 if step else 0)))
 
 
@@ -224,9 +230,19 @@ def load_experiment(path: str | Path) -> Experiment:
     ConfigError
         naming the file and field: unknown keys, an axis with no values, a bad plot or finding.
     """
+    if not isinstance(path, (str, Path)):
+        raise ConfigError(f"experiment: expected the path of an experiment YAML, got {brief(path)}")
     path = Path(path)
-    fields = Fields(load_yaml(path), f"{path}: ")
+    data = load_yaml(path)
+    if data is None or data == {}:
+        raise ConfigError(f"{path}: the experiment is empty; it needs at least `axes:` (a mapping of scenario keys "
+                          "to lists of values), see hcsim/sweep.py or experiments/paper/fig8.yaml")
+    fields = Fields(data, f"{path}: ")
     name = fields.string("name", path.stem)
+    if isinstance(name, str) and (not name.strip() or "/" in name or name.startswith(".")):
+        fields.problems.append(f"{fields.path('name')}: {name!r} cannot name the result files; "
+                               "use letters, digits, '-' and '_'")
+        name = path.stem
     description = fields.string("description", "")
     notes = fields.string("notes", "")
     base = fields.raw("base") or {}
@@ -234,7 +250,7 @@ def load_experiment(path: str | Path) -> Experiment:
     if not isinstance(base, dict):
         fields.problems.append(f"{fields.path('base')}: expected a mapping of scenario keys to values")
         base = {}
-    base = dict(base)
+    base = renamed(dict(base), f"{fields.path('base')}.")
     if "scenario" in base:
         base_scenario = (path.parent / str(base.pop("scenario"))).resolve()
         if not base_scenario.is_file():
@@ -245,19 +261,36 @@ def load_experiment(path: str | Path) -> Experiment:
     axes = _axes(fields)
     plots = _mappings(fields, "plots")
     findings = _mappings(fields, "findings")
-    fields.done()
     from hcsim.findings import check_spec
     from hcsim.plotting import check_plot
 
-    problems = []
     for i, plot in enumerate(plots):
-        problems += [f"{path}: plots[{i}]: {p}" for p in check_plot(plot)]
+        fields.problems += [f"{path}: plots[{i}]: {p}" for p in check_plot(plot)]
     for i, finding in enumerate(findings):
-        problems += [f"{path}: findings[{i}]: {p}" for p in check_spec(finding)]
+        fields.problems += [f"{path}: findings[{i}]: {p}" for p in check_spec(finding)]
+    fields.done()
+    experiment = Experiment(name=name, path=path, description=description.strip(), base_scenario=base_scenario,
+                            base=base, axes=axes, plots=tuple(plots), findings=tuple(findings), notes=notes.strip())
+    _check_outputs(experiment)
+    return experiment
+
+
+def _check_outputs(experiment: Experiment) -> None:
+    """Check the plots and findings against the columns and axis values the experiment's points will produce."""
+    from hcsim.findings import check_spec
+    from hcsim.plotting import check_plot
+
+    header = columns(experiment)
+    numeric = [c for c in header if c not in TEXT_COLUMNS]
+    points = experiment.points()  # also checks every point's scenario
+    values = {c: [p.labels.get(c) for p in points] for c in experiment.axis_columns()}
+    problems = []
+    for i, plot in enumerate(experiment.plots):
+        problems += [f"{experiment.path}: plots[{i}]: {p}" for p in check_plot(plot, header, numeric)]
+    for i, finding in enumerate(experiment.findings):
+        problems += [f"{experiment.path}: findings[{i}]: {p}" for p in check_spec(finding, header, numeric, values)]
     if problems:
         raise ConfigError("\n".join(problems))
-    return Experiment(name=name, path=path, description=description.strip(), base_scenario=base_scenario,
-                      base=base, axes=axes, plots=tuple(plots), findings=tuple(findings), notes=notes.strip())
 
 
 def _check_key(key: str, where: str, problems: list[str]) -> None:
@@ -277,13 +310,19 @@ def _axes(fields: Fields) -> tuple[Axis, ...]:
         fields.problems.append(f"{where}: expected a mapping of scenario keys to lists of values")
         return ()
     axes = []
+    if not raw:
+        fields.problems.append(f"{where}: is required: a mapping of scenario keys to lists of values "
+                               "(one axis with one value runs a single point)")
+        return ()
+    raw = renamed({str(k): v for k, v in raw.items()}, f"{where}.")
     for name, values in raw.items():
-        name = str(name)
         if not isinstance(values, list) or not values:
-            fields.problems.append(f"{where}.{name}: expected a non-empty list of values, got {values!r}")
+            fields.problems.append(f"{where}.{name}: expected a non-empty list of values, got {brief(values)}")
             continue
         group = all(isinstance(v, dict) for v in values)
         if group:
+            values = [renamed({str(k): v for k, v in value.items()}, f"{where}.{name}[{i}].")
+                      for i, value in enumerate(values)]
             for i, value in enumerate(values):
                 for key in value:
                     if key != "label":
@@ -319,7 +358,7 @@ def run_point(scenario: Scenario, timeout: float | None = None,
     the child is started with that worker's own Python). The child is killed
     if this process dies (Linux) or `timeout` (s) passes.
     """
-    with tempfile.TemporaryDirectory(prefix="hcsim-point-") as folder:
+    with tempfile.TemporaryDirectory(prefix=f"{POINT_FOLDER_PREFIX}{os.getpid()}-") as folder:
         source, target = Path(folder) / "scenario.pickle", Path(folder) / "result.json"
         source.write_bytes(pickle.dumps(scenario))
         command = [sys.executable, "-m", "hcsim.sweep", str(source), str(target), str(os.getpid())]
@@ -400,8 +439,9 @@ def result_row(point: Point, result: dict[str, Any], header: Sequence[str]) -> d
         peak_rss_mb=round(result["peak_rss_mb"], 1), inputs_hash=result["inputs_hash"],
         hcsim_version=result["versions"]["hcsim"], simgrid_version=result["versions"]["simgrid"],
         status="ok")
-    if result["coherent"] is not None and row["coherent"] in ("", None):
-        row["coherent"] = result["coherent"]
+    for key in ("coherent", "cxl_bandwidth", "cxl_latency"):  # None in the scenario: the platform's own value
+        if result.get(key) is not None and row.get(key) in ("", None):
+            row[key] = result[key]
     return row
 
 
@@ -440,22 +480,56 @@ class _ResultsFile:
 
 
 def _existing(path: Path, header: list[str]) -> dict[str, str]:
-    """Point key -> status of the rows already in `path`; a torn last line (power loss) is dropped."""
+    """Point key -> status of the rows already in `path`; a torn last line (power loss) is dropped.
+
+    Raises
+    ------
+    ConfigError
+        naming the file and line of a line that is not a row of this experiment (garbage, binary, a
+        wrong number of columns), or if the header is another experiment's.
+    """
     if not path.exists() or path.stat().st_size == 0:
         return {}
-    text = path.read_text()
+    from hcsim.config import read_text
+
+    text = read_text(path, MAX_CSV_BYTES, "a results CSV")
     if not text.endswith("\n"):
         from hcsim.simulation import atomic_write
 
         text = text[: text.rfind("\n") + 1]
         log.warning("%s: dropped an incomplete last line", path)
         atomic_write(path, text)
-    reader = csv.reader(io.StringIO(text))
-    found = next(reader, None)
+    rows = _parse_csv(path, text)
+    found = rows[0][1] if rows else None
     if found != header:
         raise ConfigError(f"{path}: its columns are not this experiment's (were the axes changed?). "
                           "Fix: move the file away, or run with --overwrite to start over")
-    return {row[0]: row[header.index("status")] for row in reader if row}
+    status = header.index("status")
+    done = {}
+    for line, row in rows[1:]:
+        if len(row) != len(header) or row[status] not in ("ok", "error") or not row[0]:
+            raise ConfigError(f"{path}:{line}: not a row of this experiment ({len(row)} of {len(header)} columns, "
+                              f"status {brief(row[status] if len(row) > status else None)}); fix or delete that "
+                              "line, or run with --overwrite to start over")
+        done[row[0]] = row[status]
+    return done
+
+
+def _parse_csv(path: Path, text: str) -> list[tuple[int, list[str]]]:
+    """(line number, fields) of each non-empty record of CSV `text`; a line csv cannot read is a ConfigError."""
+    reader = csv.reader(io.StringIO(text))
+    rows = []
+    while True:
+        line = reader.line_num + 1
+        try:
+            row = next(reader)
+        except StopIteration:
+            return rows
+        except csv.Error as err:
+            raise ConfigError(f"{path}:{line}: not a CSV row ({err}); fix or delete that line, or run with "
+                              "--overwrite to start over") from None
+        if row:
+            rows.append((line, row))
 
 
 def _drop_rows(path: Path, keys: set[str]) -> None:
@@ -471,8 +545,17 @@ def read_results(path: str | Path) -> list[dict[str, Any]]:
 
     (``pandas.read_csv(path)`` reads the same file.)
     """
-    with open(path, newline="") as stream:
-        return [{k: _typed(v) for k, v in row.items()} for row in csv.DictReader(stream)]
+    from hcsim.config import read_text
+
+    rows = _parse_csv(Path(path), read_text(path, MAX_CSV_BYTES, "a results CSV"))
+    if not rows:
+        return []
+    header = rows[0][1]
+    bad = next((line for line, row in rows[1:] if len(row) != len(header)), None)
+    if bad is not None:
+        raise ConfigError(f"{path}:{bad}: not a row of this file ({len(header)} columns in its header); fix or "
+                          "delete that line")
+    return [{k: _typed(v) for k, v in zip(header, row)} for _, row in rows[1:]]
 
 
 def _typed(text: str) -> Any:
@@ -529,12 +612,30 @@ def run_sweep(experiment: Experiment, out: str | Path = "results", *, jobs: int 
     ConfigError
         if the CSV exists and neither `resume` nor `overwrite` is given, or its columns differ.
     """
+    from hcsim.config import check_output_folder
+
     started_at = time.perf_counter()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or not 0 < timeout < float("inf")):
+        raise ConfigError(f"timeout: must be a number of seconds > 0, got {brief(timeout)}; None: no time limit")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ConfigError(f"jobs: must be an integer >= 1, got {brief(jobs)}")
+    if not isinstance(executor, str) or not (executor == "local" or executor.startswith("dask://")):
+        raise ConfigError(f"--executor {brief(executor)}: expected 'local' or 'dask://HOST:PORT'")
+    out = check_output_folder(out, "--out")
     path = out / f"{experiment.name}.csv"
     header = columns(experiment)
     points = experiment.points()
+    with _FolderLock(out, experiment.name):
+        _remove_stale_point_folders()
+        return _run_locked(experiment, out, path, header, points, started_at, jobs=jobs, resume=resume,
+                           overwrite=overwrite, retry_errors=retry_errors, executor=executor, timeout=timeout,
+                           report=report, progress=progress, planned=planned)
+
+
+def _run_locked(experiment, out, path, header, points, started_at, *, jobs, resume, overwrite, retry_errors,
+                executor, timeout, report, progress, planned) -> SweepReport:
+    """run_sweep once the experiment's results are locked for this process."""
     if path.exists() and path.stat().st_size and not (resume or overwrite):
         raise ConfigError(f"{path}: exists. Fix: --resume to run only the missing points, or --overwrite to start over")
     if overwrite and path.exists():
@@ -578,9 +679,73 @@ def run_sweep(experiment: Experiment, out: str | Path = "results", *, jobs: int 
                 raise
     finally:
         results.close()
-    outputs = write_report(experiment, path, out) if report else ()
+    try:
+        outputs = write_report(experiment, path, out) if report else ()
+    except OSError as err:
+        raise OutputError(f"{err.filename or out}: could not write the plots and summary ({err.strerror or err}); "
+                          f"every finished point is in {path}: run again with --report-only") from None
     return SweepReport(csv=path, total=len(points), ran=len(todo), skipped=len(points) - len(todo),
                        failed=failures, wall_time_s=time.perf_counter() - started_at, outputs=tuple(outputs))
+
+
+class _FolderLock:
+    """An exclusive lock on OUT/.NAME.lock while a sweep writes OUT/NAME.csv: a second sweep of the same
+    experiment into the same folder is refused instead of doubling its rows. The lock (flock) ends with
+    the process, even a killed one; the file is removed on a normal exit."""
+
+    def __init__(self, out: Path, name: str):
+        self.path = out / f".{name}.lock"
+        self.fd: int | None = None
+
+    def __enter__(self) -> "_FolderLock":
+        import fcntl
+
+        for _ in range(10):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                raise ConfigError(f"{self.path.parent / self.path.name[1:-5]}.csv: another sweep is writing it "
+                                  f"(lock {self.path} held); wait for it to end, or give another --out") from None
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:  # not a lock file its previous owner removed meanwhile
+                os.write(fd, f"{os.getpid()}\n".encode())
+                self.fd = fd
+                return self
+            os.close(fd)
+        raise ConfigError(f"{self.path}: could not take the sweep lock; try again")
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            self.path.unlink(missing_ok=True)
+            os.close(self.fd)
+            self.fd = None
+
+
+def _remove_stale_point_folders() -> None:
+    """Remove the point folders (``/tmp/hcsim-point-PID-*``) of sweeps that died without cleaning up (SIGKILL)."""
+    import shutil
+
+    for folder in Path(tempfile.gettempdir()).glob(f"{POINT_FOLDER_PREFIX}*"):
+        owner = folder.name[len(POINT_FOLDER_PREFIX):].partition("-")[0]
+        if not folder.is_dir() or not owner.isdigit() or _alive(int(owner)):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        log.info("removed %s, left by a sweep that was killed", folder)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 class _Children:

@@ -23,9 +23,9 @@ def hcsim(*args, cwd):
 
 
 def test_an_exported_graph_runs_as_the_spec_it_came_from(tmp_path):
-    spec = ["--set", "xpus=8", "--set", "fidelity=decoder"]
+    spec = ["--set", "xpus=8", "--set", "granularity=decoder"]
     done = hcsim("workload", "export", "llama2-13b", "--xpus", "8", "--device", "H100", "-o", "graph.json",
-                 "--set", "fidelity=decoder", cwd=tmp_path)
+                 "--set", "granularity=decoder", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     from_graph = hcsim("simulate", "--set", "workload=graph.json", "--set", "xpus=8", "--json", "--out", "run",
                        cwd=tmp_path)
@@ -86,8 +86,8 @@ def test_graph_xpus_map_onto_the_platform_in_order_or_are_checked():
 
 def test_graph_workload_errors_name_the_key_or_the_file(tmp_path):
     save_workload(_graph(["a", "b"]), tmp_path / "g.json")
-    scenario = load_scenario(None, {"workload": str(tmp_path / "g.json"), "xpus": 8, "fidelity": "layer"})
-    with pytest.raises(ConfigError, match=r"fidelity: applies to workload specs only"):
+    scenario = load_scenario(None, {"workload": str(tmp_path / "g.json"), "xpus": 8, "granularity": "layer"})
+    with pytest.raises(ConfigError, match=r"granularity: applies to workload specs only"):
         prepare(scenario)
     prepared = prepare(load_scenario(None, {"workload": str(tmp_path / "g.json"), "xpus": 8, "collective": "hierarchical",
                                             "collective_chunks": 3}))

@@ -68,7 +68,7 @@ def test_the_estimate_is_the_engine_s_time_without_contention(schedule, v):
 
 def _stage_compute(split: list[int] | None) -> list[float]:
     settings = ["xpus=16", "devices=[H100,A100]", "platform_overrides.rack.servers=1", "workload=llama2-7b",
-                "pp=2", "global_batch=4", "iterations=1", "xpu_fidelity=representative", "tp=8"]
+                "pp=2", "global_batch=4", "iterations=1", "xpu_sampling=representative", "tp=8"]
     if split:
         settings.append(f"layer_split=[{split[0]},{split[1]}]")
     args = [a for s in settings for a in ("--set", s)]

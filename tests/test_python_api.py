@@ -41,7 +41,7 @@ def test_simulate_graphs_reports_wall_time_and_peak_memory(tmp_path):
 def test_a_script_without_a_main_guard_is_told_what_to_do(tmp_path):
     done = _run(tmp_path, "run()\n")
     assert done.returncode != 0
-    assert "SimulationError" in done.stderr and 'if __name__ == "__main__":' in done.stderr
+    assert "ConfigError" in done.stderr and 'if __name__ == "__main__":' in done.stderr
     assert "script.py" in done.stderr
 
 

@@ -157,13 +157,13 @@ def test_interrupted_write_leaves_the_old_file(tmp_path):
     [],
     ["--set", "coherent=false"],
     ["--set", "devices=[H100,V100]", "--set", "platform_overrides.rack.servers=1"],
-    ["--set", "collective_fidelity=flow"],  # flows into server-boundary XPUs share their CXL link with reads
+    ["--set", "collective_model=flow"],  # flows into server-boundary XPUs share their CXL link with reads
 ])
 def test_representative_xpus_agree_with_all_xpus_within_one_percent(settings):
     """Same time within 1 %, and the same bytes on the busiest links: followers' reads are counted too."""
     results = {}
     for level in ("all", "representative"):
-        done = hcsim("simulate", "--set", "xpus=16", "--set", "iterations=1", "--set", f"xpu_fidelity={level}",
+        done = hcsim("simulate", "--set", "xpus=16", "--set", "iterations=1", "--set", f"xpu_sampling={level}",
                      *settings, "--json")
         assert done.returncode == 0, done.stderr
         results[level] = json.loads(done.stdout)

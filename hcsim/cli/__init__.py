@@ -1,7 +1,8 @@
 """The `hcsim` command: one subcommand module per layer, each with ``register(subparsers)``.
 
 Errors hcsim raises on purpose (HcsimError) are printed in one line and exit 2;
-anything else is a bug and keeps its traceback.
+anything else is a bug and keeps its traceback. Output piped to a reader that
+closes early (``| head``) ends the command quietly (exit 141, as SIGPIPE would).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from hcsim.errors import HcsimError, shadowed_package
@@ -52,13 +54,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 1
     try:
-        return args.run(args) or 0
+        code = args.run(args) or 0
+        sys.stdout.flush()
+        return code
     except HcsimError as err:
         print(f"hcsim: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("hcsim: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`hcsim ... | head`): stop quietly, as a shell tool does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

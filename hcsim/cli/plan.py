@@ -16,7 +16,7 @@ from hcsim.errors import ConfigError
 
 __all__ = ["register"]
 
-SIMULATION = {"collective_fidelity": "flow", "local_collectives": "analytic", "xpu_fidelity": "representative",
+SIMULATION = {"collective_model": "flow", "local_collectives": "analytic", "xpu_sampling": "representative",
               "iterations": 1}
 
 
@@ -46,7 +46,7 @@ def run(args) -> int:
     from hcsim.scenario import load_scenario
 
     if args.top < 1 or args.jobs < 1:
-        raise ConfigError(f"--top and --jobs must be >= 1, got {args.top} and {args.jobs}")
+        raise ConfigError(f"--top, --jobs: must be >= 1, got {args.top} and {args.jobs}")
     devices = [d.strip() for d in args.devices.split(",")] if args.devices else None
     base = {"platform": args.platform, "workload": args.model, "xpus": args.xpus, **SIMULATION}
     if devices:

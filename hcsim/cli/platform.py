@@ -7,6 +7,7 @@ import math
 import time
 
 from hcsim.platform.devices import PRECISIONS
+from hcsim.errors import ConfigError, OutputError
 from hcsim.units import format_quantity
 
 __all__ = ["register"]
@@ -51,9 +52,17 @@ def _overrides(items: list[str]) -> dict[str, object]:
     return parse_settings(items, "links.cxl.latency=1us")
 
 
+DRAW_SUFFIXES = (".png", ".svg", ".pdf", ".jpg", ".jpeg")  # what matplotlib writes
+
+
 def _graph(args):
+    from hcsim.config import check_output_file
     from hcsim.platform import build_platform, load_platform_spec
 
+    if getattr(args, "output", None) is not None:  # before any work: a bad path costs nothing
+        check_output_file(args.output, "-o", DRAW_SUFFIXES if args.action == "draw" else None)
+    if args.xpus is not None and args.xpus < 1:
+        raise ConfigError(f"--xpus: must be >= 1, got {args.xpus}")
     spec = load_platform_spec(args.spec, _overrides(args.overrides))
     return spec, build_platform(spec, args.xpus)
 
@@ -92,14 +101,21 @@ def _compile(args) -> int:
     from hcsim.platform.pairs import data_parallel_pairs
     from hcsim.platform.topology import xpus
 
+    from hcsim.limits import MAX_ROUTE_PAIRS, check_limit
+
     spec, graph = _graph(args)
     if args.pairs == "all-xpus":
         members = xpus(graph)
+        check_limit(len(members) * (len(members) - 1), MAX_ROUTE_PAIRS, f"the host pairs of {len(members)} XPUs",
+                    "--pairs all-xpus", "use --pairs data-parallel or fewer --xpus")
         pairs = [(a, b) for a in members for b in members if a != b]
     else:
         pairs = data_parallel_pairs(graph)
     start = time.perf_counter()
-    compiled = write_platform(graph, pairs, args.output, args.precision)
+    try:
+        compiled = write_platform(graph, pairs, args.output, args.precision)
+    except OSError as err:
+        raise OutputError(f"-o {args.output}: could not write it ({err.strerror or err})") from None
     print(f"{args.output}: {len(compiled.routes)} routes, {len(set(compiled.pods.values()))} zones, "
           f"{len(compiled.xml) / 1e6:.1f} MB, compiled in {time.perf_counter() - start:.1f} s")
     return 0
@@ -109,6 +125,9 @@ def _draw(args) -> int:
     from hcsim.platform.draw import draw_platform
 
     spec, graph = _graph(args)
-    note = draw_platform(graph, args.output, max_racks=args.racks, max_servers=args.servers)
+    try:
+        note = draw_platform(graph, args.output, max_racks=args.racks, max_servers=args.servers)
+    except OSError as err:
+        raise OutputError(f"-o {args.output}: could not write it ({err.strerror or err})") from None
     print(f"{args.output}: {note}" if note else f"{args.output}: whole platform")
     return 0

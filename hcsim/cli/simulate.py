@@ -29,10 +29,14 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    from hcsim.config import check_output_folder
+    from hcsim.errors import OutputError
     from hcsim.scenario import load_scenario
     from hcsim.simulation import run_here
 
     scenario = load_scenario(args.scenario, args.settings)
+    if args.out is not None:
+        check_output_folder(args.out, "--out")
     bars = []
 
     def progress(total: int):
@@ -41,11 +45,19 @@ def run(args) -> int:
         bars.append(tqdm(total=total, unit="run", desc="simulating", disable=None, leave=False, file=sys.stderr))
         return bars[0].update
 
+    unwritten = None
     try:
         result = run_here(scenario, args.out, progress)
+    except OutputError as err:
+        if err.result is None:
+            raise
+        result, unwritten = err.result, err
     finally:
         for bar in bars:
             bar.close()
+    if unwritten is not None:  # the run finished: show its result before saying what was not saved
+        print(json.dumps(result) if args.json else summary(result))
+        raise unwritten
     if args.json:
         print(json.dumps(result))
     else:

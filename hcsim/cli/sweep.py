@@ -38,6 +38,10 @@ def run(args) -> int:
     from hcsim.errors import ConfigError
     from hcsim.sweep import load_experiment, run_sweep, write_report
 
+    if args.timeout is not None and not 0 < args.timeout < float("inf"):
+        raise ConfigError(f"--timeout: must be > 0 seconds, got {args.timeout:g}; leave it out for no time limit")
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs: must be >= 1, got {args.jobs}")
     experiment = load_experiment(args.experiment)
     if args.report_only:
         csv = args.out / f"{experiment.name}.csv"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from hcsim.errors import ConfigError
+from hcsim.errors import ConfigError, OutputError
 from hcsim.units import format_quantity
 
 __all__ = ["register"]
@@ -72,15 +72,31 @@ def _add_set(parser: argparse.ArgumentParser) -> None:
 
 
 def _load(args):
-    from hcsim.config import parse_settings
+    from hcsim.config import check_output_file, parse_settings
+    from hcsim.limits import check_run_cost
     from hcsim.workload import build_training_graph, load_workload_spec
 
     overrides = parse_settings(args.overrides, "training.batch_per_xpu=4")
     if args.xpus < 1:
-        raise ConfigError(f"--xpus must be >= 1, got {args.xpus}")
+        raise ConfigError(f"--xpus: must be >= 1, got {args.xpus}")
+    if getattr(args, "output", None) is not None:
+        check_output_file(args.output, "-o")
     spec = load_workload_spec(args.spec, overrides)
+    _check_algorithm(spec)
+    check_run_cost(spec, args.xpus, 1, f"workload {spec.name!r} on --xpus {args.xpus}")
     xpus = [f"xpu{i}" for i in range(args.xpus)]
     return spec, xpus, build_training_graph(spec, xpus)
+
+
+def _check_algorithm(spec) -> None:
+    """The spec's all-reduce algorithm is a registered one (or "package.module:Class", checked where imported)."""
+    from hcsim.config import _suggest
+    from hcsim.engine.collectives import algorithms
+
+    known = algorithms()["all_reduce"]
+    if ":" not in spec.algorithm and spec.algorithm not in known:
+        raise ConfigError(f"{spec.source}: gradients.algorithm: {spec.algorithm!r} is not one of {', '.join(known)}"
+                          f"{_suggest(spec.algorithm, known)}")
 
 
 def _device(name: str):
@@ -123,7 +139,7 @@ def describe(spec, graph, placement, device_name: str) -> str:
         f"  batch per XPU {spec.batch_per_xpu}, sequence {spec.model.sequence}, precision {spec.precision}, "
         f"optimizer {spec.optimizer}, recomputation {spec.recomputation}",
         f"  graph: {len(compute)} compute and {len(comm)} communication vertices, {graph.number_of_edges()} edges "
-        f"(fidelity {spec.fidelity}, gradient bucket {spec.bucket}, algorithm {spec.algorithm})",
+        f"(granularity {spec.granularity}, gradient bucket {spec.bucket}, algorithm {spec.algorithm})",
         f"parameters: {graph.graph['parameters']:,} ({table.parameters:,} per decoder)",
         f"training state per XPU: {b(held.total, 'B')} ({b(state.per_decoder, 'B')} per decoder)",
         f"  parameters {b(held.parameters, 'B')}, gradients {b(held.gradients, 'B')}, "
@@ -191,7 +207,10 @@ def run_export(args) -> int:
     if args.device:
         device = _device(args.device)
         place_memory(graph, {x: device.memory for x in xpus}, spec)
-    save_workload(graph, args.output)
+    try:
+        save_workload(graph, args.output)
+    except OSError as err:
+        raise OutputError(f"-o {args.output}: could not write it ({err.strerror or err})") from None
     print(f"wrote {args.output}: {graph.number_of_nodes()} vertices, {graph.number_of_edges()} edges over {len(xpus)} XPUs")
     return 0
 

@@ -8,12 +8,12 @@ some bytes to some ranks and receives from some ranks. A send in the sender's
 step s is received in the receiver's step s (schedules line their step
 numbers up; a rank may have empty steps). Rank r starts step s+1 when its
 step s has ended (all its sends done and all its receives arrived), as real
-implementations do; this is the ``step`` fidelity.
+implementations do; this is the ``step`` model.
 
 An algorithm may have several lanes (NCCL's channels): independent step
 sequences per rank, the rank done when all are (:attr:`Algorithm.lanes`).
 
-The ``flow`` fidelity stands in at scale (:meth:`Algorithm.flow_phases`):
+The ``flow`` model stands in at scale (:meth:`Algorithm.flow_phases`):
 consecutive steps with the same pattern (the same transfers, pair by pair)
 merge into one phase (:class:`FlowPhase`) in which each pair carries the sum
 of its bytes in one transfer; a phase starts once the phase before it has
@@ -24,7 +24,7 @@ chunk has gone through). A ring is one phase of n transfers instead of
 stay apart, so the bottleneck of each step is charged where the step model
 charges it, and the ranks are in lock step, which is where the two fidelities
 differ. An algorithm without an aggregated model (the double binary tree)
-runs its steps at both fidelities.
+runs its steps at both models.
 
 Message size ``S`` (the vertex's ``bytes``) follows nccl-tests: the buffer of
 one rank for all-reduce and broadcast, the whole (gathered) buffer for
@@ -116,7 +116,7 @@ Transfer = tuple[tuple[int, int], float]  # ((src, dst), bytes)
 
 @dataclass(frozen=True, slots=True)
 class FlowPhase:
-    """One phase of the ``flow`` fidelity: transfers that run side by side, one per pair.
+    """One phase of the ``flow`` model: transfers that run side by side, one per pair.
 
     Each transfer stands for `steps` steps (or pipeline chunks) of its pair.
     With its measured duration d and route latency α, one step of it takes
@@ -204,8 +204,8 @@ class Algorithm:
         return dict(total)
 
     def flow_phases(self) -> list[FlowPhase] | None:
-        """The ``flow`` fidelity's phases (:class:`FlowPhase`), lane by lane; None: no aggregated model
-        (the step schedule runs at both fidelities).
+        """The ``flow`` model's phases (:class:`FlowPhase`), lane by lane; None: no aggregated model
+        (the step schedule runs at both models).
 
         Consecutive step indices whose transfers are the same (pair and bytes)
         merge into one phase of that many steps; a pair's bytes in a phase are
@@ -267,7 +267,7 @@ def get_algorithm(collective: str, name: str | None, ranks: int, size: float,
             cls = _REGISTRY[collective, name]
         except KeyError:
             known = ", ".join(sorted(n for c, n in _REGISTRY if c == collective)) or "none"
-            raise ConfigError(f"no algorithm {name!r} for {collective}; known: {known}") from None
+            raise ConfigError(f"{collective} algorithm {name!r}: not registered; known: {known}") from None
     _check_chunks(chunks, name)
     return _shared(cls, ranks, size, tuple(map(tuple, groups)) if groups else None, chunks)
 
@@ -865,7 +865,7 @@ class DoubleBinaryTreeAllReduce(_Table):
 
         Measured on paper-cxl (16..64 XPUs, 1 MB..1 GB): lock-step phases with the
         steady state merged were off by -14%..+18%; one pipelined transfer per tree
-        edge (FlowPhase feeds) by up to +56%: in step fidelity a rank's chunk
+        edge (FlowPhase feeds) by up to +56%: in step model a rank's chunk
         waits for the slower of its send and its receive, so which flows overlap
         on a shared link changes chunk by chunk, and no static set of flows
         reproduces it. The step schedule is 4(n-1)·C transfers, linear in n.
@@ -884,7 +884,7 @@ class PairwiseAllToAll(_Table):
     (other n), and receives from its partner.
 
     One transfer per link direction per step: (n-1)α + (n-1)/n·S/B. Every step
-    differs, so the flow fidelity is the step schedule in lock step.
+    differs, so the flow model is the step schedule in lock step.
     """
 
     name, collective = "pairwise", "all_to_all"
@@ -921,7 +921,7 @@ class PipelinedRingBroadcast(_Table):
         """One pipeline phase: every hop carries S at once, hop i fed by hop i-1.
 
         Lock-stepping the fill and drain steps would charge every step the
-        slowest hop active in it, while the step fidelity's ranks run ahead of
+        slowest hop active in it, while the step model's ranks run ahead of
         slow hops downstream of them: fill + (C-1) x the slowest hop, as the
         pipeline rule of :class:`FlowPhase` gives.
         """
@@ -935,7 +935,7 @@ class PipelinedRingBroadcast(_Table):
 class BinomialTreeBroadcast(_Table):
     """Binomial tree from rank 0: in step k every rank r < 2^k sends S to r + 2^k.
 
-    One transfer per sender per step: ceil(log2 n)·(α + S/B). In flow fidelity
+    One transfer per sender per step: ceil(log2 n)·(α + S/B). In flow model
     rank 0's ceil(log2 n) transfers share its link, which gives the same.
     """
 

@@ -23,27 +23,41 @@ import math
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import networkx as nx
 
 from hcsim.engine.backend import Backend
 from hcsim.engine.collectives import FlowPhase, get_algorithm, server_groups
 from hcsim.engine.trace import TraceRecorder
+from hcsim.params import Choice, Constraint, Flag, Integer, check_params
 from hcsim.platform.devices import peak_flops
 from hcsim.platform.routes import route_bandwidth, route_latency
 
-__all__ = ["Executor", "RunOptions", "RunResult", "memory_form", "form_transfers"]
+__all__ = ["Executor", "RunOptions", "RunResult", "COLLECTIVE_MODELS", "XPU_SAMPLINGS", "LOCAL_ACCESSES",
+           "LOCAL_COLLECTIVES", "memory_form", "form_transfers"]
+
+COLLECTIVE_MODELS = ("step", "flow", "auto")  # RunOptions.collective_model
+XPU_SAMPLINGS = ("all", "representative")  # RunOptions.xpu_sampling
+LOCAL_ACCESSES = ("analytic", "simulated")  # RunOptions.local_access
+LOCAL_COLLECTIVES = ("simulated", "analytic")  # RunOptions.local_collectives
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
 class RunOptions:
-    """How to run: iterations, coherence, collective fidelity and tracing."""
+    """How to run: iterations, coherence, the collective model, XPU sampling and tracing.
+
+    Each option's constraint is declared once (``_constraints``) and checked
+    when the options are built: a misspelled choice raises ConfigError.
+    """
 
     iterations: int = 1
     coherent: bool = True
-    collective_fidelity: str = "auto"  # "step" | "flow" | "auto"
+    # "step": every transfer of a collective's schedule; "flow": its phases as aggregated flows;
+    # "auto": step up to step_limit ranks, flow above
+    collective_model: str = "auto"
     step_limit: int = 64  # auto: step-exact collectives up to this many ranks, flow above
     # "analytic": a read from the XPU's own HBM beside its computation is one activity, the longer
     # of the two; exact when the XPU runs one compute vertex at a time (its HBM link is private).
@@ -54,13 +68,22 @@ class RunOptions:
     # lockstep: an instance of a follower ends when it is ready and its representative's same
     # run has ended; collectives still run over every XPU. It drops the followers' memory traffic
     # from the links it shares with collectives (a named fidelity level: tests bound the error).
-    xpu_fidelity: str = "all"
+    xpu_sampling: str = "all"
     # "analytic": a collective whose group sits in one server is one delay, its flow phases' closed form on
     # uncontended routes (no transfer is simulated; its bytes still load the links); exact when nothing
     # else uses those links meanwhile, as with tensor parallelism on a server's XPU switch.
     local_collectives: str = "simulated"
     trace_xpus: frozenset[str] | None = None  # None: trace nothing
     trace_iterations: frozenset[int] | None = None  # None: every iteration
+
+    _constraints: ClassVar[dict[str, Constraint]] = {
+        "iterations": Integer(minimum=1), "coherent": Flag(), "collective_model": Choice(COLLECTIVE_MODELS),
+        "step_limit": Integer(minimum=1), "local_access": Choice(LOCAL_ACCESSES), "xpu_sampling": Choice(XPU_SAMPLINGS),
+        "local_collectives": Choice(LOCAL_COLLECTIVES),
+    }
+
+    def __post_init__(self) -> None:
+        check_params(self._constraints, self, "RunOptions")
 
 
 @dataclass
@@ -164,7 +187,7 @@ class Executor:
         self.first_iteration: dict[str, tuple] | None = None  # per XPU at the end of iteration 1
         self.trace = TraceRecorder(options.trace_xpus, options.trace_iterations) if options.trace_xpus else None
         self.collective_state: dict[tuple[int, int, int], "_CollectiveRun"] = {}
-        self.representative = self._representatives() if options.xpu_fidelity == "representative" else {}
+        self.representative = self._representatives() if options.xpu_sampling == "representative" else {}
         self.followed: dict[tuple[int, str, int], tuple[float, float]] = {}  # (vertex, rep, run) -> busy
         self.following: dict[tuple[int, str, int], list[tuple[int, float]]] = defaultdict(list)
         self.immediate: deque = deque()
@@ -233,7 +256,7 @@ class Executor:
             key = (collective, name, len(group), data["bytes"], tuple(map(tuple, servers)), data.get("chunks"))
             if key not in self._algorithm_cache:  # alike groups share one algorithm and its flow phases
                 algorithm = get_algorithm(collective, name, len(group), data["bytes"], servers, data.get("chunks"))
-                fidelity = self.options.collective_fidelity
+                fidelity = self.options.collective_model
                 if fidelity == "auto":
                     fidelity = "step" if len(group) <= self.options.step_limit else "flow"
                 phases = algorithm.flow_phases() if fidelity == "flow" else None

@@ -40,7 +40,7 @@ def load():
             import simgrid
     except ImportError as err:
         raise SimulationError(
-            f"cannot import SimGrid ({err}); run `make setup` (or `pip install simgrid==4.1` "
+            f"simgrid: cannot import SimGrid ({err}); run `make setup` (or `pip install simgrid==4.1` "
             "with PIP_CONSTRAINT pointing at constraints.txt)") from err
     return simgrid
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import networkx as nx
 
-from hcsim.errors import ConfigError, TopologyError
+from hcsim.errors import ConfigError, TopologyError, brief
 from hcsim.platform.devices import Device
 from hcsim.platform.spec import CxlSpec, DgxNodeSpec, FabricSpec, LinkSpec, PlatformSpec, ServerSpec
 from hcsim.platform.topology import add_link, add_memory, add_xpu, validate_topology
@@ -82,10 +82,16 @@ def build_platform(spec: PlatformSpec, xpus: int | None = None) -> nx.Graph:
     TopologyError
         if the built graph is invalid (explicit specs: every problem at once).
     """
+    from hcsim.limits import MAX_PLATFORM_XPUS, check_limit
+
     count = spec.xpus if xpus is None else xpus
+    where = Path(spec.source).name
+    if spec.topology is not None and spec.xpus == 0:
+        raise ConfigError(f"{where}: topology.nodes: no node of kind xpu; an explicit topology needs at least one")
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= spec.xpus:
-        raise ConfigError(f"{Path(spec.source).name}: xpus: cannot build {count!r} XPUs; the spec holds "
-                          f"1 to {spec.xpus} (raise its `xpus` to build more)")
+        more = "" if spec.topology is not None else " (raise its `xpus` to build more)"
+        raise ConfigError(f"{where}: xpus: cannot build {brief(count)} XPUs; the spec holds 1 to {spec.xpus}{more}")
+    check_limit(count, MAX_PLATFORM_XPUS, "the XPUs to build", f"{where}: xpus", "build fewer XPUs")
     if spec.topology is not None:
         if count != spec.xpus:
             raise ConfigError(f"{Path(spec.source).name}: xpus: an explicit topology has exactly {spec.xpus} XPUs, "
@@ -97,7 +103,29 @@ def build_platform(spec: PlatformSpec, xpus: int | None = None) -> nx.Graph:
         graph = _structured(spec, count)
     graph.graph["routes"] = {(route[0], route[-1]): list(route) for route in spec.routes}
     validate_topology(graph, spec.catalog)
+    _check_routes(spec, graph, partial=count < spec.xpus)
     return graph
+
+
+def _check_routes(spec: PlatformSpec, graph: nx.Graph, partial: bool) -> None:
+    """Every user route of `spec`, checked on the built graph whether or not a run uses it.
+
+    On a partial build (fewer XPUs than the spec holds) a route through nodes not built is skipped.
+    """
+    from hcsim.platform.routes import route_problems
+
+    problems, ends = [], {}
+    for i, route in enumerate(spec.routes):
+        if partial and any(node not in graph for node in route):
+            continue
+        where = f"routes[{i}] ({route[0]} -> {route[-1]})"
+        first = ends.setdefault((route[0], route[-1]), i)
+        if first != i:
+            problems.append(f"{where}: routes[{first}] has the same ends; give one route per pair")
+        problems += [f"{where}: {problem}" for problem in route_problems(graph, list(route))]
+    if problems:
+        raise TopologyError(f"{Path(spec.source).name}: " + ("\n  ".join(problems) if len(problems) == 1 else
+                            "invalid routes:\n  " + "\n  ".join(problems)))
 
 
 def _structured(spec: PlatformSpec, count: int) -> nx.Graph:

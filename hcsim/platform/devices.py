@@ -106,7 +106,7 @@ def peak_flops(node_or_device: Device | Mapping, precision: str) -> FlopsPerSeco
             legacy = {"fp32": node_or_device.get("fp32_flops"), "fp16": node_or_device.get("fp16_flops")}
             peaks = {**legacy, "bf16": legacy["fp16"]}
     if precision not in PRECISIONS:
-        raise ConfigError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+        raise ConfigError(f"device {name!r}: precision {precision!r} is not one of {', '.join(PRECISIONS)}")
     value = peaks.get(precision)
     if value is None:
         has = ", ".join(p for p in PRECISIONS if peaks.get(p) is not None)

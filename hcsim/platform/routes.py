@@ -37,7 +37,7 @@ import networkx as nx
 from hcsim.errors import TopologyError
 from hcsim.platform.topology import is_transit
 
-__all__ = ["shortest_routes", "RouteSearch", "route_latency", "route_bandwidth"]
+__all__ = ["shortest_routes", "RouteSearch", "route_latency", "route_bandwidth", "route_problems"]
 
 _FS = 1e15  # femtoseconds per second
 
@@ -147,7 +147,7 @@ class RouteSearch:
                     counter += 1
         if remaining:
             without = f" without {'/'.join(sorted(self.avoid))} links" if self.avoid else ""
-            raise TopologyError(f"no route{without} from {source!r} to {', '.join(map(repr, sorted(remaining)))}")
+            raise TopologyError(f"routes from {source!r}: no route{without} to {', '.join(map(repr, sorted(remaining)))}")
         return {target: _walk_back(parent, target) for target in targets}
 
 
@@ -159,11 +159,31 @@ def _walk_back(parent: dict[str, str | None], target: str) -> list[str]:
 
 
 def _check_user_route(graph: nx.Graph, source: str, target: str, route: list[str]) -> None:
+    problems = route_problems(graph, route)
     if not route or route[0] != source or route[-1] != target:
-        raise TopologyError(f"user route {source!r} -> {target!r} must start at the source and end at the target, got {route!r}")
-    for u, v in zip(route, route[1:]):
-        if not graph.has_edge(u, v):
-            raise TopologyError(f"user route {source!r} -> {target!r}: no link {u!r}--{v!r}")
+        problems.insert(0, f"must start at the source and end at the target, got {route!r}")
+    if problems:
+        raise TopologyError(f"user route {source!r} -> {target!r}: {problems[0]}")
+
+
+def route_problems(graph: nx.Graph, route: list[str]) -> list[str]:
+    """What is wrong with a user route (a list of node names): a missing node, a hop with no link, a node
+    visited twice, or an intermediate node that does not forward (an XPU, a memory), except a host between
+    the fabric and a memory it owns. Empty when the route is valid."""
+    missing = [n for n in route if n not in graph]
+    if missing:
+        return [f"no node {', '.join(map(repr, dict.fromkeys(missing)))} in this platform"]
+    problems = [f"no link {u!r}--{v!r}" for u, v in zip(route, route[1:]) if not graph.has_edge(u, v)]
+    repeated = sorted({n for n in route if route.count(n) > 1})
+    if repeated:
+        problems.append(f"visits {', '.join(map(repr, repeated))} more than once")
+    nodes = graph.nodes
+    for before, node, after in zip(route, route[1:], route[2:]):
+        own = nodes[before].get("owner") == node or nodes[after].get("owner") == node
+        if not is_transit(nodes[node]) and not own:
+            problems.append(f"passes through {node!r} ({nodes[node].get('kind')}), which does not forward traffic; "
+                            "routes pass through switches, NICs and CPUs")
+    return problems
 
 
 def route_latency(graph: nx.Graph, route: list[str]) -> float:

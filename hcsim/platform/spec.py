@@ -29,14 +29,15 @@ before it is checked, so their errors name the key: ``{"links.cxl.latency":
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from hcsim.config import Fields, apply_overrides, load_yaml, resolve_spec
-from hcsim.errors import ConfigError
+from hcsim.errors import ConfigError, brief
+from hcsim.limits import MAX_COMPONENTS
 from hcsim.platform.devices import BUILTIN_CATALOG, Device, load_catalog
 from hcsim.platform.topology import LINK_KINDS, MEMORY_ROLES, NODE_KINDS
 from hcsim.units import BytesPerSecond, Bytes, FlopsPerSecond, Seconds
@@ -223,17 +224,13 @@ class PlatformSpec:
         return self.catalog[self.devices[rack % len(self.devices)]]
 
 
-def load_platform_spec(name_or_path: str | Path, overrides: Mapping[str, object] | None = None,
-                       optional: Iterable[str] = ()) -> PlatformSpec:
+def load_platform_spec(name_or_path: str | Path, overrides: Mapping[str, object] | None = None) -> PlatformSpec:
     """Read, override and check a platform spec.
 
     Parameters
     ----------
     name_or_path : a built-in name (``"paper-cxl"``, ``"dgx-h100"``, ...) or a YAML path.
     overrides : dotted keys with YAML-style values, applied before checking.
-    optional : override keys applied only where the spec has the mapping that
-        holds them (a scenario's default CXL link figures reach the paper's
-        specs, whose ``links`` have ``cxl``, and are left out of DGX specs).
 
     Raises
     ------
@@ -246,10 +243,7 @@ def load_platform_spec(name_or_path: str | Path, overrides: Mapping[str, object]
     """
     path = resolve_spec(name_or_path, "platforms")
     where = f"{path.name}: "
-    raw = load_yaml(path)
-    overrides = {key: value for key, value in (overrides or {}).items()
-                 if key not in set(optional) or _holds(raw, str(key).rsplit(".", 1)[0])}
-    data = apply_overrides(raw, overrides, where)
+    data = apply_overrides(load_yaml(path), overrides or {}, where)
     top = Fields(data, where)
     name = top.string("name", path.stem)
     kind = top.choice("kind", SPEC_KINDS, default="paper")
@@ -287,21 +281,12 @@ def load_platform_spec(name_or_path: str | Path, overrides: Mapping[str, object]
                         overrides=MappingProxyType(dict(overrides or {})))
 
 
-def _holds(data: Any, dotted: str) -> bool:
-    """Whether `data` has a mapping at the dotted path (``"links.cxl"``)."""
-    for part in dotted.split("."):
-        if not isinstance(data, Mapping) or part not in data:
-            return False
-        data = data[part]
-    return isinstance(data, Mapping)
-
-
 def _catalog(top: Fields, base: Path) -> dict[str, Device]:
     files = top.raw("device_catalog", [])
     if isinstance(files, str):
         files = [files]
     if not isinstance(files, list):
-        top.problems.append(f"{top.path('device_catalog')}: expected a list of device YAML files, got {files!r}")
+        top.problems.append(f"{top.path('device_catalog')}: expected a list of device YAML files, got {brief(files)}")
         files = []
     catalog = load_catalog(BUILTIN_CATALOG)
     origin = dict.fromkeys(catalog, BUILTIN_CATALOG.name)
@@ -328,13 +313,16 @@ def _devices(top: Fields, catalog: Mapping[str, Device]) -> tuple[str, ...]:
     if isinstance(raw, str):
         raw = [raw]
     if not isinstance(raw, list) or not raw:
-        top.problems.append(f"{top.path('devices')}: expected a non-empty list of device names (one per rack, cycling), got {raw!r}")
+        top.problems.append(f"{top.path('devices')}: expected a non-empty list of device names (one per rack, cycling), got {brief(raw)}")
         return ()
     from hcsim.config import _suggest  # one suggestion format for the whole code base
 
     for i, device in enumerate(raw):
-        if device not in catalog:
-            top.problems.append(f"{top.path('devices')}[{i}]: unknown device {device!r}{_suggest(device, catalog)}; "
+        if not isinstance(device, str):
+            top.problems.append(f"{top.path('devices')}[{i}]: expected a device name, got {brief(device)}; "
+                                f"known: {', '.join(sorted(catalog))}")
+        elif device not in catalog:
+            top.problems.append(f"{top.path('devices')}[{i}]: unknown device {brief(device)}{_suggest(device, catalog)}; "
                                 f"known: {', '.join(sorted(catalog))}")
     return tuple(map(str, raw))
 
@@ -349,11 +337,11 @@ def _capacity(fields: Fields, key: str) -> Any:
 
 def _server(fields: Fields) -> ServerSpec | None:
     values = dict(
-        cpus=fields.number("cpus", kind=int, minimum=1),
-        xpus_per_cpu=fields.number("xpus_per_cpu", kind=int, minimum=1),
-        cpu_pcie_links=fields.number("cpu_pcie_links", kind=int, minimum=1),
+        cpus=fields.number("cpus", kind=int, minimum=1, maximum=MAX_COMPONENTS),
+        xpus_per_cpu=fields.number("xpus_per_cpu", kind=int, minimum=1, maximum=MAX_COMPONENTS),
+        cpu_pcie_links=fields.number("cpu_pcie_links", kind=int, minimum=1, maximum=MAX_COMPONENTS),
         xpu_switch=fields.flag("xpu_switch"),
-        nics_per_cpu=fields.number("nics_per_cpu", kind=int, minimum=1),
+        nics_per_cpu=fields.number("nics_per_cpu", kind=int, minimum=1, maximum=MAX_COMPONENTS),
         cpu_flops=fields.quantity("cpu_flops", "flops", positive=False),
         dram_capacity=_capacity(fields, "dram_capacity"),
     )
@@ -364,7 +352,7 @@ def _server(fields: Fields) -> ServerSpec | None:
 def _network(rack: Fields, network: Fields) -> NetworkSpec | None:
     servers = rack.number("servers", kind=int, minimum=1)
     rack.check_unknown()
-    spines = network.number("spines", kind=int, minimum=1)
+    spines = network.number("spines", kind=int, minimum=1, maximum=MAX_COMPONENTS)
     network.check_unknown()
     return None if None in (servers, spines) else NetworkSpec(servers_per_rack=servers, spines=spines)
 
@@ -417,6 +405,12 @@ def _links(fields: Fields, names: tuple[str, ...], optional: bool = False) -> di
         sub.check_unknown()
         if latency is not None and (bandwidth is not None or (name == "hbm" and not sub.has("bandwidth"))):
             links[name] = LinkSpec(name=name, bandwidth=bandwidth, latency=latency)
+    if optional:  # an explicit topology: its links are in topology.links
+        for name in sorted(set(map(str, fields.data)) & set(TABLE5_LINKS) - {"hbm"}):
+            fields.raw(name)
+            fields.problems.append(f"{fields.path(name)}: an explicit topology reads only links.hbm; give each "
+                                   "link's bandwidth and latency in topology.links (a scenario's cxl_bandwidth and "
+                                   "cxl_latency set links.cxl: leave them out for this platform)")
     fields.check_unknown()
     return links
 
@@ -429,7 +423,7 @@ def _routes(top: Fields) -> tuple[tuple[str, ...], ...]:
     routes = []
     for i, route in enumerate(raw):
         if not isinstance(route, list) or len(route) < 2 or not all(isinstance(n, str) for n in route):
-            top.problems.append(f"{top.path('routes')}[{i}]: expected a list of at least 2 node names, got {route!r}")
+            top.problems.append(f"{top.path('routes')}[{i}]: expected a list of at least 2 node names, got {brief(route)}")
             continue
         routes.append(tuple(route))
     return tuple(routes)
@@ -468,17 +462,21 @@ def _topology(fields: Fields, catalog: Mapping[str, Device]) -> TopologySpec:
         link = Fields(raw, f"{fields.path('links')}[{i}]", fields.problems)
         ends = link.raw("ends")
         if not (isinstance(ends, list) and len(ends) == 2 and all(isinstance(e, str) for e in ends)):
-            link.problems.append(f"{link.path('ends')}: expected two node names, got {ends!r}")
+            link.problems.append(f"{link.path('ends')}: expected two node names, got {brief(ends)}")
             ends = None
         # bandwidth and latency are checked by validate_topology, which names the link
         bandwidth = link.quantity("bandwidth", "bandwidth", default=None, positive=False)
         latency = link.quantity("latency", "time", default=None, positive=False)
         kind = link.choice("kind", LINK_KINDS)
         link.check_unknown()
-        if ends and kind:
+        if ends and ends[0] == ends[1]:
+            link.problems.append(f"{link.path('ends')}: links {ends[0]!r} to itself; a link joins two nodes")
+        elif ends and kind:
             edges.append(EdgeSpec(u=ends[0], v=ends[1], bandwidth=bandwidth, latency=latency, kind=kind))
     if not isinstance(raw_nodes, list) or not raw_nodes:
         fields.problems.append(f"{fields.path('nodes')}: expected a non-empty list of nodes")
+    elif nodes and not any(node.kind == "xpu" for node in nodes):
+        fields.problems.append(f"{fields.path('nodes')}: no node of kind xpu; an explicit topology needs at least one")
     if not isinstance(raw_links, list):
         fields.problems.append(f"{fields.path('links')}: expected a list of links")
     fields.check_unknown()

@@ -94,7 +94,7 @@ from pathlib import Path
 
 import networkx as nx
 
-from hcsim.errors import WorkloadError
+from hcsim.errors import WorkloadError, brief
 
 __all__ = ["COLLECTIVES", "PRECISIONS", "WAITS", "FORMAT_VERSION", "new_workload", "add_compute", "add_comm", "covered_xpus",
            "add_dependency", "validate_workload", "save_workload", "load_workload", "unroll_iterations"]
@@ -316,6 +316,9 @@ def unroll_iterations(graph: nx.DiGraph, iterations: int) -> nx.DiGraph:
     return runs
 
 
+MAX_GRAPH_BYTES = 2**30  # a node-link JSON graph file is at most 1 GiB
+
+
 def save_workload(graph: nx.DiGraph, path: str | Path) -> None:
     """Write the graph as networkx node-link JSON (tuples and sets become lists)."""
     data = nx.node_link_data(graph, edges="edges")
@@ -340,12 +343,17 @@ def load_workload(path: str | Path, platform_xpus=None) -> nx.DiGraph:
     shared between vertices, so a graph over thousands of XPUs costs one tuple
     per distinct group.
     """
+    from hcsim.config import read_text
+
+    text = read_text(path, MAX_GRAPH_BYTES, "a node-link JSON workload graph")
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(text)
         key = "links" if isinstance(data, dict) and "edges" not in data and "links" in data else "edges"
         graph = nx.node_link_graph(data, directed=True, edges=key)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, nx.NetworkXError) as err:
-        raise WorkloadError(f"{path}: not a node-link workload graph: {err}") from err
+    except RecursionError:
+        raise WorkloadError(f"{path}: not a node-link workload graph: nested too deeply") from None
+    except (ValueError, KeyError, TypeError, AttributeError, nx.NetworkXError) as err:
+        raise WorkloadError(f"{path}: not a node-link workload graph: {brief(str(err))}") from None
     version = graph.graph.get("format_version", 1)
     if version not in (1, FORMAT_VERSION):
         raise WorkloadError(f"{path}: workload graph format_version {version!r} is not one this hcsim reads "

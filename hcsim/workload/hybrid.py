@@ -135,7 +135,7 @@ class Parallelism:
             raise ConfigError(f"tp: {self.tp} does not divide the {model.kv_heads} kv heads of {model.name}")
         chunks = self.pp * self.virtual_stages
         if self.layer_split is None and model.decoders % chunks:
-            raise ConfigError(f"pp x virtual_stages = {chunks} does not divide the {model.decoders} decoders of "
+            raise ConfigError(f"pp: pp x virtual_stages = {chunks} does not divide the {model.decoders} decoders of "
                               f"{model.name}; give a layer_split")
         if self.layer_split is not None and (sum(self.layer_split) != model.decoders or min(self.layer_split) < 1):
             raise ConfigError(f"layer_split: {list(self.layer_split)} must be positive and sum to the "
@@ -250,7 +250,7 @@ class _Builder:
                                   parallelism={k: getattr(par, k) for k in ("tp", "pp", "dp", "micro_batch",
                                                "global_batch", "schedule", "virtual_stages", "recompute",
                                                "sequence_parallel", "zero", "offload", "ep", "moe_skew")},
-                                  model=model.name, decoders=model.decoders, fidelity=spec.fidelity)
+                                  model=model.name, decoders=model.decoders, granularity=spec.granularity)
 
     def model_flops(self) -> float:
         """FLOP of one iteration of the whole job, forward and backward, no recomputation (Megatron-LM's count:
@@ -535,7 +535,7 @@ def build_hybrid_graph(spec: WorkloadSpec, par: Parallelism, layout: ParallelLay
     """
     sizes = layout.sizes
     if (sizes["tp"], sizes["pp"], sizes["dp"], sizes["ep"]) != (par.tp, par.pp, par.dp, par.ep) or sizes["cp"] != 1:
-        raise ConfigError(f"parallel layout {layout!r} does not match tp {par.tp} x pp {par.pp} x dp {par.dp} x "
+        raise ConfigError(f"parallel layout: {layout!r} does not match tp {par.tp} x pp {par.pp} x dp {par.dp} x "
                           f"ep {par.ep}")
     par.check_model(spec)
     return _Builder(spec, par, layout, group_order).build()

@@ -69,12 +69,12 @@ class ZeroState:
 
 def _check_degree(key: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{key} must be an integer >= 1, got {value!r}")
+        raise ConfigError(f"{key}: must be an integer >= 1, got {value!r}")
 
 
 def _check_stage(stage: int) -> None:
     if stage not in ZERO_STAGES or isinstance(stage, bool):
-        raise ConfigError(f"zero stage {stage!r} is not one of {', '.join(map(str, ZERO_STAGES))}")
+        raise ConfigError(f"zero stage: {stage!r} is not one of {', '.join(map(str, ZERO_STAGES))}")
 
 
 def zero_state(parameters: float, dp: int, stage: int, *, precision: str = "bf16",
@@ -91,7 +91,7 @@ def zero_state(parameters: float, dp: int, stage: int, *, precision: str = "bf16
     _check_degree("dp", dp)
     _check_stage(stage)
     if not parameters >= 0:
-        raise ConfigError(f"parameters must be >= 0, got {parameters!r}")
+        raise ConfigError(f"parameters: must be >= 0, got {parameters!r}")
     sizes = element_sizes(precision, optimizer)
     shard = [1.0, 1.0, 1.0]  # weights, gradients, optimizer: fraction held
     for index in range(stage):  # stage 1 shards index 2, stage 2 also 1, stage 3 also 0
@@ -157,7 +157,7 @@ def layer_activation_bytes(*, sequence: int, micro_batch: int, hidden: int, head
     :meth:`hcsim.workload.transformer.Block.activation_bytes`.
     """
     if recompute not in RECOMPUTATION:
-        raise ConfigError(f"recompute {recompute!r} is not one of {', '.join(RECOMPUTATION)}")
+        raise ConfigError(f"recompute: {recompute!r} is not one of {', '.join(RECOMPUTATION)}")
     for key, value in (("sequence", sequence), ("micro_batch", micro_batch), ("hidden", hidden), ("heads", heads),
                        ("tp", tp)):
         _check_degree(key, value)
@@ -211,11 +211,11 @@ def in_flight_microbatches(schedule: str, *, stage: int, stages: int, microbatch
       p like 1F1B's, bounds the peak.
     """
     if schedule not in SCHEDULES:
-        raise ConfigError(f"schedule {schedule!r} is not one of {', '.join(SCHEDULES)}")
+        raise ConfigError(f"schedule: {schedule!r} is not one of {', '.join(SCHEDULES)}")
     for key, value in (("stages", stages), ("microbatches", microbatches), ("virtual_stages", virtual_stages)):
         _check_degree(key, value)
     if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < stages:
-        raise ConfigError(f"stage {stage!r} is not a stage of a {stages}-stage pipeline (0 to {stages - 1})")
+        raise ConfigError(f"stage: {stage!r} is not a stage of a {stages}-stage pipeline (0 to {stages - 1})")
     if virtual_stages != 1 and schedule != "interleaved":
         raise ConfigError(f"virtual_stages {virtual_stages} needs schedule 'interleaved', got {schedule!r}. "
                           "Fix: virtual_stages 1, or schedule interleaved")
@@ -269,9 +269,9 @@ def stage_memory(shape: ModelShape, *, layers: int, first: bool, last: bool, in_
     sharded over the same `dp` ranks as the rest.
     """
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 0:
-        raise ConfigError(f"layers must be an integer >= 0, got {layers!r}")
+        raise ConfigError(f"layers: must be an integer >= 0, got {layers!r}")
     if not in_flight >= 0:
-        raise ConfigError(f"in_flight must be >= 0 micro-batches, got {in_flight!r}")
+        raise ConfigError(f"in_flight: must be >= 0 micro-batches, got {in_flight!r}")
     keywords = dict(micro_batch=micro_batch, sequence=sequence, tp=tp, sequence_parallel=sequence_parallel, ep=ep,
                     precision=precision, attention=attention)
     layer = decoder_layer(shape, **keywords)

@@ -215,9 +215,9 @@ def element_sizes(precision: str, optimizer: str = "adam") -> ElementSizes:
     (16.0, 16.0)
     """
     if precision not in ("fp32", "fp16", "bf16"):
-        raise ConfigError(f"precision {precision!r} is not one of fp32, fp16, bf16")
+        raise ConfigError(f"precision: {precision!r} is not one of fp32, fp16, bf16")
     if optimizer not in OPTIMIZERS:
-        raise ConfigError(f"optimizer {optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+        raise ConfigError(f"optimizer: {optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
     moments = 8.0 if optimizer == "adam" else 4.0
     if precision == "fp32":
         return ElementSizes(weight=4.0, gradient=4.0, optimizer=moments, activation=4.0)
@@ -329,7 +329,7 @@ def activation_bytes(shape: ModelShape, sizes: ElementSizes, recomputation: str 
     True
     """
     if recomputation not in RECOMPUTATION:
-        raise ConfigError(f"recomputation {recomputation!r} is not one of {', '.join(RECOMPUTATION)}")
+        raise ConfigError(f"recomputation: {recomputation!r} is not one of {', '.join(RECOMPUTATION)}")
     _dense_only(shape)
     s, h, f, a = shape.sequence, shape.hidden, shape.ffn, shape.heads
     e, m = sizes.activation, sizes.mask

@@ -3,18 +3,19 @@
 A spec names the model shape, where its per-layer costs come from (a table
 such as paper Table 4, or the shape generator), the per-XPU batch, the
 precision and optimizer, the gradient buckets and collective algorithm, and
-the graph fidelity. See ``workloads/llama2-13b.yaml`` for every key.
+the graph granularity. See ``workloads/llama2-13b.yaml`` for every key.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 
 from hcsim.config import Fields, apply_overrides, load_yaml, resolve_spec
-from hcsim.errors import ConfigError
+from hcsim.errors import ConfigError, brief
 from hcsim.units import parse_quantity
 from hcsim.workload.graph import PRECISIONS
 from hcsim.workload.transformer import ATTENTION
@@ -22,10 +23,12 @@ from hcsim.workload.model import (MLP_TYPES, NORM_TYPES, OPTIMIZERS, POSITION_TY
                                   ElementSizes, LayerCost, ModelShape, activation_bytes, element_sizes,
                                   generate_decoder_table)
 
-__all__ = ["WorkloadSpec", "load_workload_spec", "parse_workload_spec", "BUCKETS", "FIDELITIES", "COST_SOURCES"]
+__all__ = ["WorkloadSpec", "load_workload_spec", "parse_workload_spec", "BUCKETS", "GRANULARITIES", "COST_SOURCES"]
+
+log = logging.getLogger(__name__)
 
 BUCKETS = ("layer", "decoder", "model")
-FIDELITIES = ("layer", "decoder")
+GRANULARITIES = ("layer", "decoder")
 COST_SOURCES = ("table", "shape")
 
 
@@ -46,7 +49,7 @@ class WorkloadSpec:
     algorithm : collective algorithm name for the engine; chunks : the
     all-reduce split into that many chunks (None: the algorithm's default;
     :mod:`hcsim.engine.collectives`); in_order : all-reduces
-    run one after another (one communication stream); fidelity : "layer" (one
+    run one after another (one communication stream); granularity : "layer" (one
     compute vertex per table row) or "decoder" (one fused vertex per decoder pass).
     """
 
@@ -65,14 +68,14 @@ class WorkloadSpec:
     algorithm: str = "ring"
     chunks: int | None = None
     in_order: bool = True
-    fidelity: str = "decoder"
+    granularity: str = "decoder"
     description: str = ""
     source: str = ""
 
     def __post_init__(self) -> None:
         checks = [("costs", COST_SOURCES), ("precision", PRECISIONS), ("optimizer", OPTIMIZERS),
                   ("recomputation", RECOMPUTATION), ("attention", ATTENTION), ("bucket", BUCKETS),
-                  ("fidelity", FIDELITIES)]
+                  ("granularity", GRANULARITIES)]
         for key, options in checks:
             if getattr(self, key) not in options:
                 raise ConfigError(f"workload {self.name!r}: {key} {getattr(self, key)!r} is not one of {', '.join(options)}")
@@ -119,7 +122,7 @@ def load_workload_spec(name_or_path: str | Path, overrides: dict[str, Any] | Non
     ----------
     name_or_path : a YAML file, or the name of one in ``workloads/``.
     overrides : dotted keys to values, e.g. ``{"training.batch_per_xpu": 4,
-        "fidelity": "layer"}``; a string value is read as YAML (``"4"`` is 4).
+        "granularity": "layer"}``; a string value is read as YAML (``"4"`` is 4).
 
     Raises
     ------
@@ -127,15 +130,25 @@ def load_workload_spec(name_or_path: str | Path, overrides: dict[str, Any] | Non
         listing every problem of the file, unknown keys with a suggestion.
     """
     path = resolve_spec(name_or_path, "workloads")
-    data = load_yaml(path)
+    data = _renamed(load_yaml(path), f"{path}: ")
     if overrides:
-        data = apply_overrides(data, overrides, str(path))
+        data = apply_overrides(data, _renamed(overrides, "override "), str(path))
     return parse_workload_spec(data, str(path))
+
+
+def _renamed(data: Any, where: str) -> Any:
+    """`data` with the old key ``fidelity`` under its new name ``granularity`` (with a warning)."""
+    if not isinstance(data, dict) or "fidelity" not in data:
+        return data
+    if "granularity" in data:
+        raise ConfigError(f"{where}fidelity: renamed granularity, which is given too; keep only granularity")
+    log.warning("%sfidelity: renamed granularity; the old key still works but will go", where)
+    return {("granularity" if key == "fidelity" else key): value for key, value in data.items()}
 
 
 def parse_workload_spec(data: Any, where: str = "workload") -> WorkloadSpec:
     """Build a WorkloadSpec from parsed YAML; raise one ConfigError with every problem."""
-    top = Fields(data, f"{where}: ")
+    top = Fields(_renamed(data, f"{where}: "), f"{where}: ")
     name = top.string("name", Path(where).stem)
     description = top.string("description", "")
     shape = _shape(top.sub("model"), name)
@@ -158,7 +171,7 @@ def parse_workload_spec(data: Any, where: str = "workload") -> WorkloadSpec:
                   chunks=gradients.number("chunks", None, kind=int, minimum=1),
                   in_order=gradients.flag("in_order", True))
     gradients.check_unknown()
-    values["fidelity"] = top.choice("fidelity", FIDELITIES, "decoder")
+    values["granularity"] = top.choice("granularity", GRANULARITIES, "decoder")
     top.done()
     try:
         return WorkloadSpec(name=name, description=description, model=shape, costs=costs, table=table,
@@ -233,7 +246,7 @@ def _affine(fields: Fields, key: str, dimension: str) -> Affine | None:
     if text == "negligible":
         return Affine()
     if not isinstance(text, str):
-        return fields._fail(key, f"expected a cost such as '195GFLOP*b' or '0.0488GB + 0.039GB*b', got {text!r}", None)
+        return fields._fail(key, f"expected a cost such as '195GFLOP*b' or '0.0488GB + 0.039GB*b', got {brief(text)}", None)
     constant = per_sample = 0.0
     for term in text.split("+"):
         term = term.strip()
@@ -246,7 +259,7 @@ def _affine(fields: Fields, key: str, dimension: str) -> Affine | None:
             fields.problems.append(f"{err} (terms are quantities, optionally times b: '0.039GB*b')")
             return None
         if value < 0:
-            return fields._fail(key, f"must be >= 0, got {text!r}", None)
+            return fields._fail(key, f"must be >= 0, got {brief(text)}", None)
         if scaled:
             per_sample += value
         else:

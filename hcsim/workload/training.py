@@ -8,8 +8,8 @@ all-reduce has ended, and the back edge optimizer -> first forward vertex
 
 Vertex names (decoders numbered from 1, zero-padded to the width of L)::
 
-    d01.fwd.linear_q   d01.bwd.linear_q     (fidelity "layer": one per table row)
-    d01.fwd            d01.bwd              (fidelity "decoder": one fused vertex per pass)
+    d01.fwd.linear_q   d01.bwd.linear_q     (granularity "layer": one per table row)
+    d01.fwd            d01.bwd              (granularity "decoder": one fused vertex per pass)
     allreduce.d01.linear_q | allreduce.d01 | allreduce.model   (bucket layer | decoder | model)
     optimizer
 
@@ -62,7 +62,7 @@ def build_training_graph(spec: WorkloadSpec, xpus: list[str] | ParallelLayout, g
     -------
     networkx.DiGraph following :mod:`hcsim.workload.graph`, with graph
     attributes name, precision, samples_per_iteration (= batch per XPU),
-    decoders, fidelity, bucket, parameters (of the decoders), model, and the
+    decoders, granularity, bucket, parameters (of the decoders), model, and the
     layout, global_samples and model_flops of :mod:`hcsim.workload.graph`.
 
     Raises
@@ -86,7 +86,7 @@ def build_training_graph(spec: WorkloadSpec, xpus: list[str] | ParallelLayout, g
     batch = spec.batch_per_xpu
     width = len(str(decoders))
     graph = new_workload(spec.name, precision=spec.precision, samples_per_iteration=batch)
-    graph.graph.update(model=spec.model.name, decoders=decoders, fidelity=spec.fidelity, bucket=spec.bucket,
+    graph.graph.update(model=spec.model.name, decoders=decoders, granularity=spec.granularity, bucket=spec.bucket,
                        parameters=table.parameters * decoders, layout=layout.to_dict(),
                        global_samples=batch * len(group), tokens_per_sample=spec.model.sequence,
                        model_flops=len(group) * decoders * sum(layer.fwd_flops(batch) + layer.bwd_flops(batch)
@@ -98,7 +98,7 @@ def build_training_graph(spec: WorkloadSpec, xpus: list[str] | ParallelLayout, g
     def add_pass(d: int, phase: str, layers: tuple[LayerCost, ...], start: bool) -> list[str]:
         """Compute vertices of one pass of decoder d, in execution order."""
         flops, mem = f"{phase}_flops", f"{phase}_bytes"
-        if spec.fidelity == "decoder":
+        if spec.granularity == "decoder":
             name = f"{tag(d)}.{phase}"
             add_compute(graph, name, xpus=group, flops=sum(getattr(layer, flops)(batch) for layer in layers),
                         memory_bytes=sum(getattr(layer, mem)(batch) for layer in layers), start=start)
@@ -126,7 +126,7 @@ def build_training_graph(spec: WorkloadSpec, xpus: list[str] | ParallelLayout, g
         if spec.bucket == "decoder":
             allreduces.append(_allreduce(graph, f"allreduce.{tag(d)}", group, spec, table.parameters, d, names[-1]))
         elif spec.bucket == "layer":
-            if spec.fidelity == "layer":
+            if spec.granularity == "layer":
                 owners = zip(reversed_layers, names)
             else:  # one fused vertex computes every layer's gradient
                 owners = ((layer, names[0]) for layer in reversed_layers)

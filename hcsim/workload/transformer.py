@@ -106,7 +106,7 @@ class Work:
 
     def __post_init__(self) -> None:
         if not (self.flops >= 0 and self.bytes >= 0):
-            raise ConfigError(f"work must have FLOP >= 0 and bytes >= 0, got {self.flops!r} FLOP, {self.bytes!r} B")
+            raise ConfigError(f"work: must have FLOP >= 0 and bytes >= 0, got {self.flops!r} FLOP, {self.bytes!r} B")
 
     def __add__(self, other: "Work") -> "Work":
         return Work(self.flops + other.flops, self.bytes + other.bytes)
@@ -174,7 +174,7 @@ class Block:
 
     def __post_init__(self) -> None:
         if self.kind not in BLOCK_KINDS:
-            raise ConfigError(f"block kind {self.kind!r} is not one of {', '.join(BLOCK_KINDS)}")
+            raise ConfigError(f"block kind: {self.kind!r} is not one of {', '.join(BLOCK_KINDS)}")
         names = [op.name for op in self.ops]
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:
@@ -244,7 +244,7 @@ class Block:
 
 def _check_mode(mode: str) -> None:
     if mode not in RECOMPUTATION:
-        raise ConfigError(f"recompute {mode!r} is not one of {', '.join(RECOMPUTATION)}")
+        raise ConfigError(f"recompute: {mode!r} is not one of {', '.join(RECOMPUTATION)}")
 
 
 @dataclass(frozen=True, slots=True)

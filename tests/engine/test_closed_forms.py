@@ -56,7 +56,7 @@ def test_skeleton_ring_all_reduce_matches_closed_form(n, size, algorithm, steps,
     xpus = [f"xpu{i}" for i in range(n)]
     flops = 1e12
     result = simulate_graphs(single_switch(n, H100), skeleton_graph(xpus, flops, size, algorithm),
-                             RunOptions(collective_fidelity=fidelity))
+                             RunOptions(collective_model=fidelity))
     expected = flops / H100.fp32_flops + steps(n) * ALPHA + steps(n) / n * size / LINK_BW
     assert close(result["iteration_ends"][0], expected)
 
@@ -148,7 +148,7 @@ def test_ring_all_reduce_loads_every_xpu_link_with_its_closed_form(fidelity):
     n, size = 8, 3.3e8
     xpus = [f"xpu{i}" for i in range(n)]
     result = simulate_graphs(single_switch(n, H100), skeleton_graph(xpus, 0.0, size, "ring"),
-                             RunOptions(collective_fidelity=fidelity, iterations=1))
+                             RunOptions(collective_model=fidelity, iterations=1))
     loads = result["link_bytes"]
     for x in xpus:
         for link in ((x, "xswitch"), ("xswitch", x)):
@@ -161,7 +161,7 @@ def test_an_analytic_collective_in_one_server_equals_the_simulated_one_on_simgri
     xpus = [f"xpu{i}" for i in range(8)]
     graph = skeleton_graph(xpus, 1e12, 3.3e8, algorithm)
     ends = {mode: simulate_graphs(single_switch(8, H100), graph,
-                                  RunOptions(collective_fidelity="flow", local_collectives=mode))["iteration_ends"]
+                                  RunOptions(collective_model="flow", local_collectives=mode))["iteration_ends"]
             for mode in ("simulated", "analytic")}
     assert close(ends["analytic"][0], ends["simulated"][0], 1e-9)
 

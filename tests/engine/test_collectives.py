@@ -97,7 +97,7 @@ def _durations(platform, group, items, barrier_xpu, fidelity):
     """Simulate `items` chained on `group` in one process; {name: seconds}."""
     graph = new_workload("collectives")
     _chain(graph, group, items, barrier_xpu)
-    result = simulate_graphs(platform, graph, RunOptions(collective_fidelity=fidelity,
+    result = simulate_graphs(platform, graph, RunOptions(collective_model=fidelity,
                                                          trace_xpus=frozenset(group) | {barrier_xpu}))
     spans: dict[str, list[float]] = {}
     for _, _, name, kind, start, end in result["vertices"]:
@@ -353,7 +353,7 @@ def test_the_double_binary_tree_runs_its_step_schedule_at_flow_fidelity():
     graph = new_workload("tree")
     add_comm(graph, "tree", xpus=[f"xpu{i}" for i in range(4)], bytes=1e8, collective="all_reduce",
              algorithm="double_binary_tree", start=True)
-    result = simulate_graphs(single_switch(4, H100), graph, RunOptions(collective_fidelity="flow", iterations=1))
+    result = simulate_graphs(single_switch(4, H100), graph, RunOptions(collective_model="flow", iterations=1))
     assert result["collective_fidelity"] == {"tree": "step"}
 
 
@@ -368,7 +368,7 @@ def test_hierarchical_needs_equal_servers():
 
 
 def test_unknown_algorithm_lists_the_known_ones():
-    with pytest.raises(ConfigError, match=r"no algorithm 'nope' for all_reduce; known: .*coherent_ring"):
+    with pytest.raises(ConfigError, match=r"all_reduce algorithm 'nope': not registered; known: .*coherent_ring"):
         get_algorithm("all_reduce", "nope", 4, 1e6)
 
 

@@ -168,7 +168,7 @@ def pipeline_graph():
 @pytest.fixture(scope="module")
 def pipeline_runs():
     layout, graph = pipeline_graph()
-    return layout, graph, {fidelity: run(graph, 8, iterations=2, xpu_fidelity=fidelity)
+    return layout, graph, {fidelity: run(graph, 8, iterations=2, xpu_sampling=fidelity)
                            for fidelity in ("all", "representative")}
 
 
@@ -230,7 +230,7 @@ def test_analytic_local_collectives_equal_the_simulated_flow_model_when_unconten
         add_dependency(g, "ar", "c", skip_first_iteration=True)
         return g
 
-    runs = {mode: run(graph(), 8, iterations=2, collective_fidelity="flow", local_collectives=mode)
+    runs = {mode: run(graph(), 8, iterations=2, collective_model="flow", local_collectives=mode)
             for mode in ("simulated", "analytic")}
     assert runs["analytic"][0] == pytest.approx(runs["simulated"][0], rel=1e-12)
     assert runs["analytic"][2].link_bytes == pytest.approx(runs["simulated"][2].link_bytes, rel=1e-12)

@@ -85,7 +85,7 @@ def test_a_shared_algorithm_gives_every_vertex_the_same_time():
         add_comm(graph, f"ar{layer}", xpus=group, bytes=size, collective="all_reduce", algorithm="hierarchical")
         add_dependency(graph, previous, f"ar{layer}")
         previous = f"ar{layer}"
-    result = simulate_graphs(platform, graph, RunOptions(collective_fidelity="flow"))
+    result = simulate_graphs(platform, graph, RunOptions(collective_model="flow"))
     m = n // g
     one = 2 * (g - 1) * alpha + 2 * (g - 1) / g * size / bandwidth + 2 * (m - 1) * alpha + 2 * (m - 1) / (m * g) * size / bandwidth
     assert math.isclose(result["iteration_ends"][-1], 40 * one, rel_tol=1e-6)

@@ -171,9 +171,10 @@ def test_a_partial_last_node(graphs):
         ["xpu10", "xpu11", "xpu8", "xpu9"]
 
 
-def test_a_scenarios_default_cxl_figures_apply_only_where_there_are_cxl_links():
-    cxl = {"links.cxl.bandwidth": "64GB/s"}
-    assert load_platform_spec("dgx-h100", cxl, optional=list(cxl)).links.keys() == load_platform_spec("dgx-h100").links.keys()
-    assert load_platform_spec("paper-cxl", cxl, optional=list(cxl)).links["cxl"].bandwidth == 64e9
+def test_a_dgx_platform_has_no_cxl_links_to_set():
+    """A scenario's CXL figures default to the platform's own (none here); setting them on a DGX spec is refused."""
+    from hcsim.scenario import Scenario
+
+    assert "links.cxl.bandwidth" not in Scenario(platform="dgx-h100").platform_settings()
     with pytest.raises(ConfigError, match=r"dgx-h100.yaml: links.cxl: unknown key"):
-        load_platform_spec("dgx-h100", cxl)
+        load_platform_spec("dgx-h100", {"links.cxl.bandwidth": "64GB/s"})

@@ -58,7 +58,7 @@ def test_every_problem_is_reported_at_once_with_its_key():
 
 
 def test_override_through_a_scalar_names_the_key():
-    with pytest.raises(ConfigError, match=r"override 'xpus.count': xpus is not a mapping"):
+    with pytest.raises(ConfigError, match=r"override 'xpus.count': xpus is 4096 in paper-cxl.yaml, not a mapping"):
         load_platform_spec("paper-cxl", {"xpus.count": 3})
 
 

@@ -26,7 +26,7 @@ def test_show_reports_errors_in_one_line(capsys):
 def test_export_writes_a_graph_that_loads_back(tmp_path, capsys):
     path = tmp_path / "graph.json"
     assert main(["workload", "export", "llama2-13b", "--xpus", "3", "-o", str(path), "--device", "H100",
-                 "--set", "fidelity=decoder"]) == 0
+                 "--set", "granularity=decoder"]) == 0
     graph = load_workload(path, ["xpu0", "xpu1", "xpu2"])
     assert graph.nodes["d40.bwd"]["spilled_xpus"] == frozenset({"xpu0", "xpu1", "xpu2"})
     assert graph.nodes["d01.fwd"]["start"] and graph.edges["optimizer", "d01.fwd"]["skip_first_iteration"]

@@ -109,11 +109,11 @@ def test_in_flight_closed_forms_agree_with_the_schedules(schedule, v):
 
 
 @pytest.mark.parametrize("call, message", [
-    (dict(schedule="pipedream"), "schedule 'pipedream' is not one of"),
-    (dict(stage=4), "stage 4 is not a stage of a 4-stage pipeline"),
-    (dict(stage=-1), "stage -1 is not a stage"),
+    (dict(schedule="pipedream"), "schedule: 'pipedream' is not one of"),
+    (dict(stage=4), "stage: 4 is not a stage of a 4-stage pipeline"),
+    (dict(stage=-1), "stage: -1 is not a stage"),
     (dict(virtual_stages=2), "virtual_stages 2 needs schedule 'interleaved'"),
-    (dict(microbatches=0), "microbatches must be an integer >= 1"),
+    (dict(microbatches=0), "microbatches: must be an integer >= 1"),
 ])
 def test_in_flight_errors(call, message):
     arguments = dict(schedule="1f1b", stage=0, stages=4, microbatches=8) | call
@@ -123,11 +123,11 @@ def test_in_flight_errors(call, message):
 
 
 def test_zero_errors():
-    with pytest.raises(ConfigError, match="zero stage 4 is not one of 0, 1, 2, 3"):
+    with pytest.raises(ConfigError, match="zero stage: 4 is not one of 0, 1, 2, 3"):
         zero_state(PSI, 8, 4)
-    with pytest.raises(ConfigError, match="dp must be an integer >= 1"):
+    with pytest.raises(ConfigError, match="dp: must be an integer >= 1"):
         zero_state(PSI, 0, 1)
-    with pytest.raises(ConfigError, match="precision 'int8' is not one of"):
+    with pytest.raises(ConfigError, match="precision: 'int8' is not one of"):
         zero_state(PSI, 8, 3, precision="int8")
 
 
@@ -167,5 +167,5 @@ def test_stage_memory_with_zero():
     assert whole.parameters == sharded.parameters == model_parameters(shape)
     assert sharded.state.total == pytest.approx(whole.state.total / 8, rel=1e-12)
     assert sharded.activations == whole.activations
-    with pytest.raises(ConfigError, match="layers must be an integer >= 0"):
+    with pytest.raises(ConfigError, match="layers: must be an integer >= 0"):
         stage_memory(shape, layers=-1, first=True, last=False, in_flight=1)

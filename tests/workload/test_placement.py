@@ -54,7 +54,7 @@ def test_an_80gib_h100_holds_the_first_decoders_that_fit(llama13b, xpus4):
 def test_mixed_capacities_decide_per_capacity_and_share_sets(llama13b):
     xpus = [f"xpu{i}" for i in range(8)]
     capacities = {x: (80 if i < 4 else 32) * GiB for i, x in enumerate(xpus)}
-    spec = replace(llama13b, fidelity="layer")
+    spec = replace(llama13b, granularity="layer")
     graph = build_training_graph(spec, xpus)
     placement = place_memory(graph, capacities, spec)
     small, big = placement.by_capacity
@@ -73,7 +73,7 @@ def test_mixed_capacities_decide_per_capacity_and_share_sets(llama13b):
 def test_placement_is_the_same_at_both_fidelities(llama13b, xpus4):
     capacities = {x: 80 * GiB for x in xpus4}
     fused = build_training_graph(llama13b, xpus4)
-    layered = build_training_graph(replace(llama13b, fidelity="layer"), xpus4)
+    layered = build_training_graph(replace(llama13b, granularity="layer"), xpus4)
     place_memory(fused, capacities, llama13b)
     place_memory(layered, capacities, llama13b)
     assert spilled_decoders(fused) == spilled_decoders(layered)

@@ -17,9 +17,9 @@ def test_the_paper_workload_as_configured_in_table5(llama13b):
 
 
 def test_overrides_take_dotted_keys_and_typed_values():
-    spec = load_workload_spec("llama2-13b", {"training.batch_per_xpu": 4, "fidelity": "layer",
+    spec = load_workload_spec("llama2-13b", {"training.batch_per_xpu": 4, "granularity": "layer",
                                              "gradients.algorithm": "coherent_ring", "costs": "shape"})
-    assert (spec.batch_per_xpu, spec.fidelity, spec.algorithm, spec.costs) == (4, "layer", "coherent_ring", "shape")
+    assert (spec.batch_per_xpu, spec.granularity, spec.algorithm, spec.costs) == (4, "layer", "coherent_ring", "shape")
     assert spec.decoder_table().layers[-1].name == "add_mlp"
 
 
@@ -28,12 +28,12 @@ def test_a_spec_file_by_path(tmp_path):
     path.write_text(yaml.safe_dump({"name": "tiny", "model": {"decoders": 2, "hidden": 64, "heads": 4, "ffn": 256,
                                                                "sequence": 32}}))
     spec = load_workload_spec(path)
-    assert (spec.name, spec.costs, spec.fidelity, spec.bucket, spec.algorithm) == ("tiny", "shape", "decoder", "decoder", "ring")
+    assert (spec.name, spec.costs, spec.granularity, spec.bucket, spec.algorithm) == ("tiny", "shape", "decoder", "decoder", "ring")
 
 
 @pytest.mark.parametrize("overrides, message", [
     ({"training.batch_per_xpux": 2}, r"training\.batch_per_xpux: unknown key \(did you mean 'batch_per_xpu'\?\)"),
-    ({"fidelity": "op"}, r"fidelity: 'op' is not one of layer, decoder"),
+    ({"granularity": "op"}, r"granularity: 'op' is not one of layer, decoder"),
     ({"gradients.bucket": "decoders"}, r"gradients\.bucket: 'decoders' is not one of .* \(did you mean 'decoder'\?\)"),
     ({"training.batch_per_xpu": 0}, r"training\.batch_per_xpu: must be >= 1"),
     ({"training.precision": "fp8"}, r"training\.precision: 'fp8' is not one of"),
@@ -41,7 +41,7 @@ def test_a_spec_file_by_path(tmp_path):
     ({"model.heads": 48}, r"hidden 5120 is not a multiple of heads 48"),
     ({"model.sequence": 2048}, r"the table is for sequence 4096 .* Fix: set costs: shape"),
     ({"training": 3}, r"training: expected a mapping"),
-    ({"fidelity.x": 1}, r"override 'fidelity\.x': fidelity is not a mapping"),
+    ({"granularity.x": 1}, r"override 'granularity\.x': granularity is 'layer' in .*llama2-13b.yaml, not a mapping"),
 ])
 def test_bad_values_are_named_by_their_path(overrides, message):
     with pytest.raises(ConfigError, match=message):

@@ -20,7 +20,7 @@ def model_flops(graph):
 @pytest.mark.parametrize("fidelity", ["layer", "decoder"])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_flops_per_sample_per_iteration_are_table4s_sum(fidelity, batch, xpus4):
-    spec = load_workload_spec("llama2-13b", {"fidelity": fidelity, "training.batch_per_xpu": batch})
+    spec = load_workload_spec("llama2-13b", {"granularity": fidelity, "training.batch_per_xpu": batch})
     graph = build_training_graph(spec, xpus4)
     assert graph.graph["samples_per_iteration"] == batch
     assert model_flops(graph) / batch == pytest.approx(L * (TABLE4_FWD_GFLOP + TABLE4_BWD_GFLOP) * 1e9, rel=1e-12)
@@ -29,8 +29,8 @@ def test_flops_per_sample_per_iteration_are_table4s_sum(fidelity, batch, xpus4):
 def test_fused_decoder_vertices_sum_their_layers(llama13b, xpus4):
     from dataclasses import replace
 
-    layered = build_training_graph(replace(llama13b, fidelity="layer"), xpus4)
-    fused = build_training_graph(replace(llama13b, fidelity="decoder"), xpus4)
+    layered = build_training_graph(replace(llama13b, granularity="layer"), xpus4)
+    fused = build_training_graph(replace(llama13b, granularity="decoder"), xpus4)
     for d in (1, 17, 40):
         for phase in ("fwd", "bwd"):
             parts = [v for n, v in layered.nodes(data=True) if v.get("decoder") == d and v.get("phase") == phase]
@@ -60,7 +60,7 @@ def test_generated_llama_gradients_count_its_swiglu_mlp(xpus4):
 @pytest.mark.parametrize("bucket, count", [("layer", L * 8), ("decoder", L), ("model", 1)])
 @pytest.mark.parametrize("fidelity", ["layer", "decoder"])
 def test_every_bucket_granularity_all_reduces_every_gradient_once(bucket, count, fidelity, xpus4):
-    spec = load_workload_spec("llama2-13b", {"gradients.bucket": bucket, "fidelity": fidelity,
+    spec = load_workload_spec("llama2-13b", {"gradients.bucket": bucket, "granularity": fidelity,
                                              "gradients.algorithm": "halving_doubling"})
     graph = build_training_graph(spec, xpus4)
     comms = [d for _, d in graph.nodes(data=True) if d["kind"] == "comm"]
@@ -108,8 +108,8 @@ def test_all_reduces_in_order_or_concurrent(xpus4):
 
 def test_vertex_counts_at_both_fidelities(xpus4):
     layers = 15  # Table 4 rows
-    decoder = build_training_graph(load_workload_spec("llama2-13b", {"fidelity": "decoder"}), xpus4)
-    layer = build_training_graph(load_workload_spec("llama2-13b", {"fidelity": "layer"}), xpus4)
+    decoder = build_training_graph(load_workload_spec("llama2-13b", {"granularity": "decoder"}), xpus4)
+    layer = build_training_graph(load_workload_spec("llama2-13b", {"granularity": "layer"}), xpus4)
     assert decoder.number_of_nodes() == 2 * L + L + 1
     assert layer.number_of_nodes() == 2 * L * layers + L + 1
 
@@ -137,6 +137,6 @@ def test_bad_xpu_lists_are_refused(llama13b, xpus, message):
 
 @pytest.mark.parametrize("name", ["llama2-7b", "llama2-13b", "llama2-70b", "gpt3-175b"])
 def test_every_shipped_workload_builds_a_valid_graph(name):
-    spec = load_workload_spec(name, {"fidelity": "layer"})
+    spec = load_workload_spec(name, {"granularity": "layer"})
     graph = build_training_graph(spec, ["x0", "x1"])
     validate_workload(graph, ["x0", "x1"])

@@ -256,7 +256,7 @@ def test_tied_copy_on_a_separate_last_stage():
     ({"tp": 2, "sequence": 1001, "sequence_parallel": True}, "sequence 1001 is not a multiple of tp 2"),
     ({"ep": 2}, "ep 2 needs a mixture-of-experts model"),
     ({"micro_batch": 0}, "micro_batch must be an integer >= 1"),
-    ({"precision": "fp8"}, "precision 'fp8' is not one of"),
+    ({"precision": "fp8"}, "precision: 'fp8' is not one of"),
 ])
 def test_invalid_configurations_name_the_key(keywords, message):
     shape = ModelShape(name="m", decoders=2, hidden=96 * 64, heads=96, kv_heads=8, ffn=1024, sequence=2048)
@@ -271,7 +271,7 @@ def test_other_errors():
         embedding(gpt(hidden=256, heads=8, decoders=2, sequence=64, vocabulary=512), sequence=128)
     with pytest.raises(ConfigError, match="experts 8 is not a multiple of ep 3"):
         decoder_layer(load_workload_spec("mixtral-8x7b").model, ep=3)
-    with pytest.raises(ConfigError, match="recompute 'some' is not one of"):
+    with pytest.raises(ConfigError, match="recompute: 'some' is not one of"):
         decoder_layer(GPTS[2]).recompute("some")
     with pytest.raises(ConfigError, match="top_k 3 exceeds experts 2"):
         ModelShape(name="m", decoders=1, hidden=64, heads=4, ffn=256, sequence=32, experts=2, top_k=3)

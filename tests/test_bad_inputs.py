@@ -1,0 +1,580 @@
+"""The regression catalogue of bad inputs (issue 17): every entry point, every class of mistake.
+
+Each case gives hcsim a bad input and asserts what a user must get: exit code 2
+from the CLI (HcsimError from Python), no traceback, one message that follows
+the template of :mod:`hcsim.errors`, names the file, key or option at fault
+and says what would be valid. Nothing here runs a simulation: the engine is
+replaced by a tripwire, so a bad input that slips through fails its case
+instead of running for minutes.
+"""
+
+from __future__ import annotations
+
+import ast
+import fcntl
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hcsim.cli import main
+from hcsim.config import MAX_SPEC_BYTES, REPO_ROOT
+from hcsim.errors import MESSAGE_TEMPLATE, HcsimError
+
+# --- files the cases read ------------------------------------------------------------------------------
+
+EXPLICIT = """
+name: tiny
+device_catalog: []
+links:
+  hbm: {latency: 100ns}
+topology:
+  nodes:
+    - {name: sw, kind: switch}
+    - {name: sw2, kind: switch}
+    - {name: a, kind: xpu, device: H100, extended_memory: pool}
+    - {name: b, kind: xpu, device: V100}
+    - {name: pool, kind: memory, capacity: 1TiB, role: cxl_type3}
+  links:
+    - {ends: [a, sw], bandwidth: 128GB/s, latency: 200ns, kind: cxl}
+    - {ends: [b, sw], bandwidth: 128GB/s, latency: 200ns, kind: cxl}
+    - {ends: [pool, sw], bandwidth: 128GB/s, latency: 200ns, kind: cxl}
+    - {ends: [sw, sw2], bandwidth: 128GB/s, latency: 200ns, kind: cxl}
+routes:
+  - ROUTE
+"""
+
+GOOD_AXES = "axes: {coherent: [true, false], cxl_bandwidth: [64GB/s, 128GB/s]}\n"
+EXPERIMENT = "name: exp\nbase: {xpus: 2, iterations: 1}\n" + GOOD_AXES
+
+FILES = {
+    "dup.yaml": "xpus: 8\nxpus: 16\n",
+    "bin.yaml": b"\xff\xfe xpus: 8\n",
+    "deep.yaml": "a: " + "[" * 3000 + "]" * 3000 + "\n",
+    "bomb.yaml": "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(8)),
+    "recursive.yaml": "a: &a [1, *a]\n",
+    "list.yaml": "- xpus: 8\n",
+    "syntax.yaml": "xpus: [1, 2\n",
+    "noname.yaml": "name: ''\n",
+    "bad-workload.yaml": "name: w\nmodel: {decoders: 2}\n",
+    "route-missing-node.yaml": EXPLICIT.replace("ROUTE", "[a, ghost, pool]"),
+    "route-no-link.yaml": EXPLICIT.replace("ROUTE", "[a, sw2, pool]"),
+    "route-revisits.yaml": EXPLICIT.replace("ROUTE", "[a, sw, sw2, sw, pool]"),
+    "route-through-xpu.yaml": EXPLICIT.replace("ROUTE", "[a, sw, b, sw2]").replace(
+        "    - {ends: [sw, sw2]", "    - {ends: [b, sw2], bandwidth: 1GB/s, latency: 1ns, kind: cxl}\n    - {ends: [sw, sw2]"),
+    "self-loop.yaml": EXPLICIT.replace("ROUTE", "[a, sw, pool]").replace(
+        "    - {ends: [sw, sw2]", "    - {ends: [sw2, sw2], bandwidth: 1GB/s, latency: 1ns, kind: cxl}\n    - {ends: [sw, sw2]"),
+    "no-xpu.yaml": EXPLICIT.replace("ROUTE", "[sw, sw2]").replace("    - {name: a, kind: xpu, device: H100, extended_memory: pool}\n", "")
+                           .replace("    - {name: b, kind: xpu, device: V100}\n", "")
+                           .replace("    - {ends: [a, sw], bandwidth: 128GB/s, latency: 200ns, kind: cxl}\n", "")
+                           .replace("    - {ends: [b, sw], bandwidth: 128GB/s, latency: 200ns, kind: cxl}\n", ""),
+    "explicit-cxl.yaml": EXPLICIT.replace("ROUTE", "[a, sw, pool]").replace("  hbm: {latency: 100ns}",
+                                                                            "  hbm: {latency: 100ns}\n  cxl: {bandwidth: 1GB/s, latency: 1ns}"),
+    "route-twice.yaml": EXPLICIT.replace("ROUTE", "[a, sw, pool]") + "  - [a, sw, pool]\n",
+    "catalog.yaml": "name: c\nxpus: 8\ndevice_catalog: [missing.yaml]\n",
+    "empty.yaml": "",
+    "noaxes.yaml": "name: noaxes\nbase: {xpus: 2}\n",
+    "scalar-axis.yaml": "name: x\naxes: {xpus: 8}\n",
+    "bad-name.yaml": "name: ../up\n" + GOOD_AXES,
+    "plot-column.yaml": EXPERIMENT + "plots: [{x: coherent, y: nope}]\n",
+    "plot-series.yaml": EXPERIMENT + "plots: [{x: coherent, y: batches_per_s, series: colour}]\n",
+    "plot-where.yaml": EXPERIMENT + "plots: [{x: coherent, y: batches_per_s, where: {size: 1}}]\n",
+    "plot-text-y.yaml": EXPERIMENT + "plots: [{x: coherent, y: busiest_link}]\n",
+    "plot-where-list.yaml": EXPERIMENT + "plots: [{x: coherent, y: batches_per_s, where: [1, 2]}]\n",
+    "finding-axis.yaml": EXPERIMENT + "findings: [{check: better, axis: xpus, better: 1, worse: 2}]\n",
+    "finding-tolerance.yaml": EXPERIMENT + "findings: [{check: close, axis: coherent, reference: true, other: false, tolerance: big}]\n",
+    "finding-where.yaml": EXPERIMENT + "findings: [{check: better, axis: coherent, better: true, worse: false, where: {cxl_bandwidth: fast}}]\n",
+    "finding-value.yaml": EXPERIMENT + "findings: [{check: better, axis: coherent, better: yes-please, worse: false}]\n",
+    "finding-metric.yaml": EXPERIMENT + "findings: [{check: better, axis: coherent, better: true, worse: false, metric: speed}]\n",
+    "finding-along.yaml": "name: exp\naxes: {devices: [[H100], [A100]], xpus: [2, 4]}\n"
+                          "findings: [{check: saturating, along: devices}]\n",
+    "finding-step.yaml": EXPERIMENT + "findings: [{check: step, along: cxl_bandwidth, from: 1GB/s, to: 128GB/s, expect: higher}]\n",
+    "exp.yaml": EXPERIMENT,
+    "afile": "not a folder\n",
+}
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("bad")
+    for name, text in FILES.items():
+        (folder / name).write_bytes(text if isinstance(text, bytes) else text.encode())
+    (folder / "big.yaml").write_bytes(b"# padding\n" * (MAX_SPEC_BYTES // 10 + 1))
+    (folder / "a-folder").mkdir()
+    (folder / "results").mkdir()
+    return folder
+
+
+@pytest.fixture(autouse=True)
+def nothing_runs(monkeypatch, workspace):
+    """A tripwire instead of the engine and the sweep's point processes; the cases run in the workspace."""
+    def tripwire(*args, **kwargs):
+        raise AssertionError("a bad input reached the engine")
+
+    monkeypatch.setattr("hcsim.simulation.execute", tripwire)
+    monkeypatch.setattr("hcsim.sweep.run_point", tripwire)
+    monkeypatch.delenv("HCSIM_NO_LIMITS", raising=False)
+    monkeypatch.chdir(workspace)
+
+
+def check_message(message: str) -> None:
+    """The template of hcsim.errors: every line "WHERE: PROBLEM" (or indented under one); bounded; no glitch."""
+    assert message and "Traceback" not in message, message
+    assert "Ellipsis" not in message and ": :" not in message, message
+    assert len(message) < 4000, f"an unbounded message ({len(message)} characters)"
+    for line in message.splitlines():
+        assert line.startswith("  ") or MESSAGE_TEMPLATE.match(line), f"not 'WHERE: PROBLEM': {line!r}"
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, str]:
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, captured.err
+
+
+# --- the CLI cases: (argv, where the message points, what it says is valid) ------------------------------
+
+SIM = ["simulate"]
+CLI_CASES = {
+    # 1. spec files that are not text, too deep, too big, endless, or bombs
+    "scenario-duplicate-key": (SIM + ["dup.yaml"], r"dup\.yaml:2", r"given twice .* keep one"),
+    "scenario-not-utf8": (SIM + ["bin.yaml"], r"bin\.yaml:1", r"not UTF-8 .* saved as UTF-8"),
+    "scenario-too-deep": (SIM + ["deep.yaml"], r"deep\.yaml:1", r"more than 64 levels"),
+    "scenario-alias-bomb": (SIM + ["bomb.yaml"], r"bomb\.yaml:\d+", r"more than 2,000,000 values"),
+    "scenario-recursive-alias": (SIM + ["recursive.yaml"], r"recursive\.yaml:1", r"recursive alias"),
+    "scenario-dev-zero": (SIM + ["/dev/zero"], r"/dev/zero", r"not a regular file.*expected a spec file"),
+    "scenario-too-big": (SIM + ["big.yaml"], r"big\.yaml", r"larger than 8 MiB"),
+    "scenario-a-folder": (SIM + ["a-folder"], r"a-folder", r"is a folder; expected a spec file"),
+    "scenario-missing": (SIM + ["nowhere.yaml"], r"nowhere\.yaml", r"cannot read: No such file"),
+    "scenario-a-list": (SIM + ["list.yaml"], r"list\.yaml", r"a scenario is a mapping"),
+    "scenario-syntax": (SIM + ["syntax.yaml"], r"syntax\.yaml:\d+", r"not valid YAML"),
+    "scenario-empty-name": (SIM + ["noname.yaml"], r"noname\.yaml.*name", r"a non-empty string"),
+    "set-deep-value": (SIM + ["--set", "x=" + "[" * 100 + "]" * 100], r"--set x", r"more than 64 levels"),
+    "set-bad-yaml": (SIM + ["--set", "xpus=[1"], r"--set xpus", r"not valid YAML"),
+    "set-no-equals": (SIM + ["--set", "xpus"], r"--set 'xpus'", r"KEY=VALUE, e\.g\. xpus=256"),
+    "set-empty-key": (SIM + ["--set", "=8"], r"--set '=8'", r"KEY=VALUE"),
+    # scenario keys
+    "xpus-zero": (SIM + ["--set", "xpus=0"], r"xpus", r">= 1"),
+    "xpus-text": (SIM + ["--set", "xpus=abc"], r"xpus", r"expected an integer"),
+    "xpus-float": (SIM + ["--set", "xpus=8.5"], r"xpus", r"expected an integer"),
+    "unknown-key": (SIM + ["--set", "xpux=8"], r"xpux", r"did you mean 'xpus'"),
+    "collective-model": (SIM + ["--set", "collective_model=flwo"], r"collective_model", r"step, flow, auto"),
+    "xpu-sampling": (SIM + ["--set", "xpu_sampling=some"], r"xpu_sampling", r"all, representative"),
+    "granularity": (SIM + ["--set", "granularity=op"], r"granularity", r"layer, decoder"),
+    "local-access": (SIM + ["--set", "local_access=x"], r"local_access", r"analytic, simulated"),
+    "local-collectives": (SIM + ["--set", "local_collectives=analytc"], r"local_collectives",
+                          r"simulated, analytic \(did you mean 'analytic'\?\)"),
+    "tp-does-not-divide": (SIM + ["--set", "xpus=6", "--set", "tp=4"], r"parallel layout", r"not a multiple of tp 4 x pp 1"),
+    "global-batch-not-a-multiple": (SIM + ["--set", "xpus=8", "--set", "pp=2", "--set", "global_batch=7"],
+                                    r"global_batch", r"valid: multiples of"),
+    "renamed-and-new-key": (SIM + ["--set", "fidelity=layer", "--set", "granularity=decoder"], r"fidelity",
+                            r"renamed granularity.*keep only granularity"),
+    "cxl-bandwidth-no-unit": (SIM + ["--set", "cxl_bandwidth=128"], r"cxl_bandwidth", r"for example '128GB/s"),
+    "cxl-latency-negative": (SIM + ["--set", "cxl_latency=-1ns"], r"cxl_latency", r"must be > 0"),
+    "cxl-latency-words": (SIM + ["--set", "cxl_latency=fast"], r"cxl_latency", r"write it as '200ns"),
+    "trace-iterations-after-the-run": (SIM + ["--set", "trace_iterations=[5]"], r"trace_iterations",
+                                       r"iterations 1 to 2"),
+    "trace-iterations-bool": (SIM + ["--set", "trace_iterations=[true]"], r"trace_iterations",
+                              r"list of iteration numbers from 1"),
+    "trace-iterations-scalar": (SIM + ["--set", "trace_iterations=3"], r"trace_iterations",
+                                r"list of iteration numbers"),
+    "trace-iterations-zero": (SIM + ["--set", "trace_iterations=[0]"], r"trace_iterations",
+                              r"list of iteration numbers from 1"),
+    "ring-order-string": (SIM + ["--set", "ring_order=xpu0"], r"ring_order", r"topology or interleaved"),
+    "ring-order-partial": (SIM + ["--set", "xpus=4", "--set", "ring_order=[xpu0]"], r"ring_order",
+                           r"must list each of the 4 XPUs once"),
+    "devices-nested": (SIM + ["--set", "devices=[[H100]]"], r"devices", r"a device name or a list"),
+    "devices-unknown": (SIM + ["--set", "devices=[H900]"], r"devices\[0\]", r"known: A100"),
+    "platform-missing": (SIM + ["--set", "platform=nowhere"], r"nowhere",
+                         r"built-in ones: dgx-a100, dgx-h100, paper-cxl, paper-traditional$"),
+    "platform-is-the-catalog": (SIM + ["--set", "platform=devices"], r"devices",
+                                r"built-in ones: dgx-a100, dgx-h100, paper-cxl, paper-traditional$"),
+    "workload-missing": (SIM + ["--set", "workload=nowhere"], r"nowhere", r"built-in ones: gpt3-175b"),
+    "iterations-too-many": (SIM + ["--set", "iterations=10000000"], r"scenario 'default'",
+                            r"beyond the limit of 200,000,000 .*HCSIM_NO_LIMITS"),
+    "xpus-beyond-platform": (SIM + ["--set", "xpus=5000"], r"xpus", r"has 4096"),
+    "coherent-maybe": (SIM + ["--set", "coherent=maybe"], r"coherent", r"true or false"),
+    "step-limit-zero": (SIM + ["--set", "step_limit=0"], r"step_limit", r">= 1"),
+    "collective-unknown": (SIM + ["--set", "collective=foo"], r"collective", r"is not one of .*ring"),
+    "coherent-ring-without-coherence": (SIM + ["--set", "xpus=2", "--set", "collective=coherent_ring", "--set",
+                                               "coherent=false"], r"collective", r"fix: set coherent: true"),
+    "overrides-not-a-mapping": (SIM + ["--set", "platform_overrides=3"], r"platform_overrides",
+                                r"mapping of dotted keys"),
+    "override-no-unit": (SIM + ["--set", "platform_overrides.links.cxl.latency=5"], r"links\.cxl\.latency",
+                         r"for example '200ns"),
+    "override-through-a-scalar": (SIM + ["--set", "platform_overrides.xpus.count=1"], r"override 'xpus\.count'",
+                                  r"override xpus itself"),
+    "override-decoders-too-many": (SIM + ["--set", "workload_overrides.model.decoders=100000000"],
+                                   r"scenario 'default'", r"beyond the limit of 1,000,000"),
+    # 2. output paths, checked before any work
+    "simulate-out-a-file": (SIM + ["--out", "afile"], r"--out afile", r"give a folder"),
+    "simulate-out-under-a-file": (SIM + ["--out", "afile/sub"], r"--out afile/sub", r"give a writable folder"),
+    # 4. platform specs
+    "platform-dev-zero": (["platform", "show", "/dev/zero"], r"/dev/zero", r"not a regular file"),
+    "platform-missing-show": (["platform", "show", "nowhere"], r"nowhere", r"built-in ones: dgx-a100, dgx-h100, paper-cxl, paper-traditional$"),
+    "platform-catalog-show": (["platform", "show", "devices"], r"devices", r"paper-cxl, paper-traditional$"),
+    "platform-devices-nested": (["platform", "show", "paper-cxl", "--set", "devices=[[H100]]"], r"devices\[0\]",
+                                r"expected a device name.*known: A100"),
+    "platform-bandwidth-zero": (["platform", "show", "paper-cxl", "--set", "links.cxl.bandwidth=0GB/s"],
+                                r"links\.cxl\.bandwidth", r"must be > 0"),
+    "platform-latency-words": (["platform", "show", "paper-cxl", "--set", "links.cxl.latency=fast"],
+                               r"links\.cxl\.latency", r"write it as '200ns"),
+    "platform-xpus-zero": (["platform", "show", "paper-cxl", "--set", "xpus=0"], r"xpus", r">= 1"),
+    "platform-option-xpus-zero": (["platform", "show", "paper-cxl", "--xpus", "0"], r"--xpus", r">= 1"),
+    "platform-option-xpus-beyond": (["platform", "show", "paper-cxl", "--xpus", "5000"], r"xpus",
+                                    r"holds 1 to 4096"),
+    "platform-spines-too-many": (["platform", "show", "paper-cxl", "--xpus", "8", "--set", "network.spines=1000000000"],
+                                 r"network\.spines", r"must be <= 4,096"),
+    "platform-cpus-too-many": (["platform", "show", "paper-cxl", "--xpus", "8", "--set", "server.cpus=1000000000"],
+                               r"server\.cpus", r"must be <= 4,096"),
+    "platform-radix": (["platform", "show", "paper-cxl", "--set", "cxl.radix=1"], r"cxl\.radix", r">= 2"),
+    "platform-attach": (["platform", "show", "paper-cxl", "--set", "cxl.type3_attach=moon"], r"cxl\.type3_attach",
+                        r"switch, xpu"),
+    "platform-cpus-text": (["platform", "show", "paper-cxl", "--set", "server.cpus=two"], r"server\.cpus",
+                           r"expected an integer"),
+    "platform-unknown-top-key": (["platform", "show", "paper-cxl", "--set", "linkz.x=1"], r"linkz",
+                                 r"did you mean 'links'"),
+    "route-missing-node": (["platform", "show", "route-missing-node.yaml"], r"routes\[0\]", r"no node 'ghost'"),
+    "route-no-link": (["platform", "show", "route-no-link.yaml"], r"routes\[0\]", r"no link 'sw2'--'pool'"),
+    "route-revisits": (["platform", "show", "route-revisits.yaml"], r"routes\[0\]", r"visits 'sw' more than once"),
+    "route-through-xpu": (["platform", "show", "route-through-xpu.yaml"], r"routes\[0\]",
+                          r"passes through 'b' \(xpu\).*switches, NICs and CPUs"),
+    "self-loop-link": (["platform", "show", "self-loop.yaml"], r"topology\.links\[3\]\.ends",
+                       r"a link joins two nodes"),
+    "explicit-no-xpu": (["platform", "show", "no-xpu.yaml"], r"topology\.nodes", r"needs at least one"),
+    "explicit-cxl-link-class": (["platform", "show", "explicit-cxl.yaml"], r"links\.cxl",
+                                r"reads only links\.hbm"),
+    "route-twice": (["platform", "show", "route-twice.yaml"], r"routes\[1\]", r"one route per pair"),
+    "device-catalog-missing": (["platform", "show", "catalog.yaml"], r"device_catalog\[0\]", r"no such file"),
+    "compile-missing-folder": (["platform", "compile", "paper-cxl", "-o", "nodir/x.xml"], r"-o nodir/x\.xml",
+                               r"does not exist; give a path in an existing folder"),
+    "compile-under-a-file": (["platform", "compile", "paper-cxl", "-o", "afile/x.xml"], r"-o afile/x\.xml",
+                             r"lies under a file"),
+    "compile-onto-a-folder": (["platform", "compile", "paper-cxl", "-o", "a-folder"], r"-o a-folder",
+                              r"is a folder; give a file name"),
+    "draw-unknown-type": (["platform", "draw", "paper-cxl", "-o", "x.xyz"], r"-o x\.xyz", r"\.png, \.svg"),
+    "compile-all-pairs-too-many": (["platform", "compile", "paper-cxl", "--pairs", "all-xpus", "-o", "x.xml"],
+                                   r"--pairs all-xpus", r"beyond the limit of 2,000,000"),
+    # workload specs
+    "workload-dev-zero": (["workload", "show", "/dev/zero"], r"/dev/zero", r"not a regular file"),
+    "workload-not-utf8": (["workload", "show", "bin.yaml"], r"bin\.yaml:1", r"UTF-8"),
+    "workload-duplicate-key": (["workload", "show", "dup.yaml"], r"dup\.yaml:2", r"keep one"),
+    "workload-algorithm": (["workload", "show", "llama2-13b", "--set", "gradients.algorithm=foo"],
+                           r"gradients\.algorithm", r"not one of .*ring"),
+    "workload-decoders-too-many": (["workload", "show", "llama2-13b", "--set", "model.decoders=100000000"],
+                                   r"workload 'llama2-13b'", r"beyond the limit of 1,000,000"),
+    "workload-xpus-too-many": (["workload", "show", "llama2-13b", "--xpus", "100000000"], r"--xpus 100000000",
+                               r"beyond the limit of 200,000,000"),
+    "workload-xpus-zero": (["workload", "show", "llama2-13b", "--xpus", "0"], r"--xpus", r">= 1"),
+    "workload-device": (["workload", "show", "llama2-13b", "--device", "H900"], r"--device 'H900'", r"known: A100"),
+    "workload-batch-zero": (["workload", "show", "llama2-13b", "--set", "training.batch_per_xpu=0"],
+                            r"training\.batch_per_xpu", r">= 1"),
+    "workload-granularity": (["workload", "show", "llama2-13b", "--set", "granularity=op"], r"granularity",
+                             r"layer, decoder"),
+    "workload-shape-incomplete": (["workload", "show", "bad-workload.yaml"], r"model\.hidden", r"is required"),
+    "export-missing-folder": (["workload", "export", "llama2-13b", "--xpus", "2", "-o", "nodir/g.json"],
+                              r"-o nodir/g\.json", r"existing folder"),
+    # 3. sweeps
+    "sweep-empty": (["sweep", "empty.yaml"], r"empty\.yaml", r"needs at least `axes:`"),
+    "sweep-no-axes": (["sweep", "noaxes.yaml"], r"noaxes\.yaml: axes", r"mapping of scenario keys to lists"),
+    "sweep-scalar-axis": (["sweep", "scalar-axis.yaml"], r"axes\.xpus", r"non-empty list of values"),
+    "sweep-bad-name": (["sweep", "bad-name.yaml"], r"bad-name\.yaml: name", r"letters, digits"),
+    "sweep-dev-zero": (["sweep", "/dev/zero"], r"/dev/zero", r"not a regular file"),
+    "sweep-deep": (["sweep", "deep.yaml"], r"deep\.yaml:1", r"64 levels"),
+    "plot-missing-column": (["sweep", "plot-column.yaml"], r"plots\[0\]: y", r"columns: point, coherent"),
+    "plot-unknown-series": (["sweep", "plot-series.yaml"], r"plots\[0\]: series", r"columns: point"),
+    "plot-where-unknown-column": (["sweep", "plot-where.yaml"], r"plots\[0\]: where\.size", r"columns: point"),
+    "plot-text-metric": (["sweep", "plot-text-y.yaml"], r"plots\[0\]: y", r"numeric columns: "),
+    "plot-where-a-list": (["sweep", "plot-where-list.yaml"], r"plots\[0\]: where", r"mapping of columns to values"),
+    "finding-not-an-axis": (["sweep", "finding-axis.yaml"], r"findings\[0\]: axis", r"axes: coherent, cxl_bandwidth"),
+    "finding-tolerance-words": (["sweep", "finding-tolerance.yaml"], r"findings\[0\]: tolerance",
+                                r"a number such as 0\.01"),
+    "finding-where-wrong-kind": (["sweep", "finding-where.yaml"], r"where\.cxl_bandwidth", r"write it as '128GB/s"),
+    "finding-value-not-on-axis": (["sweep", "finding-value.yaml"], r"findings\[0\]: better",
+                                  r"its values: True, False"),
+    "finding-unknown-metric": (["sweep", "finding-metric.yaml"], r"findings\[0\]: metric", r"numeric columns: "),
+    "finding-along-not-numeric": (["sweep", "finding-along.yaml"], r"findings\[0\]: along",
+                                  r"give a numeric axis"),
+    "finding-step-from-not-on-axis": (["sweep", "finding-step.yaml"], r"findings\[0\]: from",
+                                      r"its values: 64GB/s, 128GB/s"),
+    "sweep-timeout-zero": (["sweep", "exp.yaml", "--timeout", "0"], r"--timeout", r"must be > 0 seconds"),
+    "sweep-timeout-negative": (["sweep", "exp.yaml", "--timeout", "-1"], r"--timeout", r"must be > 0 seconds"),
+    "sweep-timeout-nan": (["sweep", "exp.yaml", "--timeout", "nan"], r"--timeout", r"must be > 0 seconds"),
+    "sweep-jobs-zero": (["sweep", "exp.yaml", "--jobs", "0"], r"--jobs", r">= 1"),
+    "sweep-out-a-file": (["sweep", "exp.yaml", "--out", "afile"], r"--out afile", r"give a folder"),
+    "sweep-report-without-csv": (["sweep", "exp.yaml", "--report-only", "--out", "a-folder"], r"exp\.csv",
+                                 r"run the sweep first"),
+    "sweep-executor": (["sweep", "exp.yaml", "--executor", "lokal", "--out", "results/executor"], r"--executor 'lokal'",
+                       r"expected 'local' or 'dask://HOST:PORT'"),
+}
+
+
+@pytest.mark.parametrize("argv, where, valid", CLI_CASES.values(), ids=CLI_CASES.keys())
+def test_a_bad_cli_input_is_one_line_naming_the_place_and_what_is_valid(argv, where, valid, capsys):
+    code, err = run_cli(argv, capsys)
+    assert code == 2, err
+    assert err.startswith("hcsim: error: "), err
+    message = err.removeprefix("hcsim: error: ").rstrip("\n")
+    check_message(message)
+    assert re.search(where, message), f"does not name {where!r}: {message}"
+    assert re.search(valid, message, re.MULTILINE), f"does not say {valid!r}: {message}"
+
+
+# --- sweep results read back (--resume) -------------------------------------------------------------------
+
+
+def _sweep_csv(workspace: Path, folder: str, capsys) -> Path:
+    """The CSV a first (tripwired: every point an error row) run of exp.yaml writes into results/FOLDER."""
+    out = workspace / "results" / folder
+    code, err = run_cli(["sweep", "exp.yaml", "--out", str(out), "--no-progress"], capsys)
+    assert code == 1 and "reached the engine" in (out / "exp.csv").read_text()
+    return out / "exp.csv"
+
+
+@pytest.mark.parametrize("folder, garbage, where", [
+    ("garbage", b"this is, not a row\n", r"exp\.csv:3: not a row of this experiment"),
+    ("nul", b"abc,\x00def\n", r"exp\.csv:3: not a (CSV row|row of this experiment)"),
+    ("binary", b"\x89PNG\r\n\x1a\n", r"exp\.csv:\d+: not UTF-8"),
+])
+def test_resume_names_the_file_and_line_of_a_garbage_row(workspace, capsys, folder, garbage, where):
+    csv = _sweep_csv(workspace, folder, capsys)
+    lines = csv.read_bytes().splitlines(keepends=True)
+    csv.write_bytes(b"".join(lines[:2]) + garbage + b"".join(lines[2:]))
+    code, err = run_cli(["sweep", "exp.yaml", "--out", str(csv.parent), "--resume"], capsys)
+    message = err.removeprefix("hcsim: error: ")
+    assert code == 2 and re.search(where, message), err
+    check_message(message.rstrip("\n"))
+    assert re.search(r"(fix or delete that line|saved as UTF-8)", message)
+
+
+def test_a_second_sweep_into_the_same_folder_is_refused_while_the_first_runs(workspace, capsys):
+    out = workspace / "results" / "locked"
+    out.mkdir()
+    with open(out / ".exp.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        code, err = run_cli(["sweep", "exp.yaml", "--out", str(out)], capsys)
+    assert code == 2 and "exp.csv: another sweep is writing it" in err and "give another --out" in err
+    assert not (out / "exp.csv").exists()
+
+
+def test_the_lock_is_released_and_removed_after_a_sweep(workspace, capsys):
+    csv = _sweep_csv(workspace, "released", capsys)
+    assert not (csv.parent / ".exp.lock").exists()
+    code, err = run_cli(["sweep", "exp.yaml", "--out", str(csv.parent), "--resume", "--no-progress"], capsys)
+    assert code == 0 and "another sweep" not in err
+
+
+def test_point_folders_of_a_killed_sweep_are_removed_and_live_ones_kept(tmp_path, monkeypatch):
+    import tempfile
+
+    from hcsim.sweep import POINT_FOLDER_PREFIX, _remove_stale_point_folders
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f"{POINT_FOLDER_PREFIX}{int(dead.stdout)}-abc"
+    live = tmp_path / f"{POINT_FOLDER_PREFIX}{os.getpid()}-abc"
+    for folder in (stale, live):
+        folder.mkdir()
+        (folder / "scenario.pickle").write_bytes(b"x")
+    _remove_stale_point_folders()
+    assert not stale.exists() and live.exists()
+
+
+# --- the Python API -------------------------------------------------------------------------------------
+
+
+def _api_cases():
+    from hcsim.engine.executor import RunOptions
+    from hcsim.platform import build_platform, load_platform_spec
+    from hcsim.scenario import Scenario, load_scenario
+    from hcsim.simulation import prepare, simulate, simulate_graphs
+    from hcsim.sweep import load_experiment, run_sweep
+    from hcsim.workload import load_workload, load_workload_spec
+
+    return {
+        "simulate-none": (lambda: simulate(None), r"scenario", r"expected a hcsim\.scenario\.Scenario"),
+        "prepare-a-dict": (lambda: prepare({"xpus": 8}), r"scenario", r"expected a hcsim\.scenario\.Scenario"),
+        "settings-a-string": (lambda: load_scenario(None, "xpus=8"), r"settings", r"a list of KEY=VALUE strings"),
+        "settings-tuples": (lambda: load_scenario(None, [("xpus", 8)]), r"settings", r"KEY=VALUE strings"),
+        "scenario-path-a-number": (lambda: load_scenario(5), r"scenario", r"a YAML file path or None"),
+        "scenario-xpus-text": (lambda: Scenario(xpus="8"), r"xpus", r"an integer >= 1"),
+        "scenario-xpus-bool": (lambda: Scenario(xpus=True), r"xpus", r"an integer >= 1"),
+        "scenario-ring-order-string": (lambda: Scenario(ring_order="xpu0"), r"ring_order", r"topology, interleaved"),
+        "scenario-collective-model": (lambda: Scenario(collective_model="flwo"), r"collective_model",
+                                      r"step, flow, auto"),
+        "scenario-devices-string": (lambda: Scenario(devices="H100"), r"devices", r"tuple of device names"),
+        "scenario-trace-iterations-zero": (lambda: Scenario(trace_iterations=(0,)), r"trace_iterations",
+                                           r"integers >= 1"),
+        "scenario-overrides-a-list": (lambda: Scenario(platform_overrides=[1]), r"platform_overrides",
+                                      r"mapping of dotted keys"),
+        "scenario-cxl-nan": (lambda: Scenario(cxl_bandwidth=float("nan")), r"cxl_bandwidth", r"finite number > 0"),
+        "run-options-collective-model": (lambda: RunOptions(collective_model="flwo"), r"collective_model",
+                                         r"step, flow, auto"),
+        "run-options-xpu-sampling": (lambda: RunOptions(xpu_sampling="some"), r"xpu_sampling", r"all, representative"),
+        "run-options-iterations": (lambda: RunOptions(iterations=0), r"iterations", r">= 1"),
+        "run-options-local-collectives": (lambda: RunOptions(local_collectives="fast"), r"local_collectives",
+                                          r"simulated, analytic"),
+        "scenario-layer-split-zero": (lambda: Scenario(layer_split=(0, 4)), r"layer_split", r"integers >= 1"),
+        "platform-overrides-a-string": (lambda: load_platform_spec("paper-cxl", "xpus=4"), r"overrides",
+                                        r"mapping of dotted keys"),
+        "platform-spec-none": (lambda: load_platform_spec(None), r"platform spec", r"a file path or a built-in name"),
+        "build-platform-xpus-text": (lambda: build_platform(load_platform_spec("paper-cxl"), "8"), r"xpus",
+                                     r"holds 1 to 4096"),
+        "workload-decoders-float": (lambda: load_workload_spec("llama2-13b", {"model.decoders": 1e8}),
+                                    r"model\.decoders", r"expected an integer"),
+        "workload-graph-dev-zero": (lambda: load_workload("/dev/zero"), r"/dev/zero", r"not a regular file"),
+        "workload-graph-deep": (lambda: load_workload("deep.json"), r"deep\.json", r"nested too deeply"),
+        "workload-graph-xpus-nested": (lambda: load_workload("nested-xpus.json"), r"vertex 'v'",
+                                       r"a list of XPU names"),
+        "experiment-path-a-number": (lambda: load_experiment(5), r"experiment", r"path of an experiment YAML"),
+        "sweep-timeout-zero": (lambda: run_sweep(load_experiment("exp.yaml"), "results/api", timeout=0), r"timeout",
+                               r"seconds > 0"),
+        "sweep-jobs-float": (lambda: run_sweep(load_experiment("exp.yaml"), "results/api", jobs=1.5), r"jobs",
+                             r"integer >= 1"),
+        "simulate-out-a-file": (lambda: simulate(Scenario(), out="afile"), r"out afile", r"give a folder"),
+        "simulate-graphs-without-guard": (lambda: _without_guard(simulate_graphs), r"unguarded\.py",
+                                          r'if __name__ == "__main__"'),
+    }
+
+
+def _without_guard(function):
+    """Call `function` as if from a script whose top level has no ``if __name__ == "__main__":`` guard."""
+    script = Path("unguarded.py")
+    script.write_text("from hcsim.simulation import simulate\nsimulate(None)\n")
+    main = sys.modules["__main__"]
+    saved = (getattr(main, "__file__", None), getattr(main, "__spec__", None))
+    main.__file__, main.__spec__ = str(script.resolve()), None
+    try:
+        return function(None, None)
+    finally:
+        main.__file__, main.__spec__ = saved
+
+
+API_CASES = list(_api_cases())
+
+
+@pytest.mark.parametrize("case", API_CASES)
+def test_a_bad_python_call_raises_hcsims_own_error_naming_the_key(case, workspace):
+    (workspace / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (workspace / "nested-xpus.json").write_text('{"directed": true, "multigraph": false, "graph": {}, '
+                                                 '"nodes": [{"id": "v", "kind": "compute", "xpus": [["x"]]}], "edges": []}')
+    call, where, valid = _api_cases()[case]
+    with pytest.raises(HcsimError) as info:
+        call()
+    message = str(info.value)
+    check_message(message)
+    assert re.search(where, message), f"does not name {where!r}: {message}"
+    assert re.search(valid, message), f"does not say {valid!r}: {message}"
+
+
+def test_the_catalogue_holds_at_least_80_bad_inputs():
+    assert len(CLI_CASES) + len(API_CASES) + 3 >= 80
+
+
+# --- outside the process: the real command, a closed pipe, a script without the guard ----------------------
+
+
+def _hcsim(*args, cwd, **kwargs):
+    return subprocess.run([sys.executable, "-m", "hcsim.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=120, **kwargs)
+
+
+@pytest.mark.parametrize("argv", [["simulate", "bomb.yaml"], ["platform", "show", "/dev/zero"],
+                                  ["sweep", "finding-where.yaml"], ["workload", "show", "bin.yaml"]])
+def test_the_command_exits_2_without_a_traceback(workspace, argv):
+    done = _hcsim(*argv, cwd=workspace)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("hcsim: error: ") and done.stdout == ""
+
+
+def test_output_piped_to_a_reader_that_closes_ends_quietly(workspace):
+    process = subprocess.Popen([sys.executable, "-m", "hcsim.cli", "workload", "show", "llama2-13b"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=workspace)
+    process.stdout.close()  # like `| head` exiting before hcsim writes
+    _, err = process.communicate(timeout=120)
+    assert b"Traceback" not in err and b"BrokenPipeError" not in err
+    assert process.returncode in (0, 141)
+
+
+def test_a_readme_style_script_without_the_guard_is_told_what_to_do(workspace):
+    script = workspace / "example.py"
+    script.write_text("from hcsim.scenario import load_scenario\nfrom hcsim.simulation import simulate\n\n"
+                      "result = simulate(load_scenario(None, {'xpus': 8}))\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=workspace, timeout=120)
+    assert done.returncode != 0 and "BrokenProcessPool" not in done.stderr
+    assert 'outside `if __name__ == "__main__":`' in done.stderr and "ConfigError" in done.stderr
+
+
+# --- one template for every message the code base can raise -------------------------------------------------
+
+
+def _raised_messages():
+    """(file:line, first literal text) of every ``raise XxxError(f"...")`` in hcsim."""
+    for path in sorted((REPO_ROOT / "hcsim").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and node.exc.args):
+                continue
+            name = getattr(node.exc.func, "id", getattr(node.exc.func, "attr", ""))
+            if not name.endswith("Error") or name in ("AssertionError", "OSError", "NotImplementedError"):
+                continue
+            text = node.exc.args[0]
+            if isinstance(text, (ast.JoinedStr, ast.Constant)):
+                yield f"{path.relative_to(REPO_ROOT)}:{node.lineno}", text
+
+
+def _shape(text) -> str:
+    """The message with every placeholder as X: its shape."""
+    if isinstance(text, ast.Constant):
+        return str(text.value)
+    return "".join(part.value if isinstance(part, ast.Constant) else "X" for part in text.values)
+
+
+def test_every_message_in_the_code_follows_the_template():
+    shapes = {where: _shape(text) for where, text in _raised_messages()}
+    assert len(shapes) > 50
+    bad = {where: shape for where, shape in shapes.items()
+           if shape != "X" and not MESSAGE_TEMPLATE.match(shape.split("\n")[0])}
+    assert not bad, "messages not 'WHERE: PROBLEM':\n" + "\n".join(f"{w}: {s!r}" for w, s in bad.items())
+
+
+# --- outputs that fail at the end: the result is kept -------------------------------------------------------
+
+
+def test_run_here_keeps_the_result_when_writing_fails_at_the_end(monkeypatch, tmp_path):
+    import hcsim.simulation as simulation
+    from hcsim.errors import OutputError
+    from hcsim.scenario import Scenario
+
+    def disk_full(out, result, outcome, platform):
+        raise OSError(28, "No space left on device", str(out / "result.json"))
+
+    monkeypatch.setattr(simulation, "prepare", lambda scenario: simulation.Prepared(
+        scenario, None, None, None, [], set(), True))
+    monkeypatch.setattr(simulation, "execute", lambda *args: "outcome")
+    monkeypatch.setattr(simulation, "summarize", lambda *args: {"iteration_time_s": 1.0})
+    monkeypatch.setattr(simulation, "write_outputs", disk_full)
+    monkeypatch.setattr(simulation, "total_runs", lambda *args: 0)
+    with pytest.raises(OutputError, match=r"result\.json: could not write the outputs \(No space left") as info:
+        simulation.run_here(Scenario(), tmp_path / "out")
+    assert info.value.result == {"iteration_time_s": 1.0}
+    check_message(str(info.value))
+
+
+def test_simulate_prints_the_result_before_saying_what_was_not_written(monkeypatch, capsys):
+    import hcsim.cli.simulate as command
+    import hcsim.simulation as simulation
+    from hcsim.errors import OutputError
+
+    def finished_but_unwritten(scenario, out, progress):
+        raise OutputError(f"{out}/trace.json: could not write the outputs (No space left on device)", {"r": 1})
+
+    monkeypatch.setattr(simulation, "run_here", finished_but_unwritten)
+    monkeypatch.setattr(command, "summary", lambda result: f"the result {result}")
+    code = main(["simulate", "--out", "runs/full"])
+    captured = capsys.readouterr()
+    assert code == 2 and "the result {'r': 1}" in captured.out
+    assert "runs/full/trace.json: could not write the outputs" in captured.err

@@ -1,0 +1,141 @@
+"""Scenario and run settings (issue 11, item 7): constraints declared once, the platform's own CXL values by
+default, and the four settings once all called "fidelity" under names of their own."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from hcsim.config import REPO_ROOT
+from hcsim.engine.executor import RunOptions
+from hcsim.errors import ConfigError
+from hcsim.platform import build_platform, load_platform_spec
+from hcsim.scenario import RENAMED_KEYS, Scenario, load_scenario
+from hcsim.sweep import load_experiment
+from hcsim.workload import load_workload_spec
+
+TINY_PLATFORM = """
+name: tiny
+links:
+  hbm: {latency: 100ns}
+topology:
+  nodes:
+    - {name: sw, kind: switch}
+    - {name: a, kind: xpu, device: H100, extended_memory: pool}
+    - {name: b, kind: xpu, device: H100, extended_memory: pool}
+    - {name: pool, kind: memory, capacity: unbounded, role: dram}
+  links:
+    - {ends: [pool, sw], bandwidth: 64GB/s, latency: 1us, kind: pcie}
+    - {ends: [a, sw], bandwidth: 100GB/s, latency: 1us, kind: eth}
+    - {ends: [b, sw], bandwidth: 100GB/s, latency: 1us, kind: eth}
+"""
+
+
+def test_the_cxl_settings_default_to_the_platforms_own_values():
+    scenario = Scenario()
+    assert (scenario.cxl_bandwidth, scenario.cxl_latency) == (None, None)
+    assert not any(key.startswith("links.cxl") for key in scenario.platform_settings())
+    assert load_scenario(None, ["cxl_bandwidth=null", "cxl_latency=null"]) == Scenario()
+
+
+@pytest.mark.parametrize("platform", ["paper-cxl", "paper-traditional"])
+def test_the_paper_platforms_keep_128_gbs_and_200_ns_so_results_do_not_change(platform):
+    spec = load_platform_spec(platform)
+    assert (spec.links["cxl"].bandwidth, spec.links["cxl"].latency) == (128e9, 200e-9)
+    # the graph built with the new defaults is the one the old defaults (explicit 128 GB/s, 200 ns) built
+    old = Scenario(platform=platform, xpus=32, cxl_bandwidth=128e9, cxl_latency=200e-9)
+    new = Scenario(platform=platform, xpus=32)
+    graphs = [build_platform(load_platform_spec(platform, s.platform_settings()), 32) for s in (old, new)]
+    assert sorted(graphs[0].edges(data=True)) == sorted(graphs[1].edges(data=True))
+    assert dict(graphs[0].nodes(data=True)) == dict(graphs[1].nodes(data=True))
+
+
+def test_a_platform_without_cxl_links_prepares_with_the_default_scenario(tmp_path):
+    from hcsim.simulation import prepare
+
+    (tmp_path / "tiny.yaml").write_text(TINY_PLATFORM)
+    scenario = load_scenario(None, {"platform": str(tmp_path / "tiny.yaml"), "xpus": 2, "workload": "llama2-7b"})
+    prepared = prepare(scenario)
+    assert prepared.xpus == ["a", "b"] and "cxl" not in prepared.platform_spec.links
+
+
+def test_setting_cxl_values_on_a_platform_without_cxl_links_says_why_it_fails(tmp_path):
+    from hcsim.simulation import prepare
+
+    (tmp_path / "tiny.yaml").write_text(TINY_PLATFORM)
+    scenario = Scenario(platform=str(tmp_path / "tiny.yaml"), xpus=2, workload="llama2-7b", cxl_bandwidth=1e9)
+    with pytest.raises(ConfigError, match=r"links\.cxl: an explicit topology reads only links\.hbm.*leave them out"):
+        prepare(scenario)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: RunOptions(collective_model="flwo"),
+    lambda: RunOptions(xpu_sampling="representativ"),
+    lambda: RunOptions(local_access="analytical"),
+    lambda: RunOptions(step_limit=0),
+    lambda: Scenario(collective_model="flwo"),
+    lambda: Scenario(xpu_sampling="some"),
+    lambda: Scenario(granularity="op"),
+    lambda: Scenario(local_access="x"),
+])
+def test_a_misspelled_choice_is_refused_from_python_as_from_yaml(make):
+    with pytest.raises(ConfigError, match=r"expected (one of|an integer)"):
+        make()
+
+
+def test_the_yaml_reader_and_the_dataclass_share_one_declaration_of_each_choice():
+    for key in ("collective_model", "local_access", "xpu_sampling"):
+        assert Scenario._constraints[key] == RunOptions._constraints[key]
+        for option in Scenario._constraints[key].options:
+            assert getattr(load_scenario(None, {key: option}), key) == option
+
+
+def test_the_old_names_still_work_with_a_warning(caplog):
+    import hcsim.scenario
+
+    hcsim.scenario._warned.clear()
+    with caplog.at_level(logging.WARNING):
+        scenario = load_scenario(None, {"fidelity": "decoder", "collective_fidelity": "flow",
+                                        "xpu_fidelity": "representative"})
+    assert (scenario.granularity, scenario.collective_model, scenario.xpu_sampling) == ("decoder", "flow",
+                                                                                        "representative")
+    for old, new in RENAMED_KEYS.items():
+        assert f"{old}: renamed {new}" in caplog.text
+
+
+def test_the_workload_specs_old_key_still_works(tmp_path, caplog):
+    text = (REPO_ROOT / "workloads" / "llama2-7b.yaml").read_text().replace("granularity: layer", "fidelity: decoder")
+    (tmp_path / "old.yaml").write_text(text)
+    with caplog.at_level(logging.WARNING):
+        assert load_workload_spec(tmp_path / "old.yaml").granularity == "decoder"
+    assert "fidelity: renamed granularity" in caplog.text
+    assert load_workload_spec("llama2-7b", {"fidelity": "decoder"}).granularity == "decoder"
+
+
+def test_an_experiment_with_the_old_keys_makes_the_same_points_as_with_the_new(tmp_path):
+    old = "name: x\nbase: {xpu_fidelity: representative}\naxes:\n  level: [{fidelity: layer}, {fidelity: decoder}]\n"
+    new = old.replace("xpu_fidelity", "xpu_sampling").replace("fidelity:", "granularity:")
+    keys = []
+    for text in (old, new):
+        (tmp_path / "x.yaml").write_text(text)
+        keys.append([p.key for p in load_experiment(tmp_path / "x.yaml").points()])
+    assert keys[0] == keys[1]
+
+
+def test_a_sweep_row_records_the_platforms_own_cxl_values():
+    from hcsim.sweep import Point, result_row
+
+    point = Point(index=0, key="k", labels={}, scenario=Scenario())
+    result = {"error": "x", "cxl_bandwidth": 128e9, "cxl_latency": 200e-9}
+    assert result_row(point, {"error": "x"}, ["point", "cxl_bandwidth", "status", "error"])["cxl_bandwidth"] is None
+    fake = {"breakdown": {"H100": {"xpus": 1, "compute_s": 1.0, "memory_stall_s": 0.0, "exposed_comm_s": 0.0}},
+            "xpus": 1, "links": {"eth": [{"link": "a -> b", "utilization": 0.5}]}, "iteration_time_s": 1.0,
+            "batches_per_s": 1.0, "samples_per_s": 1.0, "iteration_times_s": [1.0], "devices": {"H100": 1},
+            "activities": 1, "wall_time_s": 1.0, "peak_rss_mb": 1.0, "inputs_hash": "h",
+            "versions": {"hcsim": "0", "simgrid": "4.1"}, "coherent": True, **{k: result[k] for k in
+                                                                              ("cxl_bandwidth", "cxl_latency")}}
+    from hcsim.sweep import RESULT_COLUMNS, SCENARIO_COLUMNS
+
+    row = result_row(point, fake, ["point", *SCENARIO_COLUMNS, *RESULT_COLUMNS, "status", "error"])
+    assert (row["cxl_bandwidth"], row["cxl_latency"], row["coherent"]) == (128e9, 200e-9, True)
