@@ -25,33 +25,37 @@ __all__ = ["Scenario", "load_scenario", "apply_settings", "SCENARIO_KEYS"]
 
 FIDELITIES = ("step", "flow", "auto")
 RING_ORDERS = ("topology", "interleaved")
+TRACE_CHOICES = ("per-device", "per-class")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Scenario:
     """One simulation to run. Quantities in SI units (B/s, s)."""
 
-    name: str = "default"
+    name: str = "default"  # a label, recorded in the result
     platform: str = "paper-cxl"  # platform spec: built-in name or path
     workload: str = "llama2-13b"  # workload spec (built-in name or YAML path), a graph .json or chakra:PREFIX
     xpus: int = 64  # XPUs that train (the first ones of the platform, rack by rack)
     devices: tuple[str, ...] | None = None  # device per rack, cycling; None: the platform spec's
     coherent: bool | None = None  # CXL fabric and coherent memory access; None: the platform spec's
-    cxl_bandwidth: float | None = 128e9  # B/s per direction; None: the platform spec's
-    cxl_latency: float | None = 200e-9  # s; None: the platform spec's
+    cxl_bandwidth: float | None = field(default=128e9, metadata={"unit": "B/s"})  # per direction; None: the
+    # platform spec's
+    cxl_latency: float | None = field(default=200e-9, metadata={"unit": "s"})  # None: the platform spec's
     collective: str | None = None  # all-reduce algorithm (ring, coherent_ring, ...); None: the workload's
     collective_chunks: int | None = None  # the all-reduces split into this many chunks; None: the workload's
     ring_order: str | tuple[str, ...] = "topology"  # rank order of the collectives' groups: topology
     # (neighbours in a server adjacent), interleaved (consecutive ranks on different servers) or XPU names
     collective_fidelity: str = "auto"  # step | flow | auto (step up to step_limit ranks)
-    step_limit: int = 64
+    step_limit: int = 64  # auto: step-exact collectives up to this many ranks, flow above
     local_access: str = "analytic"  # analytic | simulated: see hcsim.engine.executor.RunOptions
     xpu_fidelity: str = "all"  # all | representative: see hcsim.engine.executor.RunOptions
     local_collectives: str = "simulated"  # simulated | analytic: see hcsim.engine.executor.RunOptions
     fidelity: str | None = None  # workload fidelity: layer | decoder; None: the workload spec's
-    iterations: int = 2
-    platform_overrides: dict[str, Any] = field(default_factory=dict)  # dotted platform-spec keys
-    workload_overrides: dict[str, Any] = field(default_factory=dict)  # dotted workload-spec keys
+    iterations: int = 2  # the first fills the pipeline; results average the later ones
+    platform_overrides: dict[str, Any] = field(default_factory=dict)  # any key of the platform spec, dotted
+    # (platforms/paper-cxl.yaml lists them): {links.pcie.latency: 300ns, rack.servers: 8}
+    workload_overrides: dict[str, Any] = field(default_factory=dict)  # any key of the workload spec, dotted
+    # (workloads/llama2-13b.yaml lists them): {training.batch_per_xpu: 2, gradients.bucket: layer}
     # parallelism (tp x pp x dp = xpus); the paper's data-parallel graph unless tp, pp or a batch is given
     tp: int = 1  # tensor-parallel group size (Megatron-LM; a TP group sits inside a server)
     pp: int = 1  # pipeline stages
@@ -68,7 +72,9 @@ class Scenario:
     offload_state: tuple[str, ...] = ("optimizer",)  # what offload keeps out of HBM: optimizer, parameters, activations
     ep: int = 1  # expert-parallel group size (MoE models; EP ranks split the data too: dp = xpus / (tp x ep x pp))
     moe_skew: float = 1.0  # most loaded expert rank's tokens / the mean (1: balanced routing)
-    trace_xpus: int = 8  # trace the first N XPUs (when an output folder is given); 0: none
+    trace_xpus: int | str | tuple[str, ...] = 8  # with an output folder: trace the first N XPUs (0: none),
+    # a list of XPU names, per-device (the first XPU of each device type) or per-class (each class's
+    # representative, with xpu_fidelity: representative)
     trace_iterations: tuple[int, ...] | None = None  # None: every iteration
     base: str = "."  # folder that relative spec paths are relative to
 
@@ -84,6 +90,13 @@ class Scenario:
                               f"got {self.collective_chunks!r}")
         if self.collective_fidelity not in FIDELITIES:
             raise ConfigError(f"scenario {self.name!r}: collective_fidelity must be one of {', '.join(FIDELITIES)}")
+        if isinstance(self.trace_xpus, str) and self.trace_xpus not in TRACE_CHOICES:
+            raise ConfigError(f"scenario {self.name!r}: trace_xpus: {self.trace_xpus!r} is not a number of XPUs, "
+                              f"a list of XPU names, nor one of {', '.join(TRACE_CHOICES)}")
+        if self.trace_xpus == "per-class" and self.xpu_fidelity != "representative":
+            raise ConfigError(f"scenario {self.name!r}: trace_xpus: per-class traces the representative of each "
+                              "class of alike XPUs, which only xpu_fidelity: representative forms; fix: set "
+                              "xpu_fidelity: representative, or trace_xpus: per-device")
 
     def platform_settings(self) -> dict[str, Any]:
         """Overrides for the platform spec, from the scenario's own keys and platform_overrides."""
@@ -124,7 +137,7 @@ class Scenario:
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
-        for key in ("devices", "trace_iterations", "ring_order", "layer_split", "offload_state"):
+        for key in ("devices", "trace_iterations", "ring_order", "layer_split", "offload_state", "trace_xpus"):
             if isinstance(data[key], tuple):
                 data[key] = list(data[key])
         return data
@@ -194,7 +207,7 @@ def _from_mapping(data: dict, where: str, base: str) -> Scenario:
                                                 default.local_collectives)
     values["fidelity"] = fields.choice("fidelity", ("layer", "decoder"), None)
     values["iterations"] = fields.number("iterations", default.iterations, kind=int, minimum=1)
-    values["trace_xpus"] = fields.number("trace_xpus", default.trace_xpus, kind=int, minimum=0)
+    values["trace_xpus"] = _trace_xpus(fields, default.trace_xpus)
     for key in ("tp", "pp", "virtual_stages", "ep"):
         values[key] = fields.number(key, getattr(default, key), kind=int, minimum=1)
     for key in ("dp", "micro_batch", "global_batch"):
@@ -254,6 +267,21 @@ def _ring_order(fields: Fields) -> str | tuple[str, ...]:
     fields.problems.append(f"{fields.path('ring_order')}: expected {' or '.join(RING_ORDERS)} or a list of XPU "
                            f"names, got {value!r}")
     return "topology"
+
+
+def _trace_xpus(fields: Fields, default: int) -> int | str | tuple[str, ...]:
+    value = fields.raw("trace_xpus")
+    if value is None:
+        return default
+    if isinstance(value, list) and all(isinstance(x, str) for x in value):
+        return tuple(value)
+    if value in TRACE_CHOICES:
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    fields.problems.append(f"{fields.path('trace_xpus')}: expected a number of XPUs (the first ones), a list of XPU "
+                           f"names, or one of {', '.join(TRACE_CHOICES)}; got {value!r}")
+    return default
 
 
 def _devices(fields: Fields):
