@@ -192,10 +192,14 @@ def _spec_values(scenario: Scenario) -> dict[str, Any]:
     except HcsimError:
         return {}
     cxl = platform.links.get("cxl")
+    dp = scenario.dp or max(1, scenario.xpus // (scenario.tp * scenario.pp))
+    micro_batch = scenario.micro_batch or workload.batch_per_xpu
     # Keyed by Scenario field: what a None there means (see Scenario's field comments).
     return {"devices": platform.devices or "per node (explicit topology)", "coherent": platform.coherent,
             "cxl_bandwidth": cxl.bandwidth if cxl else "none", "cxl_latency": cxl.latency if cxl else "none",
             "collective": workload.algorithm, "fidelity": workload.fidelity,
+            "dp": dp, "micro_batch": micro_batch, "global_batch": dp * micro_batch,
+            "recompute": workload.recomputation, "layer_split": "even",
             "trace_iterations": list(range(1, scenario.iterations + 1))}
 
 

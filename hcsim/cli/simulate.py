@@ -77,8 +77,9 @@ def scenario_keys_help() -> str:
         if field and not more:
             current = field.group(1)
             comments[current] = [field.group(2)] if field.group(2) else []
-        elif more and current is not None and comments.get(current):
-            comments[current].append(more.group(1))
+        elif more and current is not None and comments.get(current) \
+                and not comments[current][-1].rstrip().endswith((".", ")", "}", "]")):
+            comments[current].append(more.group(1))  # a comment goes on below its field until a sentence ends
         else:
             current = None
     lines = ["scenario keys (a YAML file of them, or --set KEY=VALUE; quantities with units, e.g. 128GB/s, 200ns):"]
@@ -89,8 +90,8 @@ def scenario_keys_help() -> str:
         unit = f.metadata.get("unit")
         shown = format_quantity(default, unit).replace(" ", "") if unit and default is not None else default
         text = " ".join(comments.get(f.name, []))
-        entry = f"{f.name} (default {'from the specs' if shown is None else shown}){': ' + text if text else ''}"
-        lines.append(textwrap.fill(entry, 108, initial_indent="  ", subsequent_indent="      "))
+        entry = f"{f.name} (default {'unset' if shown is None else shown}){': ' + text if text else ''}"
+        lines.append(textwrap.fill(entry, 108, initial_indent="  ", subsequent_indent="      ", break_on_hyphens=False))
     return "\n".join(lines)
 
 
