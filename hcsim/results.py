@@ -192,7 +192,7 @@ def _spec_values(scenario: Scenario) -> dict[str, Any]:
     except HcsimError:
         return {}
     cxl = platform.links.get("cxl")
-    dp = scenario.dp or max(1, scenario.xpus // (scenario.tp * scenario.pp))
+    dp = scenario.dp or max(1, scenario.xpus // (scenario.tp * scenario.ep * scenario.pp))
     micro_batch = scenario.micro_batch or workload.batch_per_xpu
     # Keyed by Scenario field: what a None there means (see Scenario's field comments).
     return {"devices": platform.devices or "per node (explicit topology)", "coherent": platform.coherent,
