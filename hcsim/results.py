@@ -198,6 +198,7 @@ def _spec_values(scenario: Scenario) -> dict[str, Any]:
     return {"devices": platform.devices or "per node (explicit topology)", "coherent": platform.coherent,
             "cxl_bandwidth": cxl.bandwidth if cxl else "none", "cxl_latency": cxl.latency if cxl else "none",
             "collective": workload.algorithm, "fidelity": workload.fidelity,
+            "collective_chunks": workload.chunks if workload.chunks is not None else "the algorithm's default",
             "dp": dp, "micro_batch": micro_batch, "global_batch": dp * micro_batch,
             "recompute": workload.recomputation, "layer_split": "even",
             "trace_iterations": list(range(1, scenario.iterations + 1))}
