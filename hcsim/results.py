@@ -180,28 +180,34 @@ def resolve_scenario(scenario: Scenario) -> dict[str, Any]:
 
 
 def _spec_values(scenario: Scenario) -> dict[str, Any]:
-    """The values the specs give the scenario's None fields (empty when the specs cannot be read)."""
+    """The values the specs give the scenario's None fields, each spec's when it can be read (a graph workload
+    has no spec: the workload's fields stay blank, the graph holds them)."""
     from hcsim.config import resolve_spec
     from hcsim.platform import load_platform_spec
     from hcsim.workload import load_workload_spec
 
     base = Path(scenario.base)
+    values: dict[str, Any] = {"trace_iterations": list(range(1, scenario.iterations + 1))}
     try:
         platform = load_platform_spec(resolve_spec(scenario.platform, "platforms", base), scenario.platform_settings())
-        workload = load_workload_spec(resolve_spec(scenario.workload, "workloads", base), scenario.workload_settings())
     except HcsimError:
-        return {}
-    cxl = platform.links.get("cxl")
+        platform = None
+    if platform is not None:
+        cxl = platform.links.get("cxl")
+        values.update(devices=platform.devices or "per node (explicit topology)", coherent=platform.coherent,
+                      cxl_bandwidth=cxl.bandwidth if cxl else "none", cxl_latency=cxl.latency if cxl else "none")
+    try:
+        workload = load_workload_spec(resolve_spec(scenario.workload, "workloads", base), scenario.workload_settings())
+    except HcsimError:  # a graph (.json, chakra:) or a spec that fails: its values are the graph's own
+        return values
     dp = scenario.dp or max(1, scenario.xpus // (scenario.tp * scenario.ep * scenario.pp))
     micro_batch = scenario.micro_batch or workload.batch_per_xpu
     # Keyed by Scenario field: what a None there means (see Scenario's field comments).
-    return {"devices": platform.devices or "per node (explicit topology)", "coherent": platform.coherent,
-            "cxl_bandwidth": cxl.bandwidth if cxl else "none", "cxl_latency": cxl.latency if cxl else "none",
-            "collective": workload.algorithm, "fidelity": workload.fidelity,
-            "collective_chunks": workload.chunks if workload.chunks is not None else "the algorithm's default",
-            "dp": dp, "micro_batch": micro_batch, "global_batch": dp * micro_batch,
-            "recompute": workload.recomputation, "layer_split": "even",
-            "trace_iterations": list(range(1, scenario.iterations + 1))}
+    values.update(collective=workload.algorithm, fidelity=workload.fidelity,
+                  collective_chunks=workload.chunks if workload.chunks is not None else "the algorithm's default",
+                  dp=dp, micro_batch=micro_batch, global_batch=dp * micro_batch, recompute=workload.recomputation,
+                  layer_split="even")
+    return values
 
 
 def _cell(key: str, value: Any) -> Any:
