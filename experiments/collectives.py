@@ -56,11 +56,19 @@ def run_point(topology: str, n: int, collective: str, algorithm: str, size: floa
             "wall_s": time.perf_counter() - wall}
 
 
+def runs_on(topology: str, algorithm: str) -> bool:
+    """Whether `algorithm` runs on `topology`: the coherent ring needs coherent memory (hcsim simulate
+    refuses it on a non-coherent platform too)."""
+    from hcsim.platform import load_platform_spec
+
+    return algorithm != "coherent_ring" or load_platform_spec(topology, {}).coherent
+
+
 def run(spec: dict) -> list[dict]:
     """Every point of `spec`, two at a time, each in a fresh process."""
     points = [(t, n, spec["collective"], a, s, spec["collective_model"], spec["step_limit"])
               for t in spec["topologies"] for n in spec["group_sizes"] for a in spec["algorithms"]
-              for s in spec["sizes"]]
+              for s in spec["sizes"] if runs_on(t, a)]
     rows = []
     with ProcessPoolExecutor(max_workers=spec.get("workers", 2), mp_context=get_context("spawn"),
                              max_tasks_per_child=1) as pool:
@@ -87,6 +95,8 @@ def markdown(rows: list[dict], spec: dict) -> str:
     for t in spec["topologies"]:
         for n in spec["group_sizes"]:
             for a in spec["algorithms"]:
+                if not runs_on(t, a):
+                    continue
                 cells = []
                 for s in sizes:
                     r = index.get((t, n, a, s))
@@ -108,7 +118,7 @@ def plot(rows: list[dict], spec: dict, stem: Path) -> None:
     import matplotlib.pyplot as plt
 
     topologies = spec["topologies"]
-    fig, axes = plt.subplots(2, len(topologies), figsize=(6 * len(topologies), 9), squeeze=False)
+    fig, axes = plt.subplots(2, len(topologies), figsize=(6 * len(topologies), 10), squeeze=False, sharey="row")
     styles = ["-", "--", ":", "-."]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for col, t in enumerate(topologies):
@@ -123,11 +133,19 @@ def plot(rows: list[dict], spec: dict, stem: Path) -> None:
                 axes[0][col].plot(x, [p[1] for p in pts], label=f"{a}, {n} XPUs", **kw)
                 axes[1][col].plot(x, [p[2] / 1e9 for p in pts], **kw)
         axes[0][col].set(title=t, xscale="log", yscale="log", ylabel="time (s)")
-        axes[1][col].set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="bus bandwidth (GB/s)")
+        axes[1][col].set(xscale="log", yscale="log", xlabel="message size per rank", ylabel="bus bandwidth (GB/s)")
         for ax in axes[:, col]:
             ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].legend(fontsize=7, ncol=2)
-    fig.tight_layout()
+            ax.set_xticks(spec["sizes"], [_size(s) for s in spec["sizes"]])
+            ax.minorticks_off()
+    found = {}  # one legend for the figure, below the plots, so it covers no data: a column per algorithm
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            found.setdefault(label, handle)
+    labels = [f"{a}, {n} XPUs" for a in spec["algorithms"] for n in spec["group_sizes"] if f"{a}, {n} XPUs" in found]
+    fig.legend([found[label] for label in labels], labels, loc="lower center", fontsize=8,
+               ncol=len(spec["algorithms"]), frameon=False)
+    fig.tight_layout(rect=(0, 0.012 * len(spec["group_sizes"]) + 0.01, 1, 1))
     for ext in ("png", "svg"):
         fig.savefig(stem.with_suffix(f".{ext}"), dpi=120)
     plt.close(fig)

@@ -52,7 +52,8 @@ KINDS = {
 }
 _OPTIONAL = ("claim", "check", "metric", "where", "strict", "min_change", "min_gain", "flat_tolerance", "min_loss",
              "tolerance")
-_DIMENSIONS = {"cxl_bandwidth": "bandwidth", "cxl_latency": "time"}
+_DIMENSIONS = {"B/s": "bandwidth", "s": "time"}  # unit of a scenario column -> its dimension
+_SPEC_COLUMNS = ("axis", "along", "scale", "metric")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -149,23 +150,31 @@ def check_where(where: Any, columns: list[str] | None = None) -> list[str]:
         for value in wanted if isinstance(wanted, list) else [wanted]:
             if isinstance(value, (dict, list)):
                 problems.append(f"where.{key}: expected a value or a list of values, got {brief(wanted)}")
-            elif key in _DIMENSIONS and isinstance(value, str):
+            elif _dimension(key) and isinstance(value, str):
                 from hcsim.units import parse_quantity
 
                 try:
-                    parse_quantity(value, _DIMENSIONS[key], f"where.{key}")
+                    parse_quantity(value, _dimension(key), f"where.{key}")
                 except HcsimError as err:
                     problems.append(str(err))
     return problems
 
 
 def evaluate(spec: dict[str, Any], rows: list[dict[str, Any]], axes: list[str]) -> Finding:
-    """Check one finding against result `rows`; `axes` are the experiment's axis columns."""
-    rows = [r for r in rows if r.get("status") == "ok" and selected(r, spec.get("where") or {})]
+    """Check one finding against result `rows`; `axes` are the experiment's axis columns.
+
+    A device column as metric (``idle_s``...) is compared per device type, never averaged over them."""
+    from hcsim.results import DEVICE_COLUMNS, rows_for, spec_columns
+
+    spec = spec_columns({"metric": "batches_per_s", **spec}, _SPEC_COLUMNS)
+    metric = spec["metric"]
+    rows = [r for r in rows_for(rows, metric) if r.get("status") == "ok" and selected(r, spec.get("where") or {})]
+    if metric in DEVICE_COLUMNS:
+        axes = [*axes, "device"]
     claim = spec.get("claim") or spec["check"]
     if not rows:
         return Finding(claim=claim, ok=False, detail="no results to check")
-    ok, detail = _CHECKS[spec["check"]](spec, rows, axes, spec.get("metric", "batches_per_s"))
+    ok, detail = _CHECKS[spec["check"]](spec, rows, axes, metric)
     return Finding(claim=claim, ok=ok, detail=detail)
 
 
@@ -173,22 +182,30 @@ def selected(row: dict[str, Any], where: dict[str, Any]) -> bool:
     """Whether a result row matches every `where` key (a value or a list; quantities may carry units)."""
     for key, wanted in where.items():
         wanted = wanted if isinstance(wanted, list) else [wanted]
-        if key in _DIMENSIONS:
+        dimension = _dimension(key)
+        if dimension:
             from hcsim.units import parse_quantity
 
-            wanted = [parse_quantity(w, _DIMENSIONS[key], f"findings.where.{key}") if isinstance(w, str) else w
+            wanted = [parse_quantity(w, dimension, f"findings.where.{key}") if isinstance(w, str) else w
                       for w in wanted]
         if row.get(key) not in wanted and str(row.get(key)) not in map(str, wanted):
             return False
     return True
 
 
+def _dimension(column: str) -> str | None:
+    """"bandwidth" or "time" for a scenario column with that unit (cxl_latency_s), else None."""
+    from hcsim.results import column_unit
+
+    return _DIMENSIONS.get(column_unit(column) or "")
+
+
 def _value(spec: dict[str, Any], key: str, column: str) -> Any:
     value = spec[key]
-    if isinstance(value, str) and column in _DIMENSIONS:
+    if isinstance(value, str) and _dimension(column):
         from hcsim.units import parse_quantity
 
-        return parse_quantity(value, _DIMENSIONS[column], f"findings.{key}")
+        return parse_quantity(value, _dimension(column), f"findings.{key}")
     return value
 
 
@@ -221,10 +238,10 @@ def _name(group: tuple) -> str:
 
 def _show(column: str, value: Any) -> str:
     """A value as people read it: 128 GB/s, 200 ns; others as they are."""
-    if column in _DIMENSIONS and isinstance(value, (int, float)):
+    if _dimension(column) and isinstance(value, (int, float)):
         from hcsim.units import format_quantity
 
-        return format_quantity(value, "B/s" if _DIMENSIONS[column] == "bandwidth" else "s").replace(" ", "")
+        return format_quantity(value, "B/s" if _dimension(column) == "bandwidth" else "s").replace(" ", "")
     return str(value)
 
 

@@ -2,12 +2,12 @@
 
 A plot spec (a mapping in the experiment's ``plots:`` list)::
 
-    x: xpus                        # a column of the results (an axis)
-    y: batches_per_s               # a result column
+    x: xpus                        # a column of the results (an axis); scenario keys name their column
+    y: batches_per_s               # a result column (a device column, such as idle_s: one line per device)
     series: [devices, coherent]    # one line (or bar) per combination: colour by the first, dash by the second
     panels: cxl_bandwidth          # optional: one subplot per value of this column
     kind: line                     # line | bar (bar: x is categorical, series side by side)
-    logx: true                     # log axes (base 2 for xpus)
+    logx: true                     # log axes (base 2 for xpus), labelled so, ticks at the values
     logy: false
     where: {devices: [H100]}       # optional: keep only these rows
     title: "..."                   # optional; xlabel and ylabel are optional too
@@ -20,14 +20,15 @@ stays light.
 
 from __future__ import annotations
 
-import textwrap
+import re
 from pathlib import Path
 from typing import Any
 
 from hcsim.errors import brief
 from hcsim.findings import selected
+from hcsim.results import DEVICE_COLUMNS, column_unit, rows_for, spec_columns
 
-__all__ = ["plot_experiment", "plot_rows", "plot_plans", "check_plot", "PLOT_KEYS"]
+__all__ = ["plot_experiment", "plot_rows", "plot_plans", "check_plot", "plot_xpu_times", "PLOT_KEYS"]
 
 PLOT_KEYS = ("x", "y", "series", "panels", "kind", "logx", "logy", "where", "title", "xlabel", "ylabel",
              "name", "labels", "legend", "legend_loc")
@@ -39,15 +40,17 @@ _LABELS = {
     "batches_per_s_per_xpu": "Performance per XPU (batch/s)",
     "samples_per_s": "Throughput (samples/s)",
     "iteration_time_s": "Iteration time (s)",
-    "cxl_bandwidth": "CXL_link bandwidth (GB/s)",
-    "cxl_latency": "CXL_link latency (us)",
+    "cxl_bandwidth_Bps": "CXL_link bandwidth (GB/s)",
+    "cxl_latency_s": "CXL_link latency (µs)",
     "exposed_comm_s": "Exposed communication per iteration (s)",
+    "idle_s": "Idle (waiting for peers) per iteration (s)",
     "memory_stall_s": "Memory stall per iteration (s)",
     "compute_s": "Compute per iteration (s)",
     "busiest_link_utilization": "Busiest link, mean utilization",
 }
 # Display scale of SI columns (the CSV keeps SI units).
-_SCALES = {"cxl_bandwidth": 1e-9, "cxl_latency": 1e6}
+_SCALES = {"cxl_bandwidth_Bps": 1e-9, "cxl_latency_s": 1e6}
+_SPEC_COLUMNS = ("x", "y", "series", "panels")
 _COLOURS = ["#1f4e9c", "#c0392b", "#2e8b57", "#e08e0b", "#7d3c98", "#17a2b8", "#6d4c41", "#555555"]
 _DASHES = ["-", "--", ":", "-."]
 _MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
@@ -119,9 +122,12 @@ def plot_rows(rows: list[dict[str, Any]], spec: dict[str, Any], stem: Path,
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in rows if r.get("status") == "ok" and selected(r, spec.get("where") or {})]
+    spec = spec_columns(spec, _SPEC_COLUMNS)
+    rows = [r for r in rows_for(rows, spec["y"]) if r.get("status") == "ok" and selected(r, spec.get("where") or {})]
     spec = {**spec, "_order": order or {}}
     series = [spec["series"]] if isinstance(spec.get("series"), str) else list(spec.get("series") or [])
+    if spec["y"] in DEVICE_COLUMNS and "device" not in series and len({r.get("device") for r in rows}) > 1:
+        series.append("device")  # a per-device quantity: one line per device type, never their mean
     panel_key = spec.get("panels")
     panels = _values(rows, panel_key, spec) if panel_key else [None]
     with plt.rc_context({"font.family": "serif", "font.size": 10, "axes.grid": True, "grid.alpha": 0.3,
@@ -136,8 +142,8 @@ def plot_rows(rows: list[dict[str, Any]], spec: dict[str, Any], stem: Path,
                 _lines(ax, chosen, spec, series)
             if panel_key:
                 ax.set_title(_legend_text(spec, panel_key, panel), fontsize=10)
-            ax.set_xlabel(spec.get("xlabel") or _LABELS.get(spec["x"], spec["x"]))
-        axes[0][0].set_ylabel(spec.get("ylabel") or _LABELS.get(spec["y"], spec["y"]))
+            ax.set_xlabel(_axis_label(spec, "x"))
+        axes[0][0].set_ylabel(_axis_label(spec, "y"))
         handles, labels = axes[0][0].get_legend_handles_labels()
         if handles and spec.get("legend", True):
             axes[0][-1].legend(handles, labels, fontsize=8, frameon=False, loc=spec.get("legend_loc", "best"))
@@ -150,6 +156,14 @@ def plot_rows(rows: list[dict[str, Any]], spec: dict[str, Any], stem: Path,
         figure.savefig(files[1], metadata={"Date": None})
         plt.close(figure)
     return files
+
+
+def _axis_label(spec: dict[str, Any], axis: str) -> str:
+    """The spec's label, or the column's; a log axis says so (a log x axis makes linear growth look steep)."""
+    label = spec.get(f"{axis}label") or _LABELS.get(spec[axis], spec[axis])
+    if spec.get(f"log{axis}") and spec.get("kind", "line") == "line":
+        label += f", log{'2' if axis == 'x' and spec['x'] == 'xpus' else ''} scale"
+    return label
 
 
 def _values(rows: list[dict[str, Any]], key: str, spec: dict[str, Any]) -> list[Any]:
@@ -166,14 +180,15 @@ def _legend_text(spec: dict[str, Any], key: str, value: Any) -> str:
     for candidate in (value, str(value), str(value).lower()):
         if candidate in names:
             return str(names[candidate])
-    if key in _SCALES and isinstance(value, (int, float)):
+    unit = column_unit(key)
+    if unit is not None and isinstance(value, (int, float)):
         from hcsim.units import format_quantity
 
-        return f"{key.removeprefix('cxl_')} {format_quantity(value, 'B/s' if key == 'cxl_bandwidth' else 's')}"
+        return f"{key.removeprefix('cxl_').rsplit('_', 1)[0]} {format_quantity(value, unit)}"
     if key == "xpus":
         return f"{value} XPUs"
     if isinstance(value, bool):
-        return f"{key}" if value else f"no {key}"
+        return f"{key}: {str(value).lower()}"
     return str(value)
 
 
@@ -198,12 +213,33 @@ def _lines(ax, rows, spec, series) -> None:
     if spec.get("logx"):
         ax.set_xscale("log", base=2 if x == "xpus" else 10)
     if spec.get("logy"):
-        ax.set_yscale("log")
+        _log_y(ax)
     xs = sorted({r[x] * scale for r in rows})
     if xs and len(xs) <= 12:
         ax.set_xticks(xs)
         ax.set_xticklabels([f"{v:g}" for v in xs], rotation=0 if len(xs) <= 7 else 45)
         ax.minorticks_off()
+
+
+def _log_y(ax) -> None:
+    """A log y axis whose ticks read as values (5, 10, 20, 50...), not powers of ten."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def _wrap(name: str, width: int = 12) -> str:
+    """`name` on lines of about `width` characters, broken after an underscore or at a space, never
+    inside a word: halving_doubling -> halving_ / doubling."""
+    lines = [""]
+    for piece in re.split(r"(?<=[_ ])", name):
+        if lines[-1] and len(lines[-1] + piece.rstrip()) > width:
+            lines.append("")
+        lines[-1] += piece
+    return "\n".join(line.rstrip() for line in lines)
 
 
 def _bars(ax, rows, spec, series) -> None:
@@ -220,11 +256,77 @@ def _bars(ax, rows, spec, series) -> None:
         positions = [c + (i - (len(combos) - 1) / 2) * width for c in range(len(categories))]
         bars = ax.bar(positions, heights, width, label=_series_label(spec, series, combo),
                       color=_COLOURS[i % len(_COLOURS)])
-        ax.bar_label(bars, labels=[f"{h:.4g}" for h in heights], fontsize=7, padding=1)
+        crowded = len(categories) * len(combos) > 6  # side by side the labels would overlap: stand them up
+        ax.bar_label(bars, labels=[f"{h:.3g}" for h in heights], fontsize=7, padding=2,
+                     rotation=90 if crowded else 0)
+    ax.margins(y=0.18)  # room above the tallest bar for its label
     ax.set_xticks(range(len(categories)))
-    ax.set_xticklabels([textwrap.fill(str(c), 12) for c in categories], fontsize=8)
+    ax.set_xticklabels([_wrap(str(c)) for c in categories], fontsize=8)
     if spec.get("logy"):
-        ax.set_yscale("log")
+        _log_y(ax)
+
+
+_PARTS = (("compute_s", "compute", "#1f4e9c"), ("memory_stall_s", "memory stall", "#e08e0b"),
+          ("exposed_comm_s", "exposed communication", "#c0392b"), ("idle_s", "idle (waiting)", "#bbbbbb"))
+
+
+def plot_xpu_times(rows: list[dict[str, Any]], path: Path, title: str = "", most: int = 64) -> Path:
+    """Stacked bars of where each XPU's iteration goes (rows of ``xpus.csv``); write `path` (PNG).
+
+    Up to `most` XPUs get a bar each; beyond, one bar per class of XPUs that follow the same
+    representative (labelled "xpu0 +7": the representative and how many follow it), and if still more,
+    per device type its XPU with the least idle time, the mean over its XPUs and its XPU with the most.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bars = _xpu_bars(rows, most)
+    with plt.rc_context({"font.family": "serif", "font.size": 9, "axes.spines.top": False,
+                         "axes.spines.right": False}):
+        figure, ax = plt.subplots(figsize=(7.5, 1.2 + 0.22 * len(bars)))
+        positions = list(range(len(bars)))[::-1]
+        left = [0.0] * len(bars)
+        for key, name, colour in _PARTS:
+            widths = [bar[key] for _, bar in bars]
+            ax.barh(positions, widths, left=left, color=colour, label=name, height=0.75)
+            left = [a + b for a, b in zip(left, widths)]
+        ax.set_yticks(positions)
+        ax.set_yticklabels([label for label, _ in bars], fontsize=7 if len(bars) > 24 else 8)
+        ax.set_xlabel("Seconds per iteration")
+        ax.legend(fontsize=7, frameon=False, ncol=4, loc="lower left", bbox_to_anchor=(0.0, 1.0))
+        if title:
+            ax.set_title(title, fontsize=9, pad=18)
+        figure.tight_layout()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(path, dpi=150)
+        plt.close(figure)
+    return path
+
+
+def _xpu_bars(rows: list[dict[str, Any]], most: int) -> list[tuple[str, dict[str, Any]]]:
+    """(label, row) per bar: every XPU, or per class, or per device type its least idle, mean and most idle."""
+    if len(rows) <= most:
+        return [(f"{r['xpu']} ({r['device']}" + (f", follows {r['representative']})" if r["representative"] != r["xpu"]
+                                                 else ")"), r) for r in rows]
+    classes: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        classes.setdefault(row["representative"], []).append(row)
+    if len(classes) <= most:
+        return [(f"{rep} +{len(members) - 1} ({members[0]['device']})", next(r for r in members if r["xpu"] == rep)
+                 if any(r["xpu"] == rep for r in members) else members[0]) for rep, members in classes.items()]
+    bars = []
+    by_device: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_device.setdefault(row["device"], []).append(row)
+    for device, members in by_device.items():
+        least = min(members, key=lambda r: r["idle_s"])
+        mean = {key: sum(r[key] for r in members) / len(members) for key, _, _ in _PARTS}
+        bars += [(f"{least['xpu']} ({device}, least idle)", least), (f"mean of {len(members)} {device}", mean),
+                 (f"{max(members, key=lambda r: r['idle_s'])['xpu']} ({device}, most idle)",
+                  max(members, key=lambda r: r["idle_s"]))]
+    return bars
 
 
 def plot_plans(rows: list[dict[str, Any]], path: Path) -> None:

@@ -26,8 +26,8 @@ from typing import Any, ClassVar
 from hcsim.config import Fields, load_yaml, parse_settings
 from hcsim.engine.executor import COLLECTIVE_MODELS, LOCAL_ACCESSES, LOCAL_COLLECTIVES, XPU_SAMPLINGS
 from hcsim.errors import ConfigError, brief
-from hcsim.params import (Choice, Constraint, Flag, Integer, Integers, Number, Optional, StringMapping, Text, Texts,
-                          Either, check_params)
+from hcsim.params import (Choice, Constraint, Either, Flag, Integer, Integers, Number, Optional, StringMapping, Text,
+                          Texts, check_params)
 from hcsim.workload.model import RECOMPUTATION
 from hcsim.workload.schedules import SCHEDULES
 from hcsim.workload.zero import OFFLOAD_STATES, OFFLOAD_TARGETS, ZERO_STAGES
@@ -41,33 +41,37 @@ GRANULARITIES = ("layer", "decoder")
 RING_ORDERS = ("topology", "interleaved")
 # Old key -> new key: read with a warning, so older scenario and experiment files keep working.
 RENAMED_KEYS = {"fidelity": "granularity", "collective_fidelity": "collective_model", "xpu_fidelity": "xpu_sampling"}
+TRACE_CHOICES = ("per-device", "per-class")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Scenario:
     """One simulation to run. Quantities in SI units (B/s, s). Lists given for tuple fields are made tuples."""
 
-    name: str = "default"
+    name: str = "default"  # a label, recorded in the result
     platform: str = "paper-cxl"  # platform spec: built-in name or path
     workload: str = "llama2-13b"  # workload spec (built-in name or YAML path), a graph .json or chakra:PREFIX
     xpus: int = 64  # XPUs that train (the first ones of the platform, rack by rack)
     devices: tuple[str, ...] | None = None  # device per rack, cycling; None: the platform spec's
     coherent: bool | None = None  # CXL fabric and coherent memory access; None: the platform spec's
-    cxl_bandwidth: float | None = None  # B/s per direction of every CXL link; None: the platform spec's
-    cxl_latency: float | None = None  # s; None: the platform spec's
+    cxl_bandwidth: float | None = field(default=None, metadata={"unit": "B/s"})  # per direction, every CXL
+    # link; None: the platform spec's
+    cxl_latency: float | None = field(default=None, metadata={"unit": "s"})  # None: the platform spec's
     collective: str | None = None  # all-reduce algorithm (ring, coherent_ring, ...); None: the workload's
     collective_chunks: int | None = None  # the all-reduces split into this many chunks; None: the workload's
     ring_order: str | tuple[str, ...] = "topology"  # rank order of the collectives' groups: topology
     # (neighbours in a server adjacent), interleaved (consecutive ranks on different servers) or XPU names
     collective_model: str = "auto"  # step (every transfer) | flow (phases) | auto (step up to step_limit ranks)
-    step_limit: int = 64
+    step_limit: int = 64  # auto: step-exact collectives up to this many ranks, flow above
     local_access: str = "analytic"  # analytic | simulated: see hcsim.engine.executor.RunOptions
     xpu_sampling: str = "all"  # all | representative: see hcsim.engine.executor.RunOptions
     local_collectives: str = "simulated"  # simulated | analytic: see hcsim.engine.executor.RunOptions
     granularity: str | None = None  # workload graph: layer | decoder vertices; None: the workload spec's
-    iterations: int = 2
-    platform_overrides: dict[str, Any] = field(default_factory=dict)  # dotted platform-spec keys
-    workload_overrides: dict[str, Any] = field(default_factory=dict)  # dotted workload-spec keys
+    iterations: int = 2  # the first fills the pipeline; results average the later ones
+    platform_overrides: dict[str, Any] = field(default_factory=dict)  # any key of the platform spec, dotted
+    # (platforms/paper-cxl.yaml lists them): {links.pcie.latency: 300ns, rack.servers: 8}
+    workload_overrides: dict[str, Any] = field(default_factory=dict)  # any key of the workload spec, dotted
+    # (workloads/llama2-13b.yaml lists them): {training.batch_per_xpu: 2, gradients.bucket: layer}
     # parallelism (tp x pp x dp = xpus); the paper's data-parallel graph unless tp, pp or a batch is given
     tp: int = 1  # tensor-parallel group size (Megatron-LM; a TP group sits inside a server)
     pp: int = 1  # pipeline stages
@@ -84,8 +88,10 @@ class Scenario:
     offload_state: tuple[str, ...] = ("optimizer",)  # what offload keeps out of HBM: optimizer, parameters, activations
     ep: int = 1  # expert-parallel group size (MoE models; EP ranks split the data too: dp = xpus / (tp x ep x pp))
     moe_skew: float = 1.0  # most loaded expert rank's tokens / the mean (1: balanced routing)
-    trace_xpus: int = 8  # trace the first N XPUs (when an output folder is given); 0: none
-    trace_iterations: tuple[int, ...] | None = None  # iterations traced, from 1; None: every iteration
+    trace_xpus: int | str | tuple[str, ...] = 8  # with an output folder: trace the first N XPUs (0: none),
+    # a list of XPU names, per-device (the first XPU of each device type) or per-class (each class's
+    # representative, with xpu_sampling: representative)
+    trace_iterations: tuple[int, ...] | None = None  # None: every iteration
     base: str = "."  # folder that relative spec paths are relative to
 
     _constraints: ClassVar[dict[str, Constraint]] = {
@@ -111,7 +117,7 @@ class Scenario:
         "global_batch": Optional(Integer(minimum=1), "dp x micro_batch"),
         "schedule": Choice(SCHEDULES), "recompute": Optional(Choice(RECOMPUTATION), "the workload's recomputation"),
         "sequence_parallel": Flag(), "layer_split": Optional(Integers(minimum=1), "even"),
-        "trace_xpus": Integer(minimum=0),
+        "trace_xpus": Either((Integer(minimum=0), Choice(TRACE_CHOICES), Texts("XPU names"))),
         "trace_iterations": Optional(Integers(minimum=1), "every iteration"),
         "base": Text(),
     }
@@ -125,6 +131,10 @@ class Scenario:
         if self.trace_iterations and max(self.trace_iterations) > self.iterations:
             raise ConfigError(f"scenario {name!r}: trace_iterations: {brief(self.trace_iterations)} names an "
                               f"iteration after the last one; the run has iterations 1 to {self.iterations}")
+        if self.trace_xpus == "per-class" and self.xpu_sampling != "representative":
+            raise ConfigError(f"scenario {name!r}: trace_xpus: per-class traces the representative of each "
+                              "class of alike XPUs, which only xpu_sampling: representative forms; fix: set "
+                              "xpu_sampling: representative, or trace_xpus: per-device")
 
     def platform_settings(self) -> dict[str, Any]:
         """Overrides for the platform spec, from the scenario's own keys and platform_overrides."""
@@ -158,7 +168,7 @@ class Scenario:
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
-        for key in ("devices", "trace_iterations", "ring_order", "layer_split", "offload_state"):
+        for key in ("devices", "trace_iterations", "ring_order", "layer_split", "offload_state", "trace_xpus"):
             if isinstance(data[key], tuple):
                 data[key] = list(data[key])
         return data
@@ -251,7 +261,7 @@ def _from_mapping(data: dict, where: str, base: str) -> Scenario:
     values["local_collectives"] = fields.choice("local_collectives", LOCAL_COLLECTIVES,
                                                 default.local_collectives)
     values["iterations"] = fields.number("iterations", default.iterations, kind=int, minimum=1)
-    values["trace_xpus"] = fields.number("trace_xpus", default.trace_xpus, kind=int, minimum=0)
+    values["trace_xpus"] = _trace_xpus(fields, default.trace_xpus)
     for key in ("tp", "pp", "virtual_stages", "ep"):
         values[key] = fields.number(key, getattr(default, key), kind=int, minimum=1)
     for key in ("dp", "micro_batch", "global_batch"):
@@ -317,6 +327,21 @@ def _ring_order(fields: Fields) -> str | tuple[str, ...]:
     fields.problems.append(f"{fields.path('ring_order')}: expected {' or '.join(RING_ORDERS)} or a list of XPU "
                            f"names, got {brief(value)}")
     return "topology"
+
+
+def _trace_xpus(fields: Fields, default: int) -> int | str | tuple[str, ...]:
+    value = fields.raw("trace_xpus")
+    if value is None:
+        return default
+    if isinstance(value, list) and all(isinstance(x, str) for x in value):
+        return tuple(value)
+    if value in TRACE_CHOICES:
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    fields.problems.append(f"{fields.path('trace_xpus')}: expected a number of XPUs (the first ones), a list of XPU "
+                           f"names, or one of {', '.join(TRACE_CHOICES)}; got {value!r}")
+    return default
 
 
 def _devices(fields: Fields):

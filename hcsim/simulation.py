@@ -29,6 +29,7 @@ try:
     from hcsim import __version__
 except ImportError as _error:  # a folder named hcsim shadows the package: say so, not "cannot import name"
     raise shadowed_package(_error) from _error
+from hcsim.results import TIME_PARTS, XPU_COLUMNS, XpuTimes, pace_setters, per_xpu_times, resolve_scenario, xpu_rows
 from hcsim.scenario import Scenario
 
 __all__ = ["Prepared", "prepare", "offload_memory", "host_pairs", "execute", "run_here", "simulate", "simulate_graphs", "total_runs",
@@ -332,7 +333,7 @@ def run_here(scenario: Scenario, out: Path | None = None, progress=None) -> dict
         check_output_folder(out, "out")
     prepared = prepare(scenario)
     setup_s = time.perf_counter() - wall
-    traced = frozenset(prepared.xpus[: scenario.trace_xpus]) if out is not None and scenario.trace_xpus else None
+    traced = traced_xpus(prepared) if out is not None else None
     options = RunOptions(iterations=scenario.iterations, coherent=prepared.coherent,
                          collective_model=scenario.collective_model, step_limit=scenario.step_limit,
                          local_access=scenario.local_access, xpu_sampling=scenario.xpu_sampling,
@@ -351,6 +352,32 @@ def run_here(scenario: Scenario, out: Path | None = None, progress=None) -> dict
     return result
 
 
+def traced_xpus(prepared: Prepared) -> frozenset[str] | str | None:
+    """The XPUs scenario.trace_xpus asks to trace (None: none; "per-class": decided by the executor).
+
+    Raises
+    ------
+    ConfigError
+        if a named XPU is not one of the run's.
+    """
+    wanted = prepared.scenario.trace_xpus
+    if wanted == "per-class":
+        return wanted
+    if wanted == "per-device":
+        first: dict[str, str] = {}
+        for x in prepared.xpus:
+            first.setdefault(prepared.platform.nodes[x]["device"], x)
+        return frozenset(first.values())
+    if isinstance(wanted, int):
+        return frozenset(prepared.xpus[:wanted]) or None
+    unknown = sorted(set(wanted) - set(prepared.xpus))
+    if unknown:
+        raise ConfigError(f"scenario {prepared.scenario.name!r}: trace_xpus: {', '.join(unknown[:5])} "
+                          f"{'is' if len(unknown) == 1 else 'are'} not among this run's XPUs "
+                          f"({prepared.xpus[0]}..{prepared.xpus[-1]})")
+    return frozenset(wanted) or None
+
+
 def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float) -> dict[str, Any]:
     """The result record of a run: throughput, breakdown, counts, provenance."""
     ends = outcome.iteration_ends
@@ -358,6 +385,7 @@ def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float) -> dic
     steady = times[1:] if len(times) > 1 else times
     iteration_time = sum(steady) / len(steady)
     scenario, graph = prepared.scenario, prepared.workload.graph
+    per_xpu = per_xpu_times(outcome.xpu_times)
     return {
         "scenario": scenario.name,
         "xpus": len(prepared.xpus),
@@ -368,8 +396,9 @@ def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float) -> dic
         "iteration_time_s": iteration_time,
         "measured_iterations": f"{2 if len(times) > 1 else 1}..{len(times)}",
         **throughput(prepared.platform, prepared.workload, prepared.xpus, iteration_time),
-        "breakdown": _breakdown(prepared, outcome.xpu_times),
-        "stages": _stage_breakdown(prepared, outcome.xpu_times),
+        "breakdown": _breakdown(prepared, per_xpu),
+        "stages": _stage_breakdown(prepared, per_xpu),
+        "pace": pace_setters(per_xpu, _device_of(prepared)),
         "memory": _memory(prepared),
         "links": _busiest_links(prepared.platform, outcome.link_bytes, ends[-1]),
         "activities": outcome.activities,
@@ -378,6 +407,7 @@ def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float) -> dic
         "setup_time_s": setup_s,
         "peak_rss_mb": _peak_rss_mb(),
         "inputs": scenario.to_dict(),
+        "inputs_resolved": resolve_scenario(scenario),
         "inputs_hash": scenario.digest() + (f"+{graph['source_digest']}" if "source_digest" in graph else ""),
         "layout": graph.get("layout"),
         "versions": {"hcsim": __version__, "source": _source_digest(), "simgrid": _simgrid_version(),
@@ -436,10 +466,14 @@ def _memory(prepared: Prepared) -> dict[str, dict[str, float]]:
     return dict(sorted(table.items()))
 
 
-BREAKDOWN = ("compute_s", "memory_stall_s", "exposed_comm_s", "idle_s")
+BREAKDOWN = TIME_PARTS  # compute_s, memory_stall_s, exposed_comm_s, idle_s
 
 
-def _breakdown(prepared: Prepared, xpu_times: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+def _device_of(prepared: Prepared) -> dict[str, str]:
+    return {x: prepared.platform.nodes[x]["device"] for x in prepared.xpus}
+
+
+def _breakdown(prepared: Prepared, xpu_times: dict[str, XpuTimes]) -> dict[str, dict[str, float]]:
     """Per device type, mean seconds per measured iteration: compute, memory stall, exposed communication
     (in a collective whose members have all arrived, computing nothing) and idle (waiting for a
     dependency, for peers or in a pipeline bubble); the four add up to the iteration time."""
@@ -449,7 +483,7 @@ def _breakdown(prepared: Prepared, xpu_times: dict[str, dict[str, float]]) -> di
     return _mean_times(groups, xpu_times)
 
 
-def _stage_breakdown(prepared: Prepared, xpu_times: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+def _stage_breakdown(prepared: Prepared, xpu_times: dict[str, XpuTimes]) -> dict[str, dict[str, float]]:
     """As :func:`_breakdown`, per pipeline stage ("0", "1", ...; one stage without pipeline parallelism),
     where idle time is mostly the pipeline bubble."""
     sizes = (prepared.workload.graph.get("layout") or {}).get("sizes", {})
@@ -462,14 +496,18 @@ def _stage_breakdown(prepared: Prepared, xpu_times: dict[str, dict[str, float]])
     return _mean_times(groups, xpu_times)
 
 
-def _mean_times(groups: dict[str, list[str]], xpu_times: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+def _mean_times(groups: dict[str, list[str]], xpu_times: dict[str, XpuTimes]) -> dict[str, dict[str, float]]:
+    """Per group (sorted), its XPU count and the mean of each part over its XPUs: never across groups."""
     table = {}
     for device, members in sorted(groups.items()):
         rows = [xpu_times[x] for x in members]
         table[device] = {"xpus": len(members)}
-        for column, key in zip(BREAKDOWN, ("compute_s", "memory_stall_s", "comm_s", "idle_s")):
-            table[device][column] = sum(row[key] for row in rows) / len(rows)
+        for part in BREAKDOWN:
+            table[device][part] = sum(getattr(row, part) for row in rows) / len(rows)
     return table
+
+
+LINK_COLUMNS = ("source", "target", "kind", "bandwidth_Bps", "bytes", "utilization")
 
 
 def link_loads(platform: nx.Graph, link_bytes: dict, seconds: float) -> list[dict]:
@@ -525,17 +563,26 @@ def atomic_write(path: Path, text: str) -> None:
         raise
 
 
-def write_outputs(out: Path, result: dict, outcome, platform: nx.Graph) -> None:
-    """result.json, links.csv (every loaded link direction), and with a trace: trace.csv and trace.json
-    (Perfetto) in `out`."""
-    out.mkdir(parents=True, exist_ok=True)
-    rows = link_loads(platform, outcome.link_bytes, outcome.iteration_ends[-1])
+def _csv_text(rows: list[dict], columns) -> str:
     table = io.StringIO()
-    writer = csv.DictWriter(table, fieldnames=["source", "target", "kind", "bandwidth_Bps", "bytes", "utilization"],
-                            lineterminator="\n")
+    writer = csv.DictWriter(table, fieldnames=list(columns), lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
-    atomic_write(out / "links.csv", table.getvalue())
+    return table.getvalue()
+
+
+def write_outputs(out: Path, result: dict, outcome, platform: nx.Graph) -> None:
+    """result.json, links.csv (every loaded link direction), xpus.csv and xpus.png (where each XPU's
+    iteration goes), and with a trace: trace.csv and trace.json (Perfetto) in `out`."""
+    from hcsim.plotting import plot_xpu_times
+
+    out.mkdir(parents=True, exist_ok=True)
+    rows = link_loads(platform, outcome.link_bytes, outcome.iteration_ends[-1])
+    atomic_write(out / "links.csv", _csv_text(rows, LINK_COLUMNS))
+    xpus = xpu_rows(platform, per_xpu_times(outcome.xpu_times), outcome.representatives, result["iteration_time_s"])
+    atomic_write(out / "xpus.csv", _csv_text(xpus, XPU_COLUMNS))
+    plot_xpu_times(xpus, out / "xpus.png", title=f"{result['scenario']}: where each XPU's iteration goes "
+                   f"(iterations {result['measured_iterations']})")
     trace = outcome.trace
     if trace is not None:
         for name, writer in (("trace.csv", trace.write_csv), ("trace.json", lambda p: trace.write_perfetto(p, platform))):

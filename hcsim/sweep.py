@@ -39,10 +39,12 @@ by their key (the hash of the point's full scenario).
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import itertools
 import json
 import logging
+import math
 import os
 import pickle
 import signal
@@ -51,6 +53,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -59,29 +62,29 @@ from typing import Any
 
 from hcsim.config import Fields, load_yaml
 from hcsim.errors import ConfigError, HcsimError, OutputError, brief
+from hcsim.results import DEVICE_COLUMNS, TIME_PARTS, column_unit, resolve_scenario, rows_for, scenario_column, scenario_columns
 from hcsim.scenario import SCENARIO_KEYS, Scenario, apply_settings, load_scenario, renamed
 
 __all__ = ["Experiment", "Axis", "Point", "SweepReport", "load_experiment", "run_sweep", "run_point",
-           "result_row", "read_results", "write_report", "columns", "RESULT_COLUMNS"]
+           "result_rows", "read_results", "write_report", "columns", "RESULT_COLUMNS", "TEXT_COLUMNS"]
 
 log = logging.getLogger(__name__)
 
-# Scenario keys recorded in every row, whether or not they are axes (resolved values, SI units).
-SCENARIO_COLUMNS = ("xpus", "devices", "coherent", "cxl_bandwidth", "cxl_latency", "collective", "granularity",
-                    "collective_model", "iterations")
+# Every row records the point's whole scenario, resolved (defaults replaced by the platform's and
+# workload's values) and in SI units named in the column: hcsim.results.scenario_columns(), one per
+# Scenario field. A point has one row per device type (hcsim.results.DEVICE_COLUMNS: the device, its XPU
+# count and where its XPUs' iteration goes, mean over them), each with the point's results below; a failed
+# point has one row.
 # What a row records of a point's result; every row has all of them (blank for a failed point).
 RESULT_COLUMNS = (
     "iteration_time_s",        # s, mean over the steady-state iterations (all but the first)
     "batches_per_s",           # the paper's throughput: XPUs x batches per XPU / iteration time
     "samples_per_s",
     "batches_per_s_per_xpu",   # batches_per_s / xpus: where a slower device type enters, it drops
-    "compute_s",               # s per iteration, mean over XPUs (device types weighted by their XPUs)
-    "memory_stall_s",
-    "exposed_comm_s",
     "busiest_link",            # "kind u -> v": the link direction with the highest mean utilization
     "busiest_link_utilization",  # its bytes / (bandwidth x simulated time)
     "iteration_times_s",       # JSON list, s
-    "breakdown",               # JSON: device -> {xpus, compute_s, memory_stall_s, exposed_comm_s}
+    "measured_iterations",     # "2..N": the iterations the device columns and iteration_time_s average
     "device_counts",           # "128 H100 + 128 A100"
     "activities",
     "wall_time_s",             # s of the simulation process (setup included)
@@ -92,10 +95,10 @@ RESULT_COLUMNS = (
 )
 STATUS_COLUMNS = ("status", "error")  # status: ok | error
 MAX_CSV_BYTES = 2**30  # a results CSV read back (--resume, --report-only) is at most 1 GiB
-# Columns that hold text or JSON, never a number a plot or a finding could use as a metric.
-TEXT_COLUMNS = frozenset({"point", "busiest_link", "iteration_times_s", "breakdown", "device_counts", "inputs_hash",
-                          "hcsim_version", "simgrid_version", "status", "error", "devices", "collective",
-                          "granularity", "collective_model"})
+# Columns read back as text whatever they look like (a point key such as 36725e2733359637 is no number).
+TEXT_COLUMNS = ("point", "inputs_hash", "hcsim_version", "simgrid_version", "status", "error", "busiest_link",
+                "iteration_times_s", "measured_iterations", "device_counts", "device", "least_idle_xpu", "breakdown",
+                "devices", "collective", "granularity", "collective_model")
 POINT_FOLDER_PREFIX = "hcsim-point-"  # + the sweep's process id: /tmp/hcsim-point-PID-XXXX, one per running point
 
 
@@ -134,6 +137,7 @@ class Point:
     key: str                      # the scenario's digest: what --resume matches
     labels: dict[str, Any]        # axis column -> value, as written in the CSV
     scenario: Scenario
+    inputs: dict[str, Any] = field(default_factory=dict)  # scenario column -> resolved value, as in the CSV
 
     @property
     def cost(self) -> float:
@@ -162,11 +166,12 @@ class Experiment:
     notes: str = ""
 
     def axis_columns(self) -> list[str]:
-        """The axis columns of the CSV: each axis's name, then the keys its zip groups set."""
+        """The axis columns of the CSV: each axis's column, then the columns of the keys its zip groups set
+        (a scenario key's column carries its unit: ``cxl_bandwidth_Bps``)."""
         names: list[str] = []
         for axis in self.axes:
-            names.append(axis.name)
-            names.extend(k for k in axis.keys() if k != axis.name)
+            names.append(axis.name if axis.group else scenario_column(axis.name))
+            names.extend(scenario_column(k) for k in axis.keys() if k != axis.name)
         return list(dict.fromkeys(names))
 
     def points(self) -> list[Point]:
@@ -190,11 +195,14 @@ class Experiment:
                 scenario = load_scenario(self.base_scenario, data)
             except ConfigError as err:
                 raise ConfigError(f"{where}: {err}") from err
+            inputs = resolve_scenario(scenario)
             for axis in self.axes:
                 for key in axis.keys():
                     if key != axis.name or not axis.group:
-                        labels[key] = _column_value(scenario, key, settings.get(key))
-            points.append(Point(index=index, key=scenario.digest(), labels=labels, scenario=scenario))
+                        column = scenario_column(key)
+                        labels.pop(key, None)
+                        labels[column] = inputs[column] if column in inputs else _text_of(settings.get(key))
+            points.append(Point(index=index, key=scenario.digest(), labels=labels, scenario=scenario, inputs=inputs))
         keys = [p.key for p in points]
         if len(set(keys)) != len(keys):
             raise ConfigError(f"{self.path or self.name}: axes: two points make the same scenario; "
@@ -212,13 +220,8 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def _column_value(scenario: Scenario, key: str, raw: Any) -> Any:
-    """A scenario key's value for the CSV: resolved and in SI units when it is a scenario field."""
-    if key in SCENARIO_KEYS:
-        value = getattr(scenario, key)
-        if key == "devices" and value is not None:
-            return "+".join(value)
-        return value
+def _text_of(raw: Any) -> Any:
+    """A dotted override's value for the CSV (lists joined with +)."""
     return _text(raw) if isinstance(raw, (list, tuple)) else raw
 
 
@@ -285,10 +288,17 @@ def _check_outputs(experiment: Experiment) -> None:
     points = experiment.points()  # also checks every point's scenario
     values = {c: [p.labels.get(c) for p in points] for c in experiment.axis_columns()}
     problems = []
+    # a spec names a scenario key (cxl_bandwidth) where the CSV has its column with a unit (cxl_bandwidth_Bps)
+    from hcsim.findings import _SPEC_COLUMNS as FINDING_COLUMNS
+    from hcsim.plotting import _SPEC_COLUMNS as PLOT_COLUMNS
+    from hcsim.results import spec_columns
+
     for i, plot in enumerate(experiment.plots):
-        problems += [f"{experiment.path}: plots[{i}]: {p}" for p in check_plot(plot, header, numeric)]
+        problems += [f"{experiment.path}: plots[{i}]: {p}"
+                     for p in check_plot(spec_columns(plot, PLOT_COLUMNS), header, numeric)]
     for i, finding in enumerate(experiment.findings):
-        problems += [f"{experiment.path}: findings[{i}]: {p}" for p in check_spec(finding, header, numeric, values)]
+        problems += [f"{experiment.path}: findings[{i}]: {p}"
+                     for p in check_spec(spec_columns(finding, FINDING_COLUMNS), header, numeric, values)]
     if problems:
         raise ConfigError("\n".join(problems))
 
@@ -342,42 +352,82 @@ def _mappings(fields: Fields, key: str) -> list[dict[str, Any]]:
 
 
 def columns(experiment: Experiment) -> list[str]:
-    """The CSV header of `experiment`: point key, axes, scenario keys, results, status."""
+    """The CSV header of `experiment`: point key, axes, every scenario column, device columns, results, status."""
     axes = experiment.axis_columns()
-    return ["point", *axes, *(c for c in SCENARIO_COLUMNS if c not in axes), *RESULT_COLUMNS, *STATUS_COLUMNS]
+    scenario = scenario_columns()
+    return ["point", *axes, *(c for c in scenario if c not in axes), *DEVICE_COLUMNS, *RESULT_COLUMNS,
+            *STATUS_COLUMNS]
 
 
 # --- running one point -------------------------------------------------------------------------
 
 
 def run_point(scenario: Scenario, timeout: float | None = None,
-              started: Callable[[subprocess.Popen], None] | None = None) -> dict[str, Any]:
+              started: Callable[[subprocess.Popen], None] | None = None,
+              progress: Callable[[float], None] | None = None) -> dict[str, Any]:
     """Run `scenario` in a fresh Python process and return its result record, or ``{"error": message}``.
 
     This is what a sweep's executor runs (a local thread, or a Dask worker:
     the child is started with that worker's own Python). The child is killed
-    if this process dies (Linux) or `timeout` (s) passes.
+    if this process dies (Linux) or `timeout` (s) passes. `progress`, if given,
+    is called about once a second with the fraction (0..1) of the point's vertex
+    runs done so far.
     """
     with tempfile.TemporaryDirectory(prefix=f"{POINT_FOLDER_PREFIX}{os.getpid()}-") as folder:
         source, target = Path(folder) / "scenario.pickle", Path(folder) / "result.json"
         source.write_bytes(pickle.dumps(scenario))
         command = [sys.executable, "-m", "hcsim.sweep", str(source), str(target), str(os.getpid())]
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.PIPE, text=True, errors="replace")
-        if started is not None:
-            started(process)
-        try:
-            _, stderr = process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.communicate()
-            return {"error": f"timed out after {timeout:g} s"}
+        with open(Path(folder) / "stderr", "w+", errors="replace") as errors:
+            process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                       stderr=errors, text=True)
+            if started is not None:
+                started(process)
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while True:
+                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    process.wait(timeout=wait if progress is None else min(wait or 1.0, 1.0))
+                    break
+                except subprocess.TimeoutExpired:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        process.kill()
+                        process.wait()
+                        return {"error": f"timed out after {timeout:g} s"}
+                    if progress is not None:
+                        _report_progress(target.with_name("progress"), progress)
+            errors.seek(0)
+            stderr = errors.read()
         if target.is_file():
             return json.loads(target.read_text())
         code = process.returncode
         cause = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
         lines = [line for line in stderr.splitlines() if line.strip()]
         return {"error": f"the simulation process died ({cause})" + (f": {lines[-1].strip()}" if lines else "")}
+
+
+def _report_progress(path: Path, progress: Callable[[float], None]) -> None:
+    """Pass on the fraction the point's process last wrote to `path` (none yet, or half written: nothing)."""
+    try:
+        fraction = float(path.read_text())
+    except (OSError, ValueError):
+        return
+    progress(min(max(fraction, 0.0), 1.0))
+
+
+def _progress_file(path: Path, every: float = 0.5):
+    """A run_here progress factory that writes the fraction of vertex runs done to `path`, at most every
+    `every` s."""
+    def factory(total: int):
+        state = {"done": 0, "written": 0.0}
+
+        def update(count: int) -> None:
+            state["done"] += count
+            now = time.monotonic()
+            if now - state["written"] >= every and total:
+                state["written"] = now
+                path.write_text(f"{state['done'] / total:.4f}")
+        return update
+    return factory
 
 
 def _point_main(argv: Sequence[str]) -> int:
@@ -388,7 +438,7 @@ def _point_main(argv: Sequence[str]) -> int:
     from hcsim.simulation import atomic_write, run_here
 
     try:
-        result = run_here(scenario)
+        result = run_here(scenario, progress=_progress_file(target.with_name("progress")))
     except HcsimError as err:
         result = {"error": str(err)}
     except Exception as err:  # a bug: record it and keep the traceback on stderr for the log
@@ -413,36 +463,35 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def result_row(point: Point, result: dict[str, Any], header: Sequence[str]) -> dict[str, Any]:
-    """A CSV row (column -> value) of one point's result record, or of its error."""
+def result_rows(point: Point, result: dict[str, Any], header: Sequence[str]) -> list[dict[str, Any]]:
+    """The CSV rows (column -> value) of one point: one per device type, or one for its error."""
     row: dict[str, Any] = dict.fromkeys(header, "")
     row["point"] = point.key
+    row.update(point.inputs)
     row.update(point.labels)
-    for key in SCENARIO_COLUMNS:
-        if key not in point.labels:
-            row[key] = _column_value(point.scenario, key, None)
     if "error" in result:
         row.update(status="error", error=result["error"])
-        return row
-    breakdown = result["breakdown"]
+        return [row]
     xpus = result["xpus"]
-    for metric in ("compute_s", "memory_stall_s", "exposed_comm_s"):
-        row[metric] = sum(b[metric] * b["xpus"] for b in breakdown.values()) / xpus
     kind, busiest = max(((k, rows[0]) for k, rows in result["links"].items()), key=lambda kr: kr[1]["utilization"])
     row.update(
         busiest_link=f"{kind} {busiest['link']}", busiest_link_utilization=busiest["utilization"],
         iteration_time_s=result["iteration_time_s"], batches_per_s=result["batches_per_s"],
         samples_per_s=result["samples_per_s"], batches_per_s_per_xpu=result["batches_per_s"] / xpus,
-        iteration_times_s=json.dumps(result["iteration_times_s"]), breakdown=json.dumps(breakdown, sort_keys=True),
+        iteration_times_s=json.dumps(result["iteration_times_s"]),
+        measured_iterations=result["measured_iterations"],
         device_counts=" + ".join(f"{n} {d}" for d, n in result["devices"].items()),
         activities=result["activities"], wall_time_s=round(result["wall_time_s"], 3),
         peak_rss_mb=round(result["peak_rss_mb"], 1), inputs_hash=result["inputs_hash"],
         hcsim_version=result["versions"]["hcsim"], simgrid_version=result["versions"]["simgrid"],
         status="ok")
-    for key in ("coherent", "cxl_bandwidth", "cxl_latency"):  # None in the scenario: the platform's own value
-        if result.get(key) is not None and row.get(key) in ("", None):
-            row[key] = result[key]
-    return row
+    rows = []
+    for device, parts in result["breakdown"].items():
+        pace = result["pace"][device]
+        rows.append({**row, "device": device, "device_xpus": parts["xpus"],
+                     **{part: parts[part] for part in TIME_PARTS},
+                     "least_idle_xpu": pace["xpu"], "least_idle_s": pace["idle_s"]})
+    return rows
 
 
 # --- the CSV -------------------------------------------------------------------------------------
@@ -467,10 +516,11 @@ class _ResultsFile:
             atomic_write(path, _csv_line(header))
         self.fd = os.open(path, os.O_WRONLY | os.O_APPEND)
 
-    def append(self, row: dict[str, Any]) -> None:
-        data = _csv_line(row[c] for c in self.header).encode()
+    def append(self, rows: list[dict[str, Any]]) -> None:
+        """Append a point's rows (one per device type) in one write."""
+        data = "".join(_csv_line(row[c] for c in self.header) for row in rows).encode()
         with self.lock:
-            written = os.write(self.fd, data)  # one write of the whole line: a kill never leaves half of it
+            written = os.write(self.fd, data)  # one write of the point's lines: a kill never leaves part of it
             if written != len(data):
                 raise OSError(f"{self.path}: short write ({written} of {len(data)} bytes); the disk may be full")
             os.fsync(self.fd)
@@ -504,15 +554,23 @@ def _existing(path: Path, header: list[str]) -> dict[str, str]:
     if found != header:
         raise ConfigError(f"{path}: its columns are not this experiment's (were the axes changed?). "
                           "Fix: move the file away, or run with --overwrite to start over")
-    status = header.index("status")
-    done = {}
+    status_column, counts_column = header.index("status"), header.index("device_counts")
+    status, counts, expected = {}, defaultdict(int), {}
     for line, row in rows[1:]:
-        if len(row) != len(header) or row[status] not in ("ok", "error") or not row[0]:
+        if len(row) != len(header) or row[status_column] not in ("ok", "error") or not row[0]:
             raise ConfigError(f"{path}:{line}: not a row of this experiment ({len(row)} of {len(header)} columns, "
-                              f"status {brief(row[status] if len(row) > status else None)}); fix or delete that "
-                              "line, or run with --overwrite to start over")
-        done[row[0]] = row[status]
-    return done
+                              f"status {brief(row[status_column] if len(row) > status_column else None)}); fix or "
+                              "delete that line, or run with --overwrite to start over")
+        key = row[0]
+        status[key] = row[status_column]
+        counts[key] += 1
+        if status[key] == "ok":
+            expected[key] = len(row[counts_column].split(" + "))
+    torn = {k for k, n in expected.items() if counts[k] != n}  # a point's rows cut short by a power loss
+    if torn:
+        log.warning("%s: dropped %d points with some of their device rows missing", path, len(torn))
+        _drop_rows(path, torn)
+    return {k: v for k, v in status.items() if k not in torn}
 
 
 def _parse_csv(path: Path, text: str) -> list[tuple[int, list[str]]]:
@@ -543,7 +601,10 @@ def _drop_rows(path: Path, keys: set[str]) -> None:
 def read_results(path: str | Path) -> list[dict[str, Any]]:
     """The rows of a sweep's CSV, with numbers, booleans and blanks (None) typed back.
 
-    (``pandas.read_csv(path)`` reads the same file.)
+    A column is typed as a whole, as pandas does: numbers when every value in it is a finite number,
+    booleans when every value is True or False; otherwise, and always for TEXT_COLUMNS (point keys
+    such as ``36725e2733359637``, which Python and pandas would read as infinity), its values stay
+    text. (``pandas.read_csv(path, dtype={"point": str, "inputs_hash": str})`` reads the same file.)
     """
     from hcsim.config import read_text
 
@@ -555,19 +616,40 @@ def read_results(path: str | Path) -> list[dict[str, Any]]:
     if bad is not None:
         raise ConfigError(f"{path}:{bad}: not a row of this file ({len(header)} columns in its header); fix or "
                           "delete that line")
-    return [{k: _typed(v) for k, v in zip(header, row)} for _, row in rows[1:]]
+    records = [dict(zip(header, row)) for _, row in rows[1:]]
+    kinds = {column: _column_kind(column, [record[column] for record in records]) for column in header}
+    return [{k: _typed(v, kinds[k]) for k, v in record.items()} for record in records]
 
 
-def _typed(text: str) -> Any:
-    if text == "":
-        return None
-    if text in ("True", "False"):
-        return text == "True"
+def _column_kind(column: str, values: list[str]) -> str:
+    present = [v for v in values if v != ""]
+    if column in TEXT_COLUMNS or not present:
+        return "text"
+    if all(v in ("True", "False") for v in present):
+        return "bool"
+    if all(_number(v) is not None for v in present):
+        return "number"
+    return "text"
+
+
+def _number(text: str) -> int | float | None:
+    """`text` as an int or a finite float, or None."""
     for kind in (int, float):
         try:
-            return kind(text)
+            value = kind(text)
         except ValueError:
-            pass
+            continue
+        return value if kind is int or math.isfinite(value) else None
+    return None
+
+
+def _typed(text: str, kind: str) -> Any:
+    if text == "":
+        return None
+    if kind == "bool":
+        return text == "True"
+    if kind == "number":
+        return _number(text)
     return text
 
 
@@ -591,7 +673,8 @@ def run_sweep(experiment: Experiment, out: str | Path = "results", *, jobs: int 
               overwrite: bool = False, retry_errors: bool = False, executor: str = "local",
               timeout: float | None = None, report: bool = True,
               progress: Callable[[Point, dict[str, Any], float], None] | None = None,
-              planned: Callable[[list[Point]], None] | None = None) -> SweepReport:
+              planned: Callable[[list[Point]], None] | None = None,
+              running: Callable[[Point, float], None] | None = None) -> SweepReport:
     """Run every point of `experiment` not yet in ``OUT/NAME.csv``, `jobs` at a time; then draw and summarise.
 
     Parameters
@@ -606,6 +689,8 @@ def run_sweep(experiment: Experiment, out: str | Path = "results", *, jobs: int 
     report : draw the plots and write the summary at the end.
     progress : called in the calling thread after each point with (point, row, cost).
     planned : called once with the points about to run.
+    running : called about once a second from a worker thread with (point, fraction done) while a point
+        runs (local executor only), so a progress bar moves during long points.
 
     Raises
     ------
@@ -630,11 +715,11 @@ def run_sweep(experiment: Experiment, out: str | Path = "results", *, jobs: int 
         _remove_stale_point_folders()
         return _run_locked(experiment, out, path, header, points, started_at, jobs=jobs, resume=resume,
                            overwrite=overwrite, retry_errors=retry_errors, executor=executor, timeout=timeout,
-                           report=report, progress=progress, planned=planned)
+                           report=report, progress=progress, planned=planned, running=running)
 
 
 def _run_locked(experiment, out, path, header, points, started_at, *, jobs, resume, overwrite, retry_errors,
-                executor, timeout, report, progress, planned) -> SweepReport:
+                executor, timeout, report, progress, planned, running) -> SweepReport:
     """run_sweep once the experiment's results are locked for this process."""
     if path.exists() and path.stat().st_size and not (resume or overwrite):
         raise ConfigError(f"{path}: exists. Fix: --resume to run only the missing points, or --overwrite to start over")
@@ -654,8 +739,10 @@ def _run_locked(experiment, out, path, header, points, started_at, *, jobs, resu
     failures = 0
     try:
         with _PointExecutor(executor, jobs) as (pool, children):
+            local = children is not None
             futures: dict[Future, Point] = {
-                pool.submit(run_point, p.scenario, timeout, children.add if children is not None else None): p
+                pool.submit(run_point, p.scenario, timeout, children.add if local else None,
+                            functools.partial(running, p) if local and running is not None else None): p
                 for p in todo}
             try:
                 for future in as_completed(futures):
@@ -664,8 +751,9 @@ def _run_locked(experiment, out, path, header, points, started_at, *, jobs, resu
                         result = future.result()
                     except Exception as err:  # the executor itself failed (a lost Dask worker...)
                         result = {"error": f"the executor failed: {type(err).__name__}: {err}"}
-                    row = result_row(point, result, header)
-                    results.append(row)
+                    rows = result_rows(point, result, header)
+                    results.append(rows)
+                    row = rows[0]
                     failures += row["status"] != "ok"
                     if row["status"] != "ok":
                         log.warning("point %d (%s) failed: %s", point.index, _describe(point.labels), row["error"])
@@ -812,6 +900,10 @@ def write_report(experiment: Experiment, csv_path: Path, out: Path) -> list[Path
     from hcsim.plotting import plot_experiment
     from hcsim.simulation import atomic_write
 
+    with open(csv_path, newline="") as stream:
+        if next(csv.reader(stream), None) != columns(experiment):
+            raise ConfigError(f"{csv_path}: its columns are not this experiment's (were the axes changed, or was it "
+                              "written by an older hcsim?). Fix: run the sweep again with --overwrite")
     rows = read_results(csv_path)
     keys = {p.key for p in experiment.points()}
     rows = [r for r in rows if r["point"] in keys]
@@ -823,6 +915,8 @@ def write_report(experiment: Experiment, csv_path: Path, out: Path) -> list[Path
 
 
 def _summary(experiment: Experiment, rows: list[dict[str, Any]], findings, figures: list[Path], out: Path) -> str:
+    from hcsim.units import format_percent
+
     ok = [r for r in rows if r["status"] == "ok"]
     failed = [r for r in rows if r["status"] != "ok"]
     lines = [f"# {experiment.name}", ""]
@@ -841,22 +935,31 @@ def _summary(experiment: Experiment, rows: list[dict[str, Any]], findings, figur
     lines += ["## Results", ""]
     axes = experiment.axis_columns()
     shown = [c for c in axes if c in rows[0]] if rows else axes
-    metrics = ["batches_per_s", "batches_per_s_per_xpu", "iteration_time_s", "compute_s", "memory_stall_s",
-               "exposed_comm_s", "wall_time_s"]
-    lines.append("| " + " | ".join(shown + metrics) + " | busiest link |")
-    lines.append("|" + "---|" * (len(shown) + len(metrics) + 1))
+    metrics = ["batches_per_s", "batches_per_s_per_xpu", "iteration_time_s"]
+    parts = list(TIME_PARTS)
+    iterations = sorted({r["measured_iterations"] for r in ok})
+    lines.append("One row per point and device type. " + ", ".join(parts) + ": seconds per iteration, mean over that "
+                 "device type's XPUs, averaged over iterations " + (" or ".join(iterations) or "-")
+                 + "; the four add up to iteration_time_s. least idle: that type's XPU its peers wait for.")
+    lines.append("")
+    lines.append("| " + " | ".join(shown + metrics + ["device"] + parts) + " | least idle | wall_time_s | busiest link |")
+    lines.append("|" + "---|" * (len(shown) + len(metrics) + len(parts) + 4))
     for row in sorted(ok, key=lambda r: [_sort_key(r[c]) for c in shown]):
         cells = [_cell(c, row[c]) for c in shown] + [f"{row[m]:.4g}" for m in metrics]
-        cells.append(f"{row['busiest_link']} {row['busiest_link_utilization']:.0%}")
+        cells += [f"{row['device_xpus']} {row['device']}"] + [f"{row[p]:.4g}" for p in parts]
+        cells += [f"{row['least_idle_xpu']}", f"{row['wall_time_s']:.4g}",
+                  f"{row['busiest_link']} {format_percent(row['busiest_link_utilization'])}"]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
-    wall = sum(r["wall_time_s"] for r in ok)
-    lines.append(f"{len(ok)} points, {len(failed)} failed; {wall / 60:.1f} min of simulation process time in all.")
+    wall = sum(r["wall_time_s"] for r in rows_for(ok, "wall_time_s"))
+    points = len({r["point"] for r in ok})
+    lines.append(f"{points} points, {len(failed)} failed; {wall / 60:.1f} min of simulation process time in all.")
     if failed:
         lines += ["", "Failed points:", ""]
         lines += [f"- {_describe({c: r[c] for c in shown})}: {r['error']}" for r in failed]
-    lines += ["", f"Columns and every metric: `{experiment.name}.csv` (`pandas.read_csv`). "
-              f"Regenerate with `hcsim sweep {experiment.path or experiment.name + '.yaml'} --out {out} --resume`.", ""]
+    lines += ["", f"Columns and every metric: `{experiment.name}.csv` (`pandas.read_csv`; one row per point and "
+              f"device type, every scenario key resolved). Regenerate with "
+              f"`hcsim sweep {experiment.path or experiment.name + '.yaml'} --out {out} --resume`.", ""]
     return "\n".join(lines)
 
 
@@ -867,10 +970,9 @@ def _sort_key(value: Any) -> tuple:
 def _cell(column: str, value: Any) -> str:
     from hcsim.units import format_quantity
 
-    if column == "cxl_bandwidth" and isinstance(value, (int, float)):
-        return format_quantity(value, "B/s")
-    if column == "cxl_latency" and isinstance(value, (int, float)):
-        return format_quantity(value, "s")
+    unit = column_unit(column)
+    if unit is not None and isinstance(value, (int, float)):
+        return format_quantity(value, unit)
     return str(value)
 
 

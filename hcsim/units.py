@@ -17,7 +17,7 @@ from hcsim.errors import ConfigError
 
 __all__ = [
     "Bytes", "Seconds", "Flop", "FlopsPerSecond", "BytesPerSecond",
-    "DIMENSIONS", "parse_quantity", "format_quantity",
+    "DIMENSIONS", "parse_quantity", "format_quantity", "format_percent",
 ]
 
 Bytes = float
@@ -120,7 +120,7 @@ def _round_decimal(value: float) -> float:
 
 
 _PREFIXES = [(1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, "")]
-_SUBSECOND = [(1.0, "s"), (1e-3, "ms"), (1e-6, "us"), (1e-9, "ns")]
+_SUBSECOND = [(1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns")]
 
 
 def format_quantity(value: float, unit: str) -> str:
@@ -139,3 +139,15 @@ def format_quantity(value: float, unit: str) -> str:
         if abs(value) >= scale or scale == 1.0:
             return f"{value / scale:.4g} {prefix}{unit}"
     raise AssertionError("unreachable")
+
+
+def format_percent(fraction: float) -> str:
+    """A fraction (a utilization) as a percentage people read: whole percents from 1 % up, one significant
+    digit below, so a small load never shows as 0 %.
+
+    >>> format_percent(0.62), format_percent(0.003), format_percent(0.0)
+    ('62%', '0.3%', '0%')
+    """
+    if fraction == 0 or abs(fraction) >= 0.01:
+        return f"{fraction:.0%}"
+    return f"{fraction * 100:.1g}%"

@@ -82,11 +82,11 @@ def test_the_coherent_ring_all_reduce_is_never_slower_than_the_ring(tmp_path):
 
 def test_compared_values_of_a_quantity_axis_may_carry_units():
     """`better` and `close` read `better`/`worse` and `reference`/`other` with units, as `where` and `step` do."""
-    rows = [{"status": "ok", "cxl_latency": latency, "offload": "none", "batches_per_s": speed}
+    rows = [{"status": "ok", "cxl_latency_s": latency, "offload": "none", "batches_per_s": speed}  # CSV columns
             for latency, speed in ((2e-7, 1.0), (2e-6, 1.005), (2e-5, 0.5))]
     close = evaluate({"check": "close", "axis": "cxl_latency", "reference": "200ns", "other": "2us",
-                      "tolerance": 0.01}, rows, ["cxl_latency", "offload"])
+                      "tolerance": 0.01}, rows, ["cxl_latency_s", "offload"])
     better = evaluate({"check": "better", "axis": "cxl_latency", "better": "2us", "worse": "20us"}, rows,
-                      ["cxl_latency", "offload"])
+                      ["cxl_latency_s", "offload"])
     assert close.ok and "over 1 pairs" in close.detail
     assert better.ok and "2.01x" in better.detail

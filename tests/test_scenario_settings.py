@@ -121,21 +121,3 @@ def test_an_experiment_with_the_old_keys_makes_the_same_points_as_with_the_new(t
         (tmp_path / "x.yaml").write_text(text)
         keys.append([p.key for p in load_experiment(tmp_path / "x.yaml").points()])
     assert keys[0] == keys[1]
-
-
-def test_a_sweep_row_records_the_platforms_own_cxl_values():
-    from hcsim.sweep import Point, result_row
-
-    point = Point(index=0, key="k", labels={}, scenario=Scenario())
-    result = {"error": "x", "cxl_bandwidth": 128e9, "cxl_latency": 200e-9}
-    assert result_row(point, {"error": "x"}, ["point", "cxl_bandwidth", "status", "error"])["cxl_bandwidth"] is None
-    fake = {"breakdown": {"H100": {"xpus": 1, "compute_s": 1.0, "memory_stall_s": 0.0, "exposed_comm_s": 0.0}},
-            "xpus": 1, "links": {"eth": [{"link": "a -> b", "utilization": 0.5}]}, "iteration_time_s": 1.0,
-            "batches_per_s": 1.0, "samples_per_s": 1.0, "iteration_times_s": [1.0], "devices": {"H100": 1},
-            "activities": 1, "wall_time_s": 1.0, "peak_rss_mb": 1.0, "inputs_hash": "h",
-            "versions": {"hcsim": "0", "simgrid": "4.1"}, "coherent": True, **{k: result[k] for k in
-                                                                              ("cxl_bandwidth", "cxl_latency")}}
-    from hcsim.sweep import RESULT_COLUMNS, SCENARIO_COLUMNS
-
-    row = result_row(point, fake, ["point", *SCENARIO_COLUMNS, *RESULT_COLUMNS, "status", "error"])
-    assert (row["cxl_bandwidth"], row["cxl_latency"], row["coherent"]) == (128e9, 200e-9, True)

@@ -73,8 +73,8 @@ axes:
   devices: [[H100, A100]]
 """))
     labels = [p.labels for p in experiment.points()]
-    assert labels == [{"cxl_bandwidth": 64e9, "cxl_latency": 2e-7, "devices": "H100+A100"},
-                      {"cxl_bandwidth": 128e9, "cxl_latency": 2e-7, "devices": "H100+A100"}]
+    assert labels == [{"cxl_bandwidth_Bps": 64e9, "cxl_latency_s": 2e-7, "devices": "H100+A100"},
+                      {"cxl_bandwidth_Bps": 128e9, "cxl_latency_s": 2e-7, "devices": "H100+A100"}]
 
 
 def test_a_zip_group_sets_several_keys_together(tmp_path):
@@ -161,9 +161,11 @@ def test_a_sweep_writes_one_row_per_point_with_every_column(tiny_sweep):
         assert row["status"] == "ok" and row["error"] is None
         assert row["batches_per_s"] == pytest.approx(row["xpus"] / row["iteration_time_s"])
         assert row["batches_per_s_per_xpu"] == pytest.approx(1 / row["iteration_time_s"])
-        assert json.loads(row["breakdown"])["H100"]["xpus"] == row["xpus"]
+        assert (row["device"], row["device_xpus"]) == ("H100", row["xpus"])
+        parts = row["compute_s"] + row["memory_stall_s"] + row["exposed_comm_s"] + row["idle_s"]
+        assert parts == pytest.approx(row["iteration_time_s"], rel=1e-12)
         assert row["device_counts"] == f"{row['xpus']} H100"
-        assert row["cxl_bandwidth"] == 128e9 and row["cxl_latency"] == 2e-7 and row["iterations"] == 1
+        assert row["cxl_bandwidth_Bps"] == 128e9 and row["cxl_latency_s"] == 2e-7 and row["iterations"] == 1
         kind, link = row["busiest_link"].split(" ", 1)
         assert kind in ("cxl", "eth", "pcie", "xpu_link", "hbm", "dram", "upi") and " -> " in link
         assert 0 < row["busiest_link_utilization"] <= 1
@@ -184,6 +186,69 @@ def test_a_sweep_draws_its_plots_and_summarises_its_findings(tiny_sweep):
     summary = report.csv.with_suffix(".md").read_text()
     assert "**holds**: coherence wins" in summary and "![tiny](tiny.png)" in summary
     assert "| coherent | xpus | batches_per_s |" in summary
+
+
+def test_point_keys_that_look_like_numbers_stay_text_and_every_point_is_reported(tiny_sweep, tmp_path, monkeypatch):
+    """36725e2733359637 is a hex digest, not 3.6e2733359637 (= inf): no point may drop out of a report."""
+    from hcsim.scenario import Scenario
+
+    experiment, report, _ = tiny_sweep
+    digest = Scenario.digest
+    keys = ["36725e2733359637", "1234567890123456", "00000000000000e1", "7e100"]
+    fake = {p.key: k for p, k in zip(experiment.points(), keys)}
+    text = report.csv.read_text()
+    for real, key in fake.items():
+        text = text.replace(real, key)  # the point key and inputs_hash
+    (tmp_path / "tiny.csv").write_text(text)
+    monkeypatch.setattr(Scenario, "digest", lambda self: fake[digest(self)])
+    rows = read_results(tmp_path / "tiny.csv")
+    assert sorted(r["point"] for r in rows) == sorted(keys)
+    assert sorted(r["inputs_hash"] for r in rows) == sorted(keys)
+    again = run_sweep(experiment, tmp_path, resume=True)
+    assert (again.ran, again.skipped) == (0, 4)
+    summary = (tmp_path / "tiny.md").read_text()
+    assert "4 points, 0 failed" in summary and len([line for line in summary.splitlines() if " H100 |" in line]) == 4
+
+
+def test_a_mixed_point_has_one_row_per_device_type_never_their_mean(tmp_path):
+    from hcsim.sweep import result_rows
+
+    experiment = load_experiment(write(tmp_path, "name: m\naxes: {devices: [[H100, A100]]}\n"))
+    point = experiment.points()[0]
+    parts = {"H100": (4.0, 1.0, 0.0, 6.0), "A100": (10.0, 1.0, 0.0, 0.0)}  # the H100 wait 6 s for the A100
+    result = {"xpus": 256, "devices": {"H100": 128, "A100": 128}, "iteration_time_s": 11.0, "batches_per_s": 256 / 11,
+              "samples_per_s": 256 / 11, "iteration_times_s": [11.5, 11.0], "measured_iterations": "2..2",
+              "breakdown": {d: {"xpus": 128, **dict(zip(("compute_s", "memory_stall_s", "exposed_comm_s", "idle_s"), p))}
+                            for d, p in parts.items()},
+              "pace": {"H100": {"xpu": "xpu0", "idle_s": 6.0}, "A100": {"xpu": "xpu128", "idle_s": 0.0}},
+              "links": {"cxl": [{"link": "a -> b", "utilization": 0.5}]}, "activities": 1, "wall_time_s": 1.0,
+              "peak_rss_mb": 1.0, "inputs_hash": point.key, "versions": {"hcsim": "x", "simgrid": "y"}}
+    rows = result_rows(point, result, columns(experiment))
+    assert [(r["device"], r["device_xpus"], r["idle_s"], r["least_idle_xpu"]) for r in rows] == \
+        [("H100", 128, 6.0, "xpu0"), ("A100", 128, 0.0, "xpu128")]
+    assert all(r["devices"] == "H100+A100" and r["batches_per_s"] == 256 / 11 for r in rows)
+    assert all(list(r) == columns(experiment) for r in rows)
+
+
+def test_columns_are_typed_as_a_whole():
+    from hcsim.sweep import _column_kind
+
+    assert _column_kind("level", ["1", "2.5", ""]) == "number"
+    assert _column_kind("level", ["1", "1e999"]) == "text"  # inf is no value an axis takes
+    assert _column_kind("label", ["64 H100", "128"]) == "text"
+    assert _column_kind("coherent", ["True", "False"]) == "bool"
+    assert _column_kind("point", ["1234567890123456"]) == "text"
+
+
+def test_every_row_records_the_whole_resolved_scenario(tiny_sweep):
+    from hcsim.results import scenario_columns
+
+    _, report, _ = tiny_sweep
+    for row in read_results(report.csv):
+        for column in scenario_columns():
+            assert row[column] not in (None, ""), column
+        assert row["xpu_sampling"] == "all" and row["platform"] == "paper-cxl" and row["collective"] == "ring"
+        assert row["platform_overrides"] == '{"rack.servers": 1}' and row["granularity"] == "decoder"
 
 
 def test_resume_skips_what_is_done_and_a_plain_rerun_refuses(tiny_sweep):
@@ -321,10 +386,11 @@ def test_close_compares_the_members_of_a_zip_group_against_a_reference():
 
 
 def test_findings_read_quantities_in_where():
-    rows = [{"status": "ok", "coherent": c, "cxl_bandwidth": bw, "batches_per_s": b}
-            for c, bw, b in [(True, 32e9, 1.0), (False, 32e9, 2.0), (True, 128e9, 3.0), (False, 128e9, 2.0)]]
+    rows = [{"status": "ok", "point": f"p{i}", "coherent": c, "cxl_bandwidth_Bps": bw, "batches_per_s": b}
+            for i, (c, bw, b) in enumerate([(True, 32e9, 1.0), (False, 32e9, 2.0), (True, 128e9, 3.0),
+                                            (False, 128e9, 2.0)])]
     spec = {"check": "better", "axis": "coherent", "better": True, "worse": False, "where": {"cxl_bandwidth": "128GB/s"}}
-    assert evaluate(spec, rows, ["cxl_bandwidth", "coherent"]).ok
+    assert evaluate(spec, rows, ["cxl_bandwidth_Bps", "coherent"]).ok
 
 
 @pytest.fixture
@@ -356,3 +422,14 @@ def test_a_point_that_runs_too_long_is_killed_and_recorded(fake_python):
     started = time.monotonic()
     assert run_point(Scenario(xpus=2), timeout=0.5) == {"error": "timed out after 0.5 s"}
     assert time.monotonic() - started < 10
+
+
+def test_a_running_point_reports_how_far_it_is(fake_python):
+    """The progress bar moves during a point: its process writes the fraction done, run_point passes it on."""
+    from hcsim.scenario import Scenario
+    from hcsim.sweep import run_point
+
+    fake_python('echo 0.25 > "$(dirname "$4")/progress"; sleep 1.5; echo 0.5 > "$(dirname "$4")/progress"; sleep 1.5')
+    seen = []
+    run_point(Scenario(xpus=2), progress=seen.append)
+    assert seen and seen == sorted(seen) and {0.25, 0.5} >= set(seen) and 0.5 in seen

@@ -33,14 +33,22 @@ def register(subparsers) -> None:
     show.set_defaults(run=_show)
     compile_ = actions.add_parser("compile", help="write the SimGrid platform XML")
     common(compile_)
-    compile_.add_argument("-o", "--output", required=True, metavar="FILE.xml")
+    compile_.add_argument("-o", "--output", required=True, metavar="FILE.xml",
+                          help="the SimGrid 4.1 platform XML to write (hosts, links, zones and routes)")
     compile_.add_argument("--pairs", choices=("data-parallel", "all-xpus"), default="data-parallel",
-                          help="host pairs to emit routes for (default: each XPU with its memories, plus a ring)")
-    compile_.add_argument("--precision", choices=PRECISIONS, default="fp32", help="XPU speed used (its dense peak)")
+                          help="host pairs to emit routes for (default: data-parallel, each XPU with its memories "
+                               "plus a ring)")
+    compile_.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                          help="which FLOP/s of each device the XPU hosts get as speed, its dense peak (default: fp32)")
     compile_.set_defaults(run=_compile)
-    draw = actions.add_parser("draw", help="draw the platform (a representative part of large ones)")
+    draw = actions.add_parser("draw", help="draw the platform (a representative part of large ones), names and, "
+                              "given a run's links.csv, link loads")
     common(draw)
-    draw.add_argument("-o", "--output", required=True, metavar="FILE.png")
+    draw.add_argument("-o", "--output", required=True, metavar="FILE.png",
+                      help="the drawing; its format follows the suffix (.png, .svg or .pdf), one file")
+    draw.add_argument("--loads", metavar="LINKS.csv",
+                      help="links.csv of a run (hcsim simulate --out DIR): links drawn by their mean utilization. "
+                           "Build the same platform as the run (--xpus, --set) so the names match")
     draw.add_argument("--racks", type=int, default=2, help="racks drawn at most (default 2)")
     draw.add_argument("--servers", type=int, default=2, help="servers drawn per rack at most (default 2)")
     draw.set_defaults(run=_draw)
@@ -124,9 +132,17 @@ def _compile(args) -> int:
 def _draw(args) -> int:
     from hcsim.platform.draw import draw_platform
 
+    from hcsim.platform.draw import read_link_loads
+
     spec, graph = _graph(args)
+    loads = read_link_loads(args.loads) if args.loads else None
+    if loads is not None:
+        unknown = [pair for pair in loads if not graph.has_edge(*pair)]
+        if unknown:
+            log.warning("%s: %d of its links are not in this platform (e.g. %s -> %s): build it as the run did "
+                        "(--xpus, --set)", args.loads, len(unknown), *unknown[0])
     try:
-        note = draw_platform(graph, args.output, max_racks=args.racks, max_servers=args.servers)
+        note = draw_platform(graph, args.output, max_racks=args.racks, max_servers=args.servers, loads=loads)
     except OSError as err:
         raise OutputError(f"-o {args.output}: could not write it ({err.strerror or err})") from None
     print(f"{args.output}: {note}" if note else f"{args.output}: whole platform")

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from hcsim.units import format_quantity
+from hcsim.units import format_percent, format_quantity
 
 __all__ = ["register"]
 
@@ -18,13 +18,16 @@ def register(subparsers) -> None:
         description="Run one scenario (or the built-in default: the paper's coherent topology, 64 H100, "
                     "LLaMA2-13B data parallel, CXL 128 GB/s and 200 ns) and print the result.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="examples:\n  hcsim simulate\n  hcsim simulate --set xpus=256 --set devices=[H100,A100] --json\n"
-               "  hcsim simulate my-scenario.yaml --out runs/a   # result.json, links.csv, trace.csv, trace.json (Perfetto)")
+        epilog=scenario_keys_help() + "\n\nexamples:\n  hcsim simulate\n"
+               "  hcsim simulate --set xpus=256 --set devices=[H100,A100] --json\n"
+               "  hcsim simulate --set workload_overrides.training.batch_per_xpu=2 --set platform_overrides.rack.servers=8\n"
+               "  hcsim simulate my-scenario.yaml --out runs/a   # result.json, links.csv, xpus.csv, xpus.png,\n"
+               "                                                 # trace.csv, trace.json (Perfetto)")
     parser.add_argument("scenario", nargs="?", type=Path, help="scenario YAML (default: the built-in default)")
     parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                         help="override a scenario key, e.g. xpus=256, cxl_latency=1us, coherent=false (repeatable)")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    parser.add_argument("--out", type=Path, help="folder for result.json and the traces")
+    parser.add_argument("--out", type=Path, help="folder for result.json, links.csv, xpus.csv, xpus.png and the traces")
     parser.set_defaults(run=run)
 
 
@@ -63,9 +66,45 @@ def run(args) -> int:
     else:
         print(summary(result))
         if args.out:
-            print(f"\nwrote {args.out}/result.json, links.csv" + (", trace.csv, trace.json (open in https://ui.perfetto.dev)"
-                                                       if scenario.trace_xpus else ""))
+            print(f"\nwrote {args.out}/result.json, links.csv, xpus.csv, xpus.png"
+                  + (", trace.csv, trace.json (open in https://ui.perfetto.dev)" if scenario.trace_xpus else ""))
     return 0
+
+
+def scenario_keys_help() -> str:
+    """The scenario keys, their defaults and what they mean: generated from the Scenario dataclass (its
+    fields, defaults, unit metadata, and the comment beside and below each field in hcsim/scenario.py)."""
+    import dataclasses
+    import inspect
+    import re
+    import textwrap
+
+    from hcsim.scenario import Scenario
+
+    comments: dict[str, list[str]] = {}
+    current = None
+    for line in inspect.getsource(Scenario).splitlines():
+        field = re.match(r"^    (\w+): [^#]*?(?:#\s*(.*))?$", line)
+        more = re.match(r"^    #\s*(.*)$", line)
+        if field and not more:
+            current = field.group(1)
+            comments[current] = [field.group(2)] if field.group(2) else []
+        elif more and current is not None and comments.get(current) \
+                and not comments[current][-1].rstrip().endswith((".", ")", "}", "]")):
+            comments[current].append(more.group(1))  # a comment goes on below its field until a sentence ends
+        else:
+            current = None
+    lines = ["scenario keys (a YAML file of them, or --set KEY=VALUE; quantities with units, e.g. 128GB/s, 200ns):"]
+    for f in dataclasses.fields(Scenario):
+        if f.name == "base":
+            continue
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        unit = f.metadata.get("unit")
+        shown = format_quantity(default, unit).replace(" ", "") if unit and default is not None else default
+        text = " ".join(comments.get(f.name, []))
+        entry = f"{f.name} (default {'unset' if shown is None else shown}){': ' + text if text else ''}"
+        lines.append(textwrap.fill(entry, 108, initial_indent="  ", subsequent_indent="      ", break_on_hyphens=False))
+    return "\n".join(lines)
 
 
 def summary(result: dict) -> str:
@@ -80,8 +119,8 @@ def summary(result: dict) -> str:
         f"  throughput       {result['batches_per_s']:.3f} batches/s, {result['samples_per_s']:.3f} samples/s"
         + (f", {result['tokens_per_s']:,.0f} tokens/s" if "tokens_per_s" in result else "")
         + (f", MFU {result['mfu']:.1%}" if "mfu" in result else ""),
-        f"  per iteration    compute     memory stall  exposed comm  idle          "
-        f"(mean per XPU, iterations {result['measured_iterations']})",
+        f"  per iteration    compute     memory stall  exposed comm  idle (waiting)  "
+        f"(mean over each type's XPUs, iterations {result['measured_iterations']})",
     ]
     for device, row in result["breakdown"].items():
         lines.append(f"    {device:<14} {format_quantity(row['compute_s'], 's'):<11} "
@@ -93,9 +132,14 @@ def summary(result: dict) -> str:
             lines.append(f"    stage {stage:<8} {format_quantity(row['compute_s'], 's'):<11} "
                          f"{format_quantity(row['memory_stall_s'], 's'):<13} "
                          f"{format_quantity(row['exposed_comm_s'], 's'):<13} {format_quantity(row['idle_s'], 's')}")
+    pace = result["pace"]
+    setter = min(pace, key=lambda d: pace[d]["idle_s"])
+    others = ", ".join(f"{d} {format_quantity(p['idle_s'], 's')}" for d, p in pace.items() if d != setter)
+    lines.append(f"  pace set by      {setter} ({pace[setter]['xpu']}, idle {format_quantity(pace[setter]['idle_s'], 's')}"
+                 f" per iteration{'; least idle of the other types: ' + others if others else ''})")
     busiest = sorted(((rows[0]["utilization"], kind, rows[0]["link"]) for kind, rows in result["links"].items()),
                      reverse=True)
-    lines.append("  busiest links    " + "   ".join(f"{kind} {link} {u:.0%}" for u, kind, link in busiest[:3]))
+    lines.append("  busiest links    " + "   ".join(f"{kind} {link} {format_percent(u)}" for u, kind, link in busiest[:3]))
     lines.append(f"  simulated {result['activities']:,} activities in {result['wall_time_s']:.2f} s wall "
                  f"({result['activities'] / max(result['wall_time_s'], 1e-9):,.0f}/s), peak {result['peak_rss_mb']:.0f} MB")
     return "\n".join(lines)

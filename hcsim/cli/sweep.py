@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 from pathlib import Path
 
 __all__ = ["register"]
@@ -54,7 +55,7 @@ def run(args) -> int:
     try:
         report = run_sweep(experiment, args.out, jobs=args.jobs, resume=args.resume, overwrite=args.overwrite,
                            retry_errors=args.retry_errors, executor=args.executor, timeout=args.timeout,
-                           progress=bar.update, planned=bar.start)
+                           progress=bar.update, planned=bar.start, running=bar.running)
     finally:
         bar.close()
     print(f"{experiment.name}: {report.ran} points run, {report.skipped} already done, {report.failed} failed, "
@@ -65,10 +66,14 @@ def run(args) -> int:
 
 
 class _Progress:
-    """A tqdm bar weighted by each point's rough cost (Point.cost), so its estimate of the time left holds."""
+    """A tqdm bar weighted by each point's rough cost (Point.cost), so its estimate of the time left holds;
+    it moves while points run, by the fraction of their vertex runs done."""
 
     def __init__(self, enabled: bool):
         self.enabled, self.bar, self.done, self.failed, self.total = enabled, None, 0, 0, 0
+        self.finished = 0.0  # cost of the finished points
+        self.partial: dict[int, float] = {}  # running point index -> cost done so far
+        self.lock = threading.Lock()
 
     def start(self, points) -> None:
         self.total = len(points)
@@ -80,11 +85,23 @@ class _Progress:
             self._postfix()
 
     def update(self, point, row, cost) -> None:
-        self.done += 1
-        self.failed += row["status"] != "ok"
+        with self.lock:
+            self.done += 1
+            self.failed += row["status"] != "ok"
+            self.finished += cost
+            self.partial.pop(point.index, None)
+            self._show()
+
+    def running(self, point, fraction: float) -> None:
+        with self.lock:
+            self.partial[point.index] = fraction * point.cost
+            self._show()
+
+    def _show(self) -> None:
         if self.bar is not None:
-            self.bar.update(cost)
+            self.bar.n = self.finished + sum(self.partial.values())
             self._postfix()
+            self.bar.refresh()
 
     def _postfix(self) -> None:
         self.bar.set_description_str(f"{self.done}/{self.total} points" + (f", {self.failed} failed" if self.failed else ""))

@@ -9,6 +9,7 @@ import a Chakra execution trace as a graph.
 from __future__ import annotations
 
 import argparse
+import sys
 
 from hcsim.errors import ConfigError, OutputError
 from hcsim.units import format_quantity
@@ -23,8 +24,9 @@ def register(subparsers) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
     parser.set_defaults(run=lambda args: (parser.print_help(), 1)[1])
 
+    builtin = _builtin_names()
     show = actions.add_parser("show", help="training state, what is local and what spills, FLOPs per iteration")
-    show.add_argument("spec", metavar="SPEC", help="a workload YAML file or a built-in name (llama2-13b)")
+    show.add_argument("spec", metavar="SPEC", help=f"a workload YAML file or a built-in name ({builtin})")
     show.add_argument("--device", default="H100", help="device whose local memory holds the state (default H100)")
     show.add_argument("--xpus", type=int, default=1, help="XPUs (default 1): dp = xpus / (tp x pp)")
     parallel = show.add_argument_group("parallelism (any of these shows the hybrid-parallel graph per stage)")
@@ -44,10 +46,12 @@ def register(subparsers) -> None:
     show.set_defaults(run=run_show)
 
     export = actions.add_parser("export", help="write the training graph as networkx node-link JSON")
-    export.add_argument("spec", metavar="SPEC", help="a workload YAML file or a built-in name (llama2-13b)")
+    export.add_argument("spec", metavar="SPEC", help=f"a workload YAML file or a built-in name ({builtin})")
     export.add_argument("--xpus", type=int, required=True, help="data-parallel XPUs, named xpu0 .. xpu{N-1}")
     export.add_argument("-o", "--output", required=True, help="JSON file to write")
-    export.add_argument("--device", default=None, help="also place memory for this device (sets spilled_xpus)")
+    export.add_argument("--device", default=None,
+                        help="place memory for this device (sets each vertex's spilled_xpus); without it the graph "
+                             "spills nothing, and a warning says so")
     _add_set(export)
     export.set_defaults(run=run_export)
 
@@ -64,6 +68,12 @@ def register(subparsers) -> None:
     chakra.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "bf16"),
                         help="FLOP/s for nodes timed by num_ops (default fp32)")
     chakra.set_defaults(run=run_import)
+
+
+def _builtin_names() -> str:
+    from hcsim.config import REPO_ROOT
+
+    return ", ".join(sorted(p.stem for p in (REPO_ROOT / "workloads").glob("*.yaml")))
 
 
 def _add_set(parser: argparse.ArgumentParser) -> None:
@@ -207,6 +217,10 @@ def run_export(args) -> int:
     if args.device:
         device = _device(args.device)
         place_memory(graph, {x: device.memory for x in xpus}, spec)
+    else:
+        print("hcsim: warning: no --device: no memory is placed, so no vertex reads spilled data (spilled_xpus "
+              "empty); simulations place memory themselves, but to export a graph with spills pass --device H100",
+              file=sys.stderr)
     try:
         save_workload(graph, args.output)
     except OSError as err:

@@ -73,7 +73,7 @@ class RunOptions:
     # uncontended routes (no transfer is simulated; its bytes still load the links); exact when nothing
     # else uses those links meanwhile, as with tensor parallelism on a server's XPU switch.
     local_collectives: str = "simulated"
-    trace_xpus: frozenset[str] | None = None  # None: trace nothing
+    trace_xpus: frozenset[str] | str | None = None  # None: trace nothing; "per-class": each class's representative
     trace_iterations: frozenset[int] | None = None  # None: every iteration
 
     _constraints: ClassVar[dict[str, Constraint]] = {
@@ -188,6 +188,8 @@ class Executor:
         self.trace = TraceRecorder(options.trace_xpus, options.trace_iterations) if options.trace_xpus else None
         self.collective_state: dict[tuple[int, int, int], "_CollectiveRun"] = {}
         self.representative = self._representatives() if options.xpu_sampling == "representative" else {}
+        if self.trace is not None:
+            self.trace.follow(self.representative, list(self.busy))
         self.followed: dict[tuple[int, str, int], tuple[float, float]] = {}  # (vertex, rep, run) -> busy
         self.following: dict[tuple[int, str, int], list[tuple[int, float]]] = defaultdict(list)
         self.immediate: deque = deque()

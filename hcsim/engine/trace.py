@@ -4,6 +4,11 @@ Written as CSV (one row per vertex run: iteration, xpu, vertex, kind, start,
 end) and as Chrome trace-event JSON that Perfetto opens: a process per
 server, a thread (track) per XPU for its vertices, and tracks for its memory
 traffic and its communication. Times in the JSON are microseconds.
+
+With representative XPUs a traced follower runs no memory traffic of its own:
+its representative is recorded too, and the follower's memory track shows the
+representative's reads and copies (which it follows in lockstep) from the
+follower's own memories.
 """
 
 from __future__ import annotations
@@ -20,14 +25,27 @@ __all__ = ["TraceRecorder"]
 class TraceRecorder:
     """Collects the events of the XPUs in `xpus` (and `iterations`, when given)."""
 
-    def __init__(self, xpus: frozenset[str], iterations: frozenset[int] | None = None):
-        self.xpus = xpus
+    def __init__(self, xpus: frozenset[str] | str, iterations: frozenset[int] | None = None):
+        """`xpus`: the XPUs to trace, or "per-class": the representative of each class of alike XPUs."""
+        self.per_class = xpus == "per-class"
+        self.xpus = frozenset() if self.per_class else xpus
         self.iterations = iterations
+        self.recorded = set(self.xpus)  # the traced XPUs and the representatives they follow
+        self.followers: dict[str, str] = {}  # traced follower -> its representative
         self.vertices: list[tuple[int, str, str, str, float, float]] = []
         self.transfers: list[tuple[int, str, str, str, float, float, float]] = []
 
+    def follow(self, representative: dict[str, str], xpus: list[str]) -> None:
+        """Record also the representatives of the traced followers (`representative`: follower -> the XPU
+        it follows; `xpus`: every XPU of the run)."""
+        if self.per_class:
+            self.xpus = frozenset(x for x in xpus if x not in representative)
+            self.recorded = set(self.xpus)
+        self.followers = {x: r for x, r in representative.items() if x in self.xpus}
+        self.recorded.update(self.followers.values())
+
     def wants(self, xpu: str, run: int) -> bool:
-        return xpu in self.xpus and (self.iterations is None or run in self.iterations)
+        return xpu in self.recorded and (self.iterations is None or run in self.iterations)
 
     def vertex(self, run: int, xpu: str, name: str, kind: str, start: float, end: float) -> None:
         if self.wants(xpu, run):
@@ -40,7 +58,7 @@ class TraceRecorder:
         with open(path, "w", newline="") as handle:
             writer = csv.writer(handle)
             writer.writerow(["iteration", "xpu", "vertex", "kind", "start_s", "end_s"])
-            writer.writerows((r, x, n, k, repr(s), repr(e)) for r, x, n, k, s, e in self.vertices)
+            writer.writerows((r, x, n, k, repr(s), repr(e)) for r, x, n, k, s, e in self.vertices if x in self.xpus)
 
     def write_perfetto(self, path: Path, platform: nx.Graph) -> None:
         """Chrome trace-event JSON: pid per server, tid per XPU track."""
@@ -62,16 +80,27 @@ class TraceRecorder:
             return pids[server], tids[key]
 
         for run, xpu, name, kind, start, end in self.vertices:
+            if xpu not in self.xpus:
+                continue
             pid, tid = track(xpu, "vertices")
             events.append({"ph": "X", "name": name, "cat": kind, "pid": pid, "tid": tid, "ts": start * 1e6,
                            "dur": (end - start) * 1e6, "args": {"iteration": run}})
+        followed_by: dict[str, list[str]] = {}
+        for follower, rep in sorted(self.followers.items()):
+            followed_by.setdefault(rep, []).append(follower)
+        nodes = platform.nodes
         for run, src, dst, label, size, start, end in self.transfers:
-            memory = platform.nodes[src].get("kind") == "memory"
+            memory = nodes[src].get("kind") == "memory"
             xpu = dst if memory else src
-            if xpu not in self.xpus:
-                continue
-            pid, tid = track(xpu, "memory" if memory else "comm")
-            events.append({"ph": "X", "name": label, "cat": "memory-traffic" if memory else "network", "pid": pid, "tid": tid,
-                           "ts": start * 1e6, "dur": (end - start) * 1e6,
-                           "args": {"iteration": run, "src": src, "dst": dst, "bytes": size}})
+            shown = [(xpu, src, {})] if xpu in self.xpus else []
+            if memory:  # followers: the representative's read, from their own memory of the same role
+                roles = {nodes[xpu][k]: k for k in ("local_memory", "extended_memory") if nodes[xpu].get(k)}
+                shown += [(f, nodes[f][roles[src]], {"follows": xpu}) for f in followed_by.get(xpu, ())
+                          if src in roles]
+            for owner, source, extra in shown:
+                pid, tid = track(owner, "memory" if memory else "comm")
+                events.append({"ph": "X", "name": label, "cat": "memory-traffic" if memory else "network", "pid": pid,
+                               "tid": tid, "ts": start * 1e6, "dur": (end - start) * 1e6,
+                               "args": {"iteration": run, "src": source, "dst": owner if memory else dst,
+                                        "bytes": size, **extra}})
         Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ns"}))

@@ -3,9 +3,12 @@
 Rows from top to bottom: Ethernet (core, ToR, NICs), the server (CPUs and
 DRAM, PCIe switches, XPU switches, XPUs, HBM), then the CXL fabric (Type 3
 expanders, leaf switches, cascade levels). Nodes are coloured by kind (memories
-by role), links by kind. Large systems are drawn in part: the first
-`max_racks` racks and the first `max_servers` servers of each, with what was
-left out said in the title.
+by role), links by kind, every node named. Large systems are drawn in part:
+the first `max_racks` racks and the first `max_servers` servers of each, with
+what was left out said in the title. Given a run's link loads (``links.csv``
+of ``hcsim simulate --out``), links are drawn as wide as they are busy and
+coloured by their mean utilization (the busier direction), the busiest
+labelled with their percentage.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import networkx as nx
 
 from hcsim.platform.topology import _natural
 
-__all__ = ["representative_part", "draw_platform"]
+__all__ = ["representative_part", "draw_platform", "read_link_loads"]
 
 _ROWS = {  # (kind, role) -> row, top = highest
     ("switch", "core"): 14, ("switch", "tor"): 13, ("nic", None): 12, ("cpu", None): 11,
@@ -67,8 +70,12 @@ def representative_part(graph: nx.Graph, max_racks: int = 2, max_servers: int = 
 
 
 def draw_platform(graph: nx.Graph, path: str | Path, *, max_racks: int = 2, max_servers: int = 2,
-                  dpi: int = 150) -> str:
-    """Draw `graph` (or its representative part) to an image file; return the note ("" when drawn whole)."""
+                  dpi: int = 150, loads: dict[tuple[str, str], float] | None = None) -> str:
+    """Draw `graph` (or its representative part) to an image file; return the note ("" when drawn whole).
+
+    The format follows the suffix of `path` (.png, .svg, .pdf). `loads`: (source, target) link
+    direction -> mean utilization (0..1), as in a run's links.csv; each link is drawn by its busier
+    direction."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -80,24 +87,90 @@ def draw_platform(graph: nx.Graph, path: str | Path, *, max_racks: int = 2, max_
     width = max(8.0, min(40.0, 0.35 * max(len(row) for row in _rows(part).values())))
     figure, axes = plt.subplots(figsize=(width, 9))
     colours = [_COLOURS[_category(d)] for _, d in part.nodes(data=True)]
-    edge_colours = [_LINK_COLOURS.get(k, "#cccccc") for _, _, k in part.edges(data="kind")]
-    nx.draw_networkx_edges(part, position, ax=axes, edge_color=edge_colours, width=0.6, alpha=0.6)
+    edges = list(part.edges(data="kind"))
+    if loads is None:
+        edge_colours = [_LINK_COLOURS.get(k, "#cccccc") for _, _, k in edges]
+        nx.draw_networkx_edges(part, position, ax=axes, edgelist=[(u, v) for u, v, _ in edges],
+                               edge_color=edge_colours, width=0.6, alpha=0.6)
+    else:
+        _draw_loads(part, position, axes, figure, loads)
     nx.draw_networkx_nodes(part, position, ax=axes, node_color=colours, node_size=60, linewidths=0.3,
                            edgecolors="black")
-    if part.number_of_nodes() <= 120:
-        nx.draw_networkx_labels(part, position, labels, ax=axes, font_size=5, verticalalignment="bottom")
+    _draw_names(part, position, labels, axes)
     used = sorted({_category(d) for _, d in part.nodes(data=True)}, key=list(_COLOURS).index)
     handles = [Line2D([], [], marker="o", linestyle="", color=_COLOURS[c], label=c) for c in used]
-    kinds = sorted({k for _, _, k in part.edges(data="kind")})
-    handles += [Line2D([], [], color=_LINK_COLOURS.get(k, "#cccccc"), label=f"{k} link") for k in kinds]
+    if loads is None:
+        kinds = sorted({k for _, _, k in edges})
+        handles += [Line2D([], [], color=_LINK_COLOURS.get(k, "#cccccc"), label=f"{k} link") for k in kinds]
     axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
     title = f"{graph.graph.get('name', 'platform')}: {sum(1 for _, k in graph.nodes(data='kind') if k == 'xpu')} XPUs"
+    if loads is not None:
+        title += ", links by mean utilization over the run (the busier direction)"
     axes.set_title(title + (f"\n{note}" if note else ""), fontsize=10)
     axes.axis("off")
     figure.tight_layout()
     figure.savefig(path, dpi=dpi)
     plt.close(figure)
     return note
+
+
+def _draw_names(graph: nx.Graph, position: dict, labels: dict, axes) -> None:
+    """Every node's name beside it; in crowded rows (XPUs, memories) standing up so they do not overlap."""
+    rows = _rows(graph)
+    for row, members in rows.items():
+        crowded = len(members) > 12
+        for node in members:
+            x, y = position[node]
+            axes.text(x, y + 0.18, labels[node], fontsize=4 if crowded else 5, rotation=90 if crowded else 0,
+                      ha="center", va="bottom")
+
+
+def _draw_loads(graph: nx.Graph, position: dict, axes, figure, loads: dict[tuple[str, str], float],
+                labelled: int = 8) -> None:
+    """Links as wide as they are busy, coloured by utilization, the `labelled` busiest labelled."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import Normalize
+
+    from hcsim.units import format_percent
+
+    edges = [(u, v) for u, v in graph.edges]
+    busy = [max(loads.get((u, v), 0.0), loads.get((v, u), 0.0)) for u, v in edges]
+    colormap, norm = plt.get_cmap("plasma_r"), Normalize(0.0, max(max(busy, default=0.0), 1e-9))
+    nx.draw_networkx_edges(graph, position, ax=axes, edgelist=edges, width=[0.4 + 4 * b / norm.vmax for b in busy],
+                           edge_color=[colormap(norm(b)) if b > 0 else "#dddddd" for b in busy])
+    busiest = sorted((i for i, b in enumerate(busy) if b > 0), key=lambda i: -busy[i])[:labelled]
+    for i in busiest:
+        (x1, y1), (x2, y2) = position[edges[i][0]], position[edges[i][1]]
+        axes.text(0.6 * x1 + 0.4 * x2, 0.6 * y1 + 0.4 * y2, format_percent(busy[i]), fontsize=5, ha="center",
+                  va="center", bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8})
+    mappable = plt.cm.ScalarMappable(norm=norm, cmap=colormap)
+    bar = figure.colorbar(mappable, ax=axes, fraction=0.02, pad=0.01, location="left")
+    bar.set_label("mean link utilization", fontsize=7)
+    bar.ax.yaxis.set_major_formatter(lambda value, _: format_percent(value))
+
+
+def read_link_loads(path: str | Path) -> dict[tuple[str, str], float]:
+    """(source, target) -> utilization from a run's links.csv.
+
+    Raises
+    ------
+    ConfigError
+        if the file cannot be read or lacks the source, target and utilization columns.
+    """
+    import csv
+
+    from hcsim.errors import ConfigError
+
+    try:
+        with open(path, newline="") as stream:
+            rows = list(csv.DictReader(stream))
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read: {err.strerror}") from err
+    try:
+        return {(r["source"], r["target"]): float(r["utilization"]) for r in rows}
+    except (KeyError, ValueError) as err:
+        raise ConfigError(f"{path}: not a links.csv of hcsim simulate --out (columns source, target, utilization "
+                          f"expected): {err}") from err
 
 
 def _category(data: dict) -> str:
@@ -130,5 +203,6 @@ def _layout(graph: nx.Graph):
                                     _natural(n)))
         for i, node in enumerate(members):
             position[node] = ((i + 0.5) / len(members), row)
-            labels[node] = node.rsplit(".", 1)[-1] if "." in node and graph.nodes[node].get("server") else node
+            server = str(graph.nodes[node].get("server"))
+            labels[node] = node.removeprefix(f"{server}.")  # r0s0.nic0.0 -> nic0.0; xpu0.hbm stays
     return position, labels

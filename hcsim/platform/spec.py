@@ -21,6 +21,11 @@ An explicit spec has ``name``, ``device_catalog``, ``links`` (only ``hbm``
 is read, for the XPUs' HBM links), ``topology`` (``nodes`` and ``links``) and
 optionally ``routes``.
 
+``device_catalog`` lists device files of the shape of ``platforms/devices.yaml``;
+a relative path is looked up in the spec file's folder, then in the current
+directory (so ``--set device_catalog=[my-devices.yaml]`` on a built-in spec
+finds the file where you are).
+
 Overrides (from a scenario or a sweep) are dotted keys applied to the YAML
 before it is checked, so their errors name the key: ``{"links.cxl.latency":
 "1us", "coherent": False, "devices": ["H100", "A100"]}``.
@@ -292,7 +297,9 @@ def _catalog(top: Fields, base: Path) -> dict[str, Device]:
     origin = dict.fromkeys(catalog, BUILTIN_CATALOG.name)
     for i, file in enumerate(files):
         where = f"{top.path('device_catalog')}[{i}]"
-        file_path = Path(str(file)) if Path(str(file)).is_absolute() else base / str(file)
+        file_path = Path(str(file))
+        if not file_path.is_absolute() and (base / file_path).is_file():
+            file_path = base / file_path  # beside the spec first; else resolve_spec tries the current directory
         try:
             extra = load_catalog(resolve_spec(file_path, "platforms"))
         except ConfigError as err:

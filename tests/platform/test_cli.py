@@ -58,3 +58,22 @@ def test_platform_layer_imports_neither_simgrid_nor_matplotlib_at_module_level()
                            "print('matplotlib' in sys.modules, 'simgrid' in sys.modules)"],
                           capture_output=True, text=True, cwd=REPO_ROOT)
     assert done.stdout.split() == ["False", "False"]
+
+
+def test_draw_shows_link_loads_from_a_runs_links_csv(tmp_path, caplog):
+    loads = tmp_path / "links.csv"
+    loads.write_text("source,target,kind,bandwidth_Bps,bytes,utilization\n"
+                     "r0.cxl1.0,xpu0,cxl,1.28e11,1e12,0.62\nxpu0.hbm,xpu0,hbm,3.35e12,1e9,0.003\n"
+                     "nowhere,xpu0,cxl,1e9,1,0.5\n")
+    output = tmp_path / "p.svg"
+    assert main(["platform", "draw", "paper-cxl", "--xpus", "16", "-o", str(output), "--loads", str(loads)]) == 0
+    assert output.read_text().startswith("<?xml")  # the format follows the suffix
+    assert "1 of its links are not in this platform (e.g. nowhere -> xpu0)" in caplog.text
+
+
+def test_draw_rejects_a_file_that_is_no_links_csv(tmp_path, capsys):
+    loads = tmp_path / "links.csv"
+    loads.write_text("a,b\n1,2\n")
+    assert main(["platform", "draw", "paper-cxl", "--xpus", "16", "-o", str(tmp_path / "p.png"),
+                 "--loads", str(loads)]) == 2
+    assert "not a links.csv of hcsim simulate --out" in capsys.readouterr().err

@@ -77,6 +77,16 @@ def test_custom_device_catalog(tmp_path):
         load_platform_spec(spec_file, {"device_catalog": ["bad.yaml"]})
 
 
+def test_a_relative_device_catalog_is_found_beside_the_spec_then_in_the_current_directory(tmp_path, monkeypatch):
+    (tmp_path / "mine.yaml").write_text(
+        "devices:\n  MyASIC:\n    fp32: 50TFLOPS\n    fp16: 400TFLOPS\n    memory: 48GiB\n    memory_bandwidth: 2TB/s\n")
+    monkeypatch.chdir(tmp_path)
+    spec = load_platform_spec("paper-cxl", {"device_catalog": ["mine.yaml"], "devices": ["MyASIC"]})
+    assert spec.device_of_rack(0).name == "MyASIC"
+    with pytest.raises(ConfigError, match=r"device_catalog\[0\]: nowhere.yaml: no such file"):
+        load_platform_spec("paper-cxl", {"device_catalog": ["nowhere.yaml"]})
+
+
 def test_unknown_spec_name_lists_the_builtins():
     with pytest.raises(ConfigError, match="paper-cxl, paper-traditional"):
         load_platform_spec("paper-cxll")

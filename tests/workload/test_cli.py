@@ -49,3 +49,8 @@ def test_import_writes_a_chakra_trace_as_a_graph_and_names_the_units(tmp_path, c
     assert sorted(loaded.nodes(data="xpus")) == sorted(imported.nodes(data="xpus"))
     assert main(["workload", "import", str(tmp_path / "none"), "-o", str(path)]) == 2
     assert "no trace files" in capsys.readouterr().err
+
+
+def test_export_without_a_device_warns_that_nothing_spills(tmp_path, capsys):
+    assert main(["workload", "export", "llama2-13b", "--xpus", "2", "-o", str(tmp_path / "g.json")]) == 0
+    assert "no --device: no memory is placed" in capsys.readouterr().err

@@ -1,0 +1,218 @@
+"""What a run reports per XPU and per device type, and the resolved inputs it records.
+
+Pure functions over plain data (no SimGrid, no matplotlib): the simulation
+(`hcsim.simulation`), the sweep's CSV (`hcsim.sweep`) and ``xpus.csv`` are
+built on them, so every output says the same thing.
+
+Where an iteration goes, per XPU (:func:`per_xpu_times`), in seconds per
+iteration, averaged over the measured iterations (every iteration but the
+first, which fills the pipeline; the only one when a run has one):
+
+``compute_s``
+    the XPU's FLOPs at its speed;
+``memory_stall_s``
+    time a compute vertex ran beyond its FLOPs: waiting for memory reads and
+    copies (spilled state, HBM when it is the slower of the two);
+``exposed_comm_s``
+    communication that delays this XPU: in a collective whose members have
+    all arrived, computing nothing;
+``idle_s``
+    the rest: waiting for a dependency, for slower peers, in a pipeline bubble.
+
+The four add up to the reported iteration time (the engine's clocks cover
+the measured window).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hcsim.errors import HcsimError
+from hcsim.scenario import Scenario
+
+__all__ = ["XpuTimes", "DEVICE_COLUMNS", "TIME_PARTS", "rows_for", "spec_columns", "per_xpu_times", "pace_setters",
+           "scenario_columns", "scenario_column", "column_unit", "resolve_scenario", "xpu_rows", "XPU_COLUMNS"]
+
+TIME_PARTS = ("compute_s", "memory_stall_s", "exposed_comm_s", "idle_s")
+# The columns of a sweep row that belong to one device type of the point (one row per device type);
+# least_idle_xpu / least_idle_s: that type's XPU with the least idle time, the one its peers wait for.
+DEVICE_COLUMNS = ("device", "device_xpus", *TIME_PARTS, "least_idle_xpu", "least_idle_s")
+XPU_COLUMNS = ("xpu", "device", "server", "rack", "representative", *TIME_PARTS, "iteration_time_s")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class XpuTimes:
+    """Seconds per measured iteration of one XPU; the four parts sum to the iteration time."""
+
+    compute_s: float
+    memory_stall_s: float
+    exposed_comm_s: float
+    idle_s: float
+
+    def as_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+
+def per_xpu_times(engine_times: Mapping[str, Mapping[str, float]]) -> dict[str, XpuTimes]:
+    """Per XPU, seconds per measured iteration of compute, memory stall, exposed communication and idle time.
+
+    Parameters
+    ----------
+    engine_times : the executor's per-XPU clocks (``RunResult.xpu_times``): xpu -> compute_s,
+        memory_stall_s, comm_s (communication that delayed the XPU), idle_s, each in s per measured
+        iteration.
+
+    >>> times = per_xpu_times({"xpu0": {"compute_s": 2.0, "memory_stall_s": 1.0, "comm_s": 0.5, "idle_s": 0.25}})
+    >>> times["xpu0"].exposed_comm_s
+    0.5
+    """
+    return {xpu: XpuTimes(compute_s=t["compute_s"], memory_stall_s=t["memory_stall_s"], exposed_comm_s=t["comm_s"],
+                          idle_s=t["idle_s"]) for xpu, t in engine_times.items()}
+
+
+def rows_for(rows: list[dict[str, Any]], column: str) -> list[dict[str, Any]]:
+    """The sweep rows that carry `column` once per value: all of them for a device column, else the first
+    row of each point (its other rows repeat the point's results)."""
+    if column in DEVICE_COLUMNS:
+        return rows
+    seen: set = set()
+    kept = []
+    for row in rows:
+        key = row.get("point")
+        if key is None or key not in seen:
+            seen.add(key)
+            kept.append(row)
+    return kept
+
+
+def pace_setters(times: Mapping[str, XpuTimes], device_of: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """Per device type, its XPU with the least idle time (the one the others wait for) and that time (s)."""
+    best: dict[str, tuple[float, str]] = {}
+    for xpu, row in times.items():
+        device = device_of[xpu]
+        if device not in best or row.idle_s < best[device][0]:
+            best[device] = (row.idle_s, xpu)
+    return {device: {"xpu": xpu, "idle_s": idle} for device, (idle, xpu) in sorted(best.items())}
+
+
+def xpu_rows(platform, times: Mapping[str, XpuTimes], representative: Mapping[str, str], period: float
+             ) -> list[dict[str, Any]]:
+    """The rows of ``xpus.csv`` (columns XPU_COLUMNS), in the order of `times`.
+
+    ``representative`` maps a follower to the XPU whose simulation it follows (a simulated XPU is its
+    own); `period` is the iteration time (s)."""
+    rows = []
+    for xpu, row in times.items():
+        node = platform.nodes[xpu]
+        rows.append({"xpu": xpu, "device": node.get("device"), "server": node.get("server"), "rack": node.get("rack"),
+                     "representative": representative.get(xpu, xpu), **row.as_dict(), "iteration_time_s": period})
+    return rows
+
+
+# --- the scenario as recorded -------------------------------------------------------------------
+
+_UNIT_SUFFIX = {"B/s": "Bps", "s": "s", "B": "B"}
+
+
+def scenario_columns() -> list[str]:
+    """The columns that record a scenario: one per Scenario field (but ``base``, a folder of this machine),
+    named ``FIELD_UNIT`` when the field has a unit (``cxl_bandwidth_Bps``, ``cxl_latency_s``)."""
+    return [scenario_column(f.name) for f in dataclasses.fields(Scenario) if f.name != "base"]
+
+
+def scenario_column(key: str) -> str:
+    """The CSV column of a scenario key (``cxl_latency`` -> ``cxl_latency_s``); other names unchanged."""
+    for f in dataclasses.fields(Scenario):
+        if f.name == key:
+            unit = f.metadata.get("unit")
+            return f"{key}_{_UNIT_SUFFIX[unit]}" if unit else key
+    return key
+
+
+def spec_columns(spec: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+    """A plot or finding spec with the columns it names (the values of `keys`, and the keys of its
+    ``where`` and ``labels`` mappings) turned into CSV columns: ``cxl_bandwidth`` -> ``cxl_bandwidth_Bps``."""
+    spec = dict(spec)
+    for key in keys:
+        value = spec.get(key)
+        if isinstance(value, str):
+            spec[key] = scenario_column(value)
+        elif isinstance(value, list):
+            spec[key] = [scenario_column(v) if isinstance(v, str) else v for v in value]
+    for key in ("where", "labels"):
+        if isinstance(spec.get(key), Mapping):
+            spec[key] = {scenario_column(str(k)): v for k, v in spec[key].items()}
+    return spec
+
+
+def column_unit(column: str) -> str | None:
+    """The unit ("B/s", "s") of a scenario column with a unit, else None."""
+    for f in dataclasses.fields(Scenario):
+        unit = f.metadata.get("unit")
+        if unit and column == f"{f.name}_{_UNIT_SUFFIX[unit]}":
+            return unit
+    return None
+
+
+def resolve_scenario(scenario: Scenario) -> dict[str, Any]:
+    """Column -> value of every scenario field, defaults replaced by what they resolve to.
+
+    A field left to the platform or workload spec (None: devices, coherent, CXL bandwidth and latency,
+    collective, graph fidelity) takes the spec's value; lists are joined with ``+`` (devices) or written
+    as JSON, mappings as JSON. If the specs cannot be read (a point that fails), fields keep their own
+    values. Nothing is left blank: a value that does not exist (no CXL link on the platform) is "none".
+    """
+    from_specs = _spec_values(scenario)
+    values = {}
+    for f in dataclasses.fields(Scenario):
+        if f.name == "base":
+            continue
+        value = getattr(scenario, f.name)
+        if value is None:
+            value = from_specs.get(f.name)
+        values[scenario_column(f.name)] = _cell(f.name, value)
+    return values
+
+
+def _spec_values(scenario: Scenario) -> dict[str, Any]:
+    """The values the specs give the scenario's None fields, each spec's when it can be read (a graph workload
+    has no spec: the workload's fields stay blank, the graph holds them)."""
+    from hcsim.config import resolve_spec
+    from hcsim.platform import load_platform_spec
+    from hcsim.workload import load_workload_spec
+
+    base = Path(scenario.base)
+    values: dict[str, Any] = {"trace_iterations": list(range(1, scenario.iterations + 1))}
+    try:
+        platform = load_platform_spec(resolve_spec(scenario.platform, "platforms", base), scenario.platform_settings())
+    except HcsimError:
+        platform = None
+    if platform is not None:
+        cxl = platform.links.get("cxl")
+        values.update(devices=platform.devices or "per node (explicit topology)", coherent=platform.coherent,
+                      cxl_bandwidth=cxl.bandwidth if cxl else "none", cxl_latency=cxl.latency if cxl else "none")
+    try:
+        workload = load_workload_spec(resolve_spec(scenario.workload, "workloads", base), scenario.workload_settings())
+    except HcsimError:  # a graph (.json, chakra:) or a spec that fails: its values are the graph's own
+        return values
+    dp = scenario.dp or max(1, scenario.xpus // (scenario.tp * scenario.ep * scenario.pp))
+    micro_batch = scenario.micro_batch or workload.batch_per_xpu
+    # Keyed by Scenario field: what a None there means (see Scenario's field comments).
+    values.update(collective=workload.algorithm, granularity=workload.granularity,
+                  collective_chunks=workload.chunks if workload.chunks is not None else "the algorithm's default",
+                  dp=dp, micro_batch=micro_batch, global_batch=dp * micro_batch, recompute=workload.recomputation,
+                  layer_split="even")
+    return values
+
+
+def _cell(key: str, value: Any) -> Any:
+    if key == "devices" and isinstance(value, (list, tuple)):
+        return "+".join(value)
+    if isinstance(value, (list, tuple, dict)):
+        return json.dumps(value if not isinstance(value, tuple) else list(value), sort_keys=True)
+    return value
