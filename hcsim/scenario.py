@@ -28,6 +28,7 @@ from hcsim.engine.executor import COLLECTIVE_MODELS, LOCAL_ACCESSES, LOCAL_COLLE
 from hcsim.errors import ConfigError, brief
 from hcsim.params import (Choice, Constraint, Either, Flag, Integer, Integers, Number, Optional, StringMapping, Text,
                           Texts, check_params)
+from hcsim.engine.compute_model import COMPUTE_MODELS
 from hcsim.workload.model import RECOMPUTATION
 from hcsim.workload.schedules import SCHEDULES
 from hcsim.workload.zero import OFFLOAD_STATES, OFFLOAD_TARGETS, ZERO_STAGES
@@ -88,6 +89,8 @@ class Scenario:
     offload_state: tuple[str, ...] = ("optimizer",)  # what offload keeps out of HBM: optimizer, parameters, activations
     ep: int = 1  # expert-parallel group size (MoE models; EP ranks split the data too: dp = xpus / (tp x ep x pp))
     moe_skew: float = 1.0  # most loaded expert rank's tokens / the mean (1: balanced routing)
+    compute_model: str = "peak"  # peak (FLOPs / peak FLOP/s: the paper's) | roofline (hcsim.engine.compute_model)
+    compute_factors: str | None = None  # roofline factors YAML; None: platforms/compute-model.yaml
     trace_xpus: int | str | tuple[str, ...] = 8  # with an output folder: trace the first N XPUs (0: none),
     # a list of XPU names, per-device (the first XPU of each device type) or per-class (each class's
     # representative, with xpu_sampling: representative)
@@ -108,6 +111,8 @@ class Scenario:
         "local_access": Choice(LOCAL_ACCESSES),
         "xpu_sampling": Choice(XPU_SAMPLINGS),
         "local_collectives": Choice(LOCAL_COLLECTIVES),
+        "compute_model": Choice(COMPUTE_MODELS),
+        "compute_factors": Optional(Text(), "platforms/compute-model.yaml"),
         "granularity": Optional(Choice(GRANULARITIES), "the workload spec's"),
         "iterations": Integer(minimum=1),
         "platform_overrides": StringMapping(), "workload_overrides": StringMapping(),
@@ -288,6 +293,8 @@ def _from_mapping(data: dict, where: str, base: str) -> Scenario:
                                f"(a name or a list, each once), got {str(state)[:80]}")
         state = None
     values["offload_state"] = tuple(state) if state else default.offload_state
+    values["compute_model"] = fields.choice("compute_model", COMPUTE_MODELS, default.compute_model)
+    values["compute_factors"] = fields.string("compute_factors", None)
     iterations = fields.raw("trace_iterations")
     if iterations is not None and not (isinstance(iterations, list) and iterations
                                        and c["trace_iterations"].accepts(tuple(iterations))):

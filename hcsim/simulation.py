@@ -32,8 +32,8 @@ except ImportError as _error:  # a folder named hcsim shadows the package: say s
 from hcsim.results import TIME_PARTS, XPU_COLUMNS, XpuTimes, pace_setters, per_xpu_times, resolve_scenario, xpu_rows
 from hcsim.scenario import Scenario
 
-__all__ = ["Prepared", "prepare", "offload_memory", "host_pairs", "execute", "run_here", "simulate", "simulate_graphs", "total_runs",
-           "write_outputs", "atomic_write"]
+__all__ = ["Prepared", "prepare", "offload_memory", "host_pairs", "execute", "run_here", "compute_model", "simulate",
+           "simulate_graphs", "total_runs", "write_outputs", "atomic_write"]
 
 log = logging.getLogger(__name__)
 
@@ -320,11 +320,29 @@ def simulate_graphs(platform: nx.Graph, workload: nx.DiGraph, options=None) -> d
     return _in_fresh_process(_execute_child, platform, workload, options or RunOptions())
 
 
-def run_here(scenario: Scenario, out: Path | None = None, progress=None) -> dict[str, Any]:
+def compute_model(scenario: Scenario, workload: nx.DiGraph):
+    """The scenario's roofline ComputeModel, or None for ``compute_model: peak``.
+
+    Raises ConfigError when roofline is asked of a graph without op-level costs."""
+    if scenario.compute_model == "peak":
+        return None
+    from hcsim.config import resolve_spec
+    from hcsim.engine.compute_model import load_compute_model
+
+    if not any(ops for _, ops in workload.nodes(data="ops")):
+        raise ConfigError(f"scenario {scenario.name!r}: compute_model: roofline times the kernels (ops) of compute "
+                          f"vertices, which only the hybrid-parallel graph has; fix: set tp, pp, micro_batch or "
+                          f"global_batch, or compute_model: peak")
+    path = resolve_spec(scenario.compute_factors, "platforms", Path(scenario.base)) if scenario.compute_factors else None
+    return load_compute_model(path)
+
+
+def run_here(scenario: Scenario, out: Path | None = None, progress=None, check=None) -> dict[str, Any]:
     """Run `scenario` in this process (SimGrid: once per process); write outputs to `out` if given.
 
     `progress`, if given, is a factory called with the total number of vertex
-    runs; it returns a callable that receives how many more have completed."""
+    runs; it returns a callable that receives how many more have completed.
+    `check`, if given, is called with the :class:`Prepared` run before it runs (it may raise)."""
     from hcsim.config import check_output_folder
     from hcsim.engine.executor import RunOptions
 
@@ -332,13 +350,15 @@ def run_here(scenario: Scenario, out: Path | None = None, progress=None) -> dict
     if out is not None:
         check_output_folder(out, "out")
     prepared = prepare(scenario)
+    if check is not None:
+        check(prepared)
     setup_s = time.perf_counter() - wall
     traced = traced_xpus(prepared) if out is not None else None
     options = RunOptions(iterations=scenario.iterations, coherent=prepared.coherent,
                          collective_model=scenario.collective_model, step_limit=scenario.step_limit,
                          local_access=scenario.local_access, xpu_sampling=scenario.xpu_sampling,
                          local_collectives=scenario.local_collectives,
-                         trace_xpus=traced,
+                         compute_model=compute_model(scenario, prepared.workload), trace_xpus=traced,
                          trace_iterations=frozenset(scenario.trace_iterations) if scenario.trace_iterations else None)
     update = progress(total_runs(prepared.workload, scenario.iterations)) if progress else None
     outcome = execute(prepared.platform, prepared.workload, options, prepared.pairs, update)

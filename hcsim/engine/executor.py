@@ -73,6 +73,9 @@ class RunOptions:
     # uncontended routes (no transfer is simulated; its bytes still load the links); exact when nothing
     # else uses those links meanwhile, as with tensor parallelism on a server's XPU switch.
     local_collectives: str = "simulated"
+    # None: the peak model (FLOPs / FLOP/s, transfers at line rate); a ComputeModel: the roofline
+    # model of hcsim.engine.compute_model for compute vertices with ops and for collectives
+    compute_model: object | None = None
     trace_xpus: frozenset[str] | str | None = None  # None: trace nothing; "per-class": each class's representative
     trace_iterations: frozenset[int] | None = None  # None: every iteration
 
@@ -195,6 +198,8 @@ class Executor:
         self.immediate: deque = deque()
         self.draining = False
         self.pair_bytes: dict[tuple[str, str], float] = defaultdict(float)  # (src, dst) -> bytes moved
+        self._link_factors: dict[tuple[str, str], object] = {}  # (src, dst) -> LinkFactors (roofline)
+        self._call_latency: dict[tuple[int, int], float] = {}  # (vertex, group) -> s per call (roofline)
 
     # ---- set-up -------------------------------------------------------------------------------------------
 
@@ -440,6 +445,10 @@ class Executor:
         duration = data.get("duration")  # a measured time replaces FLOPs / FLOP/s, on any device
         flops = data["flops"] if duration is None else duration * speed
         compute_time = flops / speed
+        model = self.options.compute_model
+        if model is not None and duration is None and data.get("ops") and node["kind"] == "xpu":  # roofline
+            compute_time = model.time(data["ops"], node["device"], speed, self._path(local, xpu)[1])
+            flops = compute_time * speed
         tracing = self.trace is not None and self.trace.wants(xpu, run)
 
         def finish():
@@ -627,6 +636,16 @@ class Executor:
     def latency(self, src: str, dst: str) -> float:
         return self._path(src, dst)[0]
 
+    def link_factors(self, src: str, dst: str):
+        """The roofline LinkFactors of the route src -> dst: those of its bottleneck link's kind."""
+        key = (src, dst)
+        if key not in self._link_factors:
+            route = self.routes[key]
+            edges = self.platform.edges
+            slowest = min(zip(route, route[1:]), key=lambda link: edges[link]["bandwidth"])
+            self._link_factors[key] = self.options.compute_model.link(edges[slowest]["kind"])
+        return self._link_factors[key]
+
     def access_time(self, src: str, dst: str, size: float) -> float:
         """Latency + size / bottleneck bandwidth of an uncontended transfer, in s."""
         latency, bandwidth = self._path(src, dst)
@@ -722,9 +741,28 @@ class _CollectiveRun:
         executor, source, target = self.executor, self.xpu(src), self.xpu(dst)
         executor.pair_bytes[source, target] += size
         tracing = executor.trace is not None and executor.trace.wants(source, self.run)
+        if executor.options.compute_model is not None:  # roofline: NCCL's achieved share of the line rate
+            size = size / executor.link_factors(source, target).bandwidth_factor
         executor._transfer(source, target, size, then, tracing, self.run, self.vertex.name)
 
     def _finish(self, rank: int) -> None:
+        executor = self.executor
+        if executor.options.compute_model is not None:  # roofline: the call's latency after its last transfer
+            latency = self.call_latency()
+            if latency > 0:
+                executor.backend.delay(latency, lambda: self._finished(rank))
+                return
+        self._finished(rank)
+
+    def call_latency(self) -> float:
+        """The per-call latency of this group's collective: the largest of its transfers' link kinds."""
+        cache, key = self.executor._call_latency, (self.vertex.index, self.group)
+        if key not in cache:
+            cache[key] = max((self.executor.link_factors(self.xpu(s), self.xpu(d)).call_latency
+                              for s, d in self.algorithm.pairs()), default=0.0)
+        return cache[key]
+
+    def _finished(self, rank: int) -> None:
         self.finished += 1
         self.finished_ranks.add(rank)
         if rank in self.active:

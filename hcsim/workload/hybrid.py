@@ -51,6 +51,7 @@ from hcsim.workload.memory import stage_memory
 from hcsim.workload.model import RECOMPUTATION
 from hcsim.workload.schedules import Op, check_schedule, stage_order
 from hcsim.workload.spec import WorkloadSpec
+from hcsim.workload.ops import BlockOps, Op as Kernel, block_ops, head_ops, optimizer_ops
 from hcsim.workload.transformer import decoder_layer, embedding, lm_head
 from hcsim.workload.experts import EXPERT_OPS, routed_elements
 from hcsim.workload.zero import check_zero_offload, optimizer_step_bytes
@@ -229,6 +230,11 @@ class _Builder:
         spec, par = self.spec, self.par
         self.attn, self.mlp = block_costs(spec, par.micro_batch, par.tp, par.sequence_parallel, par.ep)
         self.experts = expert_costs(spec, par.micro_batch, par.tp, par.sequence_parallel, par.ep, par.moe_skew)
+        # kernels of each block for the engine's roofline model (hcsim.workload.ops; dense blocks only)
+        self.attn_ops, self.mlp_ops = block_ops(spec.model, spec.sizes, par.micro_batch, par.tp,
+                                                par.sequence_parallel, spec.attention)
+        if self.experts:  # no kernels for MoE MLP blocks yet: their vertices keep FLOPs / peak FLOP/s
+            self.mlp_ops = BlockOps(forward=(), backward=())
         self.balanced = expert_costs(spec, par.micro_batch, par.tp, par.sequence_parallel, par.ep)  # model FLOPs
         self.expert_parameters = self.experts.parameters if self.experts else 0.0  # per TP rank, held
         self.dispatch = routed_elements(spec.model, par.micro_batch, par.tp) * spec.sizes.activation * par.moe_skew
@@ -242,6 +248,7 @@ class _Builder:
         self.embedding = embedding(model, **keywords) if self.vocabulary else None
         self.head = lm_head(model, tied_copy=par.pp > 1 and model.tied_embeddings, **keywords) \
             if self.vocabulary else None
+        self.head_ops = head_ops(model, spec.sizes, par.micro_batch, par.tp) if self.vocabulary else None
         self.graph = new_workload(spec.name, precision=spec.precision,
                                   samples_per_iteration=par.global_batch // par.replicas,
                                   layout=self.layout.to_dict(), global_samples=par.global_batch,
@@ -320,7 +327,8 @@ class _Builder:
         opt = add_compute(self.graph, f"s{stage}.optimizer", xpus=xpus,
                           flops=spec.optimizer_flops_per_parameter * parameters * shard,
                           memory_bytes=per_parameter * parameters * shard)
-        self.graph.nodes[opt].update(phase="optimizer", stage=stage)
+        self.graph.nodes[opt].update(phase="optimizer", stage=stage,
+                                     ops=optimizer_ops(parameters * shard, spec.precision))
         on_cpu = par.offloads("optimizer") and par.offload == "cpu"
         if par.offloads("optimizer"):
             self.graph.nodes[opt].update(offload=par.offload, **({"host": "cpu"} if on_cpu else
@@ -406,11 +414,11 @@ class _Builder:
         chain: list[str] = []
         is_first, is_last = self.ends(stage, op.chunk)
 
-        def compute(suffix, flops, size):
+        def compute(suffix, flops, size, ops=()):
             name = add_compute(self.graph, f"{tag}.{suffix}", xpus=xpus, flops=flops, memory_bytes=size,
                                start=start and not chain)
             phase = "recompute" if ".recompute" in suffix else {"F": "fwd", "B": "bwd", "W": "bwd"}[op.kind]
-            self.graph.nodes[name].update(phase=phase, stage=stage, micro_batch=op.micro_batch)
+            self.graph.nodes[name].update(phase=phase, stage=stage, micro_batch=op.micro_batch, ops=tuple(ops))
             chain.append(name)
 
         ends = [(self.embedding, "embedding")] * is_first + [(self.head, "head")] * is_last
@@ -418,7 +426,9 @@ class _Builder:
             work = [(block.backward_weight, label) for block, label in ends]
             blocks = (self.attn, self.mlp, self.experts)
             flops = decoders * sum(b.weight_grad_flops for b in blocks if b) + sum(w.flops for w, _ in work)
-            compute("wgrad", flops, sum(w.bytes for w, _ in work))
+            wgrads = tuple(k for k in self.attn_ops.backward + self.mlp_ops.backward if k.name.endswith(".wgrad"))
+            kernels = wgrads * decoders + tuple(Kernel(f"{label}.wgrad", "memory", 0.0, w.bytes) for w, label in work)
+            compute("wgrad", flops, sum(w.bytes for w, _ in work), kernels)
             return self._chain(chain)
         split = par.schedule == "zb-h1"
         units = self.units.setdefault(stage, [])  # what ZeRO-3 gathers before it runs, in execution order
@@ -429,25 +439,27 @@ class _Builder:
 
         if op.kind == "F":
             if is_first:
-                compute("embedding", self.embedding.forward.flops, self.embedding.forward.bytes)
+                compute("embedding", self.embedding.forward.flops, self.embedding.forward.bytes,
+                        (Kernel("embedding", "memory", 0.0, self.embedding.forward.bytes),))
                 unit(len(chain) - 1, self.embedding.parameters, "embedding")
             for d in range(decoders):
                 mark = len(chain)
                 self.add_decoder_forward(compute, chain, stage, f"L{d}")
                 unit(mark, decoder, f"L{d}")
             if is_last:
-                compute("head", self.head.forward.flops, self.head.forward.bytes)
+                compute("head", self.head.forward.flops, self.head.forward.bytes, self.head_ops.forward)
                 unit(len(chain) - 1, self.head.parameters, "head")
             return self._chain(chain)
         if is_last:
             work = self.head.backward_input if split else self.head.backward
-            compute("head", work.flops, work.bytes)
+            kernels = tuple(k for k in self.head_ops.backward if not (split and k.name.endswith(".wgrad")))
+            compute("head", work.flops, work.bytes, kernels)
             unit(len(chain) - 1, self.head.parameters, "head")
         for d in reversed(range(decoders)):
             mark = len(chain)
             if par.recompute == "full":
                 self.add_decoder_forward(compute, chain, stage, f"L{d}.recompute")
-            for block, label in ((self.mlp, "mlp"), (self.attn, "attn")):
+            for block, ops, label in ((self.mlp, self.mlp_ops, "mlp"), (self.attn, self.attn_ops, "attn")):
                 if self.experts and label == "mlp":  # the combine's gradients, experts, the dispatch's
                     self.add_all_to_all(chain, stage, f"{tag}.L{d}.combine_grad")
                     experts = self.experts
@@ -456,20 +468,22 @@ class _Builder:
                     self.add_all_to_all(chain, stage, f"{chain[-1]}.dispatch_grad")
                 flops = block.input_grad_flops if split else block.bwd_flops
                 size = block.bwd_bytes
+                kernels = tuple(k for k in ops.backward if not (split and k.name.endswith(".wgrad")))
                 if par.recompute == "selective":
                     flops, size = flops + block.core_flops, size + block.core_bytes
-                compute(f"L{d}.{label}", flops, size)
+                    kernels = ops.core + kernels
+                compute(f"L{d}.{label}", flops, size, kernels)
                 self.add_tp_collective(chain, stage, f"{chain[-1]}.tp", backward=True)
             unit(mark, decoder, f"L{d}")
         if is_first:
             work = self.embedding.backward_input if split else self.embedding.backward
-            compute("embedding", work.flops, work.bytes)
+            compute("embedding", work.flops, work.bytes, (Kernel("embedding.bwd", "memory", 0.0, work.bytes),))
             unit(len(chain) - 1, self.embedding.parameters, "embedding")
         return self._chain(chain)
 
     def add_decoder_forward(self, compute, chain, stage, label) -> None:
-        for block, name in ((self.attn, "attn"), (self.mlp, "mlp")):
-            compute(f"{label}.{name}", block.fwd_flops, block.fwd_bytes)
+        for block, ops, name in ((self.attn, self.attn_ops, "attn"), (self.mlp, self.mlp_ops, "mlp")):
+            compute(f"{label}.{name}", block.fwd_flops, block.fwd_bytes, ops.forward)
             if self.experts and name == "mlp":  # dispatch, experts, combine
                 self.add_all_to_all(chain, stage, f"{chain[-1]}.dispatch")
                 compute(f"{label}.experts", self.experts.fwd_flops, self.experts.fwd_bytes)
