@@ -1,0 +1,330 @@
+"""Validation against measured training runs: `hcsim validate RUNS.csv --platform SPEC`.
+
+A RUNS file is a CSV with one measured run per row (:data:`COLUMNS`). Each row
+becomes a scenario on the given platform (the model shape overriding a base
+workload, ``gpt-megatron`` unless the row names another), simulated in a fresh
+process (one SimGrid engine per process). The result table has the measured and
+simulated iteration times and the signed error (simulated - measured) /
+measured; rows that cannot be simulated keep their reason. Throughputs are
+compared as the iteration times they imply:
+
+- ``s`` / ``ms``: seconds (milliseconds) per iteration;
+- ``samples/s``, ``tokens/s``: global_batch (x sequence) / iteration time;
+- ``tflops/gpu``: TFLOP/s per GPU counted as Narayanan et al. 2021 count them,
+  96·B·s·L·h²·(1 + s/6h + V/16Lh) FLOP per iteration (B global batch,
+  L layers, V vocabulary; full recomputation), over the GPUs.
+
+Rows whose ``role`` is ``calibration`` set factors (platforms/compute-model.yaml
+says which); the summary reports them apart from the held-out rows.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+from hcsim.errors import ConfigError, HcsimError
+
+__all__ = ["COLUMNS", "UNITS", "RunRow", "read_runs", "row_scenario", "validate", "summarize_rows", "write_report",
+           "measured_seconds", "DEFAULT_SETTINGS"]
+
+# column -> meaning; `name`, `gpus`, `measured` and `unit` are required, the rest optional
+COLUMNS = {
+    "name": "a label for the row",
+    "role": "calibration (the row sets a factor) or empty (held out)",
+    "workload": "base workload spec (name or path; default gpt-megatron)",
+    "layers": "decoders L", "hidden": "h", "heads": "a", "ffn": "f (default 4h)",
+    "vocabulary": "V", "sequence": "s",
+    "gpu": "device name in the platform's catalog (default: the platform's)",
+    "gpus": "GPUs of the run", "tp": "tensor-parallel size", "pp": "pipeline stages",
+    "dp": "data-parallel replicas (default gpus / (tp x pp))", "micro_batch": "samples per micro-batch",
+    "global_batch": "samples per iteration", "recompute": "none | selective | full",
+    "schedule": "gpipe | 1f1b | interleaved | zb-h1", "virtual_stages": "chunks per stage (interleaved)",
+    "sequence_parallel": "true | false", "attention": "standard | flash",
+    "measured": "the measured value", "unit": "s | ms | samples/s | tokens/s | tflops/gpu",
+    "source": "where the measurement comes from",
+}
+REQUIRED = ("name", "gpus", "measured", "unit")
+UNITS = ("s", "ms", "samples/s", "tokens/s", "tflops/gpu")
+# Scenario settings every row gets unless --set says otherwise: the roofline model, one iteration (a
+# Megatron iteration ends in a synchronous optimizer step, so iteration 1 is the steady state), and the
+# speed-ups that keep pipelines of hundreds of GPUs feasible (README, Fidelity levels).
+DEFAULT_SETTINGS = {"compute_model": "roofline", "iterations": 1, "xpu_fidelity": "representative",
+                    "collective_fidelity": "flow"}
+_SHAPE = {"layers": "model.decoders", "hidden": "model.hidden", "heads": "model.heads", "ffn": "model.ffn",
+          "vocabulary": "model.vocabulary", "sequence": "model.sequence"}
+_INTS = ("layers", "hidden", "heads", "ffn", "vocabulary", "sequence", "gpus", "tp", "pp", "dp", "micro_batch",
+         "global_batch", "virtual_stages")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunRow:
+    """One measured run: its CSV line number, the cells as read, and the measured value in `unit`."""
+
+    line: int
+    cells: dict[str, str]
+
+    @property
+    def name(self) -> str:
+        return self.cells.get("name", "") or f"line {self.line}"
+
+    def value(self, key: str) -> Any:
+        """The cell `key` typed (int, bool, str), None when empty; ConfigError naming the line and column."""
+        text = (self.cells.get(key) or "").strip()
+        if not text:
+            return None
+        if key in _INTS:
+            try:
+                return int(text)
+            except ValueError:
+                raise ConfigError(f"line {self.line}: {key}: expected an integer, got {text!r}") from None
+        if key == "sequence_parallel":
+            if text.lower() not in ("true", "false", "yes", "no", "1", "0"):
+                raise ConfigError(f"line {self.line}: sequence_parallel: expected true or false, got {text!r}")
+            return text.lower() in ("true", "yes", "1")
+        if key == "measured":
+            try:
+                value = float(text)
+            except ValueError:
+                raise ConfigError(f"line {self.line}: measured: expected a number, got {text!r}") from None
+            if not value > 0:
+                raise ConfigError(f"line {self.line}: measured: must be > 0, got {text!r}")
+            return value
+        return text
+
+
+def read_runs(path: str | Path) -> list[RunRow]:
+    """Read a RUNS CSV ('#' lines are comments); ConfigError for unknown or missing columns."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read: {err.strerror}") from err
+    lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    reader = csv.DictReader(io.StringIO("\n".join(lines)))
+    header = [c.strip() for c in reader.fieldnames or []]
+    unknown = [c for c in header if c not in COLUMNS]
+    missing = [c for c in REQUIRED if c not in header]
+    if unknown or missing:
+        raise ConfigError(f"{path}: " + "; ".join(
+            ([f"unknown columns {', '.join(unknown)}"] if unknown else [])
+            + ([f"missing columns {', '.join(missing)}"] if missing else []))
+            + f". Columns: {', '.join(COLUMNS)}")
+    rows = []
+    for number, record in enumerate(reader, start=2):
+        cells = {k.strip(): (v or "").strip() for k, v in record.items() if k}
+        if any(cells.values()):
+            rows.append(RunRow(line=number, cells=cells))
+    return rows
+
+
+def measured_seconds(row: RunRow) -> float:
+    """The row's measured iteration time in s (module docstring); ConfigError when it cannot be derived."""
+    value, unit = row.value("measured"), row.value("unit")
+    if value is None:
+        raise ConfigError(f"line {row.line}: measured: empty")
+    if unit not in UNITS:
+        raise ConfigError(f"line {row.line}: unit: {unit!r} is not one of {', '.join(UNITS)}")
+    if unit in ("s", "ms"):
+        return value * (1e-3 if unit == "ms" else 1.0)
+    batch = row.value("global_batch")
+    if batch is None:
+        raise ConfigError(f"line {row.line}: unit {unit} needs global_batch")
+    if unit == "samples/s":
+        return batch / value
+    sequence = row.value("sequence")
+    if sequence is None:
+        raise ConfigError(f"line {row.line}: unit {unit} needs sequence")
+    if unit == "tokens/s":
+        return batch * sequence / value
+    layers, hidden, vocabulary, gpus = (row.value(k) for k in ("layers", "hidden", "vocabulary", "gpus"))
+    if None in (layers, hidden, vocabulary):
+        raise ConfigError(f"line {row.line}: unit tflops/gpu needs layers, hidden and vocabulary")
+    flops = 96.0 * batch * sequence * layers * hidden ** 2 * (1 + sequence / (6 * hidden)
+                                                              + vocabulary / (16 * layers * hidden))
+    return flops / (value * 1e12 * gpus)
+
+
+def row_scenario(row: RunRow, platform: str, settings: dict[str, Any] | None = None, base: str = "."):
+    """The scenario that simulates `row` on `platform`; ConfigError naming what is missing or wrong."""
+    from hcsim.scenario import load_scenario
+
+    values: dict[str, Any] = {"name": row.name, "platform": platform, "workload": row.value("workload") or "gpt-megatron",
+                              **DEFAULT_SETTINGS}
+    gpus = row.value("gpus")
+    if gpus is None:
+        raise ConfigError(f"line {row.line}: gpus: empty")
+    values["xpus"] = gpus
+    for key in ("tp", "pp", "dp", "micro_batch", "global_batch", "recompute", "schedule", "virtual_stages",
+                "sequence_parallel"):
+        if row.value(key) is not None:
+            values[key] = row.value(key)
+    if row.value("micro_batch") is None:
+        raise ConfigError(f"line {row.line}: micro_batch: not given (the simulated pipeline depends on it)")
+    overrides = {path: row.value(key) for key, path in _SHAPE.items() if row.value(key) is not None}
+    if row.value("hidden") is not None and row.value("ffn") is None:
+        overrides["model.ffn"] = 4 * row.value("hidden")
+    if row.value("attention"):
+        overrides["training.attention"] = row.value("attention")
+    overrides["model.name"] = row.name
+    values["workload_overrides"] = overrides
+    if row.value("gpu"):
+        values["devices"] = [row.value("gpu")]
+    values.update(settings or {})
+    scenario = load_scenario(None, values)
+    from dataclasses import replace
+
+    return replace(scenario, base=base)
+
+
+class _TooLarge(HcsimError):
+    """A row whose simulation would exceed the run limit."""
+
+
+def _simulate_row(scenario, max_runs: int | None) -> dict[str, Any]:
+    from hcsim.simulation import run_here, total_runs
+
+    def check(prepared):
+        runs = total_runs(prepared.workload, scenario.iterations)
+        if max_runs is not None and runs > max_runs:
+            raise _TooLarge(f"not simulated: {runs:,} vertex runs exceed --max-runs {max_runs:,} "
+                            f"(issue 15: simulating it takes too long)")
+
+    try:
+        result = run_here(scenario, check=check)
+    except HcsimError as err:
+        return {"reason": str(err).splitlines()[0]}
+    return {key: result[key] for key in ("iteration_time_s", "mfu", "wall_time_s", "activities", "breakdown",
+                                          "stages") if key in result}
+
+
+def validate(runs: list[RunRow], platform: str, settings: dict[str, Any] | None = None, jobs: int = 1,
+             max_runs: int | None = None, base: str = ".", progress=None) -> list[dict[str, Any]]:
+    """Simulate every row (each in a fresh process, `jobs` at a time); one record per row, in order.
+
+    A record has name, role, measured, unit, measured_s, and either simulated_s, error (signed,
+    (simulated - measured) / measured, on the iteration time), mfu and wall_s, or a reason."""
+    records: list[dict[str, Any]] = []
+    work = []
+    for row in runs:
+        record = {"name": row.name, "role": row.value("role") or "", "measured": row.cells.get("measured", ""),
+                  "unit": row.cells.get("unit", ""), "measured_s": None, "simulated_s": None, "error": None,
+                  "mfu": None, "wall_s": None, "reason": ""}
+        records.append(record)
+        try:
+            record["measured_s"] = measured_seconds(row)
+            work.append((record, row_scenario(row, platform, settings, base)))
+        except HcsimError as err:
+            record["reason"] = str(err).splitlines()[0]
+    with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=get_context("spawn"), max_tasks_per_child=1) as pool:
+        futures = [(record, pool.submit(_simulate_row, scenario, max_runs)) for record, scenario in work]
+        for record, future in futures:
+            outcome = future.result()
+            if "reason" in outcome:
+                record["reason"] = outcome["reason"]
+            else:
+                record["simulated_s"] = outcome["iteration_time_s"]
+                record["error"] = (record["simulated_s"] - record["measured_s"]) / record["measured_s"]
+                record["mfu"] = outcome.get("mfu")
+                record["wall_s"] = outcome["wall_time_s"]
+            if progress is not None:
+                progress(record)
+    return records
+
+
+def summarize_rows(records: list[dict[str, Any]]) -> dict[str, dict[str, float | int]]:
+    """Mean and max absolute error (fractions) and counts: all simulated rows, held-out rows, calibration rows."""
+    groups = {"all": [r for r in records if r["error"] is not None]}
+    groups["held_out"] = [r for r in groups["all"] if r["role"] != "calibration"]
+    groups["calibration"] = [r for r in groups["all"] if r["role"] == "calibration"]
+    summary = {}
+    for key, rows in groups.items():
+        errors = [abs(r["error"]) for r in rows]
+        summary[key] = {"rows": len(rows), "mean_abs_error": math.fsum(errors) / len(errors) if errors else math.nan,
+                        "max_abs_error": max(errors) if errors else math.nan}
+    summary["not_simulated"] = {"rows": sum(1 for r in records if r["error"] is None)}
+    return summary
+
+
+TABLE_COLUMNS = ("name", "role", "measured", "unit", "measured_s", "simulated_s", "error", "mfu", "wall_s", "reason")
+
+
+def write_report(records: list[dict[str, Any]], out: Path, title: str = "validation") -> list[Path]:
+    """Write validation.csv, validation.md (table and summary) and validation.png / .svg (measured vs
+    simulated, log-log, y = x line) into `out`; return the paths."""
+    from hcsim.simulation import atomic_write
+
+    out.mkdir(parents=True, exist_ok=True)
+    table = io.StringIO()
+    writer = csv.DictWriter(table, fieldnames=TABLE_COLUMNS, lineterminator="\n", extrasaction="ignore")
+    writer.writeheader()
+    for record in records:
+        writer.writerow({k: ("" if record[k] is None else f"{record[k]:.6g}" if isinstance(record[k], float)
+                             else record[k]) for k in TABLE_COLUMNS})
+    paths = [out / "validation.csv", out / "validation.md"]
+    atomic_write(paths[0], table.getvalue())
+    atomic_write(paths[1], markdown(records, title))
+    paths += _plot(records, out / "validation", title)
+    return paths
+
+
+def markdown(records: list[dict[str, Any]], title: str) -> str:
+    """The table and the error summary as Markdown."""
+    lines = [f"# {title}", "", "| run | role | measured | measured (s/iter) | simulated (s/iter) | error | MFU | "
+             "not simulated because |", "|---|---|---|---|---|---|---|---|"]
+    for r in records:
+        def cell(value, form):
+            return "" if value is None else format(value, form)
+        lines.append(f"| {r['name']} | {r['role']} | {r['measured']} {r['unit']} | {cell(r['measured_s'], '.3f')} | "
+                     f"{cell(r['simulated_s'], '.3f')} | {cell(r['error'], '+.1%')} | {cell(r['mfu'], '.1%')} | "
+                     f"{r['reason']} |")
+    summary = summarize_rows(records)
+    lines += ["", "| rows | count | mean abs error | max abs error |", "|---|---|---|---|"]
+    for key in ("held_out", "calibration", "all"):
+        s = summary[key]
+        lines.append(f"| {key.replace('_', '-')} | {s['rows']} | {s['mean_abs_error']:.1%} | {s['max_abs_error']:.1%} |")
+    lines.append(f"| not simulated | {summary['not_simulated']['rows']} | | |")
+    return "\n".join(lines) + "\n"
+
+
+def _plot(records: list[dict[str, Any]], stem: Path, title: str) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [r for r in records if r["error"] is not None]
+    if not done:
+        return []
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    for role, marker in (("calibration", "s"), ("", "o")):
+        rows = [r for r in done if (r["role"] == "calibration") == (role == "calibration")]
+        if rows:
+            ax.scatter([r["measured_s"] for r in rows], [r["simulated_s"] for r in rows], marker=marker,
+                       label="calibration rows" if role else "held-out rows")
+            for r in rows:
+                ax.annotate(r["name"], (r["measured_s"], r["simulated_s"]), fontsize=7, xytext=(3, 3),
+                            textcoords="offset points")
+    values = [r["measured_s"] for r in done] + [r["simulated_s"] for r in done]
+    low, high = min(values) / 1.3, max(values) * 1.3
+    ax.plot([low, high], [low, high], color="grey", linewidth=0.8, label="simulated = measured")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(low, high)
+    ax.set_ylim(low, high)
+    ax.set_xlabel("measured iteration time (s)")
+    ax.set_ylabel("simulated iteration time (s)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths = [stem.with_suffix(".png"), stem.with_suffix(".svg")]
+    for path in paths:
+        fig.savefig(path, **({"metadata": {"Date": None}} if path.suffix == ".svg" else {"dpi": 150}))
+    plt.close(fig)
+    return paths

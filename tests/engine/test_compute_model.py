@@ -1,0 +1,82 @@
+"""The roofline compute model (hcsim.engine.compute_model): closed forms on the fake kernel, and the peak
+model untouched by op-level costs."""
+
+import math
+
+import pytest
+
+from hcsim.engine.compute_model import DeviceFactors, load_compute_model
+from hcsim.errors import ConfigError
+from hcsim.workload import add_comm, add_compute, add_dependency, new_workload
+from hcsim.workload.ops import Op
+from test_executor_rules import H100, run  # tests/engine is on sys.path
+
+MODEL = load_compute_model()
+
+
+def gemm(m, n, k):
+    return Op("g", "gemm", 2.0 * m * n * k, 2.0 * (m * k + k * n + m * n), m, n, k, 1)
+
+
+def one_vertex(ops, flops=1e12, size=0.0):
+    graph = new_workload("one", precision="fp32")  # the fake kernel runs at FP32 peak
+    add_compute(graph, "v", xpus=["xpu0"], flops=flops, memory_bytes=size, start=True)
+    graph.nodes["v"]["ops"] = tuple(ops)
+    return graph
+
+
+def test_gemm_efficiency_is_the_product_of_the_dimension_factors():
+    f = MODEL.device("A100")
+    m, n, k = 2048, 1536, 6144
+    h = f.gemm_half_dimension
+    assert f.gemm_efficiency(m, n, k) == pytest.approx(f.gemm_max_efficiency * m / (m + h) * n / (n + h) * k / (k + h))
+    assert f.gemm_efficiency(10**9, 10**9, 10**9) == pytest.approx(f.gemm_max_efficiency, rel=1e-6)
+
+
+def test_an_instance_takes_the_sum_of_its_kernels_rooflines_plus_their_overheads():
+    f = MODEL.device("H100")
+    peak, bandwidth = H100.fp32_flops, H100.memory_bandwidth
+    big, small = gemm(4096, 4096, 4096), Op("norm", "memory", 0.0, 3e8)
+    flash = Op("flash_attention", "attention", 1e12, 1e8)
+    expected = (big.flops / (peak * f.gemm_efficiency(4096, 4096, 4096)) + small.bytes / (bandwidth * f.memory_efficiency)
+                + flash.flops / (peak * f.flash_forward_efficiency) + 3 * f.kernel_overhead)
+    ends, spans, _ = run(one_vertex([big, small, flash]), 1, compute_model=MODEL)
+    start, end = spans[1, "xpu0", "v"]
+    assert end - start == pytest.approx(expected, rel=1e-12)
+    assert math.isclose(MODEL.time([big, small, flash], "H100", peak, bandwidth), expected, rel_tol=1e-12)
+
+
+def test_a_memory_bound_gemm_takes_its_bytes_time():
+    f = MODEL.device("H100")
+    skinny = gemm(1, 8192, 8192)  # a matrix-vector product: 2 FLOP per 2-byte weight
+    time = MODEL.op_time(f, skinny, H100.fp16_flops, H100.memory_bandwidth)
+    assert time == pytest.approx(skinny.bytes / (H100.memory_bandwidth * f.memory_efficiency) + f.kernel_overhead)
+
+
+def test_the_peak_model_ignores_ops():
+    ends, spans, _ = run(one_vertex([gemm(64, 64, 64)], flops=H100.fp32_flops), 1)
+    assert spans[1, "xpu0", "v"] == (0.0, 1.0)
+
+
+def test_a_transfer_runs_at_the_link_kinds_factor_and_completes_after_the_call_latency():
+    size = 9e9
+    graph = new_workload("p2p")
+    add_compute(graph, "a", xpus=["xpu0"], flops=0.0, start=True)
+    add_comm(graph, "send", pairs=[("xpu0", "xpu1")], bytes=size, collective="p2p")
+    add_dependency(graph, "a", "send", wait="group")
+    _, peak_spans, _ = run(graph, 2)
+    _, roof_spans, _ = run(graph, 2, compute_model=MODEL)
+    link = MODEL.link("xpu_link")
+    peak_time = peak_spans[1, "xpu1", "send"][1]
+    latency = 2 * 100e-9  # two XPU_link hops of single_switch
+    assert peak_time == pytest.approx(latency + size / 900e9)
+    assert roof_spans[1, "xpu1", "send"][1] == pytest.approx(latency + size / (900e9 * link.bandwidth_factor)
+                                                            + link.call_latency)
+
+
+def test_factors_out_of_range_are_refused():
+    with pytest.raises(ConfigError, match="max_efficiency must be in"):
+        DeviceFactors(name="x", gemm_max_efficiency=1.5, gemm_half_dimension=0, memory_efficiency=1,
+                      flash_forward_efficiency=1, flash_backward_efficiency=1, kernel_overhead=0)
+    with pytest.raises(ConfigError, match="no roofline factors for device 'TPU'"):
+        MODEL.device("TPU")

@@ -1,0 +1,111 @@
+"""`hcsim validate`: RUNS files, unit conversions, reasons for rows it cannot simulate, the report, the
+peak model's independence of op-level costs, and the reduced validation set (issue 14, item 5).
+
+Every simulation runs in a subprocess: SimGrid allows one engine per process.
+"""
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hcsim.config import REPO_ROOT
+from hcsim.errors import ConfigError
+from hcsim.validate import RunRow, measured_seconds, read_runs, summarize_rows, validate
+
+VALIDATION = REPO_ROOT / "experiments" / "validation"
+SELENE = str(VALIDATION / "selene.yaml")
+HEADER = "name,layers,hidden,heads,vocabulary,sequence,gpus,tp,pp,micro_batch,global_batch,recompute,measured,unit\n"
+
+
+def row(**cells):
+    return RunRow(line=2, cells={k: str(v) for k, v in cells.items()})
+
+
+def test_throughputs_become_the_iteration_times_they_imply():
+    shape = dict(global_batch=512, sequence=2048, layers=24, hidden=2304, vocabulary=51200, gpus=32)
+    assert measured_seconds(row(measured=1500, unit="ms")) == 1.5
+    assert measured_seconds(row(measured=8, unit="samples/s", **shape)) == 64.0
+    assert measured_seconds(row(measured=2048 * 8, unit="tokens/s", **shape)) == 64.0
+    b, s, L, h, V = 512, 2048, 24, 2304, 51200
+    flops = 96 * b * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))  # Narayanan et al. 2021, eq. (3)
+    assert measured_seconds(row(measured=137, unit="tflops/gpu", **shape)) == pytest.approx(flops / (137e12 * 32))
+
+
+def test_a_runs_file_with_an_unknown_column_is_refused(tmp_path):
+    path = tmp_path / "runs.csv"
+    path.write_text("name,gpus,measured,unit,colour\nx,8,1,s,red\n")
+    with pytest.raises(ConfigError, match="unknown columns colour"):
+        read_runs(path)
+
+
+def test_rows_it_cannot_simulate_keep_their_reason(tmp_path):
+    path = tmp_path / "runs.csv"
+    path.write_text(HEADER + "# a comment line\n"
+                    "no micro-batch,2,256,4,1024,128,2,2,1,,2,full,1.0,s\n"
+                    "bad unit,2,256,4,1024,128,2,2,1,1,2,full,1.0,furlongs\n"
+                    "heads,2,258,3,1024,128,2,2,1,1,2,full,1.0,s\n"
+                    "too large,2,256,4,1024,128,2,2,1,1,2,full,1.0,s\n")
+    records = validate(read_runs(path), SELENE, max_runs=10)
+    reasons = {r["name"]: r["reason"] for r in records}
+    assert "micro_batch: not given" in reasons["no micro-batch"]
+    assert "unit: 'furlongs'" in reasons["bad unit"]
+    assert "does not divide the 3 attention heads" in reasons["heads"]
+    assert "exceed --max-runs 10" in reasons["too large"]
+    assert all(r["error"] is None for r in records)
+    assert summarize_rows(records)["not_simulated"]["rows"] == 4
+
+
+def test_the_peak_model_gives_the_same_times_with_or_without_op_level_costs():
+    """compute_model: peak is the paper's FLOPs / FLOP/s whatever kernels the vertices list (bit for bit)."""
+    script = f"""
+import sys
+from hcsim.engine.executor import RunOptions
+from hcsim.scenario import load_scenario
+from hcsim.simulation import prepare, simulate_graphs
+scenario = load_scenario(None, dict(platform={SELENE!r}, workload="gpt-megatron", xpus=4, tp=2, pp=2, micro_batch=1,
+                         global_batch=4, recompute="selective", iterations=2,
+                         workload_overrides={{"model.decoders": 4, "model.hidden": 512, "model.heads": 8,
+                                              "model.ffn": 2048, "model.sequence": 256}}))
+prepared = prepare(scenario)
+with_ops = simulate_graphs(prepared.platform, prepared.workload, RunOptions(iterations=2))
+for _, data in prepared.workload.nodes(data=True):
+    data.pop("ops", None)
+without = simulate_graphs(prepared.platform, prepared.workload, RunOptions(iterations=2))
+assert with_ops["iteration_ends"] == without["iteration_ends"], (with_ops["iteration_ends"], without["iteration_ends"])
+print("same")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "same" in done.stdout, done.stderr
+
+
+def test_validate_writes_its_table_and_plot(tmp_path):
+    runs = tmp_path / "runs.csv"
+    runs.write_text(HEADER + "tiny,2,256,4,1024,128,2,2,1,1,2,full,0.01,s\n"
+                             "tiny 2,2,256,4,1024,128,2,2,1,1,4,full,0.02,s\n")
+    done = subprocess.run([sys.executable, "-m", "hcsim.cli", "validate", str(runs), "--platform", SELENE,
+                           "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    table = list(csv.DictReader((tmp_path / "out" / "validation.csv").open()))
+    assert [r["name"] for r in table] == ["tiny", "tiny 2"]
+    for r in table:
+        assert float(r["error"]) == pytest.approx(float(r["simulated_s"]) / float(r["measured_s"]) - 1, rel=1e-5)
+    assert (tmp_path / "out" / "validation.png").stat().st_size > 0
+    assert "mean abs error" in (tmp_path / "out" / "validation.md").read_text()
+
+
+# The reduced set of issue 14: the four models of Korthikanti et al. Table 5, both modes. The 175B, 530B and
+# 1T rows take minutes to an hour each on 2 cores (pipelines of 64-512 GPUs: issue 15), too slow for the
+# suite: by default the test runs the smallest model's rows (22B, 8 GPUs, both modes); HCSIM_VALIDATION=full
+# runs all eight. 22B full is a calibration row (platforms/compute-model.yaml); 22B sp+sel is held out.
+def test_the_reduced_validation_set_is_within_5_percent_mean_absolute_error():
+    rows = read_runs(VALIDATION / "korthikanti-table5.csv")
+    if os.environ.get("HCSIM_VALIDATION") != "full":
+        rows = [r for r in rows if r.name.startswith("22B")]
+    records = validate(rows, SELENE, jobs=2, base=str(VALIDATION))
+    assert all(r["error"] is not None for r in records), [r["reason"] for r in records]
+    summary = summarize_rows(records)["all"]
+    assert summary["mean_abs_error"] <= 0.05, [(r["name"], r["error"]) for r in records]
