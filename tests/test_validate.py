@@ -100,7 +100,8 @@ def test_validate_writes_its_table_and_plot(tmp_path):
 # The reduced set of issue 14: the four models of Korthikanti et al. Table 5, both modes. The 175B, 530B and
 # 1T rows take minutes to an hour each on 2 cores (pipelines of 64-512 GPUs: issue 15), too slow for the
 # suite: by default the test runs the smallest model's rows (22B, 8 GPUs, both modes); HCSIM_VALIDATION=full
-# runs all eight. 22B full is a calibration row (platforms/compute-model.yaml); 22B sp+sel is held out.
+# runs all eight. 22B full is a calibration row (platforms/compute-model.yaml: with 175B full it sets the A100
+# GEMM efficiency); 22B sp+sel is held out.
 def test_the_reduced_validation_set_is_within_5_percent_mean_absolute_error():
     rows = read_runs(VALIDATION / "korthikanti-table5.csv")
     if os.environ.get("HCSIM_VALIDATION") != "full":

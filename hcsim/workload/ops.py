@@ -38,10 +38,12 @@ __all__ = ["Op", "OP_KINDS", "ATTENTION_KINDS", "BlockOps", "block_ops", "head_o
            "OPTIMIZER_TRAFFIC", "ops_flops"]
 
 OP_KINDS = ("gemm", "attention", "memory")
-# Bytes an optimizer step reads and writes per parameter (mixed-precision Adam as Megatron-LM's fused
-# Adam runs it: read the FP32 main gradient 4, master weight 4, m 4, v 4; write master, m, v 12 and the
-# FP16 weight 2 = 30 B; FP32 Adam: read gradient, weight, m, v 16, write weight, m, v 12 = 28 B).
-OPTIMIZER_TRAFFIC = {"fp16": 30.0, "bf16": 30.0, "fp32": 28.0}
+# Bytes the optimizer step moves per parameter, as Megatron-LM's mixed-precision optimizer runs it
+# (FP32 main gradients, FP32 master weights, fused Adam): unscale and inf check (read the main
+# gradient, 4), gradient norm for clipping (read it again, 4), Adam (read gradient, master weight, m,
+# v: 16; write master, m, v: 12), copy the master into the FP16 weights (read 4, write 2), zero the
+# gradient buffer (write 4): 46 B. FP32 training: norm 4, Adam 16 + 12, zeroing 4: 36 B.
+OPTIMIZER_TRAFFIC = {"fp16": 46.0, "bf16": 46.0, "fp32": 36.0}
 
 
 class Op(NamedTuple):
