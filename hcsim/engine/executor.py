@@ -178,6 +178,8 @@ class Executor:
         self._server_cache: dict = {}
         self._closed_forms: dict = {}
         self._path_cache: dict[tuple[str, str], tuple[float, float]] = {}
+        self._link_factors: dict[tuple[str, str], object] = {}  # (src, dst) -> LinkFactors (roofline)
+        self._call_latency: dict[tuple[int, int], float] = {}  # (vertex, group) -> s per call (roofline)
         self.vertices = self._index_vertices()
         self.total_instances = sum(len(v.xpus) for v in self.vertices)
         self.done_runs = [0] * self.total_instances
@@ -198,8 +200,6 @@ class Executor:
         self.immediate: deque = deque()
         self.draining = False
         self.pair_bytes: dict[tuple[str, str], float] = defaultdict(float)  # (src, dst) -> bytes moved
-        self._link_factors: dict[tuple[str, str], object] = {}  # (src, dst) -> LinkFactors (roofline)
-        self._call_latency: dict[tuple[int, int], float] = {}  # (vertex, group) -> s per call (roofline)
 
     # ---- set-up -------------------------------------------------------------------------------------------
 
@@ -295,7 +295,8 @@ class Executor:
         for phase in phases:
             if phase.transfers:
                 pairs = [(group[s], group[d]) for (s, d), _ in phase.transfers]
-                durations = [self.access_time(src, dst, size) for (src, dst), (_, size) in zip(pairs, phase.transfers)]
+                durations = [self.access_time(src, dst, self.wire_bytes(src, dst, size))
+                             for (src, dst), (_, size) in zip(pairs, phase.transfers)]
                 lanes[phase.lane] += phase_time(phase, durations, [self.latency(*pair) for pair in pairs])
         return max(lanes.values(), default=0.0)
 
@@ -636,6 +637,13 @@ class Executor:
     def latency(self, src: str, dst: str) -> float:
         return self._path(src, dst)[0]
 
+    def wire_bytes(self, src: str, dst: str, size: float) -> float:
+        """The bytes a collective's transfer of `size` bytes src -> dst takes link time for: `size` in the peak
+        model, size / bandwidth_factor of its link kind in the roofline model (NCCL below line rate)."""
+        if self.options.compute_model is None:
+            return size
+        return size / self.link_factors(src, dst).bandwidth_factor
+
     def link_factors(self, src: str, dst: str):
         """The roofline LinkFactors of the route src -> dst: those of its bottleneck link's kind."""
         key = (src, dst)
@@ -741,9 +749,8 @@ class _CollectiveRun:
         executor, source, target = self.executor, self.xpu(src), self.xpu(dst)
         executor.pair_bytes[source, target] += size
         tracing = executor.trace is not None and executor.trace.wants(source, self.run)
-        if executor.options.compute_model is not None:  # roofline: NCCL's achieved share of the line rate
-            size = size / executor.link_factors(source, target).bandwidth_factor
-        executor._transfer(source, target, size, then, tracing, self.run, self.vertex.name)
+        executor._transfer(source, target, executor.wire_bytes(source, target, size), then, tracing, self.run,
+                           self.vertex.name)
 
     def _finish(self, rank: int) -> None:
         executor = self.executor

@@ -58,14 +58,16 @@ def test_the_peak_model_ignores_ops():
     assert spans[1, "xpu0", "v"] == (0.0, 1.0)
 
 
-def test_a_transfer_runs_at_the_link_kinds_factor_and_completes_after_the_call_latency():
+@pytest.mark.parametrize("local", ["simulated", "analytic"])
+def test_a_transfer_runs_at_the_link_kinds_factor_and_completes_after_the_call_latency(local):
+    """Simulated transfers and the closed form of a collective inside one server (local_collectives) alike."""
     size = 9e9
     graph = new_workload("p2p")
     add_compute(graph, "a", xpus=["xpu0"], flops=0.0, start=True)
     add_comm(graph, "send", pairs=[("xpu0", "xpu1")], bytes=size, collective="p2p")
     add_dependency(graph, "a", "send", wait="group")
-    _, peak_spans, _ = run(graph, 2)
-    _, roof_spans, _ = run(graph, 2, compute_model=MODEL)
+    _, peak_spans, _ = run(graph, 2, local_collectives=local)
+    _, roof_spans, _ = run(graph, 2, compute_model=MODEL, local_collectives=local)
     link = MODEL.link("xpu_link")
     peak_time = peak_spans[1, "xpu1", "send"][1]
     latency = 2 * 100e-9  # two XPU_link hops of single_switch
