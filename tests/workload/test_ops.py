@@ -18,7 +18,8 @@ SIZES = element_sizes("fp16")
 def test_a_blocks_kernels_add_up_to_its_flops(tp, attention):
     """Forward kernels = the block's forward FLOPs; backward = its input- and weight-gradient FLOPs; the core
     (what selective recomputation redoes) = the attention core's FLOPs."""
-    for cost, ops in zip(block_costs(SPEC, 2, tp), block_ops(SHAPE, SIZES, 2, tp, attention=attention)):
+    spec = WorkloadSpec(name="gpt", model=SHAPE, precision="fp16", fidelity="layer", attention=attention)
+    for cost, ops in zip(block_costs(spec, 2, tp), block_ops(SHAPE, SIZES, 2, tp, attention=attention)):
         assert ops_flops(ops.forward) == pytest.approx(cost.fwd_flops, rel=1e-12)
         assert ops_flops(ops.backward) == pytest.approx(cost.bwd_flops, rel=1e-12)
         assert ops_flops(ops.core) == pytest.approx(cost.core_flops, rel=1e-12)
@@ -39,7 +40,8 @@ def test_every_compute_vertex_of_a_hybrid_graph_carries_kernels_of_its_flops():
     par = Parallelism(tp=2, pp=2, micro_batch=1, global_batch=4, recompute="selective", sequence_parallel=True)
     graph = build_hybrid_graph(SPEC, par, ParallelLayout([f"x{i}" for i in range(4)], {"tp": 2, "pp": 2}))
     for name, data in graph.nodes(data=True):
-        if data["kind"] == "compute" and data.get("phase") != "optimizer":
+        if data["kind"] == "compute" and data.get("phase") != "optimizer" and ".head" not in name \
+                and ".embedding" not in name:
             assert ops_flops(data["ops"]) == pytest.approx(data["flops"], rel=1e-12), name
     optimizer = graph.nodes["s0.optimizer"]["ops"]
     assert [op.kind for op in optimizer] == ["memory"] and optimizer[0].bytes > 0
