@@ -289,7 +289,8 @@ def markdown(records: list[dict[str, Any]], title: str) -> str:
     lines += ["", "| rows | count | mean abs error | max abs error |", "|---|---|---|---|"]
     for key in ("held_out", "calibration", "all"):
         s = summary[key]
-        lines.append(f"| {key.replace('_', '-')} | {s['rows']} | {s['mean_abs_error']:.1%} | {s['max_abs_error']:.1%} |")
+        errors = f"{s['mean_abs_error']:.1%} | {s['max_abs_error']:.1%}" if s["rows"] else "– | –"
+        lines.append(f"| {key.replace('_', '-')} | {s['rows']} | {errors} |")
     lines.append(f"| not simulated | {summary['not_simulated']['rows']} | | |")
     return "\n".join(lines) + "\n"
 
