@@ -56,8 +56,8 @@ UNITS = ("s", "ms", "samples/s", "tokens/s", "tflops/gpu")
 # Megatron iteration ends in a synchronous optimizer step, so iteration 1 is the steady state), and the
 # speed-ups that keep pipelines of hundreds of GPUs feasible (README, Fidelity levels): tensor-parallel
 # collectives inside a DGX node as closed forms.
-DEFAULT_SETTINGS = {"compute_model": "roofline", "iterations": 1, "xpu_fidelity": "representative",
-                    "collective_fidelity": "flow", "local_collectives": "analytic"}
+DEFAULT_SETTINGS = {"compute_model": "roofline", "iterations": 1, "xpu_sampling": "representative",
+                    "collective_model": "flow", "local_collectives": "analytic"}
 _SHAPE = {"layers": "model.decoders", "hidden": "model.hidden", "heads": "model.heads", "ffn": "model.ffn",
           "vocabulary": "model.vocabulary", "sequence": "model.sequence"}
 _INTS = ("layers", "hidden", "heads", "ffn", "vocabulary", "sequence", "gpus", "tp", "pp", "dp", "micro_batch",
