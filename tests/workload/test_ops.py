@@ -9,7 +9,7 @@ from hcsim.workload.ops import block_ops, ops_flops
 from hcsim.workload.spec import WorkloadSpec
 
 SHAPE = ModelShape(name="gpt", decoders=4, hidden=512, heads=8, ffn=2048, sequence=256, vocabulary=1024)
-SPEC = WorkloadSpec(name="gpt", model=SHAPE, precision="fp16", fidelity="layer")
+SPEC = WorkloadSpec(name="gpt", model=SHAPE, precision="fp16", granularity="layer")
 SIZES = element_sizes("fp16")
 
 
@@ -18,7 +18,7 @@ SIZES = element_sizes("fp16")
 def test_a_blocks_kernels_add_up_to_its_flops(tp, attention):
     """Forward kernels = the block's forward FLOPs; backward = its input- and weight-gradient FLOPs; the core
     (what selective recomputation redoes) = the attention core's FLOPs."""
-    spec = WorkloadSpec(name="gpt", model=SHAPE, precision="fp16", fidelity="layer", attention=attention)
+    spec = WorkloadSpec(name="gpt", model=SHAPE, precision="fp16", granularity="layer", attention=attention)
     for cost, ops in zip(block_costs(spec, 2, tp), block_ops(SHAPE, SIZES, 2, tp, attention=attention)):
         assert ops_flops(ops.forward) == pytest.approx(cost.fwd_flops, rel=1e-12)
         assert ops_flops(ops.backward) == pytest.approx(cost.bwd_flops, rel=1e-12)
