@@ -65,7 +65,7 @@ def resolve_spec(name: str | Path, folder: str, base: Path | None = None) -> Pat
     raise ConfigError(f"{name}: no such file, nor a built-in {folder} spec; built-in ones: {', '.join(builtin)}")
 
 
-_NOT_SPECS = {"platforms": ("devices",)}  # platforms/devices.yaml is the device catalog, not a platform
+_NOT_SPECS = {"platforms": ("devices", "compute-model")}  # the device catalog and the roofline factors: not platforms
 
 
 def read_text(path: str | Path, limit: int = MAX_SPEC_BYTES, what: str = "a spec") -> str:

@@ -193,7 +193,7 @@ CLI_CASES = {
                          r"built-in ones: dgx-a100, dgx-h100, paper-cxl, paper-traditional$"),
     "platform-is-the-catalog": (SIM + ["--set", "platform=devices"], r"devices",
                                 r"built-in ones: dgx-a100, dgx-h100, paper-cxl, paper-traditional$"),
-    "workload-missing": (SIM + ["--set", "workload=nowhere"], r"nowhere", r"built-in ones: gpt3-175b"),
+    "workload-missing": (SIM + ["--set", "workload=nowhere"], r"nowhere", r"built-in ones: gpt-megatron, gpt3-175b"),
     "iterations-too-many": (SIM + ["--set", "iterations=10000000"], r"scenario 'default'",
                             r"beyond the limit of 200,000,000 .*HCSIM_NO_LIMITS"),
     "xpus-beyond-platform": (SIM + ["--set", "xpus=5000"], r"xpus", r"has 4096"),
