@@ -187,7 +187,8 @@ def _spec_values(scenario: Scenario) -> dict[str, Any]:
     from hcsim.workload import load_workload_spec
 
     base = Path(scenario.base)
-    values: dict[str, Any] = {"trace_iterations": list(range(1, scenario.iterations + 1))}
+    values: dict[str, Any] = {"trace_iterations": list(range(1, scenario.iterations + 1)),
+                              "compute_factors": "platforms/compute-model.yaml"}  # the built-in roofline factors
     try:
         platform = load_platform_spec(resolve_spec(scenario.platform, "platforms", base), scenario.platform_settings())
     except HcsimError:
