@@ -105,11 +105,6 @@ class Parallelism:
                               f"{self.pp * self.virtual_stages}")
         check_zero_offload(self.zero, self.offload, self.offload_state)
 
-    @property
-    def separate_step(self) -> bool:
-        """Whether the optimizer step reads the state it updates (ZeRO >= 1 or offload: hcsim.workload.zero)."""
-        return self.zero >= 1 or self.offload != "none"
-
     def offloads(self, state: str) -> bool:
         """Whether `state` (optimizer, parameters, activations) is offloaded."""
         return self.offload != "none" and state in self.offload_state
@@ -322,8 +317,8 @@ class _Builder:
         par, spec, sizes = self.par, self.spec, self.spec.sizes
         shard = 1.0 / par.dp if par.zero >= 1 else 1.0
         parameters = sum(self.chunk_parameters(stage, c) for c in range(par.virtual_stages))
-        per_parameter = optimizer_step_bytes(sizes, spec.optimizer_bytes_per_parameter) if par.separate_step \
-            else spec.optimizer_bytes_per_parameter
+        # the transformer costs never fold the state into the backward pass, so the step reads and writes it
+        per_parameter = optimizer_step_bytes(sizes, spec.optimizer_bytes_per_parameter)
         opt = add_compute(self.graph, f"s{stage}.optimizer", xpus=xpus,
                           flops=spec.optimizer_flops_per_parameter * parameters * shard,
                           memory_bytes=per_parameter * parameters * shard)
