@@ -87,8 +87,6 @@ def candidates(spec: WorkloadSpec, layout_xpus: list[str], global_batch: int, se
                 proportional = _proportional(model.decoders, stage_speeds(pp))
                 if proportional != (model.decoders // pp,) * pp:
                     splits.append(proportional)
-            if model.decoders % (pp * v) and splits == [None]:
-                continue
             for split in splits:
                 if split is None and model.decoders % (pp * v):
                     continue
@@ -137,14 +135,14 @@ class _Cluster:
         return route_latency(self.platform, route), route_bandwidth(self.platform, route)
 
 
-def cluster_layout(platform: nx.Graph, xpus: list[str], par: Parallelism) -> ParallelLayout:
+def cluster_layout(xpus: list[str], par: Parallelism) -> ParallelLayout:
     return ParallelLayout(xpus, {"tp": par.tp, "pp": par.pp, "dp": par.dp})
 
 
 def fits(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus: list[str]) -> str | None:
     """None when every stage fits its XPUs' local memory, else why not (stage, bytes needed, bytes held)."""
     par = candidate.parallelism
-    layout = cluster_layout(platform, xpus, par)
+    layout = cluster_layout(xpus, par)
     layers = stage_layers(spec, par)
     for stage in range(par.pp):
         order = stage_order(par.schedule, stages=par.pp, micro_batches=par.micro_batches, stage=stage,
@@ -164,7 +162,7 @@ def fits(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus: lis
 def estimate(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus: list[str]) -> float:
     """Iteration time (s) of `candidate` by the closed forms of the module docstring (no contention)."""
     par = candidate.parallelism
-    cluster = _Cluster(platform, cluster_layout(platform, xpus, par))
+    cluster = _Cluster(platform, cluster_layout(xpus, par))
     attn, mlp = block_costs(spec, par.micro_batch, par.tp, par.sequence_parallel)
     layers = stage_layers(spec, par)
     sizes = spec.sizes
