@@ -18,6 +18,7 @@ All mutable state of a run lives in one Executor; ``run()`` returns plain data.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import math
 import time
@@ -107,10 +108,11 @@ class RunResult:
 class _Edge:
     """One dependency as the executor follows it: the vertex at the other end, the skip flag, the wait rule."""
 
-    __slots__ = ("vertex", "skip", "wait")
+    __slots__ = ("vertex", "skip", "wait", "same_rank")
 
-    def __init__(self, vertex: "_Vertex", skip: int, wait: str):
+    def __init__(self, vertex: "_Vertex", skip: int, wait: str, same_rank: bool = False):
         self.vertex, self.skip, self.wait = vertex, skip, wait
+        self.same_rank = same_rank  # an xpu wait between vertices on the same XPUs: unit r waits for unit r
 
 
 class _Vertex:
@@ -171,6 +173,7 @@ class Executor:
         """`progress`, if given, is called with the number of vertex runs done since its last call."""
         self.progress = progress
         self.platform, self.workload, self.routes = platform, workload, routes
+        self.nodes = dict(platform.nodes(data=True))  # name -> attributes: a plain dict is faster per look-up
         self.backend, self.options = backend, options
         self.precision = workload.graph.get("precision", "fp32")
         self.fidelity_used: dict[str, str] = {}
@@ -210,7 +213,9 @@ class Executor:
         vertices, by_name, offset = [], {}, 0
         for index, name in enumerate(order):
             data = graph.nodes[name]
-            pos = positions.setdefault(data["xpus"], {x: i for i, x in enumerate(data["xpus"])})
+            pos = positions.get(data["xpus"])
+            if pos is None:
+                pos = positions[data["xpus"]] = {x: i for i, x in enumerate(data["xpus"])}
             vertex = _Vertex(name, index, data, pos, offset)
             offset += len(data["xpus"])
             vertices.append(vertex)
@@ -218,8 +223,9 @@ class Executor:
         for u, v, data in graph.edges(data=True):
             before, after = by_name[u], by_name[v]
             skip = int(bool(data["skip_first_iteration"]))
+            same_rank = data["wait"] == "xpu" and before.pos is after.pos
             after.preds.append(_Edge(before, skip, data["wait"]))
-            before.succs.append(_Edge(after, skip, data["wait"]))
+            before.succs.append(_Edge(after, skip, data["wait"], same_rank))
         for vertex in vertices:
             vertex.succs.sort(key=lambda edge: edge.vertex.index)
             if vertex.kind == "comm":
@@ -259,8 +265,8 @@ class Executor:
         for g, group in enumerate(vertex.groups):
             vertex.group_offsets.append(len(vertex.group_of))
             vertex.group_of += [g] * len(group)
-            servers = self._servers(group)
-            key = (collective, name, len(group), data["bytes"], tuple(map(tuple, servers)), data.get("chunks"))
+            servers, shape = self._servers(group)
+            key = (collective, name, len(group), data["bytes"], shape, data.get("chunks"))
             if key not in self._algorithm_cache:  # alike groups share one algorithm and its flow phases
                 algorithm = get_algorithm(collective, name, len(group), data["bytes"], servers, data.get("chunks"))
                 fidelity = self.options.collective_model
@@ -282,12 +288,14 @@ class Executor:
             fidelities.add(fidelity)
         self.fidelity_used[vertex.name] = "/".join(sorted(fidelities))
 
-    def _servers(self, group: tuple[str, ...]) -> list[list[int]]:
-        """server_groups of a group; groups are shared tuples, so each distinct one is computed once."""
+    def _servers(self, group: tuple[str, ...]) -> tuple[list[list[int]], tuple]:
+        """server_groups of a group and the same as a hashable key; groups are shared tuples, so each
+        distinct one is computed once."""
         key = id(group)
         if key not in self._server_cache:
-            self._server_cache[key] = (group, server_groups(self.platform, group))  # keep group alive: ids stay unique
-        return self._server_cache[key][1]
+            servers = server_groups(self.platform, group)
+            self._server_cache[key] = (group, servers, tuple(map(tuple, servers)))  # keep group alive: ids stay unique
+        return self._server_cache[key][1:]
 
     def _closed_form(self, group: tuple[str, ...], phases: list[FlowPhase]) -> float:
         """Seconds a collective's flow phases take over `group` when no other traffic shares their links."""
@@ -339,11 +347,14 @@ class Executor:
             return range(*succ.group_span(succ.pos[xpu])) if xpu in succ.pos else ()
         return [succ.pos[x] for x in pred.group(pred.pos[xpu]) if x in succ.pos]
 
+    # The methods below run once per unit and run: they avoid repeated look-ups (the clock, the uniform
+    # requirement, a same-rank successor) on purpose, in the order of events the original rules give.
     def _notify(self, vertex: _Vertex, rank: int, run: int) -> None:
-        instance = vertex.offset + rank
-        key = (instance, run)
-        self.arrivals[key] += 1
-        if self.arrivals[key] == self._required(vertex, rank, run):
+        key = (vertex.offset + rank, run)
+        count = self.arrivals[key] + 1
+        self.arrivals[key] = count
+        required = vertex.required
+        if count == (required[run > 1] if required is not None else self._required(vertex, rank, run)):
             self._try_start(vertex, rank)
 
     def _try_start(self, vertex: _Vertex, rank: int) -> None:
@@ -353,20 +364,23 @@ class Executor:
         run = self.done_runs[instance] + 1
         if run > self.options.iterations:
             return
-        needed = self._required(vertex, rank, run)
+        required = vertex.required
+        needed = required[run > 1] if required is not None else self._required(vertex, rank, run)
         if needed and self.arrivals.get((instance, run), 0) < needed:
             return
         self.arrivals.pop((instance, run), None)
         self.running[instance] = True
         xpu = vertex.xpus[rank]
         if vertex.kind == "compute":
-            on_cpu = vertex.data.get("host") == "cpu"
+            data = vertex.data
+            on_cpu = data.get("host") == "cpu"
+            now = self.backend.now()
             if not on_cpu:  # the XPU waits (idle) while its host CPU computes
-                self._open(xpu, computing=1)
-            form = self._memory_form(vertex, xpu)
+                self._open(xpu, now, computing=1)
+            form = memory_form(self.nodes, data, xpu, self.options.coherent)
             self._count_reads(vertex, xpu, form)
-            if xpu in self.representative and not (on_cpu or vertex.data.get("move")):
-                self._follow(vertex, rank, run)  # offload traffic and CPU steps run on every XPU: they share CPUs
+            if xpu in self.representative and not (on_cpu or data.get("move")):
+                self._follow(vertex, rank, run, now)  # offload traffic and CPU steps run on every XPU: they share CPUs
             else:
                 self._start_compute(vertex, rank, run, form)
         else:
@@ -379,29 +393,35 @@ class Executor:
         now = self.backend.now()
         xpu = vertex.xpus[rank]
         if vertex.kind == "compute" and vertex.data.get("host") != "cpu":
-            self._open(xpu, computing=-1)
+            self._open(xpu, now, computing=-1)
         if self.trace is not None:
             self.trace.vertex(run, xpu, vertex.name, vertex.kind, start, now)
-        self.completed_in_run[run] += 1
-        if self.progress is not None and self.completed_in_run[run] % 4096 == 0:
+        done = self.completed_in_run[run] + 1
+        self.completed_in_run[run] = done
+        if self.progress is not None and done % 4096 == 0:
             self.progress(4096)
-        if self.completed_in_run[run] == self.total_instances:
+        if done == self.total_instances:
             self._iteration_ended(now)
+        iterations = self.options.iterations
         for edge in vertex.succs:
             target = run + edge.skip
-            if target > self.options.iterations:
+            if target > iterations:
                 continue
-            succ = edge.vertex
-            for unit in self._waiting_units(edge, vertex, xpu):
-                self._notify(succ, unit, target)
-        self._try_start(vertex, rank)
+            if edge.same_rank:
+                self._notify(edge.vertex, rank, target)
+            else:
+                succ = edge.vertex
+                for unit in self._waiting_units(edge, vertex, xpu):
+                    self._notify(succ, unit, target)
+        if run < iterations:
+            self._try_start(vertex, rank)
 
     # ---- where the time goes ------------------------------------------------------------------------------
 
-    def _open(self, xpu: str, computing: int = 0, communicating: int = 0) -> None:
-        """Count an instance in (+1) or out (-1) of `xpu`'s clock."""
+    def _open(self, xpu: str, now: float, computing: int = 0, communicating: int = 0) -> None:
+        """Count an instance in (+1) or out (-1) of `xpu`'s clock at time `now`."""
         clock = self.clocks[xpu]
-        clock.advance(self.backend.now())
+        clock.advance(now)
         clock.computing += computing
         clock.communicating += communicating
 
@@ -433,13 +453,9 @@ class Executor:
 
     # ---- compute instances --------------------------------------------------------------------------------
 
-    def _memory_form(self, vertex: _Vertex, xpu: str) -> tuple[str | None, str]:
-        """Where `xpu`'s data for `vertex` is copied from first (None: not copied) and where it is read from."""
-        return memory_form(self.platform.nodes, vertex.data, xpu, self.options.coherent)
-
     def _start_compute(self, vertex: _Vertex, rank: int, run: int, form: tuple[str | None, str]) -> None:
         data, xpu = vertex.data, vertex.xpus[rank]
-        node = self.platform.nodes[xpu]
+        node = self.nodes[xpu]
         start = self.backend.now()
         local = node["local_memory"]
         size, speed = data["memory_bytes"], peak_flops(node, self.precision)
@@ -488,7 +504,7 @@ class Executor:
         if data.get("move"):  # an offload copy: memory_bytes from copy_from to memory, nothing computed
             self._transfer(copy_from, memory, size, finish, tracing, run, f"{vertex.name}.move")
         elif data.get("host") == "cpu":  # on the CPU that owns the XPU's host memory, beside reading it
-            cpu = self.platform.nodes[memory]["owner"]
+            cpu = self.nodes[memory]["owner"]
             pending = [2]
 
             def part():  # not the XPU's compute: its clock shows the wait as idle
@@ -513,7 +529,7 @@ class Executor:
         size = vertex.data["memory_bytes"]
         if size <= 0:
             return
-        for pair in form_transfers(self.platform.nodes, vertex.data, xpu, form):
+        for pair in form_transfers(self.nodes, vertex.data, xpu, form):
             self.pair_bytes[pair] += size
 
     def link_bytes(self) -> dict[tuple[str, str], float]:
@@ -559,7 +575,7 @@ class Executor:
         vertices, and the same collective paths in and out (so an XPU whose incoming ring transfer
         shares its memory link is not represented by one whose transfer arrives over the XPU switch)."""
         compute = [v for v in self.vertices if v.kind == "compute"]
-        nodes = self.platform.nodes
+        nodes = self.nodes
         traffic: dict[str, set] = defaultdict(set)
         for vertex in self.vertices:
             if vertex.kind == "comm":
@@ -583,9 +599,8 @@ class Executor:
                 followers[xpu] = rep
         return followers
 
-    def _follow(self, vertex: _Vertex, rank: int, run: int) -> None:
+    def _follow(self, vertex: _Vertex, rank: int, run: int, now: float) -> None:
         key = (vertex.index, self.representative[vertex.xpus[rank]], run)
-        now = self.backend.now()
         if key in self.followed:
             self.immediate.append((vertex, rank, run, now, self.followed[key]))
             self._drain()
@@ -676,11 +691,12 @@ class _CollectiveRun:
         self.group, self.members, self.offset = group, vertex.groups[group], vertex.group_offsets[group]
         self.algorithm, self.fidelity, self.phases = vertex.algorithms[group]
         self.start = {}
-        self.step = {}  # (rank, lane) -> its current step index
-        self.current = {}
-        self.sends_left = {}
-        self.lanes_left = {}
-        self.arrived: dict[tuple[int, int, int], int] = defaultdict(int)  # (rank, lane, step) -> receives
+        if self.fidelity == "step":  # the step schedule's state, which the other fidelities never touch
+            self.step = {}  # (rank, lane) -> its current step index
+            self.current = {}
+            self.sends_left = {}
+            self.lanes_left = {}
+            self.arrived: dict[tuple[int, int, int], int] = defaultdict(int)  # (rank, lane, step) -> receives
         self.finished = 0
         self.active: set[int] = set()  # ranks counted as communicating on their XPU's clock
         self.finished_ranks: set[int] = set()
@@ -689,12 +705,12 @@ class _CollectiveRun:
         return self.members[rank]
 
     def ready(self, rank: int) -> None:
-        self.start[rank] = self.executor.backend.now()
+        now = self.start[rank] = self.executor.backend.now()
         if len(self.start) == self.algorithm.ranks:  # everyone is here: waiting for peers ends
             for other in range(self.algorithm.ranks):
                 if other not in self.finished_ranks:
                     self.active.add(other)
-                    self.executor._open(self.members[other], communicating=1)
+                    self.executor._open(self.members[other], now, communicating=1)
         if self.fidelity == "analytic":
             if len(self.start) == self.algorithm.ranks:
                 phases, seconds = self.phases
@@ -773,7 +789,7 @@ class _CollectiveRun:
         self.finished += 1
         self.finished_ranks.add(rank)
         if rank in self.active:
-            self.executor._open(self.members[rank], communicating=-1)
+            self.executor._open(self.members[rank], self.executor.backend.now(), communicating=-1)
         self.executor._complete(self.vertex, self.offset + rank, self.run, self.start[rank])
         if self.finished == self.algorithm.ranks:
             self.executor.collective_done(self.vertex, self.group, self.run)
@@ -872,8 +888,24 @@ def form_transfers(nodes, data: dict, xpu: str, form: tuple[str | None, str]) ->
 
 
 def _stable_order(graph: nx.DiGraph) -> list:
-    """Vertices in a deterministic order: topological over first-iteration edges, ties by name."""
-    first = nx.DiGraph()
-    first.add_nodes_from(graph.nodes)
-    first.add_edges_from((u, v) for u, v, skip in graph.edges(data="skip_first_iteration") if not skip)
-    return list(nx.lexicographical_topological_sort(first, key=str))
+    """Vertices in a deterministic order: topological over first-iteration edges, ties by name (the order of
+    networkx's lexicographical_topological_sort with key=str, without building a second graph)."""
+    indegree = {v: 0 for v in graph}
+    after = defaultdict(list)
+    for u, v, skip in graph.edges(data="skip_first_iteration"):
+        if not skip:
+            indegree[v] += 1
+            after[u].append(v)
+    ready = [(str(v), v) for v, d in indegree.items() if d == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, vertex = heapq.heappop(ready)
+        order.append(vertex)
+        for succ in after[vertex]:
+            indegree[succ] -= 1
+            if indegree[succ] == 0:
+                heapq.heappush(ready, (str(succ), succ))
+    if len(order) < len(indegree):
+        raise nx.NetworkXUnfeasible("the first-iteration edges have a cycle")
+    return order

@@ -178,10 +178,9 @@ def validate_workload(graph: nx.DiGraph, platform_xpus=None) -> None:
     if not any(data.get("start") for _, data in graph.nodes(data=True)) and graph.number_of_nodes():
         problems.append("no start vertex: mark the first vertices of an iteration with start: true")
     first_iteration = nx.DiGraph((u, v) for u, v, skip in graph.edges(data="skip_first_iteration") if not skip)
-    try:
+    cycle = None
+    if not nx.is_directed_acyclic_graph(first_iteration):  # fast; find_cycle only to name the cycle
         cycle = nx.find_cycle(first_iteration)
-    except nx.NetworkXNoCycle:
-        cycle = None
     if cycle:
         names = " -> ".join(str(u) for u, _ in cycle) + f" -> {cycle[0][0]}"
         problems.append(f"cycle with no skip_first_iteration edge (these vertices can never start): {names}")
