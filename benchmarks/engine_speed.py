@@ -6,6 +6,15 @@ Cases (each point runs in a fresh process):
 - ``layer``, ``layer+repr``, ``decoder``, ``decoder+repr``: LLaMA2-13B data parallel on the paper's
   coherent topology, one iteration, through ``hcsim simulate`` (workload fidelity; +repr:
   representative XPUs);
+- ``gpt3``, ``gpt3-all``: issue 15's GPT-3 175B case on paper-cxl A100 (BF16, tp 8 x pp 8, dp =
+  XPUs / 64, 96 micro-batches of 1 sequence per pipeline, 1F1B, full recomputation, flow collectives,
+  TP collectives analytic), representative XPUs or every XPU simulated; at 1024 XPUs it is the issue's
+  row (global batch 1536);
+- ``llama3``, ``llama3-all``: issue 15's Llama-3 405B case on paper-cxl H100 (tp 8 x pp 16 with 7 + 14 x 8
+  + 7 layers, sequence parallelism, dp = XPUs / 128, 16 micro-batches per pipeline, 1F1B, full
+  recomputation); at 16,384 XPUs it is the issue's row (global batch 2048);
+- ``gpt3-mb``: ``gpt3`` on 64 XPUs with `size` micro-batches per pipeline (wall time against
+  micro-batches: its exponent);
 - ``2d-hierarchical``: issue 15's 2-D case (benchmarks/hierarchical_2d.py: servers of 8 on a
   switch, rings across servers, 40 layers of fixed compute and a 634 MB hierarchical all-reduce);
 - ``simgrid``: plain SimGrid, no hcsim engine: every XPU of a single switch alternates an execution
@@ -17,8 +26,9 @@ Cases (each point runs in a fresh process):
 Per case, the fitted exponent k of wall time ~ XPUs^k (least squares on logs) is printed. Quote the
 figures with the machine line (cores, memory, load average): the machine may be shared.
 
-    .venv/bin/python benchmarks/engine_speed.py                    # 64..4096, every case
+    .venv/bin/python benchmarks/engine_speed.py                    # every case at its default sizes
     .venv/bin/python benchmarks/engine_speed.py --xpus 64 256 --case decoder layer+repr simgrid
+    .venv/bin/python benchmarks/engine_speed.py --case gpt3 --xpus 1024    # issue 15's GPT-3 row
 """
 
 from __future__ import annotations
@@ -41,7 +51,35 @@ LEVELS = {  # name: scenario settings
     "decoder": ["granularity=decoder"],
     "decoder+repr": ["granularity=decoder", "xpu_sampling=representative"],
 }
-CASES = [*LEVELS, "2d-hierarchical", "simgrid"]
+_HYBRID = ["micro_batch=1", "schedule=1f1b", "recompute=full", "collective_model=flow",
+           "local_collectives=analytic", "iterations=1"]
+_GPT3 = ["workload=gpt3-175b", "workload_overrides={training.precision: bf16}", "devices=[A100]", "tp=8", "pp=8",
+         *_HYBRID]
+_LLAMA3 = ["workload=llama3-405b", "devices=[H100]", "tp=8", "pp=16", "sequence_parallel=true",
+           f"layer_split=[7, {', '.join(['8'] * 14)}, 7]", *_HYBRID]
+HYBRID = {  # name: (XPUs per pipeline, micro-batches per pipeline, scenario settings)
+    "gpt3": (64, 96, [*_GPT3, "xpu_sampling=representative"]),
+    "gpt3-all": (64, 96, [*_GPT3, "xpu_sampling=all"]),
+    "llama3": (128, 16, [*_LLAMA3, "xpu_sampling=representative"]),
+    "llama3-all": (128, 16, [*_LLAMA3, "xpu_sampling=all"]),
+}
+MICRO_BATCH_CASE = "gpt3-mb"  # gpt3 on one pipeline (64 XPUs); its size is micro-batches per pipeline
+CASES = [*LEVELS, *HYBRID, MICRO_BATCH_CASE, "2d-hierarchical", "simgrid"]
+DEFAULT_SIZES = {"gpt3": [64, 256, 1024], "gpt3-all": [64, 256, 1024], "llama3": [1024, 4096, 16384],
+                 "llama3-all": [1024, 4096], MICRO_BATCH_CASE: [12, 24, 48, 96]}
+
+
+def scenario_settings(case: str, size: int) -> list[str]:
+    """The `--set` settings of one point of a simulate case; `size` is XPUs (micro-batches for gpt3-mb)."""
+    if case in LEVELS:
+        return [f"xpus={size}", *LEVELS[case]]
+    if case == MICRO_BATCH_CASE:
+        per, _, settings = HYBRID["gpt3"]
+        return [f"xpus={per}", f"global_batch={size}", *settings]
+    per, micro_batches, settings = HYBRID[case]
+    if size % per:
+        raise SystemExit(f"--xpus: case {case} needs a multiple of {per} XPUs, not {size}")
+    return [f"xpus={size}", f"global_batch={micro_batches * size // per}", *settings]
 
 
 def _child(command: list[str], timeout: float) -> dict:
@@ -67,9 +105,8 @@ def run_point(case: str, xpus: int, iterations: int, timeout: float, firings: in
         if "error" not in r:
             r["run_s"] = r["sim_s"]
         return r
-    command = [sys.executable, "-m", "hcsim.cli", "simulate", "--json", "--set", f"xpus={xpus}",
-               "--set", f"iterations={iterations}"]
-    for setting in LEVELS[case]:
+    command = [sys.executable, "-m", "hcsim.cli", "simulate", "--json", "--set", f"iterations={iterations}"]
+    for setting in scenario_settings(case, xpus):
         command += ["--set", setting]
     r = _child(command, timeout)
     if "error" not in r:
@@ -147,7 +184,10 @@ def machine() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--xpus", type=int, nargs="+", default=[64, 256, 1024, 4096])
+    parser.add_argument("--xpus", type=int, nargs="+",
+                        help="sizes of every XPU case (default: 64 256 1024 4096, or the case's own)")
+    parser.add_argument("--micro-batches", type=int, nargs="+", default=DEFAULT_SIZES[MICRO_BATCH_CASE],
+                        help=f"micro-batches per pipeline of {MICRO_BATCH_CASE}")
     parser.add_argument("--case", nargs="+", default=CASES, choices=CASES, help="what to measure (see above)")
     parser.add_argument("--iterations", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=900, help="seconds per point")
@@ -158,14 +198,18 @@ def main() -> None:
         print(json.dumps(simgrid_point(args.simgrid_point, args.firings)))
         return
     print(machine())
-    print(f"LLaMA2-13B data parallel, paper-cxl, {args.iterations} iteration(s); run = compile + load + simulate")
+    print(f"{args.iterations} iteration(s) (hybrid cases: 1); run = compile + load + simulate")
     cases = sorted(args.case, key=lambda c: c != "simgrid")  # the ceiling first, for the ratios
     ceiling: dict[int, float] = {}
-    print(f"{'case':<16} {'xpus':>5} {'wall s':>8} {'run s':>8} {'activities':>11} {'act/s':>9} {'/simgrid':>8} "
+    print(f"{'case':<16} {'size':>5} {'wall s':>8} {'run s':>8} {'activities':>11} {'act/s':>9} {'/simgrid':>8} "
           f"{'peak MB':>8}  iteration time")
     for case in cases:
         walls = []
-        for xpus in args.xpus:
+        if case == MICRO_BATCH_CASE:
+            sizes = args.micro_batches
+        else:
+            sizes = args.xpus or DEFAULT_SIZES.get(case, [64, 256, 1024, 4096])
+        for xpus in sizes:
             r = run_point(case, xpus, args.iterations, args.timeout, args.firings)
             if "error" in r:
                 print(f"{case:<16} {xpus:>5}  failed: {r['error']}", flush=True)
@@ -173,14 +217,16 @@ def main() -> None:
             rate = r["activities"] / r["run_s"]
             if case == "simgrid":
                 ceiling[xpus] = rate
-            ratio = f"{rate / ceiling[xpus]:.2f}" if xpus in ceiling and case != "simgrid" else "-"
+            compared = xpus in ceiling and case not in ("simgrid", MICRO_BATCH_CASE)
+            ratio = f"{rate / ceiling[xpus]:.2f}" if compared else "-"
             walls.append((xpus, r["process_s"]))
             iteration = f"{r['iteration_time_s']:.6g} s" if "iteration_time_s" in r else "-"
             print(f"{case:<16} {xpus:>5} {r['process_s']:>8.1f} {r['run_s']:>8.1f} {r['activities']:>11,} "
                   f"{rate:>9,.0f} {ratio:>8} {r['peak_rss_mb']:>8.0f}  {iteration}", flush=True)
         k = fitted_exponent(walls)
         if k is not None:
-            print(f"{case:<16} wall time ~ XPUs^{k:.2f} over {', '.join(str(x) for x, _ in walls)}", flush=True)
+            axis = "micro-batches" if case == MICRO_BATCH_CASE else "XPUs"
+            print(f"{case:<16} wall time ~ {axis}^{k:.2f} over {', '.join(str(x) for x, _ in walls)}", flush=True)
     print(machine().replace("machine:", "after:"))
 
 

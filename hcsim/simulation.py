@@ -365,7 +365,7 @@ def run_here(scenario: Scenario, out: Path | None = None, progress=None, check=N
     result = summarize(prepared, outcome, setup_s, time.perf_counter() - wall)
     if out is not None:
         try:
-            write_outputs(Path(out), result, outcome, prepared.platform)
+            write_outputs(Path(out), result, outcome, prepared.platform, prepared.workload)
         except OSError as err:
             raise OutputError(f"{err.filename or out}: could not write the outputs ({err.strerror or err}); the run "
                               "finished and its result is kept, but nothing more was saved", result) from None
@@ -591,7 +591,7 @@ def _csv_text(rows: list[dict], columns) -> str:
     return table.getvalue()
 
 
-def write_outputs(out: Path, result: dict, outcome, platform: nx.Graph) -> None:
+def write_outputs(out: Path, result: dict, outcome, platform: nx.Graph, workload: nx.DiGraph | None = None) -> None:
     """result.json, links.csv (every loaded link direction), xpus.csv and xpus.png (where each XPU's
     iteration goes), and with a trace: trace.csv and trace.json (Perfetto) in `out`."""
     from hcsim.plotting import plot_xpu_times
@@ -605,7 +605,8 @@ def write_outputs(out: Path, result: dict, outcome, platform: nx.Graph) -> None:
                    f"(iterations {result['measured_iterations']})")
     trace = outcome.trace
     if trace is not None:
-        for name, writer in (("trace.csv", trace.write_csv), ("trace.json", lambda p: trace.write_perfetto(p, platform))):
+        writers = (("trace.csv", trace.write_csv), ("trace.json", lambda p: trace.write_perfetto(p, platform, workload)))
+        for name, writer in writers:
             temporary = out / f".{name}.partial"
             writer(temporary)
             os.replace(temporary, out / name)

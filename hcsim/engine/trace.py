@@ -3,7 +3,12 @@
 Written as CSV (one row per vertex run: iteration, xpu, vertex, kind, start,
 end) and as Chrome trace-event JSON that Perfetto opens: a process per
 server, a thread (track) per XPU for its vertices, and tracks for its memory
-traffic and its communication. Times in the JSON are microseconds.
+traffic and its communication. Times in the JSON are microseconds. With a
+pipeline-parallel workload (vertices with ``micro_batch`` and ``step``), each
+traced XPU also gets a schedule track above its vertices: one slice per pass of
+a micro-batch ("mb3 F", "mb3 B", "mb3 W"; "c1" for a later virtual stage) from
+its first vertex's start to its last vertex's end, so the pipeline schedule
+(GPipe, 1F1B, interleaved, ZB-H1) reads at a glance.
 
 With representative XPUs a traced follower runs no memory traffic of its own:
 its representative is recorded too, and the follower's memory track shows the
@@ -60,8 +65,8 @@ class TraceRecorder:
             writer.writerow(["iteration", "xpu", "vertex", "kind", "start_s", "end_s"])
             writer.writerows((r, x, n, k, repr(s), repr(e)) for r, x, n, k, s, e in self.vertices if x in self.xpus)
 
-    def write_perfetto(self, path: Path, platform: nx.Graph) -> None:
-        """Chrome trace-event JSON: pid per server, tid per XPU track."""
+    def write_perfetto(self, path: Path, platform: nx.Graph, workload: nx.DiGraph | None = None) -> None:
+        """Chrome trace-event JSON: pid per server, tid per XPU track (and schedule tracks, see the module)."""
         events, pids, tids = [], {}, {}
 
         def track(xpu: str, lane: str) -> tuple[int, int]:
@@ -73,12 +78,22 @@ class TraceRecorder:
             if key not in tids:
                 tids[key] = len(tids) + 1
                 label = xpu if lane == "vertices" else f"{xpu} {lane}"
+                if lane == "schedule":
+                    label = f"{xpu} schedule (stage {stage_of[xpu]})"
                 events.append({"ph": "M", "name": "thread_name", "pid": pids[server], "tid": tids[key],
                                "args": {"name": label}})
                 events.append({"ph": "M", "name": "thread_sort_index", "pid": pids[server], "tid": tids[key],
                                "args": {"sort_index": tids[key]}})
             return pids[server], tids[key]
 
+        passes = self._passes(workload) if workload is not None else {}
+        stage_of = {xpu: stage for (_, xpu, stage, *_) in passes}
+        for (run, xpu, stage, chunk, micro_batch, step), (start, end) in passes.items():
+            pid, tid = track(xpu, "schedule")
+            label = f"mb{micro_batch} {step}" + (f" c{chunk}" if chunk else "")
+            events.append({"ph": "X", "name": label, "cat": "schedule", "pid": pid, "tid": tid, "ts": start * 1e6,
+                           "dur": (end - start) * 1e6, "args": {"iteration": run, "stage": stage, "chunk": chunk,
+                                                                "micro_batch": micro_batch, "pass": step}})
         for run, xpu, name, kind, start, end in self.vertices:
             if xpu not in self.xpus:
                 continue
@@ -104,3 +119,17 @@ class TraceRecorder:
                                "args": {"iteration": run, "src": source, "dst": owner if memory else dst,
                                         "bytes": size, **extra}})
         Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ns"}))
+
+    def _passes(self, workload: nx.DiGraph) -> dict[tuple, list[float]]:
+        """(iteration, xpu, stage, chunk, micro-batch, pass) -> [first start, last end] of the traced XPUs'
+        compute vertices that belong to a pipeline pass, in the order the passes begin."""
+        nodes = workload.nodes
+        passes: dict[tuple, list[float]] = {}
+        for run, xpu, name, kind, start, end in sorted(self.vertices, key=lambda v: v[4]):
+            data = nodes[name] if xpu in self.xpus and kind == "compute" else {}
+            if "step" not in data:
+                continue
+            key = (run, xpu, data["stage"], data["chunk"], data["micro_batch"], data["step"])
+            span = passes.setdefault(key, [start, end])
+            span[0], span[1] = min(span[0], start), max(span[1], end)
+        return passes

@@ -23,7 +23,7 @@ Vertex attributes
     kind : "compute" | "comm".
     start : bool, the vertex's instances are in the initial running set (paper Fig. 5).
     label : optional str for reports (``decoder3.fwd.linear_k``).
-    Any other attribute (``phase``, ``decoder``, ``stage``, ``micro_batch`` set
+    Any other attribute (``phase``, ``decoder``, ``stage``, ``chunk``, ``micro_batch``, ``step`` set
     by the training-graph builders) is kept and ignored by the engine.
     compute:
         xpus : tuple of XPU names; one instance per XPU.

@@ -413,7 +413,8 @@ class _Builder:
             name = add_compute(self.graph, f"{tag}.{suffix}", xpus=xpus, flops=flops, memory_bytes=size,
                                start=start and not chain)
             phase = "recompute" if ".recompute" in suffix else {"F": "fwd", "B": "bwd", "W": "bwd"}[op.kind]
-            self.graph.nodes[name].update(phase=phase, stage=stage, micro_batch=op.micro_batch, ops=tuple(ops))
+            self.graph.nodes[name].update(phase=phase, stage=stage, chunk=op.chunk, micro_batch=op.micro_batch,
+                                          step=op.kind, ops=tuple(ops))
             chain.append(name)
 
         ends = [(self.embedding, "embedding")] * is_first + [(self.head, "head")] * is_last

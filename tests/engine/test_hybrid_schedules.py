@@ -8,6 +8,7 @@ what the schedule's bubble formula says (Narayanan et al. 2021; Qi et al. 2023, 
 
 import json
 import subprocess
+from collections import defaultdict
 import sys
 
 import pytest
@@ -20,6 +21,7 @@ from hcsim.simulation import host_pairs
 from hcsim.workload import load_workload_spec, validate_workload
 from hcsim.workload.hybrid import Parallelism, block_costs, build_hybrid_graph
 from hcsim.workload.layout import ParallelLayout
+from hcsim.workload.schedules import stage_order
 from fake_backend import FakeBackend  # tests/engine is on sys.path (pytest rootdir-less import)
 
 FAST = Device(name="fast", fp32_flops=1e12, fp16_flops=1e12, memory=1e15, memory_bandwidth=1e20)
@@ -31,7 +33,8 @@ def spec():
     return load_workload_spec("gpt3-175b", SHAPE)
 
 
-def iteration_time(par: Parallelism) -> float:
+def run(par: Parallelism, trace: bool = False):
+    """(platform, graph, RunResult) of two iterations of `par` on the fast platform, on the fake kernel."""
     n = par.tp * par.pp * par.dp
     platform = single_switch(n, FAST, xpu_link_bandwidth=1e18, xpu_link_latency=1e-15, hbm_latency=1e-15)
     xpus = [f"xpu{i}" for i in range(n)]
@@ -42,8 +45,13 @@ def iteration_time(par: Parallelism) -> float:
     for source in sorted({s for s, _ in pairs}):
         found = shortest_routes(platform, source, sorted(d for s, d in pairs if s == source))
         routes.update({(source, target): route for target, route in found.items()})
-    ends = Executor(platform, graph, routes, FakeBackend(platform, routes, "fp16"), RunOptions(iterations=2)).run()
-    return ends.iteration_ends[1] - ends.iteration_ends[0]
+    options = RunOptions(iterations=2, trace_xpus=frozenset(xpus) if trace else None)
+    return platform, graph, Executor(platform, graph, routes, FakeBackend(platform, routes, "fp16"), options).run()
+
+
+def iteration_time(par: Parallelism) -> float:
+    ends = run(par)[2].iteration_ends
+    return ends[1] - ends[0]
 
 
 def pass_times(p: int, micro_batch: int = 1, tp: int = 1) -> tuple[float, float, float]:
@@ -78,6 +86,29 @@ def test_zb_h1_bubble_is_below_1f1b_and_its_authors_bound(p, m):
     zero_bubble = iteration_time(Parallelism(pp=p, global_batch=m, schedule="zb-h1"))
     assert zero_bubble < one_f_one_b
     assert zero_bubble - m * (t_f + t_b) <= (p - 1) * (t_f + t_b - t_w) * (1 + 1e-6)  # Qi et al.: ZB-H1's bubble
+
+
+@pytest.mark.parametrize("schedule, v", [("1f1b", 1), ("interleaved", 2), ("zb-h1", 1)])
+def test_the_perfetto_schedule_track_shows_each_stage_s_passes_in_schedule_order(tmp_path, schedule, v):
+    par = Parallelism(pp=2, dp=2, global_batch=8, schedule=schedule, virtual_stages=v)
+    platform, graph, result = run(par, trace=True)
+    result.trace.write_perfetto(tmp_path / "trace.json", platform, graph)
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    slices = defaultdict(list)  # (iteration, track name) -> its schedule slices
+    for e in events:
+        if e.get("cat") == "schedule":
+            slices[e["args"]["iteration"], names[e["pid"], e["tid"]]].append(e)
+    assert len(slices) == 2 * 4  # two iterations x every XPU
+    for (_, track), passes in slices.items():
+        stage = passes[0]["args"]["stage"]
+        assert track.endswith(f"schedule (stage {stage})")
+        passes.sort(key=lambda e: e["ts"])
+        expected = stage_order(schedule, stages=2, micro_batches=4, stage=stage, chunks=v)
+        assert [e["name"] for e in passes] == [f"mb{op.micro_batch} {op.kind}" + (f" c{op.chunk}" if op.chunk else "")
+                                                for op in expected]
+        for before, after in zip(passes, passes[1:]):  # one pass at a time on an XPU
+            assert before["ts"] + before["dur"] <= after["ts"] * (1 + 1e-12)
 
 
 def test_tensor_parallelism_divides_a_stage_s_compute_time():
