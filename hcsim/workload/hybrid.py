@@ -301,11 +301,12 @@ class _Builder:
     def groups(self, axis: str, stage: int, k: int = 0) -> tuple[tuple[str, ...], ...]:
         """The groups of `axis` on `stage`, in ring order; one shared tuple per (axis, stage). Axis
         "replicas": the XPUs that hold the same dense parameters (the ep x dp ranks with equal tp and cp
-        coordinates). With an uneven batch_split, `k` keeps the groups inside replica class k (for the axes
-        inside a replica: tp)."""
-        key = (axis, stage) if self.classes[k][1] is None else (axis, stage, k)
+        coordinates). With an uneven batch_split, `k` keeps the groups of an axis inside a replica (tp, ep) to
+        replica class k; the groups across replicas (dp, replicas) are the stage's whatever `k`."""
+        inside = axis not in ("dp", "replicas") and self.classes[k][1] is not None
+        key = (axis, stage, k) if inside else (axis, stage)
         if key not in self._groups:
-            members = set(self.class_xpus(stage, k))
+            members = set(self.class_xpus(stage, k) if inside else self.layout.stage_xpus(stage))
             if axis == "replicas" and self.par.ep > 1:
                 by_coordinates: dict = {}
                 for x in self.layout.stage_xpus(stage):
