@@ -47,15 +47,19 @@ def graph_vertices(spec) -> int:
     return 2 * decoders * per_pass + allreduces + 1
 
 
-def check_run_cost(spec, xpus: int, iterations: int, where: str, micro_batches: int = 1, stages: int = 1) -> None:
+def check_run_cost(spec, xpus: int, iterations: int, where: str, micro_batches: int = 1, stages: int = 1,
+                   graph_micro_batches: int | None = None) -> None:
     """Refuse a run of workload `spec` on `xpus` XPUs for `iterations` iterations beyond the limits above.
 
-    With pipeline parallelism the graph holds each decoder pass once per micro-batch (`micro_batches`)
-    and each XPU runs the vertices of one of the `stages` stages.
+    With pipeline parallelism the graph holds each decoder pass once per micro-batch (`micro_batches`, per
+    replica) and each XPU runs the vertices of one of the `stages` stages. With an uneven batch_split the
+    graph holds `graph_micro_batches` passes (one set per class of replicas; the sum of their counts) while
+    each XPU still runs its own replica's: `micro_batches` is then the mean.
     """
-    vertices = graph_vertices(spec) * micro_batches
-    check_limit(vertices, MAX_GRAPH_VERTICES, "the workload graph's vertices", where,
-                "lower model.decoders or global_batch, or use granularity: decoder")
+    one = graph_vertices(spec)
+    check_limit(one * (graph_micro_batches or micro_batches), MAX_GRAPH_VERTICES, "the workload graph's vertices",
+                where, "lower model.decoders or global_batch, or use granularity: decoder")
+    vertices = one * micro_batches  # that an XPU's replica runs
     runs = float(vertices) * xpus * iterations / stages
     check_limit(runs, MAX_VERTEX_RUNS, f"the vertex runs ({vertices:,} vertices x {xpus:,} XPUs"
                 + (f" / {stages} stages" if stages > 1 else "") + f" x {iterations:,} iterations)", where,

@@ -31,6 +31,7 @@ from hcsim.params import (Choice, Constraint, Either, Flag, Integer, Integers, N
 from hcsim.engine.compute_model import COMPUTE_MODELS
 from hcsim.workload.model import RECOMPUTATION
 from hcsim.workload.schedules import SCHEDULES
+from hcsim.workload.split import BATCH_SPLITS
 from hcsim.workload.zero import OFFLOAD_STATES, OFFLOAD_TARGETS, ZERO_STAGES
 
 __all__ = ["Scenario", "load_scenario", "apply_settings", "SCENARIO_KEYS", "RENAMED_KEYS", "COLLECTIVE_MODELS",
@@ -84,6 +85,9 @@ class Scenario:
     recompute: str | None = None  # none | selective | full; None: the workload's recomputation
     sequence_parallel: bool = False  # Megatron-LM sequence parallelism inside TP groups
     layer_split: tuple[int, ...] | None = None  # decoders per (virtual) stage; None: even
+    batch_split: str | tuple[int, ...] = "even"  # each DP replica's share of the global batch: even,
+    # proportional (to its slowest XPU's peak FLOP/s) or a list, one count per replica, of micro-batches
+    # summing to global_batch / micro_batch (of samples summing to batch_per_xpu x xpus in the paper's graph)
     zero: int = 0  # ZeRO stage 0-3 over each DP group (1 = Megatron's distributed optimizer)
     offload: str = "none"  # none | cpu (host DRAM, step on the CPU) | cxl (CXL Type 3, in place)
     offload_state: tuple[str, ...] = ("optimizer",)  # what offload keeps out of HBM: optimizer, parameters, activations
@@ -122,13 +126,14 @@ class Scenario:
         "global_batch": Optional(Integer(minimum=1), "dp x micro_batch"),
         "schedule": Choice(SCHEDULES), "recompute": Optional(Choice(RECOMPUTATION), "the workload's recomputation"),
         "sequence_parallel": Flag(), "layer_split": Optional(Integers(minimum=1), "even"),
+        "batch_split": Either((Choice(BATCH_SPLITS), Integers(minimum=1))),
         "trace_xpus": Either((Integer(minimum=0), Choice(TRACE_CHOICES), Texts("XPU names"))),
         "trace_iterations": Optional(Integers(minimum=1), "every iteration"),
         "base": Text(),
     }
 
     def __post_init__(self) -> None:
-        for key in ("devices", "ring_order", "trace_iterations", "layer_split"):
+        for key in ("devices", "ring_order", "trace_iterations", "layer_split", "batch_split"):
             if isinstance(getattr(self, key), list):
                 object.__setattr__(self, key, tuple(getattr(self, key)))
         name = self.name if isinstance(self.name, str) else "?"
@@ -173,7 +178,8 @@ class Scenario:
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
-        for key in ("devices", "trace_iterations", "ring_order", "layer_split", "offload_state", "trace_xpus"):
+        for key in ("devices", "trace_iterations", "ring_order", "layer_split", "batch_split", "offload_state",
+                    "trace_xpus"):
             if isinstance(data[key], tuple):
                 data[key] = list(data[key])
         return data
@@ -281,6 +287,7 @@ def _from_mapping(data: dict, where: str, base: str) -> Scenario:
                                f"(virtual) pipeline stage, got {brief(split)}")
         split = None
     values["layer_split"] = tuple(split) if split else None
+    values["batch_split"] = _batch_split(fields)
     values["zero"] = fields.choice("zero", ZERO_STAGES, default.zero)
     values["moe_skew"] = fields.number("moe_skew", default.moe_skew, minimum=1)
     values["offload"] = fields.choice("offload", OFFLOAD_TARGETS, default.offload)
@@ -349,6 +356,20 @@ def _trace_xpus(fields: Fields, default: int) -> int | str | tuple[str, ...]:
     fields.problems.append(f"{fields.path('trace_xpus')}: expected a number of XPUs (the first ones), a list of XPU "
                            f"names, or one of {', '.join(TRACE_CHOICES)}; got {value!r}")
     return default
+
+
+def _batch_split(fields: Fields) -> str | tuple[int, ...]:
+    value = fields.raw("batch_split")
+    if value is None or value in BATCH_SPLITS:
+        return value or "even"
+    if isinstance(value, list) and value and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1
+                                                 for n in value):
+        return tuple(value)
+    fields.problems.append(f"{fields.path('batch_split')}: expected {' or '.join(BATCH_SPLITS)}, or a list of "
+                           f"positive integers, one per DP replica (micro-batches summing to global_batch / "
+                           f"micro_batch; samples summing to batch_per_xpu x xpus in the paper's data-parallel "
+                           f"graph), got {brief(value)}")
+    return "even"
 
 
 def _devices(fields: Fields):

@@ -32,7 +32,7 @@ except ImportError as _error:  # a folder named hcsim shadows the package: say s
 from hcsim.results import TIME_PARTS, XPU_COLUMNS, XpuTimes, pace_setters, per_xpu_times, resolve_scenario, xpu_rows
 from hcsim.scenario import Scenario
 
-__all__ = ["Prepared", "prepare", "offload_memory", "host_pairs", "execute", "run_here", "compute_model", "simulate",
+__all__ = ["Prepared", "prepare", "batch_split", "offload_memory", "host_pairs", "execute", "run_here", "compute_model", "simulate",
            "simulate_graphs", "total_runs", "write_outputs", "atomic_write"]
 
 log = logging.getLogger(__name__)
@@ -98,12 +98,16 @@ def prepare(scenario: Scenario) -> Prepared:
             return rank_order(graph, group, scenario, xpus)
 
         parallelism = _parallelism(scenario, workload_spec, layout) if scenario.hybrid else None
+        split = batch_split(scenario, workload_spec, layout, graph, parallelism)
+        if parallelism and split:
+            parallelism = _parallelism(scenario, workload_spec, layout, split)
         check_run_cost(workload_spec, scenario.xpus, scenario.iterations, f"scenario {scenario.name!r}",
-                       parallelism.micro_batches if parallelism else 1, scenario.pp)
+                       parallelism.micro_batches if parallelism else 1, scenario.pp,
+                       sum(c for c, _ in parallelism.replica_classes()) if parallelism else len(set(split or (1,))))
         if parallelism:
             workload = build_hybrid_graph(workload_spec, parallelism, layout, order)
         else:
-            workload = build_training_graph(workload_spec, layout, order)
+            workload = build_training_graph(workload_spec, layout, order, dict(zip(xpus, split)) if split else None)
     validate_workload(workload, xpus)
     coherent = bool(graph.graph.get("coherent"))
     if not coherent and any(a == "coherent_ring" for _, a in workload.nodes(data="algorithm")):
@@ -120,7 +124,8 @@ def prepare(scenario: Scenario) -> Prepared:
         offload = offload_memory(graph, xpus, scenario, coherent)
         placement = place_hybrid_memory(workload, workload_spec, parallelism, layout, capacities, extended, offload)
     else:
-        placement = place_memory(workload, capacities, workload_spec, extended)
+        placement = place_memory(workload, capacities, workload_spec, extended,
+                                 dict(zip(xpus, split)) if split else None)
     pairs = host_pairs(graph, workload)
     return Prepared(scenario, graph, workload, placement, xpus, pairs, coherent, platform_spec)
 
@@ -161,8 +166,44 @@ def offload_memory(platform: nx.Graph, xpus: list[str], scenario: Scenario, cohe
     return found
 
 
-def _parallelism(scenario: Scenario, spec, layout):
-    """The scenario's hybrid parallelism over `layout`, defaults filled from the workload spec."""
+def batch_split(scenario: Scenario, spec, layout, platform: nx.Graph, parallelism) -> tuple[int, ...] | None:
+    """The scenario's batch_split resolved (hcsim.workload.split): micro-batches per DP replica of the hybrid
+    `parallelism`, or samples per XPU of the paper's data-parallel graph (`parallelism` None); None when
+    even. A replica's speed is the peak FLOP/s at the workload's precision of its slowest XPU.
+
+    Raises
+    ------
+    ConfigError
+        naming the scenario and batch_split, for a list of the wrong length, sum or values, or a
+        proportional split that leaves a replica nothing.
+    """
+    from hcsim.platform.devices import peak_flops
+    from hcsim.workload.split import resolve_batch_split
+
+    if scenario.batch_split == "even":
+        return None
+    nodes = platform.nodes
+    replicas: dict[int, list[str]] = {}
+    for x in layout.xpus:
+        replicas.setdefault(layout.coordinates(x)["dp"], []).append(x)
+    slowest = [min(members, key=lambda x: peak_flops(nodes[x], spec.precision)) for _, members in sorted(replicas.items())]
+    if parallelism:
+        total, unit = parallelism.micro_batches * parallelism.dp, "micro-batches"
+        text = f"global_batch / micro_batch = {parallelism.global_batch} / {parallelism.micro_batch}"
+    else:
+        total, unit = spec.batch_per_xpu * len(layout.xpus), "samples"
+        text = f"training.batch_per_xpu x xpus = {spec.batch_per_xpu} x {len(layout.xpus)}, the paper's " \
+               f"data-parallel graph"
+    try:
+        return resolve_batch_split(scenario.batch_split, [peak_flops(nodes[x], spec.precision) for x in slowest],
+                                   total, unit, text, [f"slowest XPU {x}, {nodes[x]['device']}" for x in slowest])
+    except ConfigError as err:
+        raise ConfigError(f"scenario {scenario.name!r}: {err}") from None
+
+
+def _parallelism(scenario: Scenario, spec, layout, split: tuple[int, ...] | None = None):
+    """The scenario's hybrid parallelism over `layout`, defaults filled from the workload spec; `split`: the
+    resolved batch_split (micro-batches per DP replica)."""
     from hcsim.workload.hybrid import Parallelism
 
     dp = layout.sizes["dp"]
@@ -174,7 +215,7 @@ def _parallelism(scenario: Scenario, spec, layout):
                            virtual_stages=scenario.virtual_stages, recompute=scenario.recompute or spec.recomputation,
                            sequence_parallel=scenario.sequence_parallel, layer_split=scenario.layer_split,
                            zero=scenario.zero, offload=scenario.offload, offload_state=scenario.offload_state,
-                           ep=layout.sizes["ep"], moe_skew=scenario.moe_skew)
+                           ep=layout.sizes["ep"], moe_skew=scenario.moe_skew, batch_split=split)
     except ConfigError as err:
         raise ConfigError(f"scenario {scenario.name!r}: {err}") from err
 
@@ -189,7 +230,8 @@ def graph_workload(scenario: Scenario, xpus: list[str]) -> tuple[nx.DiGraph, lis
     where = f"scenario {scenario.name!r}"
     spec_only = {"granularity": scenario.granularity is not None, "workload_overrides": bool(scenario.workload_overrides),
                  "ring_order": scenario.ring_order != "topology",
-                 "tp, pp, dp, micro_batch, global_batch, recompute, layer_split": scenario.hybrid or bool(scenario.dp)}
+                 "tp, pp, dp, micro_batch, global_batch, recompute, layer_split": scenario.hybrid or bool(scenario.dp),
+                 "batch_split": scenario.batch_split != "even"}
     for key, given in spec_only.items():
         if given:
             raise ConfigError(f"{where}: {key}: applies to workload specs only, and workload {scenario.workload!r} "
@@ -420,6 +462,7 @@ def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float) -> dic
         "stages": _stage_breakdown(prepared, per_xpu),
         "pace": pace_setters(per_xpu, _device_of(prepared)),
         "memory": _memory(prepared),
+        **_batch_split_report(prepared),
         "links": _busiest_links(prepared.platform, outcome.link_bytes, ends[-1]),
         "activities": outcome.activities,
         "collective_fidelity": sorted(set(outcome.collective_fidelity.values())),
@@ -501,6 +544,29 @@ def _breakdown(prepared: Prepared, xpu_times: dict[str, XpuTimes]) -> dict[str, 
     for x in prepared.xpus:
         groups.setdefault(prepared.platform.nodes[x]["device"], []).append(x)
     return _mean_times(groups, xpu_times)
+
+
+def _batch_split_report(prepared: Prepared) -> dict[str, Any]:
+    """``batch_split`` of an uneven split: its unit, the count of every DP replica, and per device type (of each
+    replica's slowest XPU, the one that set its speed) the replicas and their fewest and most; {} when even."""
+    from hcsim.platform.devices import peak_flops
+    from hcsim.workload.layout import ParallelLayout
+
+    graph = prepared.workload.graph
+    if "batch_split" not in graph:
+        return {}
+    nodes = prepared.platform.nodes
+    layout = ParallelLayout(prepared.xpus, graph["layout"]["sizes"], graph["layout"]["order"])
+    replicas: dict[int, list[str]] = {}
+    for x in prepared.xpus:
+        replicas.setdefault(layout.coordinates(x)["dp"], []).append(x)
+    by_device: dict[str, list[int]] = {}
+    for r, count in enumerate(graph["batch_split"]):
+        slowest = min(replicas[r], key=lambda x: peak_flops(nodes[x], graph["precision"]))
+        by_device.setdefault(nodes[slowest]["device"], []).append(count)
+    return {"batch_split": {"unit": graph["batch_split_unit"], "per_replica": list(graph["batch_split"]),
+                            "by_device": {d: {"replicas": len(c), "fewest": min(c), "most": max(c)}
+                                          for d, c in sorted(by_device.items())}}}
 
 
 def _stage_breakdown(prepared: Prepared, xpu_times: dict[str, XpuTimes]) -> dict[str, dict[str, float]]:

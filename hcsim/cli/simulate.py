@@ -132,6 +132,11 @@ def summary(result: dict) -> str:
             lines.append(f"    stage {stage:<8} {format_quantity(row['compute_s'], 's'):<11} "
                          f"{format_quantity(row['memory_stall_s'], 's'):<13} "
                          f"{format_quantity(row['exposed_comm_s'], 's'):<13} {format_quantity(row['idle_s'], 's')}")
+    if "batch_split" in result:
+        split = result["batch_split"]
+        lines.append(f"  batch split      {split['unit']} per DP replica: " + ", ".join(
+            f"{d} {c['fewest']}{'-' + str(c['most']) if c['most'] != c['fewest'] else ''} "
+            f"({c['replicas']} replica{'s' if c['replicas'] > 1 else ''})" for d, c in split["by_device"].items()))
     pace = result["pace"]
     setter = min(pace, key=lambda d: pace[d]["idle_s"])
     others = ", ".join(f"{d} {format_quantity(p['idle_s'], 's')}" for d, p in pace.items() if d != setter)

@@ -12,12 +12,13 @@ Graph attributes
     name : str; precision : one of PRECISIONS (picks the XPU FLOP/s);
     format_version : 2;
     samples_per_iteration : int, samples one data-parallel replica processes per
-        iteration (throughput counts batches as the paper does);
+        iteration (throughput counts batches as the paper does; the mean with a batch_split);
     optional, set by the builders and read by reports: ``layout`` (a
     :class:`~hcsim.workload.layout.ParallelLayout` as a mapping), ``global_samples``
     (samples per iteration of the whole job), ``tokens_per_sample``,
     ``model_flops`` (FLOP of one iteration of the whole job, counted as
-    Megatron-LM counts them, for MFU).
+    Megatron-LM counts them, for MFU), ``batch_split`` (an uneven split's count per
+    data-parallel replica, in ``batch_split_unit``: "micro-batches" or "samples").
 
 Vertex attributes
     kind : "compute" | "comm".

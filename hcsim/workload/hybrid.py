@@ -41,6 +41,7 @@ gradient).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from itertools import product
 
 import networkx as nx
 
@@ -54,6 +55,7 @@ from hcsim.workload.spec import WorkloadSpec
 from hcsim.workload.ops import BlockOps, Op as Kernel, block_ops, head_ops, optimizer_ops
 from hcsim.workload.transformer import decoder_layer, embedding, lm_head
 from hcsim.workload.experts import EXPERT_OPS, routed_elements
+from hcsim.workload.split import check_batch_split
 from hcsim.workload.zero import check_zero_offload, optimizer_step_bytes
 
 __all__ = ["Parallelism", "BlockCost", "build_hybrid_graph", "place_hybrid_memory", "stage_layers", "in_flight"]
@@ -78,6 +80,7 @@ class Parallelism:
     offload_state: tuple[str, ...] = ("optimizer",)  # what offload keeps out of HBM
     ep: int = 1  # expert parallelism (hcsim.workload.experts): the EP ranks also split the data
     moe_skew: float = 1.0  # most loaded EP rank's tokens / the mean (1: balanced routing)
+    batch_split: tuple[int, ...] | None = None  # micro-batches per DP replica (hcsim.workload.split); None: m each
 
     def __post_init__(self) -> None:
         for key in ("tp", "pp", "dp", "micro_batch", "global_batch", "virtual_stages", "ep"):
@@ -104,6 +107,26 @@ class Parallelism:
             raise ConfigError(f"layer_split: gives {len(self.layer_split)} stages, expected pp x virtual_stages = "
                               f"{self.pp * self.virtual_stages}")
         check_zero_offload(self.zero, self.offload, self.offload_state)
+        if self.batch_split is not None:
+            self._check_batch_split()
+
+    def _check_batch_split(self) -> None:
+        check_batch_split(self.batch_split, self.dp, self.micro_batches * self.dp, "micro-batches",
+                          f"global_batch / micro_batch = {self.global_batch} / {self.micro_batch}")
+        if len(set(self.batch_split)) == 1:
+            return
+        if self.ep > 1 or self.zero == 3:
+            key, valid = ("ep", "ep: 1") if self.ep > 1 else ("zero", "zero: 0, 1 or 2")
+            raise ConfigError(f"batch_split: an uneven split with {key}: {getattr(self, key)} is not modelled (expert "
+                              f"parallelism and ZeRO-3 run collectives inside every layer, which replicas with "
+                              f"different micro-batch counts do not reach together); valid: {valid}, or "
+                              f"batch_split: even")
+        for count in sorted(set(self.batch_split)):
+            try:
+                check_schedule(self.schedule, self.pp, count, self.virtual_stages)
+            except ConfigError as err:
+                raise ConfigError(f"batch_split: {list(self.batch_split)} gives a replica {count} micro-batches, "
+                                  f"which its schedule cannot run ({err})") from None
 
     def offloads(self, state: str) -> bool:
         """Whether `state` (optimizer, parameters, activations) is offloaded."""
@@ -116,8 +139,16 @@ class Parallelism:
 
     @property
     def micro_batches(self) -> int:
-        """m: micro-batches per iteration and data replica."""
+        """m: micro-batches per iteration and data replica (the mean over the replicas with a batch_split)."""
         return self.global_batch // (self.replicas * self.micro_batch)
+
+    def replica_classes(self) -> tuple[tuple[int, frozenset[int] | None], ...]:
+        """The replicas grouped by their micro-batch count: (count, DP coordinates), in order of each count's
+        first replica; one class (m, None: every replica) when all counts are equal."""
+        split = self.batch_split
+        if split is None or len(set(split)) == 1:
+            return ((split[0] if split else self.micro_batches, None),)
+        return tuple((count, frozenset(r for r, c in enumerate(split) if c == count)) for count in dict.fromkeys(split))
 
     def check_model(self, spec: WorkloadSpec) -> None:
         """Raise ConfigError when the model cannot be split this way."""
@@ -222,7 +253,9 @@ class _Builder:
 
     def __post_init__(self) -> None:
         self._groups: dict = {}
+        self._class_xpus: dict = {}
         spec, par = self.spec, self.par
+        self.classes = par.replica_classes()
         self.attn, self.mlp = block_costs(spec, par.micro_batch, par.tp, par.sequence_parallel, par.ep)
         self.experts = expert_costs(spec, par.micro_batch, par.tp, par.sequence_parallel, par.ep, par.moe_skew)
         # kernels of each block for the engine's roofline model (hcsim.workload.ops; dense blocks only)
@@ -253,6 +286,8 @@ class _Builder:
                                                "global_batch", "schedule", "virtual_stages", "recompute",
                                                "sequence_parallel", "zero", "offload", "ep", "moe_skew")},
                                   model=model.name, decoders=model.decoders, granularity=spec.granularity)
+        if len(self.classes) > 1:  # micro-batches per DP replica; an even split leaves the graph as it was
+            self.graph.graph.update(batch_split=list(par.batch_split), batch_split_unit="micro-batches")
 
     def model_flops(self) -> float:
         """FLOP of one iteration of the whole job, forward and backward, no recomputation (Megatron-LM's count:
@@ -263,13 +298,15 @@ class _Builder:
             per_rank += sum(b.forward.flops + b.backward.flops for b in (self.embedding, self.head))
         return per_rank * self.par.tp * self.par.micro_batches * self.par.replicas
 
-    def groups(self, axis: str, stage: int) -> tuple[tuple[str, ...], ...]:
+    def groups(self, axis: str, stage: int, k: int = 0) -> tuple[tuple[str, ...], ...]:
         """The groups of `axis` on `stage`, in ring order; one shared tuple per (axis, stage). Axis
         "replicas": the XPUs that hold the same dense parameters (the ep x dp ranks with equal tp and cp
-        coordinates)."""
-        key = (axis, stage)
+        coordinates). With an uneven batch_split, `k` keeps the groups of an axis inside a replica (tp, ep) to
+        replica class k; the groups across replicas (dp, replicas) are the stage's whatever `k`."""
+        inside = axis not in ("dp", "replicas") and self.classes[k][1] is not None
+        key = (axis, stage, k) if inside else (axis, stage)
         if key not in self._groups:
-            members = set(self.layout.stage_xpus(stage))
+            members = set(self.class_xpus(stage, k) if inside else self.layout.stage_xpus(stage))
             if axis == "replicas" and self.par.ep > 1:
                 by_coordinates: dict = {}
                 for x in self.layout.stage_xpus(stage):
@@ -281,9 +318,25 @@ class _Builder:
             self._groups[key] = tuple(tuple(self.group_order(g)) for g in found) if self.group_order else found
         return self._groups[key]
 
+    def class_xpus(self, stage: int, k: int) -> tuple[str, ...]:
+        """The XPUs of `stage` in the replicas of class k (:meth:`Parallelism.replica_classes`), topology order."""
+        replicas = self.classes[k][1]
+        xpus = self.layout.stage_xpus(stage)
+        if replicas is None:
+            return xpus
+        if (stage, k) not in self._class_xpus:
+            self._class_xpus[stage, k] = tuple(x for x in xpus if self.layout.coordinates(x)["dp"] in replicas)
+        return self._class_xpus[stage, k]
+
+    def class_tag(self, k: int) -> str:
+        """The part of vertex names that tells replica classes apart: "" for one class, ".m5" for the class
+        of replicas that run 5 micro-batches."""
+        count, replicas = self.classes[k]
+        return "" if replicas is None else f".m{count}"
+
     def build(self) -> nx.DiGraph:
         par = self.par
-        self.first: dict = {}  # (stage, op) -> first vertex, last vertex
+        self.first: dict = {}  # (stage, replica class, op) -> first vertex, last vertex
         for stage in range(par.pp):
             self.add_stage(stage)
         self.add_pipeline_transfers()
@@ -292,28 +345,40 @@ class _Builder:
     # ---- one stage -------------------------------------------------------------------------------------
 
     def add_stage(self, stage: int) -> None:
+        """The stage's passes chained in schedule order, one chain per replica class (each over its micro-batch
+        count), then the gradient collectives and the optimizer step, and the back edges to each chain."""
         par = self.par
-        xpus = self.layout.stage_xpus(stage)
-        order = stage_order(par.schedule, stages=par.pp, micro_batches=par.micro_batches, stage=stage,
-                            chunks=par.virtual_stages)
-        previous = None
-        last_of_chunk: dict[int, str] = {}
-        for op in order:
-            first, last = self.add_op(stage, op, xpus, start=previous is None)
-            self.first[stage, op] = (first, last)
-            if previous is not None:
-                add_dependency(self.graph, previous, first)
-            previous = last
-            if op.kind == ("W" if par.schedule == "zb-h1" else "B"):
-                last_of_chunk[op.chunk] = last
-        end = self.add_optimizer(stage, xpus, previous, last_of_chunk)
-        add_dependency(self.graph, end, self.first[stage, order[0]][0], skip_first_iteration=True)
+        heads, tails = [], []
+        last_of_chunk: dict[int, list[str]] = {}  # chunk -> per class, its last backward (or W) pass
+        for k, (count, _) in enumerate(self.classes):
+            order = stage_order(par.schedule, stages=par.pp, micro_batches=count, stage=stage,
+                                chunks=par.virtual_stages)
+            previous = None
+            lasts: dict[int, str] = {}
+            for op in order:
+                first, last = self.add_op(stage, op, self.class_xpus(stage, k), start=previous is None, k=k)
+                self.first[stage, k, op] = (first, last)
+                if previous is not None:
+                    add_dependency(self.graph, previous, first)
+                previous = last
+                if op.kind == ("W" if par.schedule == "zb-h1" else "B"):
+                    lasts[op.chunk] = last
+            for chunk, last in lasts.items():
+                last_of_chunk.setdefault(chunk, []).append(last)
+            heads.append(self.first[stage, k, order[0]][0])
+            tails.append(previous)
+        end = self.add_optimizer(stage, self.layout.stage_xpus(stage), tails, last_of_chunk)
+        for head in heads:
+            add_dependency(self.graph, end, head, skip_first_iteration=True)
         if par.zero == 3 and par.dp > 1:
             self.add_parameter_gathers(stage, end)
 
-    def add_optimizer(self, stage: int, xpus, previous: str, last_of_chunk: dict[int, str]) -> str:
+    def add_optimizer(self, stage: int, xpus, previous: list[str], last_of_chunk: dict[int, list[str]]) -> str:
         """The DP gradient collectives, the optimizer step (on its shard with ZeRO, on the host CPU or over
-        CXL with offload) and, for ZeRO 1-2, the all-gather of the updated weights; returns the last vertex."""
+        CXL with offload) and, for ZeRO 1-2, the all-gather of the updated weights; returns the last vertex.
+
+        `previous`: each replica class's last pass; `last_of_chunk`: per chunk, each class's last backward of
+        it (a replica's members of a gradient collective arrive when their own backward is done)."""
         par, spec, sizes = self.par, self.spec, self.spec.sizes
         shard = 1.0 / par.dp if par.zero >= 1 else 1.0
         parameters = sum(self.chunk_parameters(stage, c) for c in range(par.virtual_stages))
@@ -328,8 +393,9 @@ class _Builder:
         if par.offloads("optimizer"):
             self.graph.nodes[opt].update(offload=par.offload, **({"host": "cpu"} if on_cpu else
                                                                  {"spilled_xpus": frozenset(xpus)}))
-        add_dependency(self.graph, previous, opt)
-        for chunk, last in sorted(last_of_chunk.items()):
+        for last in previous:
+            add_dependency(self.graph, last, opt)
+        for chunk, lasts in sorted(last_of_chunk.items()):
             parts = (("grads", "replicas", "dense"), ("expert_grads", "dp", "experts")) if par.ep > 1 \
                 else (("grads", "dp", "all"),)
             reduced = []
@@ -343,18 +409,21 @@ class _Builder:
                          algorithm=self.spec.algorithm if par.zero == 0 else "ring",
                          chunks=self.spec.chunks if par.zero == 0 else None)
                 self.graph.nodes[name].update(phase="allreduce", stage=stage)
-                add_dependency(self.graph, last, name)
+                for last in lasts:
+                    add_dependency(self.graph, last, name)
                 reduced.append(name)
             for name in reduced[:-1]:
                 add_dependency(self.graph, name, opt)
-            last = reduced[-1] if reduced else last
+            lasts = reduced[-1:] or lasts
             if on_cpu:  # ZeRO-Offload: the chunk's gradient shard to host DRAM as soon as it is reduced
-                last = self.add_move(f"s{stage}.c{chunk}.offload.grads", xpus, stage, "out", last,
-                                     self.chunk_parameters(stage, chunk) * shard * sizes.gradient)
-            add_dependency(self.graph, last, opt)
+                lasts = [self.add_move(f"s{stage}.c{chunk}.offload.grads", xpus, stage, "out", lasts,
+                                       self.chunk_parameters(stage, chunk) * shard * sizes.gradient)]
+            for last in lasts:
+                add_dependency(self.graph, last, opt)
         end = opt
         if on_cpu:
-            end = self.add_move(f"s{stage}.offload.weights", xpus, stage, "in", opt, parameters * shard * sizes.weight)
+            end = self.add_move(f"s{stage}.offload.weights", xpus, stage, "in", [opt],
+                                parameters * shard * sizes.weight)
         if par.zero in (1, 2) and par.dp > 1:
             name = add_comm(self.graph, f"s{stage}.weights.all_gather", groups=self.groups("dp", stage),
                             collective="all_gather", bytes=parameters * sizes.weight, algorithm="ring")
@@ -363,11 +432,13 @@ class _Builder:
             end = name
         return end
 
-    def add_move(self, name: str, xpus, stage: int, direction: str, after: str, size: float) -> str:
-        """A copy of `size` bytes between each XPU and its offload memory (`direction` in | out)."""
+    def add_move(self, name: str, xpus, stage: int, direction: str, after: list[str], size: float) -> str:
+        """A copy of `size` bytes between each XPU and its offload memory (`direction` in | out), after the
+        vertices `after`."""
         add_compute(self.graph, name, xpus=xpus, flops=0.0, memory_bytes=size)
         self.graph.nodes[name].update(phase="offload", stage=stage, move=direction, offload=self.par.offload)
-        add_dependency(self.graph, after, name)
+        for vertex in after:
+            add_dependency(self.graph, vertex, name)
         return name
 
     def add_parameter_gathers(self, stage: int, optimizer: str) -> None:
@@ -401,11 +472,11 @@ class _Builder:
         return (self.vocabulary and stage == 0 and chunk == 0,
                 self.vocabulary and stage == self.par.pp - 1 and chunk == self.par.virtual_stages - 1)
 
-    def add_op(self, stage: int, op: Op, xpus, start: bool) -> tuple[str, str]:
-        """Add the vertices of one pass, chained; return its first and last vertex."""
+    def add_op(self, stage: int, op: Op, xpus, start: bool, k: int = 0) -> tuple[str, str]:
+        """Add the vertices of one pass of replica class k on `xpus`, chained; return its first and last vertex."""
         par = self.par
         decoders = self.layers[stage][op.chunk]
-        tag = f"s{stage}.c{op.chunk}.mb{op.micro_batch}.{op.kind}"
+        tag = f"s{stage}{self.class_tag(k)}.c{op.chunk}.mb{op.micro_batch}.{op.kind}"
         chain: list[str] = []
         is_first, is_last = self.ends(stage, op.chunk)
 
@@ -440,7 +511,7 @@ class _Builder:
                 unit(len(chain) - 1, self.embedding.parameters, "embedding")
             for d in range(decoders):
                 mark = len(chain)
-                self.add_decoder_forward(compute, chain, stage, f"L{d}")
+                self.add_decoder_forward(compute, chain, stage, f"L{d}", k)
                 unit(mark, decoder, f"L{d}")
             if is_last:
                 compute("head", self.head.forward.flops, self.head.forward.bytes, self.head_ops.forward)
@@ -454,7 +525,7 @@ class _Builder:
         for d in reversed(range(decoders)):
             mark = len(chain)
             if par.recompute == "full":
-                self.add_decoder_forward(compute, chain, stage, f"L{d}.recompute")
+                self.add_decoder_forward(compute, chain, stage, f"L{d}.recompute", k)
             for block, ops, label in ((self.mlp, self.mlp_ops, "mlp"), (self.attn, self.attn_ops, "attn")):
                 if self.experts and label == "mlp":  # the combine's gradients, experts, the dispatch's
                     self.add_all_to_all(chain, stage, f"{tag}.L{d}.combine_grad")
@@ -469,7 +540,7 @@ class _Builder:
                     flops, size = flops + block.core_flops, size + block.core_bytes
                     kernels = ops.core + kernels
                 compute(f"L{d}.{label}", flops, size, kernels)
-                self.add_tp_collective(chain, stage, f"{chain[-1]}.tp", backward=True)
+                self.add_tp_collective(chain, stage, f"{chain[-1]}.tp", backward=True, k=k)
             unit(mark, decoder, f"L{d}")
         if is_first:
             work = self.embedding.backward_input if split else self.embedding.backward
@@ -477,14 +548,14 @@ class _Builder:
             unit(len(chain) - 1, self.embedding.parameters, "embedding")
         return self._chain(chain)
 
-    def add_decoder_forward(self, compute, chain, stage, label) -> None:
+    def add_decoder_forward(self, compute, chain, stage, label, k: int = 0) -> None:
         for block, ops, name in ((self.attn, self.attn_ops, "attn"), (self.mlp, self.mlp_ops, "mlp")):
             compute(f"{label}.{name}", block.fwd_flops, block.fwd_bytes, ops.forward)
             if self.experts and name == "mlp":  # dispatch, experts, combine
                 self.add_all_to_all(chain, stage, f"{chain[-1]}.dispatch")
                 compute(f"{label}.experts", self.experts.fwd_flops, self.experts.fwd_bytes)
                 self.add_all_to_all(chain, stage, f"{chain[-1]}.combine")
-            self.add_tp_collective(chain, stage, f"{chain[-1]}.tp", backward=False)
+            self.add_tp_collective(chain, stage, f"{chain[-1]}.tp", backward=False, k=k)
 
     def add_all_to_all(self, chain: list[str], stage: int, name: str) -> None:
         """An all-to-all of the tokens' activations (or their gradients) over every EP group of the stage."""
@@ -495,11 +566,12 @@ class _Builder:
         self.graph.nodes[vertex].update(phase="ep", stage=stage)
         chain.append(vertex)
 
-    def add_tp_collective(self, chain: list[str], stage: int, name: str, backward: bool) -> None:
-        """The TP collective after a block: one all-reduce, or (SP) a reduce-scatter and an all-gather."""
+    def add_tp_collective(self, chain: list[str], stage: int, name: str, backward: bool, k: int = 0) -> None:
+        """The TP collective after a block (of replica class k): one all-reduce, or (SP) a reduce-scatter and an
+        all-gather."""
         if self.par.tp == 1:
             return
-        groups = self.groups("tp", stage)
+        groups = self.groups("tp", stage, k)
         kinds = ("reduce_scatter", "all_gather") if self.par.sequence_parallel else ("all_reduce",)
         for kind in kinds:
             vertex = add_comm(self.graph, f"{name}.{kind}", groups=groups, bytes=self.activation, collective=kind,
@@ -518,15 +590,18 @@ class _Builder:
         """Activations forward and gradients backward across every chunk boundary, per micro-batch."""
         par = self.par
         p, v = par.pp, par.virtual_stages
-        for q in range(p * v - 1):  # virtual stage q -> q + 1
-            (s, c), (t, d) = (q % p, q // p), ((q + 1) % p, (q + 1) // p)
-            pairs_fwd = list(zip(self.layout.stage_xpus(s), self.layout.stage_xpus(t)))
-            pairs_bwd = [(dst, src) for src, dst in pairs_fwd]
-            for j in range(par.micro_batches):
-                self.transfer(f"p2p.q{q}.mb{j}.act", pairs_fwd, self.first[s, Op("F", j, c)][1],
-                              self.first[t, Op("F", j, d)][0])
-                self.transfer(f"p2p.q{q}.mb{j}.grad", pairs_bwd, self.first[t, Op("B", j, d)][1],
-                              self.first[s, Op("B", j, c)][0])
+        for k, (count, _) in enumerate(self.classes):
+            tag = self.class_tag(k)
+            for q in range(p * v - 1):  # virtual stage q -> q + 1
+                (s, c), (t, d) = (q % p, q // p), ((q + 1) % p, (q + 1) // p)
+                pairs_fwd = list(zip(self.class_xpus(s, k), self.class_xpus(t, k)))
+                pairs_bwd = [(dst, src) for src, dst in pairs_fwd]
+                first = self.first
+                for j in range(count):
+                    self.transfer(f"p2p{tag}.q{q}.mb{j}.act", pairs_fwd, first[s, k, Op("F", j, c)][1],
+                                  first[t, k, Op("F", j, d)][0])
+                    self.transfer(f"p2p{tag}.q{q}.mb{j}.grad", pairs_bwd, first[t, k, Op("B", j, d)][1],
+                                  first[s, k, Op("B", j, c)][0])
 
     def transfer(self, name: str, pairs, after: str, before: str) -> None:
         add_comm(self.graph, name, pairs=pairs, bytes=self.activation, collective="p2p")
@@ -587,8 +662,8 @@ def place_hybrid_memory(graph: nx.DiGraph, spec: WorkloadSpec, par: Parallelism,
                 + (m.activations if par.offloads("activations") else 0.0))
 
     inventory, spilled_by_stage, used = {}, {}, {}
-    for stage in range(par.pp):
-        order = stage_order(par.schedule, stages=par.pp, micro_batches=par.micro_batches, stage=stage,
+    for stage, (k, (count, _)) in product(range(par.pp), enumerate(builder.classes)):
+        order = stage_order(par.schedule, stages=par.pp, micro_batches=count, stage=stage,
                             chunks=par.virtual_stages)
         flight = in_flight(order) / par.virtual_stages  # micro-batches in flight per chunk
         decoders = sum(builder.layers[stage])
@@ -601,7 +676,7 @@ def place_hybrid_memory(graph: nx.DiGraph, spec: WorkloadSpec, par: Parallelism,
             if par.zero == 3 else 0.0
         offloaded = away(memory)
         fixed = memory.total - offloaded - decoders * one + gathered  # embedding / head, gathered layers: local
-        for x in layout.stage_xpus(stage):
+        for x in builder.class_xpus(stage, k):
             local = min(decoders, max(0, int((capacities[x] - fixed) // one))) if one else decoders
             spilled = (decoders - local) * one
             if spilled > extended.get(x, 0.0) or fixed > capacities[x]:
@@ -653,6 +728,8 @@ def _mark_spills(graph: nx.DiGraph, builder: _Builder, spilled_by_stage: dict, o
         d = int(name.split(".L", 1)[1].split(".", 1)[0])
         position = decoder_of[stage, chunk, d]
         spilled = frozenset(x for local, xs in spilled_by_stage[stage].items() if position >= local for x in xs)
+        if len(builder.classes) > 1:  # the replica classes of a stage have vertices of their own
+            spilled &= frozenset(data["xpus"])
         data["spilled_xpus"] = shared.setdefault(spilled, spilled)
         if offload:
             data["offload"] = offload

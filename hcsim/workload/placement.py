@@ -77,9 +77,10 @@ class XpuMemory:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CapacityPlacement:
-    """The decision for every XPU of one local capacity (bytes)."""
+    """The decision for every XPU of one local capacity (bytes) and batch."""
 
     capacity: float
+    batch: int  # samples per iteration of these XPUs (with a batch_split, XPUs of one capacity differ in it)
     xpus: int
     local_decoders: int
     local_bytes: float
@@ -90,7 +91,8 @@ class CapacityPlacement:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Placement:
-    """What memory placement decided: the state, and per distinct local capacity what spills."""
+    """What memory placement decided: the (largest) state, and per distinct local capacity (and batch) what
+    spills."""
 
     state: StateBytes
     by_capacity: tuple[CapacityPlacement, ...]
@@ -103,8 +105,9 @@ class Placement:
         raise KeyError(capacity)
 
 
-def training_state(spec: WorkloadSpec) -> StateBytes:
-    """The training state one XPU holds for `spec` (bytes by kind).
+def training_state(spec: WorkloadSpec, batch: int | None = None) -> StateBytes:
+    """The training state one XPU holds for `spec` (bytes by kind) at `batch` samples per iteration (None: the
+    spec's batch_per_xpu; only the activations depend on it).
 
     >>> from hcsim.workload import load_workload_spec
     >>> state = training_state(load_workload_spec("llama2-13b"))
@@ -113,14 +116,15 @@ def training_state(spec: WorkloadSpec) -> StateBytes:
     """
     parameters = spec.decoder_table().parameters * spec.model.decoders
     sizes = spec.sizes
+    batch = spec.batch_per_xpu if batch is None else batch
     return StateBytes(parameters=parameters * sizes.weight, gradients=parameters * sizes.gradient,
                       optimizer=parameters * sizes.optimizer,
-                      activations=spec.activation_bytes()(spec.batch_per_xpu) * spec.model.decoders,
+                      activations=spec.activation_bytes()(batch) * spec.model.decoders,
                       decoders=spec.model.decoders)
 
 
 def place_memory(graph: nx.DiGraph, capacities: dict[str, float], spec: WorkloadSpec,
-                 extended: dict[str, float] | None = None) -> Placement:
+                 extended: dict[str, float] | None = None, batches: dict[str, int] | None = None) -> Placement:
     """Set every compute vertex's ``spilled_xpus`` and return what was decided.
 
     Parameters
@@ -130,6 +134,8 @@ def place_memory(graph: nx.DiGraph, capacities: dict[str, float], spec: Workload
     spec : the workload the graph was built from.
     extended : optional extended memory capacity in bytes per XPU (math.inf for
         unbounded, 0 for none); XPUs it does not name are unbounded.
+    batches : optional samples per iteration of each XPU, as the graph was built with (a batch_split); an
+        XPU's activations are those of its batch. None: the spec's batch_per_xpu everywhere.
 
     Raises
     ------
@@ -141,16 +147,19 @@ def place_memory(graph: nx.DiGraph, capacities: dict[str, float], spec: Workload
     missing = [x for x in xpus if x not in capacities]
     if missing:
         raise WorkloadError(f"memory placement: no local memory capacity for XPUs {', '.join(missing[:5])}")
-    state = training_state(spec)
-    block = state.per_decoder
-    decoders = state.decoders
-    local_of = {}  # capacity -> local decoders
-    for capacity in sorted({capacities[x] for x in xpus}):
-        local_of[capacity] = decoders if block == 0 else min(decoders, int(math.floor(capacity / block)))
-    local = {x: local_of[capacities[x]] for x in xpus}
+    batch_of = {x: spec.batch_per_xpu if batches is None else batches[x] for x in xpus}
+    states = {b: training_state(spec, b) for b in sorted(set(batch_of.values()))}
+    uneven = len(states) > 1  # then compute vertices run on some XPUs only: spilled sets keep to them
+    decoders = spec.model.decoders
+    local_of = {}  # (capacity, batch) -> local decoders
+    for capacity, b in sorted({(capacities[x], batch_of[x]) for x in xpus}):
+        block = states[b].per_decoder
+        local_of[capacity, b] = decoders if block == 0 else min(decoders, int(math.floor(capacity / block)))
+    local = {x: local_of[capacities[x], batch_of[x]] for x in xpus}
     if extended is not None:
         for x in xpus:
-            spilled = (decoders - local[x]) * block
+            state = states[batch_of[x]]
+            spilled = (decoders - local[x]) * state.per_decoder
             room = extended.get(x, math.inf)
             if spilled > room:
                 raise WorkloadError(
@@ -159,37 +168,45 @@ def place_memory(graph: nx.DiGraph, capacities: dict[str, float], spec: Workload
                     f"{local[x]} of {decoders} decoders, {format_quantity(spilled, 'B')} spill but its extended memory "
                     f"holds {format_quantity(room, 'B')}. Fix: more extended memory, a smaller batch, or recomputation")
     shared: dict[tuple, frozenset] = {}
+    batches_of: dict[int, frozenset] = {}  # id of a vertex's xpus tuple -> the batches its XPUs process
 
-    def spilled_on(condition) -> frozenset:
-        """The frozenset of XPUs whose local-decoder count satisfies `condition`, shared by key."""
+    def spilled_on(condition, members: tuple[str, ...]) -> frozenset:
+        """The frozenset of `members` (every XPU unless the split is uneven) whose local-decoder count satisfies
+        `condition`, shared by key."""
         key = tuple(k for k in sorted(set(local_of.values())) if condition(k))
-        if key not in shared:
-            shared[key] = frozenset(x for x in xpus if local[x] in key) if key else frozenset()
-        return shared[key]
+        scope = id(members) if uneven else None
+        if (key, scope) not in shared:
+            within = members if uneven else xpus
+            shared[key, scope] = frozenset(x for x in within if local[x] in key) if key else frozenset()
+        return shared[key, scope]
 
-    spilled_by_count: dict[int, list[str]] = {k: [] for k in set(local_of.values())}
+    spilled_by_key: dict[tuple, list[str]] = {key: [] for key in local_of}
     reads_state = spec.optimizer_bytes_per_parameter > 0
     for name, data in graph.nodes(data=True):
         if data.get("kind") != "compute":
             continue
         d = data.get("decoder", 0)
+        members = data["xpus"]
         if d:
-            data["spilled_xpus"] = spilled_on(lambda k, d=d: k < d)
+            data["spilled_xpus"] = spilled_on(lambda k, d=d: k < d, members)
         elif data.get("phase") == "optimizer" and reads_state:
-            data["spilled_xpus"] = spilled_on(lambda k: k < decoders)
+            data["spilled_xpus"] = spilled_on(lambda k: k < decoders, members)
         else:
-            data["spilled_xpus"] = spilled_on(lambda k: False)
-        for k in spilled_by_count:
-            if (d and k < d) or (not d and data["spilled_xpus"] and k < decoders):
-                spilled_by_count[k].append(name)
+            data["spilled_xpus"] = spilled_on(lambda k: False, members)
+        runs_on = batches_of.setdefault(id(members), frozenset(batch_of[x] for x in members))
+        for (capacity, b), k in local_of.items():
+            if b in runs_on and ((d and k < d) or (not d and data["spilled_xpus"] and k < decoders)):
+                spilled_by_key[capacity, b].append(name)
     entries, records = [], {}
-    for capacity, k in sorted(local_of.items()):
-        records[capacity] = XpuMemory(parameters=state.parameters, gradients=state.gradients,
-                                      optimizer=state.optimizer, activations=state.activations,
-                                      local=k * block, spilled=(decoders - k) * block)
+    for (capacity, b), k in sorted(local_of.items()):
+        state = states[b]
+        block = state.per_decoder
+        records[capacity, b] = XpuMemory(parameters=state.parameters, gradients=state.gradients,
+                                         optimizer=state.optimizer, activations=state.activations,
+                                         local=k * block, spilled=(decoders - k) * block)
         entries.append(CapacityPlacement(
-            capacity=capacity, xpus=sum(1 for x in xpus if capacities[x] == capacity), local_decoders=k,
-            local_bytes=k * block, spilled_bytes=(decoders - k) * block,
-            spilled_decoders=tuple(range(k + 1, decoders + 1)), spilled_vertices=tuple(spilled_by_count[k])))
-    return Placement(state=state, by_capacity=tuple(entries),
-                     inventory={x: records[capacities[x]] for x in xpus})
+            capacity=capacity, batch=b, xpus=sum(1 for x in xpus if (capacities[x], batch_of[x]) == (capacity, b)),
+            local_decoders=k, local_bytes=k * block, spilled_bytes=(decoders - k) * block,
+            spilled_decoders=tuple(range(k + 1, decoders + 1)), spilled_vertices=tuple(spilled_by_key[capacity, b])))
+    return Placement(state=max(states.values(), key=lambda state: state.total), by_capacity=tuple(entries),
+                     inventory={x: records[capacities[x], batch_of[x]] for x in xpus})

@@ -13,6 +13,11 @@ Vertex names (decoders numbered from 1, zero-padded to the width of L)::
     allreduce.d01.linear_q | allreduce.d01 | allreduce.model   (bucket layer | decoder | model)
     optimizer
 
+With a ``batch_split`` (:mod:`hcsim.workload.split`; ``batches`` here, samples per XPU) the XPUs that
+process the same number of samples share a chain of compute vertices whose names start with
+``b{samples}.`` (``b6.d01.fwd.linear_q``), its FLOPs and bytes the decoder table's at that batch; the
+all-reduces and the optimizer step stay one vertex each over every XPU.
+
 Besides the contract of :mod:`hcsim.workload.graph`, every vertex carries
 ``phase`` ("fwd" | "bwd" | "allreduce" | "optimizer") and ``decoder`` (1..L,
 0 for the optimizer and a whole-model all-reduce), which memory placement and
@@ -20,6 +25,8 @@ reports use.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import networkx as nx
 
@@ -42,7 +49,8 @@ def gradient_bytes(spec: WorkloadSpec, parameters: int) -> float:
     return parameters * spec.sizes.gradient
 
 
-def build_training_graph(spec: WorkloadSpec, xpus: list[str] | ParallelLayout, group_order=None) -> nx.DiGraph:
+def build_training_graph(spec: WorkloadSpec, xpus: list[str] | ParallelLayout, group_order=None,
+                         batches: Mapping[str, int] | None = None) -> nx.DiGraph:
     """The data-parallel training graph of `spec` over `xpus` (paper Fig. 7).
 
     Every compute vertex is replicated on all `xpus`; every all-reduce has the
@@ -57,6 +65,11 @@ def build_training_graph(spec: WorkloadSpec, xpus: list[str] | ParallelLayout, g
     spec : the workload (:func:`hcsim.workload.load_workload_spec`).
     xpus : XPU names, at least one, no repeats; or a data-parallel ParallelLayout.
     group_order : optional callable giving a group's ranks in ring order.
+    batches : optional samples per iteration of each XPU (a ``batch_split``, :mod:`hcsim.workload.split`);
+        None: ``spec.batch_per_xpu`` each. XPUs with equal batches share compute vertices (one chain per
+        distinct batch, its names prefixed ``b{batch}.``) whose FLOPs and bytes are the decoder table's at
+        that batch; every all-reduce keeps its group, bytes and name, and each XPU joins it when its own
+        chain's vertex is done.
 
     Returns
     -------
@@ -85,59 +98,66 @@ def build_training_graph(spec: WorkloadSpec, xpus: list[str] | ParallelLayout, g
     decoders = spec.model.decoders
     batch = spec.batch_per_xpu
     width = len(str(decoders))
+    classes = _batch_classes(group, batches, batch, spec.name)  # (batch, its XPUs in group order, name prefix)
     graph = new_workload(spec.name, precision=spec.precision, samples_per_iteration=batch)
     graph.graph.update(model=spec.model.name, decoders=decoders, granularity=spec.granularity, bucket=spec.bucket,
                        parameters=table.parameters * decoders, layout=layout.to_dict(),
                        global_samples=batch * len(group), tokens_per_sample=spec.model.sequence,
-                       model_flops=len(group) * decoders * sum(layer.fwd_flops(batch) + layer.bwd_flops(batch)
-                                                               for layer in table.layers))
+                       model_flops=sum(len(members) * decoders * sum(layer.fwd_flops(b) + layer.bwd_flops(b)
+                                                                     for layer in table.layers)
+                                       for b, members, _ in classes))
+    if len(classes) > 1:
+        graph.graph.update(batch_split=[batches[x] for x in layout.xpus], batch_split_unit="samples")
 
     def tag(d: int) -> str:
         return f"d{d:0{width}d}"
 
-    def add_pass(d: int, phase: str, layers: tuple[LayerCost, ...], start: bool) -> list[str]:
-        """Compute vertices of one pass of decoder d, in execution order."""
+    def add_pass(d: int, phase: str, layers: tuple[LayerCost, ...], start: bool, batch: int, members: tuple,
+                 prefix: str) -> list[str]:
+        """Compute vertices of one pass of decoder d on `members` at `batch` samples, in execution order."""
         flops, mem = f"{phase}_flops", f"{phase}_bytes"
         if spec.granularity == "decoder":
-            name = f"{tag(d)}.{phase}"
-            add_compute(graph, name, xpus=group, flops=sum(getattr(layer, flops)(batch) for layer in layers),
+            name = f"{prefix}{tag(d)}.{phase}"
+            add_compute(graph, name, xpus=members, flops=sum(getattr(layer, flops)(batch) for layer in layers),
                         memory_bytes=sum(getattr(layer, mem)(batch) for layer in layers), start=start)
             names = [name]
         else:
             names = []
             for i, layer in enumerate(layers):
-                name = f"{tag(d)}.{phase}.{layer.name}"
-                add_compute(graph, name, xpus=group, flops=getattr(layer, flops)(batch),
+                name = f"{prefix}{tag(d)}.{phase}.{layer.name}"
+                add_compute(graph, name, xpus=members, flops=getattr(layer, flops)(batch),
                             memory_bytes=getattr(layer, mem)(batch), start=start and i == 0)
                 names.append(name)
         for name in names:
             graph.nodes[name].update(phase=phase, decoder=d)
         return names
 
-    chain: list[str] = []
-    for d in range(1, decoders + 1):
-        chain += add_pass(d, "fwd", table.layers, start=d == 1)
-    first = chain[0]
+    chains: list[list[str]] = [[] for _ in classes]  # per class, its vertices in execution order
+    for chain, (b, members, prefix) in zip(chains, classes):
+        for d in range(1, decoders + 1):
+            chain += add_pass(d, "fwd", table.layers, d == 1, b, members, prefix)
     allreduces: list[str] = []
     reversed_layers = tuple(reversed(table.layers))
     for d in range(decoders, 0, -1):
-        names = add_pass(d, "bwd", reversed_layers, start=False)
-        chain += names
+        passes = []  # per class, the vertices of decoder d's backward pass
+        for chain, (b, members, prefix) in zip(chains, classes):
+            passes.append(add_pass(d, "bwd", reversed_layers, False, b, members, prefix))
+            chain += passes[-1]
         if spec.bucket == "decoder":
-            allreduces.append(_allreduce(graph, f"allreduce.{tag(d)}", group, spec, table.parameters, d, names[-1]))
+            allreduces.append(_allreduce(graph, f"allreduce.{tag(d)}", group, spec, table.parameters, d,
+                                         [names[-1] for names in passes]))
         elif spec.bucket == "layer":
-            if spec.granularity == "layer":
-                owners = zip(reversed_layers, names)
-            else:  # one fused vertex computes every layer's gradient
-                owners = ((layer, names[0]) for layer in reversed_layers)
-            for layer, after in owners:
+            for i, layer in enumerate(reversed_layers):  # a fused decoder vertex computes every layer's gradient
                 if layer.parameters:
+                    afters = [names[i if spec.granularity == "layer" else 0] for names in passes]
                     allreduces.append(_allreduce(graph, f"allreduce.{tag(d)}.{layer.name}", group, spec,
-                                                 layer.parameters, d, after))
-    for before, after in zip(chain, chain[1:]):
-        add_dependency(graph, before, after)
+                                                 layer.parameters, d, afters))
+    for chain in chains:
+        for before, after in zip(chain, chain[1:]):
+            add_dependency(graph, before, after)
     if spec.bucket == "model":
-        allreduces.append(_allreduce(graph, "allreduce.model", group, spec, table.parameters * decoders, 0, chain[-1]))
+        allreduces.append(_allreduce(graph, "allreduce.model", group, spec, table.parameters * decoders, 0,
+                                     [chain[-1] for chain in chains]))
     if spec.in_order:
         for before, after in zip(allreduces, allreduces[1:]):
             add_dependency(graph, before, after)
@@ -146,17 +166,36 @@ def build_training_graph(spec: WorkloadSpec, xpus: list[str] | ParallelLayout, g
                 memory_bytes=spec.optimizer_bytes_per_parameter * parameters)
     graph.nodes["optimizer"].update(phase="optimizer", decoder=0)
     # the optimizer needs every synchronised gradient (and, without all-reduces, the backward pass)
-    for name in allreduces or [chain[-1]]:
+    for name in allreduces or [chain[-1] for chain in chains]:
         add_dependency(graph, name, "optimizer")
-    add_dependency(graph, "optimizer", first, skip_first_iteration=True)
+    for chain in chains:
+        add_dependency(graph, "optimizer", chain[0], skip_first_iteration=True)
     return graph
 
 
+def _batch_classes(group: tuple[str, ...], batches: Mapping[str, int] | None, batch: int, name: str
+                   ) -> list[tuple[int, tuple[str, ...], str]]:
+    """The XPUs by samples per iteration: (batch, its XPUs in group order, vertex name prefix), in order of
+    each batch's first XPU; one class (`batch`, every XPU, no prefix) when all batches are equal."""
+    if batches is None:
+        return [(batch, group, "")]
+    wrong = [x for x in group if isinstance(batches.get(x), bool) or not isinstance(batches.get(x), int)
+             or batches[x] < 1]
+    if wrong:
+        raise WorkloadError(f"workload {name!r}: batches: XPU {wrong[0]!r} has {batches.get(wrong[0])!r} samples; "
+                            f"valid: a positive integer for every XPU of the graph")
+    counts = list(dict.fromkeys(batches[x] for x in group))
+    if len(counts) == 1:
+        return [(counts[0], group, "")]
+    return [(b, tuple(x for x in group if batches[x] == b), f"b{b}.") for b in counts]
+
+
 def _allreduce(graph: nx.DiGraph, name: str, group: tuple, spec: WorkloadSpec, parameters: int, decoder: int,
-               after: str) -> str:
-    """Add the all-reduce of `parameters` gradients that starts when vertex `after` has ended."""
+               after: list[str]) -> str:
+    """Add the all-reduce of `parameters` gradients; each XPU joins it when its own vertex of `after` has ended."""
     add_comm(graph, name, xpus=group, bytes=gradient_bytes(spec, parameters), collective="all_reduce",
              algorithm=spec.algorithm, chunks=spec.chunks)
     graph.nodes[name].update(phase="allreduce", decoder=decoder)
-    add_dependency(graph, after, name)
+    for vertex in after:
+        add_dependency(graph, vertex, name)
     return name
