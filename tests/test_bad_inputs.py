@@ -566,7 +566,7 @@ def test_run_here_keeps_the_result_when_writing_fails_at_the_end(monkeypatch, tm
     from hcsim.errors import OutputError
     from hcsim.scenario import Scenario
 
-    def disk_full(out, result, outcome, platform):
+    def disk_full(out, result, outcome, platform, workload=None):
         raise OSError(28, "No space left on device", str(out / "result.json"))
 
     monkeypatch.setattr(simulation, "prepare", lambda scenario: simulation.Prepared(
