@@ -41,7 +41,9 @@ def graph_vertices(spec) -> int:
     """Vertices of the training graph of workload `spec` (:func:`hcsim.workload.build_training_graph`), counted
     from the spec without building it."""
     decoders = spec.model.decoders
-    layers = len(spec.decoder_table().layers)
+    # a mixture-of-experts model has no data-parallel decoder table (hybrid graphs only): count its hybrid
+    # decoder pass, attention, MLP or experts, and their collectives
+    layers = 8 if spec.model.moe else len(spec.decoder_table().layers)
     per_pass = layers if spec.granularity == "layer" else 1
     allreduces = {"decoder": decoders, "layer": decoders * layers, "model": 1}[spec.bucket]
     return 2 * decoders * per_pass + allreduces + 1

@@ -111,3 +111,15 @@ def test_pairwise_all_to_all_takes_n_minus_1_steps_on_an_uncontended_switch():
     assert len(spans) == n
     start, end = max(s for s, _ in spans), max(e for _, e in spans)  # the last rank to arrive starts it
     assert end - start == pytest.approx((n - 1) * (alpha + S / (n * B)), rel=1e-6)
+
+
+def test_a_mixture_of_experts_scenario_prepares_past_the_run_cost_check():
+    """The run-cost check counted vertices from the data-parallel decoder table, which an MoE model has not."""
+    from hcsim.limits import graph_vertices
+    from hcsim.scenario import Scenario
+    from hcsim.simulation import prepare
+
+    spec = load_workload_spec("mixtral-8x7b")
+    assert graph_vertices(spec) > 2 * spec.model.decoders
+    prepared = prepare(Scenario(workload="mixtral-8x7b", xpus=16, tp=2, pp=2, ep=4, global_batch=16))
+    assert any("all_to_all" == data.get("collective") for _, data in prepared.workload.nodes(data=True))
