@@ -84,7 +84,7 @@ class Scenario:
     virtual_stages: int = 1  # model chunks per pipeline stage (interleaved 1F1B)
     recompute: str | None = None  # none | selective | full; None: the workload's recomputation
     sequence_parallel: bool = False  # Megatron-LM sequence parallelism inside TP groups
-    layer_split: tuple[int, ...] | None = None  # decoders per (virtual) stage; None: even
+    layer_split: tuple[int, ...] | str | None = None  # decoders per (virtual) stage; None: even; "proportional"
     batch_split: str | tuple[int, ...] = "even"  # each DP replica's share of the global batch: even,
     # proportional (to its slowest XPU's peak FLOP/s) or a list, one count per replica, of micro-batches
     # summing to global_batch / micro_batch (of samples summing to batch_per_xpu x xpus in the paper's graph)
@@ -125,7 +125,7 @@ class Scenario:
         "micro_batch": Optional(Integer(minimum=1), "the workload's batch_per_xpu"),
         "global_batch": Optional(Integer(minimum=1), "dp x micro_batch"),
         "schedule": Choice(SCHEDULES), "recompute": Optional(Choice(RECOMPUTATION), "the workload's recomputation"),
-        "sequence_parallel": Flag(), "layer_split": Optional(Integers(minimum=1), "even"),
+        "sequence_parallel": Flag(), "layer_split": Optional(Either((Choice(("proportional",)), Integers(minimum=1))), "even"),
         "batch_split": Either((Choice(BATCH_SPLITS), Integers(minimum=1))),
         "trace_xpus": Either((Integer(minimum=0), Choice(TRACE_CHOICES), Texts("XPU names"))),
         "trace_iterations": Optional(Integers(minimum=1), "every iteration"),
@@ -281,12 +281,16 @@ def _from_mapping(data: dict, where: str, base: str) -> Scenario:
     values["recompute"] = fields.choice("recompute", RECOMPUTATION, None)
     values["sequence_parallel"] = fields.flag("sequence_parallel", False)
     split = fields.raw("layer_split")
-    if split is not None and not (isinstance(split, list) and split
-                                  and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in split)):
-        fields.problems.append(f"{fields.path('layer_split')}: expected a list of decoder counts >= 1, one per "
-                               f"(virtual) pipeline stage, got {brief(split)}")
+    if split == "even":
         split = None
-    values["layer_split"] = tuple(split) if split else None
+    elif split is not None and split != "proportional" and not (
+            isinstance(split, list) and split
+            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in split)):
+        fields.problems.append(f"{fields.path('layer_split')}: expected even, proportional (decoders in proportion "
+                               f"to each stage's speed) or a list of decoder counts >= 1, one per (virtual) "
+                               f"pipeline stage, got {brief(split)}")
+        split = None
+    values["layer_split"] = tuple(split) if isinstance(split, list) else split
     values["batch_split"] = _batch_split(fields)
     values["zero"] = fields.choice("zero", ZERO_STAGES, default.zero)
     values["moe_skew"] = fields.number("moe_skew", default.moe_skew, minimum=1)

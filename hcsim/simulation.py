@@ -97,10 +97,11 @@ def prepare(scenario: Scenario) -> Prepared:
         def order(group):
             return rank_order(graph, group, scenario, xpus)
 
-        parallelism = _parallelism(scenario, workload_spec, layout) if scenario.hybrid else None
+        layers = layer_split(scenario, workload_spec, layout, graph) if scenario.hybrid else None
+        parallelism = _parallelism(scenario, workload_spec, layout, layers=layers) if scenario.hybrid else None
         split = batch_split(scenario, workload_spec, layout, graph, parallelism)
         if parallelism and split:
-            parallelism = _parallelism(scenario, workload_spec, layout, split)
+            parallelism = _parallelism(scenario, workload_spec, layout, split, layers)
         check_run_cost(workload_spec, scenario.xpus, scenario.iterations, f"scenario {scenario.name!r}",
                        parallelism.micro_batches if parallelism else 1, scenario.pp,
                        sum(c for c, _ in parallelism.replica_classes()) if parallelism else len(set(split or (1,))))
@@ -201,9 +202,37 @@ def batch_split(scenario: Scenario, spec, layout, platform: nx.Graph, parallelis
         raise ConfigError(f"scenario {scenario.name!r}: {err}") from None
 
 
-def _parallelism(scenario: Scenario, spec, layout, split: tuple[int, ...] | None = None):
+def layer_split(scenario: Scenario, spec, layout, platform: nx.Graph) -> tuple[int, ...] | None:
+    """The scenario's layer_split resolved: decoders per (virtual) stage, `proportional` to each stage's speed
+    (the peak FLOP/s at the workload's precision of its slowest XPU; every chunk of a stage weighs the same),
+    rounded by the largest remainders; None when even.
+
+    Raises
+    ------
+    ConfigError
+        naming the scenario and layer_split when a proportional split leaves a stage no decoder.
+    """
+    from hcsim.platform.devices import peak_flops
+    from hcsim.workload.split import largest_remainder
+
+    if scenario.layer_split != "proportional":
+        return scenario.layer_split
+    nodes = platform.nodes
+    speeds = [min(peak_flops(nodes[x], spec.precision) for x in layout.stage_xpus(s)) for s in range(scenario.pp)]
+    counts = largest_remainder(spec.model.decoders, speeds * scenario.virtual_stages)  # chunk c of stage s: c*pp+s
+    if min(counts) < 1:
+        stage = counts.index(0) % scenario.pp
+        raise ConfigError(f"scenario {scenario.name!r}: layer_split: proportional gives pipeline stage {stage} "
+                          f"none of the {spec.model.decoders} decoders (stage speeds "
+                          f"{', '.join(f'{s / 1e12:g}' for s in speeds)} TFLOP/s); valid: fewer stages, an "
+                          f"explicit list of decoder counts >= 1, or even")
+    return counts
+
+
+def _parallelism(scenario: Scenario, spec, layout, split: tuple[int, ...] | None = None,
+                 layers: tuple[int, ...] | None = None):
     """The scenario's hybrid parallelism over `layout`, defaults filled from the workload spec; `split`: the
-    resolved batch_split (micro-batches per DP replica)."""
+    resolved batch_split (micro-batches per DP replica); `layers`: the resolved layer_split."""
     from hcsim.workload.hybrid import Parallelism
 
     dp = layout.sizes["dp"]
@@ -213,7 +242,7 @@ def _parallelism(scenario: Scenario, spec, layout, split: tuple[int, ...] | None
         return Parallelism(tp=scenario.tp, pp=scenario.pp, dp=dp, micro_batch=micro_batch,
                            global_batch=scenario.global_batch or replicas * micro_batch, schedule=scenario.schedule,
                            virtual_stages=scenario.virtual_stages, recompute=scenario.recompute or spec.recomputation,
-                           sequence_parallel=scenario.sequence_parallel, layer_split=scenario.layer_split,
+                           sequence_parallel=scenario.sequence_parallel, layer_split=layers,
                            zero=scenario.zero, offload=scenario.offload, offload_state=scenario.offload_state,
                            ep=layout.sizes["ep"], moe_skew=scenario.moe_skew, batch_split=split)
     except ConfigError as err:
