@@ -15,7 +15,7 @@ import networkx as nx
 
 from hcsim.engine.backend import Backend
 from hcsim.platform.devices import peak_flops
-from hcsim.platform.routes import route_bandwidth, route_latency
+from hcsim.platform.routes import route_bandwidth, route_latency, shortest_routes
 
 
 class FakeBackend(Backend):
@@ -47,3 +47,15 @@ class FakeBackend(Backend):
         while self.queue:
             self.clock, _, then = heapq.heappop(self.queue)
             then()
+
+
+def routes_for(platform: nx.Graph, graph: nx.DiGraph) -> dict[tuple[str, str], list[str]]:
+    """The least-latency route of every host pair `graph` uses on `platform`, as the compiler would give."""
+    from hcsim.simulation import host_pairs
+
+    pairs = host_pairs(platform, graph)
+    routes = {}
+    for source in sorted({s for s, _ in pairs}):
+        found = shortest_routes(platform, source, sorted(d for s, d in pairs if s == source))
+        routes.update({(source, target): route for target, route in found.items()})
+    return routes

@@ -16,13 +16,11 @@ import pytest
 from hcsim.engine.executor import Executor, RunOptions
 from hcsim.platform.builders import single_switch
 from hcsim.platform.devices import Device
-from hcsim.platform.routes import shortest_routes
-from hcsim.simulation import host_pairs
 from hcsim.workload import build_training_graph, load_workload_spec, validate_workload
 from hcsim.workload.hybrid import Parallelism, block_costs, build_hybrid_graph
 from hcsim.workload.layout import ParallelLayout
 from hcsim.workload.split import largest_remainder
-from fake_backend import FakeBackend  # tests/engine is on sys.path (pytest rootdir-less import)
+from fake_backend import FakeBackend, routes_for  # tests/engine is on sys.path (pytest rootdir-less import)
 
 FAST = Device(name="fast", fp32_flops=1e12, fp16_flops=1e12, memory=1e15, memory_bandwidth=1e20)
 SLOW = Device(name="slow", fp32_flops=0.25e12, fp16_flops=0.25e12, memory=1e15, memory_bandwidth=1e20)
@@ -45,11 +43,7 @@ def two_devices(n: int, slow: set[str]):
 
 def run(platform, graph, xpus):
     validate_workload(graph, xpus)
-    pairs = host_pairs(platform, graph)
-    routes = {}
-    for source in sorted({s for s, _ in pairs}):
-        found = shortest_routes(platform, source, sorted(d for s, d in pairs if s == source))
-        routes.update({(source, target): route for target, route in found.items()})
+    routes = routes_for(platform, graph)
     return Executor(platform, graph, routes, FakeBackend(platform, routes, "fp16"), RunOptions(iterations=2)).run()
 
 

@@ -13,11 +13,9 @@ import pytest
 from hcsim.engine.executor import Executor, RunOptions
 from hcsim.platform.builders import single_switch
 from hcsim.platform.devices import builtin_catalog
-from hcsim.platform.routes import shortest_routes
-from hcsim.simulation import host_pairs
 from hcsim.workload import add_comm, add_compute, add_dependency, new_workload, validate_workload
 from hcsim.workload.layout import ParallelLayout
-from fake_backend import FakeBackend  # tests/engine is on sys.path (pytest rootdir-less import)
+from fake_backend import FakeBackend, routes_for  # tests/engine is on sys.path (pytest rootdir-less import)
 
 H100 = builtin_catalog()["H100"]
 SECOND = H100.fp32_flops  # FLOP that take 1 s
@@ -28,11 +26,7 @@ def run(graph, n, **options):
     """Run `graph` on `n` XPUs of one switch; (iteration ends, {(run, xpu, vertex): (start, end)}, result)."""
     platform = single_switch(n, H100)
     validate_workload(graph, [f"xpu{i}" for i in range(n)])
-    routes = {}
-    pairs = host_pairs(platform, graph)
-    for source in sorted({s for s, _ in pairs}):
-        found = shortest_routes(platform, source, sorted(d for s, d in pairs if s == source))
-        routes.update({(source, target): route for target, route in found.items()})
+    routes = routes_for(platform, graph)
     xpus = frozenset(f"xpu{i}" for i in range(n))
     options = RunOptions(trace_xpus=xpus, **options)
     result = Executor(platform, graph, routes, FakeBackend(platform, routes), options).run()

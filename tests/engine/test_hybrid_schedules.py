@@ -16,13 +16,11 @@ import pytest
 from hcsim.engine.executor import Executor, RunOptions
 from hcsim.platform.builders import single_switch
 from hcsim.platform.devices import Device
-from hcsim.platform.routes import shortest_routes
-from hcsim.simulation import host_pairs
 from hcsim.workload import load_workload_spec, validate_workload
 from hcsim.workload.hybrid import Parallelism, block_costs, build_hybrid_graph
 from hcsim.workload.layout import ParallelLayout
 from hcsim.workload.schedules import stage_order
-from fake_backend import FakeBackend  # tests/engine is on sys.path (pytest rootdir-less import)
+from fake_backend import FakeBackend, routes_for  # tests/engine is on sys.path (pytest rootdir-less import)
 
 FAST = Device(name="fast", fp32_flops=1e12, fp16_flops=1e12, memory=1e15, memory_bandwidth=1e20)
 SHAPE = {"model.decoders": 8, "model.hidden": 64, "model.heads": 4, "model.ffn": 256, "model.sequence": 32,
@@ -40,11 +38,7 @@ def run(par: Parallelism, trace: bool = False):
     xpus = [f"xpu{i}" for i in range(n)]
     graph = build_hybrid_graph(spec(), par, ParallelLayout(xpus, {"tp": par.tp, "pp": par.pp, "dp": par.dp}))
     validate_workload(graph, xpus)
-    pairs = host_pairs(platform, graph)
-    routes = {}
-    for source in sorted({s for s, _ in pairs}):
-        found = shortest_routes(platform, source, sorted(d for s, d in pairs if s == source))
-        routes.update({(source, target): route for target, route in found.items()})
+    routes = routes_for(platform, graph)
     options = RunOptions(iterations=2, trace_xpus=frozenset(xpus) if trace else None)
     return platform, graph, Executor(platform, graph, routes, FakeBackend(platform, routes, "fp16"), options).run()
 

@@ -11,26 +11,17 @@ import pytest
 from hcsim.engine.executor import Executor, RunOptions
 from hcsim.platform.builders import single_switch
 from hcsim.platform.devices import Device
-from hcsim.platform.routes import route_bandwidth, route_latency, shortest_routes
+from hcsim.platform.routes import route_bandwidth, route_latency
 from hcsim.scenario import load_scenario
-from hcsim.simulation import host_pairs, prepare, simulate_graphs
+from hcsim.simulation import prepare, simulate_graphs
 from hcsim.workload import load_workload_spec, validate_workload
 from hcsim.workload.hybrid import Parallelism, build_hybrid_graph
 from hcsim.workload.layout import ParallelLayout
-from fake_backend import FakeBackend  # tests/engine is on sys.path (pytest rootdir-less import)
+from fake_backend import FakeBackend, routes_for  # tests/engine is on sys.path (pytest rootdir-less import)
 
 FAST = Device(name="fast", fp32_flops=1e12, fp16_flops=1e12, memory=1e15, memory_bandwidth=1e20)
 SHAPE = {"model.decoders": 8, "model.hidden": 64, "model.heads": 4, "model.ffn": 256, "model.sequence": 32,
          "model.vocabulary": 0, "training.precision": "fp16"}  # no embedding or head: decoders only
-
-
-def routes_for(platform, graph):
-    pairs = host_pairs(platform, graph)
-    routes = {}
-    for source in sorted({s for s, _ in pairs}):
-        found = shortest_routes(platform, source, sorted(d for s, d in pairs if s == source))
-        routes.update({(source, target): route for target, route in found.items()})
-    return routes
 
 
 @pytest.mark.parametrize("bandwidth", [1e11, 1e12])
