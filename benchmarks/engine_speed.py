@@ -10,7 +10,8 @@ Cases (each point runs in a fresh process):
   XPUs / 64, 96 micro-batches of 1 sequence per pipeline, 1F1B, full recomputation, flow collectives,
   TP collectives analytic), representative XPUs or every XPU simulated; at 1024 XPUs it is the issue's
   row (global batch 1536);
-- ``llama3``, ``llama3-all``: issue 15's Llama-3 405B case on paper-cxl H100 (tp 8 x pp 16 with 7 + 14 x 8
+- ``llama3``, ``llama3-all``: issue 15's Llama-3 405B case on paper-cxl H100, the spec raised to 16,384 XPUs
+  (128 racks; tp 8 x pp 16 with 7 + 14 x 8
   + 7 layers, sequence parallelism, dp = XPUs / 128, 16 micro-batches per pipeline, 1F1B, full
   recomputation); at 16,384 XPUs it is the issue's row (global batch 2048);
 - ``gpt3-mb``: ``gpt3`` on 64 XPUs with `size` micro-batches per pipeline (wall time against
@@ -55,7 +56,8 @@ _HYBRID = ["micro_batch=1", "schedule=1f1b", "recompute=full", "collective_model
            "local_collectives=analytic", "iterations=1"]
 _GPT3 = ["workload=gpt3-175b", "workload_overrides={training.precision: bf16}", "devices=[A100]", "tp=8", "pp=8",
          *_HYBRID]
-_LLAMA3 = ["workload=llama3-405b", "devices=[H100]", "tp=8", "pp=16", "sequence_parallel=true",
+_LLAMA3 = ["workload=llama3-405b", "devices=[H100]", "platform_overrides.xpus=16384", "tp=8", "pp=16",
+           "sequence_parallel=true",
            f"layer_split=[7, {', '.join(['8'] * 14)}, 7]", *_HYBRID]
 HYBRID = {  # name: (XPUs per pipeline, micro-batches per pipeline, scenario settings)
     "gpt3": (64, 96, [*_GPT3, "xpu_sampling=representative"]),

@@ -82,7 +82,7 @@ def build_workload(xpus: list[str], speed: float):
     return graph
 
 
-def run_point(xpus: int, fidelity: str) -> dict:
+def run_point(xpus: int, model: str) -> dict:
     """Build and simulate one point in this process (SimGrid: once per process)."""
     from hcsim.engine.executor import RunOptions
     from hcsim.platform.topology import xpus as platform_xpus
@@ -92,7 +92,7 @@ def run_point(xpus: int, fidelity: str) -> dict:
     platform = build_platform(xpus)
     names = platform_xpus(platform)
     workload = build_workload(names, platform.nodes[names[0]]["fp32_flops"])
-    outcome = execute(platform, workload, RunOptions(collective_fidelity=fidelity))
+    outcome = execute(platform, workload, RunOptions(collective_model=model))
     return {"xpus": xpus, "iteration_time_s": outcome.iteration_ends[-1], "activities": outcome.activities,
             "sim_s": outcome.wall_time_s, "wall_s": time.perf_counter() - start,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
@@ -109,21 +109,21 @@ def closed_form(xpus: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--xpus", type=int, nargs="+", default=[64, 256, 1024])
-    parser.add_argument("--fidelity", default="flow", choices=["flow", "step", "auto"])
+    parser.add_argument("--collective-model", default="flow", choices=["flow", "step", "auto"])
     parser.add_argument("--profile", help="cProfile the (single) point into this file")
     parser.add_argument("--point", type=int, help=argparse.SUPPRESS)  # run one point here, print JSON
     args = parser.parse_args()
     if args.point:
-        print(json.dumps(run_point(args.point, args.fidelity)))
+        print(json.dumps(run_point(args.point, args.collective_model)))
         return
     print(f"machine: {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f}; 2-D hierarchical, "
-          f"{LAYERS} layers x {GRADIENT_BYTES / 1e6:.0f} MB, {args.fidelity} collectives")
+          f"{LAYERS} layers x {GRADIENT_BYTES / 1e6:.0f} MB, {args.collective_model} collectives")
     print(f"{'xpus':>5} {'wall s':>8} {'sim s':>8} {'activities':>11} {'act/s':>9} {'peak MB':>8}  iteration time")
     for xpus in args.xpus:
         command = [sys.executable]
         if args.profile:
             command += ["-m", "cProfile", "-o", args.profile]
-        command += [__file__, "--point", str(xpus), "--fidelity", args.fidelity]
+        command += [__file__, "--point", str(xpus), "--collective-model", args.collective_model]
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode:
             print(f"{xpus:>5}  failed: {done.stderr.strip().splitlines()[-1:]}", flush=True)
