@@ -1,17 +1,32 @@
 """Planning: the best way to train a model on a given cluster (`hcsim plan`).
 
 :func:`candidates` enumerates the valid configurations (tp, pp, dp, micro-batch,
-schedule with virtual stages, recomputation, and on mixed clusters an even or a
-speed-proportional layer split), :func:`fits` keeps those whose every pipeline
-stage fits in its XPUs' local memory (saying why the others do not), and
-:func:`estimate` gives each an iteration time from closed forms that follow the
-engine's own rules without contention: a block takes max(FLOP / peak, bytes /
-memory bandwidth); tensor-parallel all-reduces are ring closed forms on the
-server's links; a pipeline of per-micro-batch stage times τ_s takes
-Σ τ + (m - 1)·max τ (the bubble shrinks by v with interleaving, and by the
-weight-gradient passes with ZB-H1); the gradient all-reduce over each DP group
-and the optimizer step follow. The top candidates are then simulated with
-contention (hcsim.cli.plan) and the two rankings compared.
+schedule with virtual stages, recomputation, ZeRO stage 0-3 when dp > 1, and on
+mixed clusters an even or a speed-proportional layer split), :func:`fits` keeps
+those whose every pipeline stage fits in its XPUs' local memory (saying why the
+others do not), and :func:`estimate` gives each an iteration time from closed
+forms that follow the engine's own rules without contention: a block takes
+max(FLOP / peak, bytes / memory bandwidth); tensor-parallel all-reduces are ring
+closed forms on the server's links; a pipeline of per-micro-batch stage times
+τ_s takes Σ τ + (m - 1)·max τ (the bubble shrinks by v with interleaving, and by
+the weight-gradient passes with ZB-H1); the gradient communication over each DP
+group and the optimizer step follow. With ZeRO (:mod:`hcsim.workload.zero`),
+over N_d = dp ranks on a route of latency α and bandwidth B, for Ψ parameters of
+w and g bytes each (ring closed forms, as the engine's flow model of them):
+
+- stage 0: all-reduce 2(N_d - 1)α + 2(N_d - 1)/N_d·gΨ/B, then the step on Ψ;
+- stages 1-2: reduce-scatter (N_d - 1)α + (N_d - 1)/N_d·gΨ/B, the step on
+  Ψ/N_d, all-gather (N_d - 1)α + (N_d - 1)/N_d·wΨ/B (the same bytes as the
+  all-reduce when w = g; stage 2 differs from 1 in memory only);
+- stage 3: the reduce-scatter and the step on Ψ/N_d, no all-gather after it;
+  instead every unit (a decoder, per micro-batch, in the forward and again in
+  the backward pass) is preceded by an all-gather of its weights,
+  γ = (N_d - 1)α + (N_d - 1)/N_d·wΨ_unit/B, one unit ahead: a unit of time c
+  paces at max(c, γ), and the iteration's first gather is exposed.
+
+The optimizer step takes max(FLOP / peak, bytes / memory bandwidth) of its
+shard. The top candidates are then simulated with contention (hcsim.cli.plan)
+and the two rankings compared.
 
 Pure: specs and graphs in, plain data out; no SimGrid.
 """
@@ -19,7 +34,9 @@ Pure: specs and graphs in, plain data out; no SimGrid.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, replace
+from functools import lru_cache
 from itertools import product
 
 import networkx as nx
@@ -32,8 +49,10 @@ from hcsim.workload.layout import ParallelLayout
 from hcsim.workload.memory import stage_memory
 from hcsim.workload.schedules import stage_order
 from hcsim.workload.spec import WorkloadSpec
+from hcsim.workload.transformer import decoder_layer, embedding, lm_head
+from hcsim.workload.zero import ZERO_STAGES, optimizer_step_bytes
 
-__all__ = ["Candidate", "candidates", "fits", "estimate", "rank_correlation"]
+__all__ = ["Candidate", "candidates", "fits", "zero2_twins", "estimate", "rank_correlation"]
 
 MICRO_BATCHES = (1, 2, 4, 8)
 RECOMPUTES = ("none", "selective", "full")
@@ -41,7 +60,8 @@ RECOMPUTES = ("none", "selective", "full")
 
 @dataclass(frozen=True, kw_only=True)
 class Candidate:
-    """One configuration: the parallelism, and whether its layer split follows the stages' speed."""
+    """One configuration: the parallelism (with its ZeRO stage), and whether its layer split follows the
+    stages' speed."""
 
     parallelism: Parallelism
     split: str = "even"  # even | proportional
@@ -50,7 +70,8 @@ class Candidate:
         """Scenario keys that run this candidate."""
         par = self.parallelism
         keys = {"tp": par.tp, "pp": par.pp, "micro_batch": par.micro_batch, "global_batch": par.global_batch,
-                "schedule": par.schedule, "virtual_stages": par.virtual_stages, "recompute": par.recompute}
+                "schedule": par.schedule, "virtual_stages": par.virtual_stages, "recompute": par.recompute,
+                "zero": par.zero}
         if par.layer_split is not None:
             keys["layer_split"] = list(par.layer_split)
         return keys
@@ -58,17 +79,19 @@ class Candidate:
     def label(self) -> str:
         par = self.parallelism
         schedule = par.schedule + (f" v{par.virtual_stages}" if par.virtual_stages > 1 else "")
+        zero = f" ZeRO-{par.zero}" if par.zero else ""
         split = f", split {'/'.join(map(str, par.layer_split))}" if par.layer_split else ""
         return (f"tp{par.tp} pp{par.pp} dp{par.dp} mb{par.micro_batch} {schedule} recompute {par.recompute}"
-                + split)
+                + zero + split)
 
 
 def candidates(spec: WorkloadSpec, layout_xpus: list[str], global_batch: int, server_size: int,
-               stage_speeds=None) -> list[Candidate]:
+               stage_speeds=None, zero_stages: tuple[int, ...] = ZERO_STAGES) -> list[Candidate]:
     """Every valid configuration of `spec` over the XPUs, with TP groups inside a server of `server_size`.
 
     `stage_speeds(pp)`, if given, returns each stage's relative speed: on a mixed cluster a speed-proportional
-    layer split is tried beside the even one."""
+    layer split is tried beside the even one. Each of `zero_stages` is tried when dp > 1 (with dp = 1 ZeRO
+    shards nothing: only stage 0)."""
     model, n = spec.model, len(layout_xpus)
     found = []
     for tp, pp, mb, recompute in product(_powers(min(server_size, n)), range(1, model.decoders + 1), MICRO_BATCHES,
@@ -87,11 +110,13 @@ def candidates(spec: WorkloadSpec, layout_xpus: list[str], global_batch: int, se
                 proportional = _proportional(model.decoders, stage_speeds(pp))
                 if proportional != (model.decoders // pp,) * pp:
                     splits.append(proportional)
-            for split in splits:
+            # batch_split (issue 16 item 1, branch batch-split, not merged yet): on a mixed cluster with dp > 1,
+            # try batch_split even and proportional here, beside the layer splits.
+            for split, zero in product(splits, zero_stages if dp > 1 else (0,)):
                 if split is None and model.decoders % (pp * v):
                     continue
                 par = Parallelism(tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=global_batch, schedule=schedule,
-                                  virtual_stages=v, recompute=recompute, layer_split=split)
+                                  virtual_stages=v, recompute=recompute, layer_split=split, zero=zero)
                 found.append(Candidate(parallelism=par, split="proportional" if split else "even"))
     return found
 
@@ -116,6 +141,18 @@ def _proportional(decoders: int, speeds: list[float]) -> tuple[int, ...]:
     return tuple(counts)
 
 
+def zero2_twins(fitting: list[Candidate]) -> set[Candidate]:
+    """The ZeRO-2 candidates of `fitting` whose ZeRO-1 twin (the same plan at stage 1) is in `fitting` too:
+    stage 2 differs from 1 in memory only (it frees the unsharded gradients), so both run the same
+    communication and optimizer step in the same time, and ranking or simulating both tells nothing new."""
+    present = set(fitting)
+    return {c for c in fitting if c.parallelism.zero == 2
+            and replace(c, parallelism=replace(c.parallelism, zero=1)) in present}
+
+
+_PATHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # platform -> {(src, dst): (latency, B/s)}
+
+
 @dataclass(frozen=True)
 class _Cluster:
     """What the estimate needs of a platform: per stage its slowest XPU, and the links between XPUs."""
@@ -130,9 +167,13 @@ class _Cluster:
         return peak_flops(nodes[xpu], precision), self.platform.edges[nodes[xpu]["local_memory"], xpu]["bandwidth"]
 
     def path(self, src: str, dst: str) -> tuple[float, float]:
-        """(latency s, bottleneck B/s) of the least-latency route src -> dst."""
-        route = shortest_routes(self.platform, src, [dst])[dst]
-        return route_latency(self.platform, route), route_bandwidth(self.platform, route)
+        """(latency s, bottleneck B/s) of the least-latency route src -> dst (routed once per platform: the
+        candidates of one plan ask for the same few pairs)."""
+        known = _PATHS.setdefault(self.platform, {})
+        if (src, dst) not in known:
+            route = shortest_routes(self.platform, src, [dst])[dst]
+            known[src, dst] = route_latency(self.platform, route), route_bandwidth(self.platform, route)
+        return known[src, dst]
 
 
 def cluster_layout(xpus: list[str], par: Parallelism) -> ParallelLayout:
@@ -140,23 +181,48 @@ def cluster_layout(xpus: list[str], par: Parallelism) -> ParallelLayout:
 
 
 def fits(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus: list[str]) -> str | None:
-    """None when every stage fits its XPUs' local memory, else why not (stage, bytes needed, bytes held)."""
+    """None when every stage fits its XPUs' local memory, else why not (stage, bytes needed, bytes held, ZeRO
+    stage).
+
+    A stage's XPU holds :func:`~hcsim.workload.memory.stage_memory` (model state sharded over its DP group by
+    the ZeRO stage, activations of the micro-batches in flight) and with ZeRO-3 two gathered units (the one
+    running and the next: twice the largest unit's weights), as the engine places them."""
     par = candidate.parallelism
     layout = cluster_layout(xpus, par)
     layers = stage_layers(spec, par)
+    nodes = platform.nodes
     for stage in range(par.pp):
-        order = stage_order(par.schedule, stages=par.pp, micro_batches=par.micro_batches, stage=stage,
-                            chunks=par.virtual_stages)
-        need = stage_memory(spec.model, layers=sum(layers[stage]), first=stage == 0, last=stage == par.pp - 1,
-                            in_flight=in_flight(order) / par.virtual_stages, micro_batch=par.micro_batch, tp=par.tp,
-                            sequence_parallel=par.sequence_parallel, precision=spec.precision,
-                            attention=spec.attention, optimizer=spec.optimizer, recompute=par.recompute,
-                            dp=par.dp).total
-        nodes = platform.nodes
+        first, last = stage == 0, stage == par.pp - 1
+        flight = _in_flight(par.schedule, par.pp, par.micro_batches, stage, par.virtual_stages)
+        need = stage_memory(spec.model, layers=sum(layers[stage]), first=first, last=last, in_flight=flight,
+                            micro_batch=par.micro_batch, tp=par.tp, sequence_parallel=par.sequence_parallel,
+                            precision=spec.precision, attention=spec.attention, optimizer=spec.optimizer,
+                            recompute=par.recompute, dp=par.dp, zero_stage=par.zero).total
+        if par.zero == 3 and par.dp > 1:
+            need += 2 * max(_unit_parameters(spec, par.tp, first, last)) * spec.sizes.weight
         held = min(nodes[nodes[x]["local_memory"]]["capacity"] for x in layout.stage_xpus(stage))
         if need > held:
-            return f"stage {stage} needs {need / 1e9:.1f} GB > {held / 1e9:.1f} GB of local memory"
+            return (f"stage {stage} needs {need / 1e9:.1f} GB > {held / 1e9:.1f} GB of local memory "
+                    f"at ZeRO stage {par.zero}")
     return None
+
+
+@lru_cache(maxsize=4096)
+def _in_flight(schedule: str, stages: int, micro_batches: int, stage: int, chunks: int) -> float:
+    """Micro-batches whose activations `stage` holds at its peak, per chunk (the engine's count)."""
+    order = stage_order(schedule, stages=stages, micro_batches=micro_batches, stage=stage, chunks=chunks)
+    return in_flight(order) / chunks
+
+
+def _unit_parameters(spec: WorkloadSpec, tp: int, first: bool, last: bool) -> list[float]:
+    """Parameters per TP rank of each kind of unit ZeRO-3 gathers on a stage: a decoder, and the embedding on
+    the first stage and the head on the last."""
+    keywords = dict(tp=tp, precision=spec.precision, attention=spec.attention)
+    units = [decoder_layer(spec.model, **keywords).parameters]
+    if spec.model.vocabulary:
+        units += [embedding(spec.model, **keywords).parameters] * first
+        units += [lm_head(spec.model, tied_copy=not first, **keywords).parameters] * last
+    return units
 
 
 def estimate(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus: list[str]) -> float:
@@ -169,41 +235,64 @@ def estimate(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus:
     activation = par.micro_batch * spec.model.sequence * spec.model.hidden * sizes.activation
     layout = cluster.layout
     tp_latency, tp_bandwidth = cluster.path(*layout.groups("tp")[0][:2]) if par.tp > 1 else (0.0, math.inf)
-    allreduce = 2 * (par.tp - 1) * tp_latency + 2 * (par.tp - 1) / par.tp * activation / tp_bandwidth
-    tau, forward, backward_input, weight = [], [], [], []
+    allreduce = _ring(par.tp, 2, activation, tp_latency, tp_bandwidth)
+    dp_latency, dp_bandwidth = (0.0, math.inf)
+    if par.dp > 1:
+        group = next(g for g in layout.groups("dp") if g[0] in layout.stage_xpus(0))
+        dp_latency, dp_bandwidth = cluster.path(group[0], group[1])
+    decoder = attn.parameters + mlp.parameters  # per TP rank
+    gather = _ring(par.dp, 1, decoder * sizes.weight, dp_latency, dp_bandwidth) if par.zero == 3 else 0.0
+    zero_bubble = par.schedule == "zb-h1"
+    tau, forward, backward_input, weight, units = [], [], [], [], []
     for stage in range(par.pp):
         peak, bandwidth = cluster.slowest(stage, spec.precision)
         decoders = sum(layers[stage])
-        f = decoders * sum(_time(b.fwd_flops, b.fwd_bytes, peak, bandwidth) + allreduce for b in (attn, mlp))
-        b_in = decoders * sum(_time(b.input_grad_flops, b.bwd_bytes / 2, peak, bandwidth) + allreduce
-                              for b in (attn, mlp))
-        w = decoders * sum(_time(b.weight_grad_flops, b.bwd_bytes / 2, peak, bandwidth) for b in (attn, mlp))
-        extra = decoders * _recompute(par.recompute, (attn, mlp), peak, bandwidth, allreduce)
-        forward.append(f)
-        backward_input.append(b_in + extra)
-        weight.append(w)
-        tau.append(f + b_in + extra + w)
+        f = sum(_time(b.fwd_flops, b.fwd_bytes, peak, bandwidth) + allreduce for b in (attn, mlp))
+        b_in = sum(_time(b.input_grad_flops, b.bwd_bytes / 2, peak, bandwidth) + allreduce for b in (attn, mlp)) \
+            + _recompute(par.recompute, (attn, mlp), peak, bandwidth, allreduce)
+        w = sum(_time(b.weight_grad_flops, b.bwd_bytes / 2, peak, bandwidth) for b in (attn, mlp))
+        # ZeRO-3: a decoder's forward and its backward (with the weight gradients unless ZB-H1 defers them)
+        # wait for the gather of its weights, one decoder ahead: each paces at max(its time, the gather)
+        backward_unit = b_in + (0.0 if zero_bubble else w)
+        units.append(backward_unit)
+        if gather:
+            f, b_in = max(f, gather), max(backward_unit, gather) - (0.0 if zero_bubble else w)
+        forward.append(decoders * f)
+        backward_input.append(decoders * b_in)
+        weight.append(decoders * w)
+        tau.append(decoders * (f + b_in + w))
     m, p = par.micro_batches, par.pp
     slowest = max(tau)
     bubble = sum(tau) - slowest
     if par.schedule == "interleaved":
         bubble /= par.virtual_stages
-    elif par.schedule == "zb-h1":
+    elif zero_bubble:
         bubble = max(0.0, sum(f + b - w for f, b, w in zip(forward, backward_input, weight))
                      - max(f + b - w for f, b, w in zip(forward, backward_input, weight)))
     pipeline = m * slowest + bubble
     if p > 1:
         latency, bandwidth = cluster.path(layout.stage_xpus(0)[0], layout.stage_xpus(1)[0])
         pipeline += 2 * (p - 1) * (latency + activation / bandwidth)
+    if gather:  # the iteration's first gather is exposed; its last decoder (stage 0's) waits for no next one
+        pipeline += gather - (max(units[0], gather) - units[0])
+    parameters = [sum(layers[s]) * decoder for s in range(p)]
     gradients = 0.0
-    if par.dp > 1:
-        group = next(g for g in layout.groups("dp") if g[0] in layout.stage_xpus(0))
-        latency, bandwidth = cluster.path(group[0], group[1])
-        parameters = max(sum(layers[s]) for s in range(p)) * (attn.parameters + mlp.parameters)
-        gradients = 2 * (par.dp - 1) * latency + 2 * (par.dp - 1) / par.dp * parameters * sizes.gradient / bandwidth
-    optimizer = spec.optimizer_flops_per_parameter * max(sum(layers[s]) for s in range(p)) \
-        * (attn.parameters + mlp.parameters) / min(cluster.slowest(s, spec.precision)[0] for s in range(p))
+    if par.dp > 1:  # all-reduce (ZeRO 0), reduce-scatter + all-gather (1-2), reduce-scatter (3)
+        gradients = _ring(par.dp, 1 if par.zero else 2, max(parameters) * sizes.gradient, dp_latency, dp_bandwidth)
+        if par.zero in (1, 2):
+            gradients += _ring(par.dp, 1, max(parameters) * sizes.weight, dp_latency, dp_bandwidth)
+    shard = 1 / par.dp if par.zero else 1.0
+    per_parameter = optimizer_step_bytes(sizes, spec.optimizer_bytes_per_parameter)
+    optimizer = max(_time(spec.optimizer_flops_per_parameter * parameters[s] * shard,
+                          per_parameter * parameters[s] * shard, *cluster.slowest(s, spec.precision))
+                    for s in range(p))
     return pipeline + gradients + optimizer
+
+
+def _ring(n: int, phases: int, size: float, latency: float, bandwidth: float) -> float:
+    """`phases` ring passes (reduce-scatter or all-gather: 1, all-reduce: 2) of `size` bytes over `n` ranks:
+    phases·((n - 1)·latency + (n - 1)/n·size/bandwidth)."""
+    return phases * (n - 1) * (latency + size / (n * bandwidth)) if n > 1 else 0.0
 
 
 def _time(flops: float, size: float, peak: float, bandwidth: float) -> float:

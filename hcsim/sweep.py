@@ -38,6 +38,7 @@ by their key (the hash of the point's full scenario).
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import functools
 import io
@@ -54,7 +55,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,8 +66,8 @@ from hcsim.errors import ConfigError, HcsimError, OutputError, brief
 from hcsim.results import DEVICE_COLUMNS, TIME_PARTS, column_unit, resolve_scenario, rows_for, scenario_column, scenario_columns
 from hcsim.scenario import SCENARIO_KEYS, Scenario, apply_settings, load_scenario, renamed
 
-__all__ = ["Experiment", "Axis", "Point", "SweepReport", "load_experiment", "run_sweep", "run_point",
-           "result_rows", "read_results", "write_report", "columns", "RESULT_COLUMNS", "TEXT_COLUMNS"]
+__all__ = ["Experiment", "Axis", "Point", "SweepReport", "load_experiment", "run_sweep", "run_point", "run_points",
+           "check_executor", "result_rows", "read_results", "write_report", "columns", "RESULT_COLUMNS", "TEXT_COLUMNS"]
 
 log = logging.getLogger(__name__)
 
@@ -705,8 +706,7 @@ def run_sweep(experiment: Experiment, out: str | Path = "results", *, jobs: int 
         raise ConfigError(f"timeout: must be a number of seconds > 0, got {brief(timeout)}; None: no time limit")
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ConfigError(f"jobs: must be an integer >= 1, got {brief(jobs)}")
-    if not isinstance(executor, str) or not (executor == "local" or executor.startswith("dask://")):
-        raise ConfigError(f"--executor {brief(executor)}: expected 'local' or 'dask://HOST:PORT'")
+    check_executor(executor)
     out = check_output_folder(out, "--out")
     path = out / f"{experiment.name}.csv"
     header = columns(experiment)
@@ -737,34 +737,20 @@ def _run_locked(experiment, out, path, header, points, started_at, *, jobs, resu
         planned(todo)
     results = _ResultsFile(path, header)
     failures = 0
+    point_running = (lambda index, fraction: running(todo[index], fraction)) if running is not None else None
     try:
-        with _PointExecutor(executor, jobs) as (pool, children):
-            local = children is not None
-            futures: dict[Future, Point] = {
-                pool.submit(run_point, p.scenario, timeout, children.add if local else None,
-                            functools.partial(running, p) if local and running is not None else None): p
-                for p in todo}
-            try:
-                for future in as_completed(futures):
-                    point = futures[future]
-                    try:
-                        result = future.result()
-                    except Exception as err:  # the executor itself failed (a lost Dask worker...)
-                        result = {"error": f"the executor failed: {type(err).__name__}: {err}"}
-                    rows = result_rows(point, result, header)
-                    results.append(rows)
-                    row = rows[0]
-                    failures += row["status"] != "ok"
-                    if row["status"] != "ok":
-                        log.warning("point %d (%s) failed: %s", point.index, _describe(point.labels), row["error"])
-                    if progress is not None:
-                        progress(point, row, point.cost)
-            except BaseException:
-                for future in futures:
-                    future.cancel()
-                if children is not None:
-                    children.kill_all()
-                raise
+        with contextlib.closing(run_points([p.scenario for p in todo], jobs=jobs, executor=executor,
+                                           timeout=timeout, running=point_running)) as finished:
+            for index, result in finished:
+                point = todo[index]
+                rows = result_rows(point, result, header)
+                results.append(rows)
+                row = rows[0]
+                failures += row["status"] != "ok"
+                if row["status"] != "ok":
+                    log.warning("point %d (%s) failed: %s", point.index, _describe(point.labels), row["error"])
+                if progress is not None:
+                    progress(point, row, point.cost)
     finally:
         results.close()
     try:
@@ -852,6 +838,41 @@ class _Children:
             for process in self.processes:
                 if process.poll() is None:
                     process.kill()
+
+
+def check_executor(executor: str) -> None:
+    """Raise ConfigError unless `executor` is ``local`` or ``dask://HOST:PORT``."""
+    if not isinstance(executor, str) or not (executor == "local" or executor.startswith("dask://")):
+        raise ConfigError(f"--executor {brief(executor)}: expected 'local' or 'dask://HOST:PORT'")
+
+
+def run_points(scenarios: Sequence[Scenario], *, jobs: int = 1, executor: str = "local",
+               timeout: float | None = None, running: Callable[[int, float], None] | None = None
+               ) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Run each scenario in a process of its own (:func:`run_point`) on `executor`, `jobs` at a time (local:
+    threads; ``dask://HOST:PORT``: a Dask cluster's workers); yield (index in `scenarios`, result record) as
+    each finishes. A failure of the executor itself (a lost Dask worker...) is that point's error. Stopping
+    early (an exception, or closing the iterator) cancels the points not started and kills the local ones
+    running. `running` as :func:`run_sweep`'s, with the index instead of the point."""
+    with _PointExecutor(executor, jobs) as (pool, children):
+        local = children is not None
+        futures: dict[Future, int] = {
+            pool.submit(run_point, scenario, timeout, children.add if local else None,
+                        functools.partial(running, index) if local and running is not None else None): index
+            for index, scenario in enumerate(scenarios)}
+        try:
+            for future in as_completed(futures):
+                try:
+                    result = future.result()
+                except Exception as err:  # the executor itself failed (a lost Dask worker...)
+                    result = {"error": f"the executor failed: {type(err).__name__}: {err}"}
+                yield futures[future], result
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            if children is not None:
+                children.kill_all()
+            raise
 
 
 class _PointExecutor:

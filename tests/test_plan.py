@@ -4,18 +4,24 @@ rules, speed-proportional layer splits on mixed clusters, and the command end to
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from hcsim.plan import _proportional, candidates, estimate, fits, rank_correlation
+from hcsim.engine.executor import Executor, RunOptions
+from hcsim.plan import _proportional, candidates, estimate, fits, rank_correlation, zero2_twins
 from hcsim.platform import build_platform, load_platform_spec
 from hcsim.platform.topology import xpus as platform_xpus
-from hcsim.workload import load_workload_spec
-from hcsim.workload.hybrid import Parallelism
+from hcsim.workload import load_workload_spec, validate_workload
+from hcsim.workload.hybrid import Parallelism, block_costs, build_hybrid_graph
+from hcsim.workload.layout import ParallelLayout
+from hcsim.workload.memory import stage_memory
 
 sys.path.insert(0, str(Path(__file__).parent / "engine"))
+from fake_backend import FakeBackend  # noqa: E402
 from test_hybrid_schedules import FAST, iteration_time, spec as tiny_spec  # noqa: E402
+from test_zero_offload import SHAPE as ZERO_SHAPE, routes_for  # noqa: E402
 from hcsim.plan import Candidate  # noqa: E402
 from hcsim.platform.builders import single_switch  # noqa: E402
 
@@ -98,3 +104,101 @@ def test_plan_runs_end_to_end_on_a_mixed_cluster(tmp_path):
     assert "fit in local memory" in done.stdout and "rank correlation" in done.stdout
     rows = (tmp_path / "plan.csv").read_text().splitlines()
     assert len(rows) == 4 and (tmp_path / "plan.png").stat().st_size > 0
+
+
+# --- ZeRO stages ------------------------------------------------------------------------------------------
+
+
+def test_zero_stages_are_enumerated_only_where_a_dp_group_shards_them():
+    spec = load_workload_spec("llama2-7b")
+    found = candidates(spec, [f"x{i}" for i in range(32)], 64, server_size=8)
+    by_plan: dict = {}
+    for candidate in found:
+        par = candidate.parallelism
+        by_plan.setdefault(replace(par, zero=0), set()).add(par.zero)
+    assert {(p.dp > 1, frozenset(z)) for p, z in by_plan.items()} == {(True, frozenset({0, 1, 2, 3})),
+                                                                      (False, frozenset({0}))}
+    assert all("zero" in c.settings() for c in found)
+    assert {c.label().count("ZeRO-") for c in found} == {0, 1}  # stage 0 is not named in a label
+
+
+def _seventy_b(zero: int) -> tuple:
+    """LLaMA2-70B in BF16 on 16 XPUs of paper-cxl as tp 8 x dp 2, full recomputation, at ZeRO `zero`."""
+    spec = load_workload_spec("llama2-70b", {"training.precision": "bf16"})
+    platform = build_platform(load_platform_spec("paper-cxl"), 16)
+    par = Parallelism(tp=8, dp=2, global_batch=2, recompute="full", zero=zero)
+    return spec, Candidate(parallelism=par), platform, platform_xpus(platform)[:16]
+
+
+def _need(spec, par, stage_zero: int) -> float:
+    """stage_memory of the one pipeline stage (both ends, one micro-batch in flight) at ZeRO `stage_zero`."""
+    return stage_memory(spec.model, layers=spec.model.decoders, first=True, last=True, in_flight=1,
+                        micro_batch=par.micro_batch, tp=par.tp, precision=spec.precision, attention=spec.attention,
+                        optimizer=spec.optimizer, recompute=par.recompute, dp=par.dp, zero_stage=stage_zero).total
+
+
+def test_a_plan_too_big_at_zero_0_fits_at_zero_3_and_the_reason_names_the_stage_and_bytes():
+    """16 B per parameter on 8.6 G parameters per TP rank (138 GB) do not fit in 80 GiB; sharded over dp 2 at
+    ZeRO-3 (8 B per parameter, plus two gathered units) they do."""
+    spec, unsharded, platform, xpus = _seventy_b(0)
+    reason = fits(spec, unsharded, platform, xpus)
+    need = _need(spec, unsharded.parallelism, 0)
+    assert reason == f"stage 0 needs {need / 1e9:.1f} GB > {80 * 2**30 / 1e9:.1f} GB of local memory at ZeRO stage 0"
+    assert fits(spec, _seventy_b(3)[1], platform, xpus) is None
+
+
+def test_zero_3_also_needs_room_for_two_gathered_units():
+    """An XPU whose memory holds ZeRO-3's sharded stage but not the two largest units gathered at once (here a
+    decoder on one TP rank, BF16: larger than the 32000 x 8192 / 8 embedding) is refused, with the gathered
+    bytes in the need."""
+    spec, candidate, platform, xpus = _seventy_b(3)
+    sharded = _need(spec, candidate.parallelism, 3)
+    attn, mlp = block_costs(spec, 1, 8)
+    assert attn.parameters + mlp.parameters > spec.model.vocabulary * spec.model.hidden / 8
+    unit = (attn.parameters + mlp.parameters) * spec.sizes.weight
+    for x in xpus:
+        platform.nodes[platform.nodes[x]["local_memory"]]["capacity"] = sharded + unit
+    reason = fits(spec, candidate, platform, xpus)
+    assert reason is not None and f"needs {(sharded + 2 * unit) / 1e9:.1f} GB" in reason
+    assert reason.endswith("at ZeRO stage 3")
+
+
+def _zero_engine(zero: int, bandwidth: float) -> tuple[float, float]:
+    """(estimated, engine) iteration time of the tiny model of test_zero_offload as dp 2, two micro-batches,
+    at ZeRO `zero`, on a switch of `bandwidth` B/s links (the fake kernel: no contention)."""
+    platform = single_switch(2, FAST, xpu_link_bandwidth=bandwidth, xpu_link_latency=1e-9, hbm_latency=1e-15)
+    xpus = ["xpu0", "xpu1"]
+    spec = load_workload_spec("gpt3-175b", ZERO_SHAPE)
+    par = Parallelism(dp=2, global_batch=4, zero=zero)
+    graph = build_hybrid_graph(spec, par, ParallelLayout(xpus, {"dp": 2}))
+    validate_workload(graph, xpus)
+    routes = routes_for(platform, graph)
+    ends = Executor(platform, graph, routes, FakeBackend(platform, routes, "fp16"), RunOptions(iterations=2)).run()
+    return estimate(spec, Candidate(parallelism=par), platform, xpus), ends.iteration_ends[1] - ends.iteration_ends[0]
+
+
+@pytest.mark.parametrize("bandwidth", [1e11, 1e10, 1e9])  # ZeRO-3 gathers hidden, half hidden, exposed
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_the_zero_estimate_is_the_engine_s_time_without_contention(zero, bandwidth):
+    estimated, engine = _zero_engine(zero, bandwidth)
+    assert estimated == pytest.approx(engine, rel=1e-6)
+
+
+def test_zero_1_and_2_cost_zero_0_less_the_sharded_optimizer_step():
+    """Reduce-scatter + all-gather move the all-reduce's bytes (w = g = 2 B in FP16), so ZeRO-1 saves exactly
+    the optimizer step on the other half of the parameters; ZeRO-2 differs from 1 in memory only."""
+    spec = load_workload_spec("gpt3-175b", ZERO_SHAPE)
+    platform = single_switch(2, FAST, xpu_link_bandwidth=1e10, xpu_link_latency=1e-9, hbm_latency=1e-15)
+    times = [estimate(spec, Candidate(parallelism=Parallelism(dp=2, global_batch=4, zero=z)), platform,
+                      ["xpu0", "xpu1"]) for z in range(3)]
+    attn, mlp = block_costs(spec, 1, 1)
+    step = spec.optimizer_flops_per_parameter * spec.model.decoders * (attn.parameters + mlp.parameters) / 1e12
+    assert spec.sizes.weight == spec.sizes.gradient
+    assert times[0] - times[1] == pytest.approx(step / 2, rel=1e-9)
+    assert times[2] == times[1]
+
+
+def test_zero_2_twins_of_a_fitting_zero_1_plan_are_not_ranked():
+    plans = [Candidate(parallelism=Parallelism(dp=2, global_batch=2, zero=z)) for z in (1, 2)]
+    lone = Candidate(parallelism=Parallelism(dp=2, global_batch=4, zero=2))
+    assert zero2_twins(plans + [lone]) == {plans[1]}

@@ -5,11 +5,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
+import re
 import sys
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from hcsim.errors import ConfigError
@@ -23,8 +24,8 @@ SIMULATION = {"collective_model": "flow", "local_collectives": "analytic", "xpu_
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "plan", help="find the best parallel configuration of a model on a cluster",
-        description="Enumerate tp x pp x dp x micro-batch x schedule x recomputation (and layer splits on mixed "
-                    "clusters), drop what does not fit in memory, rank the rest with closed forms, simulate the "
+        description="Enumerate tp x pp x dp x micro-batch x schedule x recomputation x ZeRO stage (and layer "
+                    "splits on mixed clusters), drop what does not fit in memory, rank the rest with closed forms, simulate the "
                     "best with contention and print them ranked by simulated throughput.",
         epilog="example: hcsim plan llama2-70b --platform paper-cxl --xpus 256 --global-batch 256 "
                "--devices H100,A100 --top 10 --jobs 2 --out plans/")
@@ -34,7 +35,11 @@ def register(subparsers) -> None:
     parser.add_argument("--global-batch", type=int, required=True, help="samples per iteration")
     parser.add_argument("--devices", default=None, help="device per rack, comma-separated, cycling (H100,A100)")
     parser.add_argument("--top", type=int, default=10, help="plans to simulate (default 10)")
-    parser.add_argument("-j", "--jobs", type=int, default=1, help="simulations at once (default 1)")
+    parser.add_argument("-j", "--jobs", type=int, default=1, help="simulations at once (local executor; default 1)")
+    parser.add_argument("--executor", default="local", metavar="local|dask://HOST:PORT",
+                        help="where the simulations run: local processes (default) or a Dask cluster, as hcsim sweep")
+    parser.add_argument("--timeout", type=float, metavar="SECONDS",
+                        help="kill a simulation after this long (its plan is listed as failed)")
     parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                         help="any scenario key, e.g. workload_overrides.training.precision=bf16 (repeatable)")
     parser.add_argument("--out", default=None, help="folder for plan.csv and plan.png")
@@ -42,11 +47,15 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from hcsim.plan import candidates, estimate, fits, rank_correlation
+    from hcsim.plan import candidates, estimate, fits, rank_correlation, zero2_twins
     from hcsim.scenario import load_scenario
+    from hcsim.sweep import check_executor
 
     if args.top < 1 or args.jobs < 1:
         raise ConfigError(f"--top, --jobs: must be >= 1, got {args.top} and {args.jobs}")
+    if args.timeout is not None and not 0 < args.timeout < float("inf"):
+        raise ConfigError(f"--timeout: must be a number of seconds > 0, got {args.timeout}")
+    check_executor(args.executor)
     devices = [d.strip() for d in args.devices.split(",")] if args.devices else None
     base = {"platform": args.platform, "workload": args.model, "xpus": args.xpus, **SIMULATION}
     if devices:
@@ -64,8 +73,13 @@ def run(args) -> int:
         print(f"  {count} do not fit: {reason}")
     if not fitting:
         raise ConfigError("no configuration fits in local memory: more XPUs, a smaller global batch or a smaller model")
+    twins = zero2_twins(fitting)
+    if twins:
+        fitting = [c for c in fitting if c not in twins]
+        print(f"  {len(twins)} fitting at ZeRO stage 2 not ranked: the same plan fits at stage 1, which runs the "
+              f"same communication and step (stage 2 saves memory only)")
     ranked = sorted(((estimate(spec, c, platform, xpus), c) for c in fitting), key=lambda e: e[0])[: args.top]
-    results = _simulate(scenario, ranked, args.jobs)
+    results = _simulate(scenario, ranked, args.jobs, args.executor, args.timeout)
     rows = _rows(ranked, results, args.global_batch)
     print(_table(rows))
     done = [r for r in rows if r["simulated_s"] is not None]
@@ -114,24 +128,25 @@ def _stage_speeds(platform, xpus, precision):
 
 
 def _kind(reason: str) -> str:
-    """A reason without its numbers, to count alike ones together."""
-    return "a pipeline stage needs more than its XPUs' local memory" if "needs" in reason else reason
+    """A reason without its stage and bytes (its ZeRO stage kept), to count alike ones together."""
+    return re.sub(r"^stage \d+ needs [0-9.]+ GB > [0-9.]+ GB of local memory",
+                  "a pipeline stage needs more than its XPUs' local memory", reason)
 
 
-def _simulate(scenario, ranked, jobs: int) -> list[dict]:
+def _simulate(scenario, ranked, jobs: int, executor: str, timeout: float | None) -> list[dict]:
+    """Simulate each ranked candidate in a process of its own, on the sweep's executor; results in order."""
     from dataclasses import replace
 
     from tqdm import tqdm
 
-    from hcsim.sweep import run_point
+    from hcsim.sweep import run_points
 
     points = [replace(scenario, **_typed(c.settings())) for _, c in ranked]
-    with ThreadPoolExecutor(max_workers=jobs) as pool, \
-            tqdm(total=len(points), unit="plan", desc="simulating", disable=None, file=sys.stderr) as bar:
-        futures = [pool.submit(run_point, point) for point in points]
-        results = []
-        for future in futures:
-            results.append(future.result())
+    results: list[dict] = [{}] * len(points)
+    with tqdm(total=len(points), unit="plan", desc="simulating", disable=None, file=sys.stderr) as bar, \
+            contextlib.closing(run_points(points, jobs=jobs, executor=executor, timeout=timeout)) as finished:
+        for index, result in finished:
+            results[index] = result
             bar.update()
     return results
 
