@@ -5,14 +5,15 @@ schedule with virtual stages, recomputation, ZeRO stage 0-3 when dp > 1, and on
 mixed clusters an even or a speed-proportional layer split), :func:`fits` keeps
 those whose every pipeline stage fits in its XPUs' local memory (saying why the
 others do not), and :func:`estimate` gives each an iteration time from closed
-forms that follow the engine's own rules without contention: a block takes
-max(FLOP / peak, bytes / memory bandwidth); tensor-parallel all-reduces are ring
-closed forms on the server's links; a pipeline of per-micro-batch stage times
-τ_s takes Σ τ + (m - 1)·max τ (the bubble shrinks by v with interleaving, and by
-the weight-gradient passes with ZB-H1); the gradient communication over each DP
-group and the optimizer step follow. With ZeRO (:mod:`hcsim.workload.zero`),
-over N_d = dp ranks on a route of latency α and bandwidth B, for Ψ parameters of
-w and g bytes each (ring closed forms, as the engine's flow model of them):
+forms that follow the engine's own rules: a block takes max(FLOP / peak, bytes /
+memory bandwidth); collectives are ring closed forms on the latency α and
+bandwidth B of one ring step with every group of their axis running at once
+(each link's bandwidth shared by the steps that cross it: the only contention
+the estimate counts); a pipeline of per-micro-batch stage times τ_s takes
+Σ τ + (m - 1)·max τ (the bubble shrinks by v with interleaving, and by the
+weight-gradient passes with ZB-H1); the gradient communication over each DP
+group and the optimizer step follow. With ZeRO (:mod:`hcsim.workload.zero`)
+over N_d = dp ranks, for Ψ parameters of w and g bytes each:
 
 - stage 0: all-reduce 2(N_d - 1)α + 2(N_d - 1)/N_d·gΨ/B, then the step on Ψ;
 - stages 1-2: reduce-scatter (N_d - 1)α + (N_d - 1)/N_d·gΨ/B, the step on
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections import Counter
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from itertools import product
@@ -43,7 +45,7 @@ import networkx as nx
 
 from hcsim.errors import ConfigError
 from hcsim.platform.devices import peak_flops
-from hcsim.platform.routes import route_bandwidth, route_latency, shortest_routes
+from hcsim.platform.routes import RouteSearch, route_bandwidth, route_latency
 from hcsim.workload.hybrid import BlockCost, Parallelism, block_costs, in_flight, stage_layers
 from hcsim.workload.layout import ParallelLayout
 from hcsim.workload.memory import stage_memory
@@ -150,7 +152,7 @@ def zero2_twins(fitting: list[Candidate]) -> set[Candidate]:
             and replace(c, parallelism=replace(c.parallelism, zero=1)) in present}
 
 
-_PATHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # platform -> {(src, dst): (latency, B/s)}
+_KNOWN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # platform -> what the estimates routed on it
 
 
 @dataclass(frozen=True)
@@ -166,14 +168,40 @@ class _Cluster:
         xpu = min(self.layout.stage_xpus(stage), key=lambda x: peak_flops(nodes[x], precision))
         return peak_flops(nodes[xpu], precision), self.platform.edges[nodes[xpu]["local_memory"], xpu]["bandwidth"]
 
+    def known(self) -> dict:
+        """The route search, routes and rings of this platform, kept while the platform lives."""
+        if self.platform not in _KNOWN:
+            _KNOWN[self.platform] = {"search": RouteSearch(self.platform), "routes": {}, "rings": {}}
+        return _KNOWN[self.platform]
+
+    def route(self, src: str, dst: str) -> list[str]:
+        """The least-latency route src -> dst (searched once per platform: the candidates of one plan ask for
+        the same pairs)."""
+        known = self.known()
+        if (src, dst) not in known["routes"]:
+            known["routes"][src, dst] = known["search"](src, [dst])[dst]
+        return known["routes"][src, dst]
+
     def path(self, src: str, dst: str) -> tuple[float, float]:
-        """(latency s, bottleneck B/s) of the least-latency route src -> dst (routed once per platform: the
-        candidates of one plan ask for the same few pairs)."""
-        known = _PATHS.setdefault(self.platform, {})
-        if (src, dst) not in known:
-            route = shortest_routes(self.platform, src, [dst])[dst]
-            known[src, dst] = route_latency(self.platform, route), route_bandwidth(self.platform, route)
-        return known[src, dst]
+        """(latency s, bottleneck B/s) of the least-latency route src -> dst."""
+        route = self.route(src, dst)
+        return route_latency(self.platform, route), route_bandwidth(self.platform, route)
+
+    def ring(self, axis: str) -> tuple[float, float]:
+        """(latency s, B/s) of one step of the rings over the groups of `axis`, every group of the layout at
+        once (all stages' DP groups gather together with ZeRO-3): each rank sends to the next along its route,
+        a link's bandwidth (per direction) is shared by the steps that cross it, and the slowest step paces
+        the ring. (0, inf) when the groups are single XPUs."""
+        rings = self.known()
+        key = (self.layout.xpus, tuple(sorted(self.layout.sizes.items())), axis)
+        if key not in rings["rings"]:
+            routes = [self.route(a, b) for group in self.layout.groups(axis) if len(group) > 1
+                      for a, b in zip(group, group[1:] + group[:1])]
+            load = Counter(link for route in routes for link in zip(route, route[1:]))
+            edges = self.platform.edges
+            rings["rings"][key] = (max((route_latency(self.platform, r) for r in routes), default=0.0),
+                                   min((edges[link]["bandwidth"] / n for link, n in load.items()), default=math.inf))
+        return rings["rings"][key]
 
 
 def cluster_layout(xpus: list[str], par: Parallelism) -> ParallelLayout:
@@ -234,12 +262,8 @@ def estimate(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus:
     sizes = spec.sizes
     activation = par.micro_batch * spec.model.sequence * spec.model.hidden * sizes.activation
     layout = cluster.layout
-    tp_latency, tp_bandwidth = cluster.path(*layout.groups("tp")[0][:2]) if par.tp > 1 else (0.0, math.inf)
-    allreduce = _ring(par.tp, 2, activation, tp_latency, tp_bandwidth)
-    dp_latency, dp_bandwidth = (0.0, math.inf)
-    if par.dp > 1:
-        group = next(g for g in layout.groups("dp") if g[0] in layout.stage_xpus(0))
-        dp_latency, dp_bandwidth = cluster.path(group[0], group[1])
+    allreduce = _ring(par.tp, 2, activation, *cluster.ring("tp"))
+    dp_latency, dp_bandwidth = cluster.ring("dp")
     decoder = attn.parameters + mlp.parameters  # per TP rank
     gather = _ring(par.dp, 1, decoder * sizes.weight, dp_latency, dp_bandwidth) if par.zero == 3 else 0.0
     zero_bubble = par.schedule == "zb-h1"

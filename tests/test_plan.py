@@ -1,6 +1,7 @@
 """hcsim plan: enumeration invariants, the memory filter, the closed-form estimate against the engine's
 rules, speed-proportional layer splits on mixed clusters, and the command end to end."""
 
+import csv
 import json
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 from hcsim.engine.executor import Executor, RunOptions
 from hcsim.plan import _proportional, candidates, estimate, fits, rank_correlation, zero2_twins
 from hcsim.platform import build_platform, load_platform_spec
+from hcsim.platform.routes import route_bandwidth, route_latency
 from hcsim.platform.topology import xpus as platform_xpus
 from hcsim.workload import load_workload_spec, validate_workload
 from hcsim.workload.hybrid import Parallelism, block_costs, build_hybrid_graph
@@ -163,6 +165,22 @@ def test_zero_3_also_needs_room_for_two_gathered_units():
     assert reason.endswith("at ZeRO stage 3")
 
 
+def test_rings_that_cross_one_link_share_its_bandwidth():
+    """paper-cxl, 32 XPUs as tp 8 x dp 4: a leaf CXL switch serves two servers, so each of the 8 DP rings (one
+    per TP rank) steps from a leaf's second server to the next leaf: 8 steps share each uplink direction. The
+    TP rings, one per server, have their XPU links to themselves."""
+    from hcsim.plan import _Cluster
+
+    platform = build_platform(load_platform_spec("paper-cxl"), 32)
+    cluster = _Cluster(platform, ParallelLayout(platform_xpus(platform)[:32], {"tp": 8, "dp": 4}))
+    crossing = cluster.route("xpu8", "xpu16")
+    uplink = platform.edges[crossing[1], crossing[2]]
+    assert cluster.ring("dp") == (pytest.approx(route_latency(platform, crossing)), uplink["bandwidth"] / 8)
+    neighbours = cluster.route("xpu0", "xpu1")
+    assert cluster.ring("tp") == (pytest.approx(route_latency(platform, neighbours)),
+                                  route_bandwidth(platform, neighbours))
+
+
 def _zero_engine(zero: int, bandwidth: float) -> tuple[float, float]:
     """(estimated, engine) iteration time of the tiny model of test_zero_offload as dp 2, two micro-batches,
     at ZeRO `zero`, on a switch of `bandwidth` B/s links (the fake kernel: no contention)."""
@@ -202,3 +220,37 @@ def test_zero_2_twins_of_a_fitting_zero_1_plan_are_not_ranked():
     plans = [Candidate(parallelism=Parallelism(dp=2, global_batch=2, zero=z)) for z in (1, 2)]
     lone = Candidate(parallelism=Parallelism(dp=2, global_batch=4, zero=2))
     assert zero2_twins(plans + [lone]) == {plans[1]}
+
+
+# --- the sweep's executor -----------------------------------------------------------------------------------
+
+
+def test_plan_simulations_run_on_the_sweep_s_executor_and_come_back_in_order():
+    from hcsim.scenario import load_scenario
+    from hcsim.sweep import run_points
+
+    scenarios = [load_scenario(None, {"xpus": n, "iterations": 1, "platform_overrides": {"rack.servers": 1}})
+                 for n in (4, 2, 8)]
+    results = dict(run_points(scenarios, jobs=2, executor="local"))
+    assert sorted(results) == [0, 1, 2]
+    assert [results[i]["xpus"] for i in range(3)] == [4, 2, 8]
+
+
+def test_plan_refuses_an_unknown_executor_before_enumerating():
+    done = subprocess.run([sys.executable, "-m", "hcsim.cli", "plan", "llama2-7b", "--xpus", "16", "--global-batch",
+                           "16", "--executor", "ray://x"], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "expected 'local' or 'dask://HOST:PORT'" in done.stderr
+    assert "configurations" not in done.stdout
+
+
+def test_plan_simulates_on_a_dask_cluster(tmp_path):
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(processes=True, n_workers=1, threads_per_worker=2, dashboard_address=None) as cluster:
+        address = cluster.scheduler_address.removeprefix("tcp://")
+        done = subprocess.run([sys.executable, "-m", "hcsim.cli", "plan", "llama2-7b", "--xpus", "16",
+                               "--global-batch", "16", "--devices", "H100,A100", "--set",
+                               "platform_overrides.rack.servers=1", "--top", "2", "--executor", f"dask://{address}",
+                               "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = list(csv.DictReader((tmp_path / "plan.csv").open()))
+    assert len(rows) == 2 and all(float(r["simulated_s"]) > 0 for r in rows)

@@ -159,7 +159,8 @@ def _rows(ranked, results, global_batch: int) -> list[dict]:
     rows = []
     for (estimated, candidate), result in zip(ranked, results):
         row = {"plan": candidate.label(), "estimated_s": estimated, "simulated_s": None, "samples_per_s": None,
-               "mfu": None, "memory_gb": None, "bottleneck": result.get("error", "")}
+               "mfu": None, "memory_gb": None, "bottleneck": result.get("error", ""),
+               "simulation_wall_s": result.get("wall_time_s")}
         if "error" not in result:
             times = result["breakdown"]
             slowest = max(times.values(), key=lambda t: t["compute_s"] + t["memory_stall_s"])
