@@ -254,3 +254,25 @@ def test_plan_simulates_on_a_dask_cluster(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     rows = list(csv.DictReader((tmp_path / "plan.csv").open()))
     assert len(rows) == 2 and all(float(r["simulated_s"]) > 0 for r in rows)
+
+
+def test_simulations_go_longest_first_and_come_back_in_rank_order(monkeypatch):
+    """More micro-batches (and ZeRO-3's gathers, x3) make a longer simulation: submitted first, so that two jobs
+    do not end on a long one; each result still lands on its own plan."""
+    import hcsim.sweep
+    from hcsim.cli.plan import _simulate
+    from hcsim.scenario import load_scenario
+
+    plans = [Parallelism(dp=2, global_batch=4), Parallelism(dp=2, global_batch=16),
+             Parallelism(dp=2, global_batch=8, zero=3), Parallelism(dp=2, global_batch=8)]
+    submitted = []
+
+    def run_points(points, **_):
+        submitted.extend(p.global_batch for p in points)
+        for index in reversed(range(len(points))):  # finishing in any order
+            yield index, {"global_batch": points[index].global_batch, "zero": points[index].zero}
+
+    monkeypatch.setattr(hcsim.sweep, "run_points", run_points)
+    results = _simulate(load_scenario(None, {}), [(1.0, Candidate(parallelism=p)) for p in plans], 2, "local", None)
+    assert submitted == [8, 16, 8, 4]  # m = 4 x 3 (ZeRO-3), 8, 4, 2
+    assert [(r["global_batch"], r["zero"]) for r in results] == [(p.global_batch, p.zero) for p in plans]

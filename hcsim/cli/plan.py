@@ -141,14 +141,23 @@ def _simulate(scenario, ranked, jobs: int, executor: str, timeout: float | None)
 
     from hcsim.sweep import run_points
 
-    points = [replace(scenario, **_typed(c.settings())) for _, c in ranked]
+    order = sorted(range(len(ranked)), key=lambda i: -_cost(ranked[i][1]))  # longest first: a short tail
+    points = [replace(scenario, **_typed(ranked[i][1].settings())) for i in order]
     results: list[dict] = [{}] * len(points)
     with tqdm(total=len(points), unit="plan", desc="simulating", disable=None, file=sys.stderr) as bar, \
             contextlib.closing(run_points(points, jobs=jobs, executor=executor, timeout=timeout)) as finished:
         for index, result in finished:
-            results[index] = result
+            results[order[index]] = result
             bar.update()
     return results
+
+
+def _cost(candidate) -> float:
+    """A rough relative simulation time: m micro-batches (the vertices are m x the model's decoders x a few),
+    three times as many with ZeRO-3's gathers. (Measured on LLaMA2-70B, 256 XPUs: 57 s at m 32,
+    110 s at m 128, 118 s at m 256, 306 s at m 128 with ZeRO-3, under load 6.)"""
+    par = candidate.parallelism
+    return par.micro_batches * (3 if par.zero == 3 else 1)
 
 
 def _typed(settings: dict) -> dict:
