@@ -112,8 +112,8 @@ def candidates(spec: WorkloadSpec, layout_xpus: list[str], global_batch: int, se
                 proportional = _proportional(model.decoders, stage_speeds(pp))
                 if proportional != (model.decoders // pp,) * pp:
                     splits.append(proportional)
-            # batch_split (issue 16 item 1, branch batch-split, not merged yet): on a mixed cluster with dp > 1,
-            # try batch_split even and proportional here, beside the layer splits.
+            # TODO(issue 16 item 1, batch_split): on a mixed cluster with dp > 1, try batch_split even and
+            # proportional here beside the layer splits (and carry it in Candidate.settings, fits, estimate).
             for split, zero in product(splits, zero_stages if dp > 1 else (0,)):
                 if split is None and model.decoders % (pp * v):
                     continue

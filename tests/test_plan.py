@@ -21,9 +21,9 @@ from hcsim.workload.layout import ParallelLayout
 from hcsim.workload.memory import stage_memory
 
 sys.path.insert(0, str(Path(__file__).parent / "engine"))
-from fake_backend import FakeBackend  # noqa: E402
+from fake_backend import FakeBackend, routes_for  # noqa: E402
 from test_hybrid_schedules import FAST, iteration_time, spec as tiny_spec  # noqa: E402
-from test_zero_offload import SHAPE as ZERO_SHAPE, routes_for  # noqa: E402
+from test_zero_offload import SHAPE as ZERO_SHAPE  # noqa: E402
 from hcsim.plan import Candidate  # noqa: E402
 from hcsim.platform.builders import single_switch  # noqa: E402
 
