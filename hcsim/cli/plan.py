@@ -154,10 +154,10 @@ def _simulate(scenario, ranked, jobs: int, executor: str, timeout: float | None)
 
 def _cost(candidate) -> float:
     """A rough relative simulation time: m micro-batches (the vertices are m x the model's decoders x a few),
-    three times as many with ZeRO-3's gathers. (Measured on LLaMA2-70B, 256 XPUs: 57 s at m 32,
-    110 s at m 128, 118 s at m 256, 306 s at m 128 with ZeRO-3, under load 6.)"""
+    twice as many with ZeRO-3's gathers. (Measured on LLaMA2-70B, 256 XPUs, load 4.5: 25-28 s at m 8-32,
+    53 s at m 128, 83 s at m 256 and at m 128 with ZeRO-3.)"""
     par = candidate.parallelism
-    return par.micro_batches * (3 if par.zero == 3 else 1)
+    return par.micro_batches * (2 if par.zero == 3 else 1)
 
 
 def _typed(settings: dict) -> dict:
