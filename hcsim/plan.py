@@ -51,6 +51,7 @@ from hcsim.workload.layout import ParallelLayout
 from hcsim.workload.memory import stage_memory
 from hcsim.workload.schedules import stage_order
 from hcsim.workload.spec import WorkloadSpec
+from hcsim.workload.split import largest_remainder
 from hcsim.workload.transformer import decoder_layer, embedding, lm_head
 from hcsim.workload.zero import ZERO_STAGES, optimizer_step_bytes
 
@@ -66,7 +67,8 @@ class Candidate:
     stages' speed."""
 
     parallelism: Parallelism
-    split: str = "even"  # even | proportional
+    split: str = "even"  # layer split: even | proportional
+    batch: str = "even"  # batch split: even | proportional (parallelism.batch_split holds the counts)
 
     def settings(self) -> dict:
         """Scenario keys that run this candidate."""
@@ -76,6 +78,8 @@ class Candidate:
                 "zero": par.zero}
         if par.layer_split is not None:
             keys["layer_split"] = list(par.layer_split)
+        if self.batch != "even":
+            keys["batch_split"] = self.batch  # resolved by the run with the rule the counts here follow
         return keys
 
     def label(self) -> str:
@@ -83,17 +87,22 @@ class Candidate:
         schedule = par.schedule + (f" v{par.virtual_stages}" if par.virtual_stages > 1 else "")
         zero = f" ZeRO-{par.zero}" if par.zero else ""
         split = f", split {'/'.join(map(str, par.layer_split))}" if par.layer_split else ""
+        if par.batch_split:
+            counts = Counter(par.batch_split)
+            split += ", batch " + "/".join(f"{m}x{n}" for m, n in sorted(counts.items(), reverse=True))
         return (f"tp{par.tp} pp{par.pp} dp{par.dp} mb{par.micro_batch} {schedule} recompute {par.recompute}"
                 + zero + split)
 
 
 def candidates(spec: WorkloadSpec, layout_xpus: list[str], global_batch: int, server_size: int,
-               stage_speeds=None, zero_stages: tuple[int, ...] = ZERO_STAGES) -> list[Candidate]:
+               stage_speeds=None, zero_stages: tuple[int, ...] = ZERO_STAGES, replica_speeds=None) -> list[Candidate]:
     """Every valid configuration of `spec` over the XPUs, with TP groups inside a server of `server_size`.
 
     `stage_speeds(pp)`, if given, returns each stage's relative speed: on a mixed cluster a speed-proportional
-    layer split is tried beside the even one. Each of `zero_stages` is tried when dp > 1 (with dp = 1 ZeRO
-    shards nothing: only stage 0)."""
+    layer split is tried beside the even one. `replica_speeds(tp, pp)`, if given, returns each DP replica's
+    speed: where they differ, a batch split in proportion to them (largest remainders, as the run resolves
+    ``batch_split: proportional``) is tried too, with ZeRO 0-2 and the schedules that can run its counts.
+    Each of `zero_stages` is tried when dp > 1 (with dp = 1 ZeRO shards nothing: only stage 0)."""
     model, n = spec.model, len(layout_xpus)
     found = []
     for tp, pp, mb, recompute in product(_powers(min(server_size, n)), range(1, model.decoders + 1), MICRO_BATCHES,
@@ -109,38 +118,36 @@ def candidates(spec: WorkloadSpec, layout_xpus: list[str], global_batch: int, se
         for schedule, v in schedules:
             splits = [None]
             if stage_speeds is not None and pp > 1 and v == 1:
-                proportional = _proportional(model.decoders, stage_speeds(pp))
-                if proportional != (model.decoders // pp,) * pp:
+                proportional = largest_remainder(model.decoders, stage_speeds(pp))  # as layer_split: proportional
+                if min(proportional) >= 1 and proportional != (model.decoders // pp,) * pp:
                     splits.append(proportional)
-            # TODO(issue 16 item 1, batch_split): on a mixed cluster with dp > 1, try batch_split even and
-            # proportional here beside the layer splits (and carry it in Candidate.settings, fits, estimate).
-            for split, zero in product(splits, zero_stages if dp > 1 else (0,)):
+            batches = [None] + _batch_split(replica_speeds, tp, pp, dp, m)
+            for split, zero, batch in product(splits, zero_stages if dp > 1 else (0,), batches):
                 if split is None and model.decoders % (pp * v):
                     continue
-                par = Parallelism(tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=global_batch, schedule=schedule,
-                                  virtual_stages=v, recompute=recompute, layer_split=split, zero=zero)
-                found.append(Candidate(parallelism=par, split="proportional" if split else "even"))
+                try:
+                    par = Parallelism(tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=global_batch,
+                                      schedule=schedule, virtual_stages=v, recompute=recompute, layer_split=split,
+                                      zero=zero, batch_split=batch)
+                except ConfigError:  # an uneven batch split with ZeRO-3, or counts the schedule cannot run
+                    continue
+                found.append(Candidate(parallelism=par, split="proportional" if split else "even",
+                                       batch="proportional" if batch else "even"))
     return found
+
+
+def _batch_split(replica_speeds, tp: int, pp: int, dp: int, m: int) -> list[tuple[int, ...]]:
+    """[the proportional batch split of m·dp micro-batches] where the replicas' speeds differ and it gives
+    every replica one, else []."""
+    if replica_speeds is None or dp == 1:
+        return []
+    speeds = replica_speeds(tp, pp)
+    counts = largest_remainder(m * dp, speeds)
+    return [counts] if len(set(speeds)) > 1 and min(counts) >= 1 else []
 
 
 def _powers(limit: int) -> list[int]:
     return [2 ** k for k in range(int(math.log2(limit)) + 1)]
-
-
-def _proportional(decoders: int, speeds: list[float]) -> tuple[int, ...]:
-    """Decoders per stage in proportion to speed, each >= 1, summing to `decoders` (largest remainders)."""
-    total = sum(speeds)
-    shares = [decoders * s / total for s in speeds]
-    counts = [max(1, int(share)) for share in shares]
-    order = sorted(range(len(speeds)), key=lambda i: counts[i] - shares[i])
-    i = 0
-    while sum(counts) != decoders:
-        step = 1 if sum(counts) < decoders else -1
-        j = order[i % len(order)]
-        if counts[j] + step >= 1:
-            counts[j] += step
-        i += 1
-    return tuple(counts)
 
 
 def zero2_twins(fitting: list[Candidate]) -> set[Candidate]:
@@ -162,10 +169,11 @@ class _Cluster:
     platform: nx.Graph
     layout: ParallelLayout
 
-    def slowest(self, stage: int, precision: str) -> tuple[float, float]:
-        """(peak FLOP/s, HBM B/s) of the stage's slowest XPU."""
+    def slowest(self, stage: int, precision: str, members: frozenset[str] | None = None) -> tuple[float, float]:
+        """(peak FLOP/s, HBM B/s) of the stage's slowest XPU (of those in `members`, when given)."""
         nodes = self.platform.nodes
-        xpu = min(self.layout.stage_xpus(stage), key=lambda x: peak_flops(nodes[x], precision))
+        xpus = [x for x in self.layout.stage_xpus(stage) if members is None or x in members]
+        xpu = min(xpus, key=lambda x: peak_flops(nodes[x], precision))
         return peak_flops(nodes[xpu], precision), self.platform.edges[nodes[xpu]["local_memory"], xpu]["bandwidth"]
 
     def known(self) -> dict:
@@ -221,7 +229,8 @@ def fits(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus: lis
     nodes = platform.nodes
     for stage in range(par.pp):
         first, last = stage == 0, stage == par.pp - 1
-        flight = _in_flight(par.schedule, par.pp, par.micro_batches, stage, par.virtual_stages)
+        most = max(par.batch_split) if par.batch_split else par.micro_batches  # the replica that holds most
+        flight = _in_flight(par.schedule, par.pp, most, stage, par.virtual_stages)
         need = stage_memory(spec.model, layers=sum(layers[stage]), first=first, last=last, in_flight=flight,
                             micro_batch=par.micro_batch, tp=par.tp, sequence_parallel=par.sequence_parallel,
                             precision=spec.precision, attention=spec.attention, optimizer=spec.optimizer,
@@ -266,39 +275,10 @@ def estimate(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus:
     dp_latency, dp_bandwidth = cluster.ring("dp")
     decoder = attn.parameters + mlp.parameters  # per TP rank
     gather = _ring(par.dp, 1, decoder * sizes.weight, dp_latency, dp_bandwidth) if par.zero == 3 else 0.0
-    zero_bubble = par.schedule == "zb-h1"
-    tau, forward, backward_input, weight, units = [], [], [], [], []
-    for stage in range(par.pp):
-        peak, bandwidth = cluster.slowest(stage, spec.precision)
-        decoders = sum(layers[stage])
-        f = sum(_time(b.fwd_flops, b.fwd_bytes, peak, bandwidth) + allreduce for b in (attn, mlp))
-        b_in = sum(_time(b.input_grad_flops, b.bwd_bytes / 2, peak, bandwidth) + allreduce for b in (attn, mlp)) \
-            + _recompute(par.recompute, (attn, mlp), peak, bandwidth, allreduce)
-        w = sum(_time(b.weight_grad_flops, b.bwd_bytes / 2, peak, bandwidth) for b in (attn, mlp))
-        # ZeRO-3: a decoder's forward and its backward (with the weight gradients unless ZB-H1 defers them)
-        # wait for the gather of its weights, one decoder ahead: each paces at max(its time, the gather)
-        backward_unit = b_in + (0.0 if zero_bubble else w)
-        units.append(backward_unit)
-        if gather:
-            f, b_in = max(f, gather), max(backward_unit, gather) - (0.0 if zero_bubble else w)
-        forward.append(decoders * f)
-        backward_input.append(decoders * b_in)
-        weight.append(decoders * w)
-        tau.append(decoders * (f + b_in + w))
-    m, p = par.micro_batches, par.pp
-    slowest = max(tau)
-    bubble = sum(tau) - slowest
-    if par.schedule == "interleaved":
-        bubble /= par.virtual_stages
-    elif zero_bubble:
-        bubble = max(0.0, sum(f + b - w for f, b, w in zip(forward, backward_input, weight))
-                     - max(f + b - w for f, b, w in zip(forward, backward_input, weight)))
-    pipeline = m * slowest + bubble
-    if p > 1:
-        latency, bandwidth = cluster.path(layout.stage_xpus(0)[0], layout.stage_xpus(1)[0])
-        pipeline += 2 * (p - 1) * (latency + activation / bandwidth)
-    if gather:  # the iteration's first gather is exposed; its last decoder (stage 0's) waits for no next one
-        pipeline += gather - (max(units[0], gather) - units[0])
+    blocks = (attn, mlp, allreduce, gather, activation)
+    pipeline = max(_pipeline(spec, par, cluster, layers, blocks, m, members)
+                   for m, members in _replica_classes(par, layout))
+    p = par.pp
     parameters = [sum(layers[s]) * decoder for s in range(p)]
     gradients = 0.0
     if par.dp > 1:  # all-reduce (ZeRO 0), reduce-scatter + all-gather (1-2), reduce-scatter (3)
@@ -311,6 +291,56 @@ def estimate(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus:
                           per_parameter * parameters[s] * shard, *cluster.slowest(s, spec.precision))
                     for s in range(p))
     return pipeline + gradients + optimizer
+
+
+def _replica_classes(par: Parallelism, layout: ParallelLayout) -> list[tuple[int, frozenset[str] | None]]:
+    """(micro-batches, the XPUs of the replicas that run that many; None: every XPU) per class of replicas."""
+    return [(m, None if coordinates is None else
+             frozenset(x for x in layout.xpus if layout.coordinates(x)["dp"] in coordinates))
+            for m, coordinates in par.replica_classes()]
+
+
+def _pipeline(spec: WorkloadSpec, par: Parallelism, cluster: "_Cluster", layers, blocks, m: int,
+              members: frozenset[str] | None) -> float:
+    """Seconds the pipeline of the replicas of `members` (None: every replica) takes for its `m` micro-batches:
+    each stage paced by its slowest XPU among them."""
+    attn, mlp, allreduce, gather, activation = blocks
+    decoder_units = []
+    zero_bubble = par.schedule == "zb-h1"
+    tau, forward, backward_input, weight = [], [], [], []
+    for stage in range(par.pp):
+        peak, bandwidth = cluster.slowest(stage, spec.precision, members)
+        decoders = sum(layers[stage])
+        f = sum(_time(b.fwd_flops, b.fwd_bytes, peak, bandwidth) + allreduce for b in (attn, mlp))
+        b_in = sum(_time(b.input_grad_flops, b.bwd_bytes / 2, peak, bandwidth) + allreduce for b in (attn, mlp)) \
+            + _recompute(par.recompute, (attn, mlp), peak, bandwidth, allreduce)
+        w = sum(_time(b.weight_grad_flops, b.bwd_bytes / 2, peak, bandwidth) for b in (attn, mlp))
+        # ZeRO-3: a decoder's forward and its backward (with the weight gradients unless ZB-H1 defers them)
+        # wait for the gather of its weights, one decoder ahead: each paces at max(its time, the gather)
+        backward_unit = b_in + (0.0 if zero_bubble else w)
+        decoder_units.append(backward_unit)
+        if gather:
+            f, b_in = max(f, gather), max(backward_unit, gather) - (0.0 if zero_bubble else w)
+        forward.append(decoders * f)
+        backward_input.append(decoders * b_in)
+        weight.append(decoders * w)
+        tau.append(decoders * (f + b_in + w))
+    p = par.pp
+    slowest = max(tau)
+    bubble = sum(tau) - slowest
+    if par.schedule == "interleaved":
+        bubble /= par.virtual_stages
+    elif zero_bubble:
+        bubble = max(0.0, sum(f + b - w for f, b, w in zip(forward, backward_input, weight))
+                     - max(f + b - w for f, b, w in zip(forward, backward_input, weight)))
+    pipeline = m * slowest + bubble
+    if p > 1:
+        layout = cluster.layout
+        latency, bandwidth = cluster.path(layout.stage_xpus(0)[0], layout.stage_xpus(1)[0])
+        pipeline += 2 * (p - 1) * (latency + activation / bandwidth)
+    if gather:  # the iteration's first gather is exposed; its last decoder (stage 0's) waits for no next one
+        pipeline += gather - (max(decoder_units[0], gather) - decoder_units[0])
+    return pipeline
 
 
 def _ring(n: int, phases: int, size: float, latency: float, bandwidth: float) -> float:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hcsim.engine.executor import Executor, RunOptions
-from hcsim.plan import _proportional, candidates, estimate, fits, rank_correlation, zero2_twins
+from hcsim.plan import candidates, estimate, fits, rank_correlation, zero2_twins
 from hcsim.platform import build_platform, load_platform_spec
 from hcsim.platform.routes import route_bandwidth, route_latency
 from hcsim.platform.topology import xpus as platform_xpus
@@ -19,6 +19,7 @@ from hcsim.workload import load_workload_spec, validate_workload
 from hcsim.workload.hybrid import Parallelism, block_costs, build_hybrid_graph
 from hcsim.workload.layout import ParallelLayout
 from hcsim.workload.memory import stage_memory
+from hcsim.workload.split import largest_remainder
 
 sys.path.insert(0, str(Path(__file__).parent / "engine"))
 from fake_backend import FakeBackend, routes_for  # noqa: E402
@@ -37,7 +38,7 @@ def test_rank_correlation_of_known_orders():
 @pytest.mark.parametrize("decoders, speeds, expected", [(8, [3, 1], (6, 2)), (80, [989, 312], (61, 19)),
                                                         (10, [1, 1, 1], (4, 3, 3))])
 def test_a_proportional_split_follows_speed_and_sums_to_the_decoders(decoders, speeds, expected):
-    split = _proportional(decoders, speeds)
+    split = largest_remainder(decoders, speeds)
     assert sum(split) == decoders and min(split) >= 1
     assert sorted(split, reverse=True) == sorted(expected, reverse=True)
 
@@ -91,7 +92,7 @@ def test_a_speed_proportional_layer_split_equalises_the_stages_compute():
     """H100 stage and A100 stage (FP32: 67 and 19.5 TFLOP/s): an even split leaves the A100 stage 3.4x
     longer; the proportional split leaves them within one decoder's time."""
     even = _stage_compute(None)
-    split = _proportional(32, [67e12, 19.5e12])
+    split = largest_remainder(32, [67e12, 19.5e12])
     proportional = _stage_compute(list(split))
     assert even[1] / even[0] == pytest.approx(67 / 19.5, rel=0.05)
     one_decoder = proportional[1] / split[1]
@@ -276,3 +277,56 @@ def test_simulations_go_longest_first_and_come_back_in_rank_order(monkeypatch):
     results = _simulate(load_scenario(None, {}), [(1.0, Candidate(parallelism=p)) for p in plans], 2, "local", None)
     assert submitted == [8, 12, 8, 4]  # m = 4 x 2 (ZeRO-3), 6, 4, 2
     assert [(r["global_batch"], r["zero"]) for r in results] == [(p.global_batch, p.zero) for p in plans]
+
+
+# --- batch split on a mixed cluster ---------------------------------------------------------------------
+
+
+def _mixed_cluster():
+    """16 XPUs in racks of one server, H100 and A100 alternating: tp 8 puts one replica on each type."""
+    from hcsim.cli.plan import _replica_speeds
+
+    spec = load_platform_spec("paper-cxl", {"rack.servers": 1, "devices": ["H100", "A100"]})
+    platform = build_platform(spec, 16)
+    xpus = platform_xpus(platform)[:16]
+    model = load_workload_spec("llama2-7b", {"model.decoders": 4})
+    return model, platform, xpus, _replica_speeds(platform, xpus, model.precision)
+
+
+def test_a_mixed_cluster_tries_the_proportional_batch_split_the_run_will_resolve():
+    from hcsim.scenario import Scenario
+    from hcsim.simulation import prepare
+
+    model, platform, xpus, replica_speeds = _mixed_cluster()
+    found = [c for c in candidates(model, xpus, 16, 8, replica_speeds=replica_speeds) if c.batch == "proportional"]
+    assert found and all(c.parallelism.zero < 3 and c.parallelism.dp > 1 for c in found)
+    pick = next(c for c in found if c.parallelism.tp == 8 and c.parallelism.micro_batch == 1)
+    speeds = replica_speeds(8, 1)
+    assert pick.parallelism.batch_split == largest_remainder(16, speeds)  # H100 replica 12, A100 replica 4
+    assert "batch 12x1/4x1" in pick.label()
+    run = prepare(Scenario(workload="llama2-7b", workload_overrides={"model.decoders": 4}, xpus=16,
+                           devices=("H100", "A100"), platform_overrides={"rack.servers": 1}, **pick.settings()))
+    assert tuple(run.workload.graph["batch_split"]) == pick.parallelism.batch_split
+
+
+def test_the_estimate_of_a_batch_split_is_paced_by_its_slowest_replica():
+    """pp 1: the estimate is max over replicas of m_r x t_r (a micro-batch's time on replica r's devices) plus
+    terms the split leaves alone; t_A100 and those terms from two even estimates, t_H100 from a 15/1 split."""
+    model, platform, xpus, replica_speeds = _mixed_cluster()
+    both = {c.batch: c for c in candidates(model, xpus, 16, 8, replica_speeds=replica_speeds)
+            if (c.parallelism.tp, c.parallelism.pp, c.parallelism.micro_batch, c.parallelism.zero) == (8, 1, 1, 0)
+            and c.parallelism.recompute == "none"}
+    par = both["even"].parallelism
+
+    def time_of(**change) -> float:
+        return estimate(model, Candidate(parallelism=replace(par, **change)), platform, xpus)
+
+    even, single = time_of(), time_of(global_batch=2)  # 8 t_A + rest, t_A + rest
+    t_a100 = (even - single) / 7
+    rest = single - t_a100
+    t_h100 = (time_of(batch_split=(15, 1)) - rest) / 15  # 15 t_H > t_A
+    assert t_h100 < t_a100 / 2  # the H100 replica is the faster one (FP32: 67 against 19.5 TFLOP/s)
+    counts = both["proportional"].parallelism.batch_split
+    proportional = estimate(model, both["proportional"], platform, xpus)
+    assert proportional == pytest.approx(max(counts[0] * t_h100, counts[1] * t_a100) + rest, rel=1e-9)
+    assert proportional < even

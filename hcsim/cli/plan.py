@@ -11,6 +11,7 @@ import io
 import re
 import sys
 from collections import Counter
+from functools import lru_cache
 from pathlib import Path
 
 from hcsim.errors import ConfigError
@@ -62,8 +63,10 @@ def run(args) -> int:
         base["devices"] = devices
     scenario = load_scenario(None, {**base, **_settings(args.settings)})
     platform, xpus, spec = _cluster(scenario)
-    speeds = _stage_speeds(platform, xpus, spec.precision) if devices and len(set(devices)) > 1 else None
-    found = candidates(spec, xpus, args.global_batch, _server_size(platform, xpus), speeds)
+    mixed = devices and len(set(devices)) > 1
+    speeds = _stage_speeds(platform, xpus, spec.precision) if mixed else None
+    replicas = _replica_speeds(platform, xpus, spec.precision) if mixed else None
+    found = candidates(spec, xpus, args.global_batch, _server_size(platform, xpus), speeds, replica_speeds=replicas)
     reasons = {c: fits(spec, c, platform, xpus) for c in found}
     fitting = [c for c, reason in reasons.items() if reason is None]
     print(f"{len(found)} configurations of {spec.model.name} on {len(xpus)} XPUs "
@@ -123,6 +126,23 @@ def _stage_speeds(platform, xpus, precision):
     def speeds(pp: int) -> list[float]:
         size = len(xpus) // pp
         return [min(peak_flops(platform.nodes[x], precision) for x in xpus[s * size:(s + 1) * size]) for s in range(pp)]
+
+    return speeds
+
+
+def _replica_speeds(platform, xpus, precision):
+    """Per DP replica of a tp x pp layout, its slowest XPU's peak (as batch_split: proportional weighs them)."""
+    from hcsim.platform.devices import peak_flops
+    from hcsim.workload.layout import ParallelLayout
+
+    @lru_cache(maxsize=None)  # the enumeration asks once per micro-batch, schedule and recomputation
+    def speeds(tp: int, pp: int) -> tuple[float, ...]:
+        layout = ParallelLayout(xpus, {"tp": tp, "pp": pp, "dp": len(xpus) // (tp * pp)})
+        slowest: dict[int, float] = {}
+        for x in xpus:
+            r = layout.coordinates(x)["dp"]
+            slowest[r] = min(slowest.get(r, float("inf")), peak_flops(platform.nodes[x], precision))
+        return tuple(slowest[r] for r in sorted(slowest))
 
     return speeds
 
