@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import functools
 import io
 import itertools
@@ -552,9 +553,18 @@ def _existing(path: Path, header: list[str]) -> dict[str, str]:
         atomic_write(path, text)
     rows = _parse_csv(path, text)
     found = rows[0][1] if rows else None
-    if found != header:
+    added = added_columns(found or [], header)
+    if added is None:
         raise ConfigError(f"{path}: its columns are not this experiment's (were the axes changed?). "
                           "Fix: move the file away, or run with --overwrite to start over")
+    if added:  # written before these scenario keys existed: its runs had their defaults; add the columns
+        from hcsim.simulation import atomic_write
+
+        log.warning("%s: adding the columns %s, with their defaults, of keys newer than the file", path,
+                    ", ".join(added))
+        rows = [(1, header)] + [(line, [{**dict(zip(found, row)), **added}.get(c, "") for c in header])
+                                for line, row in rows[1:]]
+        atomic_write(path, "".join(_csv_line(row) for _, row in rows))
     status_column, counts_column = header.index("status"), header.index("device_counts")
     status, counts, expected = {}, defaultdict(int), {}
     for line, row in rows[1:]:
@@ -620,6 +630,20 @@ def read_results(path: str | Path) -> list[dict[str, Any]]:
     records = [dict(zip(header, row)) for _, row in rows[1:]]
     kinds = {column: _column_kind(column, [record[column] for record in records]) for column in header}
     return [{k: _typed(v, kinds[k]) for k, v in record.items()} for record in records]
+
+
+def added_columns(found: list[str], header: list[str]) -> dict[str, Any] | None:
+    """Column -> value of the scenario columns `header` has and an older results file's `found` lacks, the value
+    every run of that file had: the default of a scenario key that hcsim did not have yet ({} when the headers
+    are equal). None when `found` is not `header` without such columns (another experiment's file)."""
+    missing = [c for c in header if c not in found]
+    if [c for c in header if c not in missing] != list(found):
+        return None
+    defaults = {scenario_column(f.name): f.default for f in dataclasses.fields(Scenario)
+                if f.default is not dataclasses.MISSING and f.default is not None}
+    if any(c not in defaults for c in missing):
+        return None
+    return {c: defaults[c] for c in missing}
 
 
 def _column_kind(column: str, values: list[str]) -> str:
@@ -922,10 +946,11 @@ def write_report(experiment: Experiment, csv_path: Path, out: Path) -> list[Path
     from hcsim.simulation import atomic_write
 
     with open(csv_path, newline="") as stream:
-        if next(csv.reader(stream), None) != columns(experiment):
-            raise ConfigError(f"{csv_path}: its columns are not this experiment's (were the axes changed, or was it "
-                              "written by an older hcsim?). Fix: run the sweep again with --overwrite")
-    rows = read_results(csv_path)
+        added = added_columns(next(csv.reader(stream), None) or [], columns(experiment))
+    if added is None:
+        raise ConfigError(f"{csv_path}: its columns are not this experiment's (were the axes changed?). Fix: run "
+                          "the sweep again with --overwrite")
+    rows = [{**added, **row} for row in read_results(csv_path)]
     keys = {p.key for p in experiment.points()}
     rows = [r for r in rows if r["point"] in keys]
     outputs = plot_experiment(experiment, rows, out)

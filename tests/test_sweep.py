@@ -6,7 +6,9 @@ process), so these tests use tiny points: 2 to 8 XPUs, one iteration.
 
 import ast
 import csv
+import io
 import json
+import os
 import subprocess
 import sys
 import time
@@ -18,7 +20,7 @@ import pytest
 import hcsim
 from hcsim.errors import ConfigError
 from hcsim.findings import evaluate
-from hcsim.sweep import columns, load_experiment, read_results, run_sweep
+from hcsim.sweep import columns, load_experiment, read_results, run_sweep, write_report
 
 TINY = """
 name: tiny
@@ -329,6 +331,28 @@ def test_the_cli_reports_a_bad_experiment_in_one_line(tmp_path):
     done = hcsim_cli("sweep", str(write(tmp_path, "name: x\naxes: {xpu: [1]}\n")))
     assert done.returncode == 2
     assert done.stderr.startswith("hcsim: error: ") and "did you mean 'xpus'" in done.stderr
+
+
+def test_a_csv_written_before_a_scenario_key_existed_is_reported_and_resumed_with_its_default(tiny_sweep, tmp_path):
+    """An older hcsim wrote no batch_split column: its runs had the default (even), which the report reads
+    and --resume writes into the file before it appends."""
+    experiment, report, _ = tiny_sweep
+    table = [row for row in csv.reader(io.StringIO(report.csv.read_text()))]
+    drop = table[0].index("batch_split")
+    old = [row[:drop] + row[drop + 1:] for row in table]
+    folder = tmp_path / "old"
+    folder.mkdir()
+    with open(folder / "tiny.csv", "w", newline="") as stream:
+        csv.writer(stream, lineterminator="\n").writerows(old[:-1])  # one point left to run
+    write_report(experiment, folder / "tiny.csv", folder)
+    assert "tiny.md" in os.listdir(folder)
+    again = run_sweep(experiment, folder, resume=True, report=False)
+    assert (again.ran, again.skipped) == (1, 3)
+    rows = read_results(folder / "tiny.csv")
+    assert list(rows[0]) == columns(experiment) and {r["batch_split"] for r in rows} == {"even"}
+    with pytest.raises(ConfigError, match="columns are not this experiment's"):  # a column missing that is no key
+        (folder / "tiny.csv").write_text(",".join(c for c in table[0] if c != "iteration_time_s") + "\n")
+        run_sweep(experiment, folder, resume=True, report=False)
 
 
 def test_report_only_redraws_from_the_csv(tiny_sweep, tmp_path):
