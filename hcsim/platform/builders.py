@@ -446,5 +446,5 @@ def explicit_topology(spec: PlatformSpec) -> nx.Graph:
     except TopologyError as err:
         problems += str(err).split("\n  ")[1:]
     if problems:
-        raise TopologyError(f"platform {spec.name!r} ({Path(spec.source).name}) is invalid:\n  " + "\n  ".join(problems))
+        raise TopologyError(f"platform {spec.name!r} ({Path(spec.source).name}): invalid ({len(problems)} problems):\n  " + "\n  ".join(problems))
     return graph

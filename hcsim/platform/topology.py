@@ -129,7 +129,7 @@ def validate_topology(graph: nx.Graph, catalog=None) -> None:
         problems += _link_problems(*sorted((u, v)), data)
     problems += _reachability_problems(graph)
     if problems:
-        raise TopologyError(f"platform {graph.graph.get('name', '?')!r} is invalid:\n  " + "\n  ".join(problems))
+        raise TopologyError(f"platform {graph.graph.get('name', '?')!r}: invalid ({len(problems)} problems):\n  " + "\n  ".join(problems))
 
 
 def _node_problems(graph, node, data, catalog) -> list[str]:

@@ -188,7 +188,7 @@ def validate_workload(graph: nx.DiGraph, platform_xpus=None) -> None:
     if not problems:
         problems += _coverage_problems(graph)
     if problems:
-        raise WorkloadError(f"workload {graph.graph.get('name', '?')!r} is invalid:\n  " + "\n  ".join(problems))
+        raise WorkloadError(f"workload {graph.graph.get('name', '?')!r}: invalid ({len(problems)} problems):\n  " + "\n  ".join(problems))
 
 
 def _vertex_problems(name, data, known, missing_by_group) -> list[str]:
