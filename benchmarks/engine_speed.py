@@ -11,9 +11,9 @@ Cases (each point runs in a fresh process):
   TP collectives analytic), representative XPUs or every XPU simulated; at 1024 XPUs it is the issue's
   row (global batch 1536);
 - ``llama3``, ``llama3-all``: issue 15's Llama-3 405B case on paper-cxl H100, the spec raised to 16,384 XPUs
-  (128 racks; tp 8 x pp 16 with 7 + 14 x 8
-  + 7 layers, sequence parallelism, dp = XPUs / 128, 16 micro-batches per pipeline, 1F1B, full
-  recomputation); at 16,384 XPUs it is the issue's row (global batch 2048);
+  (128 racks; tp 8 x pp 16 with 7 + 14 x 8 + 7 layers, sequence parallelism, dp = XPUs / 128, 16
+  micro-batches per pipeline, 1F1B, full recomputation); at 16,384 XPUs it is the issue's row (global
+  batch 2048);
 - ``gpt3-mb``: ``gpt3`` on 64 XPUs with `size` micro-batches per pipeline (wall time against
   micro-batches: its exponent);
 - ``2d-hierarchical``: issue 15's 2-D case (benchmarks/hierarchical_2d.py: servers of 8 on a

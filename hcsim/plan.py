@@ -98,7 +98,7 @@ def candidates(spec: WorkloadSpec, layout_xpus: list[str], global_batch: int, se
                stage_speeds=None, zero_stages: tuple[int, ...] = ZERO_STAGES, replica_speeds=None) -> list[Candidate]:
     """Every valid configuration of `spec` over the XPUs, with TP groups inside a server of `server_size`.
 
-    `stage_speeds(pp)`, if given, returns each stage's relative speed: on a mixed cluster a speed-proportional
+    `stage_speeds(tp, pp)`, if given, returns each stage's relative speed: on a mixed cluster a speed-proportional
     layer split is tried beside the even one. `replica_speeds(tp, pp)`, if given, returns each DP replica's
     speed: where they differ, a batch split in proportion to them (largest remainders, as the run resolves
     ``batch_split: proportional``) is tried too, with ZeRO 0-2 and the schedules that can run its counts.
@@ -118,7 +118,7 @@ def candidates(spec: WorkloadSpec, layout_xpus: list[str], global_batch: int, se
         for schedule, v in schedules:
             splits = [None]
             if stage_speeds is not None and pp > 1 and v == 1:
-                proportional = largest_remainder(model.decoders, stage_speeds(pp))  # as layer_split: proportional
+                proportional = largest_remainder(model.decoders, stage_speeds(tp, pp))  # as layer_split: proportional
                 if min(proportional) >= 1 and proportional != (model.decoders // pp,) * pp:
                     splits.append(proportional)
             batches = [None] + _batch_split(replica_speeds, tp, pp, dp, m)

@@ -184,10 +184,7 @@ def batch_split(scenario: Scenario, spec, layout, platform: nx.Graph, parallelis
     if scenario.batch_split == "even":
         return None
     nodes = platform.nodes
-    replicas: dict[int, list[str]] = {}
-    for x in layout.xpus:
-        replicas.setdefault(layout.coordinates(x)["dp"], []).append(x)
-    slowest = [min(members, key=lambda x: peak_flops(nodes[x], spec.precision)) for _, members in sorted(replicas.items())]
+    slowest = layout.slowest("dp", lambda x: peak_flops(nodes[x], spec.precision))
     if parallelism:
         total, unit = parallelism.micro_batches * parallelism.dp, "micro-batches"
         text = f"global_batch / micro_batch = {parallelism.global_batch} / {parallelism.micro_batch}"
@@ -217,8 +214,10 @@ def layer_split(scenario: Scenario, spec, layout, platform: nx.Graph) -> tuple[i
 
     if scenario.layer_split != "proportional":
         return scenario.layer_split
-    nodes = platform.nodes
-    speeds = [min(peak_flops(nodes[x], spec.precision) for x in layout.stage_xpus(s)) for s in range(scenario.pp)]
+    def speed(x):
+        return peak_flops(platform.nodes[x], spec.precision)
+
+    speeds = [speed(x) for x in layout.slowest("pp", speed)]
     counts = largest_remainder(spec.model.decoders, speeds * scenario.virtual_stages)  # chunk c of stage s: c*pp+s
     if min(counts) < 1:
         stage = counts.index(0) % scenario.pp

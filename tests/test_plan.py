@@ -284,13 +284,13 @@ def test_simulations_go_longest_first_and_come_back_in_rank_order(monkeypatch):
 
 def _mixed_cluster():
     """16 XPUs in racks of one server, H100 and A100 alternating: tp 8 puts one replica on each type."""
-    from hcsim.cli.plan import _replica_speeds
+    from hcsim.cli.plan import _speeds
 
     spec = load_platform_spec("paper-cxl", {"rack.servers": 1, "devices": ["H100", "A100"]})
     platform = build_platform(spec, 16)
     xpus = platform_xpus(platform)[:16]
     model = load_workload_spec("llama2-7b", {"model.decoders": 4})
-    return model, platform, xpus, _replica_speeds(platform, xpus, model.precision)
+    return model, platform, xpus, _speeds(platform, xpus, model.precision, "dp")
 
 
 def test_a_mixed_cluster_tries_the_proportional_batch_split_the_run_will_resolve():

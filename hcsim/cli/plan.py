@@ -26,7 +26,7 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "plan", help="find the best parallel configuration of a model on a cluster",
         description="Enumerate tp x pp x dp x micro-batch x schedule x recomputation x ZeRO stage (and layer "
-                    "splits on mixed clusters), drop what does not fit in memory, rank the rest with closed forms, simulate the "
+                    "and batch splits on mixed clusters), drop what does not fit in memory, rank the rest with closed forms, simulate the "
                     "best with contention and print them ranked by simulated throughput.",
         epilog="example: hcsim plan llama2-70b --platform paper-cxl --xpus 256 --global-batch 256 "
                "--devices H100,A100 --top 10 --jobs 2 --out plans/")
@@ -64,9 +64,9 @@ def run(args) -> int:
     scenario = load_scenario(None, {**base, **_settings(args.settings)})
     platform, xpus, spec = _cluster(scenario)
     mixed = devices and len(set(devices)) > 1
-    speeds = _stage_speeds(platform, xpus, spec.precision) if mixed else None
-    replicas = _replica_speeds(platform, xpus, spec.precision) if mixed else None
-    found = candidates(spec, xpus, args.global_batch, _server_size(platform, xpus), speeds, replica_speeds=replicas)
+    stages = _speeds(platform, xpus, spec.precision, "pp") if mixed else None
+    replicas = _speeds(platform, xpus, spec.precision, "dp") if mixed else None
+    found = candidates(spec, xpus, args.global_batch, _server_size(platform, xpus), stages, replica_speeds=replicas)
     reasons = {c: fits(spec, c, platform, xpus) for c in found}
     fitting = [c for c, reason in reasons.items() if reason is None]
     print(f"{len(found)} configurations of {spec.model.name} on {len(xpus)} XPUs "
@@ -119,30 +119,19 @@ def _server_size(platform, xpus) -> int:
     return max(Counter(platform.nodes[x].get("server", x) for x in xpus).values())
 
 
-def _stage_speeds(platform, xpus, precision):
-    """Per pipeline stage (a contiguous block of XPUs: pp is the outermost axis), its slowest XPU's peak."""
-    from hcsim.platform.devices import peak_flops
-
-    def speeds(pp: int) -> list[float]:
-        size = len(xpus) // pp
-        return [min(peak_flops(platform.nodes[x], precision) for x in xpus[s * size:(s + 1) * size]) for s in range(pp)]
-
-    return speeds
-
-
-def _replica_speeds(platform, xpus, precision):
-    """Per DP replica of a tp x pp layout, its slowest XPU's peak (as batch_split: proportional weighs them)."""
+def _speeds(platform, xpus, precision, axis: str):
+    """Per index of `axis` (pp: each pipeline stage, dp: each DP replica) of a tp x pp layout, its slowest XPU's
+    peak, as layer_split and batch_split: proportional weigh them."""
     from hcsim.platform.devices import peak_flops
     from hcsim.workload.layout import ParallelLayout
+
+    def speed(x: str) -> float:
+        return peak_flops(platform.nodes[x], precision)
 
     @lru_cache(maxsize=None)  # the enumeration asks once per micro-batch, schedule and recomputation
     def speeds(tp: int, pp: int) -> tuple[float, ...]:
         layout = ParallelLayout(xpus, {"tp": tp, "pp": pp, "dp": len(xpus) // (tp * pp)})
-        slowest: dict[int, float] = {}
-        for x in xpus:
-            r = layout.coordinates(x)["dp"]
-            slowest[r] = min(slowest.get(r, float("inf")), peak_flops(platform.nodes[x], precision))
-        return tuple(slowest[r] for r in sorted(slowest))
+        return tuple(speed(x) for x in layout.slowest(axis, speed))
 
     return speeds
 

@@ -110,7 +110,7 @@ class _Edge:
 
     __slots__ = ("vertex", "skip", "wait", "same_rank")
 
-    def __init__(self, vertex: "_Vertex", skip: int, wait: str, same_rank: bool = False):
+    def __init__(self, vertex: "_Vertex", skip: int, wait: str, same_rank: bool):
         self.vertex, self.skip, self.wait = vertex, skip, wait
         self.same_rank = same_rank  # an xpu wait between vertices on the same XPUs: unit r waits for unit r
 
@@ -224,7 +224,7 @@ class Executor:
             before, after = by_name[u], by_name[v]
             skip = int(bool(data["skip_first_iteration"]))
             same_rank = data["wait"] == "xpu" and before.pos is after.pos
-            after.preds.append(_Edge(before, skip, data["wait"]))
+            after.preds.append(_Edge(before, skip, data["wait"], same_rank))
             before.succs.append(_Edge(after, skip, data["wait"], same_rank))
         for vertex in vertices:
             vertex.succs.sort(key=lambda edge: edge.vertex.index)
@@ -347,14 +347,13 @@ class Executor:
             return range(*succ.group_span(succ.pos[xpu])) if xpu in succ.pos else ()
         return [succ.pos[x] for x in pred.group(pred.pos[xpu]) if x in succ.pos]
 
-    # The methods below run once per unit and run: they avoid repeated look-ups (the clock, the uniform
-    # requirement, a same-rank successor) on purpose, in the order of events the original rules give.
+    # The methods below run once per unit and run: they read the clock once per event and follow a same-rank
+    # successor directly, on purpose (hot path), in the order of events the rules give.
     def _notify(self, vertex: _Vertex, rank: int, run: int) -> None:
         key = (vertex.offset + rank, run)
         count = self.arrivals[key] + 1
         self.arrivals[key] = count
-        required = vertex.required
-        if count == (required[run > 1] if required is not None else self._required(vertex, rank, run)):
+        if count == self._required(vertex, rank, run):
             self._try_start(vertex, rank)
 
     def _try_start(self, vertex: _Vertex, rank: int) -> None:
@@ -364,8 +363,7 @@ class Executor:
         run = self.done_runs[instance] + 1
         if run > self.options.iterations:
             return
-        required = vertex.required
-        needed = required[run > 1] if required is not None else self._required(vertex, rank, run)
+        needed = self._required(vertex, rank, run)
         if needed and self.arrivals.get((instance, run), 0) < needed:
             return
         self.arrivals.pop((instance, run), None)

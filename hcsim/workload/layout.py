@@ -126,6 +126,16 @@ class ParallelLayout:
         first = rank - (rank // stride % size) * stride
         return tuple(self.xpus[first + k * stride] for k in range(size))
 
+    def slowest(self, axis: str, speed) -> list[str]:
+        """Per coordinate of `axis` (dp: each data replica, pp: each pipeline stage), in coordinate order, its
+        slowest XPU by `speed` (a function of the XPU name; the first XPU among equals)."""
+        slowest: dict[int, str] = {}
+        for x in self.xpus:
+            k = self.coordinates(x)[axis]
+            if k not in slowest or speed(x) < speed(slowest[k]):
+                slowest[k] = x
+        return [slowest[k] for k in sorted(slowest)]
+
     def stage_xpus(self, stage: int) -> tuple[str, ...]:
         """The XPUs of pipeline stage `stage`, in topology order."""
         return self._stages[stage]
