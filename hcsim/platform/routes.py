@@ -72,9 +72,12 @@ class RouteSearch:
         nic_server = {n: data["server"] for n, data in nodes.items()
                       if data.get("kind") == "nic" and data.get("server") is not None}
         # neighbours as (position, node, integer femtoseconds, bandwidth) in networkx's order (ties between
-        # equal keys fall to push order); links of avoided kinds left out. Links to a NIC with a server are
-        # kept apart, by server: a search adds those of the servers it may enter (its source's and targets')
+        # equal keys fall to push order); links of avoided kinds left out. A transit node lists only its transit
+        # neighbours: an endpoint reached from the fabric forwards to nothing but its own memories, so a search
+        # adds it only when it is a target or owns one. Links to a NIC with a server are kept apart the same
+        # way, by server: a search adds those of the servers it may enter (its source's and targets')
         self.adjacency: dict[str, list[tuple]] = {}
+        self.endpoint_links: dict[str, list[tuple[str, tuple]]] = {}
         self.server_links: dict[str, list[tuple[str, tuple]]] = {}
         for n, adj in graph._adj.items():
             plain = []
@@ -84,11 +87,13 @@ class RouteSearch:
                 entry = (position, m, round(link["latency"] * _FS), link["bandwidth"])
                 if m in nic_server:
                     self.server_links.setdefault(nic_server[m], []).append((n, entry))
+                elif self.transit[n] and not self.transit[m]:
+                    self.endpoint_links.setdefault(m, []).append((n, entry))
                 else:
                     plain.append(entry)
             self.adjacency[n] = plain
-        # transit nodes with at most one other link (a leaf switch of NICs): reached from that link, they lead
-        # nowhere unless a NIC of an allowed server hangs on them, so a search does not queue them
+        # transit nodes with at most one transit link (a leaf switch of XPUs or NICs): reached from that link,
+        # they lead nowhere unless a node this search adds hangs on them, so a search does not queue them
         self.dead_ends = {n for n, plain in self.adjacency.items() if self.transit[n] and len(plain) <= 1}
 
     def __call__(self, source: str, targets: Iterable[str]) -> dict[str, list[str]]:
@@ -110,6 +115,10 @@ class RouteSearch:
     def _dijkstra(self, source: str, targets: set[str]) -> dict[str, list[str]]:
         nodes, adjacency, transit, dead_ends = self.graph._node, self.adjacency, self.transit, self.dead_ends
         extra: dict[str, list[tuple]] = {}
+        owners = {nodes[n].get("owner") for n in targets}
+        for endpoint in targets | owners:
+            for node, entry in self.endpoint_links.get(endpoint, ()):
+                extra.setdefault(node, []).append(entry)
         for server in {nodes[n].get("server") for n in (source, *targets)} - {None}:
             for node, entry in self.server_links.get(server, ()):
                 extra.setdefault(node, []).append(entry)
@@ -130,14 +139,14 @@ class RouteSearch:
                 previous = nodes[parent[node]]
                 own_only = not (previous.get("kind") == "memory" and previous.get("owner") == node)
             links = adjacency[node]
-            if node in extra:  # with the NICs of the servers this search may enter, in networkx's order
+            if node in extra:  # with the endpoints and NICs this search may enter, in networkx's order
                 links = sorted(links + extra[node])
             for _, neighbour, latency, bandwidth in links:
                 if neighbour in settled:
                     continue
                 if own_only and nodes[neighbour].get("owner") != node:
                     continue
-                if neighbour in dead_ends and neighbour not in extra and neighbour not in remaining:
+                if neighbour in dead_ends and transit[node] and neighbour not in extra and neighbour not in remaining:
                     continue
                 key = (dist + latency, max(neg_bottleneck, -bandwidth))
                 if neighbour not in best or key < best[neighbour]:
