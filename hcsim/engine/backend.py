@@ -59,8 +59,8 @@ class SimgridBackend(Backend):
         clock.seal()
         self.engine.netzone_root.seal()
         self.hosts: dict[str, object] = {}
-        self.free: dict[object, list] = defaultdict(list)
-        self.pending: dict[int, Callable[[], None]] = {}
+        self.free: dict[object, list] = defaultdict(list)  # key -> idle (task, slot for its callback)
+        self.time = 0.0  # the clock, read once per completion: no simulated time passes inside a callback
         # The Python property `Task.amount` cannot be assigned in 4.1 (its setter wants an instance
         # name too); call the setter with SimGrid's default instance name.
         self._set_amount = simgrid.Task.amount.fset
@@ -74,7 +74,7 @@ class SimgridBackend(Backend):
         return host
 
     def now(self) -> float:
-        return self.engine.clock
+        return self.time
 
     def execute(self, host: str, flops: float, then: Callable[[], None]) -> None:
         self._fire(("exec", host), flops, then)
@@ -87,29 +87,29 @@ class SimgridBackend(Backend):
 
     def _fire(self, key: tuple, amount: float, then: Callable[[], None]) -> None:
         pool = self.free[key]
-        task = pool.pop() if pool else self._new_task(key)
+        task, slot = pool.pop() if pool else self._new_task(key)
         self._set_amount(task, amount, "instance_0")
-        self.pending[id(task)] = then
+        slot[0] = then
         self.activities += 1
         task.enqueue_firings(1)
 
-    def _new_task(self, key: tuple):
+    def _new_task(self, key: tuple) -> tuple[object, list]:
         name = f"t{len(self.tasks)}"
         if key[0] == "exec":
             task = self.sg.ExecTask.init(name, 0.0, self.host(key[1]))
         else:
             task = self.sg.CommTask.init(name, 0.0, self.host(key[1]), self.host(key[2]))
-        pool = self.free[key]
-        pending = self.pending
+        pool, slot, engine = self.free[key], [None], self.engine
 
-        def done(_task, task=task, pool=pool):
-            then = pending.pop(id(task))
-            pool.append(task)
+        def done(_task):
+            self.time = engine.clock
+            then = slot[0]
+            pool.append((task, slot))
             then()
 
         task.on_this_completion_cb(done)
         self.tasks.append(task)
-        return task
+        return task, slot
 
     def run(self) -> None:
         self.engine.run()
