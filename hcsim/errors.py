@@ -20,7 +20,7 @@ import reprlib
 from pathlib import Path
 
 __all__ = ["HcsimError", "ConfigError", "TopologyError", "WorkloadError", "SimulationError", "OutputError", "brief",
-           "MESSAGE_TEMPLATE", "shadowed_package"]
+           "MESSAGE_TEMPLATE", "shadowed_package", "invalid"]
 
 # One line of a message: a place, ": ", the problem (continuation lines of a list are indented instead).
 MESSAGE_TEMPLATE = re.compile(r"^(?P<where>[^\s:][^\n]*?): (?P<problem>\S[^\n]*)$")
@@ -36,6 +36,12 @@ def brief(value: object) -> str:
         return _REPR.repr(value)
     except Exception:  # a user object whose repr fails
         return f"<{type(value).__name__}>"
+
+
+def invalid(where: str, problems: list[str]) -> str:
+    """A message listing `problems` under ``WHERE: invalid (N problems):``, one indented line each."""
+    count = f"{len(problems)} problem{'s' if len(problems) != 1 else ''}"
+    return f"{where}: invalid ({count}):\n  " + "\n  ".join(problems)
 
 
 class HcsimError(Exception):

@@ -558,6 +558,13 @@ def test_every_message_in_the_code_follows_the_template():
     assert not bad, "messages not 'WHERE: PROBLEM':\n" + "\n".join(f"{w}: {s!r}" for w, s in bad.items())
 
 
+def test_a_list_of_problems_heads_them_with_their_count():
+    from hcsim.errors import invalid
+
+    assert invalid("platform 'x'", ["node 'a': no kind"]) == "platform 'x': invalid (1 problem):\n  node 'a': no kind"
+    assert invalid("platform 'x'", ["a: b", "c: d"]).splitlines()[0] == "platform 'x': invalid (2 problems):"
+
+
 # --- outputs that fail at the end: the result is kept -------------------------------------------------------
 
 

@@ -14,6 +14,7 @@ from collections import Counter
 from functools import lru_cache
 from pathlib import Path
 
+from hcsim.cli.sweep import add_execution_options, check_execution_options
 from hcsim.errors import ConfigError
 
 __all__ = ["register"]
@@ -36,11 +37,7 @@ def register(subparsers) -> None:
     parser.add_argument("--global-batch", type=int, required=True, help="samples per iteration")
     parser.add_argument("--devices", default=None, help="device per rack, comma-separated, cycling (H100,A100)")
     parser.add_argument("--top", type=int, default=10, help="plans to simulate (default 10)")
-    parser.add_argument("-j", "--jobs", type=int, default=1, help="simulations at once (local executor; default 1)")
-    parser.add_argument("--executor", default="local", metavar="local|dask://HOST:PORT",
-                        help="where the simulations run: local processes (default) or a Dask cluster, as hcsim sweep")
-    parser.add_argument("--timeout", type=float, metavar="SECONDS",
-                        help="kill a simulation after this long (its plan is listed as failed)")
+    add_execution_options(parser, "simulations", "its plan is listed as failed")
     parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                         help="any scenario key, e.g. workload_overrides.training.precision=bf16 (repeatable)")
     parser.add_argument("--out", default=None, help="folder for plan.csv and plan.png")
@@ -50,13 +47,10 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from hcsim.plan import candidates, estimate, fits, rank_correlation, zero2_twins
     from hcsim.scenario import load_scenario
-    from hcsim.sweep import check_executor
 
-    if args.top < 1 or args.jobs < 1:
-        raise ConfigError(f"--top, --jobs: must be >= 1, got {args.top} and {args.jobs}")
-    if args.timeout is not None and not 0 < args.timeout < float("inf"):
-        raise ConfigError(f"--timeout: must be a number of seconds > 0, got {args.timeout}")
-    check_executor(args.executor)
+    if args.top < 1:
+        raise ConfigError(f"--top: must be >= 1, got {args.top}")
+    check_execution_options(args)
     devices = [d.strip() for d in args.devices.split(",")] if args.devices else None
     base = {"platform": args.platform, "workload": args.model, "xpus": args.xpus, **SIMULATION}
     if devices:

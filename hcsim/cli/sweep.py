@@ -22,27 +22,41 @@ def register(subparsers) -> None:
                "  hcsim sweep my-experiment.yaml --executor dask://scheduler:8786\n"
                "  hcsim sweep experiments/paper/fig10.yaml --report-only   # redraw from the CSV")
     parser.add_argument("experiment", type=Path, help="experiment YAML")
-    parser.add_argument("-j", "--jobs", type=int, default=1, help="points run at once (local executor; default 1)")
+    add_execution_options(parser, "points", "an error row")
     parser.add_argument("--resume", action="store_true", help="keep the rows already in the CSV, run the others")
     parser.add_argument("--retry-errors", action="store_true", help="with --resume, run failed points again")
     parser.add_argument("--overwrite", action="store_true", help="start over, replacing an existing CSV")
-    parser.add_argument("--executor", default="local", metavar="local|dask://HOST:PORT",
-                        help="where points run: local processes (default) or a Dask cluster (pip install 'hcsim[dask]')")
     parser.add_argument("--out", type=Path, default=Path("results"), help="folder of the outputs (default: results)")
-    parser.add_argument("--timeout", type=float, metavar="SECONDS", help="kill a point after this long (an error row)")
     parser.add_argument("--report-only", action="store_true", help="run nothing: redraw the plots and summary from the CSV")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(run=run)
+
+
+def add_execution_options(parser: argparse.ArgumentParser, runs: str, on_timeout: str) -> None:
+    """--jobs, --executor and --timeout, which sweep and plan share; `runs` names what runs (points)."""
+    parser.add_argument("-j", "--jobs", type=int, default=1, help=f"{runs} run at once (local executor; default 1)")
+    parser.add_argument("--executor", default="local", metavar="local|dask://HOST:PORT",
+                        help=f"where {runs} run: local processes (default) or a Dask cluster (pip install 'hcsim[dask]')")
+    parser.add_argument("--timeout", type=float, metavar="SECONDS", help=f"kill one after this long ({on_timeout})")
+
+
+def check_execution_options(args: argparse.Namespace) -> None:
+    """ConfigError unless --jobs, --executor and --timeout are valid."""
+    from hcsim.errors import ConfigError
+    from hcsim.sweep import check_executor
+
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs: must be >= 1, got {args.jobs}")
+    if args.timeout is not None and not 0 < args.timeout < float("inf"):
+        raise ConfigError(f"--timeout: must be > 0 seconds, got {args.timeout:g}; leave it out for no time limit")
+    check_executor(args.executor)
 
 
 def run(args) -> int:
     from hcsim.errors import ConfigError
     from hcsim.sweep import load_experiment, run_sweep, write_report
 
-    if args.timeout is not None and not 0 < args.timeout < float("inf"):
-        raise ConfigError(f"--timeout: must be > 0 seconds, got {args.timeout:g}; leave it out for no time limit")
-    if args.jobs < 1:
-        raise ConfigError(f"--jobs: must be >= 1, got {args.jobs}")
+    check_execution_options(args)
     experiment = load_experiment(args.experiment)
     if args.report_only:
         csv = args.out / f"{experiment.name}.csv"

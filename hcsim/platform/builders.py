@@ -11,7 +11,7 @@ from pathlib import Path
 
 import networkx as nx
 
-from hcsim.errors import ConfigError, TopologyError, brief
+from hcsim.errors import ConfigError, TopologyError, brief, invalid
 from hcsim.platform.devices import Device
 from hcsim.platform.spec import CxlSpec, DgxNodeSpec, FabricSpec, LinkSpec, PlatformSpec, ServerSpec
 from hcsim.platform.topology import add_link, add_memory, add_xpu, validate_topology
@@ -446,5 +446,5 @@ def explicit_topology(spec: PlatformSpec) -> nx.Graph:
     except TopologyError as err:
         problems += str(err).split("\n  ")[1:]
     if problems:
-        raise TopologyError(f"platform {spec.name!r} ({Path(spec.source).name}): invalid ({len(problems)} problems):\n  " + "\n  ".join(problems))
+        raise TopologyError(invalid(f"platform {spec.name!r} ({Path(spec.source).name})", problems))
     return graph

@@ -52,7 +52,7 @@ from collections import Counter
 
 import networkx as nx
 
-from hcsim.errors import TopologyError
+from hcsim.errors import TopologyError, invalid
 from hcsim.platform.devices import PRECISIONS
 
 __all__ = [
@@ -129,7 +129,7 @@ def validate_topology(graph: nx.Graph, catalog=None) -> None:
         problems += _link_problems(*sorted((u, v)), data)
     problems += _reachability_problems(graph)
     if problems:
-        raise TopologyError(f"platform {graph.graph.get('name', '?')!r}: invalid ({len(problems)} problems):\n  " + "\n  ".join(problems))
+        raise TopologyError(invalid(f"platform {graph.graph.get('name', '?')!r}", problems))
 
 
 def _node_problems(graph, node, data, catalog) -> list[str]:
