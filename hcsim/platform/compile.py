@@ -20,11 +20,19 @@ netpoints of a zone, at seal time):
   ``A:route(a -> gw_A) + root:zoneRoute(A -> B) + B:route(gw_B -> b)`` with
   one zoneRoute per ordered pod pair. When one host pair crosses from A to B,
   its gateways are its own ends. When several do, the compiler looks for
-  common gateways (every route through the same exit host of A and entry host
-  of B, with the same middle); when there are none, it splits the pods
-  involved: a server pod into per-host pods (a host with the memories it
-  owns), then into single hosts. A data-parallel ring keeps whole-server
-  pods: 4096 XPUs in 512 pods (a 512^2 root table, not 17,000^2).
+  common gateways: every route through the same exit host of A and entry host
+  of B with the same middle, or else through the same first node out of A
+  and last node before B (a switch), which become routers of A and B (names
+  in the pods, ``gw:SWITCH@POD``, no links). Two server pods whose routes meet
+  at one switch (no link between the gateways: SimGrid refuses an empty
+  zoneRoute) share a pod. When there are no common gateways, the compiler
+  splits the pods involved: a server pod into per-host pods (a host with the
+  memories it owns), then into single hosts. A data-parallel ring keeps
+  whole-server pods: 4096 XPUs in 512 pods (a 512^2 root table, not
+  17,000^2); so do pipeline neighbours, whose routes leave each server
+  through its CXL leaf switch (16,384 XPUs in 1024 pods, where per-XPU pods
+  made an 18,433-child root whose Full table took 2.8 GB and 3.5 minutes to
+  load and seal).
 
 Only the routes of the host pairs the simulation uses are emitted; each is
 the route of :func:`hcsim.platform.routes.shortest_routes` (least latency, then
@@ -150,10 +158,17 @@ def platform_xml(graph, routes, pods, intra, inter, precision: str) -> str:
     members = defaultdict(list)
     for host, pod in pods.items():
         members[pod].append(host)
+    routers = defaultdict(set)  # pod -> its gateway routers (names that are no host)
+    for (pod_src, pod_dst), (gw_src, gw_dst, _) in inter.items():
+        for pod, gateway in ((pod_src, gw_src), (pod_dst, gw_dst)):
+            if gateway not in pods:
+                routers[pod].add(gateway)
     for pod in sorted(members):
         element = etree.SubElement(zone, "zone", id=_zone_id(pod), routing="Full")
         for host in sorted(members[pod]):
             etree.SubElement(element, "host", id=host, speed=f"{_speed(graph.nodes[host], precision)!r}f")
+        for router in sorted(routers[pod]):
+            etree.SubElement(element, "router", id=router)
         for (src, dst), route in sorted(intra.get(pod, {}).items()):
             _emit_route(element, "route", route, src=src, dst=dst)
     for (pod_src, pod_dst), (gw_src, gw_dst, route) in sorted(inter.items()):
@@ -200,9 +215,18 @@ def _plan(graph, hosts, routes):
         owner = graph.nodes[host].get("owner")
         if owner in hosts:
             owned[owner].append(host)
+    joined: dict[str, str] = {}  # server pod -> the server pod it shares a pod with (servers behind one switch)
     while True:
-        pods = {h: _pod_key(graph, h, level) for h, level in levels.items()}
-        intra, inter, conflicts = _compose(routes, pods)
+        pods = {h: _joined(joined, _pod_key(graph, h, level)) for h, level in levels.items()}
+        intra, inter, conflicts, touching = _compose(routes, pods)
+        servers = [(a, b) for a, b in touching if a.startswith("server:") and b.startswith("server:")]
+        if servers:
+            for a, b in servers:
+                a, b = sorted((_joined(joined, a), _joined(joined, b)))
+                if a != b:
+                    joined[b] = a
+            continue
+        conflicts.update(host for pair in touching for host, pod in pods.items() if pod in pair)
         if not conflicts:
             return pods, intra, inter
         bumped = False
@@ -218,7 +242,15 @@ def _plan(graph, hosts, routes):
             raise AssertionError(f"compile: cannot place the routes of {sorted(conflicts)[:4]} in zones")
 
 
+def _joined(joined: dict[str, str], pod: str) -> str:
+    while pod in joined:
+        pod = joined[pod]
+    return pod
+
+
 def _compose(routes, pods):
+    """Pod routes, zoneRoutes, hosts whose crossings share no gateways, and pod pairs that meet at one switch
+    (routes between them cross no link outside their pod routes, and SimGrid refuses an empty zoneRoute)."""
     intra: dict[str, dict] = defaultdict(dict)
     crossing = defaultdict(list)
     for (src, dst), route in routes.items():
@@ -228,28 +260,58 @@ def _compose(routes, pods):
             crossing[pods[src], pods[dst]].append((src, dst, route))
     inter = {}
     conflicts: set[str] = set()
+    touching: set[tuple[str, str]] = set()
     for (pod_src, pod_dst), items in sorted(crossing.items()):
         src, dst, route = items[0]
         if len(items) == 1:
             inter[pod_src, pod_dst] = (src, dst, route)
             continue
-        pieces = _common_gateways(items, pods, pod_src, pod_dst)
-        if pieces is None or not _fits(intra, pieces):
-            conflicts.update(end for item in items for end in item[:2])
+        for gateways in (_common_gateways, _router_gateways):
+            pieces = gateways(items, pods, pod_src, pod_dst)
+            if pieces is not None and _fits(intra, pieces):
+                break
+        else:
+            exit_at, entry_at = _crossing(route, pods, pod_src, pod_dst)
+            if entry_at - exit_at == 2:
+                touching.add(tuple(sorted((pod_src, pod_dst))))
+            else:
+                conflicts.update(end for item in items for end in item[:2])
             continue
         for pod, key, piece in pieces[1]:
             intra[pod][key] = piece
         inter[pod_src, pod_dst] = pieces[0]
-    return intra, inter, conflicts
+    return intra, inter, conflicts, touching
+
+
+def _crossing(route, pods, pod_src, pod_dst) -> tuple[int, int]:
+    """Indices of the last node of `route` in pod_src and of the first in pod_dst after it."""
+    exit_at = max(i for i, n in enumerate(route) if pods.get(n) == pod_src)
+    return exit_at, min(i for i, n in enumerate(route) if pods.get(n) == pod_dst and i > exit_at)
 
 
 def _common_gateways(items, pods, pod_src, pod_dst):
     """Gateways shared by every route from pod_src to pod_dst, with the pod routes they need, or None."""
     first = items[0][2]
-    exit_at = max(i for i, n in enumerate(first) if pods.get(n) == pod_src)
-    entry_at = min(i for i, n in enumerate(first) if pods.get(n) == pod_dst and i > exit_at)
-    gw_src, gw_dst = first[exit_at], first[entry_at]
-    middle = first[exit_at : entry_at + 1]
+    exit_at, entry_at = _crossing(first, pods, pod_src, pod_dst)
+    return _split(items, pod_src, pod_dst, first[exit_at], first[entry_at], first[exit_at : entry_at + 1])
+
+
+def _router_gateways(items, pods, pod_src, pod_dst):
+    """Like _common_gateways, with the first node out of pod_src and the last before pod_dst as gateways: each
+    a router of its pod (a name, no links), so that routes leaving a server through one switch share them."""
+    first = items[0][2]
+    exit_at, entry_at = _crossing(first, pods, pod_src, pod_dst)
+    if entry_at - exit_at < 3:  # no link between the first node out and the last node in
+        return None
+    out, into = first[exit_at + 1], first[entry_at - 1]
+    return _split(items, pod_src, pod_dst, out, into, first[exit_at + 1 : entry_at],
+                  _router_id(pod_src, out), _router_id(pod_dst, into))
+
+
+def _split(items, pod_src, pod_dst, gw_src, gw_dst, middle, src_name=None, dst_name=None):
+    """(the zoneRoute (gateway names, middle), pod routes to and from the gateways), or None when a route
+    does not run from gw_src to gw_dst over `middle`."""
+    src_name, dst_name = src_name or gw_src, dst_name or gw_dst
     pieces = []
     for src, dst, route in items:
         if gw_src not in route or gw_dst not in route:
@@ -257,11 +319,11 @@ def _common_gateways(items, pods, pod_src, pod_dst):
         i, j = route.index(gw_src), route.index(gw_dst)
         if route[i : j + 1] != middle:
             return None
-        if src != gw_src:
-            pieces.append((pod_src, (src, gw_src), route[: i + 1]))
-        if dst != gw_dst:
-            pieces.append((pod_dst, (gw_dst, dst), route[j:]))
-    return (gw_src, gw_dst, middle), pieces
+        if src != src_name:
+            pieces.append((pod_src, (src, src_name), route[: i + 1]))
+        if dst != dst_name:
+            pieces.append((pod_dst, (dst_name, dst), route[j:]))
+    return (src_name, dst_name, middle), pieces
 
 
 def _fits(intra, pieces) -> bool:
@@ -278,6 +340,10 @@ def _emit_route(parent, tag: str, route: list[str], **attributes) -> None:
     element = etree.SubElement(parent, tag, symmetrical="NO", **attributes)
     for u, v in zip(route, route[1:]):
         etree.SubElement(element, "link_ctn", id=link_name(u, v), direction="UP" if u < v else "DOWN")
+
+
+def _router_id(pod: str, node: str) -> str:
+    return f"gw:{node}@{pod}"
 
 
 def _zone_id(pod: str) -> str:

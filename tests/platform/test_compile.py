@@ -155,6 +155,24 @@ def _assert_simgrid_routes_match(tmp_path, graph, compiled, pairs):
 
 
 @needs_simgrid
+@pytest.mark.parametrize("tp, pp", [(8, 4), (4, 8)])
+def test_hybrid_pairs_keep_server_pods_through_switch_gateways(tmp_path, tp, pp):
+    """Pipeline neighbours: every XPU of a server crosses to another server through the same CXL switches, so
+    the pods stay servers (two behind one leaf switch share a pod) with routers as gateways; SimGrid's routes
+    are still the networkx routes."""
+    graph = _graph("paper-cxl", 256)
+    pairs = sorted(set(hybrid_parallel_pairs(graph, tp, pp)) - {(a, a) for a in graph})
+    compiled = compile_platform(graph, pairs)
+    assert_valid(compiled.xml)
+    servers = {graph.nodes[h]["server"] for h in compiled.pods}
+    assert len(servers) // 2 <= len(set(compiled.pods.values())) <= len(servers)
+    assert all(len({graph.nodes[h]["server"] for h in compiled.pods if compiled.pods[h] == pod}) <= 2
+               for pod in set(compiled.pods.values()))
+    assert "<router " in compiled.xml
+    _assert_simgrid_routes_match(tmp_path, graph, compiled, pairs)
+
+
+@needs_simgrid
 def test_4096_xpu_coherent_platform_loads_in_seconds(tmp_path, cxl_4096):
     pairs = data_parallel_pairs(cxl_4096)
     compiled = compile_platform(cxl_4096, pairs)
