@@ -575,9 +575,13 @@ class Executor:
         compute = [v for v in self.vertices if v.kind == "compute"]
         nodes = self.nodes
         traffic: dict[str, set] = defaultdict(set)
+        seen = set()  # (algorithm, group) ids: vertices share both (one per layer and micro-batch, alike)
         for vertex in self.vertices:
             if vertex.kind == "comm":
                 for group, (algorithm, _, _) in zip(vertex.groups, vertex.algorithms):
+                    if (id(algorithm), id(group)) in seen:
+                        continue
+                    seen.add((id(algorithm), id(group)))
                     for s, d in algorithm.pairs():
                         src, dst = group[s], group[d]
                         traffic[src].add(("out", self._path(src, dst)))
