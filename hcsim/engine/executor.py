@@ -119,11 +119,12 @@ class _Vertex:
     """A workload vertex and its units (one per XPU: a compute instance or a collective's member)."""
 
     __slots__ = ("name", "index", "kind", "xpus", "pos", "data", "preds", "succs", "offset", "required", "groups",
-                 "group_of", "group_offsets", "algorithms", "group_counts")
+                 "group_of", "group_offsets", "algorithms", "group_counts", "on_xpu")
 
     def __init__(self, name, index, data, pos, offset):
         self.name, self.index, self.data = name, index, data
         self.kind = data["kind"]
+        self.on_xpu = self.kind == "compute" and data.get("host") != "cpu"  # its instances keep their XPU busy
         self.xpus = data["xpus"]
         self.pos = pos  # xpu -> unit index, shared by vertices with the same xpus
         self.offset = offset
@@ -154,7 +155,8 @@ class _Clock:
     comm: float = 0.0  # s in a collective whose group has all arrived, with no compute open
     idle: float = 0.0  # s with neither: waiting for a dependency, for peers, or a pipeline bubble
 
-    def advance(self, now: float) -> None:
+    def advance(self, now: float, computing: int = 0, communicating: int = 0) -> None:
+        """Account the time up to `now`, then count instances in (+1) or out (-1)."""
         span = now - self.since
         if self.computing:
             self.busy += span
@@ -163,6 +165,8 @@ class _Clock:
         else:
             self.idle += span
         self.since = now
+        self.computing += computing
+        self.communicating += communicating
 
 
 class Executor:
@@ -179,7 +183,7 @@ class Executor:
         self.fidelity_used: dict[str, str] = {}
         self._algorithm_cache: dict = {}
         self._server_cache: dict = {}
-        self._closed_forms: dict = {}
+        self._closed_forms: dict = {}  # (algorithm id, group) -> ([(XPU pair, bytes)], seconds) of an analytic one
         self._path_cache: dict[tuple[str, str], tuple[float, float]] = {}
         self._link_factors: dict[tuple[str, str], object] = {}  # (src, dst) -> LinkFactors (roofline)
         self._call_latency: dict[tuple[int, int], float] = {}  # (vertex, group) -> s per call (roofline)
@@ -281,8 +285,10 @@ class Executor:
                 analytic = phases or algorithm.flow_phases()
                 if analytic is not None:  # one delay: the flow model's closed form on uncontended routes
                     key = (id(algorithm), group)
-                    if key not in self._closed_forms:
-                        self._closed_forms[key] = (analytic, self._closed_form(group, analytic))
+                    if key not in self._closed_forms:  # its traffic as (XPU pair, bytes), and its seconds
+                        traffic = [((group[s], group[d]), size)
+                                   for phase in analytic for (s, d), size in phase.transfers]
+                        self._closed_forms[key] = (traffic, self._closed_form(group, analytic))
                     fidelity, phases = "analytic", self._closed_forms[key]
             vertex.algorithms.append((algorithm, fidelity, phases))
             fidelities.add(fidelity)
@@ -371,13 +377,12 @@ class Executor:
         xpu = vertex.xpus[rank]
         if vertex.kind == "compute":
             data = vertex.data
-            on_cpu = data.get("host") == "cpu"
             now = self.backend.now()
-            if not on_cpu:  # the XPU waits (idle) while its host CPU computes
-                self._open(xpu, now, computing=1)
+            if vertex.on_xpu:  # else the XPU waits (idle) while its host CPU computes
+                self.clocks[xpu].advance(now, computing=1)
             form = memory_form(self.nodes, data, xpu, self.options.coherent)
             self._count_reads(vertex, xpu, form)
-            if xpu in self.representative and not (on_cpu or data.get("move")):
+            if xpu in self.representative and vertex.on_xpu and not data.get("move"):
                 self._follow(vertex, rank, run, now)  # offload traffic and CPU steps run on every XPU: they share CPUs
             else:
                 self._start_compute(vertex, rank, run, form)
@@ -390,8 +395,8 @@ class Executor:
         self.done_runs[instance] = run
         now = self.backend.now()
         xpu = vertex.xpus[rank]
-        if vertex.kind == "compute" and vertex.data.get("host") != "cpu":
-            self._open(xpu, now, computing=-1)
+        if vertex.on_xpu:
+            self.clocks[xpu].advance(now, computing=-1)
         if self.trace is not None:
             self.trace.vertex(run, xpu, vertex.name, vertex.kind, start, now)
         done = self.completed_in_run[run] + 1
@@ -415,13 +420,6 @@ class Executor:
             self._try_start(vertex, rank)
 
     # ---- where the time goes ------------------------------------------------------------------------------
-
-    def _open(self, xpu: str, now: float, computing: int = 0, communicating: int = 0) -> None:
-        """Count an instance in (+1) or out (-1) of `xpu`'s clock at time `now`."""
-        clock = self.clocks[xpu]
-        clock.advance(now)
-        clock.computing += computing
-        clock.communicating += communicating
 
     def _iteration_ended(self, now: float) -> None:
         self.iteration_ends.append(now)
@@ -639,8 +637,9 @@ class Executor:
                     if self._required(vertex, rank, 1) == 0:
                         self._try_start(vertex, rank)
         self.backend.run()
-        unfinished = [v.name for v in self.vertices
-                      if any(self.done_runs[v.offset + r] < self.options.iterations for r in range(len(v.xpus)))]
+        iterations, done = self.options.iterations, self.done_runs
+        unfinished = [] if min(done, default=iterations) == iterations else [
+            v.name for v in self.vertices if any(d < iterations for d in done[v.offset:v.offset + len(v.xpus)])]
         if unfinished:
             from hcsim.errors import SimulationError
 
@@ -691,7 +690,7 @@ class _CollectiveRun:
     def __init__(self, executor: Executor, vertex: _Vertex, group: int, run: int):
         self.executor, self.vertex, self.run = executor, vertex, run
         self.group, self.members, self.offset = group, vertex.groups[group], vertex.group_offsets[group]
-        self.algorithm, self.fidelity, self.phases = vertex.algorithms[group]
+        self.algorithm, self.fidelity, self.phases = vertex.algorithms[group]  # analytic: phases is (traffic, s)
         self.start = {}
         if self.fidelity == "step":  # the step schedule's state, which the other fidelities never touch
             self.step = {}  # (rank, lane) -> its current step index
@@ -707,28 +706,30 @@ class _CollectiveRun:
         return self.members[rank]
 
     def ready(self, rank: int) -> None:
-        now = self.start[rank] = self.executor.backend.now()
-        if len(self.start) == self.algorithm.ranks:  # everyone is here: waiting for peers ends
-            for other in range(self.algorithm.ranks):
+        executor = self.executor
+        now = self.start[rank] = executor.backend.now()
+        everyone = len(self.start) == self.algorithm.ranks
+        if everyone:  # waiting for peers ends
+            clocks = executor.clocks
+            for other, xpu in enumerate(self.members):
                 if other not in self.finished_ranks:
                     self.active.add(other)
-                    self.executor._open(self.members[other], now, communicating=1)
-        if self.fidelity == "analytic":
-            if len(self.start) == self.algorithm.ranks:
-                phases, seconds = self.phases
-                for phase in phases:
-                    for (src, dst), size in phase.transfers:
-                        self.executor.pair_bytes[self.xpu(src), self.xpu(dst)] += size
-                self.executor.backend.delay(seconds, self._flows_done)
+                    clocks[xpu].advance(now, communicating=1)
+        if self.fidelity == "step":  # each rank sets off on its own
+            self.lanes_left[rank] = self.algorithm.lanes
+            for lane in range(self.algorithm.lanes):
+                self.step[rank, lane] = -1
+                self._advance(rank, lane)
+        elif not everyone:
             return
-        if self.fidelity == "flow":
-            if len(self.start) == self.algorithm.ranks:
-                self._start_flows()
-            return
-        self.lanes_left[rank] = self.algorithm.lanes
-        for lane in range(self.algorithm.lanes):
-            self.step[rank, lane] = -1
-            self._advance(rank, lane)
+        elif self.fidelity == "flow":
+            self._start_flows()
+        else:  # analytic
+            traffic, seconds = self.phases
+            pair_bytes = executor.pair_bytes
+            for pair, size in traffic:
+                pair_bytes[pair] += size
+            executor.backend.delay(seconds, self._flows_done)
 
     # step fidelity: a rank's lane starts step s+1 once its step s sends are done and its receives arrived
     def _advance(self, rank: int, lane: int) -> None:
@@ -791,7 +792,7 @@ class _CollectiveRun:
         self.finished += 1
         self.finished_ranks.add(rank)
         if rank in self.active:
-            self.executor._open(self.members[rank], self.executor.backend.now(), communicating=-1)
+            self.executor.clocks[self.members[rank]].advance(self.executor.backend.now(), communicating=-1)
         self.executor._complete(self.vertex, self.offset + rank, self.run, self.start[rank])
         if self.finished == self.algorithm.ranks:
             self.executor.collective_done(self.vertex, self.group, self.run)
