@@ -234,16 +234,14 @@ def _parallelism(scenario: Scenario, spec, layout, split: tuple[int, ...] | None
     resolved batch_split (micro-batches per DP replica); `layers`: the resolved layer_split."""
     from hcsim.workload.hybrid import Parallelism
 
-    dp = layout.sizes["dp"]
-    replicas = dp * layout.sizes["ep"]
-    micro_batch = scenario.micro_batch or spec.batch_per_xpu
     try:
-        return Parallelism(tp=scenario.tp, pp=scenario.pp, dp=dp, micro_batch=micro_batch,
-                           global_batch=scenario.global_batch or replicas * micro_batch, schedule=scenario.schedule,
-                           virtual_stages=scenario.virtual_stages, recompute=scenario.recompute or spec.recomputation,
-                           sequence_parallel=scenario.sequence_parallel, layer_split=layers,
-                           zero=scenario.zero, offload=scenario.offload, offload_state=scenario.offload_state,
-                           ep=layout.sizes["ep"], moe_skew=scenario.moe_skew, batch_split=split)
+        return Parallelism.of_layout(spec, layout, micro_batch=scenario.micro_batch,
+                                     global_batch=scenario.global_batch, recompute=scenario.recompute,
+                                     schedule=scenario.schedule, virtual_stages=scenario.virtual_stages,
+                                     sequence_parallel=scenario.sequence_parallel, layer_split=layers,
+                                     zero=scenario.zero, offload=scenario.offload,
+                                     offload_state=scenario.offload_state, moe_skew=scenario.moe_skew,
+                                     batch_split=split)
     except ConfigError as err:
         raise ConfigError(f"scenario {scenario.name!r}: {err}") from err
 

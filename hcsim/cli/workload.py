@@ -182,11 +182,9 @@ def describe_stages(args, device) -> str:
     spec = load_workload_spec(args.spec, parse_settings(args.overrides, "training.batch_per_xpu=4"))
     xpus = [f"xpu{i}" for i in range(args.xpus)]
     layout = ParallelLayout(xpus, {"tp": args.tp, "pp": args.pp, "ep": args.ep})
-    dp, micro_batch = layout.sizes["dp"], args.micro_batch or spec.batch_per_xpu
-    par = Parallelism(tp=args.tp, pp=args.pp, dp=dp, micro_batch=micro_batch,
-                      global_batch=args.global_batch or dp * args.ep * micro_batch, schedule=args.schedule,
-                      virtual_stages=args.virtual_stages, recompute=args.recompute or spec.recomputation,
-                      sequence_parallel=args.sequence_parallel, zero=args.zero, ep=args.ep)
+    par = Parallelism.of_layout(spec, layout, micro_batch=args.micro_batch, global_batch=args.global_batch,
+                                recompute=args.recompute, schedule=args.schedule, virtual_stages=args.virtual_stages,
+                                sequence_parallel=args.sequence_parallel, zero=args.zero)
     graph = build_hybrid_graph(spec, par, layout)
     inf = float("inf")
     placement = place_hybrid_memory(graph, spec, par, layout, {x: device.memory for x in xpus}, dict.fromkeys(xpus, inf))

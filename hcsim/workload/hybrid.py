@@ -128,6 +128,17 @@ class Parallelism:
                 raise ConfigError(f"batch_split: {list(self.batch_split)} gives a replica {count} micro-batches, "
                                   f"which its schedule cannot run ({err})") from None
 
+    @classmethod
+    def of_layout(cls, spec: WorkloadSpec, layout: ParallelLayout, *, micro_batch: int | None = None,
+                  global_batch: int | None = None, recompute: str | None = None, **keys) -> "Parallelism":
+        """The parallelism of `layout` (its tp, pp, dp and ep) for `spec`; what is None comes from the spec:
+        micro_batch its batch_per_xpu, global_batch one micro-batch per replica, recompute its recomputation."""
+        sizes = layout.sizes
+        micro_batch = micro_batch or spec.batch_per_xpu
+        return cls(tp=sizes["tp"], pp=sizes["pp"], dp=sizes["dp"], ep=sizes["ep"], micro_batch=micro_batch,
+                   global_batch=global_batch or sizes["dp"] * sizes["ep"] * micro_batch,
+                   recompute=recompute or spec.recomputation, **keys)
+
     def offloads(self, state: str) -> bool:
         """Whether `state` (optimizer, parameters, activations) is offloaded."""
         return self.offload != "none" and state in self.offload_state
