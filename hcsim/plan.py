@@ -275,8 +275,8 @@ def estimate(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus:
     dp_latency, dp_bandwidth = cluster.ring("dp")
     decoder = attn.parameters + mlp.parameters  # per TP rank
     gather = _ring(par.dp, 1, decoder * sizes.weight, dp_latency, dp_bandwidth) if par.zero == 3 else 0.0
-    blocks = (attn, mlp, allreduce, gather, activation)
-    pipeline = max(_pipeline(spec, par, cluster, layers, blocks, m, members)
+    decoder_costs = _DecoderCosts(attn, mlp, allreduce, gather, activation)
+    pipeline = max(_pipeline(spec, par, cluster, layers, decoder_costs, m, members)
                    for m, members in _replica_classes(par, layout))
     p = par.pp
     parameters = [sum(layers[s]) * decoder for s in range(p)]
@@ -300,11 +300,23 @@ def _replica_classes(par: Parallelism, layout: ParallelLayout) -> list[tuple[int
             for m, coordinates in par.replica_classes()]
 
 
-def _pipeline(spec: WorkloadSpec, par: Parallelism, cluster: "_Cluster", layers, blocks, m: int,
+@dataclass(frozen=True)
+class _DecoderCosts:
+    """A decoder's costs per micro-batch on one TP rank: its two blocks, the TP all-reduce after each block
+    (s), the ZeRO-3 gather of its weights (s; 0 without ZeRO-3) and the activation a stage sends on (bytes)."""
+
+    attn: BlockCost
+    mlp: BlockCost
+    allreduce: float
+    gather: float
+    activation: float
+
+
+def _pipeline(spec: WorkloadSpec, par: Parallelism, cluster: "_Cluster", layers, costs: _DecoderCosts, m: int,
               members: frozenset[str] | None) -> float:
     """Seconds the pipeline of the replicas of `members` (None: every replica) takes for its `m` micro-batches:
     each stage paced by its slowest XPU among them."""
-    attn, mlp, allreduce, gather, activation = blocks
+    attn, mlp, allreduce, gather = costs.attn, costs.mlp, costs.allreduce, costs.gather
     decoder_units = []
     zero_bubble = par.schedule == "zb-h1"
     tau, forward, backward_input, weight = [], [], [], []
@@ -337,7 +349,7 @@ def _pipeline(spec: WorkloadSpec, par: Parallelism, cluster: "_Cluster", layers,
     if p > 1:
         layout = cluster.layout
         latency, bandwidth = cluster.path(layout.stage_xpus(0)[0], layout.stage_xpus(1)[0])
-        pipeline += 2 * (p - 1) * (latency + activation / bandwidth)
+        pipeline += 2 * (p - 1) * (latency + costs.activation / bandwidth)
     if gather:  # the iteration's first gather is exposed; its last decoder (stage 0's) waits for no next one
         pipeline += gather - (max(decoder_units[0], gather) - decoder_units[0])
     return pipeline
