@@ -191,7 +191,7 @@ def describe_stages(args, device) -> str:
     b = format_quantity
     lines = [f"workload {spec.name}: {spec.model.name}, {spec.model.decoders} decoders, precision {spec.precision}",
              f"  tp {par.tp} x pp {par.pp} x dp {par.dp}, micro-batch {par.micro_batch}, global batch "
-             f"{par.global_batch} ({par.micro_batches} micro-batches per replica), schedule {par.schedule}"
+             f"{par.global_batch} ({par.micro_batches} micro-batch{'es' if par.micro_batches != 1 else ''} per replica), schedule {par.schedule}"
              + (f" x {par.virtual_stages} virtual stages" if par.virtual_stages > 1 else "")
              + f", recompute {par.recompute}" + (", sequence parallel" if par.sequence_parallel else "")
              + (f", ZeRO-{par.zero}" if par.zero else "") + (f", ep {par.ep}" if par.ep > 1 else ""),
