@@ -226,7 +226,8 @@ def _plan(graph, hosts, routes):
                 if a != b:
                     joined[b] = a
             continue
-        conflicts.update(host for pair in touching for host, pod in pods.items() if pod in pair)
+        touched = {pod for pair in touching for pod in pair}
+        conflicts.update(host for host, pod in pods.items() if pod in touched)
         if not conflicts:
             return pods, intra, inter
         bumped = False
