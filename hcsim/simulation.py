@@ -388,10 +388,11 @@ def simulate_graphs(platform: nx.Graph, workload: nx.DiGraph, options=None) -> d
     return _in_fresh_process(_execute_child, platform, workload, options or RunOptions())
 
 
-def compute_model(scenario: Scenario, workload: nx.DiGraph):
+def compute_model(scenario: Scenario, workload: nx.DiGraph, platform: nx.Graph | None = None):
     """The scenario's roofline ComputeModel, or None for ``compute_model: peak``.
 
-    Raises ConfigError when roofline is asked of a graph without op-level costs."""
+    Raises ConfigError when roofline is asked of a graph without op-level costs, or when a device of
+    `platform` has no factors; warns, naming them, when its devices' factors are literature values."""
     if scenario.compute_model == "peak":
         return None
     from hcsim.config import resolve_spec
@@ -402,7 +403,14 @@ def compute_model(scenario: Scenario, workload: nx.DiGraph):
                           f"vertices, which only the hybrid-parallel graph has; fix: set tp, pp, micro_batch or "
                           f"global_batch, or compute_model: peak")
     path = resolve_spec(scenario.compute_factors, "platforms", Path(scenario.base)) if scenario.compute_factors else None
-    return load_compute_model(path)
+    model = load_compute_model(path)
+    devices = sorted({d for _, d in (platform.nodes(data="device") if platform is not None else ()) if d})
+    unmeasured = [model.device(d).name for d in devices if model.device(d).provenance == "literature"]
+    if unmeasured:
+        log.warning("compute_model: roofline: the kernel factors of %s are literature figures, not measured "
+                    "(%s); measure the GPU with benchmarks/gpu_kernels.py and fit it with hcsim calibrate",
+                    ", ".join(unmeasured), model.source)
+    return model
 
 
 def run_here(scenario: Scenario, out: Path | None = None, progress=None, check=None) -> dict[str, Any]:
@@ -426,7 +434,8 @@ def run_here(scenario: Scenario, out: Path | None = None, progress=None, check=N
                          collective_model=scenario.collective_model, step_limit=scenario.step_limit,
                          local_access=scenario.local_access, xpu_sampling=scenario.xpu_sampling,
                          local_collectives=scenario.local_collectives,
-                         compute_model=compute_model(scenario, prepared.workload), trace_xpus=traced,
+                         compute_model=compute_model(scenario, prepared.workload, prepared.platform),
+                         trace_xpus=traced,
                          trace_iterations=frozenset(scenario.trace_iterations) if scenario.trace_iterations else None)
     update = progress(total_runs(prepared.workload, scenario.iterations)) if progress else None
     outcome = execute(prepared.platform, prepared.workload, options, prepared.pairs, update)

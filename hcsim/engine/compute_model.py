@@ -30,7 +30,7 @@ only place that turns them into times. Units: s, FLOP/s, B/s.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hcsim.config import REPO_ROOT, Fields, load_yaml
@@ -42,46 +42,123 @@ COMPUTE_MODELS = ("peak", "roofline")
 BUILTIN_FACTORS = REPO_ROOT / "platforms" / "compute-model.yaml"
 
 
+SPLIT_K = (1, 2, 4)  # split-K factors a wave-quantised GEMM may use (cuBLAS splits K when tiles leave SMs idle)
+GEMM_TILE = 128      # output tile edge (elements) of the wave model: cuBLAS / CUTLASS BF16 kernels' 128 x 128 tiles
+PROVENANCES = ("measured", "calibrated", "literature")
+BACKWARD_SUFFIXES = (".bwd", ".dgrad", ".wgrad")  # the kernels autograd's engine launches (hcsim.workload.ops)
+
+
+def gemm_utilization(m: float, n: float, k: float, sms: int, k_half: float, batch: int = 1) -> float:
+    """Fraction of a GEMM's full rate the wave model gives an m x k by k x n GEMM (`batch` times).
+
+    The output is cut into 128 x 128 tiles (x the split-K factor), run in waves of `sms` tiles; a wave
+    that is not full leaves SMs idle (wave quantisation), and each tile's K loop pays a pipeline fill
+    worth `k_half` elements of K. The best of the split-K factors :data:`SPLIT_K` is taken, as cuBLAS's
+    heuristics pick a kernel. (NVIDIA, Matrix Multiplication Background User's Guide: tile and wave
+    quantisation.)
+
+    >>> round(gemm_utilization(128 * 132, 128, 1e9, sms=132, k_half=0), 6)
+    1.0
+    >>> round(gemm_utilization(128 * 133, 128, 1e9, sms=132, k_half=0), 4)  # one tile spills into a 2nd wave
+    0.5038
+    """
+    best = 0.0
+    tiles = math.ceil(m / GEMM_TILE) * math.ceil(n / GEMM_TILE) * batch
+    for split in SPLIT_K:
+        waves = math.ceil(tiles * split / sms)
+        depth = k / split
+        best = max(best, tiles * split / (waves * sms) * depth / (depth + k_half))
+    return best
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeviceFactors:
     """Achieved-efficiency factors of one device (dimensionless fractions in (0, 1], seconds).
 
-    gemm_max_efficiency : fraction of peak a large GEMM reaches; gemm_half_dimension : the
-    dimension (elements) at which one of m, n, k halves it (efficiency = max x prod d/(d + half));
-    memory_efficiency : fraction of the memory bandwidth a memory-bound kernel reaches;
-    flash_forward_efficiency, flash_backward_efficiency : fraction of peak of a fused attention
-    kernel's FLOPs (4·b·s²·h forward, 10·b·s²·h backward: it recomputes Q·Kᵀ); kernel_overhead : s per kernel.
+    GEMMs, one of two forms. Measured (``sms`` set): efficiency = gemm_max_efficiency x
+    :func:`gemm_utilization` (128 x 128 tiles in waves of ``sms``, a pipeline fill of ``gemm_k_half``
+    elements of K), fitted to measured GEMMs by :mod:`hcsim.calibrate`. Formula (``sms`` 0): efficiency =
+    gemm_max_efficiency x prod over m, n, k of d / (d + gemm_half_dimension).
+    memory_efficiency : fraction of the memory bandwidth a streaming memory-bound kernel reaches;
+    reduction_efficiency : the fraction a reducing one reaches (norm statistics, softmax, gradient sums, the
+    optimizer's multi-tensor kernels; :data:`hcsim.workload.ops.OP_KINDS`), memory_efficiency when 0.
+    Attention (fused FlashAttention kernels): ``attention_table`` rows (head dimension, sequence, forward
+    efficiency, backward efficiency) measured per (s, d), interpolated in log2 s and d, clamped at the ends;
+    without a table the constants flash_forward_efficiency / flash_backward_efficiency.
+    kernel_overhead : s the GPU spends per kernel beyond its work; launch : s the host needs to issue one
+    forward kernel (PyTorch's Python dispatch, autograd's bookkeeping and cudaLaunchKernel), backward_launch
+    one backward kernel (autograd's engine, in C++; launch when 0): a kernel starts no earlier than its
+    issue, so a run of small kernels is bound by the host, not the GPU. provenance : measured | calibrated | literature.
     """
 
     name: str
     gemm_max_efficiency: float
-    gemm_half_dimension: float
+    gemm_half_dimension: float = 0.0
+    gemm_k_half: float = 0.0
+    sms: int = 0
     memory_efficiency: float
-    flash_forward_efficiency: float
-    flash_backward_efficiency: float
-    kernel_overhead: float
+    reduction_efficiency: float = 0.0  # 0: as memory_efficiency
+    flash_forward_efficiency: float = 1.0
+    flash_backward_efficiency: float = 1.0
+    attention_table: tuple[tuple[float, float, float, float], ...] = ()
+    kernel_overhead: float = 0.0
+    launch: float = 0.0
+    backward_launch: float = 0.0
+    provenance: str = "literature"
 
     def __post_init__(self) -> None:
         for key in ("gemm_max_efficiency", "memory_efficiency", "flash_forward_efficiency",
                     "flash_backward_efficiency"):
             if not 0 < getattr(self, key) <= 1:
                 raise ConfigError(f"compute model: devices.{self.name}: {key} must be in (0, 1], got {getattr(self, key)!r}")
-        if not self.gemm_half_dimension >= 0:
-            raise ConfigError(f"compute model: devices.{self.name}: gemm.half_dimension must be >= 0")
-        if not self.kernel_overhead >= 0:
-            raise ConfigError(f"compute model: devices.{self.name}: kernel_overhead must be >= 0")
+        if not 0 <= self.reduction_efficiency <= 1:
+            raise ConfigError(f"compute model: devices.{self.name}: reduction_efficiency must be in (0, 1], got "
+                              f"{self.reduction_efficiency!r}")
+        for row in self.attention_table:
+            if len(row) != 4 or not (row[0] >= 1 and row[1] >= 1 and 0 < row[2] <= 1 and 0 < row[3] <= 1):
+                raise ConfigError(f"compute model: devices.{self.name}: attention.table rows are [head_dim, sequence, "
+                                  f"forward efficiency, backward efficiency] with efficiencies in (0, 1], got {row!r}")
+        for key in ("gemm_half_dimension", "gemm_k_half", "kernel_overhead", "launch", "backward_launch", "sms"):
+            if not getattr(self, key) >= 0:
+                raise ConfigError(f"compute model: devices.{self.name}: {key} must be >= 0, got {getattr(self, key)!r}")
+        if self.provenance not in PROVENANCES:
+            raise ConfigError(f"compute model: devices.{self.name}: provenance {self.provenance!r} is not one of "
+                              f"{', '.join(PROVENANCES)}")
 
-    def gemm_efficiency(self, m: int, n: int, k: int) -> float:
-        """Fraction of peak of an m x k by k x n GEMM: max x prod over the dimensions of d / (d + half).
+    def gemm_efficiency(self, m: int, n: int, k: int, batch: int = 1) -> float:
+        """Fraction of peak of an m x k by k x n GEMM (`batch` times).
 
-        >>> f = DeviceFactors(name="x", gemm_max_efficiency=0.8, gemm_half_dimension=100,
-        ...                   memory_efficiency=1, flash_forward_efficiency=1, flash_backward_efficiency=1,
-        ...                   kernel_overhead=0)
+        >>> f = DeviceFactors(name="x", gemm_max_efficiency=0.8, gemm_half_dimension=100, memory_efficiency=1)
         >>> round(f.gemm_efficiency(100, 1e12, 1e12), 6)
         0.4
         """
+        if self.sms:
+            return self.gemm_max_efficiency * gemm_utilization(m, n, k, self.sms, self.gemm_k_half, batch)
         half = self.gemm_half_dimension
         return self.gemm_max_efficiency * (m / (m + half)) * (n / (n + half)) * (k / (k + half))
+
+    def attention_efficiency(self, sequence: float, head_dim: float, backward: bool) -> float:
+        """Fraction of peak a fused attention kernel reaches at this sequence and head dimension."""
+        if not self.attention_table:
+            return self.flash_backward_efficiency if backward else self.flash_forward_efficiency
+        column = 3 if backward else 2
+        dims = sorted({row[0] for row in self.attention_table})
+
+        def along_sequence(d):
+            rows = sorted((row[1], row[column]) for row in self.attention_table if row[0] == d)
+            return _interpolate(math.log2(max(sequence, 1)), [(math.log2(s), e) for s, e in rows])
+
+        return _interpolate(head_dim, [(d, along_sequence(d)) for d in dims])
+
+
+def _interpolate(x: float, points: list[tuple[float, float]]) -> float:
+    """Piecewise-linear y(x) through sorted `points`, constant beyond the first and last."""
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return points[-1][1]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,6 +184,7 @@ class ComputeModel:
     devices: dict[str, DeviceFactors]
     links: dict[str, LinkFactors]
     source: str = ""
+    _times: dict = field(default_factory=dict, repr=False, compare=False)  # (id(ops), device, ...) -> (ops, s)
 
     def device(self, name: str) -> DeviceFactors:
         """The factors of device `name`; ConfigError naming the file and the devices it has."""
@@ -125,50 +203,97 @@ class ComputeModel:
         return found
 
     def op_time(self, factors: DeviceFactors, op, peak: float, memory_bandwidth: float) -> float:
-        """Seconds of one kernel (an :class:`hcsim.workload.ops.Op` or a tuple of its fields)."""
+        """Seconds the GPU spends on one kernel (an :class:`hcsim.workload.ops.Op` or a tuple of its fields).
+
+        An attention kernel's m is its sequence and k its head dimension."""
         name, kind, flops, size, m, n, k = op[:7]
         if kind == "gemm":
-            efficiency = factors.gemm_efficiency(m, n, k)
+            efficiency = factors.gemm_efficiency(m, n, k, op[7] if len(op) > 7 else 1)
         elif kind == "attention":
-            efficiency = factors.flash_backward_efficiency if name.endswith(".bwd") else factors.flash_forward_efficiency
-        elif kind == "memory":
+            efficiency = factors.attention_efficiency(m, k, name.endswith(".bwd"))
+        elif kind in ("memory", "reduction"):
             efficiency = 1.0
         else:
-            raise ConfigError(f"compute vertex op {name!r}: kind {kind!r} is not one of gemm, attention, memory")
+            raise ConfigError(f"compute vertex op {name!r}: kind {kind!r} is not one of gemm, attention, memory, "
+                              f"reduction")
         compute = flops / (peak * efficiency) if flops else 0.0
-        memory = size / (memory_bandwidth * factors.memory_efficiency) if size else 0.0
+        reached = (factors.reduction_efficiency or factors.memory_efficiency) if kind == "reduction" \
+            else factors.memory_efficiency
+        memory = size / (memory_bandwidth * reached) if size else 0.0
         return max(compute, memory) + factors.kernel_overhead
 
     def time(self, ops, device: str, peak: float, memory_bandwidth: float) -> float:
-        """Seconds of a compute instance running `ops` on `device` (peak FLOP/s, memory bandwidth B/s)."""
+        """Seconds of a compute instance running `ops` on `device` (peak FLOP/s, memory bandwidth B/s).
+
+        The host issues one kernel every ``launch`` seconds and the GPU runs them in order, each no earlier
+        than its issue: the instance ends when the last kernel does (a stream fed by a host that starts
+        with the instance)."""
+        key = (id(ops), device, peak, memory_bandwidth)
+        cached = self._times.get(key)
+        if cached is not None and cached[0] is ops:
+            return cached[1]
         factors = self.device(device)
-        return math.fsum(self.op_time(factors, op, peak, memory_bandwidth) for op in ops)
+        if not factors.launch:  # the GPU never waits for the host: the kernels' sum
+            finished = math.fsum(self.op_time(factors, op, peak, memory_bandwidth) for op in ops)
+        else:
+            issued = finished = 0.0
+            backward = factors.backward_launch or factors.launch
+            for op in ops:
+                issued += backward if op[0].endswith(BACKWARD_SUFFIXES) else factors.launch
+                finished = max(finished, issued) + self.op_time(factors, op, peak, memory_bandwidth)
+        self._times[key] = (ops, finished)
+        return finished
 
 
 def load_compute_model(path: str | Path | None = None) -> ComputeModel:
-    """Read roofline factors from YAML (default: the built-in ``platforms/compute-model.yaml``).
+    """Read roofline factors from YAML: the built-in ``platforms/compute-model.yaml``, with the devices and
+    link kinds of `path` (a user's file, e.g. from ``hcsim calibrate``) over it.
 
-    Shape: ``devices: {NAME: {gemm: {max_efficiency, half_dimension}, memory_efficiency,
-    attention: {flash_forward_efficiency, flash_backward_efficiency}, kernel_overhead}}`` and
-    ``links: {KIND or default: {bandwidth_factor, call_latency}}``; each value may carry its
-    ``source`` beside it (``source_*`` keys are documentation and ignored)."""
-    path = Path(path) if path else BUILTIN_FACTORS
+    Shape: ``devices: {NAME: {provenance, gemm: {max_efficiency, and half_dimension, or k_half and sms},
+    memory_efficiency, attention: {flash_forward_efficiency, flash_backward_efficiency} or {table: [[head_dim,
+    sequence, forward, backward], ...]}, kernel_overhead, launch}}`` and ``links: {KIND or default:
+    {bandwidth_factor, call_latency}}``; each value may carry its ``source`` beside it (``source_*`` keys are
+    documentation and ignored)."""
+    builtin = _read_factors(BUILTIN_FACTORS)
+    if path is None or Path(path).resolve() == BUILTIN_FACTORS.resolve():
+        return builtin
+    mine = _read_factors(Path(path))
+    return ComputeModel(devices={**builtin.devices, **mine.devices}, links={**builtin.links, **mine.links},
+                        source=f"{path} (over {BUILTIN_FACTORS.name})")
+
+
+def _read_factors(path: Path) -> ComputeModel:
     top = Fields(load_yaml(path), f"{path}: ")
     devices: dict[str, DeviceFactors] = {}
-    entries = top.raw("devices")
+    entries = top.raw("devices", {})
     if not isinstance(entries, dict):
         top.problems.append(f"{path}: devices: expected a mapping of device name to factors")
         entries = {}
     for name, data in entries.items():
         fields = Fields(data, f"{path}: devices.{name}", top.problems)
         gemm, attention = fields.sub("gemm"), fields.sub("attention")
+        measured = gemm.has("sms")
+        table = attention.raw("table", [])
+        if not isinstance(table, list) or not all(isinstance(row, list) for row in table):
+            top.problems.append(f"{path}: devices.{name}.attention.table: expected a list of [head_dim, sequence, "
+                                f"forward efficiency, backward efficiency] rows")
+            table = ()
+        attention.seen.add("table")
         values = dict(
+            provenance=fields.choice("provenance", PROVENANCES, "literature"),
             gemm_max_efficiency=gemm.number("max_efficiency"),
-            gemm_half_dimension=gemm.number("half_dimension", minimum=0),
+            gemm_half_dimension=gemm.number("half_dimension", 0.0 if measured else ..., minimum=0),
+            gemm_k_half=gemm.number("k_half", ... if measured else 0.0, minimum=0),
+            sms=gemm.number("sms", 0, kind=int, minimum=1),
             memory_efficiency=fields.number("memory_efficiency"),
-            flash_forward_efficiency=attention.number("flash_forward_efficiency"),
-            flash_backward_efficiency=attention.number("flash_backward_efficiency"),
+            reduction_efficiency=fields.number("reduction_efficiency", 0.0),
+            flash_forward_efficiency=attention.number("flash_forward_efficiency", ... if not table else 1.0),
+            flash_backward_efficiency=attention.number("flash_backward_efficiency", ... if not table else 1.0),
+            attention_table=tuple(tuple(float(x) for x in row) for row in table
+                                  if all(isinstance(x, (int, float)) for x in row)),
             kernel_overhead=fields.quantity("kernel_overhead", "time", positive=False),
+            launch=fields.quantity("launch", "time", 0.0, positive=False),
+            backward_launch=fields.quantity("backward_launch", "time", 0.0, positive=False),
         )
         for sub in (gemm, attention, fields):
             sub.check_unknown(_documentation(sub))

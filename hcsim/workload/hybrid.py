@@ -40,6 +40,8 @@ gradient).
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field, replace
 from itertools import product
 
@@ -52,7 +54,8 @@ from hcsim.workload.memory import stage_memory
 from hcsim.workload.model import RECOMPUTATION
 from hcsim.workload.schedules import Op, check_schedule, stage_order
 from hcsim.workload.spec import WorkloadSpec
-from hcsim.workload.ops import BlockOps, Op as Kernel, block_ops, head_ops, optimizer_ops
+from hcsim.workload.ops import (ADAMW_FUSED_TRAFFIC, BlockOps, Op as Kernel, block_ops, eager_embedding_ops, eager_head_ops, eager_layer_ops,
+                                head_ops, optimizer_step_ops)
 from hcsim.workload.transformer import decoder_layer, embedding, lm_head
 from hcsim.workload.experts import EXPERT_OPS, routed_elements
 from hcsim.workload.split import check_batch_split
@@ -178,6 +181,13 @@ class Parallelism:
         if self.layer_split is not None and (sum(self.layer_split) != model.decoders or min(self.layer_split) < 1):
             raise ConfigError(f"layer_split: {list(self.layer_split)} must be positive and sum to the "
                               f"{model.decoders} decoders of {model.name}")
+        if spec.kernels != "megatron":
+            splits = {key: getattr(self, key) for key in ("tp", "pp", "ep", "zero") if getattr(self, key) not in (0, 1)}
+            if splits or model.moe:
+                what = ", ".join(f"{key} {value}" for key, value in splits.items()) or "experts"
+                raise ConfigError(f"training.kernels: {spec.kernels} models a Hugging Face model trained with plain "
+                                  f"data parallelism (DDP) and a dense MLP, not {what}; fix: training.kernels: "
+                                  f"megatron for tensor, pipeline, expert parallelism or ZeRO")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -269,9 +279,15 @@ class _Builder:
         self.classes = par.replica_classes()
         self.attn, self.mlp = block_costs(spec, par.micro_batch, par.tp, par.sequence_parallel, par.ep)
         self.experts = expert_costs(spec, par.micro_batch, par.tp, par.sequence_parallel, par.ep, par.moe_skew)
-        # kernels of each block for the engine's roofline model (hcsim.workload.ops; dense blocks only)
-        self.attn_ops, self.mlp_ops = block_ops(spec.model, spec.sizes, par.micro_batch, par.tp,
-                                                par.sequence_parallel, spec.attention)
+        # kernels of each block for the engine's roofline model (hcsim.workload.ops; dense blocks only), as the
+        # workload's framework launches them
+        eager = spec.kernels != "megatron"
+        compiled = spec.kernels == "torch-compile"
+        if eager:
+            self.attn_ops, self.mlp_ops, _ = eager_layer_ops(spec.model, par.micro_batch, compiled)
+        else:
+            self.attn_ops, self.mlp_ops = block_ops(spec.model, spec.sizes, par.micro_batch, par.tp,
+                                                    par.sequence_parallel, spec.attention)
         if self.experts:  # no kernels for MoE MLP blocks yet: their vertices keep FLOPs / peak FLOP/s
             self.mlp_ops = BlockOps(forward=(), backward=())
         self.balanced = expert_costs(spec, par.micro_batch, par.tp, par.sequence_parallel, par.ep)  # model FLOPs
@@ -287,7 +303,16 @@ class _Builder:
         self.embedding = embedding(model, **keywords) if self.vocabulary else None
         self.head = lm_head(model, tied_copy=par.pp > 1 and model.tied_embeddings, **keywords) \
             if self.vocabulary else None
-        self.head_ops = head_ops(model, spec.sizes, par.micro_batch, par.tp) if self.vocabulary else None
+        if not self.vocabulary:
+            self.head_ops = self.embedding_ops = None
+        elif eager:
+            self.head_ops = eager_head_ops(model, par.micro_batch, compiled)[0]
+            self.embedding_ops = eager_embedding_ops(model, par.micro_batch, compiled)
+        else:
+            self.head_ops = head_ops(model, spec.sizes, par.micro_batch, par.tp)
+            self.embedding_ops = BlockOps(
+                forward=(Kernel("embedding", "memory", 0.0, self.embedding.forward.bytes),),
+                backward=(Kernel("embedding.bwd", "memory", 0.0, self.embedding.backward.bytes),))
         self.graph = new_workload(spec.name, precision=spec.precision,
                                   samples_per_iteration=par.global_batch // par.replicas,
                                   layout=self.layout.to_dict(), global_samples=par.global_batch,
@@ -394,12 +419,13 @@ class _Builder:
         shard = 1.0 / par.dp if par.zero >= 1 else 1.0
         parameters = sum(self.chunk_parameters(stage, c) for c in range(par.virtual_stages))
         # the transformer costs never fold the state into the backward pass, so the step reads and writes it
-        per_parameter = optimizer_step_bytes(sizes, spec.optimizer_bytes_per_parameter)
+        per_parameter = optimizer_step_bytes(sizes, spec.optimizer_bytes_per_parameter) if spec.kernels == "megatron" \
+            else ADAMW_FUSED_TRAFFIC
         opt = add_compute(self.graph, f"s{stage}.optimizer", xpus=xpus,
                           flops=spec.optimizer_flops_per_parameter * parameters * shard,
                           memory_bytes=per_parameter * parameters * shard)
         self.graph.nodes[opt].update(phase="optimizer", stage=stage,
-                                     ops=optimizer_ops(parameters * shard, spec.precision))
+                                     ops=optimizer_step_ops(parameters * shard, spec.precision, spec.kernels))
         on_cpu = par.offloads("optimizer") and par.offload == "cpu"
         if par.offloads("optimizer"):
             self.graph.nodes[opt].update(offload=par.offload, **({"host": "cpu"} if on_cpu else
@@ -492,6 +518,8 @@ class _Builder:
         is_first, is_last = self.ends(stage, op.chunk)
 
         def compute(suffix, flops, size, ops=()):
+            if self.spec.kernels != "megatron" and ops:  # the memory traffic of the kernels the framework runs
+                size = math.fsum(op.bytes for op in ops)
             name = add_compute(self.graph, f"{tag}.{suffix}", xpus=xpus, flops=flops, memory_bytes=size,
                                start=start and not chain)
             phase = "recompute" if ".recompute" in suffix else {"F": "fwd", "B": "bwd", "W": "bwd"}[op.kind]
@@ -518,7 +546,7 @@ class _Builder:
         if op.kind == "F":
             if is_first:
                 compute("embedding", self.embedding.forward.flops, self.embedding.forward.bytes,
-                        (Kernel("embedding", "memory", 0.0, self.embedding.forward.bytes),))
+                        self.embedding_ops.forward)
                 unit(len(chain) - 1, self.embedding.parameters, "embedding")
             for d in range(decoders):
                 mark = len(chain)
@@ -555,7 +583,8 @@ class _Builder:
             unit(mark, decoder, f"L{d}")
         if is_first:
             work = self.embedding.backward_input if split else self.embedding.backward
-            compute("embedding", work.flops, work.bytes, (Kernel("embedding.bwd", "memory", 0.0, work.bytes),))
+            compute("embedding", work.flops, work.bytes, self.embedding_ops.backward if not split else
+                    (Kernel("embedding.bwd", "memory", 0.0, work.bytes),))
             unit(len(chain) - 1, self.embedding.parameters, "embedding")
         return self._chain(chain)
 
@@ -664,7 +693,7 @@ def place_hybrid_memory(graph: nx.DiGraph, spec: WorkloadSpec, par: Parallelism,
     builder = _Builder(spec, par, layout)
     keywords = dict(micro_batch=par.micro_batch, tp=par.tp, sequence_parallel=par.sequence_parallel, ep=par.ep,
                     precision=spec.precision, attention=spec.attention, optimizer=spec.optimizer,
-                    recompute=par.recompute, dp=par.dp, zero_stage=par.zero)
+                    recompute=par.recompute, dp=par.dp, zero_stage=par.zero, kernels=spec.kernels)
 
     def away(m) -> float:
         """Bytes of a StageMemory that offload keeps out of HBM."""

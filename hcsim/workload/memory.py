@@ -252,7 +252,7 @@ class StageMemory:
 def stage_memory(shape: ModelShape, *, layers: int, first: bool, last: bool, in_flight: float, micro_batch: int = 1,
                  sequence: int | None = None, tp: int = 1, sequence_parallel: bool = False, ep: int = 1,
                  precision: str = "bf16", attention: str = "standard", optimizer: str = "adam",
-                 recompute: str = "none", dp: int = 1, zero_stage: int = 0) -> StageMemory:
+                 recompute: str = "none", dp: int = 1, zero_stage: int = 0, kernels: str = "megatron") -> StageMemory:
     """Memory of one XPU of a pipeline stage holding `layers` decoder layers.
 
     Parameters: the layers' (per tensor-parallel rank), plus the embedding on
@@ -266,12 +266,16 @@ def stage_memory(shape: ModelShape, *, layers: int, first: bool, last: bool, in_
 
     Not counted: the working set of the layer being recomputed or
     back-propagated, communication buffers, fragmentation; experts are
-    sharded over the same `dp` ranks as the rest.
+    sharded over the same `dp` ranks as the rest. `kernels` other than
+    "megatron": :func:`eager_memory` (a whole model on one data-parallel rank).
     """
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 0:
         raise ConfigError(f"layers: must be an integer >= 0, got {layers!r}")
     if not in_flight >= 0:
         raise ConfigError(f"in_flight: must be >= 0 micro-batches, got {in_flight!r}")
+    if kernels != "megatron":
+        return eager_memory(shape, layers=layers, micro_batch=micro_batch, in_flight=in_flight, recompute=recompute,
+                            compiled=kernels == "torch-compile")
     keywords = dict(micro_batch=micro_batch, sequence=sequence, tp=tp, sequence_parallel=sequence_parallel, ep=ep,
                     precision=precision, attention=attention)
     layer = decoder_layer(shape, **keywords)
@@ -284,3 +288,37 @@ def stage_memory(shape: ModelShape, *, layers: int, first: bool, last: bool, in_
     activations = sum(block.activation_bytes(recompute) * count for block, count in blocks)
     return StageMemory(parameters=parameters, activations=in_flight * activations,
                        state=zero_state(parameters, dp, zero_stage, precision=precision, optimizer=optimizer))
+
+
+CUBLAS_WORKSPACE = 32 * 2**20  # PyTorch's default cuBLAS workspace on Hopper (CUBLAS_WORKSPACE_CONFIG :4096:8)
+
+
+def eager_memory(shape: ModelShape, *, layers: int, micro_batch: int, in_flight: float = 1.0,
+                 recompute: str = "none", compiled: bool = False) -> StageMemory:
+    """The peak a PyTorch run of a Hugging Face model sees (torch.cuda.max_memory_allocated) on one data-parallel
+    rank: torch.autocast(bfloat16) over FP32 weights, fused AdamW, gradients set to None between steps.
+
+    FP32 weights 4 B and Adam's moments 8 B per parameter are held throughout. The peak falls at the start of
+    the backward pass, holding the BF16 copies of the weights (2 B per parameter: autocast's cast cache, and
+    the GEMMs save them), the activations autograd keeps (:func:`hcsim.workload.ops.eager_layer_ops`, or
+    each layer's input under activation checkpointing) and the head's logits (BF16 logits, FP32
+    log-probabilities and two FP32 gradients) -- unless the FP32 gradients (4 B per parameter, complete at
+    the end of the backward pass) weigh more. Plus the cuBLAS workspace (:data:`CUBLAS_WORKSPACE`).
+    `compiled`: torch.compile keeps the eager activations (an upper bound: Inductor's partitioner
+    recomputes some element-wise outputs instead of keeping them)."""
+    from hcsim.workload.ops import eager_head_ops, eager_layer_ops
+    from hcsim.workload.transformer import model_parameters
+
+    parameters = model_parameters(shape) if layers == shape.decoders else \
+        decoder_layer(shape, micro_batch=micro_batch).parameters * layers
+    saved = layer = eager_layer_ops(shape, micro_batch, compiled)[2]
+    if recompute == "full":
+        saved = micro_batch * shape.sequence * shape.hidden * 4.0  # checkpointing keeps each layer's FP32 input
+    head = eager_head_ops(shape, micro_batch, compiled)[1] if shape.vocabulary and layers == shape.decoders else 0.0
+    # at the head's backward, or (checkpointing) while the last layer is recomputed and back-propagated
+    activations = in_flight * (layers * saved + max(head, layer if recompute == "full" else 0.0))
+    copies, gradients = 2.0 * parameters, 4.0 * parameters
+    at_backward = copies + activations >= gradients
+    return StageMemory(parameters=parameters, activations=activations if at_backward else 0.0,
+                       state=ZeroState(weights=4.0 * parameters + (copies if at_backward else 0.0) + CUBLAS_WORKSPACE,
+                                       gradients=0.0 if at_backward else gradients, optimizer=8.0 * parameters))

@@ -35,9 +35,12 @@ from hcsim.errors import ConfigError
 from hcsim.workload.transformer import ATTENTION as ATTENTION_KINDS
 
 __all__ = ["Op", "OP_KINDS", "ATTENTION_KINDS", "BlockOps", "block_ops", "head_ops", "optimizer_ops",
+           "KERNEL_INVENTORIES", "eager_layer_ops", "eager_embedding_ops", "eager_head_ops", "optimizer_step_ops",
            "OPTIMIZER_TRAFFIC", "ops_flops"]
 
-OP_KINDS = ("gemm", "attention", "memory")
+# memory: a memory-bound kernel streaming its bytes; reduction: a norm's kernels that reduce along rows or over
+# the tokens (statistics, the weight gradients): measured to reach less of the bandwidth
+OP_KINDS = ("gemm", "attention", "memory", "reduction")
 # Bytes the optimizer step moves per parameter, as Megatron-LM's mixed-precision optimizer runs it
 # (FP32 main gradients, FP32 master weights, fused Adam): unscale and inf check (read the main
 # gradient, 4), gradient norm for clipping (read it again, 4), Adam (read gradient, master weight, m,
@@ -47,7 +50,7 @@ OPTIMIZER_TRAFFIC = {"fp16": 46.0, "bf16": 46.0, "fp32": 36.0}
 
 
 class Op(NamedTuple):
-    """One kernel: `kind` (gemm | attention | memory), FLOP, bytes read and written, and for a GEMM its
+    """One kernel: `kind` (gemm | attention | memory | reduction), FLOP, bytes read and written, and for a GEMM its
     shape m x k by k x n, `batch` times (a batched GEMM); `name` for reports. A plain tuple, so a
     workload graph with ops saves to JSON (a list per op) and loads back."""
 
@@ -75,8 +78,13 @@ def _gemm_backward(op: Op, e: float) -> tuple[Op, Op]:
             _gemm(f"{op.name}.wgrad", op.k, op.n, op.m, e, op.batch))
 
 
-def _memory(name: str, size: float) -> Op:
-    return Op(name, "memory", 0.0, float(size))
+def _memory(name: str, size: float, kind: str = "memory") -> Op:
+    return Op(name, kind, 0.0, float(size))
+
+
+class Reduce(float):
+    """Bytes of a backward kernel that reduces (a weight or bias gradient summed over tokens, a norm's statistics):
+    a ``reduction`` kernel, which reaches less of the memory bandwidth than a streaming one."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -120,11 +128,12 @@ def block_ops(model, sizes, micro_batch: int, tp: int, sequence_parallel: bool =
     scores = b * heads * s * s  # elements of the score matrices on this rank
     if attention == "flash":  # one fused kernel each way: reads Q, K, V (and O, dO backward), writes O (dQ, dK, dV)
         qkv_bytes = tokens * (h + 2 * model.kv_hidden) / tp * e
-        core_fwd = (Op(name="flash_attention", kind="attention", flops=4.0 * b * s * s * h / tp,
-                       bytes=qkv_bytes + tokens * h / tp * e),)
+        # causal: the kernel skips the masked half of the scores, 2·b·s²·h/t FLOP (m, n, k: s, b·heads, d)
+        core_fwd = (Op("flash_attention", "attention", 2.0 * b * s * s * h / tp, qkv_bytes + tokens * h / tp * e,
+                       s, b * heads, d),)
         # backward recomputes Q·Kᵀ: 5 products to the forward's 2 (FlashAttention-2 counts 2.5x forward)
-        core_bwd = (Op(name="flash_attention.bwd", kind="attention", flops=10.0 * b * s * s * h / tp,
-                       bytes=2 * qkv_bytes + 2 * tokens * h / tp * e),)
+        core_bwd = (Op("flash_attention.bwd", "attention", 5.0 * b * s * s * h / tp,
+                       2 * qkv_bytes + 2 * tokens * h / tp * e, s, b * heads, d),)
     else:
         qk = _gemm("qk", s, s, d, e, batch=b * heads)
         av = _gemm("av", s, d, s, e, batch=b * heads)
@@ -171,3 +180,232 @@ def optimizer_ops(parameters: float, precision: str) -> tuple[Op, ...]:
 def ops_flops(ops) -> float:
     """Total FLOP of a sequence of ops."""
     return sum(op.flops for op in ops)
+
+
+# ---- the kernels a framework launches ----------------------------------------------------------------------
+
+KERNEL_INVENTORIES = ("megatron", "pytorch-eager", "torch-compile")
+BANDWIDTH_KINDS = ("memory", "reduction")
+ADAMW_FUSED_TRAFFIC = 28.0  # torch.optim.AdamW(fused=True) over FP32 parameters: reads p, g, m, v, writes p, m, v
+RESIDUAL, HALF, MASTER = 4.0, 2.0, 4.0  # eager autocast: FP32 residual stream, BF16 GEMM operands, FP32 weights
+
+
+@dataclass
+class _Kernels:
+    """One block's kernels as an eager framework launches them: forward in order, backward in reverse, and
+    the bytes autograd keeps from forward for backward (`saved`)."""
+
+    forward: list = None
+    backward_reversed: list = None
+    saved: float = 0.0
+
+    def __post_init__(self):
+        self.forward, self.backward_reversed = [], []
+
+    def memory(self, name: str, size: float, backward=(), saved: float = 0.0, reduce: bool = False) -> None:
+        """A memory-bound kernel moving `size` bytes (`reduce`: a reduction); `backward`: the bytes of each of its
+        backward kernels (:class:`Reduce` for a reduction)."""
+        self.forward.append(_memory(name, size, "reduction" if reduce else "memory"))
+        self.backward_reversed.append(tuple(_memory(f"{name}.bwd", b, "reduction" if isinstance(b, Reduce)
+                                                    else "memory") for b in backward))
+        self.saved += saved
+
+    def linear(self, name: str, tokens: int, n_in: int, n_out: int, cast_input: bool, bias: bool = False) -> None:
+        """F.linear under autocast over an FP32 weight: casts (input when FP32, weight, bias), one BF16 GEMM;
+        backward: input- and weight-gradient GEMMs, the bias gradient's reduction, the gradients cast to FP32."""
+        if cast_input:
+            self.memory(f"{name}.cast_input", tokens * n_in * (RESIDUAL + HALF), (tokens * n_in * (HALF + RESIDUAL),))
+        weights = n_in * n_out
+        self.memory(f"{name}.cast_weight", weights * (MASTER + HALF), (weights * (HALF + MASTER),))
+        if bias:
+            self.memory(f"{name}.cast_bias", n_out * (MASTER + HALF), (Reduce(tokens * n_out * HALF + n_out * MASTER),))
+        op = _gemm(name, tokens, n_out, n_in, HALF)
+        self.forward.append(op)
+        self.backward_reversed.append(_gemm_backward(op, HALF))
+        self.saved += tokens * n_in * HALF
+
+    def kernels(self, compiled: bool) -> BlockOps:
+        backward = tuple(k for group in reversed(self.backward_reversed) for k in group)
+        forward = tuple(self.forward)
+        if compiled:
+            forward, backward = _fused(forward), _fused(backward)
+        return BlockOps(forward=forward, backward=backward)
+
+
+def _fused(ops: tuple[Op, ...]) -> tuple[Op, ...]:
+    """torch.compile (Inductor): each run of memory-bound kernels between GEMMs and attention becomes one
+    kernel moving the bytes of the largest of them (a fused chain reads its inputs and writes its outputs
+    once; its intermediates stay in registers)."""
+    out: list[Op] = []
+    for op in ops:
+        if op.kind in BANDWIDTH_KINDS and out and out[-1].kind in BANDWIDTH_KINDS:
+            kind = "reduction" if "reduction" in (op.kind, out[-1].kind) else "memory"
+            out[-1] = out[-1]._replace(name=out[-1].name.split("+")[0] + "+fused", kind=kind,
+                                       bytes=max(out[-1].bytes, op.bytes))
+        else:
+            out.append(op)
+    return tuple(out)
+
+
+def _rmsnorm(k: _Kernels, name: str, n: float, rows: float) -> None:
+    """Hugging Face LlamaRMSNorm on an FP32 input of n elements (rows tokens): pow, mean, + eps, rsqrt,
+    x * rsqrt, weight * x, each its own kernel; backward as autograd runs it (pow_backward: 3 kernels,
+    the two gradients of x summed, the weight gradient reduced over the tokens)."""
+    r = RESIDUAL
+    k.memory(f"{name}.pow", 2 * n * r, (2 * n * r, 2 * n * r, 3 * n * r), saved=n * r)
+    k.memory(f"{name}.mean", n * r + rows * r, (n * r + rows * r,), reduce=True)
+    k.memory(f"{name}.add_eps", 2 * rows * r)
+    k.memory(f"{name}.rsqrt", 2 * rows * r, (2 * rows * r, 2 * rows * r, 3 * rows * r))
+    # backward: g·r, g·x, its sum over the row; then the two gradients of x summed
+    k.memory(f"{name}.mul", 2 * n * r, (2 * n * r, 3 * n * r, Reduce(n * r), 3 * n * r))
+    k.memory(f"{name}.weight", 2 * n * r, (2 * n * r, 3 * n * r, Reduce(n * r)), saved=n * r)
+
+
+def _layernorm(k: _Kernels, name: str, n: float, rows: float) -> None:
+    """torch.nn.functional.layer_norm (autocast runs it in FP32): one kernel forward; backward one for the
+    input gradient, one for the weight and bias gradients."""
+    r = RESIDUAL
+    k.memory(name, 2 * n * r, (Reduce(3 * n * r), Reduce(2 * n * r)), saved=n * r + 2 * rows * r, reduce=True)
+
+
+def _dropout(k: _Kernels, name: str, n: float, e: float) -> None:
+    """Dropout in training: writes the output and a 1-byte mask; backward multiplies by the mask."""
+    k.memory(name, n * (2 * e + 1), (n * (2 * e + 1),), saved=n)
+
+
+def _rope(k: _Kernels, name: str, n: float) -> None:
+    """apply_rotary_pos_emb on one BF16 tensor: x * cos, rotate_half (neg, cat), * sin, add."""
+    e = HALF
+    k.memory(f"{name}.cos", 2 * n * e, (2 * n * e,))
+    k.memory(f"{name}.neg", n * e, (n * e,))
+    k.memory(f"{name}.cat", 2 * n * e, (2 * n * e,))
+    k.memory(f"{name}.sin", 2 * n * e, (2 * n * e,))
+    k.memory(f"{name}.add", 3 * n * e, (3 * n * e,))  # backward: the two gradients of x summed
+
+
+def _gelu_tanh(k: _Kernels, name: str, n: float) -> None:
+    """GPT-2's NewGELUActivation in eager mode, 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))): eight BF16 kernels;
+    autograd keeps x, x³'s input, tanh's output and both factors of the last product."""
+    e = HALF
+    k.memory(f"{name}.pow", 2 * n * e, (2 * n * e, 2 * n * e, 3 * n * e), saved=n * e)
+    for step in ("scale", "add", "scale2"):
+        k.memory(f"{name}.{step}", 2 * n * e + (n * e if step == "add" else 0), (2 * n * e,))
+    k.memory(f"{name}.tanh", 2 * n * e, (3 * n * e,), saved=n * e)
+    k.memory(f"{name}.one_plus", 2 * n * e)
+    k.memory(f"{name}.half_x", 2 * n * e, (2 * n * e, 3 * n * e), saved=n * e)
+    k.memory(f"{name}.mul", 3 * n * e, (3 * n * e, 3 * n * e), saved=n * e)
+
+
+def _flash(k: _Kernels, name: str, b: int, s: int, heads: int, kv_heads: int, d: int, dropout: bool) -> None:
+    """scaled_dot_product_attention, causal, on its FlashAttention backend: the kernel skips the masked half
+    of the scores (2·b·s²·heads·d FLOP forward, 2.5x that backward: it recomputes Q·Kᵀ). Grouped K, V are
+    repeated to every head first (Hugging Face's repeat_kv: a copy each), as sdpa is called without
+    enable_gqa. Keeps Q, K, V, the output and the log-sum-exp."""
+    e = HALF
+    q = b * s * heads * d
+    if kv_heads != heads:
+        for which in ("k", "v"):
+            k.memory(f"{name}.repeat_{which}", (b * s * kv_heads * d + q) * e, (q * e + b * s * kv_heads * d * e,))
+    flops = 2.0 * b * s * s * heads * d
+    io = 4 * q * e
+    k.forward.append(Op(f"{name}", "attention", flops, io, s, b * heads, d))
+    k.backward_reversed.append((Op(f"{name}.bwd", "attention", 2.5 * flops, 2 * io, s, b * heads, d),))
+    k.saved += 4 * q * e + b * heads * s * 4
+
+
+def eager_layer_ops(model, micro_batch: int, compiled: bool = False) -> tuple[BlockOps, BlockOps, float]:
+    """The attention and MLP blocks of one decoder as a Hugging Face model runs them in PyTorch eager mode under
+    torch.autocast(bfloat16) over FP32 weights (LlamaDecoderLayer for norm rmsnorm, GPT2Block for layernorm), or
+    under torch.compile (`compiled`); and the bytes autograd keeps per micro-batch for the layer's backward.
+
+    Llama: the FP32 residual stream (the embedding is FP32), RMSNorm in FP32 kernels, q/k/v projections each
+    casting their FP32 input, rotary embeddings on q and k, sdpa (flash, causal), the output transposed into a
+    contiguous copy, o_proj, the residual add (FP32 + BF16), then RMSNorm, gate and up projections, SiLU,
+    the product, down_proj, the residual add. GPT-2: LayerNorm, one QKV projection with bias, sdpa with
+    dropout, c_proj, dropout, add; LayerNorm, c_fc, GELU (tanh form), c_proj, dropout, add."""
+    b, s, h = micro_batch, model.sequence, model.hidden
+    tokens, d = b * s, h // model.heads
+    n, kv, f = tokens * h, model.kv_hidden, model.ffn
+    bias, llama = model.bias, model.norm == "rmsnorm"
+    attn, mlp = _Kernels(), _Kernels()
+    # attention block
+    norm = _rmsnorm if llama else _layernorm
+    norm(attn, "norm_attn", n, tokens)
+    if model.mlp == "swiglu" or llama:
+        for which, width in (("q", h), ("k", kv), ("v", kv)):
+            attn.linear(f"{which}_proj", tokens, h, width, cast_input=True, bias=bias)
+    else:
+        attn.linear("qkv", tokens, h, h + 2 * kv, cast_input=True, bias=bias)
+    if model.positions == "rope":
+        _rope(attn, "rope_q", tokens * h)
+        _rope(attn, "rope_k", tokens * kv)
+    _flash(attn, "flash_attention", b, s, model.heads, kv // d, d, model.dropout)
+    attn.memory("merge_heads", 2 * n * HALF, (2 * n * HALF,))
+    attn.linear("o_proj", tokens, h, h, cast_input=False, bias=bias)
+    if model.dropout:
+        _dropout(attn, "dropout_attn", n, HALF)
+    attn.memory("residual_attn", n * (RESIDUAL + HALF + RESIDUAL), (n * (RESIDUAL + HALF), 3 * n * RESIDUAL))
+    # MLP block
+    norm(mlp, "norm_mlp", n, tokens)
+    if model.mlp == "swiglu":
+        mlp.linear("gate_proj", tokens, h, f, cast_input=True, bias=bias)
+        mlp.linear("up_proj", tokens, h, f, cast_input=True, bias=bias)
+        mlp.memory("silu", 2 * tokens * f * HALF, (3 * tokens * f * HALF,), saved=tokens * f * HALF)
+        mlp.memory("gate_mul", 3 * tokens * f * HALF, (3 * tokens * f * HALF,) * 2, saved=2 * tokens * f * HALF)
+    else:
+        mlp.linear("c_fc", tokens, h, f, cast_input=True, bias=bias)
+        _gelu_tanh(mlp, "gelu", tokens * f)
+    mlp.linear("down_proj", tokens, f, h, cast_input=False, bias=bias)
+    if model.dropout:
+        _dropout(mlp, "dropout_mlp", n, HALF)
+    mlp.memory("residual_mlp", n * (RESIDUAL + HALF + RESIDUAL), (n * (RESIDUAL + HALF), 3 * n * RESIDUAL))
+    saved = attn.saved + mlp.saved  # the layer's input among them (the first norm keeps it)
+    return attn.kernels(compiled), mlp.kernels(compiled), saved
+
+
+def eager_embedding_ops(model, micro_batch: int, compiled: bool = False) -> BlockOps:
+    """The token embedding (and GPT's learned positions, their sum and dropout) on the FP32 table, and its
+    backward: the dense embedding gradient (a zeroed vocabulary x hidden FP32 buffer, then an index-add)."""
+    tokens, h = micro_batch * model.sequence, model.hidden
+    k = _Kernels()
+    n = tokens * h
+    k.memory("embedding", tokens * 8 + 2 * n * RESIDUAL,
+             (model.vocabulary * h * RESIDUAL, 3 * n * RESIDUAL + tokens * 8))
+    if model.positions == "learned":
+        k.memory("position_embedding", 2 * n * RESIDUAL, (model.sequence * h * RESIDUAL, 3 * n * RESIDUAL))
+        k.memory("add_positions", 3 * n * RESIDUAL, ())
+    if model.dropout:
+        _dropout(k, "dropout_embedding", n, RESIDUAL)
+    return k.kernels(compiled)
+
+
+def eager_head_ops(model, micro_batch: int, compiled: bool = False) -> tuple[BlockOps, float]:
+    """The final norm, the logits GEMM (BF16 out), the logits upcast to FP32 and the cross-entropy over the whole
+    vocabulary (log_softmax: three passes over the row; nll_loss) as ``F.cross_entropy(logits.float(), labels)``
+    runs them, with their backward; and the bytes the head keeps at its peak: the BF16 logits (returned to the
+    caller), the log-probabilities (saved) and, in backward, two FP32 gradients of the logits."""
+    tokens, h, v = micro_batch * model.sequence, model.hidden, model.vocabulary
+    k = _Kernels()
+    norm = _rmsnorm if model.norm == "rmsnorm" else _layernorm
+    norm(k, "norm_final", tokens * h, tokens)
+    k.linear("logits", tokens, h, v, cast_input=True)
+    _cross_entropy(k, tokens, v)
+    peak = tokens * v * (HALF + 4 + 4 + 4)
+    return k.kernels(compiled), peak
+
+
+def _cross_entropy(k: _Kernels, tokens: int, vocabulary: int) -> None:
+    """F.cross_entropy(logits.float(), labels): the upcast, log_softmax (a max and a sum of exponentials over
+    each row, then the write: three reads and a write), nll_loss; backward: a zeroed FP32 gradient with the
+    labels scattered in, log_softmax's backward (a sum over each row, then the write), the cast back."""
+    logits = tokens * vocabulary
+    k.memory("logits_float", logits * (HALF + 4), (logits * (4 + HALF),))
+    k.memory("log_softmax", logits * 4 * 4, (logits * 4 * 4,))
+    k.memory("nll_loss", tokens * 12, (logits * 4,))
+
+
+def optimizer_step_ops(parameters: float, precision: str, kernels: str = "megatron") -> tuple[Op, ...]:
+    """The optimizer step of `kernels`: Megatron-LM's (OPTIMIZER_TRAFFIC) or fused AdamW over FP32 parameters."""
+    if kernels == "megatron":
+        return optimizer_ops(parameters, precision)
+    return (_memory("adamw_fused", parameters * ADAMW_FUSED_TRAFFIC),)

@@ -18,6 +18,7 @@ from hcsim.config import Fields, apply_overrides, load_yaml, resolve_spec
 from hcsim.errors import ConfigError, brief
 from hcsim.units import parse_quantity
 from hcsim.workload.graph import PRECISIONS
+from hcsim.workload.ops import KERNEL_INVENTORIES
 from hcsim.workload.transformer import ATTENTION
 from hcsim.workload.model import (MLP_TYPES, NORM_TYPES, OPTIMIZERS, POSITION_TYPES, RECOMPUTATION, Affine, DecoderTable,
                                   ElementSizes, LayerCost, ModelShape, activation_bytes, element_sizes,
@@ -45,6 +46,8 @@ class WorkloadSpec:
     parameter (0 when the backward pass already reads the state, as in Table 4);
     recomputation : "none" | "selective" | "full" (activations kept);
     attention : "standard" | "flash" (FlashAttention-style fused core; hybrid-parallel graphs);
+    kernels : the framework whose kernels the roofline model times, "megatron" | "pytorch-eager" |
+    "torch-compile" (:mod:`hcsim.workload.ops`; memory per XPU follows the same inventory);
     bucket : gradient all-reduce granularity "layer" | "decoder" | "model";
     algorithm : collective algorithm name for the engine; chunks : the
     all-reduce split into that many chunks (None: the algorithm's default;
@@ -64,6 +67,7 @@ class WorkloadSpec:
     optimizer_bytes_per_parameter: float = 0.0
     recomputation: str = "none"
     attention: str = "standard"
+    kernels: str = "megatron"
     bucket: str = "decoder"
     algorithm: str = "ring"
     chunks: int | None = None
@@ -74,7 +78,8 @@ class WorkloadSpec:
 
     def __post_init__(self) -> None:
         checks = [("costs", COST_SOURCES), ("precision", PRECISIONS), ("optimizer", OPTIMIZERS),
-                  ("recomputation", RECOMPUTATION), ("attention", ATTENTION), ("bucket", BUCKETS),
+                  ("recomputation", RECOMPUTATION), ("attention", ATTENTION), ("kernels", KERNEL_INVENTORIES),
+                  ("bucket", BUCKETS),
                   ("granularity", GRANULARITIES)]
         for key, options in checks:
             if getattr(self, key) not in options:
@@ -163,6 +168,7 @@ def parse_workload_spec(data: Any, where: str = "workload") -> WorkloadSpec:
         optimizer_bytes_per_parameter=training.quantity("optimizer_bytes_per_parameter", "size", 0.0, positive=False),
         recomputation=training.choice("recomputation", RECOMPUTATION, "none"),
         attention=training.choice("attention", ATTENTION, "standard"),
+        kernels=training.choice("kernels", KERNEL_INVENTORIES, "megatron"),
     )
     training.check_unknown()
     gradients = top.sub("gradients")

@@ -50,8 +50,9 @@ Conventions (docs/workload-model.md, "The transformer model"):
   backward. Element-wise ops, norms, biases and the loss have 0 FLOP: they
   are memory-bound and charged bytes only. So the model FLOPs per iteration
   of a GPT are exactly 72·B·s·L·h²·(1 + s/6h + V/12Lh). With
-  ``attention="flash"`` the fused core recomputes QKᵀ in backward: 2·b·s²·h/t
-  more FLOP per layer (hardware FLOPs).
+  ``attention="flash"`` the fused core skips the masked half of the causal
+  scores and recomputes QKᵀ in backward: half the core's FLOPs forward and
+  2.5x that backward (hardware FLOPs, as the kernel runs).
 - Bytes are the device-memory traffic of one unfused kernel per op: it reads
   its inputs (and weights) once and writes its outputs once, in the
   activation element size (masks 1 B, loss logits FP32). A weight gradient
@@ -388,7 +389,9 @@ def _flash_attention(r: _Rank, q: float, kv: float, bmm: float) -> Op:
     """The attention core as one fused kernel (Dao et al. 2022, FlashAttention, Algorithms 1 and 2).
 
     Forward reads Q, K, V and writes the output and the FP32 log-sum-exp of
-    each score row; no s x s tensor reaches device memory. Backward reads Q,
+    each score row; no s x s tensor reaches device memory. The mask is causal
+    and the kernel skips its masked tiles: it does half the square's FLOPs
+    (what the measured kernels count, experiments/calibration). Backward reads Q,
     K, V, the output, its gradient and the log-sum-exp, recomputes QKᵀ (so 5
     products to the forward's 2) and writes dQ, dK, dV. It keeps Q, K, V and
     the log-sum-exp (the output is kept as the projection's input); dropout
@@ -398,8 +401,8 @@ def _flash_attention(r: _Rank, q: float, kv: float, bmm: float) -> Op:
     statistics = r.b * (r.shape.heads / r.t) * r.s * 4.0  # one FP32 log-sum-exp per score row
     qkv = n * (q + 2 * kv) * e
     return Op(name="flash_attention", kind="attention", attention_core=True,
-              forward=Work(2 * bmm, qkv + n * q * e + statistics),
-              backward_input=Work(5 * bmm, qkv + 2 * n * q * e + statistics + qkv),
+              forward=Work(bmm, qkv + n * q * e + statistics),
+              backward_input=Work(2.5 * bmm, qkv + 2 * n * q * e + statistics + qkv),
               saved=qkv + statistics)
 
 

@@ -5,7 +5,9 @@ import math
 
 import pytest
 
-from hcsim.engine.compute_model import DeviceFactors, load_compute_model
+from dataclasses import replace
+
+from hcsim.engine.compute_model import ComputeModel, DeviceFactors, load_compute_model
 from hcsim.errors import ConfigError
 from hcsim.workload import add_comm, add_compute, add_dependency, new_workload
 from hcsim.workload.ops import Op
@@ -34,16 +36,35 @@ def test_gemm_efficiency_is_the_product_of_the_dimension_factors():
 
 
 def test_an_instance_takes_the_sum_of_its_kernels_rooflines_plus_their_overheads():
-    f = MODEL.device("H100")
+    """With no host launch cost (the formula form, A100's factors on the fake kernel's H100 XPU)."""
+    f = replace(MODEL.device("A100"), name="H100")
+    model = ComputeModel(devices={"H100": f}, links=MODEL.links)
     peak, bandwidth = H100.fp32_flops, H100.memory_bandwidth
     big, small = gemm(4096, 4096, 4096), Op("norm", "memory", 0.0, 3e8)
     flash = Op("flash_attention", "attention", 1e12, 1e8)
     expected = (big.flops / (peak * f.gemm_efficiency(4096, 4096, 4096)) + small.bytes / (bandwidth * f.memory_efficiency)
                 + flash.flops / (peak * f.flash_forward_efficiency) + 3 * f.kernel_overhead)
-    ends, spans, _ = run(one_vertex([big, small, flash]), 1, compute_model=MODEL)
+    ends, spans, _ = run(one_vertex([big, small, flash]), 1, compute_model=model)
     start, end = spans[1, "xpu0", "v"]
     assert end - start == pytest.approx(expected, rel=1e-12)
-    assert math.isclose(MODEL.time([big, small, flash], "H100", peak, bandwidth), expected, rel_tol=1e-12)
+    assert math.isclose(model.time([big, small, flash], "H100", peak, bandwidth), expected, rel_tol=1e-12)
+
+
+def test_the_host_paces_small_kernels_and_hides_behind_large_ones():
+    """Kernels issued every `launch` s run in order, each no earlier than its issue: n tiny kernels take n
+    launches; a long kernel first lets the host run ahead, so the tiny ones after it cost only their own time."""
+    f = MODEL.device("H100")
+    assert f.launch > 0 and f.backward_launch > 0
+    peak, bandwidth = H100.fp16_flops, H100.memory_bandwidth
+    tiny = Op("add", "memory", 0.0, 1e3)
+    t_tiny = MODEL.op_time(f, tiny, peak, bandwidth)
+    assert MODEL.time([tiny] * 10, "H100", peak, bandwidth) == pytest.approx(10 * f.launch + t_tiny, rel=1e-12)
+    back = Op("add.bwd", "memory", 0.0, 1e3)
+    assert MODEL.time([back] * 10, "H100", peak, bandwidth) == pytest.approx(10 * f.backward_launch + t_tiny)
+    big = gemm(16384, 16384, 16384)
+    t_big = MODEL.op_time(f, big, peak, bandwidth)
+    assert t_big > 100 * f.launch
+    assert MODEL.time([big] + [tiny] * 10, "H100", peak, bandwidth) == pytest.approx(f.launch + t_big + 10 * t_tiny)
 
 
 def test_a_memory_bound_gemm_takes_its_bytes_time():

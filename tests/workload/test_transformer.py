@@ -210,9 +210,10 @@ def test_flash_attention_keeps_no_score_matrices(name):
     flash = decoder_layer(shape, micro_batch=b, sequence=s, tp=t, sequence_parallel=True, attention="flash")
     core = flash.op("flash_attention")
     products = 2 * b * s * s * shape.hidden / t  # one of QKᵀ, P·V
-    assert core.forward.flops == 2 * products and core.backward_input.flops == 5 * products
-    assert flash.forward.flops == standard.forward.flops
-    assert flash.backward.flops == standard.backward.flops + products
+    # causal: the kernel skips the masked half (one product's worth forward), recomputes QKᵀ backward
+    assert core.forward.flops == products and core.backward_input.flops == 2.5 * products
+    assert flash.forward.flops == standard.forward.flops - products
+    assert flash.backward.flops == standard.backward.flops - 1.5 * products
     lse = b * shape.heads / t * s * 4
     # flash keeps what selective recomputation keeps, plus the log-sum-exp, and no dropout masks of the scores
     assert flash.activation_bytes() == pytest.approx(standard.activation_bytes("selective") + lse, rel=1e-12)

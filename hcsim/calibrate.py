@@ -1,0 +1,346 @@
+"""Kernel-model factors of one GPU from its measured kernels (``hcsim calibrate``).
+
+Reads kernel measurements in the columns of ``benchmarks/gpu_kernels.py`` (the shared H100 and H200 files
+are in ``experiments/calibration/measurements/``): GEMMs by shape, causal flash attention by sequence and
+head dimension, copies and elementwise kernels by size, each timed alone with CUDA events. Fits, in this
+order, with the model :mod:`hcsim.engine.compute_model` runs (one function each, no second copy):
+
+1. memory-bound kernels (copy, add, SiLU, casts): the per-kernel host floor ``launch`` is the median time of
+   those of at most 1 MiB; then time = launch + bytes / (bandwidth x memory_efficiency), by least squares on
+   the relative error of the rows taking at least 5 floors (streaming at full rate);
+2. GEMMs: time = launch + 2mnk / (peak x max_efficiency x :func:`gemm_utilization`), for every pipeline fill
+   ``k_half`` of a grid, the best by relative RMS error (``max_efficiency`` in closed form for each);
+3. attention: each measured row's efficiency, flops / ((time - launch) x peak), as a table by (head
+   dimension, sequence), interpolated by the model.
+
+Everything is per kernel; no whole training step enters a fit. Units: s, B, FLOP, FLOP/s, B/s.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from hcsim.engine.compute_model import DeviceFactors, gemm_utilization
+from hcsim.errors import ConfigError
+
+__all__ = ["KernelRow", "Calibration", "read_kernels", "fit_device", "factors_yaml", "model_errors", "error_table",
+           "MEMORY_KINDS", "SMS"]
+
+MEMORY_KINDS = ("copy", "add", "add_bf16", "silu_bf16", "cast_bf16_to_fp32", "cast_fp32_to_bf16")
+K_HALF_GRID = tuple(range(0, 1025, 16))
+FLOOR_BYTES = 2**20  # memory-bound rows this small measure the per-kernel floor alone (< 1 us of traffic)
+STREAMING = 5  # memory-bound rows of at least 5 floors measure the bandwidth (mid sizes overlap floor and traffic)
+REQUIRED = {"kind", "seconds"}
+
+
+@dataclass(frozen=True, slots=True)
+class KernelRow:
+    """One measured kernel: kind, GEMM shape (m, n, k) or attention (m sequence, n heads, k head dimension,
+    batch sequences), elements (elementwise files), seconds, FLOP and bytes as measured, note, where read."""
+
+    kind: str
+    m: int
+    n: int
+    k: int
+    batch: int
+    elements: int
+    seconds: float
+    flops: float
+    bytes: float
+    note: str
+    where: str
+
+    def shape(self) -> dict[str, int]:
+        """m, n, k of a GEMM from its columns or from a note such as 'm=4096 n=4096 k=4096'."""
+        if self.m:
+            return {"m": self.m, "n": self.n, "k": self.k}
+        return {key: int(value) for key, value in (part.split("=") for part in self.note.split() if "=" in part)}
+
+
+def read_kernels(paths) -> list[KernelRow]:
+    """Rows of one or more kernel CSVs (both layouts of the shared files); ConfigError naming the file,
+    line and column of a bad value."""
+    rows: list[KernelRow] = []
+    for path in map(Path, paths):
+        try:
+            with open(path, newline="", encoding="utf-8") as handle:
+                reader = csv.DictReader(handle)
+                missing = REQUIRED - set(reader.fieldnames or ())
+                if missing:
+                    raise ConfigError(f"{path}: missing column(s) {', '.join(sorted(missing))}; a kernel CSV has "
+                                      f"kind, m, n, k, batch, dtype, seconds, flops, bytes (benchmarks/gpu_kernels.py)")
+                for line, data in enumerate(reader, start=2):
+                    rows.append(_row(data, f"{path}:{line}"))
+        except OSError as err:
+            raise ConfigError(f"{path}: cannot read the kernel CSV ({err.strerror or err})") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{path}: not a UTF-8 text CSV") from None
+    if not rows:
+        raise ConfigError(f"{', '.join(map(str, paths))}: no kernel rows")
+    return rows
+
+
+def _row(data: dict, where: str) -> KernelRow:
+    def number(key, kind=float):
+        text = (data.get(key) or "0").strip()
+        try:
+            value = kind(float(text))
+        except ValueError:
+            raise ConfigError(f"{where}: column {key}: expected a number, got {text[:40]!r}") from None
+        if not (math.isfinite(value) and value >= 0):
+            raise ConfigError(f"{where}: column {key}: expected a finite number >= 0, got {text[:40]!r}")
+        return value
+
+    row = KernelRow(kind=(data.get("kind") or "").strip(), m=number("m", int), n=number("n", int),
+                    k=number("k", int), batch=number("batch", int) or 1, elements=number("elements", int),
+                    seconds=number("seconds"), flops=number("flops"), bytes=number("bytes"),
+                    note=(data.get("note") or "").strip(), where=where)
+    if not row.seconds > 0:
+        raise ConfigError(f"{where}: column seconds: a kernel takes > 0 s, got {data.get('seconds')!r}")
+    return row
+
+
+def _least_squares(xs: list[float], ts: list[float], intercept: float | None = None) -> tuple[float, float]:
+    """(a, b) minimising sum ((a + b x) / t - 1)^2; with `intercept` given, a is fixed to it."""
+    if intercept is not None:
+        num = sum((x / t) * (1 - intercept / t) for x, t in zip(xs, ts))
+        den = sum((x / t) ** 2 for x, t in zip(xs, ts))
+        return intercept, num / den
+    s11 = sum(1 / t ** 2 for t in ts)
+    s12 = sum(x / t ** 2 for x, t in zip(xs, ts))
+    s22 = sum((x / t) ** 2 for x, t in zip(xs, ts))
+    r1 = sum(1 / t for t in ts)
+    r2 = sum(x / t for x, t in zip(xs, ts))
+    det = s11 * s22 - s12 * s12
+    return (r1 * s22 - r2 * s12) / det, (s11 * r2 - s12 * r1) / det
+
+
+def _rms(predicted, measured) -> float:
+    return math.sqrt(sum((p / t - 1) ** 2 for p, t in zip(predicted, measured)) / len(measured))
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """The fitted factors, and what the measurements' harness adds to a row and a training step does not:
+    `sync` (s: the CUDA events and synchronisation around a row timed alone, beyond one kernel's issue) and
+    `backward_call` (s: ``tensor.backward()``'s own start, once per row timed with its backward)."""
+
+    factors: DeviceFactors
+    sync: float
+    backward_call: float
+
+
+def fit_device(rows: list[KernelRow], *, name: str, peak: float, memory_bandwidth: float, sms: int) -> Calibration:
+    """The kernel-model factors of device `name` (BF16 peak FLOP/s, datasheet memory bandwidth B/s, SM count)
+    fitted to its measured `rows` (module docstring); ConfigError when a kind the fit needs is missing."""
+    memory = [r for r in rows if r.kind in MEMORY_KINDS]
+    gemms = [r for r in rows if r.kind in ("gemm", "gemm_bf16")]
+    for what, found in (("memory-bound (copy, add, ...)", memory), ("gemm", gemms)):
+        if len(found) < 2:
+            raise ConfigError(f"calibrate {name}: needs at least 2 {what} rows, found {len(found)} "
+                              f"(benchmarks/gpu_kernels.py measures them all)")
+    small = sorted(r.seconds for r in memory if r.bytes <= FLOOR_BYTES)
+    if not small:
+        raise ConfigError(f"calibrate {name}: needs memory-bound rows of at most {FLOOR_BYTES:,} bytes (the "
+                          f"per-kernel floor), found none (benchmarks/gpu_kernels.py measures them)")
+    floor = small[len(small) // 2]  # the median of the kernels too small to take any time on the GPU
+    streaming, reduction = _bandwidths(rows, memory, floor, memory_bandwidth)
+    k_half, gemm_efficiency = _gemm_fit(gemms, floor, peak, sms)
+    factors = DeviceFactors(name=name, provenance="measured", gemm_max_efficiency=gemm_efficiency, gemm_k_half=k_half,
+                            sms=sms, memory_efficiency=streaming, reduction_efficiency=reduction,
+                            attention_table=_attention_table(rows, floor, peak), kernel_overhead=0.0, launch=floor)
+    return _launches(rows, factors, floor, peak, memory_bandwidth)
+
+
+def _bandwidths(rows, memory, floor: float, bandwidth: float) -> tuple[float, float]:
+    """Streaming efficiency from the simple rows long enough to stream at full rate; then the norms' reducing
+    kernels' efficiency from the norm rows, through the kernels hcsim runs for them."""
+    long = [r for r in memory if r.seconds >= STREAMING * floor] or memory
+    _, per_byte = _least_squares([r.bytes for r in long], [r.seconds for r in long], intercept=floor)
+    streaming = 1 / (per_byte * bandwidth)
+    reducing = []
+    for r in rows:
+        kernels = row_kernels(r) if r.seconds >= STREAMING * floor else None
+        if kernels and all(op.kind in ("memory", "reduction") for op in kernels) \
+                and any(op.kind == "reduction" for op in kernels):
+            reduced = sum(op.bytes for op in kernels if op.kind == "reduction")
+            reducing.append((reduced, r.seconds - floor - sum(op.bytes for op in kernels if op.kind == "memory")
+                             * per_byte))
+    reduction = streaming
+    if reducing:
+        _, per_reduced = _least_squares([x for x, _ in reducing], [t for _, t in reducing], intercept=0.0)
+        reduction = 1 / (per_reduced * bandwidth)
+    for label, value in (("memory_efficiency", streaming), ("reduction_efficiency", reduction)):
+        if not 0 < value <= 1:
+            raise ConfigError(f"calibrate: the fitted {label} is {value:.3g}, outside (0, 1]: the device's datasheet "
+                              f"bandwidth is below what the rows measured (wrong --device?)")
+    return streaming, reduction
+
+
+def _gemm_fit(gemms, floor: float, peak: float, sms: int) -> tuple[float, float]:
+    """(k_half, max_efficiency) of the wave model with the least relative RMS error over the GEMM rows."""
+    best = None
+    for k_half in K_HALF_GRID:
+        xs = [2.0 * s["m"] * s["n"] * s["k"] / gemm_utilization(s["m"], s["n"], s["k"], sms, k_half)
+              for s in (r.shape() for r in gemms)]
+        ts = [r.seconds for r in gemms]
+        _, per_flop = _least_squares(xs, ts, intercept=floor)
+        error = _rms([floor + x * per_flop for x in xs], ts)
+        if best is None or error < best[0]:
+            best = (error, k_half, 1 / (per_flop * peak))
+    if not 0 < best[2] <= 1:
+        raise ConfigError(f"calibrate: the fitted GEMM max_efficiency is {best[2]:.3g}, outside (0, 1]: the device's "
+                          f"datasheet peak is below what the rows measured (wrong --device?)")
+    return float(best[1]), best[2]
+
+
+def _attention_table(rows, floor: float, peak: float) -> tuple:
+    """(head_dim, sequence, forward, backward efficiency) of each measured attention shape."""
+    found: dict[tuple[float, float], list[float | None]] = {}
+    for r in rows:
+        if r.kind not in ("attn_fwd", "attn_bwd"):
+            continue
+        busy = r.seconds - floor
+        efficiency = r.flops / (busy * peak) if busy > 0 else None
+        if efficiency is None or not 0 < efficiency <= 1:
+            raise ConfigError(f"{r.where}: attention row gives an efficiency of {efficiency} of the peak "
+                              f"{peak:.4g} FLOP/s: check its seconds and flops (causal FLOPs, as the shared files)")
+        found.setdefault((float(r.k), float(r.m)), [None, None])[r.kind == "attn_bwd"] = efficiency
+    return tuple((d, s, fwd, bwd) for (d, s), (fwd, bwd) in sorted(found.items()) if None not in (fwd, bwd))
+
+
+def _launches(rows, factors: DeviceFactors, floor: float, peak: float, bandwidth: float) -> Calibration:
+    """The host's issue interval per forward kernel, from the Hugging Face RMSNorm rows (eight eager kernels
+    back to back: the floor once, then one issue per kernel while the GPU waits); then per backward kernel,
+    with backward()'s own start, from the RMSNorm and LayerNorm forward-and-backward rows. A grid search on
+    the relative RMS error; without such rows every kernel issues at the floor."""
+    forward = [r for r in rows if r.kind == "rmsnorm_hf_fwd"]
+    both = [r for r in rows if r.kind in ("rmsnorm_hf_fwd_bwd", "layernorm_fwd_bwd")]
+    if not forward:
+        return Calibration(factors, 0.0, 0.0)
+    grid = [floor * i / 200 for i in range(1, 201)]
+
+    def with_launch(launch, backward=0.0):
+        return replace(factors, launch=launch, backward_launch=backward)
+
+    def error(f, selected, call=0.0):
+        return _rms([floor - f.launch + call + _time(f, r, peak, bandwidth) for r in selected],
+                    [r.seconds for r in selected])
+
+    launch = min(grid, key=lambda x: error(with_launch(x), forward))
+    best = (error(with_launch(launch), forward), launch, 0.0)
+    if both:
+        best = None
+        for backward in grid:
+            f = with_launch(launch, backward)
+            base = [floor - launch + _time(f, r, peak, bandwidth) for r in both]
+            ts = [r.seconds for r in both]
+            call = max(0.0, sum((1 - b / t) / t for b, t in zip(base, ts)) / sum(1 / t ** 2 for t in ts))
+            e = _rms([b + call for b in base], ts)
+            if best is None or e < best[0]:
+                best = (e, backward, call)
+    return Calibration(with_launch(launch, best[1] or launch), floor - launch, best[2])
+
+
+def _time(factors: DeviceFactors, row: KernelRow, peak: float, bandwidth: float) -> float:
+    from hcsim.engine.compute_model import ComputeModel
+
+    return ComputeModel(devices={factors.name: factors}, links={}).time(row_kernels(row), factors.name, peak,
+                                                                          bandwidth)
+
+
+def factors_yaml(calibration: Calibration, sources: list[str]) -> dict:
+    """The ``devices:`` entry of a compute-model YAML for a calibration (platforms/compute-model.yaml's shape)."""
+    factors, named = calibration.factors, ", ".join(sources)
+    return {
+        "provenance": "measured",
+        "gemm": {"max_efficiency": round(factors.gemm_max_efficiency, 4), "k_half": factors.gemm_k_half,
+                 "sms": factors.sms,
+                 "source": f"hcsim calibrate: least squares on the relative error of every GEMM row of {named}"},
+        "memory_efficiency": round(factors.memory_efficiency, 4),
+        "source_memory_efficiency": f"hcsim calibrate: copy, add, SiLU and cast rows of {named}",
+        "reduction_efficiency": round(factors.reduction_efficiency, 4),
+        "source_reduction_efficiency": f"hcsim calibrate: RMSNorm and LayerNorm rows of {named}",
+        "attention": {"table": [[d, s, round(fwd, 4), round(bwd, 4)] for d, s, fwd, bwd in factors.attention_table],
+                      "source": f"hcsim calibrate: [head_dim, sequence, forward, backward] efficiency of the causal "
+                                f"flash attention rows of {named}"},
+        "kernel_overhead": "0s",
+        "launch": f"{factors.launch * 1e6:.2f}us",
+        "backward_launch": f"{factors.backward_launch * 1e6:.2f}us",
+        "source_launch": f"hcsim calibrate: the Hugging Face RMSNorm rows of {named} (eager kernels back to back), "
+                         f"and with their backward the LayerNorm rows; the harness's own synchronisation "
+                         f"({calibration.sync * 1e6:.1f} us a row) and backward() start "
+                         f"({calibration.backward_call * 1e6:.1f} us) are fitted beside them and not used",
+    }
+
+
+# ---- the model against every measured row ----------------------------------------------------------------
+
+SMS = {"H100": 132, "H200": 132, "A100": 108, "A100-40GB": 108, "V100": 80, "B200": 148}  # datasheets' SM counts
+NOT_MODELLED = ("gemm_fp8_e4m3",)  # FP8 GEMMs: issue "FP8 training"
+
+
+def row_kernels(row: KernelRow) -> tuple | None:
+    """The kernels hcsim's model runs for a measured row (composite rows through the PyTorch eager inventory of
+    :mod:`hcsim.workload.ops`), or None for a kind it does not model."""
+    from hcsim.workload import ops
+
+    if row.kind in ("gemm", "gemm_bf16"):
+        s = row.shape()
+        return (ops._gemm("gemm", s["m"], s["n"], s["k"], 2.0),)
+    if row.kind in ("attn_fwd", "attn_bwd"):
+        b, s, heads, d = row.batch, row.m, row.n, row.k
+        flops = 2.0 * b * s * s * heads * d * (2.5 if row.kind == "attn_bwd" else 1.0)
+        return (ops.Op("flash_attention" + (".bwd" if row.kind == "attn_bwd" else ""), "attention", flops,
+                       4.0 * b * s * heads * d * 2, s, b * heads, d),)
+    if row.kind in MEMORY_KINDS:
+        return (ops._memory(row.kind, row.bytes),)
+    if row.kind == "adamw_fused_fp32_step":
+        return ops.optimizer_step_ops(row.elements, "bf16", "pytorch-eager")
+    note = dict(part.split("=") for part in row.note.split() if "=" in part)
+    if row.kind.startswith(("rmsnorm_hf", "layernorm")):
+        tokens, hidden = int(note["tokens"]), int(note["hidden"])
+        n = tokens * hidden
+        k = ops._Kernels()
+        if row.kind.startswith("rmsnorm"):  # on a BF16 input: cast up, the FP32 kernels, cast back
+            k.memory("cast_up", n * 6, (n * 6,))
+            ops._rmsnorm(k, "rmsnorm", n, tokens)
+            k.memory("cast_down", n * 6, (n * 6,))
+        else:  # one fused kernel each way, on BF16
+            k.memory("layernorm", 4 * n, (ops.Reduce(6 * n), ops.Reduce(4 * n)), reduce=True)
+        blocks = k.kernels(compiled=False)
+        return blocks.forward + (blocks.backward if row.kind.endswith("fwd_bwd") else ())
+    if row.kind == "cross_entropy_fp32_fwd_bwd":
+        k = ops._Kernels()
+        ops._cross_entropy(k, int(note["tokens"]), int(note["vocab"]))
+        blocks = k.kernels(compiled=False)
+        return blocks.forward + blocks.backward
+    return None
+
+
+def model_errors(rows: list[KernelRow], calibration: Calibration, peak: float, memory_bandwidth: float
+                 ) -> list[tuple[KernelRow, float | None]]:
+    """Each row with the model's signed relative error (simulated / measured - 1), None where not modelled.
+    The model times a row's kernels as one instance (the host issues them, the GPU runs them), plus what the
+    measurement's harness adds (:class:`Calibration`)."""
+    out = []
+    for row in rows:
+        kernels = None if row.kind in NOT_MODELLED else row_kernels(row)
+        if kernels is None:
+            out.append((row, None))
+            continue
+        extra = calibration.sync + (calibration.backward_call if row.kind.endswith("fwd_bwd") else 0.0)
+        out.append((row, (extra + _time(calibration.factors, row, peak, memory_bandwidth)) / row.seconds - 1))
+    return out
+
+
+def error_table(errors) -> list[tuple[str, int, float, float]]:
+    """Per kind: rows, mean absolute and max absolute relative error (kinds not modelled left out)."""
+    kinds: dict[str, list[float]] = {}
+    for row, error in errors:
+        if error is not None:
+            kinds.setdefault(row.kind, []).append(abs(error))
+    return [(kind, len(e), sum(e) / len(e), max(e)) for kind, e in kinds.items()]
