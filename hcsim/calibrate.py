@@ -150,9 +150,11 @@ def fit_device(rows: list[KernelRow], *, name: str, peak: float, memory_bandwidt
     streaming, reduction = _bandwidths(rows, memory, floor, memory_bandwidth)
     k_half, gemm_efficiency = _gemm_fit(gemms, floor, peak, sms)
     factors = DeviceFactors(name=name, provenance="measured", gemm_max_efficiency=gemm_efficiency, gemm_k_half=k_half,
-                            sms=sms, memory_efficiency=streaming, reduction_efficiency=reduction,
-                            attention_table=_attention_table(rows, floor, peak), kernel_overhead=0.0, launch=floor)
-    return _launches(rows, factors, floor, peak, memory_bandwidth)
+                            sms=sms, memory_efficiency=streaming, reduction_efficiency=reduction, kernel_overhead=0.0,
+                            launch=floor)
+    calibration = _launches(rows, factors, floor, peak, memory_bandwidth)
+    table = _attention_table(rows, calibration, peak)
+    return replace(calibration, factors=replace(calibration.factors, attention_table=table))
 
 
 def _bandwidths(rows, memory, floor: float, bandwidth: float) -> tuple[float, float]:
@@ -197,13 +199,15 @@ def _gemm_fit(gemms, floor: float, peak: float, sms: int) -> tuple[float, float]
     return float(best[1]), best[2]
 
 
-def _attention_table(rows, floor: float, peak: float) -> tuple:
-    """(head_dim, sequence, forward, backward efficiency) of each measured attention shape."""
+def _attention_table(rows, calibration: Calibration, peak: float) -> tuple:
+    """(head_dim, sequence, forward, backward efficiency) of each measured attention shape: its FLOPs over the
+    time left after the harness's synchronisation and the kernel's issue."""
     found: dict[tuple[float, float], list[float | None]] = {}
+    factors = calibration.factors
     for r in rows:
         if r.kind not in ("attn_fwd", "attn_bwd"):
             continue
-        busy = r.seconds - floor
+        busy = r.seconds - calibration.sync - (factors.backward_launch if r.kind == "attn_bwd" else factors.launch)
         efficiency = r.flops / (busy * peak) if busy > 0 else None
         if efficiency is None or not 0 < efficiency <= 1:
             raise ConfigError(f"{r.where}: attention row gives an efficiency of {efficiency} of the peak "

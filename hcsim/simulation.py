@@ -97,8 +97,10 @@ def prepare(scenario: Scenario) -> Prepared:
         def order(group):
             return rank_order(graph, group, scenario, xpus)
 
-        layers = layer_split(scenario, workload_spec, layout, graph) if scenario.hybrid else None
-        parallelism = _parallelism(scenario, workload_spec, layout, layers=layers) if scenario.hybrid else None
+        # a framework's kernel inventory (training.kernels) lives in the hybrid graph, one data-parallel rank per XPU
+        hybrid = scenario.hybrid or workload_spec.kernels != "megatron"
+        layers = layer_split(scenario, workload_spec, layout, graph) if hybrid else None
+        parallelism = _parallelism(scenario, workload_spec, layout, layers=layers) if hybrid else None
         split = batch_split(scenario, workload_spec, layout, graph, parallelism)
         if parallelism and split:
             parallelism = _parallelism(scenario, workload_spec, layout, split, layers)
@@ -391,9 +393,11 @@ def simulate_graphs(platform: nx.Graph, workload: nx.DiGraph, options=None) -> d
 def compute_model(scenario: Scenario, workload: nx.DiGraph, platform: nx.Graph | None = None):
     """The scenario's roofline ComputeModel, or None for ``compute_model: peak``.
 
-    Raises ConfigError when roofline is asked of a graph without op-level costs, or when a device of
-    `platform` has no factors; warns, naming them, when its devices' factors are literature values."""
-    if scenario.compute_model == "peak":
+    A workload of PyTorch's kernels (training.kernels: pytorch-eager or torch-compile) is always timed by its
+    kernels: the peak model knows nothing of them. Raises ConfigError when roofline is asked of a graph without
+    op-level costs, or when a device of `platform` has no factors; warns, naming them, when its devices'
+    factors are literature values."""
+    if scenario.compute_model == "peak" and workload.graph.get("kernels", "megatron") == "megatron":
         return None
     from hcsim.config import resolve_spec
     from hcsim.engine.compute_model import load_compute_model

@@ -36,7 +36,7 @@ from hcsim.platform.devices import peak_flops
 from hcsim.platform.routes import route_bandwidth, route_latency
 
 __all__ = ["Executor", "RunOptions", "RunResult", "COLLECTIVE_MODELS", "XPU_SAMPLINGS", "LOCAL_ACCESSES",
-           "LOCAL_COLLECTIVES", "memory_form", "form_transfers"]
+           "LOCAL_COLLECTIVES", "memory_form", "form_transfers", "check_link_loads"]
 
 COLLECTIVE_MODELS = ("step", "flow", "auto")  # RunOptions.collective_model
 XPU_SAMPLINGS = ("all", "representative")  # RunOptions.xpu_sampling
@@ -202,7 +202,8 @@ class Executor:
         self.representative = self._representatives() if options.xpu_sampling == "representative" else {}
         if self.trace is not None:
             self.trace.follow(self.representative, list(self.busy))
-        self.followed: dict[tuple[int, str, int], tuple[float, float]] = {}  # (vertex, rep, run) -> busy
+        self.followed: dict[tuple[int, str, int], tuple[float, float, float]] = {}  # (vertex, rep, run) ->
+        # (compute s, stall s, s it took): the representative's run
         self.following: dict[tuple[int, str, int], list[tuple[int, float]]] = defaultdict(list)
         self.immediate: deque = deque()
         self.draining = False
@@ -471,7 +472,7 @@ class Executor:
             self.busy[xpu][1] += stall
             self._complete(vertex, rank, run, start)
             if self.representative:
-                self._release_followers(vertex, xpu, run, compute_time, stall)
+                self._release_followers(vertex, xpu, run, compute_time, stall, elapsed)
 
         def compute_beside(memory, then):
             if memory == local and self.options.local_access == "analytic" and flops > 0 and size > 0:
@@ -569,10 +570,14 @@ class Executor:
 
         Alike: same device and speed, the same compute vertices, the same memory paths and spilled
         vertices, and the same collective paths in and out (so an XPU whose incoming ring transfer
-        shares its memory link is not represented by one whose transfer arrives over the XPU switch)."""
+        shares its memory link is not represented by one whose transfer arrives over the XPU switch).
+        An XPU whose memory traffic could slow other traffic down, or be slowed down by it
+        (:meth:`_shared_memory_xpus`), is alike no other: it is simulated, so a follower's dropped
+        traffic never shares a link with anything (the mode is exact, not an approximation)."""
         compute = [v for v in self.vertices if v.kind == "compute"]
         nodes = self.nodes
         traffic: dict[str, set] = defaultdict(set)
+        collective_links: set[tuple[str, str]] = set()  # link directions that collective traffic crosses
         seen = set()  # (algorithm, group) ids: vertices share both (one per layer and micro-batch, alike)
         for vertex in self.vertices:
             if vertex.kind == "comm":
@@ -584,6 +589,9 @@ class Executor:
                         src, dst = group[s], group[d]
                         traffic[src].add(("out", self._path(src, dst)))
                         traffic[dst].add(("in", self._path(src, dst)))
+                        route = self.routes[src, dst]
+                        collective_links.update(zip(route, route[1:]))
+        shared = self._shared_memory_xpus(collective_links)
         placements = list({(id(v.xpus), id(v.data["spilled_xpus"])): (v.pos, v.data["spilled_xpus"])
                            for v in compute}.values())  # vertices share these: test each distinct pair once
         first: dict[tuple, str] = {}
@@ -593,24 +601,78 @@ class Executor:
             paths = tuple(self._path(node[key], xpu) if (node[key], xpu) in self.routes else None
                           for key in ("local_memory", "extended_memory"))
             runs = tuple((xpu in pos, xpu in spilled) for pos, spilled in placements)
-            key = (node["device"], peak_flops(node, self.precision), paths, tuple(sorted(traffic[xpu])), runs)
+            key = (node["device"], peak_flops(node, self.precision), paths, tuple(sorted(traffic[xpu])), runs,
+                   xpu if xpu in shared else None)
             rep = first.setdefault(key, xpu)
             if rep != xpu:
                 followers[xpu] = rep
         return followers
 
+    def _shared_memory_xpus(self, collective_links: set[tuple[str, str]]) -> set[str]:
+        """The XPUs whose followed memory traffic (the reads and copies of their compute vertices) crosses a
+        link direction that other traffic may need at the same time: one that collective traffic
+        (`collective_links`), an offload copy or a CPU step also crosses, or one whose memory users' routes
+        could together carry more than its bandwidth (two DGX GPUs spilling over one PCIe uplink). A
+        follower's memory traffic is not simulated; on every other link it has no effect on anyone (max-min
+        sharing never saturates a link whose flows are bounded elsewhere to less than its bandwidth, as four
+        XPUs' 128 GB/s PCIe links under the paper's 512 GB/s CPU link), and it takes its representative's
+        time. Each XPU computes one vertex at a time, so it has one memory flow at a time, at most its
+        route's bottleneck bandwidth."""
+        nodes, routes, edges = self.nodes, self.routes, self.platform.edges
+
+        def links(pair):
+            route = routes.get(pair, ())
+            return zip(route, route[1:])
+
+        always = set(collective_links)  # link directions of traffic that runs on every XPU
+        users: dict[tuple[str, str], dict[str, float]] = defaultdict(dict)  # link -> {XPU: its flow's bound}
+        forms = set()
+        for vertex in self.vertices:
+            data = vertex.data
+            if vertex.kind != "compute" or data["memory_bytes"] <= 0:
+                continue
+            key = (id(vertex.xpus), id(data["spilled_xpus"]), data.get("offload"), data.get("move"), data.get("host"))
+            if key in forms:  # vertices share these: each distinct placement once
+                continue
+            forms.add(key)
+            followed = vertex.on_xpu and not data.get("move")
+            for xpu in vertex.xpus:
+                for pair in form_transfers(nodes, data, xpu, memory_form(nodes, data, xpu, self.options.coherent)):
+                    if not followed:
+                        always.update(links(pair))
+                        continue
+                    if pair not in routes:
+                        continue
+                    bound = self._path(*pair)[1]
+                    for link in links(pair):
+                        flows = users[link]
+                        flows[xpu] = max(flows.get(xpu, 0.0), bound)
+        shared = set()
+        for link, flows in users.items():
+            if link in always or (len(flows) > 1 and sum(flows.values()) > edges[link]["bandwidth"] * (1 + 1e-12)):
+                shared.update(flows)
+        return shared
+
     def _follow(self, vertex: _Vertex, rank: int, run: int, now: float) -> None:
         key = (vertex.index, self.representative[vertex.xpus[rank]], run)
-        if key in self.followed:
-            self.immediate.append((vertex, rank, run, now, self.followed[key]))
-            self._drain()
-        else:
+        if key not in self.followed:
             self.following[key].append((rank, now))
+            return
+        compute, stall, took = self.followed[key]
+        if took > 0:  # its representative's run ended before it was ready: it takes as long, from now
+            self.backend.delay(took, lambda: self._followed(vertex, rank, run, now, compute, stall))
+        else:
+            self._followed(vertex, rank, run, now, compute, stall)
 
-    def _release_followers(self, vertex: _Vertex, rep: str, run: int, compute: float, stall: float) -> None:
+    def _followed(self, vertex: _Vertex, rank: int, run: int, start: float, compute: float, stall: float) -> None:
+        self.immediate.append((vertex, rank, run, start, (compute, stall)))
+        self._drain()
+
+    def _release_followers(self, vertex: _Vertex, rep: str, run: int, compute: float, stall: float,
+                           took: float) -> None:
         key = (vertex.index, rep, run)
-        self.followed[key] = (compute, stall)
-        for rank, start in self.following.pop(key, ()):
+        self.followed[key] = (compute, stall, took)
+        for rank, start in self.following.pop(key, ()):  # ready while it ran: they end with it (lockstep)
             self.immediate.append((vertex, rank, run, start, (compute, stall)))
         self._drain()
 
@@ -645,9 +707,11 @@ class Executor:
 
             raise SimulationError(f"the run stopped with vertices that never completed every iteration "
                                   f"(a dependency that is never met): {', '.join(unfinished[:5])}")
+        link_bytes = self.link_bytes()
+        check_link_loads(self.platform, link_bytes, self.iteration_ends[-1] if self.iteration_ends else 0.0)
         return RunResult(iteration_ends=list(self.iteration_ends), activities=self.backend.activities,
                          busy=self.busy, wall_time_s=time.perf_counter() - wall, trace=self.trace,
-                         collective_fidelity=self.fidelity_used, link_bytes=self.link_bytes(),
+                         collective_fidelity=self.fidelity_used, link_bytes=link_bytes,
                          xpu_times=self.xpu_times(), representatives=dict(self.representative))
 
     def latency(self, src: str, dst: str) -> float:
@@ -854,6 +918,20 @@ def phase_time(phase: FlowPhase, durations: list[float], latencies: list[float])
         fill.append(max((fill[f] + step[f] for f in feeds), default=0.0))
         last.append(max(max((last[f] for f in feeds), default=0.0) + step[i], fill[i] + k * step[i]))
     return max(last)
+
+
+def check_link_loads(platform: nx.Graph, link_bytes: dict[tuple[str, str], float], seconds: float) -> None:
+    """Raise RuntimeError (a bug, not a user's error) if a link direction carried more bytes than its bandwidth
+    allows in `seconds` of simulated time: a mean utilization above 100 % means some traffic was counted that
+    was never simulated, or simulated without its link (the representative XPUs' followers once did this)."""
+    for (u, v), size in link_bytes.items():
+        edge = platform.edges[u, v]
+        capacity = edge["bandwidth"] * seconds
+        if size > capacity * (1 + 1e-9):
+            raise RuntimeError(f"internal error: link {u} -> {v} ({edge['kind']}, {edge['bandwidth']:.4g} B/s) carried "
+                               f"{size:.6g} B in {seconds:.6g} s of simulated time, {size / capacity:.1%} of what it "
+                               f"can carry: traffic was counted that was not simulated. This is a bug in hcsim; "
+                               f"please report it with the scenario")
 
 
 def memory_form(nodes, data: dict, xpu: str, coherent: bool) -> tuple[str | None, str]:

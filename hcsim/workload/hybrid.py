@@ -182,7 +182,8 @@ class Parallelism:
             raise ConfigError(f"layer_split: {list(self.layer_split)} must be positive and sum to the "
                               f"{model.decoders} decoders of {model.name}")
         if spec.kernels != "megatron":
-            splits = {key: getattr(self, key) for key in ("tp", "pp", "ep", "zero") if getattr(self, key) not in (0, 1)}
+            splits = {key: getattr(self, key) for key in ("tp", "pp", "ep", "zero")
+                      if getattr(self, key) > (0 if key == "zero" else 1)}
             if splits or model.moe:
                 what = ", ".join(f"{key} {value}" for key, value in splits.items()) or "experts"
                 raise ConfigError(f"training.kernels: {spec.kernels} models a Hugging Face model trained with plain "
@@ -321,7 +322,8 @@ class _Builder:
                                   parallelism={k: getattr(par, k) for k in ("tp", "pp", "dp", "micro_batch",
                                                "global_batch", "schedule", "virtual_stages", "recompute",
                                                "sequence_parallel", "zero", "offload", "ep", "moe_skew")},
-                                  model=model.name, decoders=model.decoders, granularity=spec.granularity)
+                                  model=model.name, decoders=model.decoders, granularity=spec.granularity,
+                                  kernels=spec.kernels)
         if len(self.classes) > 1:  # micro-batches per DP replica; an even split leaves the graph as it was
             self.graph.graph.update(batch_split=list(par.batch_split), batch_split_unit="micro-batches")
 

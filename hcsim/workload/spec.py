@@ -94,6 +94,9 @@ class WorkloadSpec:
         if self.chunks is not None and (isinstance(self.chunks, bool) or not isinstance(self.chunks, int)
                                         or self.chunks < 1):
             raise ConfigError(f"workload {self.name!r}: gradients.chunks must be an integer >= 1, got {self.chunks!r}")
+        if self.kernels != "megatron" and self.precision == "fp32":
+            raise ConfigError(f"workload {self.name!r}: training.kernels {self.kernels} models torch.autocast over FP32 "
+                              f"weights, in bf16 or fp16; fix: training.precision: bf16, or training.kernels: megatron")
         if self.costs == "table":
             if self.table is None:
                 raise ConfigError(f"workload {self.name!r}: costs is 'table' but the spec has no table. "
@@ -160,15 +163,17 @@ def parse_workload_spec(data: Any, where: str = "workload") -> WorkloadSpec:
     costs = top.choice("costs", COST_SOURCES, "table" if top.has("table") else "shape")
     table = _table(top.sub("table")) if top.has("table") else None
     training = top.sub("training")
+    kernels = training.choice("kernels", KERNEL_INVENTORIES, "megatron")
     values = dict(
         batch_per_xpu=training.number("batch_per_xpu", 1, kind=int, minimum=1),
-        precision=training.choice("precision", PRECISIONS, "fp32"),
+        # a PyTorch workload trains under torch.autocast: BF16 unless it says FP16
+        precision=training.choice("precision", PRECISIONS, "fp32" if kernels in (None, "megatron") else "bf16"),
         optimizer=training.choice("optimizer", OPTIMIZERS, "adam"),
         optimizer_flops_per_parameter=training.number("optimizer_flops_per_parameter", 12.0, minimum=0),
         optimizer_bytes_per_parameter=training.quantity("optimizer_bytes_per_parameter", "size", 0.0, positive=False),
         recomputation=training.choice("recomputation", RECOMPUTATION, "none"),
         attention=training.choice("attention", ATTENTION, "standard"),
-        kernels=training.choice("kernels", KERNEL_INVENTORIES, "megatron"),
+        kernels=kernels,
     )
     training.check_unknown()
     gradients = top.sub("gradients")

@@ -1,0 +1,110 @@
+"""The kernel model against every measured kernel row (hcsim.calibrate, `hcsim calibrate`).
+
+The shared H100 and H200 measurements (experiments/calibration/measurements) are refitted here; the fit error
+per kind of kernel is printed (pytest -s) and bounded, and the built-in factors must be that fit."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hcsim.calibrate import SMS, error_table, factors_yaml, fit_device, model_errors, read_kernels
+from hcsim.cli import main
+from hcsim.config import REPO_ROOT
+from hcsim.engine.compute_model import BUILTIN_FACTORS, load_compute_model
+from hcsim.errors import ConfigError
+from hcsim.platform.devices import builtin_catalog
+
+MEASURED = REPO_ROOT / "experiments" / "calibration" / "measurements"
+FILES = {"H100": sorted(MEASURED.glob("h100-*kernels*.csv")), "H200": sorted(MEASURED.glob("h200-*kernels*.csv"))}
+# The model's mean |error| per kind, at most (the fit's error, stated in the README): GEMMs by the wave model;
+# attention from its own table; memory-bound rows with one streaming bandwidth (mid sizes sit in the 50 MB L2);
+# composite rows through the PyTorch eager inventory, host issue included.
+BOUNDS = {"gemm": 0.10, "gemm_bf16": 0.10, "attn_fwd": 1e-9, "attn_bwd": 1e-9, "copy": 0.10, "add": 0.15,
+          "add_bf16": 0.20, "silu_bf16": 0.20, "cast_bf16_to_fp32": 0.20, "cast_fp32_to_bf16": 0.15,
+          "rmsnorm_hf_fwd": 0.15, "rmsnorm_hf_fwd_bwd": 0.15, "layernorm_fwd": 0.40, "layernorm_fwd_bwd": 0.30,
+          "cross_entropy_fp32_fwd_bwd": 0.20, "adamw_fused_fp32_step": 0.30}
+
+
+def fit(device):
+    spec = builtin_catalog()[device]
+    rows = read_kernels(FILES[device])
+    calibration = fit_device(rows, name=device, peak=spec.peaks["bf16"], memory_bandwidth=spec.memory_bandwidth,
+                             sms=SMS[device])
+    return rows, calibration, spec
+
+
+@pytest.mark.parametrize("device", ["H100", "H200"])
+def test_the_kernel_model_reproduces_every_measured_kernel_row(device):
+    rows, calibration, spec = fit(device)
+    errors = model_errors(rows, calibration, spec.peaks["bf16"], spec.memory_bandwidth)
+    table = error_table(errors)
+    print(f"\n{device}: kind, rows, mean |error|, max |error|")
+    for kind, count, mean, worst in table:
+        print(f"  {kind:<28} {count:>4} {mean:7.1%} {worst:7.1%}")
+    assert {kind for kind, *_ in table} == set(BOUNDS)  # every measured kind is modelled (FP8: issue 30)
+    assert sum(1 for _, e in errors if e is not None) == len(rows) - 5  # all rows but the five FP8 GEMMs
+    for kind, count, mean, _ in table:
+        assert mean <= BOUNDS[kind], f"{device} {kind}: mean |error| {mean:.1%} over {BOUNDS[kind]:.0%}"
+    gemm = [abs(e) for r, e in errors if r.kind == "gemm"]
+    assert sum(gemm) / len(gemm) < 0.10
+
+
+@pytest.mark.parametrize("device", ["H100", "H200"])
+def test_the_built_in_factors_are_the_fit_of_the_shared_measurements(device):
+    _, calibration, _ = fit(device)
+    builtin = yaml.safe_load(BUILTIN_FACTORS.read_text())["devices"][device]
+    fitted = factors_yaml(calibration, [p.name for p in FILES[device]])
+    for key in ("memory_efficiency", "reduction_efficiency", "launch", "backward_launch"):
+        assert builtin[key] == fitted[key], key
+    assert builtin["gemm"]["max_efficiency"] == fitted["gemm"]["max_efficiency"]
+    assert builtin["gemm"]["k_half"] == fitted["gemm"]["k_half"]
+    assert builtin["attention"]["table"] == fitted["attention"]["table"]
+    assert load_compute_model().device(device).provenance == "measured"
+
+
+def test_h200_and_h100_share_tensor_cores_and_differ_in_bandwidth():
+    """The H200/H100 step ratio must come from the kernels: GEMMs within a few per cent, memory faster."""
+    h100, h200 = (fit(d)[1].factors for d in ("H100", "H200"))
+    catalog = builtin_catalog()
+    assert h200.gemm_max_efficiency == pytest.approx(h100.gemm_max_efficiency, rel=0.05)
+    reached = [f.memory_efficiency * catalog[f.name].memory_bandwidth for f in (h100, h200)]
+    assert 1.25 < reached[1] / reached[0] < 4.8 / 3.35
+
+
+def test_calibrate_writes_factors_that_simulate_reads(tmp_path, capsys):
+    out = tmp_path / "h100.yaml"
+    assert main(["calibrate", *map(str, FILES["H100"]), "--device", "H100", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "gemm" in printed and "wrote" in printed
+    model = load_compute_model(out)
+    assert model.device("H100") == load_compute_model().device("H100")  # the same fit as the built-in one
+    assert model.device("A100") == load_compute_model().device("A100")  # the rest read from the built-in file
+
+
+@pytest.mark.parametrize("text, message", [
+    ("kind,m\ngemm,1\n", "missing column"),
+    ("kind,seconds\ngemm,fast\n", r":2: column seconds: expected a number, got 'fast'"),
+    ("kind,seconds\ngemm,0\n", "takes > 0 s"),
+])
+def test_a_bad_kernel_csv_is_refused_naming_file_line_and_column(tmp_path, text, message):
+    path = tmp_path / "k.csv"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        read_kernels([path])
+
+
+def test_calibrate_refuses_an_unknown_device(tmp_path, capsys):
+    assert main(["calibrate", str(FILES["H100"][0]), "--device", "TPU9", "-o", str(tmp_path / "f.yaml")]) == 2
+    assert "not in the device catalog" in capsys.readouterr().err
+    assert not (tmp_path / "f.yaml").exists()
+
+
+def test_a_missing_kernel_csv_is_one_clear_error(tmp_path, capsys):
+    assert main(["calibrate", str(tmp_path / "none.csv"), "--device", "H100", "-o", str(tmp_path / "f.yaml")]) == 2
+    assert "none.csv: cannot read" in capsys.readouterr().err
+
+
+def test_the_measurements_are_in_the_repository():
+    assert all(len(files) == 2 for files in FILES.values())
+    assert Path(MEASURED / "README.md").exists()

@@ -1,0 +1,135 @@
+"""The kernels a framework launches (hcsim.workload.ops: training.kernels) and the memory that follows them."""
+
+import pytest
+
+from hcsim.workload.hybrid import Parallelism, build_hybrid_graph
+from hcsim.workload.layout import ParallelLayout
+from hcsim.workload.memory import CUBLAS_WORKSPACE, eager_memory, stage_memory
+from hcsim.workload.model import ModelShape
+from hcsim.workload.ops import eager_embedding_ops, eager_head_ops, eager_layer_ops, optimizer_step_ops, ops_flops
+from hcsim.workload.spec import WorkloadSpec, load_workload_spec
+from hcsim.workload.transformer import model_parameters
+from hcsim.errors import ConfigError
+
+LLAMA = ModelShape(name="llama", decoders=2, hidden=512, heads=8, kv_heads=2, ffn=1408, mlp="swiglu", norm="rmsnorm",
+                   dropout=False, sequence=256, vocabulary=1000, positions="rope")
+GPT2 = ModelShape(name="gpt2", decoders=2, hidden=512, heads=8, ffn=2048, mlp="gelu", norm="layernorm", dropout=True,
+                  sequence=256, vocabulary=1000, positions="learned", bias=True, tied_embeddings=True)
+
+
+def kinds(ops, kind):
+    return [op for op in ops if op.kind == kind]
+
+
+@pytest.mark.parametrize("shape", [LLAMA, GPT2], ids=["llama", "gpt2"])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_layers_gemms_and_attention_do_the_models_flops(shape, compiled):
+    """Forward GEMMs 2·T·(weights of the linear layers), the causal flash kernel 2·b·s²·h (half the square);
+    backward twice the GEMMs and 2.5x the attention (it recomputes Q·Kᵀ)."""
+    b = 2
+    attn, mlp, _ = eager_layer_ops(shape, b, compiled)
+    h, kv, f, t = shape.hidden, shape.kv_hidden, shape.ffn, b * shape.sequence
+    linear = h * (h + 2 * kv) + h * h + (3 if shape.mlp == "swiglu" else 2) * h * f
+    forward = attn.forward + mlp.forward
+    backward = attn.backward + mlp.backward
+    assert ops_flops(kinds(forward, "gemm")) == 2 * t * linear
+    assert ops_flops(kinds(backward, "gemm")) == 4 * t * linear
+    assert ops_flops(kinds(forward, "attention")) == 2 * b * shape.sequence ** 2 * h
+    assert ops_flops(kinds(backward, "attention")) == 2.5 * 2 * b * shape.sequence ** 2 * h
+
+
+def test_the_eager_llama_layer_launches_what_the_modeling_code_runs():
+    """LlamaDecoderLayer under autocast: RMSNorm 6 kernels on the FP32 residual (pow, mean, + eps, rsqrt, x·r,
+    weight·x), q/k/v each casting input and weight then a GEMM (9), rotary on q and k (5 each), repeat_kv for
+    k and v (grouped heads), sdpa, the transposed output's copy, o_proj (weight cast, GEMM), the residual add;
+    RMSNorm, gate and up (3 each), SiLU, the product, down_proj (2), the residual add."""
+    attn, mlp, _ = eager_layer_ops(LLAMA, 1)
+    assert len(attn.forward) == 6 + 9 + 10 + 2 + 1 + 1 + 2 + 1
+    assert len(mlp.forward) == 6 + 6 + 2 + 2 + 1
+    gpt_attn, gpt_mlp, _ = eager_layer_ops(GPT2, 1)  # LayerNorm 1, c_attn with bias 4, sdpa, copy, c_proj 3, dropout, add
+    assert len(gpt_attn.forward) == 1 + 4 + 1 + 1 + 3 + 1 + 1
+    assert len(gpt_mlp.forward) == 1 + 4 + 8 + 3 + 1 + 1  # ... c_fc 4, GELU-tanh 8, c_proj 3, dropout, add
+
+
+def test_torch_compile_fuses_the_memory_bound_kernels_between_gemms():
+    eager, compiled = eager_layer_ops(LLAMA, 2)[0], eager_layer_ops(LLAMA, 2, compiled=True)[0]
+    assert kinds(compiled.forward, "gemm") == kinds(eager.forward, "gemm")
+    assert len(compiled.forward) < len(eager.forward)
+    assert sum(op.bytes for op in compiled.forward) < sum(op.bytes for op in eager.forward)
+    for before, after in zip(compiled.forward, compiled.forward[1:]):  # no two memory-bound kernels in a row
+        assert not (before.kind in ("memory", "reduction") and after.kind in ("memory", "reduction"))
+
+
+def test_the_head_upcasts_the_logits_and_the_optimizer_is_fused_adamw():
+    b, t, v = 2, 2 * LLAMA.sequence, LLAMA.vocabulary
+    head, peak = eager_head_ops(LLAMA, b)
+    names = [op.name for op in head.forward]
+    assert names[-3:] == ["logits_float", "log_softmax", "nll_loss"]
+    upcast = next(op for op in head.forward if op.name == "logits_float")
+    assert upcast.bytes == t * v * (2 + 4)  # reads BF16 logits, writes FP32
+    assert peak == t * v * (2 + 4 + 4 + 4)
+    assert optimizer_step_ops(1e6, "bf16", "pytorch-eager")[0].bytes == 28e6  # read p, g, m, v; write p, m, v
+    assert optimizer_step_ops(1e6, "bf16", "megatron")[0].bytes == 46e6
+
+
+def test_eager_memory_is_fp32_weights_adam_and_the_larger_of_the_backward_peaks():
+    """12 B per parameter always (FP32 weights, Adam); then either the BF16 copies, the saved activations and the
+    head's logits (the start of the backward pass) or the FP32 gradients (its end), whichever weighs more."""
+    b = 4
+    memory = eager_memory(LLAMA, layers=LLAMA.decoders, micro_batch=b)
+    p = model_parameters(LLAMA)
+    saved = eager_layer_ops(LLAMA, b)[2]
+    head = eager_head_ops(LLAMA, b)[1]
+    expected = 12 * p + max(2 * p + LLAMA.decoders * saved + head, 4 * p) + CUBLAS_WORKSPACE
+    assert memory.total == pytest.approx(expected, rel=1e-12)
+    checkpointed = eager_memory(LLAMA, layers=LLAMA.decoders, micro_batch=b, recompute="full")
+    inputs = LLAMA.decoders * b * LLAMA.sequence * LLAMA.hidden * 4
+    assert checkpointed.total == pytest.approx(12 * p + max(2 * p + inputs + max(head, saved), 4 * p)
+                                               + CUBLAS_WORKSPACE, rel=1e-12)
+    assert checkpointed.total < memory.total
+    via_stage = stage_memory(LLAMA, layers=LLAMA.decoders, first=True, last=True, in_flight=1, micro_batch=b,
+                             kernels="pytorch-eager")
+    assert via_stage.total == memory.total
+
+
+def test_eager_activations_exceed_megatrons_fused_ones():
+    """A Hugging Face layer in eager mode keeps what each of its unfused kernels saves (norm inputs in FP32, one
+    BF16 copy of the input per projection, the GELU's intermediates): more than Korthikanti's fused count."""
+    spec = load_workload_spec("gpt3-175b")
+    shape = ModelShape(name="g", decoders=1, hidden=1024, heads=16, ffn=4096, sequence=1024, vocabulary=0,
+                       dropout=True, bias=True, positions="learned")
+    eager = eager_layer_ops(shape, 1)[2]
+    fused = stage_memory(shape, layers=1, first=False, last=False, in_flight=1, precision="bf16",
+                         attention="flash").activations
+    assert eager > 1.5 * fused
+    assert spec.kernels == "megatron"
+
+
+def test_the_hybrid_graph_carries_the_inventorys_kernels_and_their_bytes():
+    spec = WorkloadSpec(name="llama", model=LLAMA, precision="bf16", kernels="pytorch-eager", granularity="layer")
+    par = Parallelism(tp=1, pp=1, micro_batch=2, global_batch=2)
+    graph = build_hybrid_graph(spec, par, ParallelLayout(["x0"], {}))
+    assert graph.graph["kernels"] == "pytorch-eager"
+    attn = eager_layer_ops(LLAMA, 2)[0]
+    vertex = graph.nodes["s0.c0.mb0.F.L0.attn"]
+    assert vertex["ops"] == attn.forward
+    assert vertex["memory_bytes"] == pytest.approx(sum(op.bytes for op in attn.forward), rel=1e-12)
+    assert graph.nodes["s0.optimizer"]["ops"][0].name == "adamw_fused"
+
+
+@pytest.mark.parametrize("key, value", [("tp", 2), ("zero", 1)])
+def test_an_eager_inventory_refuses_what_a_hugging_face_ddp_run_cannot_do(key, value):
+    spec = WorkloadSpec(name="llama", model=LLAMA, precision="bf16", kernels="pytorch-eager")
+    par = Parallelism(micro_batch=1, global_batch=2, **{key: value})
+    with pytest.raises(ConfigError, match=f"training.kernels: pytorch-eager .* not {key} {value}"):
+        par.check_model(spec)
+
+
+def test_an_eager_inventory_trains_under_autocast_not_fp32():
+    with pytest.raises(ConfigError, match="torch.autocast"):
+        WorkloadSpec(name="x", model=LLAMA, precision="fp32", kernels="pytorch-eager")
+
+
+def test_the_embedding_backward_zeroes_the_table_gradient():
+    ops = eager_embedding_ops(GPT2, 1)
+    assert any(op.bytes == GPT2.vocabulary * GPT2.hidden * 4 for op in ops.backward)
