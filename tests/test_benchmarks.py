@@ -27,3 +27,32 @@ def test_engine_speed_prints_a_row_per_point_and_the_fitted_exponent():
     assert [r[1] for r in rows if r and r[0] == "gpt3-mb" and r[1].isdigit()] == ["2", "4"]
     assert any(r[:2] == ["simgrid", "8"] for r in rows)
     assert "wall time ~ micro-batches^" in out
+
+
+def test_gpu_kernels_writes_what_hcsim_calibrate_reads(tmp_path):
+    """benchmarks/gpu_kernels.py needs a GPU to measure; here its row format goes through calibrate's reader,
+    and without PyTorch or CUDA the script says so and exits 2."""
+    import csv
+
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import gpu_kernels
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    from hcsim.calibrate import read_kernels
+
+    path = tmp_path / "k.csv"
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, gpu_kernels.COLUMNS)
+        writer.writeheader()
+        writer.writerow(gpu_kernels.row("gemm", 1e-3, flops=2.0 * 4096**3, m=4096, n=4096, k=4096, batch=1))
+        writer.writerow(gpu_kernels.row("add_bf16", 2e-5, size=6.0 * 1024, elements=1024))
+        writer.writerow(gpu_kernels.row("gemm_bf16", 1e-3, flops=2.0 * 8**3, note="m=8 n=8 k=8"))
+    rows = read_kernels([path])
+    assert [(r.kind, r.shape()) for r in rows if r.kind.startswith("gemm")] == \
+        [("gemm", {"m": 4096, "n": 4096, "k": 4096}), ("gemm_bf16", {"m": 8, "n": 8, "k": 8})]
+    assert rows[1].bytes == 6144 and rows[1].elements == 1024
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "gpu_kernels.py"), "-o", str(tmp_path / "o.csv")],
+                          capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:  # no PyTorch, or no GPU: one clear line
+        assert done.returncode == 2 and "gpu_kernels: " in done.stderr
