@@ -49,6 +49,7 @@ from hcsim.platform.routes import RouteSearch, route_bandwidth, route_latency
 from hcsim.workload.hybrid import BlockCost, Parallelism, block_costs, in_flight, stage_layers
 from hcsim.workload.layout import ParallelLayout
 from hcsim.workload.memory import stage_memory
+from hcsim.workload.placement import out_of_memory
 from hcsim.workload.schedules import stage_order
 from hcsim.workload.spec import WorkloadSpec
 from hcsim.workload.split import largest_remainder
@@ -218,7 +219,8 @@ def cluster_layout(xpus: list[str], par: Parallelism) -> ParallelLayout:
 
 def fits(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus: list[str]) -> str | None:
     """None when every stage fits its XPUs' local memory, else why not (stage, bytes needed, bytes held, ZeRO
-    stage).
+    stage): the rule and words of :func:`~hcsim.workload.placement.out_of_memory`, which a simulation on a
+    platform that does not spill applies too.
 
     A stage's XPU holds :func:`~hcsim.workload.memory.stage_memory` (model state sharded over its DP group by
     the ZeRO stage, activations of the micro-batches in flight) and with ZeRO-3 two gathered units (the one
@@ -237,10 +239,11 @@ def fits(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus: lis
                             recompute=par.recompute, dp=par.dp, zero_stage=par.zero).total
         if par.zero == 3 and par.dp > 1:
             need += 2 * max(_unit_parameters(spec, par.tp, first, last)) * spec.sizes.weight
-        held = min(nodes[nodes[x]["local_memory"]]["capacity"] for x in layout.stage_xpus(stage))
-        if need > held:
-            return (f"stage {stage} needs {need / 1e9:.1f} GB > {held / 1e9:.1f} GB of local memory "
-                    f"at ZeRO stage {par.zero}")
+        smallest = min(layout.stage_xpus(stage), key=lambda x: nodes[nodes[x]["local_memory"]]["capacity"])
+        shortfall = out_of_memory(stage, need, nodes[nodes[smallest]["local_memory"]]["capacity"],
+                                  nodes[smallest]["device"])
+        if shortfall:
+            return f"{shortfall}, at ZeRO stage {par.zero}"
     return None
 
 

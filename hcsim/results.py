@@ -162,9 +162,9 @@ def column_unit(column: str) -> str | None:
 def resolve_scenario(scenario: Scenario) -> dict[str, Any]:
     """Column -> value of every scenario field, defaults replaced by what they resolve to.
 
-    A field left to the platform or workload spec (None: devices, coherent, CXL bandwidth and latency,
-    collective, graph fidelity) takes the spec's value; lists are joined with ``+`` (devices) or written
-    as JSON, mappings as JSON. If the specs cannot be read (a point that fails), fields keep their own
+    A field left to the platform or workload spec (None: devices, coherent, CXL bandwidth and latency, spill,
+    collective, graph fidelity, precision) takes the spec's value; lists are joined with ``+`` (devices) or
+    written as JSON, mappings as JSON. If the specs cannot be read (a point that fails), fields keep their own
     values. Nothing is left blank: a value that does not exist (no CXL link on the platform) is "none".
     """
     from_specs = _spec_values(scenario)
@@ -196,7 +196,8 @@ def _spec_values(scenario: Scenario) -> dict[str, Any]:
     if platform is not None:
         cxl = platform.links.get("cxl")
         values.update(devices=platform.devices or "per node (explicit topology)", coherent=platform.coherent,
-                      cxl_bandwidth=cxl.bandwidth if cxl else "none", cxl_latency=cxl.latency if cxl else "none")
+                      cxl_bandwidth=cxl.bandwidth if cxl else "none", cxl_latency=cxl.latency if cxl else "none",
+                      spill=platform.spill)
     try:
         workload = load_workload_spec(resolve_spec(scenario.workload, "workloads", base), scenario.workload_settings())
     except HcsimError:  # a graph (.json, chakra:) or a spec that fails: its values are the graph's own
@@ -204,7 +205,7 @@ def _spec_values(scenario: Scenario) -> dict[str, Any]:
     dp = scenario.dp or max(1, scenario.xpus // (scenario.tp * scenario.ep * scenario.pp))
     micro_batch = scenario.micro_batch or workload.batch_per_xpu
     # Keyed by Scenario field: what a None there means (see Scenario's field comments).
-    values.update(collective=workload.algorithm, granularity=workload.granularity,
+    values.update(collective=workload.algorithm, granularity=workload.granularity, precision=workload.precision,
                   collective_chunks=workload.chunks if workload.chunks is not None else "the algorithm's default",
                   dp=dp, micro_batch=micro_batch, global_batch=dp * micro_batch, recompute=workload.recomputation,
                   layer_split="even")

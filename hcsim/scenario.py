@@ -29,13 +29,14 @@ from hcsim.errors import ConfigError, brief
 from hcsim.params import (Choice, Constraint, Either, Flag, Integer, Integers, Number, Optional, StringMapping, Text,
                           Texts, check_params)
 from hcsim.engine.compute_model import COMPUTE_MODELS
+from hcsim.workload.graph import PRECISIONS
 from hcsim.workload.model import RECOMPUTATION
 from hcsim.workload.schedules import SCHEDULES
 from hcsim.workload.split import BATCH_SPLITS
 from hcsim.workload.zero import OFFLOAD_STATES, OFFLOAD_TARGETS, ZERO_STAGES
 
 __all__ = ["Scenario", "load_scenario", "apply_settings", "SCENARIO_KEYS", "RENAMED_KEYS", "COLLECTIVE_MODELS",
-           "XPU_SAMPLINGS", "LOCAL_ACCESSES", "LOCAL_COLLECTIVES", "GRANULARITIES", "RING_ORDERS"]
+           "XPU_SAMPLINGS", "LOCAL_ACCESSES", "LOCAL_COLLECTIVES", "GRANULARITIES", "RING_ORDERS", "SPILLS"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ RING_ORDERS = ("topology", "interleaved")
 # Old key -> new key: read with a warning, so older scenario and experiment files keep working.
 RENAMED_KEYS = {"fidelity": "granularity", "collective_fidelity": "collective_model", "xpu_fidelity": "xpu_sampling"}
 TRACE_CHOICES = ("per-device", "per-class")
+SPILLS = ("error", "allow")  # what a stage whose state does not fit in local memory does (Scenario.spill)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +55,8 @@ class Scenario:
     name: str = "default"  # a label, recorded in the result
     platform: str = "paper-cxl"  # platform spec: built-in name or path
     workload: str = "llama2-13b"  # workload spec (built-in name or YAML path), a graph .json or chakra:PREFIX
+    precision: str | None = None  # fp32 | fp16 | bf16 (FP16/BF16: mixed precision, FP32 master weights and Adam
+    # state): the training precision, overriding the workload's training.precision; None: the workload's
     xpus: int = 64  # XPUs that train (the first ones of the platform, rack by rack)
     devices: tuple[str, ...] | None = None  # device per rack, cycling; None: the platform spec's
     coherent: bool | None = None  # CXL fabric and coherent memory access; None: the platform spec's
@@ -91,6 +95,10 @@ class Scenario:
     zero: int = 0  # ZeRO stage 0-3 over each DP group (1 = Megatron's distributed optimizer)
     offload: str = "none"  # none | cpu (host DRAM, step on the CPU) | cxl (CXL Type 3, in place)
     offload_state: tuple[str, ...] = ("optimizer",)  # what offload keeps out of HBM: optimizer, parameters, activations
+    spill: str | None = None  # error | allow: a pipeline stage whose state does not fit its XPUs' local memory is
+    # an out-of-memory error, or spills to their extended memory; None: the platform's (error on kind: dgx,
+    # where Megatron-LM and PyTorch have no spill; allow on the paper's topologies and explicit ones, the
+    # paper's model, Fig. 3)
     ep: int = 1  # expert-parallel group size (MoE models; EP ranks split the data too: dp = xpus / (tp x ep x pp))
     moe_skew: float = 1.0  # most loaded expert rank's tokens / the mean (1: balanced routing)
     compute_model: str = "peak"  # peak (FLOPs / peak FLOP/s: the paper's) | roofline (hcsim.engine.compute_model)
@@ -103,6 +111,8 @@ class Scenario:
 
     _constraints: ClassVar[dict[str, Constraint]] = {
         "name": Text(), "platform": Text(), "workload": Text(),
+        "precision": Optional(Choice(PRECISIONS), "the workload spec's"),
+        "spill": Optional(Choice(SPILLS), "the platform's"),
         "xpus": Integer(minimum=1),
         "devices": Optional(Texts("device names"), "the platform spec's"),
         "coherent": Optional(Flag(), "the platform spec's"),
@@ -174,6 +184,8 @@ class Scenario:
             settings["gradients.chunks"] = self.collective_chunks
         if self.granularity is not None:
             settings["granularity"] = self.granularity
+        if self.precision is not None:  # the scenario key wins over workload_overrides' training.precision
+            settings["training.precision"] = self.precision
         return settings
 
     def to_dict(self) -> dict[str, Any]:
@@ -257,6 +269,7 @@ def _from_mapping(data: dict, where: str, base: str) -> Scenario:
     values["name"] = fields.string("name", default.name if where == "scenario" else Path(where).stem)
     values["platform"] = fields.string("platform", default.platform)
     values["workload"] = fields.string("workload", default.workload)
+    values["precision"] = fields.choice("precision", PRECISIONS, None)
     values["xpus"] = fields.number("xpus", default.xpus, kind=int, minimum=1)
     values["devices"] = _devices(fields)
     values["coherent"] = fields.flag("coherent", None) if fields.raw("coherent") is not None else None
@@ -304,6 +317,7 @@ def _from_mapping(data: dict, where: str, base: str) -> Scenario:
                                f"(a name or a list, each once), got {str(state)[:80]}")
         state = None
     values["offload_state"] = tuple(state) if state else default.offload_state
+    values["spill"] = fields.choice("spill", SPILLS, None)
     values["compute_model"] = fields.choice("compute_model", COMPUTE_MODELS, default.compute_model)
     values["compute_factors"] = fields.string("compute_factors", None)
     iterations = fields.raw("trace_iterations")

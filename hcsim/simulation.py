@@ -32,7 +32,8 @@ except ImportError as _error:  # a folder named hcsim shadows the package: say s
 from hcsim.results import TIME_PARTS, XPU_COLUMNS, XpuTimes, pace_setters, per_xpu_times, resolve_scenario, xpu_rows
 from hcsim.scenario import Scenario
 
-__all__ = ["Prepared", "prepare", "batch_split", "offload_memory", "host_pairs", "execute", "run_here", "compute_model", "simulate",
+__all__ = ["Prepared", "prepare", "batch_split", "offload_memory", "spill_policy", "check_local_memory", "host_pairs",
+           "execute", "run_here", "compute_model", "simulate",
            "simulate_graphs", "total_runs", "write_outputs", "atomic_write"]
 
 log = logging.getLogger(__name__)
@@ -129,8 +130,63 @@ def prepare(scenario: Scenario) -> Prepared:
     else:
         placement = place_memory(workload, capacities, workload_spec, extended,
                                  dict(zip(xpus, split)) if split else None)
+    if placement is not None:
+        check_local_memory(scenario, platform_spec, graph, placement, layout)
     pairs = host_pairs(graph, workload)
     return Prepared(scenario, graph, workload, placement, xpus, pairs, coherent, platform_spec)
+
+
+def spill_policy(scenario: Scenario, platform_spec) -> str:
+    """``error`` or ``allow``: the scenario's ``spill``, else the platform's (:attr:`PlatformSpec.spill`)."""
+    return scenario.spill or platform_spec.spill
+
+
+def check_local_memory(scenario: Scenario, platform_spec, platform: nx.Graph, placement, layout) -> None:
+    """Stop a run that would spill on a platform that does not spill, as the training framework would.
+
+    The rule is :func:`hcsim.workload.placement.out_of_memory` (``hcsim plan``'s too), applied to each XPU's
+    inventory: its training state less what offload keeps away must fit its local memory. Where
+    :func:`spill_policy` says ``allow``, the rest spills to extended memory instead (the paper's model).
+
+    Raises
+    ------
+    ConfigError
+        naming the first pipeline stage that does not fit, its bytes per XPU by kind, the device and its
+        capacity, and the remedies.
+    """
+    from hcsim.workload.placement import out_of_memory
+
+    policy = spill_policy(scenario, platform_spec)
+    if policy == "allow":
+        return
+    nodes = platform.nodes
+    worst: dict[int, tuple[float, str]] = {}  # stage -> (bytes beyond local memory, its XPU) of its worst XPU
+    for x, held in placement.inventory.items():
+        capacity = nodes[nodes[x]["local_memory"]]["capacity"]
+        stage = layout.stage(x)
+        if out_of_memory(stage, held.need, capacity, nodes[x]["device"]) and \
+                held.need - capacity > worst.get(stage, (0.0, ""))[0]:
+            worst[stage] = (held.need - capacity, x)
+    if not worst:
+        return
+    stage = min(worst)
+    x = worst[stage][1]
+    held = placement.inventory[x]
+    parts = ", ".join(f"{kind} {value / 1e9:.1f} GB" for kind, value in (
+        ("parameters", held.parameters), ("gradients", held.gradients), ("optimizer", held.optimizer),
+        ("activations", held.activations)) if value) \
+        + (f", less {held.offloaded / 1e9:.1f} GB offloaded" if held.offloaded else "")
+    others = sorted(worst)[1:]
+    also = f"; stage{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} neither" if others else ""
+    why = ("spill: error" if scenario.spill else
+           f"platform {scenario.platform!r} is a DGX cluster, whose frameworks (Megatron-LM, PyTorch) have no "
+           f"spill to host memory")
+    raise ConfigError(
+        f"scenario {scenario.name!r}: out of memory: "
+        f"{out_of_memory(stage, held.need, nodes[nodes[x]['local_memory']]['capacity'], nodes[x]['device'])} "
+        f"({parts}){also}; {why}. Fix: offload (offload=cpu), ZeRO (zero=1, 2 or 3), more pipeline stages (pp), "
+        f"recomputation (recompute=full), a smaller micro_batch, or allow spilling to extended memory with "
+        f"--set spill=allow")
 
 
 def offload_memory(platform: nx.Graph, xpus: list[str], scenario: Scenario, coherent: bool) -> dict:
@@ -257,6 +313,7 @@ def graph_workload(scenario: Scenario, xpus: list[str]) -> tuple[nx.DiGraph, lis
 
     where = f"scenario {scenario.name!r}"
     spec_only = {"granularity": scenario.granularity is not None, "workload_overrides": bool(scenario.workload_overrides),
+                 "precision": scenario.precision is not None,
                  "ring_order": scenario.ring_order != "topology",
                  "tp, pp, dp, micro_batch, global_batch, recompute, layer_split": scenario.hybrid or bool(scenario.dp),
                  "batch_split": scenario.batch_split != "even"}
@@ -492,6 +549,7 @@ def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float) -> dic
         "xpus": len(prepared.xpus),
         "devices": _device_counts(prepared),
         "coherent": prepared.coherent,
+        "precision": graph.get("precision", "fp32"),
         **_cxl_link(prepared.platform_spec),
         "iteration_times_s": times,
         "iteration_time_s": iteration_time,
@@ -501,6 +559,7 @@ def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float) -> dic
         "stages": _stage_breakdown(prepared, per_xpu),
         "pace": pace_setters(per_xpu, _device_of(prepared)),
         "memory": _memory(prepared),
+        "spill": spill_policy(scenario, prepared.platform_spec) if prepared.platform_spec is not None else None,
         **_batch_split_report(prepared),
         "links": _busiest_links(prepared.platform, outcome.link_bytes, ends[-1]),
         "activities": outcome.activities,
@@ -554,17 +613,24 @@ def _device_counts(prepared: Prepared) -> dict[str, int]:
     return counts
 
 
-def _memory(prepared: Prepared) -> dict[str, dict[str, float]]:
-    """Per device type, the largest training state an XPU holds (bytes), and how much of it spills; empty for a
-    graph workload (a graph file or trace says where data lives, spilled_xpus, but not how much state there is)."""
-    table: dict[str, dict[str, float]] = {}
+def _memory(prepared: Prepared) -> dict[str, dict[str, Any]]:
+    """Per device type, the largest training state an XPU holds (bytes), the most of it that spills beyond
+    local memory and where to (``spilled_to``: the role of its extended memory, dram or cxl_type3; None when
+    nothing spills), and the most that offload keeps away; empty for a graph workload (a graph file or trace
+    says where data lives, spilled_xpus, but not how much state there is)."""
+    table: dict[str, dict[str, Any]] = {}
     if prepared.placement is None:
         return table
+    nodes = prepared.platform.nodes
     for x in prepared.xpus:
         held = prepared.placement.inventory[x]
-        row = table.setdefault(prepared.platform.nodes[x]["device"], {"state_bytes": 0.0, "spilled_bytes": 0.0})
+        row = table.setdefault(nodes[x]["device"], {"state_bytes": 0.0, "spilled_bytes": 0.0, "spilled_to": None,
+                                                    "offloaded_bytes": 0.0})
         row["state_bytes"] = max(row["state_bytes"], held.total)
-        row["spilled_bytes"] = max(row["spilled_bytes"], held.spilled)
+        row["offloaded_bytes"] = max(row["offloaded_bytes"], held.offloaded)
+        spilled = held.spilled - held.offloaded
+        if spilled > row["spilled_bytes"]:
+            row["spilled_bytes"], row["spilled_to"] = spilled, nodes[nodes[x]["extended_memory"]]["role"]
     return dict(sorted(table.items()))
 
 

@@ -226,6 +226,17 @@ CLI_CASES = {
                                          r"proportional gives DP replica 8 \(slowest XPU xpu8, V100.*valid: a larger"),
     "batch-split-graph": (SIM + ["--set", "workload=g.json", "--set", "batch_split=proportional"], r"batch_split",
                           r"applies to workload specs only"),
+    "precision-unknown": (SIM + ["--set", "precision=fp8"], r"precision", r"'fp8' is not one of fp32, fp16, bf16$"),
+    "precision-graph": (SIM + ["--set", "workload=g.json", "--set", "precision=bf16"], r"precision",
+                        r"applies to workload specs only"),
+    "spill-unknown": (SIM + ["--set", "spill=maybe"], r"spill", r"'maybe' is not one of error, allow$"),
+    # issue 26: state beyond HBM on a DGX cluster is out of memory, as Megatron-LM or PyTorch would say
+    "spill-dgx-out-of-memory": (SIM + ["--set", "platform=dgx-h100", "--set", "workload=llama3-8b", "--set", "xpus=16",
+                                       "--set", "global_batch=32", "--set", "tp=2"], r"scenario 'default'",
+                                r"out of memory: stage 0 needs [0-9.]+ GB per XPU, each H100 holds 80 GiB .*DGX "
+                                r"cluster.*Fix: offload .*ZeRO .*pipeline stages .*recompute.*--set spill=allow$"),
+    "spill-error-on-paper": (SIM + ["--set", "xpus=2", "--set", "spill=error"], r"scenario 'default'",
+                             r"stage 0 needs [0-9.]+ GB per XPU, each H100 holds 80 GiB .*; spill: error\. Fix:"),
     "simulate-out-a-file": (SIM + ["--out", "afile"], r"--out afile", r"give a folder"),
     "simulate-out-under-a-file": (SIM + ["--out", "afile/sub"], r"--out afile/sub", r"give a writable folder"),
     # 4. platform specs

@@ -146,7 +146,7 @@ def test_a_plan_too_big_at_zero_0_fits_at_zero_3_and_the_reason_names_the_stage_
     spec, unsharded, platform, xpus = _seventy_b(0)
     reason = fits(spec, unsharded, platform, xpus)
     need = _need(spec, unsharded.parallelism, 0)
-    assert reason == f"stage 0 needs {need / 1e9:.1f} GB > {80 * 2**30 / 1e9:.1f} GB of local memory at ZeRO stage 0"
+    assert reason == f"stage 0 needs {need / 1e9:.1f} GB per XPU, each H100 holds 80 GiB, at ZeRO stage 0"
     assert fits(spec, _seventy_b(3)[1], platform, xpus) is None
 
 

@@ -11,3 +11,11 @@ def test_a_default_valued_key_leaves_the_digest_unchanged_and_any_other_value_ch
     assert dataclasses.replace(base, tp=2).digest() != base.digest()
     assert dataclasses.replace(base, name="other").digest() == base.digest()  # a label, not an input
     assert Scenario(xpus=8).digest() != base.digest()
+
+
+def test_the_keys_of_issue_26_leave_every_earlier_digest_unchanged():
+    """precision and spill default to the specs' own (None): committed sweep points keep their keys."""
+    base = Scenario(xpus=8, coherent=False)
+    assert dataclasses.replace(base, precision=None, spill=None).digest() == base.digest()
+    assert dataclasses.replace(base, precision="fp32").digest() != base.digest()
+    assert dataclasses.replace(base, spill="allow").digest() != base.digest()

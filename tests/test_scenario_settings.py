@@ -121,3 +121,54 @@ def test_an_experiment_with_the_old_keys_makes_the_same_points_as_with_the_new(t
         (tmp_path / "x.yaml").write_text(text)
         keys.append([p.key for p in load_experiment(tmp_path / "x.yaml").points()])
     assert keys[0] == keys[1]
+
+
+# --- issue 26: precision as a user says it, and which platforms spill -------------------------------------
+
+
+def test_precision_overrides_the_workloads_training_precision():
+    from hcsim.simulation import prepare
+
+    assert load_scenario(None, ["precision=bf16"]).workload_settings() == {"training.precision": "bf16"}
+    both = load_scenario(None, {"precision": "fp16", "workload_overrides": {"training.precision": "fp32"}})
+    assert both.workload_settings()["training.precision"] == "fp16"  # the key wins, as collective does
+    assert prepare(Scenario(xpus=2, precision="bf16")).workload.graph["precision"] == "bf16"
+    assert prepare(Scenario(xpus=2)).workload.graph["precision"] == "fp32"  # llama2-13b: the paper's FP32
+    with pytest.raises(ConfigError, match=r"precision: expected one of fp32, fp16, bf16 or None .*got 'fp8'"):
+        Scenario(precision="fp8")
+
+
+@pytest.mark.parametrize("name", ["llama2-7b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3-405b", "gpt3-175b",
+                                  "mixtral-8x7b"])
+def test_modern_workloads_train_in_bf16_and_the_papers_in_fp32(name):
+    assert load_workload_spec(name).precision == "bf16"
+    assert load_workload_spec("llama2-13b").precision == "fp32"
+
+
+def test_every_experiment_on_a_workload_whose_default_changed_names_its_precision():
+    """The built-in llama2-7b, llama2-70b and gpt3-175b trained in FP32 until issue 26: an experiment that uses
+    them names its precision, so its committed results do not move."""
+    import yaml
+
+    changed = {"llama2-7b", "llama2-70b", "gpt3-175b"}
+    checked = 0
+    for path in sorted((REPO_ROOT / "experiments").rglob("*.yaml")):
+        data = yaml.safe_load(path.read_text())
+        if "results" in path.parts or not isinstance(data, dict):
+            continue
+        if "axes" in data:  # an experiment
+            scenarios = [point.scenario for point in load_experiment(path).points()]
+        elif "workload" in data:  # a scenario (experiments/offload/llama70b-zero3.yaml)
+            scenarios = [load_scenario(path)]
+        else:  # a platform
+            continue
+        for scenario in scenarios:
+            if scenario.workload in changed:
+                checked += 1
+                assert scenario.precision or "training.precision" in scenario.workload_overrides, path
+    assert checked > 0
+
+
+def test_dgx_platforms_do_not_spill_and_the_papers_do():
+    assert load_platform_spec("dgx-h100").spill == load_platform_spec("dgx-a100").spill == "error"
+    assert load_platform_spec("paper-cxl").spill == load_platform_spec("paper-traditional").spill == "allow"

@@ -269,3 +269,58 @@ def test_simulate_help_lists_every_scenario_key_with_its_default():
     keys = [line.split()[0] for line in done.stdout.splitlines() if line.startswith("  ") and "(default " in line]
     assert keys == [f.name for f in dataclasses.fields(Scenario) if f.name != "base"]
     assert "cxl_bandwidth (default unset)" in done.stdout and "workload_overrides (default {}): any key" in done.stdout
+
+
+DGX_SPILLS = ["--set", "platform=dgx-h100", "--set", "workload=llama3-8b", "--set", "xpus=16", "--set",
+              "global_batch=32", "--set", "tp=2"]  # 157.7 GB per GPU: activations of 4-sample micro-batches
+
+
+def test_state_beyond_hbm_on_a_dgx_cluster_is_out_of_memory_unless_spilling_is_allowed():
+    """Issue 26: Megatron-LM and PyTorch stop out of memory where hcsim used to spill over PCIe in silence."""
+    done = hcsim("simulate", *DGX_SPILLS)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert re.search(r"^hcsim: error: scenario 'default': out of memory: stage 0 needs [0-9.]+ GB per XPU, each H100 "
+                     r"holds 80 GiB \(parameters .*activations [0-9.]+ GB\); platform 'dgx-h100' is a DGX cluster.*"
+                     r"Fix: offload \(offload=cpu\), ZeRO \(zero=1, 2 or 3\), more pipeline stages \(pp\), "
+                     r"recomputation \(recompute=full\), a smaller micro_batch, or allow spilling .*--set spill=allow$",
+                     done.stderr.strip()), done.stderr
+    allowed = hcsim("simulate", *DGX_SPILLS, "--set", "spill=allow")
+    assert allowed.returncode == 0, allowed.stderr
+    assert re.search(r"memory\s+H100 [0-9.]+ GB of state per XPU, [0-9.]+ GB spilled to host DRAM \(not coherent: "
+                     r"copied into local memory before use, .*; spill: allow\)", allowed.stdout), allowed.stdout
+    result = json.loads(hcsim("simulate", *DGX_SPILLS, "--set", "spill=allow", "--set", "iterations=1",
+                              "--json").stdout)
+    row = result["memory"]["H100"]
+    assert result["spill"] == "allow" and row["spilled_to"] == "dram"
+    beyond = row["state_bytes"] - 80 * 2**30
+    assert beyond <= row["spilled_bytes"] < beyond + row["state_bytes"] / 32  # whole decoders (of 32) spill
+
+
+def test_a_layout_that_fits_runs_on_a_dgx_cluster_and_says_nothing_spilled():
+    done = hcsim("simulate", *DGX_SPILLS, "--set", "recompute=full", "--set", "iterations=1")
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"memory\s+H100 [0-9.]+ GB of state per XPU, nothing spilled", done.stdout), done.stdout
+
+
+@pytest.mark.parametrize("coherent, where", [("true", r"CXL Type 3 memory \(coherent: read in place"),
+                                             ("false", r"host DRAM \(not coherent: copied into local memory")])
+def test_the_papers_topologies_still_spill_and_the_summary_says_where(coherent, where):
+    """LLaMA2-13B in FP32 (208 GB of state) spills on both of the paper's topologies: its model (Fig. 3b, 3c)."""
+    done = hcsim("simulate", "--set", "xpus=2", "--set", "iterations=1", "--set", f"coherent={coherent}")
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"memory\s+H100 [0-9.]+ GB of state per XPU, [0-9.]+ GB spilled to " + where, done.stdout), \
+        done.stdout
+    assert "spill: allow" in done.stdout
+
+
+def test_precision_overrides_the_workloads_and_shows_in_the_header():
+    done = hcsim("simulate", "--set", "xpus=2", "--set", "iterations=1", "--set", "precision=bf16", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["precision"] == "bf16" and result["inputs_resolved"]["precision"] == "bf16"
+    from hcsim.cli.simulate import summary
+
+    assert summary(result).splitlines()[0].endswith("workload llama2-13b, precision bf16")
+    fp32 = json.loads(hcsim("simulate", "--set", "xpus=2", "--set", "iterations=1", "--json").stdout)
+    assert fp32["precision"] == "fp32" and fp32["inputs_resolved"]["precision"] == "fp32"
+    assert result["iteration_time_s"] < fp32["iteration_time_s"]  # the H100's BF16 peak is 989 TFLOP/s, FP32 67

@@ -39,7 +39,7 @@ def register(subparsers) -> None:
     parser.add_argument("--top", type=int, default=10, help="plans to simulate (default 10)")
     add_execution_options(parser, "simulations", "its plan is listed as failed")
     parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
-                        help="any scenario key, e.g. workload_overrides.training.precision=bf16 (repeatable)")
+                        help="any scenario key, e.g. precision=fp32 (repeatable)")
     parser.add_argument("--out", default=None, help="folder for plan.csv and plan.png")
     parser.set_defaults(run=run)
 
@@ -132,7 +132,7 @@ def _speeds(platform, xpus, precision, axis: str):
 
 def _kind(reason: str) -> str:
     """A reason without its stage and bytes (its ZeRO stage kept), to count alike ones together."""
-    return re.sub(r"^stage \d+ needs [0-9.]+ GB > [0-9.]+ GB of local memory",
+    return re.sub(r"^stage \d+ needs [0-9.]+ GB per XPU, each .+? holds [0-9.]+ Gi?B",
                   "a pipeline stage needs more than its XPUs' local memory", reason)
 
 

@@ -107,13 +107,36 @@ def scenario_keys_help() -> str:
     return "\n".join(lines)
 
 
+SPILLED_TO = {"dram": "host DRAM", "cxl_type3": "CXL Type 3 memory"}
+
+
+def _memory_lines(result: dict) -> list[str]:
+    """Per device type: the state an XPU holds, and what spilled where, how it is read, and under which rule."""
+    lines = []
+    for device, row in result.get("memory", {}).items():
+        text = f"{device} {format_quantity(row['state_bytes'], 'B')} of state per XPU"
+        if row.get("offloaded_bytes"):
+            text += f", {format_quantity(row['offloaded_bytes'], 'B')} offloaded"
+        if row["spilled_bytes"]:
+            where = SPILLED_TO.get(row.get("spilled_to"), row.get("spilled_to") or "extended memory")
+            how = ("coherent: read in place alongside compute, the paper's Fig. 3c model" if result["coherent"] else
+                   "not coherent: copied into local memory before use, the paper's Fig. 3b model")
+            text += f", {format_quantity(row['spilled_bytes'], 'B')} spilled to {where} ({how}; spill: " \
+                    f"{result.get('spill') or 'allow'})"
+        else:
+            text += ", nothing spilled"
+        lines.append(("  memory           " if not lines else "                   ") + text)
+    return lines
+
+
 def summary(result: dict) -> str:
     """A short human-readable report of a result record."""
     inputs = result["inputs"]
     devices = " + ".join(f"{n} {d}" for d, n in result["devices"].items())
     lines = [
         f"hcsim {result['scenario']}: {devices} on {inputs['platform']} "
-        f"({'coherent' if result['coherent'] else 'not coherent'}), workload {inputs['workload']}",
+        f"({'coherent' if result['coherent'] else 'not coherent'}), workload {inputs['workload']}"
+        + (f", precision {result['precision']}" if result.get("precision") else ""),
         f"  iteration time   {format_quantity(result['iteration_time_s'], 's')}"
         f"  (iterations: {', '.join(format_quantity(t, 's') for t in result['iteration_times_s'])})",
         f"  throughput       {result['batches_per_s']:.3f} batches/s, {result['samples_per_s']:.3f} samples/s"
@@ -137,6 +160,7 @@ def summary(result: dict) -> str:
         lines.append(f"  batch split      {split['unit']} per DP replica: " + ", ".join(
             f"{d} {c['fewest']}{'-' + str(c['most']) if c['most'] != c['fewest'] else ''} "
             f"({c['replicas']} replica{'s' if c['replicas'] > 1 else ''})" for d, c in split["by_device"].items()))
+    lines.extend(_memory_lines(result))
     pace = result["pace"]
     setter = min(pace, key=lambda d: pace[d]["idle_s"])
     others = ", ".join(f"{d} {format_quantity(p['idle_s'], 's')}" for d, p in pace.items() if d != setter)

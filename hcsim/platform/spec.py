@@ -228,6 +228,14 @@ class PlatformSpec:
         """The device of every XPU in `rack` (racks cycle through `devices`)."""
         return self.catalog[self.devices[rack % len(self.devices)]]
 
+    @property
+    def spill(self) -> str:
+        """What a stage whose state does not fit its XPUs' local memory does here (scenario key ``spill``):
+        ``error`` on a DGX cluster, whose frameworks (Megatron-LM, PyTorch) have no spill to host memory and stop
+        out of memory; ``allow`` on the paper's topologies and explicit ones, where spilling to extended memory
+        is the paper's model (Fig. 3: copied in before use without coherence, read in place with it)."""
+        return "error" if self.dgx is not None else "allow"
+
 
 def load_platform_spec(name_or_path: str | Path, overrides: Mapping[str, object] | None = None) -> PlatformSpec:
     """Read, override and check a platform spec.

@@ -740,7 +740,7 @@ def place_hybrid_memory(graph: nx.DiGraph, spec: WorkloadSpec, par: Parallelism,
             state = memory.state
             inventory[x] = XpuMemory(parameters=state.weights + gathered, gradients=state.gradients,
                                      optimizer=state.optimizer, activations=memory.activations,
-                                     local=fixed + local * one, spilled=spilled + offloaded)
+                                     local=fixed + local * one, spilled=spilled + offloaded, offloaded=offloaded)
             marked = 0 if par.offloads("parameters") or par.offloads("activations") else local
             spilled_by_stage.setdefault(stage, {}).setdefault(marked, []).append(x)
     _mark_spills(graph, builder, spilled_by_stage,

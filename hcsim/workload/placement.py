@@ -36,7 +36,8 @@ from hcsim.errors import WorkloadError
 from hcsim.units import format_quantity
 from hcsim.workload.spec import WorkloadSpec
 
-__all__ = ["StateBytes", "XpuMemory", "CapacityPlacement", "Placement", "training_state", "place_memory"]
+__all__ = ["StateBytes", "XpuMemory", "CapacityPlacement", "Placement", "training_state", "place_memory",
+           "out_of_memory"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,7 +62,8 @@ class StateBytes:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class XpuMemory:
-    """What one XPU holds, in bytes: its training state by kind, and how much of it is local or spilled."""
+    """What one XPU holds, in bytes: its training state by kind, and how much of it is local or spilled
+    (``offloaded``: the part of ``spilled`` that offload keeps out of local memory on purpose)."""
 
     parameters: float
     gradients: float
@@ -69,10 +71,16 @@ class XpuMemory:
     activations: float
     local: float
     spilled: float
+    offloaded: float = 0.0
 
     @property
     def total(self) -> float:
         return self.parameters + self.gradients + self.optimizer + self.activations
+
+    @property
+    def need(self) -> float:
+        """Bytes the XPU must hold in its local memory for nothing to spill: its state less what is offloaded."""
+        return self.total - self.offloaded
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -210,3 +218,23 @@ def place_memory(graph: nx.DiGraph, capacities: dict[str, float], spec: Workload
             spilled_decoders=tuple(range(k + 1, decoders + 1)), spilled_vertices=tuple(spilled_by_key[capacity, b])))
     return Placement(state=max(states.values(), key=lambda state: state.total), by_capacity=tuple(entries),
                      inventory={x: records[capacities[x], batch_of[x]] for x in xpus})
+
+
+def out_of_memory(stage: int, need: float, capacity: float, device: str) -> str | None:
+    """hcsim's one memory rule: None when an XPU of pipeline `stage` holds its `need` bytes of training state in
+    its `capacity` bytes of local memory, else what does not fit, as a training framework would report it.
+
+    ``hcsim plan`` keeps the candidates for which every stage fits (:func:`hcsim.plan.fits`); a simulation
+    stops with this text when a stage does not fit and the platform does not spill (scenario key ``spill``),
+    and spills the rest to extended memory otherwise (module docstring).
+
+    >>> out_of_memory(0, 137.8e9, 80 * 2**30, "H100")
+    'stage 0 needs 137.8 GB per XPU, each H100 holds 80 GiB'
+    >>> out_of_memory(1, 60e9, 80 * 2**30, "H100") is None
+    True
+    """
+    if need <= capacity:
+        return None
+    held = f"{capacity / 2**30:g} GiB" if capacity % 2**30 == 0 else f"{capacity / 1e9:.1f} GB"
+    return f"stage {stage} needs {need / 1e9:.1f} GB per XPU, each {device} holds {held}"
+

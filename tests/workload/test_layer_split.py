@@ -12,7 +12,8 @@ from hcsim.simulation import prepare
 from hcsim.workload.split import largest_remainder
 
 PEAK = {d: builtin_catalog()[d].peaks["fp32"] for d in ("H100", "A100", "V100")}
-MIXED = dict(workload="llama2-7b", xpus=16, tp=8, pp=2, global_batch=4, platform_overrides={"rack.servers": 1})
+MIXED = dict(workload="llama2-7b", precision="fp32", xpus=16, tp=8, pp=2, global_batch=4,
+             platform_overrides={"rack.servers": 1})  # FP32: the V100 has no BF16 peak
 
 
 def decoders_per_stage(prepared, stages: int) -> list[int]:
