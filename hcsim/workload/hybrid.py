@@ -54,8 +54,8 @@ from hcsim.workload.memory import stage_memory
 from hcsim.workload.model import RECOMPUTATION
 from hcsim.workload.schedules import Op, check_schedule, stage_order
 from hcsim.workload.spec import WorkloadSpec
-from hcsim.workload.ops import (ADAMW_FUSED_TRAFFIC, BlockOps, Op as Kernel, block_ops, eager_embedding_ops, eager_head_ops, eager_layer_ops,
-                                head_ops, optimizer_step_ops)
+from hcsim.workload.ops import (ADAMW_FUSED_TRAFFIC, BlockOps, Op as Kernel, eager_embedding_ops, eager_head_ops,
+                                eager_layer_ops, megatron_ops, optimizer_step_ops)
 from hcsim.workload.transformer import decoder_layer, embedding, lm_head
 from hcsim.workload.experts import EXPERT_OPS, routed_elements
 from hcsim.workload.split import check_batch_split
@@ -220,6 +220,18 @@ def block_costs(spec: WorkloadSpec, micro_batch: int, tp: int, sequence_parallel
     return _block(layer.ops[:split]), _block([op for op in layer.ops[split:] if op.name not in EXPERT_OPS])
 
 
+def block_kernels(spec: WorkloadSpec, micro_batch: int, tp: int, sequence_parallel: bool = False, ep: int = 1
+                  ) -> tuple[BlockOps, BlockOps]:
+    """The kernels Megatron-LM runs for the attention and MLP blocks of :func:`block_costs` (the same ops:
+    :func:`hcsim.workload.ops.megatron_ops`); none for a mixture-of-experts MLP block, whose vertices keep
+    FLOPs / peak FLOP/s."""
+    layer = decoder_layer(spec.model, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel, ep=ep,
+                          precision=spec.precision, attention=spec.attention)
+    split = next(i for i, op in enumerate(layer.ops) if op.name == "norm_mlp")
+    mlp = BlockOps(forward=(), backward=()) if spec.model.moe else megatron_ops(layer.ops[split:])
+    return megatron_ops(layer.ops[:split]), mlp
+
+
 def expert_costs(spec: WorkloadSpec, micro_batch: int, tp: int, sequence_parallel: bool = False, ep: int = 1,
                  skew: float = 1.0) -> BlockCost | None:
     """The experts of one MoE decoder on one rank of its TP and EP groups, x `skew` (the most loaded rank's
@@ -287,10 +299,7 @@ class _Builder:
         if eager:
             self.attn_ops, self.mlp_ops, _ = eager_layer_ops(spec.model, par.micro_batch, compiled)
         else:
-            self.attn_ops, self.mlp_ops = block_ops(spec.model, spec.sizes, par.micro_batch, par.tp,
-                                                    par.sequence_parallel, spec.attention)
-        if self.experts:  # no kernels for MoE MLP blocks yet: their vertices keep FLOPs / peak FLOP/s
-            self.mlp_ops = BlockOps(forward=(), backward=())
+            self.attn_ops, self.mlp_ops = block_kernels(spec, par.micro_batch, par.tp, par.sequence_parallel, par.ep)
         self.balanced = expert_costs(spec, par.micro_batch, par.tp, par.sequence_parallel, par.ep)  # model FLOPs
         self.expert_parameters = self.experts.parameters if self.experts else 0.0  # per TP rank, held
         self.dispatch = routed_elements(spec.model, par.micro_batch, par.tp) * spec.sizes.activation * par.moe_skew
@@ -310,10 +319,7 @@ class _Builder:
             self.head_ops = eager_head_ops(model, par.micro_batch, compiled)[0]
             self.embedding_ops = eager_embedding_ops(model, par.micro_batch, compiled)
         else:
-            self.head_ops = head_ops(model, spec.sizes, par.micro_batch, par.tp)
-            self.embedding_ops = BlockOps(
-                forward=(Kernel("embedding", "memory", 0.0, self.embedding.forward.bytes),),
-                backward=(Kernel("embedding.bwd", "memory", 0.0, self.embedding.backward.bytes),))
+            self.head_ops, self.embedding_ops = megatron_ops(self.head.ops), megatron_ops(self.embedding.ops)
         self.graph = new_workload(spec.name, precision=spec.precision,
                                   samples_per_iteration=par.global_batch // par.replicas,
                                   layout=self.layout.to_dict(), global_samples=par.global_batch,

@@ -1,29 +1,34 @@
-"""Operation-level costs of a compute vertex, for the engine's roofline compute model.
+"""The kernels a framework launches for a training step, for the engine's kernel (roofline) compute model.
 
-A compute vertex's ``flops`` is all the peak model needs. The roofline model
-(:mod:`hcsim.engine.compute_model`) times each *operation* (one GPU kernel) on
-its own: a matrix multiply by its shape, a memory-bound kernel by its bytes,
-the attention core by its own term. So the hybrid-parallel builder gives each
-compute vertex an ``ops`` attribute: a tuple of :class:`Op`, from the model
-shape, per TP rank and micro-batch, as Megatron-LM runs a GPT block:
+A compute vertex's ``flops`` is all the peak model needs. The kernel model
+(:mod:`hcsim.engine.compute_model`) times each GPU *kernel* on its own: a GEMM
+by its shape, the fused attention kernel by sequence and head dimension, a
+memory-bound kernel by its bytes, each issued by the host. So the
+hybrid-parallel builder gives each compute vertex an ``ops`` attribute: a
+tuple of :class:`Op` per TP rank and micro-batch, from the workload's kernel
+inventory (``training.kernels``):
 
-- attention block: layer norm; one fused QKV GEMM (T x h by h x (h + 2 h_kv)/t,
-  T = b·s tokens); the attention core (standard: two batched GEMMs per
-  head, a fused scale-mask-softmax and a dropout over the a/t·b·s² scores;
-  flash: one fused kernel); the output projection (T x h/t by h/t x h); a
-  fused bias-dropout-add;
-- MLP block: layer norm; up GEMM (T x h by h x f/t, with SwiGLU gate and up
-  fused: 2f/t); bias-GeLU (SwiGLU) kernel; down GEMM (T x f/t by f/t x h);
-  bias-dropout-add;
-- backward: each GEMM becomes its input-gradient and weight-gradient GEMMs
-  (same FLOPs each), each memory-bound kernel its backward kernel;
-- without sequence parallelism the norms and bias-dropout-adds are
-  replicated on every TP rank (full b·s·h); with it each rank does 1/t.
+- ``megatron`` (:func:`megatron_ops`): Megatron-LM's kernels are the ops of
+  :mod:`hcsim.workload.transformer` (one model of a decoder: the same FLOPs
+  and bytes, with their GEMM shapes): fused QKV, a fused scale-mask-softmax
+  or flash attention, fused LayerNorm / RMSNorm, bias-GeLU, a fused
+  bias-dropout-add, a vocabulary-parallel cross-entropy over FP32 logits,
+  and the mixed-precision optimizer's 46 B per parameter
+  (:data:`OPTIMIZER_TRAFFIC`); each GEMM's backward is its input-gradient
+  and weight-gradient GEMMs.
+- ``pytorch-eager`` (:func:`eager_layer_ops`, :func:`eager_head_ops`,
+  :func:`eager_embedding_ops`): a Hugging Face model (LlamaForCausalLM,
+  GPT2LMHeadModel) in PyTorch eager mode under torch.autocast(bfloat16) over
+  FP32 weights, as its modeling code runs: every norm, activation, rotary
+  embedding, residual add and cast its own kernel in its real dtype, the
+  weights cast to BF16 in each forward, sdpa's causal flash kernel, the
+  logits upcast to FP32 for the loss, fused AdamW over FP32 parameters
+  (28 B per parameter); autograd's saved tensors give the memory.
+- ``torch-compile``: the same under torch.compile: Inductor fuses each run of
+  memory-bound kernels between GEMMs and attention into one.
 
-Bytes are what a kernel reads and writes (activations in the workload's
-precision, dropout masks 1 B, GEMM operands and result). FLOPs of the GEMMs
-and attention core are those of :func:`hcsim.workload.model.generate_decoder_table`,
-so the ops of a pass add up to the vertex's FLOPs (a test checks it).
+Bytes are what a kernel reads and writes; FLOPs count what the kernel does
+(a causal flash kernel skips the masked half of the scores).
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from typing import NamedTuple
 from hcsim.errors import ConfigError
 from hcsim.workload.transformer import ATTENTION as ATTENTION_KINDS
 
-__all__ = ["Op", "OP_KINDS", "ATTENTION_KINDS", "BlockOps", "block_ops", "head_ops", "optimizer_ops",
+__all__ = ["Op", "OP_KINDS", "ATTENTION_KINDS", "BlockOps", "megatron_ops", "optimizer_ops",
            "KERNEL_INVENTORIES", "eager_layer_ops", "eager_embedding_ops", "eager_head_ops", "optimizer_step_ops",
            "OPTIMIZER_TRAFFIC", "ops_flops"]
 
@@ -99,77 +104,44 @@ class BlockOps:
     core: tuple[Op, ...] = ()
 
 
-def block_ops(model, sizes, micro_batch: int, tp: int, sequence_parallel: bool = False,
-              attention: str = "standard") -> tuple[BlockOps, BlockOps]:
-    """The attention and MLP blocks of one decoder of `model` (a ModelShape) on one TP rank (module docstring).
-
-    `sizes` : ElementSizes of the precision (activation and mask bytes)."""
-    if attention not in ATTENTION_KINDS:
-        raise ConfigError(f"attention: {attention!r} is not one of {', '.join(ATTENTION_KINDS)}")
-    b, s, h, a, f = micro_batch, model.sequence, model.hidden, model.heads, model.ffn
-    e, mask = sizes.activation, sizes.mask
-    tokens = b * s
-    d = h // a
-    heads = a // tp
-    # replicated kernels (norms, bias-dropout-add) see all tokens without SP, 1/t of them with it
-    rows = tokens / tp if sequence_parallel else tokens
-    act = rows * h * e
-    drop = 1.0 if model.dropout else 0.0
-
-    def norm(name):  # forward reads x, writes y; backward reads x and dy, writes dx
-        return _memory(f"{name}", 2 * act), _memory(f"{name}.bwd", 3 * act)
-
-    def residual(name):  # fused bias-dropout-add: reads x and the residual, writes y and the mask
-        return (_memory(name, 3 * act + drop * rows * h * mask),
-                _memory(f"{name}.bwd", 2 * act + drop * rows * h * mask))
-
-    qkv = _gemm("qkv", tokens, (h + 2 * model.kv_hidden) // tp, h, e)
-    proj = _gemm("proj", tokens, h, h // tp, e)
-    scores = b * heads * s * s  # elements of the score matrices on this rank
-    if attention == "flash":  # one fused kernel each way: reads Q, K, V (and O, dO backward), writes O (dQ, dK, dV)
-        qkv_bytes = tokens * (h + 2 * model.kv_hidden) / tp * e
-        # causal: the kernel skips the masked half of the scores, 2·b·s²·h/t FLOP (m, n, k: s, b·heads, d)
-        core_fwd = (Op("flash_attention", "attention", 2.0 * b * s * s * h / tp, qkv_bytes + tokens * h / tp * e,
-                       s, b * heads, d),)
-        # backward recomputes Q·Kᵀ: 5 products to the forward's 2 (FlashAttention-2 counts 2.5x forward)
-        core_bwd = (Op("flash_attention.bwd", "attention", 5.0 * b * s * s * h / tp,
-                       2 * qkv_bytes + 2 * tokens * h / tp * e, s, b * heads, d),)
-    else:
-        qk = _gemm("qk", s, s, d, e, batch=b * heads)
-        av = _gemm("av", s, d, s, e, batch=b * heads)
-        softmax = _memory("softmax", 2 * scores * e)  # fused scale-mask-softmax: reads scores, writes probs
-        dropout = _memory("attn_dropout", drop * (2 * scores * e + scores * mask))
-        core_fwd = (qk, softmax, dropout, av) if model.dropout else (qk, softmax, av)
-        core_bwd = (*_gemm_backward(av, e),
-                    *((_memory("attn_dropout.bwd", 2 * scores * e + scores * mask),) if model.dropout else ()),
-                    _memory("softmax.bwd", 3 * scores * e), *_gemm_backward(qk, e))
-    norm_f, norm_b = norm("norm_attn")
-    res_f, res_b = residual("add_attn")
-    attn = BlockOps(forward=(norm_f, qkv, *core_fwd, proj, res_f),
-                    backward=(res_b, *_gemm_backward(proj, e), *core_bwd, *_gemm_backward(qkv, e), norm_b),
-                    core=core_fwd)
-    inner = (2 * f if model.mlp == "swiglu" else f) // tp
-    up = _gemm("up", tokens, inner, h, e)
-    down = _gemm("down", tokens, h, f // tp, e)
-    activation_in = tokens * inner * e
-    act_f = _memory(model.mlp, activation_in + tokens * f / tp * e)  # reads the GEMM output, writes the activation
-    act_b = _memory(f"{model.mlp}.bwd", activation_in + 2 * tokens * f / tp * e)
-    norm_f, norm_b = norm("norm_mlp")
-    res_f, res_b = residual("add_mlp")
-    mlp = BlockOps(forward=(norm_f, up, act_f, down, res_f),
-                   backward=(res_b, *_gemm_backward(down, e), act_b, *_gemm_backward(up, e), norm_b))
-    return attn, mlp
+def megatron_ops(ops) -> BlockOps:
+    """The kernels Megatron-LM launches for transformer ops (:class:`hcsim.workload.transformer.Op`, one block on
+    one TP rank, in forward order): each op's passes run as its `kernel` kind with its FLOPs and bytes, so the
+    kernels of a pass add up to the block's work. A GEMM's backward is its input-gradient GEMM (m x n by
+    n x k) and its weight-gradient GEMM (k x m by m x n); the unfused attention core's batched GEMMs have two
+    input gradients each; a memory-bound op one backward kernel. Megatron's fused bias-dropout-add runs a
+    dropout and the residual add after it as one kernel moving the bytes of the larger (the dropout's output
+    stays in registers). `core`: the attention core's forward kernels (what selective recomputation redoes)."""
+    forward, backward, core = [], [], []
+    for op in ops:
+        m, n, k, batch = op.shape
+        if op.kernel == "attention":
+            ahead = [Op(op.name, "attention", op.forward.flops, op.forward.bytes, m, n, k, batch)]
+            behind = [Op(f"{op.name}.bwd", "attention", op.backward.flops, op.backward.bytes, m, n, k, batch)]
+        elif op.kernel == "gemm":
+            ahead = [Op(op.name, "gemm", op.forward.flops, op.forward.bytes, m, n, k, batch)]
+            if op.backward_weight.flops:  # input and weight gradients
+                behind = [Op(f"{op.name}.dgrad", "gemm", *_work(op.backward_input), m, k, n, batch),
+                          Op(f"{op.name}.wgrad", "gemm", *_work(op.backward_weight), k, n, m, batch)]
+            else:  # a product of two activations: a gradient for each
+                half = (op.backward_input.flops / 2, op.backward_input.bytes / 2)
+                behind = [Op(f"{op.name}.a.dgrad", "gemm", *half, m, k, n, batch),
+                          Op(f"{op.name}.b.dgrad", "gemm", *half, k, n, m, batch)]
+        else:
+            ahead = [_memory(op.name, op.forward.bytes, op.kernel)] if op.forward.bytes else []
+            behind = [_memory(f"{op.name}.bwd", op.backward.bytes, op.kernel)] if op.backward.bytes else []
+        if forward and op.name.startswith("residual") and forward[-1].name.startswith("dropout"):
+            ahead = [_fused((forward.pop(), *ahead))[0]._replace(name=f"bias_dropout_add_{op.name}")]
+            behind = [_fused((*behind, backward.pop(0)))[0]._replace(name=f"bias_dropout_add_{op.name}.bwd")]
+        forward += ahead
+        backward[:0] = behind
+        if op.attention_core:
+            core += ahead
+    return BlockOps(forward=tuple(forward), backward=tuple(backward), core=tuple(core))
 
 
-def head_ops(model, sizes, micro_batch: int, tp: int) -> BlockOps:
-    """The LM head on one TP rank: the logits GEMM (T x h by h x V/t) and the vocabulary-parallel
-    cross entropy (FP32 logits: read, exponentiate, write; backward reads and writes them again)."""
-    tokens = micro_batch * model.sequence
-    e = sizes.activation
-    logits = _gemm("logits", tokens, model.vocabulary // tp, model.hidden, e)
-    entropy = tokens * model.vocabulary / tp * 4.0
-    return BlockOps(forward=(logits, _memory("cross_entropy", 2 * entropy)),
-                    backward=(_memory("cross_entropy.bwd", 2 * entropy), *_gemm_backward(logits, e)))
+def _work(work) -> tuple[float, float]:
+    return work.flops, work.bytes
 
 
 def optimizer_ops(parameters: float, precision: str) -> tuple[Op, ...]:

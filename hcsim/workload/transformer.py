@@ -84,7 +84,7 @@ Conventions (docs/workload-model.md, "The transformer model"):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hcsim.errors import ConfigError
 from hcsim.workload.model import RECOMPUTATION, ElementSizes, ModelShape, element_sizes
@@ -126,7 +126,12 @@ class Op:
     saved : activation bytes kept from forward for backward (no recomputation);
     saved_selective : the same with selective recomputation (the attention
     core keeps only Q, K and V); attention_core : recomputed by selective
-    recomputation.
+    recomputation; kernel : the kind of GPU kernel each pass runs as
+    (hcsim.workload.ops: "gemm", "attention", "memory", "reduction"; by default
+    gemm for a GEMM, reduction for a norm, memory otherwise) and shape : its
+    forward kernel's (m, n, k, batch), a GEMM's C (m x n) = A (m x k) B (k x n)
+    `batch` times, or a fused attention kernel's (sequence, heads, head
+    dimension, batch).
     """
 
     name: str
@@ -138,10 +143,14 @@ class Op:
     saved: float = 0.0
     saved_selective: float | None = None
     attention_core: bool = False
+    kernel: str = ""
+    shape: tuple[int, int, int, int] = (0, 0, 0, 1)
 
     def __post_init__(self) -> None:
         if self.kind not in OP_KINDS:
             raise ConfigError(f"op {self.name!r}: kind {self.kind!r} is not one of {', '.join(OP_KINDS)}")
+        if not self.kernel:
+            object.__setattr__(self, "kernel", {"gemm": "gemm", "norm": "reduction"}.get(self.kind, "memory"))
         if self.parameters < 0 or not self.saved >= 0:
             raise ConfigError(f"op {self.name!r}: parameters and saved bytes must be >= 0")
         if self.saved_selective is None:
@@ -308,7 +317,7 @@ def _gemm(name: str, r: _Rank, tokens: float, n_in: float, n_out: float, *, weig
     flops = 2.0 * tokens * n_in * n_out
     held = weights + bias
     activations_in, activations_out = tokens * n_in * e, tokens * n_out * e
-    return Op(name=name, kind="gemm", parameters=round(held), saved=saved,
+    return Op(name=name, kind="gemm", parameters=round(held), saved=saved, shape=(round(tokens), round(n_out), round(n_in), 1),
               forward=Work(flops, activations_in + activations_out + held * w),
               backward_input=Work(flops, activations_out + weights * w + activations_in),
               backward_weight=Work(flops, activations_in + activations_out + 2.0 * held * g))
@@ -362,12 +371,13 @@ def _attention(r: _Rank) -> list[Op]:
     if shape.positions == "rope":
         ops.append(_elementwise("rope", r, fwd=2 * n * (q + kv), bwd=2 * n * (q + kv)))
     bmm = 2.0 * b * s * s * q  # one of QKᵀ, P·V on this rank's heads
+    d, heads = h // shape.heads, b * shape.heads // t  # batched GEMMs: one per (sample, head)
     if r.attention == "flash":
         ops.append(_flash_attention(r, q, kv, bmm))
         ops.append(_gemm("attention_projection", r, n, q, h, weights=q * h, bias=h if shape.bias else 0.0,
                          saved=n * q * e))
         return ops
-    ops.append(Op(name="attention_scores", kind="attention", attention_core=True,
+    ops.append(Op(name="attention_scores", kind="attention", attention_core=True, kernel="gemm", shape=(s, s, d, heads),
                   forward=Work(bmm, (n * (q + kv) + scores) * e),
                   backward_input=Work(2 * bmm, (scores + 2 * n * (q + kv)) * e),
                   saved=n * (q + kv) * e))
@@ -376,7 +386,7 @@ def _attention(r: _Rank) -> list[Op]:
     if shape.dropout:
         ops.append(_dropout("attention_dropout", r, scores, attention_core=True))
     probabilities = scores * e if shape.dropout else 0.0  # without dropout the softmax output is kept once
-    ops.append(Op(name="attention_context", kind="attention", attention_core=True,
+    ops.append(Op(name="attention_context", kind="attention", attention_core=True, kernel="gemm", shape=(s, d, s, heads),
                   forward=Work(bmm, (scores + n * kv + n * q) * e),
                   backward_input=Work(2 * bmm, (n * q + scores + n * kv + scores + n * kv) * e),
                   saved=probabilities + n * kv * e, saved_selective=n * kv * e))
@@ -400,8 +410,9 @@ def _flash_attention(r: _Rank, q: float, kv: float, bmm: float) -> Op:
     e, n = r.sizes.activation, r.tokens
     statistics = r.b * (r.shape.heads / r.t) * r.s * 4.0  # one FP32 log-sum-exp per score row
     qkv = n * (q + 2 * kv) * e
-    return Op(name="flash_attention", kind="attention", attention_core=True,
-              forward=Work(bmm, qkv + n * q * e + statistics),
+    d = r.shape.hidden // r.shape.heads
+    return Op(name="flash_attention", kind="attention", attention_core=True, kernel="attention",
+              shape=(r.s, r.b * r.shape.heads // r.t, d, 1), forward=Work(bmm, qkv + n * q * e + statistics),
               backward_input=Work(2.5 * bmm, qkv + 2 * n * q * e + statistics + qkv),
               saved=qkv + statistics)
 
@@ -550,8 +561,7 @@ def lm_head(shape: ModelShape, *, micro_batch: int = 1, sequence: int | None = N
     n = r.tokens
     logits = _gemm("logits", r, n, h, rows, weights=h * rows, saved=r.local * h * e)
     if shape.tied_embeddings and not tied_copy:  # reads the embedding's weights, holds none
-        logits = Op(name=logits.name, kind=logits.kind, forward=logits.forward, backward_input=logits.backward_input,
-                    backward_weight=logits.backward_weight, saved=logits.saved, parameters=0)
+        logits = replace(logits, parameters=0)
     loss = Op(name="cross_entropy", kind="elementwise", saved=n * rows * LOGIT_BYTES,
               forward=Work(0.0, n * rows * (e + LOGIT_BYTES)), backward_input=Work(0.0, n * rows * (LOGIT_BYTES + e)))
     return _block("head", r, [_norm("final_norm", r), logits, loss])

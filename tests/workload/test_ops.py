@@ -2,10 +2,11 @@
 
 import pytest
 
-from hcsim.workload.hybrid import Parallelism, block_costs, build_hybrid_graph
+from hcsim.workload.hybrid import Parallelism, block_costs, block_kernels, build_hybrid_graph
 from hcsim.workload.layout import ParallelLayout
 from hcsim.workload.model import ModelShape, element_sizes
-from hcsim.workload.ops import block_ops, ops_flops
+from hcsim.workload.ops import megatron_ops, ops_flops
+from hcsim.workload.transformer import decoder_layer, lm_head
 from hcsim.workload.spec import WorkloadSpec
 
 SHAPE = ModelShape(name="gpt", decoders=4, hidden=512, heads=8, ffn=2048, sequence=256, vocabulary=1024)
@@ -19,19 +20,45 @@ def test_a_blocks_kernels_add_up_to_its_flops(tp, attention):
     """Forward kernels = the block's forward FLOPs; backward = its input- and weight-gradient FLOPs; the core
     (what selective recomputation redoes) = the attention core's FLOPs."""
     spec = WorkloadSpec(name="gpt", model=SHAPE, precision="fp16", granularity="layer", attention=attention)
-    for cost, ops in zip(block_costs(spec, 2, tp), block_ops(SHAPE, SIZES, 2, tp, attention=attention)):
+    for cost, ops in zip(block_costs(spec, 2, tp), block_kernels(spec, 2, tp)):
         assert ops_flops(ops.forward) == pytest.approx(cost.fwd_flops, rel=1e-12)
         assert ops_flops(ops.backward) == pytest.approx(cost.bwd_flops, rel=1e-12)
         assert ops_flops(ops.core) == pytest.approx(cost.core_flops, rel=1e-12)
 
 
+@pytest.mark.parametrize("attention", ["standard", "flash"])
+def test_megatron_kernels_are_the_transformer_ops_with_their_gemm_shapes(attention):
+    """One model of a decoder: the kernels carry the ops' FLOPs and bytes (a fused bias-dropout-add moving the
+    larger of its two ops' bytes), each GEMM its forward shape and the transposed shapes of its gradients."""
+    layer = decoder_layer(SHAPE, micro_batch=2, tp=2, precision="fp16", attention=attention)
+    kernels = megatron_ops(layer.ops)
+    qkv = layer.op("qkv")
+    forward, dgrad, wgrad = (next(k for k in kernels.forward + kernels.backward if k.name == name)
+                             for name in ("qkv", "qkv.dgrad", "qkv.wgrad"))
+    m, n, k = 2 * SHAPE.sequence, 3 * SHAPE.hidden // 2, SHAPE.hidden
+    assert (forward.m, forward.n, forward.k) == (m, n, k) and forward.flops == 2 * m * n * k == qkv.forward.flops
+    assert (dgrad.m, dgrad.n, dgrad.k) == (m, k, n) and (wgrad.m, wgrad.n, wgrad.k) == (k, n, m)
+    assert forward.bytes == qkv.forward.bytes and dgrad.bytes == qkv.backward_input.bytes
+    fused = next(k for k in kernels.forward if k.name == "bias_dropout_add_residual_mlp")
+    assert fused.bytes == max(layer.op("dropout_mlp").forward.bytes, layer.op("residual_mlp").forward.bytes)
+    unfused = sum(op.forward.bytes for op in layer.ops)
+    assert sum(k.bytes for k in kernels.forward) < unfused
+    core = {"standard": ["attention_scores", "softmax", "attention_dropout", "attention_context"],
+            "flash": ["flash_attention"]}[attention]
+    assert [k.name for k in kernels.core] == core
+    head = megatron_ops(lm_head(SHAPE, micro_batch=2, tp=2, precision="fp16").ops)
+    assert [k.name for k in head.forward] == ["final_norm", "logits", "cross_entropy"]
+    assert [k.kind for k in head.forward] == ["reduction", "gemm", "memory"]
+
+
 def test_sequence_parallelism_splits_the_replicated_kernels_over_the_tp_group():
     """Without SP every TP rank runs the norms and bias-dropout-adds on all tokens; with SP on 1/t of them."""
     tp = 4
-    plain, split = (block_ops(SHAPE, SIZES, 1, tp, sequence_parallel=sp)[0] for sp in (False, True))
+    plain, split = (block_kernels(SPEC, 1, tp, sequence_parallel=sp)[0] for sp in (False, True))
     for a, b in zip(plain.forward, split.forward):
-        if a.name.startswith(("norm", "add")):
-            assert b.bytes == pytest.approx(a.bytes / tp)
+        if a.name.startswith(("norm", "bias_dropout_add")):
+            weights = 2 * SHAPE.hidden * SIZES.weight if a.name.startswith("norm") else 0.0  # read either way
+            assert b.bytes - weights == pytest.approx((a.bytes - weights) / tp)
         else:
             assert b == a
 
