@@ -193,7 +193,7 @@ CLI_CASES = {
                          r"built-in ones: dgx-a100, dgx-h100, paper-cxl, paper-traditional$"),
     "platform-is-the-catalog": (SIM + ["--set", "platform=devices"], r"devices",
                                 r"built-in ones: dgx-a100, dgx-h100, paper-cxl, paper-traditional$"),
-    "workload-missing": (SIM + ["--set", "workload=nowhere"], r"nowhere", r"built-in ones: gpt-megatron, gpt3-175b"),
+    "workload-missing": (SIM + ["--set", "workload=nowhere"], r"nowhere", r"built-in ones: gpt-megatron, gpt2-hf, gpt3-175b"),
     "iterations-too-many": (SIM + ["--set", "iterations=10000000"], r"scenario 'default'",
                             r"beyond the limit of 200,000,000 .*HCSIM_NO_LIMITS"),
     "xpus-beyond-platform": (SIM + ["--set", "xpus=5000"], r"xpus", r"has 4096"),
@@ -590,6 +590,7 @@ def test_run_here_keeps_the_result_when_writing_fails_at_the_end(monkeypatch, tm
     monkeypatch.setattr(simulation, "prepare", lambda scenario: simulation.Prepared(
         scenario, None, None, None, [], set(), True))
     monkeypatch.setattr(simulation, "execute", lambda *args: "outcome")
+    monkeypatch.setattr(simulation, "compute_model", lambda *args: None)  # the stub run has no workload graph
     monkeypatch.setattr(simulation, "summarize", lambda *args: {"iteration_time_s": 1.0})
     monkeypatch.setattr(simulation, "write_outputs", disk_full)
     monkeypatch.setattr(simulation, "total_runs", lambda *args: 0)

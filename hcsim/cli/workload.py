@@ -81,6 +81,13 @@ def _add_set(parser: argparse.ArgumentParser) -> None:
                         help="override a spec value by its dotted key, e.g. training.batch_per_xpu=4 (repeatable)")
 
 
+def _load_spec(args):
+    from hcsim.config import parse_settings
+    from hcsim.workload import load_workload_spec
+
+    return load_workload_spec(args.spec, parse_settings(args.overrides, "training.batch_per_xpu=4"))
+
+
 def _load(args):
     from hcsim.config import check_output_file, parse_settings
     from hcsim.limits import check_run_cost
@@ -123,7 +130,8 @@ def run_show(args) -> int:
 
     device = _device(args.device)
     if args.tp > 1 or args.pp > 1 or args.micro_batch or args.global_batch or args.recompute \
-            or args.sequence_parallel or args.virtual_stages > 1 or args.zero or args.ep > 1:
+            or args.sequence_parallel or args.virtual_stages > 1 or args.zero or args.ep > 1 \
+            or _load_spec(args).kernels != "megatron":  # a framework's inventory lives in the hybrid graph
         print(describe_stages(args, device))
         return 0
     spec, xpus, graph = _load(args)
@@ -189,7 +197,8 @@ def describe_stages(args, device) -> str:
     inf = float("inf")
     placement = place_hybrid_memory(graph, spec, par, layout, {x: device.memory for x in xpus}, dict.fromkeys(xpus, inf))
     b = format_quantity
-    lines = [f"workload {spec.name}: {spec.model.name}, {spec.model.decoders} decoders, precision {spec.precision}",
+    lines = [f"workload {spec.name}: {spec.model.name}, {spec.model.decoders} decoders, precision {spec.precision}, "
+             f"kernels {spec.kernels}",
              f"  tp {par.tp} x pp {par.pp} x dp {par.dp}, micro-batch {par.micro_batch}, global batch "
              f"{par.global_batch} ({par.micro_batches} micro-batch{'es' if par.micro_batches != 1 else ''} per replica), schedule {par.schedule}"
              + (f" x {par.virtual_stages} virtual stages" if par.virtual_stages > 1 else "")
