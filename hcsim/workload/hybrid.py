@@ -433,7 +433,8 @@ class _Builder:
                           flops=spec.optimizer_flops_per_parameter * parameters * shard,
                           memory_bytes=per_parameter * parameters * shard)
         self.graph.nodes[opt].update(phase="optimizer", stage=stage,
-                                     ops=optimizer_step_ops(parameters * shard, spec.precision, spec.kernels))
+                                     ops=optimizer_step_ops(parameters * shard, spec.precision, spec.kernels,
+                                                              spec.optimizer_bytes_per_parameter))
         on_cpu = par.offloads("optimizer") and par.offload == "cpu"
         if par.offloads("optimizer"):
             self.graph.nodes[opt].update(offload=par.offload, **({"host": "cpu"} if on_cpu else

@@ -376,8 +376,13 @@ def _cross_entropy(k: _Kernels, tokens: int, vocabulary: int) -> None:
     k.memory("nll_loss", tokens * 12, (logits * 4,))
 
 
-def optimizer_step_ops(parameters: float, precision: str, kernels: str = "megatron") -> tuple[Op, ...]:
-    """The optimizer step of `kernels`: Megatron-LM's (OPTIMIZER_TRAFFIC) or fused AdamW over FP32 parameters."""
+def optimizer_step_ops(parameters: float, precision: str, kernels: str = "megatron", per_parameter: float = 0.0
+                       ) -> tuple[Op, ...]:
+    """The optimizer step of `kernels`: Megatron-LM's (OPTIMIZER_TRAFFIC) or fused AdamW over FP32 parameters
+    (ADAMW_FUSED_TRAFFIC); `per_parameter` bytes instead when the workload gives them
+    (``training.optimizer_bytes_per_parameter`` > 0)."""
+    if per_parameter > 0:
+        return (_memory("optimizer", parameters * per_parameter),)
     if kernels == "megatron":
         return optimizer_ops(parameters, precision)
     return (_memory("adamw_fused", parameters * ADAMW_FUSED_TRAFFIC),)

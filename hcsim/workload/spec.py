@@ -43,7 +43,9 @@ class WorkloadSpec:
     "fp32" | "fp16" | "bf16"; optimizer : "adam" | "sgd";
     optimizer_flops_per_parameter : FLOP of one optimizer step per parameter;
     optimizer_bytes_per_parameter : bytes the optimizer step vertex reads per
-    parameter (0 when the backward pass already reads the state, as in Table 4);
+    parameter (0 when the backward pass already reads the state, as in Table 4),
+    and the optimizer kernel's traffic in the kernel model (0: the inventory's,
+    46 B for Megatron-LM, 28 B for fused AdamW);
     recomputation : "none" | "selective" | "full" (activations kept);
     attention : "standard" | "flash" (FlashAttention-style fused core; hybrid-parallel graphs);
     kernels : the framework whose kernels the roofline model times, "megatron" | "pytorch-eager" |

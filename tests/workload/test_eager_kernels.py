@@ -70,6 +70,7 @@ def test_the_head_upcasts_the_logits_and_the_optimizer_is_fused_adamw():
     assert peak == t * v * (2 + 4 + 4 + 4)
     assert optimizer_step_ops(1e6, "bf16", "pytorch-eager")[0].bytes == 28e6  # read p, g, m, v; write p, m, v
     assert optimizer_step_ops(1e6, "bf16", "megatron")[0].bytes == 46e6
+    assert optimizer_step_ops(1e6, "bf16", "megatron", per_parameter=20)[0].bytes == 20e6  # the workload's own
 
 
 def test_eager_memory_is_fp32_weights_adam_and_the_larger_of_the_backward_peaks():
