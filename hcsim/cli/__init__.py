@@ -22,7 +22,7 @@ except ImportError as _error:  # a folder named hcsim shadows the package: say s
 
 __all__ = ["main"]
 
-SUBCOMMANDS = ("simulate", "platform", "workload", "sweep", "plan", "validate", "calibrate")
+SUBCOMMANDS = ("simulate", "platform", "workload", "sweep", "plan", "validate", "calibrate", "catalog")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -95,7 +95,7 @@ from dataclasses import dataclass
 from hcsim.errors import ConfigError
 
 __all__ = ["Algorithm", "Step", "FlowPhase", "SequentialChunks", "register", "get_algorithm", "algorithms",
-           "server_groups", "hierarchical_time", "DEFAULT_ALGORITHM"]
+           "server_groups", "hierarchical_time", "DEFAULT_ALGORITHM", "algorithm_summaries"]
 
 _REGISTRY: dict[tuple[str, str], type["Algorithm"]] = {}
 
@@ -311,6 +311,11 @@ def algorithms() -> dict[str, list[str]]:
     for collective, name in sorted(_REGISTRY):
         table[collective].append(name)
     return dict(table)
+
+
+def algorithm_summaries() -> dict[tuple[str, str], str]:
+    """(collective, name) -> the first line of each registered algorithm's docstring."""
+    return {key: ((cls.__doc__ or "").strip().splitlines() or [""])[0] for key, cls in sorted(_REGISTRY.items())}
 
 
 def server_groups(platform, xpus: Sequence[str]) -> list[list[int]]:
@@ -591,6 +596,76 @@ class RingAllGather(_Ring):
     """n-1 steps of S/n (S: the whole gathered buffer); (n-1)α + (n-1)/n·S/B."""
 
     name, collective, rounds = "ring", "all_gather", 1
+
+
+class _ChannelRing(Algorithm):
+    """NCCL's rings over several channels: a group spanning m servers of g ranks each runs g rings side by side
+    (lanes), each carrying S/g; ring c visits each server's ranks starting at local rank c, so it leaves every
+    server from local rank c - 1 and enters the next at local rank c, and the g rings cross between servers
+    through g different XPUs and NICs at once (NCCL builds one ring per channel, its channels spread over the
+    node's NICs: NVIDIA, NCCL's topology search and rail-optimized DGX fabrics). Inside a server the g rings
+    together move what one ring would (every rank sends S/n per step over its own links). A group inside one
+    server, or of one rank per server, or of unequal servers, is the plain ring: identical steps and time."""
+
+    rounds = 1
+
+    def __init__(self, ranks, size, groups=None, chunks=None):
+        super().__init__(ranks, size, groups, chunks)
+        sizes = {len(g) for g in self.groups}
+        g = sizes.pop() if len(sizes) == 1 else 1
+        self.lanes = g if len(self.groups) > 1 and g > 1 else 1
+        orders = [[rank for group in self.groups for rank in group[c:] + group[:c]] for c in range(self.lanes)]
+        self._right = [{order[i]: order[(i + 1) % ranks] for i in range(ranks)} for order in orders]
+        self._left = [{right: left for left, right in lane.items()} for lane in self._right]
+
+    def steps(self, rank: int) -> int:
+        return self.rounds * (self.ranks - 1)
+
+    def step(self, rank: int, index: int) -> Step:
+        return self.lane_step(rank, index, 0)
+
+    def lane_steps(self, rank: int, lane: int) -> int:
+        return self.steps(rank)
+
+    def lane_step(self, rank: int, index: int, lane: int) -> Step:
+        return Step(sends=((self._right[lane][rank], self.size / (self.ranks * self.lanes)),),
+                    recvs=(self._left[lane][rank],))
+
+    def flows(self) -> dict[tuple[int, int], float]:
+        n, share = self.ranks, self.rounds * (self.ranks - 1) * self.size / (self.ranks * self.lanes)
+        total: dict[tuple[int, int], float] = defaultdict(float)
+        for lane in self._right:
+            for src, dst in lane.items():
+                total[src, dst] += share
+        return dict(total) if n > 1 else {}
+
+    def flow_phases(self) -> list[FlowPhase]:
+        if self.ranks < 2:
+            return []
+        share = self.rounds * (self.ranks - 1) * self.size / (self.ranks * self.lanes)
+        return [FlowPhase(tuple(sorted(((src, dst), share) for src, dst in lane.items())), self.steps(0), lane=c)
+                for c, lane in enumerate(self._right)]
+
+
+@register
+class ChannelRingAllReduce(_ChannelRing):
+    """All-reduce on NCCL's channel rings: 2(n-1) steps of S/(n·g) on each of g rings."""
+
+    name, collective, rounds = "nccl", "all_reduce", 2
+
+
+@register
+class ChannelRingReduceScatter(_ChannelRing):
+    """Reduce-scatter on NCCL's channel rings: n-1 steps of S/(n·g) on each of g rings."""
+
+    name, collective, rounds = "nccl", "reduce_scatter", 1
+
+
+@register
+class ChannelRingAllGather(_ChannelRing):
+    """All-gather on NCCL's channel rings: n-1 steps of S/(n·g) on each of g rings."""
+
+    name, collective, rounds = "nccl", "all_gather", 1
 
 
 # ---- hierarchical ---------------------------------------------------------------------------------------------

@@ -232,6 +232,43 @@ def test_hierarchical_chunks_pipeline_across_phases(fidelity):
     assert not wrong, "\n".join(wrong)
 
 
+def _servers_with_nics(g, m, intra_bw, intra_lat, nic_bw, nic_lat):
+    """m servers of g XPUs: a switch per server, and every XPU its own NIC link to one core switch (a DGX's
+    rail NICs on a non-blocking fabric)."""
+    graph = nx.Graph(name=f"nics-{g}x{m}", coherent=False)
+    graph.add_node("core", kind="switch", role="tor", rack=0)
+    for i in range(m):
+        graph.add_node(f"sw{i}", kind="switch", role="xpu", rack=0, server=f"s{i}")
+        for j in range(g):
+            x = f"xpu{i * g + j}"
+            add_xpu(graph, x, H100, hbm_latency=100e-9, rack=0, server=f"s{i}")
+            add_link(graph, x, f"sw{i}", bandwidth=intra_bw, latency=intra_lat, kind="xpu_link")
+            add_link(graph, x, "core", bandwidth=nic_bw, latency=nic_lat, kind="eth")
+    return graph
+
+
+@pytest.mark.parametrize("fidelity", ["step", "flow"])
+def test_nccl_channel_rings_cross_servers_through_every_nic(fidelity):
+    """A group of m servers x g ranks: the plain ring crosses each server boundary through one NIC, so every
+    step is S/n over one NIC: 2(n-1)(2α_nic + S/(n·B_nic)); NCCL's g channel rings cross through g different
+    NICs at once, each with S/(n·g): 2(n-1)(2α_nic + S/(n·g·B_nic)). Inside one server both are the plain ring."""
+    g, m, size = 4, 2, 4e8
+    intra_bw, intra_lat, nic_bw, nic_lat = 900e9, 100e-9, 25e9, 1e-6
+    n = g * m
+    platform = _servers_with_nics(g, m, intra_bw, intra_lat, nic_bw, nic_lat)
+    add_xpu(platform, f"xpu{n}", H100, hbm_latency=100e-9, rack=0, server="s0")  # the barrier XPU
+    add_link(platform, f"xpu{n}", "sw0", bandwidth=intra_bw, latency=intra_lat, kind="xpu_link")
+    items = [(f"{name}.{c}", c, name, size) for name in ("ring", "nccl") for c in ("all_reduce", "all_gather")]
+    measured = _durations(platform, [f"xpu{i}" for i in range(n)], items, f"xpu{n}", fidelity)
+    for collective, rounds in (("all_reduce", 2), ("all_gather", 1)):
+        steps = rounds * (n - 1)
+        assert measured[f"ring.{collective}"] == pytest.approx(steps * (2 * nic_lat + size / (n * nic_bw)), rel=1e-6)
+        assert measured[f"nccl.{collective}"] == pytest.approx(steps * (2 * nic_lat + size / (n * g * nic_bw)),
+                                                               rel=1e-6)
+    inside = _durations(platform, [f"xpu{i}" for i in range(g)], items, f"xpu{n}", fidelity)
+    assert inside["nccl.all_reduce"] == pytest.approx(inside["ring.all_reduce"], rel=1e-12)
+
+
 @pytest.mark.parametrize("collective,name", [("all_reduce", "ring"), ("all_reduce", "halving_doubling"),
                                              ("all_reduce", "hierarchical"), ("all_reduce", "double_binary_tree"),
                                              ("all_to_all", "pairwise"), ("broadcast", "ring")])
@@ -332,19 +369,22 @@ def test_flow_phases_carry_every_byte(collective, name):
     n = 16 if collective != "p2p" else 2
     algorithm = get_algorithm(collective, name, n, 1e8, [list(range(i, i + 4)) for i in range(0, n, 4)])
     by_pair: dict[tuple[int, int], float] = {}
-    lock_steps = 0
+    lock_steps = [0] * algorithm.lanes
     for phase in algorithm.flow_phases():
         assert phase.steps >= 1
         assert all(f < i for i, feeds in enumerate(phase.feeds) for f in feeds), "a transfer fed by a later one"
-        lock_steps += 0 if phase.feeds else phase.steps
+        lock_steps[phase.lane] += 0 if phase.feeds else phase.steps
         for pair, size in phase.transfers:
             by_pair[pair] = by_pair.get(pair, 0.0) + size
     flows = algorithm.flows()
     assert by_pair.keys() == flows.keys()
     assert all(math.isclose(by_pair[p], flows[p]) for p in flows)
     if not any(phase.feeds for phase in algorithm.flow_phases()):  # lock-step phases stand for every sending step
-        assert lock_steps == sum(1 for i in range(max(algorithm.steps(r) for r in range(n)))
-                                 if any(i < algorithm.steps(r) and algorithm.step(r, i).sends for r in range(n)))
+        for lane in range(algorithm.lanes):  # of their lane; lanes run side by side
+            steps = [algorithm.lane_steps(r, lane) for r in range(n)]
+            assert lock_steps[lane] == sum(1 for i in range(max(steps))
+                                           if any(i < steps[r] and algorithm.lane_step(r, i, lane).sends
+                                                  for r in range(n)))
 
 
 def test_the_double_binary_tree_runs_its_step_schedule_at_flow_fidelity():
