@@ -299,7 +299,7 @@ def _parallelism(scenario: Scenario, spec, layout, split: tuple[int, ...] | None
                                      sequence_parallel=scenario.sequence_parallel, layer_split=layers,
                                      zero=scenario.zero, offload=scenario.offload,
                                      offload_state=scenario.offload_state, moe_skew=scenario.moe_skew,
-                                     batch_split=split)
+                                     batch_split=split, megatron_comm=scenario.compute_model == "roofline")
     except ConfigError as err:
         raise ConfigError(f"scenario {scenario.name!r}: {err}") from err
 

@@ -84,6 +84,11 @@ class Parallelism:
     ep: int = 1  # expert parallelism (hcsim.workload.experts): the EP ranks also split the data
     moe_skew: float = 1.0  # most loaded EP rank's tokens / the mean (1: balanced routing)
     batch_split: tuple[int, ...] | None = None  # micro-batches per DP replica (hcsim.workload.split); None: m each
+    # communicate as Megatron-LM does (the kernel model's runs): a pipeline send blocks its sender until it is
+    # delivered and is split over the TP group (each rank sends 1/t, the receivers all-gather it back unless
+    # sequence parallel), TP collectives on NCCL's channel rings (algorithm nccl); False: the paper's ideal
+    # model (sends overlap the sender's next pass, every TP rank sends the whole activation, plain rings)
+    megatron_comm: bool = False
 
     def __post_init__(self) -> None:
         for key in ("tp", "pp", "dp", "micro_batch", "global_batch", "virtual_stages", "ep"):
@@ -381,6 +386,7 @@ class _Builder:
     def build(self) -> nx.DiGraph:
         par = self.par
         self.first: dict = {}  # (stage, replica class, op) -> first vertex, last vertex
+        self.following: dict = {}  # (stage, replica class, op) -> the first vertex of the next op on the stage
         for stage in range(par.pp):
             self.add_stage(stage)
         self.add_pipeline_transfers()
@@ -399,11 +405,12 @@ class _Builder:
                                 chunks=par.virtual_stages)
             previous = None
             lasts: dict[int, str] = {}
-            for op in order:
+            for before, op in zip([None, *order], order):
                 first, last = self.add_op(stage, op, self.class_xpus(stage, k), start=previous is None, k=k)
                 self.first[stage, k, op] = (first, last)
                 if previous is not None:
                     add_dependency(self.graph, previous, first)
+                    self.following[stage, k, before] = first
                 previous = last
                 if op.kind == ("W" if par.schedule == "zb-h1" else "B"):
                     lasts[op.chunk] = last
@@ -452,7 +459,7 @@ class _Builder:
                 add_comm(self.graph, name, groups=self.groups(axis, stage),
                          collective="reduce_scatter" if par.zero >= 1 else "all_reduce",
                          bytes=self.chunk_parameters(stage, chunk, kind) * sizes.gradient,
-                         algorithm=self.spec.algorithm if par.zero == 0 else "ring",
+                         algorithm=self.ring(self.spec.algorithm if par.zero == 0 else "ring"),
                          chunks=self.spec.chunks if par.zero == 0 else None)
                 self.graph.nodes[name].update(phase="allreduce", stage=stage)
                 for last in lasts:
@@ -472,7 +479,7 @@ class _Builder:
                                 parameters * shard * sizes.weight)
         if par.zero in (1, 2) and par.dp > 1:
             name = add_comm(self.graph, f"s{stage}.weights.all_gather", groups=self.groups("dp", stage),
-                            collective="all_gather", bytes=parameters * sizes.weight, algorithm="ring")
+                            collective="all_gather", bytes=parameters * sizes.weight, algorithm=self.ring())
             self.graph.nodes[name].update(phase="zero", stage=stage)
             add_dependency(self.graph, end, name)
             end = name
@@ -494,7 +501,7 @@ class _Builder:
         gathers = []
         for k, (first, _, parameters, tag) in enumerate(units):
             name = add_comm(self.graph, f"{tag}.gather", groups=groups, collective="all_gather",
-                            bytes=parameters * self.spec.sizes.weight, algorithm="ring", start=not k)
+                            bytes=parameters * self.spec.sizes.weight, algorithm=self.ring(), start=not k)
             self.graph.nodes[name].update(phase="zero", stage=stage)
             add_dependency(self.graph, name, first)
             if k:
@@ -624,9 +631,13 @@ class _Builder:
         kinds = ("reduce_scatter", "all_gather") if self.par.sequence_parallel else ("all_reduce",)
         for kind in kinds:
             vertex = add_comm(self.graph, f"{name}.{kind}", groups=groups, bytes=self.activation, collective=kind,
-                              algorithm="ring")
+                              algorithm=self.ring())
             self.graph.nodes[vertex].update(phase="tp", stage=stage)
             chain.append(vertex)
+
+    def ring(self, name: str = "ring") -> str:
+        """The algorithm a collective named `name` runs: NCCL's channel rings for a ring under megatron_comm."""
+        return "nccl" if self.par.megatron_comm and name == "ring" else name
 
     def _chain(self, chain: list[str]) -> tuple[str, str]:
         for before, after in zip(chain, chain[1:]):
@@ -647,16 +658,29 @@ class _Builder:
                 pairs_bwd = [(dst, src) for src, dst in pairs_fwd]
                 first = self.first
                 for j in range(count):
-                    self.transfer(f"p2p{tag}.q{q}.mb{j}.act", pairs_fwd, first[s, k, Op("F", j, c)][1],
-                                  first[t, k, Op("F", j, d)][0])
-                    self.transfer(f"p2p{tag}.q{q}.mb{j}.grad", pairs_bwd, first[t, k, Op("B", j, d)][1],
-                                  first[s, k, Op("B", j, c)][0])
+                    forward, backward = (Op("F", j, c), Op("F", j, d)), (Op("B", j, d), Op("B", j, c))
+                    self.transfer(f"p2p{tag}.q{q}.mb{j}.act", pairs_fwd, (s, k, forward[0]), (t, k, forward[1]))
+                    self.transfer(f"p2p{tag}.q{q}.mb{j}.grad", pairs_bwd, (t, k, backward[0]), (s, k, backward[1]))
 
-    def transfer(self, name: str, pairs, after: str, before: str) -> None:
-        add_comm(self.graph, name, pairs=pairs, bytes=self.activation, collective="p2p")
+    def transfer(self, name: str, pairs, sender: tuple, receiver: tuple) -> None:
+        """The activation (or its gradient) of one micro-batch from the `sender` pass (stage, class, op) to the
+        `receiver` pass; with megatron_comm each TP rank sends 1/t of it (Megatron-LM's scatter-gather), the
+        receiving TP group all-gathers it back (unless sequence parallel: it stays split), and the sender's
+        next pass waits until its send is delivered (Megatron-LM's 1F1B sends block)."""
+        par = self.par
+        split = par.megatron_comm and par.tp > 1
+        add_comm(self.graph, name, pairs=pairs, bytes=self.activation / (par.tp if split else 1), collective="p2p")
         self.graph.nodes[name].update(phase="p2p")
-        add_dependency(self.graph, after, name, wait="group")
-        add_dependency(self.graph, name, before)
+        add_dependency(self.graph, self.first[sender][1], name, wait="group")
+        arrived = name
+        if split and not par.sequence_parallel:
+            arrived = add_comm(self.graph, f"{name}.all_gather", groups=self.groups("tp", receiver[0], receiver[1]),
+                               bytes=self.activation, collective="all_gather", algorithm="nccl")
+            self.graph.nodes[arrived].update(phase="p2p", stage=receiver[0])
+            add_dependency(self.graph, name, arrived)
+        add_dependency(self.graph, arrived, self.first[receiver][0])
+        if par.megatron_comm and sender in self.following:
+            add_dependency(self.graph, name, self.following[sender])
 
 
 def build_hybrid_graph(spec: WorkloadSpec, par: Parallelism, layout: ParallelLayout, group_order=None) -> nx.DiGraph:
