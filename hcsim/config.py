@@ -252,8 +252,10 @@ class Fields:
         self.problems.append(f"{self.path(key)}: {message}")
         return None if default is ... else default
 
-    def quantity(self, key: str, dimension: str, default: Any = ..., positive: bool = True) -> Any:
-        """A value with a unit, in SI base units; `positive` rejects zero and negatives."""
+    def quantity(self, key: str, dimension: str, default: Any = ..., positive: bool = True,
+                 physical: str | None = None) -> Any:
+        """A value with a unit, in SI base units; `positive` rejects zero and negatives; a value outside the
+        physical range of `physical` (default: of `dimension`; hcsim.limits.PHYSICAL_RANGES) is refused."""
         if key not in self.data:
             return self._missing(key, default)
         try:
@@ -263,11 +265,22 @@ class Fields:
             return None
         if positive and not value > 0:
             return self._fail(key, f"must be > 0, got {brief(self.data[key])}", None)
+        return self._in_range(value, physical or dimension, key, self.data[key])
+
+    def _in_range(self, value: Any, quantity: str | None, key: str, text: Any) -> Any:
+        """`value`, or None with a problem recorded when it is outside the physical range of `quantity`."""
+        from hcsim.limits import check_range
+
+        problem = check_range(value, quantity, self.path(key), text) if quantity else None
+        if problem:
+            self.problems.append(problem)
+            return None
         return value
 
     def number(self, key: str, default: Any = ..., kind: type = float, minimum: float | None = None,
-               maximum: float | None = None) -> Any:
-        """A plain number (a count or a ratio: no unit), within [minimum, maximum] when given."""
+               maximum: float | None = None, physical: str | None = None) -> Any:
+        """A plain number (a count or a ratio: no unit), within [minimum, maximum] when given, and within the
+        physical range of `physical` (hcsim.limits.PHYSICAL_RANGES) when given."""
         if key not in self.data:
             return self._missing(key, default)
         value = self.raw(key)
@@ -277,7 +290,7 @@ class Fields:
             return self._fail(key, f"must be >= {minimum}, got {brief(value)}", default)
         if maximum is not None and value > maximum:
             return self._fail(key, f"must be <= {maximum:,} (hcsim.limits), got {brief(value)}", default)
-        return kind(value)
+        return self._in_range(kind(value), physical, key, value)
 
     def choice(self, key: str, options: Iterable[str], default: Any = ...) -> Any:
         if key not in self.data:

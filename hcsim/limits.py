@@ -11,6 +11,11 @@ The cost of a run is estimated from the specs alone, before a graph is built:
 - components a structured platform builds per server or network (``server.cpus``, ``server.nics_per_cpu``,
   ``server.cpu_pcie_links``, ``server.xpus_per_cpu``, ``network.spines``): at most :data:`MAX_COMPONENTS` each.
 
+Physical ranges (:data:`PHYSICAL_RANGES`): each quantity a spec, a scenario or a trace gives is refused
+outside the range a real system can have (a link of 1e-30 B/s or a latency of 1e9 s makes a run that
+reports a meaningless number), with the range in the message. Declared once, per quantity, and checked at
+the boundary where the value is read (:class:`hcsim.config.Fields`, the Chakra reader, graph JSON).
+
 Set the environment variable ``HCSIM_NO_LIMITS=1`` to run beyond them anyway.
 """
 
@@ -20,7 +25,7 @@ import os
 
 from hcsim.errors import ConfigError
 
-__all__ = ["MAX_GRAPH_VERTICES", "MAX_VERTEX_RUNS", "MAX_PLATFORM_XPUS", "MAX_ROUTE_PAIRS", "MAX_COMPONENTS", "graph_vertices",
+__all__ = ["PHYSICAL_RANGES", "check_range", "MAX_GLOBAL_BATCH", "MAX_SWEEP_POINTS", "MAX_GRAPH_VERTICES", "MAX_VERTEX_RUNS", "MAX_PLATFORM_XPUS", "MAX_ROUTE_PAIRS", "MAX_COMPONENTS", "graph_vertices",
            "check_run_cost", "check_limit"]
 
 MAX_GRAPH_VERTICES = 1_000_000
@@ -28,6 +33,45 @@ MAX_VERTEX_RUNS = 200_000_000
 MAX_PLATFORM_XPUS = 65_536
 MAX_ROUTE_PAIRS = 2_000_000
 MAX_COMPONENTS = 4096
+MAX_GLOBAL_BATCH = 10_000_000  # samples per iteration (the largest published runs use a few thousand)
+MAX_SWEEP_POINTS = 100_000  # points of one sweep's grid
+
+# quantity -> (lowest, highest, unit): what a real system can have. A zero passes (where a spec allows it,
+# its own rule says so); a value outside is refused, its range in the message. Units are SI (units.py).
+PHYSICAL_RANGES: dict[str, tuple[float, float, str]] = {
+    "bandwidth": (1e3, 1e14, "B/s"),      # 1 kB/s (a slow serial link) to 100 TB/s (beyond any HBM)
+    "time": (0.0, 1.0, "s"),              # a latency or per-call overhead: 0 to 1 s
+    "size": (1.0, 1e17, "B"),             # a capacity or buffer: 1 B to 100 PB
+    "flops": (1e3, 1e18, "FLOP/s"),       # a device's peak: 1 kFLOP/s to 1 EFLOP/s
+    "flop": (0.0, 1e21, "FLOP"),          # one vertex's work: up to 1 ZFLOP
+    "duration": (0.0, 1e6, "s"),          # one measured kernel or vertex: up to about 11 days
+    "sequence": (1, 10_000_000, "tokens"),
+    "hidden": (1, 1_000_000, ""),
+    "heads": (1, 100_000, ""),
+    "ffn": (1, 10_000_000, ""),
+    "vocabulary": (0, 100_000_000, "tokens"),
+    "experts": (1, 100_000, ""),
+    "batch_per_xpu": (1, 1_000_000, "samples"),
+}
+
+
+def check_range(value: float, quantity: str, where: str, text: object = None) -> str | None:
+    """The problem of `value` (of `quantity`, a key of PHYSICAL_RANGES) outside its physical range, as
+    ``WHERE: ...`` (None when inside, zero, or HCSIM_NO_LIMITS is set). `text` is the value as the user wrote it."""
+    low, high, unit = PHYSICAL_RANGES[quantity]
+    if value == 0 or low <= value <= high or os.environ.get("HCSIM_NO_LIMITS"):
+        return None
+    from hcsim.errors import brief
+    from hcsim.units import format_quantity
+
+    def shown(x: float) -> str:
+        if unit in ("B/s", "s", "B", "FLOP/s", "FLOP"):
+            return format_quantity(x, unit)
+        return f"{x:,.0f}{' ' + unit if unit else ''}"
+
+    given = brief(text) if text is not None else shown(value)
+    return (f"{where}: {given} is outside the physical range of a {quantity}, {shown(low)} to {shown(high)} "
+            f"(hcsim.limits); check the value and its unit, or set HCSIM_NO_LIMITS=1 to run it anyway")
 
 
 def check_limit(estimate: float, limit: float, what: str, where: str, fix: str) -> None:

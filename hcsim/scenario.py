@@ -188,6 +188,53 @@ class Scenario:
             settings["training.precision"] = self.precision
         return settings
 
+    def origins(self, kind: str) -> dict[str, str]:
+        """The dotted keys this scenario sets in its platform (`kind` "platform") or workload spec, each with
+        the scenario key the user wrote: ``{"links.cxl.bandwidth": "cxl_bandwidth", "bogus":
+        "platform_overrides.bogus"}``."""
+        if kind == "platform":
+            named = {"devices": "devices", "coherent": "coherent", "links.cxl.bandwidth": "cxl_bandwidth",
+                     "links.cxl.latency": "cxl_latency"}
+            settings, overrides = self.platform_settings(), "platform_overrides"
+        else:
+            named = {"gradients.algorithm": "collective", "gradients.chunks": "collective_chunks",
+                     "granularity": "granularity", "training.precision": "precision"}
+            settings, overrides = self.workload_settings(), "workload_overrides"
+        own = self.platform_overrides if kind == "platform" else self.workload_overrides
+        return {key: (f"{overrides}.{key}" if key in own and (key not in named or getattr(self, named[key]) is None)
+                      else named.get(key, f"{overrides}.{key}")) for key in settings}
+
+    def blame(self, err: ConfigError, spec: str | Path, kind: str) -> ConfigError:
+        """`err`, raised reading the `kind` spec file `spec` with this scenario's settings, with each problem
+        about a key the scenario set blamed on the scenario key the user wrote, not on the (built-in) file."""
+        import re
+
+        origins = self.origins(kind)
+        spec = Path(spec)
+        heads = sorted({str(spec), spec.name}, key=len, reverse=True)
+        lines = []
+        for line in str(err).splitlines():
+            for head in heads:
+                match = re.match(rf"^{re.escape(head)}: (?P<key>[\w.\[\]-]+): (?P<rest>.*)$", line)
+                if match:
+                    break
+            origin = None
+            if match:
+                key = match["key"]
+                origin = next((o for o in origins if key == o or key.startswith((o + ".", o + "["))
+                               or o.startswith(key + ".")), None)
+            if origin is None:
+                lines.append(line)
+                continue
+            label, rest = origins[origin], match["rest"]
+            if label in ("cxl_bandwidth", "cxl_latency") and rest.startswith("unknown key"):
+                rest = (f"platform {spec.stem!r} has no CXL links (links.cxl); {label} applies to platforms with "
+                        f"CXL links, such as paper-cxl: remove it")
+            else:
+                rest = f"{rest} (in {spec.name})" if label.endswith(key) else f"in {spec.name}, {key}: {rest}"
+            lines.append(f"scenario {self.name!r}: {label}: {rest}")
+        return ConfigError("\n".join(lines))
+
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         for key in ("devices", "trace_iterations", "ring_order", "layer_split", "batch_split", "offload_state",

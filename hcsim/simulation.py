@@ -76,7 +76,11 @@ def prepare(scenario: Scenario) -> Prepared:
         raise ConfigError(f"scenario: expected a hcsim.scenario.Scenario (e.g. load_scenario() or Scenario(xpus=8)), "
                           f"got {brief(scenario)}")
     base = Path(scenario.base)
-    platform_spec = load_platform_spec(resolve_spec(scenario.platform, "platforms", base), scenario.platform_settings())
+    platform_path = resolve_spec(scenario.platform, "platforms", base)
+    try:
+        platform_spec = load_platform_spec(platform_path, scenario.platform_settings())
+    except ConfigError as err:
+        raise scenario.blame(err, platform_path, "platform") from err
     if scenario.xpus > platform_spec.xpus:
         raise ConfigError(f"scenario {scenario.name!r}: xpus: {scenario.xpus} XPUs asked for, but platform "
                           f"{scenario.platform!r} has {platform_spec.xpus}")
@@ -87,8 +91,12 @@ def prepare(scenario: Scenario) -> Prepared:
     if from_graph:  # a graph file or a Chakra trace: it names its own XPUs and memory placement
         workload, xpus = graph_workload(scenario, xpus)
     else:
-        workload_spec = load_workload_spec(resolve_spec(scenario.workload, "workloads", base),
-                                           scenario.workload_settings())
+        workload_path = resolve_spec(scenario.workload, "workloads", base)
+        try:
+            workload_spec = load_workload_spec(workload_path, scenario.workload_settings())
+        except ConfigError as err:
+            raise scenario.blame(err, workload_path, "workload") from err
+        check_algorithm(scenario, workload_spec, workload_path)
         sizes = {"tp": scenario.tp, "pp": scenario.pp, "ep": scenario.ep} | ({"dp": scenario.dp} if scenario.dp else {})
         try:
             layout = ParallelLayout(xpus, sizes)
@@ -134,6 +142,28 @@ def prepare(scenario: Scenario) -> Prepared:
         check_local_memory(scenario, platform_spec, graph, placement, layout)
     pairs = host_pairs(graph, workload)
     return Prepared(scenario, graph, workload, placement, xpus, pairs, coherent, platform_spec)
+
+
+def check_algorithm(scenario: Scenario, spec, path: Path) -> None:
+    """Refuse a gradient all-reduce algorithm that is not registered, naming where it was written."""
+    from hcsim.engine.collectives import algorithms
+
+    name = spec.algorithm
+    known = algorithms().get("all_reduce", [])
+    if not name or ":" in name or name in known:
+        return
+    key = "gradients.algorithm"
+    where = (f"scenario {scenario.name!r}: workload_overrides.{key}" if key in scenario.workload_overrides
+             else f"{path.name}: {key}")
+    raise ConfigError(f"{where}: {brief(name)} is not an all-reduce algorithm{_close(name, known)}; known: "
+                      f"{', '.join(known)}, or module:Class of your own")
+
+
+def _close(value: str, options) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(value, list(options), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def spill_policy(scenario: Scenario, platform_spec) -> str:

@@ -296,13 +296,32 @@ def _check_outputs(experiment: Experiment) -> None:
     from hcsim.results import spec_columns
 
     for i, plot in enumerate(experiment.plots):
-        problems += [f"{experiment.path}: plots[{i}]: {p}"
-                     for p in check_plot(spec_columns(plot, PLOT_COLUMNS), header, numeric)]
+        spec = spec_columns(plot, PLOT_COLUMNS)
+        found = check_plot(spec, header, numeric)
+        if not found and spec.get("kind", "line") == "line":
+            found = _text_x(spec["x"], points, numeric)
+        problems += [f"{experiment.path}: plots[{i}]: {p}" for p in found]
     for i, finding in enumerate(experiment.findings):
         problems += [f"{experiment.path}: findings[{i}]: {p}"
                      for p in check_spec(spec_columns(finding, FINDING_COLUMNS), header, numeric, values)]
     if problems:
         raise ConfigError("\n".join(problems))
+
+
+def _text_x(column: str, points: list[Point], numeric: list[str]) -> list[str]:
+    """The problem of a line plot whose x column will hold text at some point (a zip group's label, a key
+    set by only some of its entries, a string axis, a text result column): a line needs numbers along x."""
+    if points and column not in points[0].labels and column not in points[0].inputs and column not in numeric:
+        inputs = points[0].inputs
+        numbers = [c for c in numeric if c not in inputs or isinstance(inputs[c], (int, float))]
+        return [f"x: {column!r} is a text column; a line plot needs a numeric x: use kind: bar, or one of the "
+                f"numeric columns: {', '.join(numbers)}"]
+    for point in points:
+        value = point.labels[column] if column in point.labels else point.inputs.get(column, 0)
+        if isinstance(value, str) or not isinstance(value, (int, float)):
+            return [f"x: {column!r} holds text at point {point.index} ({brief(value)}); a line plot needs a numeric "
+                    f"x: use kind: bar, or a numeric column as x"]
+    return []
 
 
 def _check_key(key: str, where: str, problems: list[str]) -> None:

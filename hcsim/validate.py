@@ -29,7 +29,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from hcsim.errors import ConfigError, HcsimError
+from hcsim.errors import ConfigError, HcsimError, brief
 
 __all__ = ["COLUMNS", "UNITS", "RunRow", "read_runs", "row_scenario", "validate", "summarize_rows", "write_report",
            "measured_seconds", "DEFAULT_SETTINGS"]
@@ -51,6 +51,7 @@ COLUMNS = {
     "source": "where the measurement comes from",
 }
 REQUIRED = ("name", "gpus", "measured", "unit")
+MEASURED_SECONDS = (1e-6, 1e7)  # a measured iteration: 1 us to about four months
 UNITS = ("s", "ms", "samples/s", "tokens/s", "tflops/gpu")
 # Scenario settings every row gets unless --set says otherwise: the roofline model, one iteration (a
 # Megatron iteration ends in a synchronous optimizer step, so iteration 1 is the steady state), and the
@@ -82,46 +83,90 @@ class RunRow:
             return None
         if key in _INTS:
             try:
-                return int(text)
+                number = int(text)
             except ValueError:
-                raise ConfigError(f"line {self.line}: {key}: expected an integer, got {text!r}") from None
+                raise ConfigError(f"line {self.line}: {key}: expected an integer, got {brief(text)}") from None
+            if number < 1:
+                raise ConfigError(f"line {self.line}: {key}: must be an integer >= 1, got {brief(text)}")
+            return number
         if key == "sequence_parallel":
             if text.lower() not in ("true", "false", "yes", "no", "1", "0"):
-                raise ConfigError(f"line {self.line}: sequence_parallel: expected true or false, got {text!r}")
+                raise ConfigError(f"line {self.line}: sequence_parallel: expected true or false, got {brief(text)}")
             return text.lower() in ("true", "yes", "1")
         if key == "measured":
             try:
                 value = float(text)
             except ValueError:
-                raise ConfigError(f"line {self.line}: measured: expected a number, got {text!r}") from None
-            if not value > 0:
-                raise ConfigError(f"line {self.line}: measured: must be > 0, got {text!r}")
+                raise ConfigError(f"line {self.line}: measured: expected a number, got {brief(text)}") from None
+            if not (value > 0 and math.isfinite(value)):
+                raise ConfigError(f"line {self.line}: measured: must be a finite number > 0, got {brief(text)}")
             return value
         return text
 
 
 def read_runs(path: str | Path) -> list[RunRow]:
-    """Read a RUNS CSV ('#' lines are comments); ConfigError for unknown or missing columns."""
+    """Read a RUNS CSV ('#' lines are comments; a spreadsheet's UTF-8 BOM and CRLF line ends are read as they
+    are) and check every row before anything is simulated.
+
+    Raises
+    ------
+    ConfigError
+        naming the file (and line and column) of every problem at once: not UTF-8 text, unknown or missing
+        columns, no rows, a row with more cells than the header, a run name given twice, a cell that is not
+        of its column's type, a measured value that is not a finite number in range or an unknown unit.
+    """
+    from hcsim.config import read_text
+
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as err:
-        raise ConfigError(f"{path}: cannot read: {err.strerror}") from err
-    lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
-    reader = csv.DictReader(io.StringIO("\n".join(lines)))
+    text = read_text(path, 64 * 2**20, "a runs CSV")
+    numbered = [(n, line) for n, line in enumerate(text.splitlines(), start=1) if not line.lstrip().startswith("#")]
+    reader = csv.DictReader(io.StringIO("\n".join(line for _, line in numbered)))
     header = [c.strip() for c in reader.fieldnames or []]
     unknown = [c for c in header if c not in COLUMNS]
     missing = [c for c in REQUIRED if c not in header]
     if unknown or missing:
         raise ConfigError(f"{path}: " + "; ".join(
-            ([f"unknown columns {', '.join(unknown)}"] if unknown else [])
+            ([f"unknown columns {', '.join(brief(c)[1:-1] for c in unknown)}"] if unknown else [])
             + ([f"missing columns {', '.join(missing)}"] if missing else []))
             + f". Columns: {', '.join(COLUMNS)}")
-    rows = []
+    rows, problems, names = [], [], {}
     for number, record in enumerate(reader, start=2):
+        physical = numbered[min(reader.line_num, len(numbered)) - 1][0]  # the file's own line, comments counted
+        if None in record:
+            problems.append(f"{path}:{physical}: {len(header) + len(record[None])} cells, the header has "
+                            f"{len(header)}; remove the extra cells (quote a cell that holds a comma)")
+            continue
         cells = {k.strip(): (v or "").strip() for k, v in record.items() if k}
-        if any(cells.values()):
-            rows.append(RunRow(line=number, cells=cells))
+        if not any(cells.values()):
+            continue
+        row = RunRow(line=number, cells=cells)
+        name = cells.get("name", "")
+        if name and name in names:
+            problems.append(f"{path}:{physical}: name: {brief(name)} is also the name of line {names[name]}; "
+                            f"give each run its own name")
+        names.setdefault(name, physical)
+        for key in [*_INTS, "sequence_parallel"]:
+            try:
+                row.value(key)
+            except ConfigError as err:
+                problems.append(f"{path}:{physical}: {str(err).split(': ', 1)[1]}")
+        try:
+            seconds = measured_seconds(row)
+        except ConfigError as err:
+            problems.append(f"{path}:{physical}: {str(err).split(': ', 1)[1]}")
+        else:
+            if not MEASURED_SECONDS[0] <= seconds <= MEASURED_SECONDS[1]:
+                problems.append(f"{path}:{physical}: measured: {cells.get('measured')} {cells.get('unit')} is "
+                                f"{seconds:.3g} s per iteration, outside {MEASURED_SECONDS[0]:g} to "
+                                f"{MEASURED_SECONDS[1]:g} s; check the value and its unit")
+        rows.append(row)
+    if problems:
+        from hcsim.errors import invalid
+
+        raise ConfigError(problems[0] if len(problems) == 1 else invalid(str(path), problems[:20]))
+    if not rows:
+        raise ConfigError(f"{path}: no runs, only a header; add one measured run per line "
+                          f"(name, gpus, measured, unit at least)")
     return rows
 
 

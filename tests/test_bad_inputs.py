@@ -95,6 +95,27 @@ FILES = {
     "finding-step.yaml": EXPERIMENT + "findings: [{check: step, along: cxl_bandwidth, from: 1GB/s, to: 128GB/s, expect: higher}]\n",
     "exp.yaml": EXPERIMENT,
     "afile": "not a folder\n",
+    # issue 29: sweeps whose line plot has text along x
+    "plot-zip-label.yaml": "name: zl\nbase: {xpus: 2, iterations: 1}\naxes:\n  system:\n    - {label: a, xpus: 2}\n"
+                           "    - {label: b, cxl_bandwidth: 64GB/s}\nplots: [{x: system, y: batches_per_s}]\n",
+    "plot-zip-default.yaml": "name: zd\nbase: {xpus: 2, iterations: 1}\naxes:\n  system:\n    - {label: a, "
+                             "collective_chunks: 4}\n    - {label: b, xpus: 2}\n"
+                             "plots: [{x: collective_chunks, y: batches_per_s}]\n",
+    "plot-text-x.yaml": EXPERIMENT + "plots: [{x: busiest_link, y: batches_per_s}]\n",
+    # issue 29: runs CSVs for `hcsim validate`
+    "runs.csv": "name,gpus,measured,unit,micro_batch\nr1,8,1.5,s,1\n",
+    "runs-header-only.csv": "name,gpus,measured,unit\n",
+    "runs-huge.csv": "name,gpus,measured,unit,micro_batch\nr1,8,1e400,s,1\n",
+    "runs-binary.csv": b"\xff\xfe\x00\x01binary",
+    "runs-extra-cell.csv": "# a comment\nname,gpus,measured,unit,micro_batch\nr1,8,1.5,s,1,extra\n",
+    "runs-duplicate.csv": "name,gpus,measured,unit,micro_batch\nr1,8,1.5,s,1\nr1,8,1.5,s,1\n",
+    "runs-text.csv": "name,gpus,measured,unit,micro_batch\nr1,8,fast,s,1\n",
+    "runs-unit.csv": "name,gpus,measured,unit,micro_batch\nr1,8,1.5,hours,1\n",
+    "runs-gpus-zero.csv": "name,gpus,measured,unit,micro_batch\nr1,0,1.5,s,1\n",
+    "runs-tiny.csv": "name,gpus,measured,unit,micro_batch\nr1,8,1e-12,s,1\n",
+    "runs-columns.csv": "name,gpuz,measured,unit\nr1,8,1.5,s\n",
+    "runs-empty.csv": "",
+    "runs-bom-crlf.csv": b"\xef\xbb\xbfname,gpus,measured,unit,micro_batch\r\nr1,8,1.5,s,1\r\n",
 }
 
 
@@ -338,6 +359,64 @@ CLI_CASES = {
                        r"expected 'local' or 'dask://HOST:PORT'"),
 }
 
+# --- issue 29: every surface, the newer ones included ---------------------------------------------------------
+
+VALIDATE = ["validate", "--platform", "paper-cxl"]
+CLI_CASES_29 = {
+    # tracebacks
+    "draw-racks-zero": (["platform", "draw", "paper-cxl", "--racks", "0", "-o", "x.png"], r"--racks", r"must be >= 1"),
+    "draw-servers-zero": (["platform", "draw", "paper-cxl", "--servers", "0", "-o", "x.png"], r"--servers",
+                          r"must be >= 1"),
+    "plot-x-zip-label": (["sweep", "plot-zip-label.yaml"], r"plot-zip-label\.yaml: plots\[0\]: x",
+                         r"'system' holds text.*use kind: bar"),
+    "plot-x-zip-default": (["sweep", "plot-zip-default.yaml"], r"plots\[0\]: x",
+                           r"'collective_chunks' holds text at point 1.*use kind: bar"),
+    "plot-x-text-column": (["sweep", "plot-text-x.yaml"], r"plots\[0\]: x",
+                           r"'busiest_link' is a text column.*numeric columns: .*xpus"),
+    "validate-measured-inf": (VALIDATE + ["runs-huge.csv"], r"runs-huge\.csv:2: measured", r"finite number > 0"),
+    "validate-measured-tiny": (VALIDATE + ["runs-tiny.csv"], r"runs-tiny\.csv:2: measured", r"outside 1e-06 to 1e\+07 s"),
+    "validate-not-utf8": (VALIDATE + ["runs-binary.csv"], r"runs-binary\.csv:1", r"saved as UTF-8"),
+    "validate-out-a-file": (VALIDATE + ["runs.csv", "--out", "afile"], r"--out afile", r"give a folder"),
+    # accepted without a word (exit 0 with per-row notes before)
+    "validate-header-only": (VALIDATE + ["runs-header-only.csv"], r"runs-header-only\.csv", r"no runs.*one measured run per line"),
+    "validate-empty": (VALIDATE + ["runs-empty.csv"], r"runs-empty\.csv", r"missing columns name, gpus.*Columns: name"),
+    "validate-jobs-zero": (VALIDATE + ["runs.csv", "--jobs", "0"], r"--jobs", r"integer >= 1"),
+    "validate-max-runs-negative": (VALIDATE + ["runs.csv", "--max-runs", "-1"], r"--max-runs", r"integer >= 1"),
+    "validate-set-unknown": (VALIDATE + ["runs.csv", "--set", "bogus=1"], r"bogus", r"unknown key"),
+    "validate-platform-missing": (["validate", "runs.csv", "--platform", "nosuch"], r"nosuch",
+                                  r"built-in ones: dgx-a100"),
+    "validate-extra-cell": (VALIDATE + ["runs-extra-cell.csv"], r"runs-extra-cell\.csv:3",
+                            r"6 cells, the header has 5.*remove the extra"),
+    "validate-duplicate-name": (VALIDATE + ["runs-duplicate.csv"], r"runs-duplicate\.csv:3: name",
+                                r"also the name of line 2.*its own name"),
+    "validate-text-in-number": (VALIDATE + ["runs-text.csv"], r"runs-text\.csv:2: measured", r"expected a number"),
+    "validate-unknown-unit": (VALIDATE + ["runs-unit.csv"], r"runs-unit\.csv:2: unit", r"not one of s, ms"),
+    "validate-gpus-zero": (VALIDATE + ["runs-gpus-zero.csv"], r"runs-gpus-zero\.csv:2: gpus", r"integer >= 1"),
+    "validate-unknown-column": (VALIDATE + ["runs-columns.csv"], r"runs-columns\.csv", r"unknown columns gpuz.*Columns:"),
+    # physical ranges (hcsim.limits.PHYSICAL_RANGES)
+    "range-cxl-bandwidth": (SIM + ["--set", "cxl_bandwidth=1e-30B/s"], r"cxl_bandwidth",
+                            r"outside the physical range of a bandwidth, 1 kB/s to 100 TB/s.*HCSIM_NO_LIMITS"),
+    "range-cxl-latency": (SIM + ["--set", "cxl_latency=1e9s"], r"cxl_latency", r"0 s to 1 s"),
+    "range-sequence": (["workload", "show", "llama2-7b", "--set", "model.sequence=1000000000000"], r"model\.sequence",
+                       r"1 tokens to 10,000,000 tokens"),
+    "range-platform-bandwidth": (["platform", "show", "paper-cxl", "--set", "links.cxl.bandwidth=1e20B/s"],
+                                 r"links\.cxl\.bandwidth", r"1 kB/s to 100 TB/s"),
+    "range-type3-capacity": (["platform", "show", "paper-cxl", "--set", "cxl.type3_capacity=1e30B"],
+                             r"cxl\.type3_capacity", r"physical range of a size, 1 B to 100 PB"),
+    # scenario values blamed on the key the user wrote, not on the built-in file
+    "blame-cxl-on-dgx": (SIM + ["--set", "platform=dgx-h100", "--set", "cxl_bandwidth=64GB/s"],
+                         r"scenario 'default': cxl_bandwidth", r"'dgx-h100' has no CXL links.*paper-cxl"),
+    "blame-platform-override": (SIM + ["--set", "platform=dgx-h100", "--set", "platform_overrides.bogus=1"],
+                                r"scenario 'default': platform_overrides\.bogus", r"unknown key \(in dgx-h100\.yaml\)"),
+    "blame-workload-override": (SIM + ["--set", "workload_overrides.bogus=1"],
+                                r"scenario 'default': workload_overrides\.bogus", r"unknown key \(in llama2-13b\.yaml\)"),
+    "blame-devices": (SIM + ["--set", "devices=[H100,H900]"], r"scenario 'default': devices",
+                      r"in paper-cxl\.yaml, devices\[1\]: unknown device 'H900'.*known: A100"),
+    "algorithm-unknown": (SIM + ["--set", "workload_overrides.gradients.algorithm=ringg"],
+                          r"workload_overrides\.gradients\.algorithm", r"did you mean 'ring'.*known: .*hierarchical"),
+}
+CLI_CASES.update(CLI_CASES_29)
+
 
 @pytest.mark.parametrize("argv, where, valid", CLI_CASES.values(), ids=CLI_CASES.keys())
 def test_a_bad_cli_input_is_one_line_naming_the_place_and_what_is_valid(argv, where, valid, capsys):
@@ -348,6 +427,33 @@ def test_a_bad_cli_input_is_one_line_naming_the_place_and_what_is_valid(argv, wh
     check_message(message)
     assert re.search(where, message), f"does not name {where!r}: {message}"
     assert re.search(valid, message, re.MULTILINE), f"does not say {valid!r}: {message}"
+
+
+def test_a_runs_csv_saved_by_a_spreadsheet_is_read_as_it_is(workspace):
+    from hcsim.validate import read_runs
+
+    rows = read_runs(workspace / "runs-bom-crlf.csv")
+    assert [row.cells for row in rows] == [{"name": "r1", "gpus": "8", "measured": "1.5", "unit": "s", "micro_batch": "1"}]
+
+
+def test_the_physical_ranges_give_way_to_hcsim_no_limits(monkeypatch):
+    from hcsim.scenario import load_scenario
+
+    with pytest.raises(HcsimError, match=r"cxl_latency: '2s' is outside the physical range"):
+        load_scenario(None, {"cxl_latency": "2s"})
+    monkeypatch.setenv("HCSIM_NO_LIMITS", "1")
+    assert load_scenario(None, {"cxl_latency": "2s"}).cxl_latency == 2.0
+
+
+def test_every_built_in_spec_is_inside_the_physical_ranges():
+    from hcsim.platform import load_platform_spec
+    from hcsim.workload import load_workload_spec
+
+    for path in sorted((REPO_ROOT / "platforms").glob("*.yaml")):
+        if path.stem not in ("devices", "compute-model"):
+            load_platform_spec(path)
+    for path in sorted((REPO_ROOT / "workloads").glob("*.yaml")):
+        load_workload_spec(path)
 
 
 # --- sweep results read back (--resume) -------------------------------------------------------------------

@@ -46,17 +46,22 @@ def test_rows_it_cannot_simulate_keep_their_reason(tmp_path):
     path = tmp_path / "runs.csv"
     path.write_text(HEADER + "# a comment line\n"
                     "no micro-batch,2,256,4,1024,128,2,2,1,,2,full,1.0,s\n"
-                    "bad unit,2,256,4,1024,128,2,2,1,1,2,full,1.0,furlongs\n"
                     "heads,2,258,3,1024,128,2,2,1,1,2,full,1.0,s\n"
                     "too large,2,256,4,1024,128,2,2,1,1,2,full,1.0,s\n")
     records = validate(read_runs(path), SELENE, max_runs=10)
     reasons = {r["name"]: r["reason"] for r in records}
     assert "micro_batch: not given" in reasons["no micro-batch"]
-    assert "unit: 'furlongs'" in reasons["bad unit"]
     assert "does not divide the 3 attention heads" in reasons["heads"]
     assert "exceed --max-runs 10" in reasons["too large"]
     assert all(r["error"] is None for r in records)
-    assert summarize_rows(records)["not_simulated"]["rows"] == 4
+    assert summarize_rows(records)["not_simulated"]["rows"] == 3
+
+
+def test_a_row_that_is_malformed_refuses_the_file_before_any_row_runs(tmp_path):
+    path = tmp_path / "runs.csv"
+    path.write_text(HEADER + "# a comment line\nbad unit,2,256,4,1024,128,2,2,1,1,2,full,1.0,furlongs\n")
+    with pytest.raises(ConfigError, match=r"runs\.csv:3: unit: 'furlongs' is not one of s, ms"):
+        read_runs(path)
 
 
 def test_the_peak_model_gives_the_same_times_with_or_without_op_level_costs():

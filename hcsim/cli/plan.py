@@ -101,11 +101,19 @@ def _cluster(scenario):
     from hcsim.workload import load_workload_spec
 
     base = Path(scenario.base)
-    spec = load_platform_spec(resolve_spec(scenario.platform, "platforms", base), scenario.platform_settings())
+    path = resolve_spec(scenario.platform, "platforms", base)
+    try:
+        spec = load_platform_spec(path, scenario.platform_settings())
+    except ConfigError as err:
+        raise scenario.blame(err, path, "platform") from err
     if scenario.xpus > spec.xpus:
         raise ConfigError(f"--xpus: {scenario.xpus} asked for, but platform {scenario.platform!r} has {spec.xpus}")
     platform = build_platform(spec, scenario.xpus)
-    workload = load_workload_spec(resolve_spec(scenario.workload, "workloads", base), scenario.workload_settings())
+    path = resolve_spec(scenario.workload, "workloads", base)
+    try:
+        workload = load_workload_spec(path, scenario.workload_settings())
+    except ConfigError as err:
+        raise scenario.blame(err, path, "workload") from err
     return platform, platform_xpus(platform)[: scenario.xpus], workload
 
 

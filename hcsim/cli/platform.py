@@ -71,6 +71,9 @@ def _graph(args):
         check_output_file(args.output, "-o", DRAW_SUFFIXES if args.action == "draw" else None)
     if args.xpus is not None and args.xpus < 1:
         raise ConfigError(f"--xpus: must be >= 1, got {args.xpus}")
+    for option in ("racks", "servers"):
+        if getattr(args, option, 1) < 1:
+            raise ConfigError(f"--{option}: must be >= 1 ({option} drawn at most), got {getattr(args, option)}")
     spec = load_platform_spec(args.spec, _overrides(args.overrides))
     return spec, build_platform(spec, args.xpus)
 

@@ -41,11 +41,14 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from hcsim.config import parse_settings
+    from hcsim.config import check_output_folder, parse_settings
     from hcsim.validate import markdown, read_runs, validate, write_report
 
+    _check_options(args)
     rows = read_runs(args.runs)
     settings = parse_settings(args.settings)
+    _check_settings(settings, args.platform)
+    check_output_folder(args.out, "--out")  # before any row runs: a bad folder must not cost the results
 
     def progress(record):
         state = f"{record['error']:+.1%}" if record["error"] is not None else record["reason"]
@@ -54,7 +57,33 @@ def run(args) -> int:
     platform = str(Path(args.platform).resolve()) if Path(args.platform).is_file() else args.platform
     records = validate(rows, platform, settings, jobs=args.jobs, max_runs=args.max_runs,
                        base=str(args.runs.resolve().parent), progress=progress)
-    paths = write_report(records, args.out, title=f"{args.runs.name} on {args.platform}")
     print(markdown(records, f"{args.runs.name} on {args.platform}"))
+    try:
+        paths = write_report(records, args.out, title=f"{args.runs.name} on {args.platform}")
+    except OSError as err:
+        from hcsim.errors import OutputError
+
+        raise OutputError(f"--out {args.out}: could not write the report ({err.strerror or err}); the table "
+                          f"above is the result") from None
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
+
+
+def _check_options(args) -> None:
+    """Options wrong for every row: refused before any row runs, not reported once per row."""
+    from hcsim.errors import ConfigError
+
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs: must be an integer >= 1 (rows simulated at once), got {args.jobs}")
+    if args.max_runs is not None and args.max_runs < 1:
+        raise ConfigError(f"--max-runs: must be an integer >= 1 (vertex runs per row), got {args.max_runs}")
+
+
+def _check_settings(settings: dict, platform: str) -> None:
+    """--set keys and the platform checked once, before any row: a mistake there is every row's."""
+    from hcsim.config import resolve_spec
+    from hcsim.platform import load_platform_spec
+    from hcsim.scenario import load_scenario
+
+    load_scenario(None, {**settings, "platform": platform})
+    load_platform_spec(resolve_spec(platform, "platforms"))

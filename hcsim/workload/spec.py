@@ -167,7 +167,7 @@ def parse_workload_spec(data: Any, where: str = "workload") -> WorkloadSpec:
     training = top.sub("training")
     kernels = training.choice("kernels", KERNEL_INVENTORIES, "megatron")
     values = dict(
-        batch_per_xpu=training.number("batch_per_xpu", 1, kind=int, minimum=1),
+        batch_per_xpu=training.number("batch_per_xpu", 1, kind=int, minimum=1, physical="batch_per_xpu"),
         # a PyTorch workload trains under torch.autocast: BF16 unless it says FP16
         precision=training.choice("precision", PRECISIONS, "fp32" if kernels in (None, "megatron") else "bf16"),
         optimizer=training.choice("optimizer", OPTIMIZERS, "adam"),
@@ -197,19 +197,19 @@ def _shape(fields: Fields, name: str) -> ModelShape | None:
     values = dict(
         name=fields.string("name", name),
         decoders=fields.number("decoders", kind=int, minimum=1),
-        hidden=fields.number("hidden", kind=int, minimum=1),
-        heads=fields.number("heads", kind=int, minimum=1),
+        hidden=fields.number("hidden", kind=int, minimum=1, physical="hidden"),
+        heads=fields.number("heads", kind=int, minimum=1, physical="heads"),
         kv_heads=fields.number("kv_heads", None, kind=int, minimum=1),
-        ffn=fields.number("ffn", kind=int, minimum=1),
-        sequence=fields.number("sequence", kind=int, minimum=1),
+        ffn=fields.number("ffn", kind=int, minimum=1, physical="ffn"),
+        sequence=fields.number("sequence", kind=int, minimum=1, physical="sequence"),
         mlp=fields.choice("mlp", MLP_TYPES, "gelu"),
         norm=fields.choice("norm", NORM_TYPES, "layernorm"),
         dropout=fields.flag("dropout", True),
-        vocabulary=fields.number("vocabulary", 0, kind=int, minimum=0),
+        vocabulary=fields.number("vocabulary", 0, kind=int, minimum=0, physical="vocabulary"),
         positions=fields.choice("positions", POSITION_TYPES, "none"),
         bias=fields.flag("bias", False),
         tied_embeddings=fields.flag("tied_embeddings", False),
-        experts=fields.number("experts", 1, kind=int, minimum=1),
+        experts=fields.number("experts", 1, kind=int, minimum=1, physical="experts"),
         top_k=fields.number("top_k", 1, kind=int, minimum=1),
         expert_ffn=fields.number("expert_ffn", None, kind=int, minimum=1),
     )
