@@ -149,7 +149,10 @@ def fit_device(rows: list[KernelRow], *, name: str, peak: float, memory_bandwidt
     floor = small[len(small) // 2]  # the median of the kernels too small to take any time on the GPU
     streaming, reduction = _bandwidths(rows, memory, floor, memory_bandwidth)
     k_half, gemm_efficiency = _gemm_fit(gemms, floor, peak, sms)
+    fp8 = [r for r in rows if r.kind == "gemm_fp8_e4m3"]
+    speedup = _gemm_fit(fp8, floor, peak, sms, k_half)[1] / gemm_efficiency if fp8 else 0.0
     factors = DeviceFactors(name=name, provenance="measured", gemm_max_efficiency=gemm_efficiency, gemm_k_half=k_half,
+                            fp8_gemm_speedup=speedup,
                             sms=sms, memory_efficiency=streaming, reduction_efficiency=reduction, kernel_overhead=0.0,
                             launch=floor)
     calibration = _launches(rows, factors, floor, peak, memory_bandwidth)
@@ -182,10 +185,11 @@ def _bandwidths(rows, memory, floor: float, bandwidth: float) -> tuple[float, fl
     return streaming, reduction
 
 
-def _gemm_fit(gemms, floor: float, peak: float, sms: int) -> tuple[float, float]:
-    """(k_half, max_efficiency) of the wave model with the least relative RMS error over the GEMM rows."""
+def _gemm_fit(gemms, floor: float, peak: float, sms: int, k_half: float | None = None) -> tuple[float, float]:
+    """(k_half, max_efficiency) of the wave model with the least relative RMS error over the GEMM rows (with
+    `k_half` given, the efficiency alone; relative to `peak`, so above 1 for FP8 GEMMs against the BF16 peak)."""
     best = None
-    for k_half in K_HALF_GRID:
+    for k_half in (K_HALF_GRID if k_half is None else (k_half,)):
         xs = [2.0 * s["m"] * s["n"] * s["k"] / gemm_utilization(s["m"], s["n"], s["k"], sms, k_half)
               for s in (r.shape() for r in gemms)]
         ts = [r.seconds for r in gemms]
@@ -193,7 +197,7 @@ def _gemm_fit(gemms, floor: float, peak: float, sms: int) -> tuple[float, float]
         error = _rms([floor + x * per_flop for x in xs], ts)
         if best is None or error < best[0]:
             best = (error, k_half, 1 / (per_flop * peak))
-    if not 0 < best[2] <= 1:
+    if not 0 < best[2] <= (1 if k_half is None else 4):
         raise ConfigError(f"calibrate: the fitted GEMM max_efficiency is {best[2]:.3g}, outside (0, 1]: the device's "
                           f"datasheet peak is below what the rows measured (wrong --device?)")
     return float(best[1]), best[2]
@@ -262,8 +266,9 @@ def factors_yaml(calibration: Calibration, sources: list[str]) -> dict:
     return {
         "provenance": "measured",
         "gemm": {"max_efficiency": round(factors.gemm_max_efficiency, 4), "k_half": factors.gemm_k_half,
-                 "sms": factors.sms,
-                 "source": f"hcsim calibrate: least squares on the relative error of every GEMM row of {named}"},
+                 "sms": factors.sms, "fp8_speedup": round(factors.fp8_gemm_speedup, 4),
+                 "source": f"hcsim calibrate: least squares on the relative error of every BF16 GEMM row of {named}; "
+                           f"fp8_speedup: the FP8 (e4m3) rows' rate over it, the same wave model"},
         "memory_efficiency": round(factors.memory_efficiency, 4),
         "source_memory_efficiency": f"hcsim calibrate: copy, add, SiLU and cast rows of {named}",
         "reduction_efficiency": round(factors.reduction_efficiency, 4),
@@ -284,7 +289,6 @@ def factors_yaml(calibration: Calibration, sources: list[str]) -> dict:
 # ---- the model against every measured row ----------------------------------------------------------------
 
 SMS = {"H100": 132, "H200": 132, "A100": 108, "A100-40GB": 108, "V100": 80, "B200": 148}  # datasheets' SM counts
-NOT_MODELLED = ("gemm_fp8_e4m3",)  # FP8 GEMMs: issue "FP8 training"
 
 
 def row_kernels(row: KernelRow) -> tuple | None:
@@ -292,9 +296,10 @@ def row_kernels(row: KernelRow) -> tuple | None:
     :mod:`hcsim.workload.ops`), or None for a kind it does not model."""
     from hcsim.workload import ops
 
-    if row.kind in ("gemm", "gemm_bf16"):
+    if row.kind in ("gemm", "gemm_bf16", "gemm_fp8_e4m3"):
         s = row.shape()
-        return (ops._gemm("gemm", s["m"], s["n"], s["k"], 2.0),)
+        gemm = ops._gemm("gemm", s["m"], s["n"], s["k"], 2.0)
+        return (gemm._replace(kind="gemm8"),) if row.kind == "gemm_fp8_e4m3" else (gemm,)
     if row.kind in ("attn_fwd", "attn_bwd"):
         b, s, heads, d = row.batch, row.m, row.n, row.k
         flops = 2.0 * b * s * s * heads * d * (2.5 if row.kind == "attn_bwd" else 1.0)
@@ -332,7 +337,7 @@ def model_errors(rows: list[KernelRow], calibration: Calibration, peak: float, m
     measurement's harness adds (:class:`Calibration`)."""
     out = []
     for row in rows:
-        kernels = None if row.kind in NOT_MODELLED else row_kernels(row)
+        kernels = row_kernels(row)
         if kernels is None:
             out.append((row, None))
             continue

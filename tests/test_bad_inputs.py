@@ -247,7 +247,7 @@ CLI_CASES = {
                                          r"proportional gives DP replica 8 \(slowest XPU xpu8, V100.*valid: a larger"),
     "batch-split-graph": (SIM + ["--set", "workload=g.json", "--set", "batch_split=proportional"], r"batch_split",
                           r"applies to workload specs only"),
-    "precision-unknown": (SIM + ["--set", "precision=fp8"], r"precision", r"'fp8' is not one of fp32, fp16, bf16$"),
+    "precision-unknown": (SIM + ["--set", "precision=fp4"], r"precision", r"'fp4' is not one of fp32, fp16, bf16, fp8"),
     "precision-graph": (SIM + ["--set", "workload=g.json", "--set", "precision=bf16"], r"precision",
                         r"applies to workload specs only"),
     "spill-unknown": (SIM + ["--set", "spill=maybe"], r"spill", r"'maybe' is not one of error, allow$"),

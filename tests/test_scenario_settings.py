@@ -134,8 +134,8 @@ def test_precision_overrides_the_workloads_training_precision():
     assert both.workload_settings()["training.precision"] == "fp16"  # the key wins, as collective does
     assert prepare(Scenario(xpus=2, precision="bf16")).workload.graph["precision"] == "bf16"
     assert prepare(Scenario(xpus=2)).workload.graph["precision"] == "fp32"  # llama2-13b: the paper's FP32
-    with pytest.raises(ConfigError, match=r"precision: expected one of fp32, fp16, bf16 or None .*got 'fp8'"):
-        Scenario(precision="fp8")
+    with pytest.raises(ConfigError, match=r"precision: expected one of fp32, fp16, bf16, fp8 or None .*got 'fp4'"):
+        Scenario(precision="fp4")
 
 
 @pytest.mark.parametrize("name", ["llama2-7b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3-405b", "gpt3-175b",

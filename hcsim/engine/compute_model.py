@@ -93,6 +93,7 @@ class DeviceFactors:
 
     name: str
     gemm_max_efficiency: float
+    fp8_gemm_speedup: float = 0.0  # an FP8 GEMM's rate over the BF16 one's (measured side by side); 0: no FP8
     gemm_half_dimension: float = 0.0
     gemm_k_half: float = 0.0
     sms: int = 0
@@ -118,7 +119,8 @@ class DeviceFactors:
             if len(row) != 4 or not (row[0] >= 1 and row[1] >= 1 and 0 < row[2] <= 1 and 0 < row[3] <= 1):
                 raise ConfigError(f"compute model: devices.{self.name}: attention.table rows are [head_dim, sequence, "
                                   f"forward efficiency, backward efficiency] with efficiencies in (0, 1], got {row!r}")
-        for key in ("gemm_half_dimension", "gemm_k_half", "kernel_overhead", "launch", "backward_launch", "sms"):
+        for key in ("gemm_half_dimension", "gemm_k_half", "kernel_overhead", "launch", "backward_launch", "sms",
+                    "fp8_gemm_speedup"):
             if not getattr(self, key) >= 0:
                 raise ConfigError(f"compute model: devices.{self.name}: {key} must be >= 0, got {getattr(self, key)!r}")
         if self.provenance not in PROVENANCES:
@@ -209,13 +211,19 @@ class ComputeModel:
         name, kind, flops, size, m, n, k = op[:7]
         if kind == "gemm":
             efficiency = factors.gemm_efficiency(m, n, k, op[7] if len(op) > 7 else 1)
+        elif kind == "gemm8":  # `peak` is the BF16 one: the FP8 tensor cores reach fp8_gemm_speedup times it
+            if not factors.fp8_gemm_speedup:
+                raise ConfigError(f"compute model: device {factors.name!r} has no FP8 GEMM factors (gemm.fp8_speedup): "
+                                  f"measure its FP8 GEMMs (benchmarks/gpu_kernels.py, hcsim calibrate), or train in "
+                                  f"bf16")
+            efficiency = factors.gemm_efficiency(m, n, k, op[7] if len(op) > 7 else 1) * factors.fp8_gemm_speedup
         elif kind == "attention":
             efficiency = factors.attention_efficiency(m, k, name.endswith(".bwd"))
         elif kind in ("memory", "reduction"):
             efficiency = 1.0
         else:
-            raise ConfigError(f"compute vertex op {name!r}: kind {kind!r} is not one of gemm, attention, memory, "
-                              f"reduction")
+            raise ConfigError(f"compute vertex op {name!r}: kind {kind!r} is not one of gemm, gemm8, attention, "
+                              f"memory, reduction")
         compute = flops / (peak * efficiency) if flops else 0.0
         reached = (factors.reduction_efficiency or factors.memory_efficiency) if kind == "reduction" \
             else factors.memory_efficiency
@@ -282,6 +290,7 @@ def _read_factors(path: Path) -> ComputeModel:
         values = dict(
             provenance=fields.choice("provenance", PROVENANCES, "literature"),
             gemm_max_efficiency=gemm.number("max_efficiency"),
+            fp8_gemm_speedup=gemm.number("fp8_speedup", 0.0, minimum=0),
             gemm_half_dimension=gemm.number("half_dimension", 0.0 if measured else ..., minimum=0),
             gemm_k_half=gemm.number("k_half", ... if measured else 0.0, minimum=0),
             sms=gemm.number("sms", 0, kind=int, minimum=1),

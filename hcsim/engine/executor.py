@@ -461,7 +461,9 @@ class Executor:
         compute_time = flops / speed
         model = self.options.compute_model
         if model is not None and duration is None and data.get("ops") and node["kind"] == "xpu":  # roofline
-            compute_time = model.time(data["ops"], node["device"], speed, self._path(local, xpu)[1])
+            # FP8 training runs all but its GEMMs in BF16: the kernel model takes the BF16 peak (hcsim.workload.ops)
+            kernel_peak = peak_flops(node, "bf16") if self.precision == "fp8" else speed
+            compute_time = model.time(data["ops"], node["device"], kernel_peak, self._path(local, xpu)[1])
             flops = compute_time * speed
         tracing = self.trace is not None and self.trace.wants(xpu, run)
 

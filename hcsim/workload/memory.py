@@ -96,7 +96,8 @@ def zero_state(parameters: float, dp: int, stage: int, *, precision: str = "bf16
     shard = [1.0, 1.0, 1.0]  # weights, gradients, optimizer: fraction held
     for index in range(stage):  # stage 1 shards index 2, stage 2 also 1, stage 3 also 0
         shard[2 - index] = 1.0 / dp
-    return ZeroState(weights=sizes.weight * parameters * shard[0], gradients=sizes.gradient * parameters * shard[1],
+    return ZeroState(weights=(sizes.weight + sizes.fp8_copies) * parameters * shard[0],
+                     gradients=sizes.gradient * parameters * shard[1],
                      optimizer=sizes.optimizer * parameters * shard[2])
 
 

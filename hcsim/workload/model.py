@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hcsim.errors import ConfigError
+from hcsim.workload.graph import PRECISIONS
 
 __all__ = ["Affine", "LayerCost", "DecoderTable", "ModelShape", "ElementSizes", "element_sizes",
            "generate_decoder_table", "activation_bytes", "MLP_TYPES", "NORM_TYPES", "POSITION_TYPES", "OPTIMIZERS",
@@ -195,11 +196,13 @@ class ElementSizes:
     optimizer: float
     activation: float
     mask: float = 1.0
+    fp8_copies: float = 0.0  # FP8 training: the FP8 weight and its transpose Transformer Engine keeps
+    gemm_input: float | None = None  # bytes per element of a GEMM input kept for backward (None: activation)
 
     @property
     def state(self) -> float:
-        """Training-state bytes per parameter: weight, gradient and optimizer states."""
-        return self.weight + self.gradient + self.optimizer
+        """Training-state bytes per parameter: weight, gradient and optimizer states (and FP8 weight copies)."""
+        return self.weight + self.gradient + self.optimizer + self.fp8_copies
 
 
 def element_sizes(precision: str, optimizer: str = "adam") -> ElementSizes:
@@ -211,16 +214,24 @@ def element_sizes(precision: str, optimizer: str = "adam") -> ElementSizes:
     Both give 16 B of state per parameter with Adam (REFERENCE.md; ZeRO paper
     section 3.1). SGD with momentum keeps one FP32 buffer (plus the master).
 
-    >>> element_sizes("fp32").state, element_sizes("bf16").state
-    (16.0, 16.0)
+    FP8 (Transformer Engine's recipe on Hopper): BF16 weights, gradients and
+    activations and the FP32 master and moments as in BF16, plus an FP8 copy of
+    each weight and of its transpose (1 B each, for the forward and the
+    input-gradient GEMMs); a GEMM keeps its input for backward in FP8 (1 B).
+
+    >>> element_sizes("fp32").state, element_sizes("bf16").state, element_sizes("fp8").state
+    (16.0, 16.0, 18.0)
     """
-    if precision not in ("fp32", "fp16", "bf16"):
-        raise ConfigError(f"precision: {precision!r} is not one of fp32, fp16, bf16")
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision: {precision!r} is not one of {', '.join(PRECISIONS)}")
     if optimizer not in OPTIMIZERS:
         raise ConfigError(f"optimizer: {optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
     moments = 8.0 if optimizer == "adam" else 4.0
     if precision == "fp32":
         return ElementSizes(weight=4.0, gradient=4.0, optimizer=moments, activation=4.0)
+    if precision == "fp8":
+        return ElementSizes(weight=2.0, gradient=2.0, optimizer=4.0 + moments, activation=2.0, fp8_copies=2.0,
+                            gemm_input=1.0)
     return ElementSizes(weight=2.0, gradient=2.0, optimizer=4.0 + moments, activation=2.0)
 
 

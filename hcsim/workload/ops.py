@@ -43,15 +43,16 @@ __all__ = ["Op", "OP_KINDS", "ATTENTION_KINDS", "BlockOps", "megatron_ops", "opt
            "KERNEL_INVENTORIES", "eager_layer_ops", "eager_embedding_ops", "eager_head_ops", "optimizer_step_ops",
            "OPTIMIZER_TRAFFIC", "ops_flops"]
 
-# memory: a memory-bound kernel streaming its bytes; reduction: a norm's kernels that reduce along rows or over
-# the tokens (statistics, the weight gradients): measured to reach less of the bandwidth
-OP_KINDS = ("gemm", "attention", "memory", "reduction")
+# gemm8: a GEMM in FP8 (Transformer Engine); memory: a memory-bound kernel streaming its bytes; reduction: a
+# norm's kernels that reduce along rows or over the tokens (statistics, the weight gradients): measured to reach
+# less of the bandwidth
+OP_KINDS = ("gemm", "gemm8", "attention", "memory", "reduction")
 # Bytes the optimizer step moves per parameter, as Megatron-LM's mixed-precision optimizer runs it
 # (FP32 main gradients, FP32 master weights, fused Adam): unscale and inf check (read the main
 # gradient, 4), gradient norm for clipping (read it again, 4), Adam (read gradient, master weight, m,
 # v: 16; write master, m, v: 12), copy the master into the FP16 weights (read 4, write 2), zero the
 # gradient buffer (write 4): 46 B. FP32 training: norm 4, Adam 16 + 12, zeroing 4: 36 B.
-OPTIMIZER_TRAFFIC = {"fp16": 46.0, "bf16": 46.0, "fp32": 36.0}
+OPTIMIZER_TRAFFIC = {"fp16": 46.0, "bf16": 46.0, "fp8": 46.0, "fp32": 36.0}
 
 
 class Op(NamedTuple):
@@ -118,11 +119,11 @@ def megatron_ops(ops) -> BlockOps:
         if op.kernel == "attention":
             ahead = [Op(op.name, "attention", op.forward.flops, op.forward.bytes, m, n, k, batch)]
             behind = [Op(f"{op.name}.bwd", "attention", op.backward.flops, op.backward.bytes, m, n, k, batch)]
-        elif op.kernel == "gemm":
-            ahead = [Op(op.name, "gemm", op.forward.flops, op.forward.bytes, m, n, k, batch)]
+        elif op.kernel in ("gemm", "gemm8"):
+            ahead = [Op(op.name, op.kernel, op.forward.flops, op.forward.bytes, m, n, k, batch)]
             if op.backward_weight.flops:  # input and weight gradients
-                behind = [Op(f"{op.name}.dgrad", "gemm", *_work(op.backward_input), m, k, n, batch),
-                          Op(f"{op.name}.wgrad", "gemm", *_work(op.backward_weight), k, n, m, batch)]
+                behind = [Op(f"{op.name}.dgrad", op.kernel, *_work(op.backward_input), m, k, n, batch),
+                          Op(f"{op.name}.wgrad", op.kernel, *_work(op.backward_weight), k, n, m, batch)]
             else:  # a product of two activations: a gradient for each
                 half = (op.backward_input.flops / 2, op.backward_input.bytes / 2)
                 behind = [Op(f"{op.name}.a.dgrad", "gemm", *half, m, k, n, batch),
@@ -130,6 +131,11 @@ def megatron_ops(ops) -> BlockOps:
         else:
             ahead = [_memory(op.name, op.forward.bytes, op.kernel)] if op.forward.bytes else []
             behind = [_memory(f"{op.name}.bwd", op.backward.bytes, op.kernel)] if op.backward.bytes else []
+        if op.kernel == "gemm8":  # Transformer Engine's casts: the input to FP8 (with its amax) before the GEMM;
+            # backward, the output gradient to FP8 and the input's FP8 transpose for the weight gradient
+            ahead.insert(0, _memory(f"{op.name}.cast_fp8", m * k * batch * (HALF + 1.0)))
+            behind[:0] = [_memory(f"{op.name}.cast_fp8.bwd", m * n * batch * (HALF + 1.0)),
+                          _memory(f"{op.name}.transpose_fp8.bwd", m * k * batch * 2.0)]
         if forward and op.name.startswith("residual") and forward[-1].name.startswith("dropout"):
             ahead = [_fused((forward.pop(), *ahead))[0]._replace(name=f"bias_dropout_add_{op.name}")]
             behind = [_fused((*behind, backward.pop(0)))[0]._replace(name=f"bias_dropout_add_{op.name}.bwd")]
@@ -383,6 +389,8 @@ def optimizer_step_ops(parameters: float, precision: str, kernels: str = "megatr
     (``training.optimizer_bytes_per_parameter`` > 0)."""
     if per_parameter > 0:
         return (_memory("optimizer", parameters * per_parameter),)
+    if kernels == "megatron" and precision == "fp8":  # and the FP8 weights and their transposes, cast once a step
+        return optimizer_ops(parameters, precision) + (_memory("fp8_weight_cast", parameters * (HALF + 2.0)),)
     if kernels == "megatron":
         return optimizer_ops(parameters, precision)
     return (_memory("adamw_fused", parameters * ADAMW_FUSED_TRAFFIC),)

@@ -96,9 +96,10 @@ class WorkloadSpec:
         if self.chunks is not None and (isinstance(self.chunks, bool) or not isinstance(self.chunks, int)
                                         or self.chunks < 1):
             raise ConfigError(f"workload {self.name!r}: gradients.chunks must be an integer >= 1, got {self.chunks!r}")
-        if self.kernels != "megatron" and self.precision == "fp32":
+        if self.kernels != "megatron" and self.precision in ("fp32", "fp8"):
             raise ConfigError(f"workload {self.name!r}: training.kernels {self.kernels} models torch.autocast over FP32 "
-                              f"weights, in bf16 or fp16; fix: training.precision: bf16, or training.kernels: megatron")
+                              f"weights, in bf16 or fp16, not {self.precision}; fix: training.precision: bf16, or "
+                              f"training.kernels: megatron (FP8 as Transformer Engine runs it)")
         if self.costs == "table":
             if self.table is None:
                 raise ConfigError(f"workload {self.name!r}: costs is 'table' but the spec has no table. "

@@ -93,6 +93,7 @@ __all__ = ["OP_KINDS", "ATTENTION", "BLOCK_KINDS", "LOGIT_BYTES", "Work", "Op", 
            "lm_head", "model_blocks", "iteration_flops", "model_parameters", "active_parameters"]
 
 OP_KINDS = ("gemm", "attention", "elementwise", "norm")
+KERNEL_KINDS = ("gemm", "gemm8", "attention", "memory", "reduction")  # as hcsim.workload.ops runs them
 ATTENTION = ("standard", "flash")
 BLOCK_KINDS = ("embedding", "decoder", "head")
 LOGIT_BYTES = 4.0  # the loss reads logits in FP32 whatever the training precision (Korthikanti et al.: 4sbv)
@@ -127,8 +128,8 @@ class Op:
     saved_selective : the same with selective recomputation (the attention
     core keeps only Q, K and V); attention_core : recomputed by selective
     recomputation; kernel : the kind of GPU kernel each pass runs as
-    (hcsim.workload.ops: "gemm", "attention", "memory", "reduction"; by default
-    gemm for a GEMM, reduction for a norm, memory otherwise) and shape : its
+    (:data:`KERNEL_KINDS`; by default gemm for a GEMM, gemm8 for one in FP8,
+    reduction for a norm, memory otherwise) and shape : its
     forward kernel's (m, n, k, batch), a GEMM's C (m x n) = A (m x k) B (k x n)
     `batch` times, or a fused attention kernel's (sequence, heads, head
     dimension, batch).
@@ -151,6 +152,8 @@ class Op:
             raise ConfigError(f"op {self.name!r}: kind {self.kind!r} is not one of {', '.join(OP_KINDS)}")
         if not self.kernel:
             object.__setattr__(self, "kernel", {"gemm": "gemm", "norm": "reduction"}.get(self.kind, "memory"))
+        if self.kernel not in KERNEL_KINDS:
+            raise ConfigError(f"op {self.name!r}: kernel {self.kernel!r} is not one of {', '.join(KERNEL_KINDS)}")
         if self.parameters < 0 or not self.saved >= 0:
             raise ConfigError(f"op {self.name!r}: parameters and saved bytes must be >= 0")
         if self.saved_selective is None:
@@ -310,14 +313,20 @@ def _rank(shape: ModelShape, micro_batch: int, sequence: int | None, tp: int, se
 
 
 def _gemm(name: str, r: _Rank, tokens: float, n_in: float, n_out: float, *, weights: float, bias: float = 0.0,
-          saved: float) -> Op:
+          saved: float, fp8: bool = True) -> Op:
     """A GEMM of `tokens` rows by n_in x n_out weights on this rank: `weights` (+ `bias`) parameters held,
-    more than n_in x n_out for the experts a rank holds (every token meets one of them)."""
+    more than n_in x n_out for the experts a rank holds (every token meets one of them). In FP8 training
+    (Transformer Engine) it runs in FP8 and keeps its input for backward in FP8, unless `fp8` is False (the
+    logits and the router stay in BF16)."""
     e, w, g = r.sizes.activation, r.sizes.weight, r.sizes.gradient
+    in_fp8 = fp8 and r.sizes.gemm_input is not None
+    if in_fp8:
+        saved *= r.sizes.gemm_input / e
     flops = 2.0 * tokens * n_in * n_out
     held = weights + bias
     activations_in, activations_out = tokens * n_in * e, tokens * n_out * e
-    return Op(name=name, kind="gemm", parameters=round(held), saved=saved, shape=(round(tokens), round(n_out), round(n_in), 1),
+    return Op(name=name, kind="gemm", parameters=round(held), saved=saved, kernel="gemm8" if in_fp8 else "gemm",
+              shape=(round(tokens), round(n_out), round(n_in), 1),
               forward=Work(flops, activations_in + activations_out + held * w),
               backward_input=Work(flops, activations_out + weights * w + activations_in),
               backward_weight=Work(flops, activations_in + activations_out + 2.0 * held * g))
@@ -444,7 +453,7 @@ def _moe(r: _Rank) -> list[Op]:
     held = experts // r.ep  # experts whose weights this rank holds
     n, routed = r.tokens, shape.top_k * r.tokens  # tokens in, token-expert pairs computed
     widen = 1 if shape.mlp == "gelu" else 2
-    router = _gemm("router", r, r.local, h, experts, weights=h * experts, saved=r.local * h * e)
+    router = _gemm("router", r, r.local, h, experts, weights=h * experts, saved=r.local * h * e, fp8=False)
     return [router,
             _elementwise("routing", r, fwd=2 * r.local * experts, bwd=3 * r.local * experts,
                          saved=r.local * experts * e),
@@ -559,7 +568,7 @@ def lm_head(shape: ModelShape, *, micro_batch: int = 1, sequence: int | None = N
     h, e = shape.hidden, r.sizes.activation
     rows = _vocabulary(shape, tp)
     n = r.tokens
-    logits = _gemm("logits", r, n, h, rows, weights=h * rows, saved=r.local * h * e)
+    logits = _gemm("logits", r, n, h, rows, weights=h * rows, saved=r.local * h * e, fp8=False)
     if shape.tied_embeddings and not tied_copy:  # reads the embedding's weights, holds none
         logits = replace(logits, parameters=0)
     loss = Op(name="cross_entropy", kind="elementwise", saved=n * rows * LOGIT_BYTES,

@@ -36,7 +36,7 @@ def test_a_spec_file_by_path(tmp_path):
     ({"granularity": "op"}, r"granularity: 'op' is not one of layer, decoder"),
     ({"gradients.bucket": "decoders"}, r"gradients\.bucket: 'decoders' is not one of .* \(did you mean 'decoder'\?\)"),
     ({"training.batch_per_xpu": 0}, r"training\.batch_per_xpu: must be >= 1"),
-    ({"training.precision": "fp8"}, r"training\.precision: 'fp8' is not one of"),
+    ({"training.precision": "fp4"}, r"training\.precision: 'fp4' is not one of"),
     ({"training.optimizer_bytes_per_parameter": 16}, r"optimizer_bytes_per_parameter: 16 has no unit"),
     ({"model.heads": 48}, r"hidden 5120 is not a multiple of heads 48"),
     ({"model.sequence": 2048}, r"the table is for sequence 4096 .* Fix: set costs: shape"),

@@ -257,7 +257,7 @@ def test_tied_copy_on_a_separate_last_stage():
     ({"tp": 2, "sequence": 1001, "sequence_parallel": True}, "sequence 1001 is not a multiple of tp 2"),
     ({"ep": 2}, "ep 2 needs a mixture-of-experts model"),
     ({"micro_batch": 0}, "micro_batch must be an integer >= 1"),
-    ({"precision": "fp8"}, "precision: 'fp8' is not one of"),
+    ({"precision": "fp4"}, "precision: 'fp4' is not one of"),
 ])
 def test_invalid_configurations_name_the_key(keywords, message):
     shape = ModelShape(name="m", decoders=2, hidden=96 * 64, heads=96, kv_heads=8, ffn=1024, sequence=2048)
