@@ -1,23 +1,35 @@
 # Quick start: `make demo` runs a simulation, `make test` runs the tests.
-# Both set up whatever is missing first (see scripts/setup.sh).
+# Both set up whatever is missing first (see scripts/setup.sh), then build the C++ engine core
+# (scripts/build_core.py: skipped when up to date; if it cannot be built, it says why and hcsim runs
+# on its Python executor). `make core` builds the core again, and fails loudly if it cannot.
 VENV ?= .venv
 STAMP := $(VENV)/.hcsim-setup
+CORE_STAMP := $(VENV)/.hcsim-core
+CORE_SOURCES := $(wildcard hcsim/engine/core/*.cpp hcsim/engine/core/*.hpp)
 
-.PHONY: demo test setup bench clean
-demo: $(STAMP)
+.PHONY: demo test setup bench core clean
+demo: $(CORE_STAMP)
 	$(VENV)/bin/hcsim simulate
 
-test: $(STAMP)
+test: $(CORE_STAMP)
 	$(VENV)/bin/python -m pytest -q
 
-bench: $(STAMP)
+bench: $(CORE_STAMP)
 	$(VENV)/bin/python benchmarks/engine_speed.py
 
-setup: $(STAMP)
+setup: $(CORE_STAMP)
 
 $(STAMP): pyproject.toml constraints.txt scripts/setup.sh
 	VENV=$(VENV) scripts/setup.sh
 	touch $@
 
+$(CORE_STAMP): $(STAMP) $(CORE_SOURCES) scripts/build_core.py
+	$(VENV)/bin/python scripts/build_core.py --optional
+	touch $@
+
+core: $(STAMP)
+	$(VENV)/bin/python scripts/build_core.py
+	touch $(CORE_STAMP)
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info hcsim/engine/core/_core*.so

@@ -22,7 +22,13 @@ Cases (each point runs in a fresh process):
   and a transfer to its ring neighbour, each a pooled ExecTask / CommTask fired with
   ``enqueue_firings`` and refired from its completion callback, as hcsim's backend
   (hcsim/engine/backend.py) drives them. Its activities/s is the ceiling of a Task-driven engine;
-  the other cases print their ratio to it at the same number of XPUs.
+  the other cases print their ratio to it at the same number of XPUs (column /simgrid);
+- ``simgrid-cpp``: the same activity mix on SimGrid's C++ S4U API, no Task and no Python in the loop:
+  hcsim's engine core (hcsim/engine/core) runs the chains as plain s4u::Exec / s4u::Comm started from
+  completion callbacks in maestro. Its activities/s is the ceiling of an engine on the C++ API (issue
+  27); every case prints its ratio to it (column /C++). ``simgrid-cpp-actors``: the same chains, one
+  S4U actor per XPU with blocking waits, for the choice between the two. Both need the core built
+  (``make core``); without it they print ``skipped:`` and the reason.
 
 Per case, the fitted exponent k of wall time ~ XPUs^k (least squares on logs) is printed. Quote the
 figures with the machine line (cores, memory, load average): the machine may be shared.
@@ -66,7 +72,9 @@ HYBRID = {  # name: (XPUs per pipeline, micro-batches per pipeline, scenario set
     "llama3-all": (128, 16, [*_LLAMA3, "xpu_sampling=all"]),
 }
 MICRO_BATCH_CASE = "gpt3-mb"  # gpt3 on one pipeline (64 XPUs); its size is micro-batches per pipeline
-CASES = [*LEVELS, *HYBRID, MICRO_BATCH_CASE, "2d-hierarchical", "simgrid"]
+CPP_CASES = {"simgrid-cpp": "callbacks", "simgrid-cpp-actors": "actors"}  # case: the core's driver
+CASES = [*LEVELS, *HYBRID, MICRO_BATCH_CASE, "2d-hierarchical", "simgrid", *CPP_CASES]
+CEILINGS = ("simgrid-cpp", "simgrid")  # run first, for the ratios
 DEFAULT_SIZES = {"gpt3": [64, 256, 1024], "gpt3-all": [64, 256, 1024], "llama3": [1024, 4096, 16384],
                  "llama3-all": [1024, 4096], MICRO_BATCH_CASE: [12, 24, 48, 96]}
 
@@ -102,6 +110,13 @@ def run_point(case: str, xpus: int, iterations: int, timeout: float, firings: in
     """One point in a fresh process: process_s, run_s (the simulation proper), activities, peak_rss_mb."""
     if case == "simgrid":
         return _child([sys.executable, __file__, "--simgrid-point", str(xpus), "--firings", str(firings)], timeout)
+    if case in CPP_CASES:
+        from hcsim.engine import core
+
+        if not core.available():
+            return {"skipped": core.unavailable_reason()}
+        return _child([sys.executable, __file__, "--simgrid-cpp-point", str(xpus), "--firings", str(firings),
+                       "--driver", CPP_CASES[case]], timeout)
     if case == "2d-hierarchical":
         r = _child([sys.executable, str(HERE / "hierarchical_2d.py"), "--point", str(xpus)], timeout)
         if "error" not in r:
@@ -116,10 +131,9 @@ def run_point(case: str, xpus: int, iterations: int, timeout: float, firings: in
     return r
 
 
-def simgrid_point(xpus: int, firings: int) -> dict:
-    """Plain SimGrid: `xpus` chains (execution, transfer to the ring neighbour, ...), `firings` Task firings."""
-    from hcsim.engine.backend import SIMGRID_CONFIG
-    from hcsim.engine.simgrid_loader import load
+def _ring_platform(xpus: int) -> tuple[Path, list[str], float, float]:
+    """`xpus` H100 on one switch, routes to the ring neighbour: (XML file, XPU names, FLOPs of 100 us,
+    bytes: 1 MB, about 1 us on the XPU link)."""
     from hcsim.platform import compile_platform
     from hcsim.platform.builders import single_switch
     from hcsim.platform.devices import builtin_catalog
@@ -130,6 +144,15 @@ def simgrid_point(xpus: int, firings: int) -> dict:
     compiled = compile_platform(graph, {(names[i], names[(i + 1) % xpus]) for i in range(xpus)})
     xml = Path(f"/tmp/hcsim-simgrid-bench-{os.getpid()}.xml")
     xml.write_text(compiled.xml)
+    return xml, names, h100.fp32_flops * 1e-4, 1e6
+
+
+def simgrid_point(xpus: int, firings: int) -> dict:
+    """Plain SimGrid: `xpus` chains (execution, transfer to the ring neighbour, ...), `firings` Task firings."""
+    from hcsim.engine.backend import SIMGRID_CONFIG
+    from hcsim.engine.simgrid_loader import load
+
+    xml, names, flops, size = _ring_platform(xpus)
     sg = load()
     engine = sg.Engine(["bench", "--log=root.thres:warning", "--log=xbt_cfg.thres:warning"])
     for setting in SIMGRID_CONFIG:
@@ -139,7 +162,6 @@ def simgrid_point(xpus: int, firings: int) -> dict:
     set_amount = sg.Task.amount.fset
     per_chain = max(2, firings // xpus)
     left = [per_chain] * xpus
-    flops, size = h100.fp32_flops * 1e-4, 1e6  # 100 us of compute, 1 MB (about 1 us on the XPU link)
     tasks = []
     for i in range(xpus):
         host, peer = sg.Host.by_name(names[i]), sg.Host.by_name(names[(i + 1) % xpus])
@@ -160,6 +182,35 @@ def simgrid_point(xpus: int, firings: int) -> dict:
     engine.run()
     run_s = time.perf_counter() - start
     return {"xpus": xpus, "activities": per_chain * xpus, "run_s": run_s, "wall_s": run_s,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def simgrid_cpp_point(xpus: int, firings: int, driver: str) -> dict:
+    """The same chains as :func:`simgrid_point` (`firings` activities in all) on SimGrid's C++ API, through
+    hcsim's engine core with `driver` (callbacks or actors)."""
+    from array import array
+
+    from hcsim.engine import core
+
+    xml, names, flops, size = _ring_platform(xpus)
+    per_chain = max(2, firings // xpus)
+    n = per_chain * xpus
+    # chain i: activities i, i + xpus, i + 2 xpus, ...; even steps execute, odd steps send to i + 1.
+    # Built by repeating blocks of xpus entries, so the arrays are all the memory the graph takes.
+    def steps(code, even, odd):
+        pair = array(code, even) + array(code, odd)
+        return pair * (per_chain // 2) + (array(code, even) if per_chain % 2 else array(code))
+
+    graph = core.ActivityGraph(
+        hosts=tuple(names), kind=steps("B", [core.EXEC] * xpus, [core.COMM] * xpus),
+        host=array("i", range(xpus)) * per_chain,
+        peer=steps("i", [-1] * xpus, [(i + 1) % xpus for i in range(xpus)]),
+        amount=steps("d", [flops] * xpus, [size] * xpus),
+        pred_offsets=array("q", [0] * (xpus + 1)) + array("q", range(1, n - xpus + 1)),
+        preds=array("i", range(n - xpus)))
+    result = core.run_here(xml, graph, driver)
+    xml.unlink()
+    return {"xpus": xpus, "activities": result.activities, "run_s": result.run_s, "wall_s": result.run_s,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
@@ -195,16 +246,23 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900, help="seconds per point")
     parser.add_argument("--firings", type=int, default=200_000, help="Task firings of each simgrid point")
     parser.add_argument("--simgrid-point", type=int, help=argparse.SUPPRESS)  # run one simgrid point here
+    parser.add_argument("--simgrid-cpp-point", type=int, help=argparse.SUPPRESS)  # one simgrid-cpp point here
+    parser.add_argument("--driver", default="callbacks", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.simgrid_point:
         print(json.dumps(simgrid_point(args.simgrid_point, args.firings)))
         return
+    if args.simgrid_cpp_point:
+        print(json.dumps(simgrid_cpp_point(args.simgrid_cpp_point, args.firings, args.driver)))
+        return
     print(machine())
     print(f"{args.iterations} iteration(s) (hybrid cases: 1); run = compile + load + simulate")
-    cases = sorted(args.case, key=lambda c: c != "simgrid")  # the ceiling first, for the ratios
-    ceiling: dict[int, float] = {}
-    print(f"{'case':<16} {'size':>5} {'wall s':>8} {'run s':>8} {'activities':>11} {'act/s':>9} {'/simgrid':>8} "
-          f"{'peak MB':>8}  iteration time")
+    # the ceilings first, for the ratios
+    cases = sorted(args.case, key=lambda c: CEILINGS.index(c) if c in CEILINGS else len(CEILINGS))
+    ceiling: dict[int, float] = {}  # simgrid's activities/s by XPUs
+    cpp_ceiling: dict[int, float] = {}  # simgrid-cpp's
+    print(f"{'case':<18} {'size':>5} {'wall s':>8} {'run s':>8} {'activities':>11} {'act/s':>9} {'/simgrid':>8} "
+          f"{'/C++':>6} {'peak MB':>8}  iteration time")
     for case in cases:
         walls = []
         if case == MICRO_BATCH_CASE:
@@ -213,22 +271,29 @@ def main() -> None:
             sizes = args.xpus or DEFAULT_SIZES.get(case, [64, 256, 1024, 4096])
         for xpus in sizes:
             r = run_point(case, xpus, args.iterations, args.timeout, args.firings)
+            if "skipped" in r:
+                print(f"{case:<18} {xpus:>5}  skipped: {r['skipped']}", flush=True)
+                continue
             if "error" in r:
-                print(f"{case:<16} {xpus:>5}  failed: {r['error']}", flush=True)
+                print(f"{case:<18} {xpus:>5}  failed: {r['error']}", flush=True)
                 continue
             rate = r["activities"] / r["run_s"]
             if case == "simgrid":
                 ceiling[xpus] = rate
-            compared = xpus in ceiling and case not in ("simgrid", MICRO_BATCH_CASE)
+            if case == "simgrid-cpp":
+                cpp_ceiling[xpus] = rate
+            compared = xpus in ceiling and case not in ("simgrid", MICRO_BATCH_CASE, *CPP_CASES)
             ratio = f"{rate / ceiling[xpus]:.2f}" if compared else "-"
+            compared = xpus in cpp_ceiling and case not in ("simgrid-cpp", MICRO_BATCH_CASE)
+            cpp_ratio = f"{rate / cpp_ceiling[xpus]:.2f}" if compared else "-"
             walls.append((xpus, r["process_s"]))
             iteration = f"{r['iteration_time_s']:.6g} s" if "iteration_time_s" in r else "-"
-            print(f"{case:<16} {xpus:>5} {r['process_s']:>8.1f} {r['run_s']:>8.1f} {r['activities']:>11,} "
-                  f"{rate:>9,.0f} {ratio:>8} {r['peak_rss_mb']:>8.0f}  {iteration}", flush=True)
+            print(f"{case:<18} {xpus:>5} {r['process_s']:>8.1f} {r['run_s']:>8.1f} {r['activities']:>11,} "
+                  f"{rate:>9,.0f} {ratio:>8} {cpp_ratio:>6} {r['peak_rss_mb']:>8.0f}  {iteration}", flush=True)
         k = fitted_exponent(walls)
         if k is not None:
             axis = "micro-batches" if case == MICRO_BATCH_CASE else "XPUs"
-            print(f"{case:<16} wall time ~ {axis}^{k:.2f} over {', '.join(str(x) for x, _ in walls)}", flush=True)
+            print(f"{case:<18} wall time ~ {axis}^{k:.2f} over {', '.join(str(x) for x, _ in walls)}", flush=True)
     print(machine().replace("machine:", "after:"))
 
 

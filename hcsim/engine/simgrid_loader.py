@@ -22,19 +22,37 @@ from pathlib import Path
 
 from hcsim.errors import SimulationError
 
-__all__ = ["load"]
+__all__ = ["load", "load_library", "library_path"]
 
 LIBRARY = "libsimgrid.so.4.1"
+
+
+def library_path() -> Path | None:
+    """Where ``libsimgrid.so.4.1`` is installed (site-packages or the environment's lib/), or None."""
+    for folder in _candidate_folders():
+        library = folder / LIBRARY
+        if library.exists():
+            return library
+    return None
+
+
+@functools.cache
+def load_library() -> Path | None:
+    """Load ``libsimgrid.so.4.1`` with RTLD_GLOBAL, without importing SimGrid's Python module; its path.
+
+    The C++ engine core (:mod:`hcsim.engine.core`) needs only the library: importing the Python module
+    would also switch SimGrid's context factory to OS threads for the whole process.
+    """
+    library = library_path()
+    if library is not None:
+        ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
+    return library
 
 
 @functools.cache
 def load():
     """Return the ``simgrid`` module, preloading its shared library."""
-    for folder in _candidate_folders():
-        library = folder / LIBRARY
-        if library.exists():
-            ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
-            break
+    load_library()
     try:
         with _quiet_stderr():
             import simgrid

@@ -1,0 +1,63 @@
+/* The one SimGrid Engine of the process, set up as hcsim's Python backend sets up its own
+   (hcsim/engine/backend.py): same configuration, same platform XML, root zone sealed. */
+#include "core.hpp"
+
+#include <simgrid/s4u/Engine.hpp>
+#include <simgrid/s4u/Host.hpp>
+#include <simgrid/s4u/NetZone.hpp>
+
+#include <chrono>
+#include <stdexcept>
+#include <unordered_map>
+
+namespace sg4 = simgrid::s4u;
+
+namespace hcsim::core {
+
+double wall_seconds()
+{
+  using clock = std::chrono::steady_clock;
+  return std::chrono::duration<double>(clock::now().time_since_epoch()).count();
+}
+
+std::vector<sg4::Host*> start_engine(const std::string& platform_xml, const std::vector<std::string>& host_names)
+{
+  // SimGrid 4.1 aborts the whole process when a second Engine is created, even after the first has run:
+  // refuse here, with an exception, instead.
+  static bool started = false;
+  if (started || sg4::Engine::is_initialized())
+    throw std::logic_error("a SimGrid Engine already exists in this process (SimGrid allows one per process, "
+                           "ever): run each simulation in a fresh process");
+  started = true;
+  static std::vector<std::string> arguments = {"hcsim-core", "--log=root.thres:warning",
+                                               "--log=xbt_cfg.thres:warning"};
+  static std::vector<char*> argv;
+  for (auto& argument : arguments)
+    argv.push_back(argument.data());
+  argv.push_back(nullptr);
+  static int argc = static_cast<int>(arguments.size());
+  // Never deleted: the Engine lives as long as the process, as the Python backend's does.
+  auto* engine = new sg4::Engine(&argc, argv.data());
+  // CM02 with TCP-gamma 0 and no cross-traffic: one transfer alone costs latency + size / bandwidth
+  // (paper eq. 2). Config is accepted only after the Engine exists and before the platform is loaded.
+  for (const char* setting : {"network/model:CM02", "network/TCP-gamma:0", "network/crosstraffic:0"})
+    sg4::Engine::set_config(setting);
+  engine->load_platform(platform_xml);
+  engine->get_netzone_root()->seal();  // XML zones are not sealed at load in 4.1
+
+  // Host::by_name searches the zones one by one in 4.1; one walk over all hosts instead.
+  std::unordered_map<std::string, sg4::Host*> by_name;
+  for (sg4::Host* host : engine->get_all_hosts())
+    by_name.emplace(host->get_name(), host);
+  std::vector<sg4::Host*> hosts;
+  hosts.reserve(host_names.size());
+  for (const auto& name : host_names) {
+    auto found = by_name.find(name);
+    if (found == by_name.end())
+      throw std::invalid_argument("host '" + name + "' is not in the platform " + platform_xml);
+    hosts.push_back(found->second);
+  }
+  return hosts;
+}
+
+}  // namespace hcsim::core
