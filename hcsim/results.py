@@ -20,7 +20,17 @@ first, which fills the pipeline; the only one when a run has one):
     the rest: waiting for a dependency, for slower peers, in a pipeline bubble.
 
 The four add up to the reported iteration time (the engine's clocks cover
-the measured window).
+the measured window). Their parts (:data:`SPLIT_PARTS`):
+
+``comm_tp_s``, ``comm_cp_s``, ``comm_pp_s``, ``comm_dp_s``, ``comm_ep_s``, ``comm_offload_s``, ``comm_other_s``
+    exposed communication by what it serves: tensor, context, pipeline (p2p), data parallelism (gradients,
+    ZeRO gathers), experts (all-to-all), offload, other (a graph's own collectives); a span in which
+    several are open goes to the one that opened first; they add up to exposed_comm_s;
+``idle_bubble_s``, ``idle_peers_s``
+    idle waiting for a dependency (the pipeline bubble, a peer's data) and idle in a collective waiting for
+    its peers to arrive; they add up to idle_s;
+``recompute_s``
+    the part of compute_s that recomputes activations.
 """
 
 from __future__ import annotations
@@ -35,24 +45,37 @@ from typing import Any
 from hcsim.errors import HcsimError
 from hcsim.scenario import Scenario
 
-__all__ = ["XpuTimes", "DEVICE_COLUMNS", "TIME_PARTS", "rows_for", "spec_columns", "per_xpu_times", "pace_setters",
+__all__ = ["XpuTimes", "DEVICE_COLUMNS", "TIME_PARTS", "SPLIT_PARTS", "COMM_KINDS", "rows_for", "spec_columns", "per_xpu_times", "pace_setters",
            "scenario_columns", "scenario_column", "column_unit", "resolve_scenario", "xpu_rows", "XPU_COLUMNS"]
 
 TIME_PARTS = ("compute_s", "memory_stall_s", "exposed_comm_s", "idle_s")
+COMM_KINDS = ("tp", "cp", "pp", "dp", "ep", "offload", "other")
+SPLIT_PARTS = (*(f"comm_{kind}_s" for kind in COMM_KINDS), "idle_bubble_s", "idle_peers_s", "recompute_s")
 # The columns of a sweep row that belong to one device type of the point (one row per device type);
 # least_idle_xpu / least_idle_s: that type's XPU with the least idle time, the one its peers wait for.
 DEVICE_COLUMNS = ("device", "device_xpus", *TIME_PARTS, "least_idle_xpu", "least_idle_s")
-XPU_COLUMNS = ("xpu", "device", "server", "rack", "representative", *TIME_PARTS, "iteration_time_s")
+XPU_COLUMNS = ("xpu", "device", "server", "rack", "representative", *TIME_PARTS, *SPLIT_PARTS, "iteration_time_s")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class XpuTimes:
-    """Seconds per measured iteration of one XPU; the four parts sum to the iteration time."""
+    """Seconds per measured iteration of one XPU; the four parts sum to the iteration time, and the split parts
+    (module docstring) to theirs."""
 
     compute_s: float
     memory_stall_s: float
     exposed_comm_s: float
     idle_s: float
+    comm_tp_s: float = 0.0
+    comm_cp_s: float = 0.0
+    comm_pp_s: float = 0.0
+    comm_dp_s: float = 0.0
+    comm_ep_s: float = 0.0
+    comm_offload_s: float = 0.0
+    comm_other_s: float = 0.0
+    idle_bubble_s: float = 0.0
+    idle_peers_s: float = 0.0
+    recompute_s: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)
@@ -72,7 +95,8 @@ def per_xpu_times(engine_times: Mapping[str, Mapping[str, float]]) -> dict[str, 
     0.5
     """
     return {xpu: XpuTimes(compute_s=t["compute_s"], memory_stall_s=t["memory_stall_s"], exposed_comm_s=t["comm_s"],
-                          idle_s=t["idle_s"]) for xpu, t in engine_times.items()}
+                          idle_s=t["idle_s"], **{part: t.get(part, 0.0) for part in SPLIT_PARTS})
+            for xpu, t in engine_times.items()}
 
 
 def rows_for(rows: list[dict[str, Any]], column: str) -> list[dict[str, Any]]:

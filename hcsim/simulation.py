@@ -23,13 +23,14 @@ from typing import Any
 
 import networkx as nx
 
-from hcsim.errors import ConfigError, OutputError, SimulationError, brief, shadowed_package
+from hcsim.errors import ConfigError, OutputError, SimulationError, WorkloadError, brief, shadowed_package
 
 try:
     from hcsim import __version__
 except ImportError as _error:  # a folder named hcsim shadows the package: say so, not "cannot import name"
     raise shadowed_package(_error) from _error
-from hcsim.results import TIME_PARTS, XPU_COLUMNS, XpuTimes, pace_setters, per_xpu_times, resolve_scenario, xpu_rows
+from hcsim.results import (SPLIT_PARTS, TIME_PARTS, XPU_COLUMNS, XpuTimes, pace_setters, per_xpu_times, resolve_scenario,
+                           xpu_rows)
 from hcsim.scenario import Scenario
 
 __all__ = ["Prepared", "prepare", "batch_split", "offload_memory", "spill_policy", "check_local_memory", "host_pairs",
@@ -664,7 +665,7 @@ def _memory(prepared: Prepared) -> dict[str, dict[str, Any]]:
     return dict(sorted(table.items()))
 
 
-BREAKDOWN = TIME_PARTS  # compute_s, memory_stall_s, exposed_comm_s, idle_s
+BREAKDOWN = (*TIME_PARTS, *SPLIT_PARTS)  # compute_s, memory_stall_s, exposed_comm_s, idle_s, and their parts
 
 
 def _device_of(prepared: Prepared) -> dict[str, str]:

@@ -4,16 +4,19 @@ import dataclasses
 
 import pytest
 
-from hcsim.results import (TIME_PARTS, pace_setters, per_xpu_times, resolve_scenario, scenario_column,
+from hcsim.results import (SPLIT_PARTS, TIME_PARTS, pace_setters, per_xpu_times, resolve_scenario, scenario_column,
                            scenario_columns)
 from hcsim.scenario import Scenario, load_scenario
 
 
 def test_per_xpu_times_take_the_engines_clocks_under_one_name():
-    engine = {"x0": {"compute_s": 2.0, "memory_stall_s": 0.5, "comm_s": 0.25, "idle_s": 1.25}}
+    engine = {"x0": {"compute_s": 2.0, "memory_stall_s": 0.5, "comm_s": 0.25, "idle_s": 1.25, "comm_tp_s": 0.25,
+                     "idle_bubble_s": 1.0, "idle_peers_s": 0.25}}
     times = per_xpu_times(engine)
-    assert times["x0"].as_dict() == {"compute_s": 2.0, "memory_stall_s": 0.5, "exposed_comm_s": 0.25, "idle_s": 1.25}
-    assert tuple(times["x0"].as_dict()) == TIME_PARTS
+    assert times["x0"].as_dict() == {"compute_s": 2.0, "memory_stall_s": 0.5, "exposed_comm_s": 0.25, "idle_s": 1.25,
+                                     **dict.fromkeys(SPLIT_PARTS, 0.0), "comm_tp_s": 0.25, "idle_bubble_s": 1.0,
+                                     "idle_peers_s": 0.25}
+    assert tuple(times["x0"].as_dict()) == (*TIME_PARTS, *SPLIT_PARTS)
 
 
 def test_the_pace_setter_of_a_device_type_is_its_least_idle_xpu():

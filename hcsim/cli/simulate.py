@@ -110,6 +110,21 @@ def scenario_keys_help() -> str:
 SPILLED_TO = {"dram": "host DRAM", "cxl_type3": "CXL Type 3 memory"}
 
 
+def _split_line(row: dict) -> list[str]:
+    """The parts of a breakdown row, where it has any: exposed communication per kind, idle as bubble and as
+    waiting for peers, recomputation (hcsim.results.SPLIT_PARTS)."""
+    from hcsim.results import COMM_KINDS
+    from hcsim.units import format_quantity
+
+    parts = [f"{kind} {format_quantity(row[f'comm_{kind}_s'], 's')}" for kind in COMM_KINDS
+             if row.get(f"comm_{kind}_s")]
+    if row.get("idle_s"):
+        parts.append(f"bubble {format_quantity(row['idle_bubble_s'], 's')}, peers {format_quantity(row['idle_peers_s'], 's')}")
+    if row.get("recompute_s"):
+        parts.append(f"recompute {format_quantity(row['recompute_s'], 's')} of compute")
+    return [f"      of which     {'; '.join(parts)}"] if parts else []
+
+
 def _memory_lines(result: dict) -> list[str]:
     """Per device type: the state an XPU holds, and what spilled where, how it is read, and under which rule."""
     lines = []
@@ -149,6 +164,7 @@ def summary(result: dict) -> str:
         lines.append(f"    {device:<14} {format_quantity(row['compute_s'], 's'):<11} "
                      f"{format_quantity(row['memory_stall_s'], 's'):<13} {format_quantity(row['exposed_comm_s'], 's'):<13} "
                      f"{format_quantity(row['idle_s'], 's')}")
+        lines.extend(_split_line(row))
     if result.get("stages"):
         lines.append("  per stage        compute     memory stall  exposed comm  idle (bubble)")
         for stage, row in result["stages"].items():

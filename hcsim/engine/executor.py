@@ -119,12 +119,14 @@ class _Vertex:
     """A workload vertex and its units (one per XPU: a compute instance or a collective's member)."""
 
     __slots__ = ("name", "index", "kind", "xpus", "pos", "data", "preds", "succs", "offset", "required", "groups",
-                 "group_of", "group_offsets", "algorithms", "group_counts", "on_xpu")
+                 "group_of", "group_offsets", "algorithms", "group_counts", "on_xpu", "recompute", "comm_kind")
 
     def __init__(self, name, index, data, pos, offset):
         self.name, self.index, self.data = name, index, data
         self.kind = data["kind"]
         self.on_xpu = self.kind == "compute" and data.get("host") != "cpu"  # its instances keep their XPU busy
+        self.recompute = data.get("phase") == "recompute"
+        self.comm_kind = COMM_KIND.get(data.get("phase"), "other")  # of a communication vertex, for the breakdown
         self.xpus = data["xpus"]
         self.pos = pos  # xpu -> unit index, shared by vertices with the same xpus
         self.offset = offset
@@ -144,29 +146,51 @@ class _Vertex:
         return first, first + len(self.groups[group])
 
 
+# what a communication vertex's phase counts as in the breakdown (hcsim.results.COMM_KINDS)
+COMM_KIND = {"tp": "tp", "cp": "cp", "p2p": "pp", "allreduce": "dp", "zero": "dp", "ep": "ep", "offload": "offload"}
+
+
 @dataclass(slots=True)
 class _Clock:
     """What one XPU is doing, for the breakdown: open compute instances and collectives, and time so far."""
 
     computing: int = 0
     communicating: int = 0
+    waiting: int = 0  # collectives this XPU has joined whose peers have not all arrived
     since: float = 0.0
     busy: float = 0.0  # s with a compute instance open (computing or stalled on memory)
     comm: float = 0.0  # s in a collective whose group has all arrived, with no compute open
     idle: float = 0.0  # s with neither: waiting for a dependency, for peers, or a pipeline bubble
+    idle_peers: float = 0.0  # the part of idle spent in a collective waiting for its peers
+    open_kinds: list = field(default_factory=list)  # the kinds of the open collectives, in the order they opened
+    comm_by: dict = field(default_factory=dict)  # kind -> s of comm, each span to the earliest open collective's
 
-    def advance(self, now: float, computing: int = 0, communicating: int = 0) -> None:
-        """Account the time up to `now`, then count instances in (+1) or out (-1)."""
+    def advance(self, now: float, computing: int = 0, communicating: int = 0, kind: str = "other",
+                waiting: int = 0) -> None:
+        """Account the time up to `now`, then count instances in (+1) or out (-1) (a collective of `kind`)."""
         span = now - self.since
         if self.computing:
             self.busy += span
         elif self.communicating:
             self.comm += span
+            first = self.open_kinds[0]
+            self.comm_by[first] = self.comm_by.get(first, 0.0) + span
         else:
             self.idle += span
+            if self.waiting:
+                self.idle_peers += span
         self.since = now
         self.computing += computing
         self.communicating += communicating
+        self.waiting += waiting
+        if communicating > 0:
+            self.open_kinds.append(kind)
+        elif communicating < 0:
+            self.open_kinds.remove(kind)
+
+    def snapshot(self) -> dict[str, float]:
+        return {"busy": self.busy, "comm": self.comm, "idle": self.idle, "idle_peers": self.idle_peers,
+                **{f"comm_{kind}": seconds for kind, seconds in self.comm_by.items()}}
 
 
 class Executor:
@@ -194,7 +218,8 @@ class Executor:
         self.arrivals: dict[tuple[int, int], int] = defaultdict(int)
         self.completed_in_run: dict[int, int] = defaultdict(int)
         self.iteration_ends: list[float] = []
-        self.busy: dict[str, list[float]] = {x: [0.0, 0.0] for v in self.vertices for x in v.xpus}
+        # per XPU: compute, memory stall, and the part of compute that recomputes activations (s)
+        self.busy: dict[str, list[float]] = {x: [0.0, 0.0, 0.0] for v in self.vertices for x in v.xpus}
         self.clocks: dict[str, _Clock] = {x: _Clock() for x in self.busy}
         self.first_iteration: dict[str, tuple] | None = None  # per XPU at the end of iteration 1
         self.trace = TraceRecorder(options.trace_xpus, options.trace_iterations) if options.trace_xpus else None
@@ -427,25 +452,35 @@ class Executor:
         if len(self.iteration_ends) == 1:
             self.first_iteration = {x: self._times(x, now) for x in self.clocks}
 
-    def _times(self, xpu: str, now: float) -> tuple[float, float, float, float, float]:
+    def _times(self, xpu: str, now: float) -> tuple[float, float, float, float, float, dict[str, float]]:
         clock = self.clocks[xpu]
         clock.advance(now)
-        return (clock.busy, clock.comm, clock.idle, *self.busy[xpu])
+        return (clock.busy, clock.comm, clock.idle, *self.busy[xpu][:2],
+                {**clock.snapshot(), "recompute": self.busy[xpu][2]})
 
     def xpu_times(self) -> dict[str, dict[str, float]]:
         """Per XPU, seconds per iteration over the measured iterations (2.. when there are several, else 1):
-        compute, memory stall, exposed communication and idle, which add up to the iteration time."""
+        compute, memory stall, exposed communication and idle, which add up to the iteration time; and their
+        parts: ``comm_KIND_s`` per kind of communication (:data:`COMM_KIND`: tp, cp, pp, dp, ep, offload,
+        other; they add up to comm_s), ``idle_peers_s`` (waiting in a collective for its peers) and
+        ``idle_bubble_s`` (the rest of idle_s: waiting for a dependency, the pipeline bubble), and
+        ``recompute_s`` (the part of compute_s that recomputes activations)."""
         ends = self.iteration_ends
         measured = len(ends) - 1 if len(ends) > 1 else 1
         table = {}
         for xpu in self.clocks:
-            busy, comm, idle, compute, stall = self._times(xpu, ends[-1])
+            busy, comm, idle, compute, stall, parts = self._times(xpu, ends[-1])
             if len(ends) > 1:
                 first = self.first_iteration[xpu]
                 busy, comm, idle, compute = busy - first[0], comm - first[1], idle - first[2], compute - first[3]
+                parts = {key: value - first[5].get(key, 0.0) for key, value in parts.items()}
             compute = min(compute, busy)  # an instance open across the window's start counts where it ends
             table[xpu] = {"compute_s": compute / measured, "memory_stall_s": (busy - compute) / measured,
-                          "comm_s": comm / measured, "idle_s": idle / measured}
+                          "comm_s": comm / measured, "idle_s": idle / measured,
+                          "idle_peers_s": parts["idle_peers"] / measured,
+                          "idle_bubble_s": (idle - parts["idle_peers"]) / measured,
+                          "recompute_s": min(parts["recompute"], compute) / measured,
+                          **{f"{key}_s": value / measured for key, value in parts.items() if key.startswith("comm_")}}
         return table
 
     # ---- compute instances --------------------------------------------------------------------------------
@@ -470,8 +505,11 @@ class Executor:
         def finish():
             elapsed = self.backend.now() - start
             stall = max(0.0, elapsed - compute_time)
-            self.busy[xpu][0] += compute_time
-            self.busy[xpu][1] += stall
+            busy = self.busy[xpu]
+            busy[0] += compute_time
+            busy[1] += stall
+            if vertex.recompute:
+                busy[2] += compute_time
             self._complete(vertex, rank, run, start)
             if self.representative:
                 self._release_followers(vertex, xpu, run, compute_time, stall, elapsed)
@@ -688,6 +726,8 @@ class Executor:
             busy = self.busy[vertex.xpus[rank]]
             busy[0] += compute
             busy[1] += stall
+            if vertex.recompute:
+                busy[2] += compute
             self._complete(vertex, rank, run, start)
         self.draining = False
 
@@ -775,12 +815,18 @@ class _CollectiveRun:
         executor = self.executor
         now = self.start[rank] = executor.backend.now()
         everyone = len(self.start) == self.algorithm.ranks
+        clocks = executor.clocks
+        kind = self.vertex.comm_kind
         if everyone:  # waiting for peers ends
-            clocks = executor.clocks
             for other, xpu in enumerate(self.members):
+                waited = -1 if other != rank else 0  # the others were waiting for this one
                 if other not in self.finished_ranks:
                     self.active.add(other)
-                    clocks[xpu].advance(now, communicating=1)
+                    clocks[xpu].advance(now, communicating=1, kind=kind, waiting=waited)
+                elif waited:
+                    clocks[xpu].advance(now, waiting=waited)
+        else:
+            clocks[self.members[rank]].advance(now, waiting=1)
         if self.fidelity == "step":  # each rank sets off on its own
             self.lanes_left[rank] = self.algorithm.lanes
             for lane in range(self.algorithm.lanes):
@@ -858,7 +904,8 @@ class _CollectiveRun:
         self.finished += 1
         self.finished_ranks.add(rank)
         if rank in self.active:
-            self.executor.clocks[self.members[rank]].advance(self.executor.backend.now(), communicating=-1)
+            self.executor.clocks[self.members[rank]].advance(self.executor.backend.now(), communicating=-1,
+                                                             kind=self.vertex.comm_kind)
         self.executor._complete(self.vertex, self.offset + rank, self.run, self.start[rank])
         if self.finished == self.algorithm.ranks:
             self.executor.collective_done(self.vertex, self.group, self.run)

@@ -105,10 +105,15 @@ def test_time_per_xpu_adds_up_to_the_iteration_time():
     assert period == pytest.approx(3 + comm, rel=1e-9)
     for xpu, expected in (("xpu0", {"compute_s": 3, "idle_s": 0}), ("xpu1", {"compute_s": 1, "idle_s": 2})):
         times = result.xpu_times[xpu]
-        assert sum(times.values()) == pytest.approx(period, rel=1e-12)
+        assert sum(times[k] for k in ("compute_s", "memory_stall_s", "comm_s", "idle_s")) == pytest.approx(period,
+                                                                                                       rel=1e-12)
         assert times["compute_s"] == pytest.approx(expected["compute_s"], rel=1e-9)
         assert times["idle_s"] == pytest.approx(expected["idle_s"], abs=1e-9)
         assert times["comm_s"] == pytest.approx(comm, rel=1e-6)
+        # r's unit on xpu1 waits (wait: group) for slow on xpu0: a dependency, so idle outside the collective
+        assert times["idle_bubble_s"] == pytest.approx(expected["idle_s"], abs=1e-9)
+        assert times["idle_peers_s"] == pytest.approx(0, abs=1e-9)
+        assert times["comm_other_s"] == pytest.approx(times["comm_s"], rel=1e-12)  # a graph's own collective
 
 
 # ---- a hand-built PP 2 x TP 2 x DP 2 graph, 4 micro-batches, 1F1B ----------------------------------------
