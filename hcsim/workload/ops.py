@@ -182,8 +182,9 @@ class _Kernels:
 
     def memory(self, name: str, size: float, backward=(), saved: float = 0.0, reduce: bool = False) -> None:
         """A memory-bound kernel moving `size` bytes (`reduce`: a reduction); `backward`: the bytes of each of its
-        backward kernels (:class:`Reduce` for a reduction)."""
-        self.forward.append(_memory(name, size, "reduction" if reduce else "memory"))
+        backward kernels (:class:`Reduce` for a reduction); no forward kernel when `size` is 0."""
+        if size:
+            self.forward.append(_memory(name, size, "reduction" if reduce else "memory"))
         self.backward_reversed.append(tuple(_memory(f"{name}.bwd", b, "reduction" if isinstance(b, Reduce)
                                                     else "memory") for b in backward))
         self.saved += saved
@@ -274,21 +275,18 @@ def _gelu_tanh(k: _Kernels, name: str, n: float) -> None:
     k.memory(f"{name}.mul", 3 * n * e, (3 * n * e, 3 * n * e), saved=n * e)
 
 
-def _flash(k: _Kernels, name: str, b: int, s: int, heads: int, kv_heads: int, d: int, dropout: bool) -> None:
+def _flash(k: _Kernels, name: str, b: int, s: int, heads: int, kv_heads: int, d: int) -> None:
     """scaled_dot_product_attention, causal, on its FlashAttention backend: the kernel skips the masked half
-    of the scores (2·b·s²·heads·d FLOP forward, 2.5x that backward: it recomputes Q·Kᵀ). Grouped K, V are
-    repeated to every head first (Hugging Face's repeat_kv: a copy each), as sdpa is called without
-    enable_gqa. Keeps Q, K, V, the output and the log-sum-exp."""
+    of the scores (2·b·s²·heads·d FLOP forward, 2.5x that backward: it recomputes Q·Kᵀ). Grouped K and V go
+    in as they are (transformers 5 calls sdpa with enable_gqa on PyTorch >= 2.5 when there is no mask). Reads
+    Q, K, V and writes the output; keeps Q, K, V, the output and the FP32 log-sum-exp."""
     e = HALF
-    q = b * s * heads * d
-    if kv_heads != heads:
-        for which in ("k", "v"):
-            k.memory(f"{name}.repeat_{which}", (b * s * kv_heads * d + q) * e, (q * e + b * s * kv_heads * d * e,))
+    q, kv = b * s * heads * d, b * s * kv_heads * d
     flops = 2.0 * b * s * s * heads * d
-    io = 4 * q * e
+    io = (2 * q + 2 * kv) * e
     k.forward.append(Op(f"{name}", "attention", flops, io, s, b * heads, d))
     k.backward_reversed.append((Op(f"{name}.bwd", "attention", 2.5 * flops, 2 * io, s, b * heads, d),))
-    k.saved += 4 * q * e + b * heads * s * 4
+    k.saved += io + b * heads * s * 4
 
 
 def eager_layer_ops(model, micro_batch: int, compiled: bool = False) -> tuple[BlockOps, BlockOps, float]:
@@ -317,7 +315,7 @@ def eager_layer_ops(model, micro_batch: int, compiled: bool = False) -> tuple[Bl
     if model.positions == "rope":
         _rope(attn, "rope_q", tokens * h)
         _rope(attn, "rope_k", tokens * kv)
-    _flash(attn, "flash_attention", b, s, model.heads, kv // d, d, model.dropout)
+    _flash(attn, "flash_attention", b, s, model.heads, kv // d, d)
     attn.memory("merge_heads", 2 * n * HALF, (2 * n * HALF,))
     attn.linear("o_proj", tokens, h, h, cast_input=False, bias=bias)
     if model.dropout:
@@ -354,6 +352,8 @@ def eager_embedding_ops(model, micro_batch: int, compiled: bool = False) -> Bloc
         k.memory("add_positions", 3 * n * RESIDUAL, ())
     if model.dropout:
         _dropout(k, "dropout_embedding", n, RESIDUAL)
+    if model.tied_embeddings:  # the output layer's gradient of the same table, added into it
+        k.memory("tied_gradient_add", 0.0, (3 * model.vocabulary * h * MASTER,))
     return k.kernels(compiled)
 
 

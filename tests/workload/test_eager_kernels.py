@@ -40,11 +40,11 @@ def test_a_layers_gemms_and_attention_do_the_models_flops(shape, compiled):
 
 def test_the_eager_llama_layer_launches_what_the_modeling_code_runs():
     """LlamaDecoderLayer under autocast: RMSNorm 6 kernels on the FP32 residual (pow, mean, + eps, rsqrt, x·r,
-    weight·x), q/k/v each casting input and weight then a GEMM (9), rotary on q and k (5 each), repeat_kv for
-    k and v (grouped heads), sdpa, the transposed output's copy, o_proj (weight cast, GEMM), the residual add;
-    RMSNorm, gate and up (3 each), SiLU, the product, down_proj (2), the residual add."""
+    weight·x), q/k/v each casting input and weight then a GEMM (9), rotary on q and k (5 each), sdpa (grouped
+    K, V as they are), the transposed output's copy, o_proj (weight cast, GEMM), the residual add; RMSNorm,
+    gate and up (3 each), SiLU, the product, down_proj (2), the residual add."""
     attn, mlp, _ = eager_layer_ops(LLAMA, 1)
-    assert len(attn.forward) == 6 + 9 + 10 + 2 + 1 + 1 + 2 + 1
+    assert len(attn.forward) == 6 + 9 + 10 + 1 + 1 + 2 + 1
     assert len(mlp.forward) == 6 + 6 + 2 + 2 + 1
     gpt_attn, gpt_mlp, _ = eager_layer_ops(GPT2, 1)  # LayerNorm 1, c_attn with bias 4, sdpa, copy, c_proj 3, dropout, add
     assert len(gpt_attn.forward) == 1 + 4 + 1 + 1 + 3 + 1 + 1
