@@ -211,7 +211,7 @@ def simgrid_cpp_point(xpus: int, firings: int, driver: str) -> dict:
     result = core.run_here(xml, graph, driver)
     xml.unlink()
     return {"xpus": xpus, "activities": result.activities, "run_s": result.run_s, "wall_s": result.run_s,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "run_cpu_s": result.run_cpu_s, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 def fitted_exponent(points: list[tuple[int, float]]) -> float | None:

@@ -119,7 +119,8 @@ class GraphBuilder:
 @dataclass(frozen=True, slots=True)
 class ActivityTimes:
     """What a run returns: per activity start and end (s, ``array('d')``), the activities SimGrid ran, the
-    simulated end (s), and wall times (s) of the engine set-up (create, load, seal) and of ``run()``."""
+    simulated end (s), wall times (s) of the engine set-up (create, load, seal) and of ``run()``, and the
+    process's CPU time during ``run()`` (s; steadier than wall time on a shared machine)."""
 
     start: array
     end: array
@@ -127,6 +128,7 @@ class ActivityTimes:
     simulated_s: float
     setup_s: float
     run_s: float
+    run_cpu_s: float
     driver: str
 
 
@@ -196,7 +198,7 @@ def run_here(platform_xml: str | Path, graph: ActivityGraph, driver: str = "call
     except RuntimeError as err:
         raise SimulationError(f"engine core: {err}") from err
     return ActivityTimes(start, end, counters["activities"], counters["simulated_s"], counters["setup_s"],
-                         counters["run_s"], driver)
+                         counters["run_s"], counters["run_cpu_s"], driver)
 
 
 def _buffer(code: str, values):

@@ -57,9 +57,11 @@ public:
       if (waiting_[i] == 0)
         launch(static_cast<std::int32_t>(i));
     double begin = wall_seconds();
+    double begin_cpu = cpu_seconds();
     sg4::Engine::get_instance()->run();
     RunCounters counters;
     counters.run_s = wall_seconds() - begin;
+    counters.run_cpu_s = cpu_seconds() - begin_cpu;
     counters.activities = ended_;
     counters.simulated_s = sg4::Engine::get_clock();
     if (ended_ != graph_.n)

@@ -48,6 +48,7 @@ struct RunCounters {
   std::size_t activities = 0;  // activities SimGrid ran
   double simulated_s = 0.0;    // the simulated clock when the run ended
   double run_s = 0.0;          // wall time of Engine::run(), s
+  double run_cpu_s = 0.0;      // CPU time of this process during Engine::run(), s (steadier on a busy machine)
   double setup_s = 0.0;        // wall time of engine creation, platform load and seal, s
 };
 
@@ -72,8 +73,9 @@ RunCounters run_with_callbacks(const ActivityGraph& graph, const std::vector<sim
 RunCounters run_with_actors(const ActivityGraph& graph, const std::vector<simgrid::s4u::Host*>& hosts,
                             Times times);
 
-/* Wall clock in s, for the counters. */
+/* Wall clock and this process's CPU time in s, for the counters. */
 double wall_seconds();
+double cpu_seconds();
 
 }  // namespace hcsim::core
 

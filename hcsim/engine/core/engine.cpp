@@ -7,6 +7,7 @@
 #include <simgrid/s4u/NetZone.hpp>
 
 #include <chrono>
+#include <ctime>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -18,6 +19,11 @@ double wall_seconds()
 {
   using clock = std::chrono::steady_clock;
   return std::chrono::duration<double>(clock::now().time_since_epoch()).count();
+}
+
+double cpu_seconds()
+{
+  return static_cast<double>(std::clock()) / CLOCKS_PER_SEC;
 }
 
 std::vector<sg4::Host*> start_engine(const std::string& platform_xml, const std::vector<std::string>& host_names)

@@ -79,6 +79,7 @@ py::dict run_graph(const std::string& platform_xml, const std::vector<std::strin
   out["activities"] = counters.activities;
   out["simulated_s"] = counters.simulated_s;
   out["run_s"] = counters.run_s;
+  out["run_cpu_s"] = counters.run_cpu_s;
   out["setup_s"] = counters.setup_s;
   return out;
 }
