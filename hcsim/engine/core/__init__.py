@@ -112,8 +112,10 @@ class GraphBuilder:
         return len(self.kind) - 1
 
     def build(self) -> ActivityGraph:
-        return ActivityGraph(hosts=self.hosts, kind=self.kind, host=self.host, peer=self.peer, amount=self.amount,
-                             pred_offsets=self.pred_offsets, preds=self.preds)
+        """The graph so far, with arrays of its own (adding to the builder later does not change it)."""
+        return ActivityGraph(hosts=self.hosts, kind=array("B", self.kind), host=array("i", self.host),
+                             peer=array("i", self.peer), amount=array("d", self.amount),
+                             pred_offsets=array("q", self.pred_offsets), preds=array("i", self.preds))
 
 
 @dataclass(frozen=True, slots=True)
