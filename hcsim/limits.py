@@ -65,6 +65,8 @@ def check_range(value: float, quantity: str, where: str, text: object = None) ->
     from hcsim.units import format_quantity
 
     def shown(x: float) -> str:
+        if unit == "s" and x >= 1000:
+            return f"{x:,.0f} s"
         if unit in ("B/s", "s", "B", "FLOP/s", "FLOP"):
             return format_quantity(x, unit)
         return f"{x:,.0f}{' ' + unit if unit else ''}"

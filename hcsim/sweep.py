@@ -184,6 +184,11 @@ class Experiment:
         ConfigError
             if a point's settings do not make a valid scenario (the message names the point).
         """
+        from hcsim.limits import MAX_SWEEP_POINTS, check_limit
+
+        check_limit(math.prod(len(axis.values) for axis in self.axes), MAX_SWEEP_POINTS, "the grid's points "
+                    f"({' x '.join(str(len(axis.values)) for axis in self.axes)} axis values)",
+                    f"{self.path or self.name}: axes", "fewer axis values, or split the experiment")
         points = []
         for index, combination in enumerate(itertools.product(*(axis.values for axis in self.axes))):
             settings = dict(self.base)
@@ -205,11 +210,33 @@ class Experiment:
                         labels.pop(key, None)
                         labels[column] = inputs[column] if column in inputs else _text_of(settings.get(key))
             points.append(Point(index=index, key=scenario.digest(), labels=labels, scenario=scenario, inputs=inputs))
+        _check_graph_sources(points, self.path or self.name)
         keys = [p.key for p in points]
         if len(set(keys)) != len(keys):
             raise ConfigError(f"{self.path or self.name}: axes: two points make the same scenario; "
                               "remove the repeated axis values")
         return points
+
+
+def _check_graph_sources(points: list[Point], where: object) -> None:
+    """Refuse a graph workload (a .json file, ``chakra:PREFIX``) that is not there before any point runs: each
+    point would fail alike, and not all of them would say why."""
+    from hcsim.workload.chakra import trace_files
+    from hcsim.workload.sources import is_graph_source
+
+    for workload, base in sorted({(p.scenario.workload, p.scenario.base) for p in points}):
+        if not is_graph_source(workload):
+            continue
+        if workload.startswith("chakra:"):
+            prefix = Path(workload[len("chakra:"):])
+            try:
+                trace_files(prefix if prefix.is_absolute() else Path(base) / prefix)
+            except HcsimError as err:
+                raise ConfigError(f"{where}: workload {workload}: {str(err).split(': ', 1)[-1]}") from err
+        else:
+            path = Path(workload) if Path(workload).is_absolute() else Path(base) / workload
+            if not path.is_file():
+                raise ConfigError(f"{where}: workload {workload}: no such graph file (looked for {path})")
 
 
 def _describe(labels: dict[str, Any]) -> str:
@@ -354,10 +381,17 @@ def _axes(fields: Fields) -> tuple[Axis, ...]:
         if group:
             values = [renamed({str(k): v for k, v in value.items()}, f"{where}.{name}[{i}].")
                       for i, value in enumerate(values)]
+            seen: dict[str, int] = {}
             for i, value in enumerate(values):
                 for key in value:
                     if key != "label":
                         _check_key(str(key), f"{where}.{name}[{i}].{key}", fields.problems)
+                label = Axis(name=name, values=(), group=True).label(value)
+                if str(label) in seen:
+                    fields.problems.append(f"{where}.{name}[{i}].label: {brief(label)} is also the label of entry "
+                                           f"{seen[str(label)]}; give each entry its own label (its CSV cell and "
+                                           f"legend entry)")
+                seen.setdefault(str(label), i)
         else:
             _check_key(name, f"{where}.{name}", fields.problems)
         axes.append(Axis(name=name, values=tuple(values), group=group))
@@ -750,6 +784,9 @@ def run_sweep(experiment: Experiment, out: str | Path = "results", *, jobs: int 
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ConfigError(f"jobs: must be an integer >= 1, got {brief(jobs)}")
     check_executor(executor)
+    if resume and overwrite:
+        raise ConfigError("--resume, --overwrite: they contradict each other (keep the rows already in the CSV, "
+                          "or start over replacing them); give one")
     out = check_output_folder(out, "--out")
     path = out / f"{experiment.name}.csv"
     header = columns(experiment)
@@ -830,6 +867,12 @@ class _FolderLock:
             except FileNotFoundError:
                 same = False
             if same:  # not a lock file its previous owner removed meanwhile
+                previous = os.read(fd, 64).decode(errors="replace").strip()
+                if previous:  # its sweep was killed (SIGKILL, power loss) before it could remove the file
+                    log.warning("%s: taking over the lock of sweep process %s, which is no longer running (killed?); "
+                                "its finished points are kept in the CSV", self.path, previous)
+                os.lseek(fd, 0, os.SEEK_SET)
+                os.ftruncate(fd, 0)
                 os.write(fd, f"{os.getpid()}\n".encode())
                 self.fd = fd
                 return self

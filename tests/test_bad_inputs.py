@@ -116,7 +116,72 @@ FILES = {
     "runs-columns.csv": "name,gpuz,measured,unit\nr1,8,1.5,s\n",
     "runs-empty.csv": "",
     "runs-bom-crlf.csv": b"\xef\xbb\xbfname,gpus,measured,unit,micro_batch\r\nr1,8,1.5,s,1\r\n",
+    # issue 29: sweeps
+    "zip-duplicate-label.yaml": "name: zdl\nbase: {xpus: 2, iterations: 1}\naxes:\n  system:\n    - {label: a, xpus: 2}\n"
+                                "    - {label: a, xpus: 4}\n",
+    "huge-grid.yaml": "name: hg\naxes:\n" + "".join(f"  {key}: [{', '.join(map(str, range(1, 21)))}]\n" for key in
+                                                    ("xpus", "iterations", "step_limit", "collective_chunks", "tp")),
+    "chakra-missing.yaml": "name: cm\nbase: {xpus: 2, iterations: 1, workload: 'chakra:nowhere/run'}\n"
+                           "axes: {granularity: [layer, decoder]}\n",
 }
+
+
+def _graph_json(nodes=None, edges=None, graph=None) -> str:
+    import json
+
+    nodes = [{"id": "a", "kind": "compute", "xpus": ["xpu0"], "flops": 1e9, "memory_bytes": 0, "start": True}] \
+        if nodes is None else nodes
+    attributes = {"name": "g", "precision": "fp32", "samples_per_iteration": 1, "format_version": 2, **(graph or {})}
+    return json.dumps({"directed": True, "multigraph": False, "graph": attributes, "nodes": nodes,
+                       "edges": edges or []})
+
+
+ALL_REDUCE = {"id": "c", "kind": "comm", "collective": "all_reduce", "groups": [["xpu0", "xpu1"]], "bytes": 1e6,
+              "start": True}
+GRAPHS = {
+    "g-empty.json": _graph_json(nodes=[]),
+    "g-list-nodes.json": '{"directed": true, "multigraph": false, "graph": {}, "nodes": [[1]], "edges": []}',
+    "g-edge-no-source.json": _graph_json(edges=[{"target": "a"}]),
+    "g-edge-missing.json": _graph_json(edges=[{"source": "a", "target": "ghost", "wait": "xpu"}]),
+    "g-not-json.json": '{"nodes": [',
+    "g-a-list.json": "[1, 2]",
+    "g-global-samples-text.json": _graph_json(graph={"global_samples": "x"}),
+    "g-global-samples-negative.json": _graph_json(graph={"global_samples": -5}),
+    "g-tokens-text.json": _graph_json(graph={"tokens_per_sample": "x"}),
+    "g-model-flops-negative.json": _graph_json(graph={"model_flops": -1}),
+    "g-layout-garbage.json": _graph_json(graph={"layout": "garbage"}),
+    "g-pairs.json": _graph_json(nodes=[{**ALL_REDUCE, "pairs": [["xpu0", "xpu1"]]}]),
+    "g-comm-xpus-mapping.json": _graph_json(nodes=[{**ALL_REDUCE, "xpus": {}}]),
+    "g-no-work.json": _graph_json(nodes=[{"id": "a", "kind": "compute", "xpus": ["xpu0"], "flops": 0,
+                                          "memory_bytes": 0, "start": True}]),
+    "g-duplicate-id.json": _graph_json(nodes=[{"id": "a", "kind": "compute", "xpus": ["xpu0"], "flops": 1}] * 2),
+}
+
+
+def _chakra_traces(folder: Path) -> None:
+    """Chakra traces, one bad thing each: folder/NAME.<rank>.et."""
+    from hcsim.workload.chakra import NODE_TYPES, Node, attribute, write_trace
+
+    compute = NODE_TYPES["COMP_NODE"]
+
+    def node(i, **fields):
+        return Node(id=i, name=f"n{i}", type=compute, **fields)
+
+    (folder / "ch").mkdir()
+    write_trace(folder / "ch/ok.0.et", [node(1, duration_micros=10), node(2, duration_micros=10, data_deps=[1])])
+    ok = (folder / "ch/ok.0.et").read_bytes()
+    (folder / "ch/truncated.0.et").write_bytes(ok[:-3])
+    (folder / "ch/garbage.0.et").write_bytes(bytes(range(7, 250, 3)) * 3)
+    write_trace(folder / "ch/no-time.0.et", [node(1)])
+    write_trace(folder / "ch/no-nodes.0.et", [])
+    write_trace(folder / "ch/self.0.et", [node(1, duration_micros=10, ctrl_deps=[1])])
+    write_trace(folder / "ch/forever.0.et", [node(1, duration_micros=2**64 - 1)])
+    write_trace(folder / "ch/cycle.0.et", [node(1, duration_micros=10, data_deps=[2]),
+                                           node(2, duration_micros=10, data_deps=[1])])
+    write_trace(folder / "ch/negative.0.et", [node(1, duration_micros=10, attr=[attribute("num_ops", int64_val=-5)])])
+    write_trace(folder / "ch/missing-dep.0.et", [node(1, duration_micros=10, data_deps=[7])])
+    for rank in (0, 1, 3):
+        write_trace(folder / f"ch/gap.{rank}.et", [node(1, duration_micros=10)])
 
 
 @pytest.fixture(scope="module")
@@ -127,6 +192,9 @@ def workspace(tmp_path_factory):
     (folder / "big.yaml").write_bytes(b"# padding\n" * (MAX_SPEC_BYTES // 10 + 1))
     (folder / "a-folder").mkdir()
     (folder / "results").mkdir()
+    for name, text in GRAPHS.items():
+        (folder / name).write_text(text)
+    _chakra_traces(folder)
     return folder
 
 
@@ -415,6 +483,85 @@ CLI_CASES_29 = {
     "algorithm-unknown": (SIM + ["--set", "workload_overrides.gradients.algorithm=ringg"],
                           r"workload_overrides\.gradients\.algorithm", r"did you mean 'ring'.*known: .*hierarchical"),
 }
+GRAPH = SIM + ["--set", "xpus=2", "--set"]
+CHAKRA = SIM + ["--set", "xpus=4", "--set"]
+CLI_CASES_29.update({
+    # workload graph JSON: tracebacks, raw Python text, the graph-level section
+    "graph-no-vertices": (GRAPH + ["workload=g-empty.json"], r"g-empty\.json", r"no vertices: a workload runs at least one"),
+    "graph-nodes-not-objects": (GRAPH + ["workload=g-list-nodes.json"], r"g-list-nodes\.json: nodes\[0\]",
+                                r"an object with an \"id\""),
+    "graph-edge-no-source": (GRAPH + ["workload=g-edge-no-source.json"], r"g-edge-no-source\.json: edges\[0\]",
+                             r"\"source\" and \"target\""),
+    "graph-edge-to-missing-vertex": (GRAPH + ["workload=g-edge-missing.json"], r"edges\[0\]: target",
+                                     r"no vertex 'ghost' in nodes"),
+    "graph-not-json": (GRAPH + ["workload=g-not-json.json"], r"g-not-json\.json", r"not JSON.*hcsim workload export"),
+    "graph-a-list": (GRAPH + ["workload=g-a-list.json"], r"g-a-list\.json", r"expected a JSON object, got a list"),
+    "graph-duplicate-id": (GRAPH + ["workload=g-duplicate-id.json"], r"nodes\[1\]", r"its own id"),
+    "graph-global-samples-text": (GRAPH + ["workload=g-global-samples-text.json"], r"g-global-samples-text\.json",
+                                  r"^  graph: global_samples: expected an integer >= 1, got 'x'"),
+    "graph-global-samples-negative": (GRAPH + ["workload=g-global-samples-negative.json"], r"global_samples",
+                                      r"an integer >= 1, got -5"),
+    "graph-tokens-text": (GRAPH + ["workload=g-tokens-text.json"], r"tokens_per_sample", r"an integer >= 1"),
+    "graph-model-flops-negative": (GRAPH + ["workload=g-model-flops-negative.json"], r"model_flops",
+                                   r"a finite number > 0, got -1"),
+    "graph-layout-garbage": (GRAPH + ["workload=g-layout-garbage.json"], r"graph: layout", r"\"sizes\".*\"order\""),
+    "graph-pairs-on-all-reduce": (GRAPH + ["workload=g-pairs.json"], r"vertex 'c'", r"pairs is not a vertex attribute"),
+    "graph-comm-xpus-mapping": (GRAPH + ["workload=g-comm-xpus-mapping.json"], r"vertex 'c': xpus",
+                                r"derived.*a list of XPU names"),
+    # Chakra traces
+    "chakra-no-files": (CHAKRA + ["workload=chakra:ch/nowhere"], r"chakra:ch/nowhere", r"no trace files.*\.0\.et"),
+    "chakra-rank-missing": (CHAKRA + ["workload=chakra:ch/gap"], r"chakra:ch/gap", r"ranks 2 have no trace file"),
+    "chakra-truncated": (CHAKRA + ["workload=chakra:ch/truncated"], r"truncated\.0\.et", r"truncated file"),
+    "chakra-garbage": (CHAKRA + ["workload=chakra:ch/garbage"], r"garbage\.0\.et", r"at byte \d+ (does not parse|claims)"),
+    "chakra-no-time": (CHAKRA + ["workload=chakra:ch/no-time"], r"no-time\.0\.et: node 1: duration_micros",
+                       r"duration_micros > 0 .* or attribute num_ops > 0"),
+    "chakra-no-nodes": (CHAKRA + ["workload=chakra:ch/no-nodes"], r"no-nodes\.0\.et", r"no nodes after the GlobalMetadata"),
+    "chakra-self-dependency": (CHAKRA + ["workload=chakra:ch/self"], r"self\.0\.et: node 1: ctrl_deps",
+                               r"names the node itself"),
+    "chakra-duration-forever": (CHAKRA + ["workload=chakra:ch/forever"], r"forever\.0\.et: node 1: duration_micros",
+                                r"physical range of a duration, 0 s to 1,000,000 s"),
+    "chakra-cycle": (CHAKRA + ["workload=chakra:ch/cycle"], r"chakra:ch/cycle", r"cycle with no skip_first_iteration"),
+    "chakra-negative-size": (CHAKRA + ["workload=chakra:ch/negative"], r"negative\.0\.et: node 1: num_ops",
+                             r"an integer >= 0, got -5"),
+    "chakra-dependency-missing": (CHAKRA + ["workload=chakra:ch/missing-dep"], r"node 1: data_deps", r"no node 7"),
+    "import-missing-folder": (["workload", "import", "ch/ok", "-o", "nodir/x.json"], r"-o nodir/x\.json",
+                              r"existing folder"),
+    "import-onto-a-folder": (["workload", "import", "ch/ok", "-o", "a-folder"], r"-o a-folder", r"give a file name"),
+    # sweeps
+    "sweep-duplicate-zip-label": (["sweep", "zip-duplicate-label.yaml"], r"axes\.system\[1\]\.label",
+                                  r"'a' is also the label of entry 0"),
+    "sweep-grid-too-large": (["sweep", "huge-grid.yaml"], r"huge-grid\.yaml: axes",
+                             r"20 x 20 x 20 x 20 x 20 axis values.*3,200,000, beyond the limit of 100,000"),
+    "sweep-chakra-missing": (["sweep", "chakra-missing.yaml"], r"workload chakra:nowhere/run", r"no trace files"),
+    "sweep-resume-and-overwrite": (["sweep", "exp.yaml", "--resume", "--overwrite", "--out", "results/ro"],
+                                   r"--resume, --overwrite", r"contradict.*give one"),
+    # plan
+    "plan-global-batch-zero": (["plan", "llama2-7b", "--xpus", "8", "--global-batch", "0"], r"--global-batch",
+                               r"integer >= 1"),
+    "plan-global-batch-negative": (["plan", "llama2-7b", "--xpus", "8", "--global-batch", "-8"], r"--global-batch",
+                                   r"integer >= 1"),
+    "plan-global-batch-huge": (["plan", "llama2-7b", "--xpus", "8", "--global-batch", "1000000000000"],
+                               r"--global-batch", r"beyond the limit of 10,000,000"),
+    "plan-global-batch-too-many-micro-batches": (["plan", "llama2-7b", "--xpus", "8", "--global-batch", "1000000"],
+                                                 r"--global-batch 1000000", r"a smaller global batch"),
+    "plan-xpus-zero": (["plan", "llama2-7b", "--xpus", "0", "--global-batch", "8"], r"xpus", r">= 1"),
+    "plan-xpus-negative": (["plan", "llama2-7b", "--xpus", "-1", "--global-batch", "8"], r"xpus", r">= 1"),
+    "plan-xpus-huge": (["plan", "llama2-7b", "--xpus", "1000000000", "--global-batch", "8"], r"--xpus", r"has 4096"),
+    "plan-model-unknown": (["plan", "nosuch", "--xpus", "8", "--global-batch", "8"], r"nosuch",
+                           r"built-in ones: gpt-megatron"),
+    "plan-device-unknown": (["plan", "llama2-7b", "--xpus", "8", "--global-batch", "8", "--devices", "H900"],
+                            r"devices", r"unknown device 'H900'.*known: A100"),
+    "plan-top-zero": (["plan", "llama2-7b", "--xpus", "8", "--global-batch", "8", "--top", "0"], r"--top", r">= 1"),
+    "plan-out-a-file": (["plan", "llama2-7b", "--xpus", "8", "--global-batch", "8", "--out", "afile"], r"--out afile",
+                        r"give a folder"),
+    "plan-platform-unknown": (["plan", "llama2-7b", "--xpus", "8", "--global-batch", "8", "--platform", "nosuch"],
+                              r"nosuch", r"built-in ones: dgx-a100"),
+    "plan-jobs-zero": (["plan", "llama2-7b", "--xpus", "8", "--global-batch", "8", "--jobs", "0"], r"--jobs", r">= 1"),
+    "plan-set-unknown": (["plan", "llama2-7b", "--xpus", "8", "--global-batch", "8", "--set", "bogus=1"], r"bogus",
+                         r"unknown key"),
+    "plan-nothing-fits": (["plan", "llama3-405b", "--xpus", "2", "--global-batch", "2"], r"plan llama3-405b on 2 XPUs",
+                          r"no configuration fits in local memory.*valid: more XPUs"),
+})
 CLI_CASES.update(CLI_CASES_29)
 
 

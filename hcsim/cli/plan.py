@@ -48,8 +48,18 @@ def run(args) -> int:
     from hcsim.plan import candidates, estimate, fits, rank_correlation, zero2_twins
     from hcsim.scenario import load_scenario
 
+    from hcsim.limits import MAX_GLOBAL_BATCH, check_limit
+
     if args.top < 1:
         raise ConfigError(f"--top: must be >= 1, got {args.top}")
+    if args.global_batch < 1:
+        raise ConfigError(f"--global-batch: must be an integer >= 1 (samples per iteration), got {args.global_batch}")
+    check_limit(args.global_batch, MAX_GLOBAL_BATCH, "the global batch", f"--global-batch {args.global_batch}",
+                "give the samples per iteration of a real run (a few thousand at most)")
+    if args.out:  # before any work: a bad folder must not cost the plans
+        from hcsim.config import check_output_folder
+
+        check_output_folder(args.out, "--out")
     check_execution_options(args)
     devices = [d.strip() for d in args.devices.split(",")] if args.devices else None
     base = {"platform": args.platform, "workload": args.model, "xpus": args.xpus, **SIMULATION}
@@ -61,15 +71,21 @@ def run(args) -> int:
     stages = _speeds(platform, xpus, spec.precision, "pp") if mixed else None
     replicas = _speeds(platform, xpus, spec.precision, "dp") if mixed else None
     found = candidates(spec, xpus, args.global_batch, _server_size(platform, xpus), stages, replica_speeds=replicas)
-    reasons = {c: fits(spec, c, platform, xpus) for c in found}
+    reasons = {c: _too_large(spec, c) or fits(spec, c, platform, xpus) for c in found}
     fitting = [c for c, reason in reasons.items() if reason is None]
     print(f"{len(found)} configurations of {spec.model.name} on {len(xpus)} XPUs "
           f"({', '.join(f'{n} {d}' for d, n in Counter(platform.nodes[x]['device'] for x in xpus).items())}), "
           f"global batch {args.global_batch}: {len(fitting)} fit in local memory")
     for reason, count in Counter(_kind(r) for r in reasons.values() if r).most_common():
         print(f"  {count} do not fit: {reason}")
+    if found and all(r and r.startswith(_TOO_LARGE) for r in reasons.values()):
+        raise ConfigError(f"--global-batch {args.global_batch}: every configuration's graph has more vertices than "
+                          f"a simulation may build (hcsim.limits); valid: a smaller global batch (at most a few "
+                          f"thousand micro-batches per replica), or HCSIM_NO_LIMITS=1")
     if not fitting:
-        raise ConfigError("no configuration fits in local memory: more XPUs, a smaller global batch or a smaller model")
+        raise ConfigError(f"plan {args.model} on {len(xpus)} XPUs: no configuration fits in local memory "
+                          f"(global batch {args.global_batch}); valid: more XPUs, a smaller global batch or a "
+                          f"smaller model")
     twins = zero2_twins(fitting)
     if twins:
         fitting = [c for c in fitting if c not in twins]
@@ -84,7 +100,13 @@ def run(args) -> int:
         rho = rank_correlation([r["estimated_s"] for r in done], [r["simulated_s"] for r in done])
         print(f"rank correlation (Spearman) of estimated and simulated iteration times: {rho:.2f}")
     if args.out:
-        _write(Path(args.out), rows)
+        try:
+            _write(Path(args.out), rows)
+        except OSError as err:
+            from hcsim.errors import OutputError
+
+            raise OutputError(f"--out {args.out}: could not write plan.csv or plan.png ({err.strerror or err}); "
+                              f"the table above is the result") from None
     return 0
 
 
@@ -115,6 +137,22 @@ def _cluster(scenario):
     except ConfigError as err:
         raise scenario.blame(err, path, "workload") from err
     return platform, platform_xpus(platform)[: scenario.xpus], workload
+
+
+_TOO_LARGE = "its graph would hold"
+
+
+def _too_large(spec, candidate) -> str | None:
+    """Why `candidate` cannot be simulated (its graph beyond the vertex limit), None if it can: checked before
+    its memory, whose pipeline schedule grows with the micro-batches too."""
+    import os
+
+    from hcsim.limits import MAX_GRAPH_VERTICES, graph_vertices
+
+    vertices = graph_vertices(spec) * candidate.parallelism.micro_batches
+    if vertices <= MAX_GRAPH_VERTICES or os.environ.get("HCSIM_NO_LIMITS"):
+        return None
+    return f"{_TOO_LARGE} more than {MAX_GRAPH_VERTICES:,} vertices (hcsim.limits)"
 
 
 def _server_size(platform, xpus) -> int:

@@ -241,9 +241,15 @@ def run_import(args) -> int:
     from hcsim.workload.chakra import UNITS_NOTE, import_chakra
     from hcsim.workload.sources import graph_xpus
 
+    from hcsim.config import check_output_file
+
+    check_output_file(args.output, "-o")  # before reading the trace: a bad path costs nothing
     prefix = args.prefix[len("chakra:"):] if args.prefix.startswith("chakra:") else args.prefix
     graph = import_chakra(prefix, groups=args.groups, precision=args.precision)
-    save_workload(graph, args.output)
+    try:
+        save_workload(graph, args.output)
+    except OSError as err:
+        raise OutputError(f"-o {args.output}: could not write it ({err.strerror or err})") from None
     kinds = [data["kind"] for _, data in graph.nodes(data=True)]
     print(f"wrote {args.output}: {kinds.count('compute')} compute and {kinds.count('comm')} communication vertices, "
           f"{graph.number_of_edges()} edges over {len(graph_xpus(graph))} ranks")

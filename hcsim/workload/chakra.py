@@ -278,9 +278,18 @@ def import_chakra(prefix: str | Path, *, groups: str | Path | dict | None = None
     files = trace_files(prefix)
     ranks = len(files)
     pg = _groups(prefix, groups, ranks)
+    from hcsim.limits import MAX_GRAPH_VERTICES, check_limit, check_range
+
     items: list[list[_Item]] = []
+    total = 0
     for rank, path in enumerate(files):
         _, nodes = read_trace(path)
+        if not nodes:
+            raise WorkloadError(f"{path}: no nodes after the GlobalMetadata message; a rank's trace holds the nodes "
+                                f"it runs (every rank 0..{ranks - 1} needs at least one)")
+        total += len(nodes)
+        check_limit(total, MAX_GRAPH_VERTICES, f"the nodes of ranks 0..{rank}", f"chakra:{prefix}",
+                    "a shorter trace (fewer nodes per rank, or fewer ranks)")
         seen: set[int] = set()
         mine = []
         for node in nodes:
@@ -291,8 +300,15 @@ def import_chakra(prefix: str | Path, *, groups: str | Path | dict | None = None
         for item in mine:
             for field in ("data_deps", "ctrl_deps"):
                 for dep in getattr(item.node, field):
+                    if dep == item.node.id:
+                        raise WorkloadError(f"{item.where(field)}: names the node itself; a node depends on "
+                                            f"earlier nodes only")
                     if dep not in seen:
                         raise WorkloadError(f"{item.where(field)}: no node {dep} in this file")
+            problem = check_range(item.node.duration_micros * 1e-6, "duration", item.where("duration_micros"),
+                                  f"{item.node.duration_micros} us")
+            if problem:
+                raise WorkloadError(problem)
         items.append(mine)
     graph = new_workload(name or prefix.name, precision=precision)
     vertex: dict[tuple[int, int], str] = {}  # (rank, node id) -> vertex
@@ -349,6 +365,9 @@ def _add_compute_vertices(graph, items, vertex) -> None:
                 continue
             flops = _int_attr(item, "num_ops", required=False, default=0)
             size = _int_attr(item, "tensor_size", required=False, default=0)
+            if not flops and not node.duration_micros:
+                raise WorkloadError(f"{item.where('duration_micros')}: a COMP_NODE needs its time: duration_micros "
+                                    f"> 0 (measured) or attribute num_ops > 0 (FLOPs); it has neither")
             duration = node.duration_micros * 1e-6 if node.duration_micros > 0 or not flops else None
             key = f"{_rank_name(item.rank)}.n{node.id}"
             add_compute(graph, key, xpus=(_rank_name(item.rank),), flops=float(flops), memory_bytes=float(size),

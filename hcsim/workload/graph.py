@@ -168,7 +168,9 @@ def validate_workload(graph: nx.DiGraph, platform_xpus=None) -> None:
     (otherwise it would start at t = 0, or never).
     """
     known = set(platform_xpus) if platform_xpus is not None else None
-    problems = []
+    problems = graph_problems(graph)
+    if not graph.number_of_nodes():
+        problems.append("no vertices: a workload runs at least one compute or communication vertex")
     missing_by_group: dict = {}  # groups are shared tuples: check each distinct one once
     for name, data in graph.nodes(data=True):
         problems += _vertex_problems(name, data, known, missing_by_group)
@@ -188,7 +190,7 @@ def validate_workload(graph: nx.DiGraph, platform_xpus=None) -> None:
     if not problems:
         problems += _coverage_problems(graph)
     if problems:
-        raise WorkloadError(f"workload {graph.graph.get('name', '?')!r}: invalid ({len(problems)} problems):\n  " + "\n  ".join(problems))
+        raise WorkloadError(invalid(f"workload {brief(graph.graph.get('name', '?'))}", problems))
 
 
 def _vertex_problems(name, data, known, missing_by_group) -> list[str]:
@@ -230,6 +232,9 @@ def _comm_problems(name, data) -> list[str]:
     problems = []
     collective = data.get("collective")
     groups = data.get("groups") or ()
+    if "pairs" in data:
+        problems.append(f"vertex {name!r}: pairs is not a vertex attribute; a communication vertex lists its "
+                        f"groups (for p2p, one [src, dst] group per transfer)")
     if collective not in COLLECTIVES:
         problems.append(f"vertex {name!r}: collective {collective!r} is not one of {', '.join(COLLECTIVES)}")
     elif collective == "p2p" and any(len(pair) != 2 or pair[0] == pair[1] for pair in groups):
@@ -345,13 +350,25 @@ def load_workload(path: str | Path, platform_xpus=None) -> nx.DiGraph:
     """
     from hcsim.config import read_text
 
+    from hcsim.limits import MAX_GRAPH_VERTICES, check_limit
+
     text = read_text(path, MAX_GRAPH_BYTES, "a node-link JSON workload graph")
     try:
         data = json.loads(text)
-        key = "links" if isinstance(data, dict) and "edges" not in data and "links" in data else "edges"
-        graph = nx.node_link_graph(data, directed=True, edges=key)
     except RecursionError:
         raise WorkloadError(f"{path}: not a node-link workload graph: nested too deeply") from None
+    except ValueError as err:
+        raise WorkloadError(f"{path}: not a node-link workload graph: not JSON ({brief(str(err))}); write it as "
+                            f"`hcsim workload export` does") from None
+    key = "links" if isinstance(data, dict) and "edges" not in data and "links" in data else "edges"
+    problems = _structure_problems(data, key)
+    if problems:
+        raise WorkloadError(problems[0].replace("WHERE", str(path)) if len(problems) == 1
+                            else invalid(str(path), [p.replace("WHERE: ", "") for p in problems[:10]]))
+    check_limit(len(data["nodes"]), MAX_GRAPH_VERTICES, "the workload graph's vertices", str(path),
+                "a smaller graph")
+    try:
+        graph = nx.node_link_graph(data, directed=True, edges=key)
     except (ValueError, KeyError, TypeError, AttributeError, nx.NetworkXError) as err:
         raise WorkloadError(f"{path}: not a node-link workload graph: {brief(str(err))}") from None
     version = graph.graph.get("format_version", 1)
@@ -366,8 +383,89 @@ def load_workload(path: str | Path, platform_xpus=None) -> nx.DiGraph:
         if version == 1:
             edge["wait"] = _version1_wait(graph.nodes[u], graph.nodes[v])
     graph.graph["format_version"] = FORMAT_VERSION
-    validate_workload(graph, platform_xpus)
+    try:
+        validate_workload(graph, platform_xpus)
+    except WorkloadError as err:
+        raise WorkloadError(f"{path}: {err}") from err
     return graph
+
+
+def _structure_problems(data, key: str) -> list[str]:
+    """The problems of parsed node-link JSON `data` that networkx would report as raw Python errors (or not at
+    all: an edge to a missing vertex adds that vertex), each as ``WHERE: ...``; the first few only."""
+    form = ("; a workload graph is node-link JSON: {\"graph\": {...}, \"nodes\": [{\"id\": ..., ...}], "
+            "\"edges\": [{\"source\": ..., \"target\": ...}]}")
+    if not isinstance(data, dict):
+        return [f"WHERE: not a node-link workload graph: expected a JSON object, got a {type(data).__name__}{form}"]
+    problems = []
+    nodes, edges, graph = data.get("nodes"), data.get(key, []), data.get("graph", {})
+    if not isinstance(nodes, list):
+        problems.append(f"WHERE: nodes: expected a list of vertices, got {brief(nodes)}{form}")
+        nodes = []
+    if not isinstance(edges, list):
+        problems.append(f"WHERE: {key}: expected a list of edges, got {brief(edges)}{form}")
+        edges = []
+    if not isinstance(graph, dict):
+        problems.append(f"WHERE: graph: expected an object of graph attributes, got {brief(graph)}")
+    ids = set()
+    for i, node in enumerate(nodes):
+        if not isinstance(node, dict) or "id" not in node:
+            problems.append(f"WHERE: nodes[{i}]: expected an object with an \"id\", got {brief(node)}")
+        elif not isinstance(node["id"], (str, int)) or isinstance(node["id"], bool):
+            problems.append(f"WHERE: nodes[{i}]: id: expected a string or an integer, got {brief(node['id'])}")
+        elif node["id"] in ids:
+            problems.append(f"WHERE: nodes[{i}]: id {brief(node['id'])} is used by an earlier vertex; give each "
+                            f"vertex its own id")
+        else:
+            ids.add(node["id"])
+        if len(problems) >= 10:
+            return problems
+    for i, edge in enumerate(edges):
+        if not isinstance(edge, dict) or "source" not in edge or "target" not in edge:
+            problems.append(f"WHERE: {key}[{i}]: expected an object with \"source\" and \"target\", got {brief(edge)}")
+            continue
+        for end in ("source", "target"):
+            vertex = edge[end]
+            if not isinstance(vertex, (str, int)) or isinstance(vertex, bool) or vertex not in ids:
+                problems.append(f"WHERE: {key}[{i}]: {end}: no vertex {brief(vertex)} in nodes; an edge joins two "
+                                f"vertices of the graph")
+        if len(problems) >= 10:
+            break
+    return problems
+
+
+def graph_problems(graph: nx.DiGraph) -> list[str]:
+    """The problems of a workload's graph attributes (module docstring: Graph attributes): wrongly typed,
+    negative or non-finite values that would fail or mislead a report after the whole run."""
+    attributes, problems = graph.graph, []
+
+    def positive(key: str, kind, optional: bool = True) -> None:
+        if key not in attributes and optional:
+            return
+        value = attributes.get(key)
+        if isinstance(value, bool) or not isinstance(value, kind) or not (value > 0 and value != float("inf")):
+            what = "an integer >= 1" if kind is int else "a finite number > 0"
+            problems.append(f"graph: {key}: expected {what}, got {brief(value)}")
+
+    if not isinstance(attributes.get("name", ""), str):
+        problems.append(f"graph: name: expected a string, got {brief(attributes['name'])}")
+    if attributes.get("precision", "fp32") not in PRECISIONS:
+        problems.append(f"graph: precision: {brief(attributes['precision'])} is not one of {', '.join(PRECISIONS)}")
+    positive("samples_per_iteration", int)
+    positive("global_samples", int)
+    positive("tokens_per_sample", int)
+    positive("model_flops", (int, float))
+    if "layout" in attributes:
+        layout = attributes["layout"]
+        sizes = layout.get("sizes") if isinstance(layout, dict) else None
+        order = layout.get("order") if isinstance(layout, dict) else None
+        if not (isinstance(sizes, dict) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
+                                                for v in sizes.values())
+                and isinstance(order, (list, tuple)) and sorted(order) == sorted(sizes)):
+            problems.append(f"graph: layout: expected {{\"sizes\": {{\"tp\": 1, \"dp\": 8, ...}}, \"order\": "
+                            f"[\"tp\", \"dp\", ...]}} (sizes integers >= 1, order naming each once), got "
+                            f"{brief(layout)}")
+    return problems
 
 
 def _version1_wait(before: dict, after: dict) -> str:
@@ -396,6 +494,11 @@ def _read_vertices(graph: nx.DiGraph, version: int) -> list[str]:
     for name, node in graph.nodes(data=True):
         node.setdefault("start", False)
         if node.get("kind") == "comm":
+            if version > 1 and "xpus" in node and not (isinstance(node["xpus"], list)
+                                                       and all(isinstance(x, str) for x in node["xpus"])):
+                problems.append(f"vertex {name!r}: xpus: a communication vertex's xpus are its groups' members "
+                                f"(derived); leave it out, or give a list of XPU names, got {brief(node['xpus'])}")
+                continue
             groups = node.get("groups") if version > 1 else [node.get("xpus") or ()]
             if not isinstance(groups, list) or not groups:
                 problems.append(f"vertex {name!r}: groups must be a list of lists of XPU names, got {str(groups)[:80]}")
