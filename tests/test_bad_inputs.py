@@ -561,6 +561,13 @@ CLI_CASES_29.update({
                          r"unknown key"),
     "plan-nothing-fits": (["plan", "llama3-405b", "--xpus", "2", "--global-batch", "2"], r"plan llama3-405b on 2 XPUs",
                           r"no configuration fits in local memory.*valid: more XPUs"),
+    # one line saying which kind of spec it is, not 15-30 lines of "is required" / "unknown key"
+    "workload-given-as-platform": (["platform", "show", str(REPO_ROOT / "workloads/llama2-7b.yaml")], r"llama2-7b\.yaml",
+                                   r"a workload spec \(it has model:\), not a platform spec"),
+    "platform-given-as-workload": (["workload", "show", str(REPO_ROOT / "platforms/dgx-h100.yaml")], r"dgx-h100\.yaml",
+                                   r"a platform spec \(it has links:\), not a workload spec"),
+    "moe-in-the-data-parallel-graph": (SIM + ["--set", "workload=mixtral-8x7b"], r"model 'Mixtral 8x7B'",
+                                       r"Fix: .*set ep \(expert parallelism, e\.g\. --set ep=8\)"),
 })
 CLI_CASES.update(CLI_CASES_29)
 

@@ -256,7 +256,11 @@ def load_platform_spec(name_or_path: str | Path, overrides: Mapping[str, object]
     """
     path = resolve_spec(name_or_path, "platforms")
     where = f"{path.name}: "
-    data = apply_overrides(load_yaml(path), overrides or {}, where)
+    raw = load_yaml(path)
+    if isinstance(raw, dict) and "model" in raw and not {"links", "topology", "server", "node"} & set(raw):
+        raise ConfigError(f"{path}: a workload spec (it has model:), not a platform spec; give it as the "
+                          f"workload (--set workload={path}), and a platform such as paper-cxl or dgx-h100")
+    data = apply_overrides(raw, overrides or {}, where)
     top = Fields(data, where)
     name = top.string("name", path.stem)
     kind = top.choice("kind", SPEC_KINDS, default="paper")

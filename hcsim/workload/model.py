@@ -260,7 +260,8 @@ def _dense_only(shape: ModelShape) -> None:
     if shape.moe:
         raise ConfigError(f"model {shape.name!r}: has {shape.experts} experts, and the decoder table of the "
                           "data-parallel graph (Table-4 conventions) models dense MLPs only. "
-                          "Fix: take its costs from hcsim.workload.transformer (decoder_layer)")
+                          "Fix: run it in the hybrid-parallel graph, which models experts: set ep (expert "
+                          "parallelism, e.g. --set ep=8), tp, pp or micro_batch (hcsim workload show: --ep 8 --xpus 8)")
 
 
 def generate_decoder_table(shape: ModelShape, sizes: ElementSizes) -> DecoderTable:

@@ -141,7 +141,11 @@ def load_workload_spec(name_or_path: str | Path, overrides: dict[str, Any] | Non
         listing every problem of the file, unknown keys with a suggestion.
     """
     path = resolve_spec(name_or_path, "workloads")
-    data = _renamed(load_yaml(path), f"{path}: ")
+    raw = load_yaml(path)
+    if isinstance(raw, dict) and "model" not in raw and {"links", "topology", "server", "node"} & set(raw):
+        raise ConfigError(f"{path}: a platform spec (it has links:), not a workload spec; give it as the platform "
+                          f"(--set platform={path}), and a workload such as llama2-13b")
+    data = _renamed(raw, f"{path}: ")
     if overrides:
         data = apply_overrides(data, _renamed(overrides, "override "), str(path))
     return parse_workload_spec(data, str(path))
