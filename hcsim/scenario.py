@@ -79,7 +79,7 @@ class Scenario:
     workload_overrides: dict[str, Any] = field(default_factory=dict)  # any key of the workload spec, dotted
     # (workloads/llama2-13b.yaml lists them): {training.batch_per_xpu: 2, gradients.bucket: layer}
     # parallelism (tp x pp x dp = xpus); the paper's data-parallel graph unless tp, pp or a batch is given
-    tp: int = 1  # tensor-parallel group size (Megatron-LM; a TP group sits inside a server)
+    tp: int = 1  # tensor-parallel group size (Megatron-LM; a TP group may span servers: the summary says so)
     pp: int = 1  # pipeline stages
     dp: int | None = None  # data-parallel replicas; None: xpus / (tp x pp)
     micro_batch: int | None = None  # samples per micro-batch; None: the workload's batch_per_xpu
@@ -315,7 +315,14 @@ def _from_mapping(data: dict, where: str, base: str) -> Scenario:
     values: dict[str, Any] = {"base": base}
     values["name"] = fields.string("name", default.name if where == "scenario" else Path(where).stem)
     values["platform"] = fields.string("platform", default.platform)
-    values["workload"] = fields.string("workload", default.workload)
+    raw = fields.data.get("workload")
+    if (isinstance(raw, dict) and list(raw) == ["chakra"]) or (isinstance(raw, str) and raw.strip() == "chakra:"):
+        fields.raw("workload")  # YAML reads a bare `chakra:` as a mapping
+        fields.problems.append(f"{fields.path('workload')}: 'chakra:' names no trace; write chakra:PATH_PREFIX for the "
+                               f"files PATH_PREFIX.<rank>.et (e.g. --set workload=chakra:traces/run)")
+        values["workload"] = default.workload
+    else:
+        values["workload"] = fields.string("workload", default.workload)
     values["precision"] = fields.choice("precision", PRECISIONS, None)
     values["xpus"] = fields.number("xpus", default.xpus, kind=int, minimum=1)
     values["devices"] = _devices(fields)

@@ -145,6 +145,19 @@ def prepare(scenario: Scenario) -> Prepared:
     return Prepared(scenario, graph, workload, placement, xpus, pairs, coherent, platform_spec)
 
 
+def _cpu_flops_fix(scenario: Scenario, cpu: str) -> str:
+    """The override that gives the platform's CPUs FLOP/s: its key differs by kind of platform spec."""
+    from hcsim.config import resolve_spec
+    from hcsim.platform import load_platform_spec
+
+    spec = load_platform_spec(resolve_spec(scenario.platform, "platforms", Path(scenario.base)))
+    if spec.dgx is not None:
+        return "set platform_overrides node.cpu_flops (e.g. --set platform_overrides.node.cpu_flops=2TFLOPS)"
+    if spec.topology is not None:
+        return f"give node {cpu!r} of the explicit topology a flops value (e.g. flops: 2TFLOPS)"
+    return "set platform_overrides server.cpu_flops (e.g. --set platform_overrides.server.cpu_flops=2TFLOPS)"
+
+
 def check_algorithm(scenario: Scenario, spec, path: Path) -> None:
     """Refuse a gradient all-reduce algorithm that is not registered, naming where it was written."""
     from hcsim.engine.collectives import algorithms
@@ -244,7 +257,7 @@ def offload_memory(platform: nx.Graph, xpus: list[str], scenario: Scenario, cohe
             cpu = nodes[memory]["owner"]
             if "optimizer" in scenario.offload_state and not nodes[cpu].get("flops"):
                 raise ConfigError(f"{where}: CPU {cpu!r} has no FLOP/s to run the offloaded optimizer step; "
-                                  f"fix: set platform_overrides server.cpu_flops (e.g. 2TFLOPS)")
+                                  f"fix: {_cpu_flops_fix(scenario, cpu)}")
         else:
             memory = nodes[x].get("extended_memory")
             if not coherent or memory is None or nodes[memory].get("role") != "cxl_type3":
@@ -574,6 +587,9 @@ def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float) -> dic
     steady = times[1:] if len(times) > 1 else times
     iteration_time = sum(steady) / len(steady)
     scenario, graph = prepared.scenario, prepared.workload.graph
+    if not iteration_time > 0:  # no throughput to report: every vertex has no work
+        raise WorkloadError(f"scenario {scenario.name!r}: workload {brief(graph.get('name', '?'))}: an iteration "
+                            f"takes 0 s (no vertex has flops, bytes or a duration > 0); give its vertices their work")
     per_xpu = per_xpu_times(outcome.xpu_times)
     return {
         "scenario": scenario.name,
@@ -592,6 +608,7 @@ def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float) -> dic
         "memory": _memory(prepared),
         "spill": spill_policy(scenario, prepared.platform_spec) if prepared.platform_spec is not None else None,
         **_batch_split_report(prepared),
+        **_tp_across_servers(prepared),
         "links": _busiest_links(prepared.platform, outcome.link_bytes, ends[-1]),
         "activities": outcome.activities,
         "collective_fidelity": sorted(set(outcome.collective_fidelity.values())),
@@ -703,6 +720,24 @@ def _batch_split_report(prepared: Prepared) -> dict[str, Any]:
     return {"batch_split": {"unit": graph["batch_split_unit"], "per_replica": list(graph["batch_split"]),
                             "by_device": {d: {"replicas": len(c), "fewest": min(c), "most": max(c)}
                                           for d, c in sorted(by_device.items())}}}
+
+
+def _tp_across_servers(prepared: Prepared) -> dict[str, Any]:
+    """``{"tp_across_servers": {"tp": t, "groups": g, "servers": s}}`` when g of the run's TP groups span s > 1
+    servers each at most (a TP size beyond a server's XPUs, as real runs sometimes choose: simulated as it is,
+    its all-reduces crossing the network), else nothing: a result of TP inside servers is unchanged."""
+    layout_dict = prepared.workload.graph.get("layout") or {}
+    if layout_dict.get("sizes", {}).get("tp", 1) == 1:
+        return {}
+    from hcsim.workload.layout import ParallelLayout
+
+    layout = ParallelLayout(prepared.xpus, layout_dict["sizes"], layout_dict["order"])
+    nodes = prepared.platform.nodes
+    spans = [len({nodes[x].get("server", x) for x in group}) for group in layout.groups("tp")]
+    across = [n for n in spans if n > 1]
+    if not across:
+        return {}
+    return {"tp_across_servers": {"tp": layout_dict["sizes"]["tp"], "groups": len(across), "servers": max(across)}}
 
 
 def _stage_breakdown(prepared: Prepared, xpu_times: dict[str, XpuTimes]) -> dict[str, dict[str, float]]:

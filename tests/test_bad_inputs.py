@@ -509,6 +509,7 @@ CLI_CASES_29.update({
     "graph-comm-xpus-mapping": (GRAPH + ["workload=g-comm-xpus-mapping.json"], r"vertex 'c': xpus",
                                 r"derived.*a list of XPU names"),
     # Chakra traces
+    "chakra-empty-prefix": (SIM + ["--set", "workload=chakra:"], r"workload", r"'chakra:' names no trace.*PATH_PREFIX"),
     "chakra-no-files": (CHAKRA + ["workload=chakra:ch/nowhere"], r"chakra:ch/nowhere", r"no trace files.*\.0\.et"),
     "chakra-rank-missing": (CHAKRA + ["workload=chakra:ch/gap"], r"chakra:ch/gap", r"ranks 2 have no trace file"),
     "chakra-truncated": (CHAKRA + ["workload=chakra:ch/truncated"], r"truncated\.0\.et", r"truncated file"),
@@ -608,6 +609,45 @@ def test_every_built_in_spec_is_inside_the_physical_ranges():
             load_platform_spec(path)
     for path in sorted((REPO_ROOT / "workloads").glob("*.yaml")):
         load_workload_spec(path)
+
+
+@pytest.mark.parametrize("platform, key", [("dgx-h100", "node.cpu_flops"), ("paper-cxl", "server.cpu_flops")])
+def test_the_fix_that_offload_cpu_suggests_works(platform, key):
+    from hcsim.scenario import load_scenario
+    from hcsim.simulation import prepare
+
+    settings = {"platform": platform, "workload": "llama2-7b", "xpus": 8, "tp": 8, "global_batch": 8,
+                "offload": "cpu"}
+    with pytest.raises(HcsimError) as info:
+        prepare(load_scenario(None, settings))
+    fix = re.search(r"--set (platform_overrides\.(\S+))=(\S+)\)", str(info.value))
+    assert fix and fix[2] == key, str(info.value)
+    prepare(load_scenario(None, {**settings, fix[1]: fix[3]}))  # the suggested setting runs
+
+
+@pytest.mark.parametrize("platform, tp, expected", [
+    ("dgx-h100", 16, {"tp_across_servers": {"tp": 16, "groups": 1, "servers": 2}}),
+    ("dgx-h100", 8, {}),
+])
+def test_a_tp_group_across_servers_is_simulated_as_it_is_and_said(platform, tp, expected):
+    from hcsim.cli.simulate import summary
+    from hcsim.scenario import load_scenario
+    from hcsim.simulation import _tp_across_servers, prepare
+
+    prepared = prepare(load_scenario(None, {"platform": platform, "workload": "llama2-7b", "xpus": 16, "tp": tp,
+                                            "global_batch": 16}))
+    assert _tp_across_servers(prepared) == expected
+    if expected:
+        import inspect
+
+        assert "TP groups        span servers" in inspect.getsource(summary)
+
+
+def test_simulate_help_does_not_claim_a_tp_group_sits_inside_a_server(capsys):
+    with pytest.raises(SystemExit):
+        main(["simulate", "--help"])
+    text = capsys.readouterr().out
+    assert "tp (default 1)" in text and "sits inside a server" not in text and "may span servers" in text
 
 
 # --- sweep results read back (--resume) -------------------------------------------------------------------

@@ -176,6 +176,11 @@ def summary(result: dict) -> str:
         lines.append(f"  batch split      {split['unit']} per DP replica: " + ", ".join(
             f"{d} {c['fewest']}{'-' + str(c['most']) if c['most'] != c['fewest'] else ''} "
             f"({c['replicas']} replica{'s' if c['replicas'] > 1 else ''})" for d, c in split["by_device"].items()))
+    if "tp_across_servers" in result:
+        span = result["tp_across_servers"]
+        lines.append(f"  TP groups        span servers: {span['groups']} TP group{'s' if span['groups'] > 1 else ''} "
+                     f"of {span['tp']} XPUs across up to {span['servers']} servers each (TP larger than a server); "
+                     f"their all-reduces cross the network, simulated as such")
     lines.extend(_memory_lines(result))
     pace = result["pace"]
     setter = min(pace, key=lambda d: pace[d]["idle_s"])
