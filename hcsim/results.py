@@ -226,7 +226,7 @@ def _spec_values(scenario: Scenario) -> dict[str, Any]:
         workload = load_workload_spec(resolve_spec(scenario.workload, "workloads", base), scenario.workload_settings())
     except HcsimError:  # a graph (.json, chakra:) or a spec that fails: its values are the graph's own
         return values
-    dp = scenario.dp or max(1, scenario.xpus // (scenario.tp * scenario.ep * scenario.pp))
+    dp = scenario.dp or max(1, scenario.xpus // (scenario.tp * scenario.cp * scenario.ep * scenario.pp))
     micro_batch = scenario.micro_batch or workload.batch_per_xpu
     # Keyed by Scenario field: what a None there means (see Scenario's field comments).
     values.update(collective=workload.algorithm, granularity=workload.granularity, precision=workload.precision,

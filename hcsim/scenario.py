@@ -29,6 +29,7 @@ from hcsim.errors import ConfigError, brief
 from hcsim.params import (Choice, Constraint, Either, Flag, Integer, Integers, Number, Optional, StringMapping, Text,
                           Texts, check_params)
 from hcsim.engine.compute_model import COMPUTE_MODELS
+from hcsim.workload.context import CP_ALGORITHMS
 from hcsim.workload.graph import PRECISIONS
 from hcsim.workload.model import RECOMPUTATION
 from hcsim.workload.schedules import SCHEDULES
@@ -100,6 +101,8 @@ class Scenario:
     # where Megatron-LM and PyTorch have no spill; allow on the paper's topologies and explicit ones, the
     # paper's model, Fig. 3)
     ep: int = 1  # expert-parallel group size (MoE models; EP ranks split the data too: dp = xpus / (tp x ep x pp))
+    cp: int = 1  # context-parallel group size: each rank holds sequence / cp tokens (dp = xpus / (tp x cp x ep x pp))
+    cp_algorithm: str = "ring"  # ring (K/V blocks passed around the CP group, beside the attention) | all_to_all
     moe_skew: float = 1.0  # most loaded expert rank's tokens / the mean (1: balanced routing)
     compute_model: str = "peak"  # peak (FLOPs / peak FLOP/s: the paper's) | roofline (hcsim.engine.compute_model)
     compute_factors: str | None = None  # roofline factors YAML; None: platforms/compute-model.yaml
@@ -139,6 +142,7 @@ class Scenario:
         "batch_split": Either((Choice(BATCH_SPLITS), Integers(minimum=1))),
         "trace_xpus": Either((Integer(minimum=0), Choice(TRACE_CHOICES), Texts("XPU names"))),
         "trace_iterations": Optional(Integers(minimum=1), "every iteration"),
+        "cp": Integer(minimum=1), "cp_algorithm": Choice(CP_ALGORITHMS),
         "base": Text(),
     }
 
@@ -174,7 +178,7 @@ class Scenario:
         """Whether the run needs the hybrid-parallel graph (any parallel key beyond the paper's data parallelism)."""
         return self.tp > 1 or self.pp > 1 or self.micro_batch is not None or self.global_batch is not None \
             or self.recompute is not None or self.layer_split is not None or self.zero > 0 or self.offload != "none" \
-            or self.ep > 1
+            or self.ep > 1 or self.cp > 1
 
     def workload_settings(self) -> dict[str, Any]:
         settings = dict(self.workload_overrides)
@@ -340,7 +344,8 @@ def _from_mapping(data: dict, where: str, base: str) -> Scenario:
                                                 default.local_collectives)
     values["iterations"] = fields.number("iterations", default.iterations, kind=int, minimum=1)
     values["trace_xpus"] = _trace_xpus(fields, default.trace_xpus)
-    for key in ("tp", "pp", "virtual_stages", "ep"):
+    values["cp_algorithm"] = fields.choice("cp_algorithm", CP_ALGORITHMS, default.cp_algorithm)
+    for key in ("tp", "pp", "virtual_stages", "ep", "cp"):
         values[key] = fields.number(key, getattr(default, key), kind=int, minimum=1)
     for key in ("dp", "micro_batch", "global_batch"):
         values[key] = fields.number(key, None, kind=int, minimum=1)

@@ -98,7 +98,8 @@ def prepare(scenario: Scenario) -> Prepared:
         except ConfigError as err:
             raise scenario.blame(err, workload_path, "workload") from err
         check_algorithm(scenario, workload_spec, workload_path)
-        sizes = {"tp": scenario.tp, "pp": scenario.pp, "ep": scenario.ep} | ({"dp": scenario.dp} if scenario.dp else {})
+        sizes = {"tp": scenario.tp, "pp": scenario.pp, "ep": scenario.ep, "cp": scenario.cp} \
+            | ({"dp": scenario.dp} if scenario.dp else {})
         try:
             layout = ParallelLayout(xpus, sizes)
         except ConfigError as err:
@@ -343,7 +344,8 @@ def _parallelism(scenario: Scenario, spec, layout, split: tuple[int, ...] | None
                                      sequence_parallel=scenario.sequence_parallel, layer_split=layers,
                                      zero=scenario.zero, offload=scenario.offload,
                                      offload_state=scenario.offload_state, moe_skew=scenario.moe_skew,
-                                     batch_split=split, megatron_comm=scenario.compute_model == "roofline")
+                                     batch_split=split, megatron_comm=scenario.compute_model == "roofline",
+                                     cp_algorithm=scenario.cp_algorithm)
     except ConfigError as err:
         raise ConfigError(f"scenario {scenario.name!r}: {err}") from err
 

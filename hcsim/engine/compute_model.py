@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hcsim.config import REPO_ROOT, Fields, load_yaml
+from hcsim.workload.ops import BACKWARD_SUFFIXES
 from hcsim.errors import ConfigError
 
 __all__ = ["DeviceFactors", "LinkFactors", "ComputeModel", "load_compute_model", "BUILTIN_FACTORS", "COMPUTE_MODELS"]
@@ -45,7 +46,6 @@ BUILTIN_FACTORS = REPO_ROOT / "platforms" / "compute-model.yaml"
 SPLIT_K = (1, 2, 4)  # split-K factors a wave-quantised GEMM may use (cuBLAS splits K when tiles leave SMs idle)
 GEMM_TILE = 128      # output tile edge (elements) of the wave model: cuBLAS / CUTLASS BF16 kernels' 128 x 128 tiles
 PROVENANCES = ("measured", "calibrated", "literature")
-BACKWARD_SUFFIXES = (".bwd", ".dgrad", ".wgrad")  # the kernels autograd's engine launches (hcsim.workload.ops)
 
 
 def gemm_utilization(m: float, n: float, k: float, sms: int, k_half: float, batch: int = 1) -> float:

@@ -54,9 +54,10 @@ from hcsim.workload.memory import stage_memory
 from hcsim.workload.model import RECOMPUTATION
 from hcsim.workload.schedules import Op, check_schedule, stage_order
 from hcsim.workload.spec import WorkloadSpec
-from hcsim.workload.ops import (ADAMW_FUSED_TRAFFIC, BlockOps, Op as Kernel, eager_embedding_ops, eager_head_ops,
+from hcsim.workload.ops import (ADAMW_FUSED_TRAFFIC, BACKWARD_SUFFIXES, BlockOps, Op as Kernel, eager_embedding_ops, eager_head_ops,
                                 eager_layer_ops, megatron_ops, optimizer_step_ops)
-from hcsim.workload.transformer import decoder_layer, embedding, lm_head
+from hcsim.workload.context import check_context, kv_block_bytes
+from hcsim.workload.transformer import Work, decoder_layer, embedding, lm_head
 from hcsim.workload.experts import EXPERT_OPS, routed_elements
 from hcsim.workload.split import check_batch_split
 from hcsim.workload.zero import check_zero_offload, optimizer_step_bytes
@@ -89,9 +90,11 @@ class Parallelism:
     # sequence parallel), TP collectives on NCCL's channel rings (algorithm nccl); False: the paper's ideal
     # model (sends overlap the sender's next pass, every TP rank sends the whole activation, plain rings)
     megatron_comm: bool = False
+    cp: int = 1  # context parallelism (hcsim.workload.context): each rank holds sequence / cp tokens
+    cp_algorithm: str = "ring"  # ring | all_to_all
 
     def __post_init__(self) -> None:
-        for key in ("tp", "pp", "dp", "micro_batch", "global_batch", "virtual_stages", "ep"):
+        for key in ("tp", "pp", "dp", "micro_batch", "global_batch", "virtual_stages", "ep", "cp"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{key}: must be an integer >= 1, got {value!r}")
@@ -143,7 +146,7 @@ class Parallelism:
         micro_batch its batch_per_xpu, global_batch one micro-batch per replica, recompute its recomputation."""
         sizes = layout.sizes
         micro_batch = micro_batch or spec.batch_per_xpu
-        return cls(tp=sizes["tp"], pp=sizes["pp"], dp=sizes["dp"], ep=sizes["ep"], micro_batch=micro_batch,
+        return cls(tp=sizes["tp"], pp=sizes["pp"], dp=sizes["dp"], ep=sizes["ep"], cp=sizes["cp"], micro_batch=micro_batch,
                    global_batch=global_batch or sizes["dp"] * sizes["ep"] * micro_batch,
                    recompute=recompute or spec.recomputation, **keys)
 
@@ -186,8 +189,18 @@ class Parallelism:
         if self.layer_split is not None and (sum(self.layer_split) != model.decoders or min(self.layer_split) < 1):
             raise ConfigError(f"layer_split: {list(self.layer_split)} must be positive and sum to the "
                               f"{model.decoders} decoders of {model.name}")
+        check_context(model, self.cp, self.tp, self.cp_algorithm)
+        if self.cp > 1:
+            refused = [text for text, bad in (("training.attention: standard (context parallelism runs flash "
+                                               "attention, Transformer Engine's)", spec.attention != "flash"),
+                                              ("recompute: selective", self.recompute == "selective"),
+                                              ("schedule: zb-h1", self.schedule == "zb-h1"),
+                                              ("a mixture-of-experts model", model.moe)) if bad]
+            if refused:
+                raise ConfigError(f"cp: {self.cp} is not modelled with {', '.join(refused)}; fix: cp: 1, or "
+                                  f"training.attention: flash, recompute none or full, a dense model")
         if spec.kernels != "megatron":
-            splits = {key: getattr(self, key) for key in ("tp", "pp", "ep", "zero")
+            splits = {key: getattr(self, key) for key in ("tp", "pp", "ep", "zero", "cp")
                       if getattr(self, key) > (0 if key == "zero" else 1)}
             if splits or model.moe:
                 what = ", ".join(f"{key} {value}" for key, value in splits.items()) or "experts"
@@ -214,24 +227,37 @@ class BlockCost:
         return self.input_grad_flops + self.weight_grad_flops
 
 
-def block_costs(spec: WorkloadSpec, micro_batch: int, tp: int, sequence_parallel: bool = False, ep: int = 1
-                ) -> tuple[BlockCost, BlockCost]:
+def cp_layer(spec: WorkloadSpec, micro_batch: int, tp: int, sequence_parallel: bool = False, ep: int = 1,
+             cp: int = 1):
+    """The decoder layer on one rank of a TP group and of a CP group: its s/cp tokens, and cp times the attention
+    core of s/cp tokens (hcsim.workload.context: the causal core of the whole sequence over cp ranks)."""
+    layer = decoder_layer(spec.model, micro_batch=micro_batch, sequence=spec.model.sequence // cp, tp=tp,
+                          sequence_parallel=sequence_parallel, ep=ep, precision=spec.precision,
+                          attention=spec.attention)
+    if cp == 1:
+        return layer
+    scaled = tuple(replace(op, forward=Work(op.forward.flops * cp, op.forward.bytes * cp),
+                           backward_input=Work(op.backward_input.flops * cp, op.backward_input.bytes * cp))
+                   if op.attention_core else op for op in layer.ops)
+    return replace(layer, ops=scaled)
+
+
+def block_costs(spec: WorkloadSpec, micro_batch: int, tp: int, sequence_parallel: bool = False, ep: int = 1,
+                cp: int = 1) -> tuple[BlockCost, BlockCost]:
     """The attention and MLP blocks of one decoder on one TP rank (hcsim.workload.transformer's ops up to
     ``norm_mlp``, and from it); for a mixture-of-experts model the MLP block without the experts
-    (:func:`expert_costs`)."""
-    layer = decoder_layer(spec.model, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel, ep=ep,
-                          precision=spec.precision, attention=spec.attention)
+    (:func:`expert_costs`); on a CP rank (:func:`cp_layer`)."""
+    layer = cp_layer(spec, micro_batch, tp, sequence_parallel, ep, cp)
     split = next(i for i, op in enumerate(layer.ops) if op.name == "norm_mlp")
     return _block(layer.ops[:split]), _block([op for op in layer.ops[split:] if op.name not in EXPERT_OPS])
 
 
-def block_kernels(spec: WorkloadSpec, micro_batch: int, tp: int, sequence_parallel: bool = False, ep: int = 1
-                  ) -> tuple[BlockOps, BlockOps]:
+def block_kernels(spec: WorkloadSpec, micro_batch: int, tp: int, sequence_parallel: bool = False, ep: int = 1,
+                  cp: int = 1) -> tuple[BlockOps, BlockOps]:
     """The kernels Megatron-LM runs for the attention and MLP blocks of :func:`block_costs` (the same ops:
     :func:`hcsim.workload.ops.megatron_ops`); none for a mixture-of-experts MLP block, whose vertices keep
     FLOPs / peak FLOP/s."""
-    layer = decoder_layer(spec.model, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel, ep=ep,
-                          precision=spec.precision, attention=spec.attention)
+    layer = cp_layer(spec, micro_batch, tp, sequence_parallel, ep, cp)
     split = next(i for i, op in enumerate(layer.ops) if op.name == "norm_mlp")
     mlp = BlockOps(forward=(), backward=()) if spec.model.moe else megatron_ops(layer.ops[split:])
     return megatron_ops(layer.ops[:split]), mlp
@@ -295,7 +321,7 @@ class _Builder:
         self._class_xpus: dict = {}
         spec, par = self.spec, self.par
         self.classes = par.replica_classes()
-        self.attn, self.mlp = block_costs(spec, par.micro_batch, par.tp, par.sequence_parallel, par.ep)
+        self.attn, self.mlp = block_costs(spec, par.micro_batch, par.tp, par.sequence_parallel, par.ep, par.cp)
         self.experts = expert_costs(spec, par.micro_batch, par.tp, par.sequence_parallel, par.ep, par.moe_skew)
         # kernels of each block for the engine's roofline model (hcsim.workload.ops; dense blocks only), as the
         # workload's framework launches them
@@ -304,15 +330,17 @@ class _Builder:
         if eager:
             self.attn_ops, self.mlp_ops, _ = eager_layer_ops(spec.model, par.micro_batch, compiled)
         else:
-            self.attn_ops, self.mlp_ops = block_kernels(spec, par.micro_batch, par.tp, par.sequence_parallel, par.ep)
+            self.attn_ops, self.mlp_ops = block_kernels(spec, par.micro_batch, par.tp, par.sequence_parallel, par.ep,
+                                                        par.cp)
         self.balanced = expert_costs(spec, par.micro_batch, par.tp, par.sequence_parallel, par.ep)  # model FLOPs
         self.expert_parameters = self.experts.parameters if self.experts else 0.0  # per TP rank, held
         self.dispatch = routed_elements(spec.model, par.micro_batch, par.tp) * spec.sizes.activation * par.moe_skew
         self.units: dict[int, list[tuple[str, str, float, str]]] = {}  # stage -> (first, last, params, tag)
         self.layers = stage_layers(spec, par)
         model = spec.model
-        self.activation = par.micro_batch * model.sequence * model.hidden * spec.sizes.activation
-        keywords = dict(micro_batch=par.micro_batch, tp=par.tp, sequence_parallel=par.sequence_parallel,
+        self.activation = par.micro_batch * model.sequence // par.cp * model.hidden * spec.sizes.activation
+        keywords = dict(micro_batch=par.micro_batch, sequence=model.sequence // par.cp, tp=par.tp,
+                        sequence_parallel=par.sequence_parallel,
                         precision=spec.precision, attention=spec.attention)
         self.vocabulary = model.vocabulary > 0  # a model without one (tests: uniform stages) has no ends
         self.embedding = embedding(model, **keywords) if self.vocabulary else None
@@ -345,22 +373,22 @@ class _Builder:
         per_rank = self.spec.model.decoders * sum(b.fwd_flops + b.bwd_flops for b in blocks)
         if self.vocabulary:
             per_rank += sum(b.forward.flops + b.backward.flops for b in (self.embedding, self.head))
-        return per_rank * self.par.tp * self.par.micro_batches * self.par.replicas
+        return per_rank * self.par.tp * self.par.cp * self.par.micro_batches * self.par.replicas
 
     def groups(self, axis: str, stage: int, k: int = 0) -> tuple[tuple[str, ...], ...]:
         """The groups of `axis` on `stage`, in ring order; one shared tuple per (axis, stage). Axis
-        "replicas": the XPUs that hold the same dense parameters (the ep x dp ranks with equal tp and cp
+        "replicas": the XPUs that hold the same dense parameters (the cp x ep x dp ranks with equal tp
         coordinates). With an uneven batch_split, `k` keeps the groups of an axis inside a replica (tp, ep) to
         replica class k; the groups across replicas (dp, replicas) are the stage's whatever `k`."""
         inside = axis not in ("dp", "replicas") and self.classes[k][1] is not None
         key = (axis, stage, k) if inside else (axis, stage)
         if key not in self._groups:
             members = set(self.class_xpus(stage, k) if inside else self.layout.stage_xpus(stage))
-            if axis == "replicas" and self.par.ep > 1:
+            if axis == "replicas" and (self.par.ep > 1 or self.par.cp > 1):
                 by_coordinates: dict = {}
                 for x in self.layout.stage_xpus(stage):
                     c = self.layout.coordinates(x)
-                    by_coordinates.setdefault((c["tp"], c["cp"]), []).append(x)
+                    by_coordinates.setdefault(c["tp"], []).append(x)  # the CP ranks hold the same parameters
                 found = tuple(tuple(g) for g in by_coordinates.values())
             else:
                 found = tuple(g for g in self.layout.groups("dp" if axis == "replicas" else axis) if g[0] in members)
@@ -450,10 +478,11 @@ class _Builder:
             add_dependency(self.graph, last, opt)
         for chunk, lasts in sorted(last_of_chunk.items()):
             parts = (("grads", "replicas", "dense"), ("expert_grads", "dp", "experts")) if par.ep > 1 \
-                else (("grads", "dp", "all"),)
+                else (("grads", "replicas", "all"),) if par.cp > 1 else (("grads", "dp", "all"),)
             reduced = []
             for label, axis, kind in parts:
-                if par.dp * (par.ep if axis == "replicas" else 1) == 1 or not self.chunk_parameters(stage, chunk, kind):
+                if par.dp * (par.ep * par.cp if axis == "replicas" else 1) == 1 \
+                        or not self.chunk_parameters(stage, chunk, kind):
                     continue
                 name = f"s{stage}.c{chunk}.{label}"
                 add_comm(self.graph, name, groups=self.groups(axis, stage),
@@ -594,7 +623,10 @@ class _Builder:
                 if par.recompute == "selective":
                     flops, size = flops + block.core_flops, size + block.core_bytes
                     kernels = ops.core + kernels
-                compute(f"L{d}.{label}", flops, size, kernels)
+                if label == "attn" and par.cp > 1:
+                    self.add_cp_attention(compute, chain, stage, f"L{d}", kernels, backward=True, k=k)
+                else:
+                    compute(f"L{d}.{label}", flops, size, kernels)
                 self.add_tp_collective(chain, stage, f"{chain[-1]}.tp", backward=True, k=k)
             unit(mark, decoder, f"L{d}")
         if is_first:
@@ -606,12 +638,56 @@ class _Builder:
 
     def add_decoder_forward(self, compute, chain, stage, label, k: int = 0) -> None:
         for block, ops, name in ((self.attn, self.attn_ops, "attn"), (self.mlp, self.mlp_ops, "mlp")):
-            compute(f"{label}.{name}", block.fwd_flops, block.fwd_bytes, ops.forward)
+            if name == "attn" and self.par.cp > 1:
+                self.add_cp_attention(compute, chain, stage, label, ops.forward, backward=False, k=k)
+            else:
+                compute(f"{label}.{name}", block.fwd_flops, block.fwd_bytes, ops.forward)
             if self.experts and name == "mlp":  # dispatch, experts, combine
                 self.add_all_to_all(chain, stage, f"{chain[-1]}.dispatch")
                 compute(f"{label}.experts", self.experts.fwd_flops, self.experts.fwd_bytes)
                 self.add_all_to_all(chain, stage, f"{chain[-1]}.combine")
             self.add_tp_collective(chain, stage, f"{chain[-1]}.tp", backward=False, k=k)
+
+    def add_cp_attention(self, compute, chain, stage: int, label: str, kernels, backward: bool, k: int = 0) -> None:
+        """The attention block of a context-parallel rank (hcsim.workload.context), forward or backward: the kernels
+        before the attention core, the core, the kernels after it, and the CP group's exchange.
+
+        ring: the core is cp blocks; the K/V blocks (backward: and their gradients) pass around the CP group
+        beside the first cp - 1 and the last waits for them, so the block takes c + (cp - 1)·max(c, t) for a
+        block computation c and a step transfer t. all_to_all: Q, K, V (backward: the output's gradient) go
+        from sequence- to head-split before the core and the output (the Q, K, V gradients) back after it."""
+        par, model, e = self.par, self.spec.model, self.spec.sizes.activation
+        at = [i for i, op in enumerate(kernels) if op.kind == "attention"]
+        before, core, after = kernels[:at[0]], kernels[at[0]:at[-1] + 1], kernels[at[-1] + 1:]
+        groups = self.groups("cp", stage, k)
+        tokens, width = par.micro_batch * model.sequence / par.cp, (model.hidden + 2 * model.kv_hidden) / par.tp
+
+        def part(suffix, ops):
+            compute(f"{label}.attn{suffix}", sum(op.flops for op in ops), sum(op.bytes for op in ops), ops)
+
+        def exchange(suffix, size, collective):
+            vertex = add_comm(self.graph, f"{chain[-1]}.{suffix}", groups=groups, bytes=size, collective=collective,
+                              algorithm=self.ring() if collective != "all_to_all" else "pairwise")
+            self.graph.nodes[vertex].update(phase="cp", stage=stage)
+            return vertex
+
+        part("", before)
+        if par.cp_algorithm == "ring":
+            cp = par.cp
+            blocks = [[op._replace(name=_block_name(op.name, i), flops=op.flops / cp, bytes=op.bytes / cp)
+                       for op in core] for i in range(cp)]
+            kv = exchange("kv", (2 if backward else 1) * cp * kv_block_bytes(model, par.micro_batch, par.tp, cp, e),
+                          "all_gather")  # each step one rank's K, V (and their gradients) to the next
+            add_dependency(self.graph, chain[-1], kv)
+            part(".core", [op for block in blocks[:-1] for op in block])
+            part(".last", blocks[-1])
+            add_dependency(self.graph, kv, chain[-1])
+        else:
+            into, out = (tokens * model.hidden / par.tp * e, tokens * width * e)
+            chain.append(exchange("a2a_in", out if not backward else into, "all_to_all"))
+            part(".core", [op._replace(m=model.sequence, n=op.n // par.cp) for op in core])
+            chain.append(exchange("a2a_out", into if not backward else out, "all_to_all"))
+        part(".post", after)
 
     def add_all_to_all(self, chain: list[str], stage: int, name: str) -> None:
         """An all-to-all of the tokens' activations (or their gradients) over every EP group of the stage."""
@@ -683,6 +759,15 @@ class _Builder:
             add_dependency(self.graph, name, self.following[sender])
 
 
+def _block_name(name: str, index: int) -> str:
+    """A kernel's name with a ring attention block's index, before its backward suffix (".bwd" stays last:
+    the kernel model reads it)."""
+    stem, dot, suffix = name.rpartition(".")
+    if dot and f".{suffix}" in BACKWARD_SUFFIXES:
+        return f"{stem}.block{index}.{suffix}"
+    return f"{name}.block{index}"
+
+
 def build_hybrid_graph(spec: WorkloadSpec, par: Parallelism, layout: ParallelLayout, group_order=None) -> nx.DiGraph:
     """The hybrid-parallel training graph of `spec` split by `par` over `layout` (module docstring).
 
@@ -692,9 +777,9 @@ def build_hybrid_graph(spec: WorkloadSpec, par: Parallelism, layout: ParallelLay
         when the layout's sizes differ from `par`'s or the model cannot be split that way.
     """
     sizes = layout.sizes
-    if (sizes["tp"], sizes["pp"], sizes["dp"], sizes["ep"]) != (par.tp, par.pp, par.dp, par.ep) or sizes["cp"] != 1:
+    if (sizes["tp"], sizes["pp"], sizes["dp"], sizes["ep"], sizes["cp"]) != (par.tp, par.pp, par.dp, par.ep, par.cp):
         raise ConfigError(f"parallel layout: {layout!r} does not match tp {par.tp} x pp {par.pp} x dp {par.dp} x "
-                          f"ep {par.ep}")
+                          f"ep {par.ep} x cp {par.cp}")
     par.check_model(spec)
     return _Builder(spec, par, layout, group_order).build()
 
@@ -724,7 +809,8 @@ def place_hybrid_memory(graph: nx.DiGraph, spec: WorkloadSpec, par: Parallelism,
     from hcsim.workload.placement import Placement, StateBytes, XpuMemory
 
     builder = _Builder(spec, par, layout)
-    keywords = dict(micro_batch=par.micro_batch, tp=par.tp, sequence_parallel=par.sequence_parallel, ep=par.ep,
+    keywords = dict(micro_batch=par.micro_batch, sequence=spec.model.sequence // par.cp, tp=par.tp,
+                    sequence_parallel=par.sequence_parallel, ep=par.ep,
                     precision=spec.precision, attention=spec.attention, optimizer=spec.optimizer,
                     recompute=par.recompute, dp=par.dp, zero_stage=par.zero, kernels=spec.kernels)
 

@@ -163,6 +163,7 @@ def ops_flops(ops) -> float:
 # ---- the kernels a framework launches ----------------------------------------------------------------------
 
 KERNEL_INVENTORIES = ("megatron", "pytorch-eager", "torch-compile")
+BACKWARD_SUFFIXES = (".bwd", ".dgrad", ".wgrad")  # a backward kernel's name ends so (autograd's engine launches it)
 BANDWIDTH_KINDS = ("memory", "reduction")
 ADAMW_FUSED_TRAFFIC = 28.0  # torch.optim.AdamW(fused=True) over FP32 parameters: reads p, g, m, v, writes p, m, v
 RESIDUAL, HALF, MASTER = 4.0, 2.0, 4.0  # eager autocast: FP32 residual stream, BF16 GEMM operands, FP32 weights
