@@ -36,8 +36,8 @@ MAX_COMPONENTS = 4096
 MAX_GLOBAL_BATCH = 10_000_000  # samples per iteration (the largest published runs use a few thousand)
 MAX_SWEEP_POINTS = 100_000  # points of one sweep's grid
 
-# quantity -> (lowest, highest, unit): what a real system can have. A zero passes (where a spec allows it,
-# its own rule says so); a value outside is refused, its range in the message. Units are SI (units.py).
+# quantity -> (lowest, highest, unit): what a real system can have. Zero and negatives pass here (each spec's
+# own rule refuses them where it must); a value > 0 outside is refused, its range in the message. SI units.
 PHYSICAL_RANGES: dict[str, tuple[float, float, str]] = {
     "bandwidth": (1e3, 1e14, "B/s"),      # 1 kB/s (a slow serial link) to 100 TB/s (beyond any HBM)
     "time": (0.0, 1.0, "s"),              # a latency or per-call overhead: 0 to 1 s
@@ -57,9 +57,9 @@ PHYSICAL_RANGES: dict[str, tuple[float, float, str]] = {
 
 def check_range(value: float, quantity: str, where: str, text: object = None) -> str | None:
     """The problem of `value` (of `quantity`, a key of PHYSICAL_RANGES) outside its physical range, as
-    ``WHERE: ...`` (None when inside, zero, or HCSIM_NO_LIMITS is set). `text` is the value as the user wrote it."""
+    ``WHERE: ...`` (None when inside, <= 0, or HCSIM_NO_LIMITS is set). `text` is the value as the user wrote it."""
     low, high, unit = PHYSICAL_RANGES[quantity]
-    if value == 0 or low <= value <= high or os.environ.get("HCSIM_NO_LIMITS"):
+    if value <= 0 or low <= value <= high or os.environ.get("HCSIM_NO_LIMITS"):  # <= 0: the spec's own rule
         return None
     from hcsim.errors import brief
     from hcsim.units import format_quantity
