@@ -45,7 +45,7 @@ GRANULARITIES = ("layer", "decoder")
 RING_ORDERS = ("topology", "interleaved")
 # Old key -> new key: read with a warning, so older scenario and experiment files keep working.
 RENAMED_KEYS = {"fidelity": "granularity", "collective_fidelity": "collective_model", "xpu_fidelity": "xpu_sampling"}
-TRACE_CHOICES = ("per-device", "per-class")
+TRACE_CHOICES = ("per-stage", "per-device", "per-class")
 SPILLS = ("error", "allow")  # what a stage whose state does not fit in local memory does (Scenario.spill)
 
 
@@ -106,9 +106,9 @@ class Scenario:
     moe_skew: float = 1.0  # most loaded expert rank's tokens / the mean (1: balanced routing)
     compute_model: str = "peak"  # peak (FLOPs / peak FLOP/s: the paper's) | roofline (hcsim.engine.compute_model)
     compute_factors: str | None = None  # roofline factors YAML; None: platforms/compute-model.yaml
-    trace_xpus: int | str | tuple[str, ...] = 8  # with an output folder: trace the first N XPUs (0: none),
-    # a list of XPU names, per-device (the first XPU of each device type) or per-class (each class's
-    # representative, with xpu_sampling: representative)
+    trace_xpus: int | str | tuple[str, ...] = "per-stage"  # with an output folder: per-stage (the first XPU of
+    # each pipeline stage and device type), per-device (the first XPU of each device type), per-class (each
+    # class's representative, with xpu_sampling: representative), a list of XPU names, or the first N (0: none)
     trace_iterations: tuple[int, ...] | None = None  # None: every iteration
     base: str = "."  # folder that relative spec paths are relative to
 
@@ -420,7 +420,7 @@ def _ring_order(fields: Fields) -> str | tuple[str, ...]:
     return "topology"
 
 
-def _trace_xpus(fields: Fields, default: int) -> int | str | tuple[str, ...]:
+def _trace_xpus(fields: Fields, default: int | str) -> int | str | tuple[str, ...]:
     value = fields.raw("trace_xpus")
     if value is None:
         return default

@@ -567,10 +567,11 @@ def traced_xpus(prepared: Prepared) -> frozenset[str] | str | None:
     wanted = prepared.scenario.trace_xpus
     if wanted == "per-class":
         return wanted
-    if wanted == "per-device":
-        first: dict[str, str] = {}
+    if wanted in ("per-device", "per-stage"):
+        stage = _stage_of(prepared) if wanted == "per-stage" else {}
+        first: dict[tuple, str] = {}
         for x in prepared.xpus:
-            first.setdefault(prepared.platform.nodes[x]["device"], x)
+            first.setdefault((stage.get(x, 0), prepared.platform.nodes[x]["device"]), x)
         return frozenset(first.values())
     if isinstance(wanted, int):
         return frozenset(prepared.xpus[:wanted]) or None
@@ -590,6 +591,17 @@ def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float) -> dic
     iteration_time = sum(steady) / len(steady)
     scenario, graph = prepared.scenario, prepared.workload.graph
     if not iteration_time > 0:  # no throughput to report: every vertex has no work
+def _stage_of(prepared: Prepared) -> dict[str, int]:
+    """Each XPU's pipeline stage ({} without pipeline parallelism)."""
+    sizes = (prepared.workload.graph.get("layout") or {}).get("sizes", {})
+    if sizes.get("pp", 1) == 1:
+        return {}
+    from hcsim.workload.layout import ParallelLayout
+
+    layout = ParallelLayout(prepared.xpus, sizes, prepared.workload.graph["layout"]["order"])
+    return {x: s for s in range(sizes["pp"]) for x in layout.stage_xpus(s)}
+
+
         raise WorkloadError(f"scenario {scenario.name!r}: workload {brief(graph.get('name', '?'))}: an iteration "
                             f"takes 0 s (no vertex has flops, bytes or a duration > 0); give its vertices their work")
     per_xpu = per_xpu_times(outcome.xpu_times)
@@ -847,19 +859,35 @@ def write_outputs(out: Path, result: dict, outcome, platform: nx.Graph, workload
         writers = (("trace.csv", trace.write_csv), ("trace.json", lambda p: trace.write_perfetto(p, platform, workload)))
         for name, writer in writers:
             temporary = out / f".{name}.partial"
-            writer(temporary)
+            sizes[name] = writer(temporary)
             os.replace(temporary, out / name)
     atomic_write(out / "result.json", json.dumps(result, indent=2) + "\n")
 
 
 def _child(scenario: Scenario, out: str | None) -> dict[str, Any]:
+        sizes = {}
     return run_here(scenario, Path(out) if out else None)
 
 
 def simulate(scenario: Scenario, out: Path | str | None = None) -> dict[str, Any]:
+        _warn_of_a_large_trace(out / "trace.json", sizes["trace.json"], trace, result)
     """Run `scenario` in a fresh process and return its result record (the Python API).
 
     The process is spawned: it imports the calling script again, so a script
+def _warn_of_a_large_trace(path: Path, size: int, trace, result: dict) -> None:
+    """Warn when trace.json is beyond what Perfetto's web UI opens briskly, saying how to narrow it."""
+    from hcsim.engine.trace import TRACE_WARN_BYTES
+
+    if size <= TRACE_WARN_BYTES:
+        return
+    traced = sorted(trace.xpus, key=lambda x: (len(x), x))
+    iterations = sorted(trace.iterations) if trace.iterations else list(range(1, len(result["iteration_times_s"]) + 1))
+    log.warning("%s: %.0f MB (%d XPUs traced over %d iterations), more than Perfetto's web UI opens briskly "
+                "(~%.0f MB). Narrow it with trace_xpus (e.g. --set 'trace_xpus=[%s]'), trace_iterations (e.g. "
+                "--set 'trace_iterations=[%d]') or trace_xpus=0 for no trace", path, size / 1e6, len(traced),
+                len(iterations), TRACE_WARN_BYTES / 1e6, traced[0] if traced else "xpu0", iterations[-1])
+
+
     must call this under ``if __name__ == "__main__":`` (checked here).
 
     Raises

@@ -235,7 +235,7 @@ def test_named_trace_xpus_are_traced_and_followers_get_their_memory_track(mixed_
         assert {r["xpu"] for r in csv.DictReader(handle)} == {"xpu2", "xpu9"}
     events = json.loads((out / "trace.json").read_text())["traceEvents"]
     tracks = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
-    assert {"xpu2", "xpu2 memory", "xpu9", "xpu9 memory"} <= tracks  # xpu2 and xpu9 follow a representative
+    assert {"xpu2 compute", "xpu2 memory", "xpu9 compute", "xpu9 memory"} <= tracks  # they follow a representative
     memory = [e for e in events if e["ph"] == "X" and e["cat"] == "memory-traffic"]
     assert {e["args"]["dst"] for e in memory} == {"xpu2", "xpu9"}
     assert all(e["args"]["src"].startswith(e["args"]["dst"] + ".") for e in memory)  # from their own memories
