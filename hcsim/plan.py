@@ -56,9 +56,11 @@ from hcsim.workload.split import largest_remainder
 from hcsim.workload.transformer import decoder_layer, embedding, lm_head
 from hcsim.workload.zero import ZERO_STAGES, optimizer_step_bytes
 
-__all__ = ["Candidate", "candidates", "fits", "zero2_twins", "estimate", "rank_correlation"]
+__all__ = ["Candidate", "candidates", "fits", "stage_needs", "zero2_twins", "estimate", "rank_correlation",
+           "MIN_RANKED_FOR_CORRELATION"]
 
 MICRO_BATCHES = (1, 2, 4, 8)
+MIN_RANKED_FOR_CORRELATION = 5  # below 5 pairs Spearman's rho takes so few values that it says little
 RECOMPUTES = ("none", "selective", "full")
 
 
@@ -82,6 +84,17 @@ class Candidate:
         if self.batch != "even":
             keys["batch_split"] = self.batch  # resolved by the run with the rule the counts here follow
         return keys
+
+    def columns(self) -> dict:
+        """One column per setting, as plan.csv writes them: tp, pp, dp, cp, ep, micro_batch, schedule,
+        virtual_stages, recompute, zero, offload, layer_split ("even" or the decoders per stage joined with
+        "+"), batch_split ("even" or "proportional")."""
+        par = self.parallelism
+        return {"tp": par.tp, "pp": par.pp, "dp": par.dp, "cp": par.cp, "ep": par.ep, "micro_batch": par.micro_batch,
+                "micro_batches": par.micro_batches, "schedule": par.schedule, "virtual_stages": par.virtual_stages,
+                "recompute": par.recompute, "zero": par.zero, "offload": par.offload,
+                "layer_split": "+".join(map(str, par.layer_split)) if par.layer_split else "even",
+                "batch_split": self.batch}
 
     def label(self) -> str:
         par = self.parallelism
@@ -225,10 +238,24 @@ def fits(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus: lis
     A stage's XPU holds :func:`~hcsim.workload.memory.stage_memory` (model state sharded over its DP group by
     the ZeRO stage, activations of the micro-batches in flight) and with ZeRO-3 two gathered units (the one
     running and the next: twice the largest unit's weights), as the engine places them."""
+    nodes = platform.nodes
+    for stage, need, smallest in stage_needs(spec, candidate, platform, xpus):
+        shortfall = out_of_memory(stage, need, nodes[nodes[smallest]["local_memory"]]["capacity"],
+                                  nodes[smallest]["device"])
+        if shortfall:
+            return f"{shortfall}, at ZeRO stage {candidate.parallelism.zero}"
+    return None
+
+
+def stage_needs(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus: list[str]
+                ) -> list[tuple[int, float, str]]:
+    """Per pipeline stage: (stage, bytes each of its XPUs holds, its XPU with the least local memory), as
+    :func:`fits` counts them."""
     par = candidate.parallelism
     layout = cluster_layout(xpus, par)
     layers = stage_layers(spec, par)
     nodes = platform.nodes
+    needs = []
     for stage in range(par.pp):
         first, last = stage == 0, stage == par.pp - 1
         most = max(par.batch_split) if par.batch_split else par.micro_batches  # the replica that holds most
@@ -240,11 +267,8 @@ def fits(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus: lis
         if par.zero == 3 and par.dp > 1:
             need += 2 * max(_unit_parameters(spec, par.tp, first, last)) * spec.sizes.weight
         smallest = min(layout.stage_xpus(stage), key=lambda x: nodes[nodes[x]["local_memory"]]["capacity"])
-        shortfall = out_of_memory(stage, need, nodes[nodes[smallest]["local_memory"]]["capacity"],
-                                  nodes[smallest]["device"])
-        if shortfall:
-            return f"{shortfall}, at ZeRO stage {par.zero}"
-    return None
+        needs.append((stage, need, smallest))
+    return needs
 
 
 @lru_cache(maxsize=4096)

@@ -329,23 +329,29 @@ def _xpu_bars(rows: list[dict[str, Any]], most: int) -> list[tuple[str, dict[str
     return bars
 
 
-def plot_plans(rows: list[dict[str, Any]], path: Path) -> None:
-    """Bars of simulated iteration time per plan (best first), the closed-form estimate as a marker."""
+def plot_plans(rows: list[dict[str, Any]], path: Path, title: str = "") -> None:
+    """Bars of simulated iteration time per plan (best first), the closed-form estimate as a marker; `title`
+    names the model and cluster."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     done = [r for r in rows if r["simulated_s"] is not None]
-    fig, ax = plt.subplots(figsize=(9, 0.45 * len(done) + 1.5))
+    fig, ax = plt.subplots(figsize=(10, 0.4 * len(done) + 2.0))
     positions = range(len(done))
-    ax.barh(positions, [r["simulated_s"] for r in done], color="#4c72b0", label="simulated (contention)")
-    ax.plot([r["estimated_s"] for r in done], positions, "k|", markersize=14, label="closed-form estimate")
-    ax.set_yticks(list(positions), [r["plan"] for r in done], fontsize=8)
+    ax.barh(positions, [r["simulated_s"] for r in done], color="#4c72b0", label="simulated (with contention)")
+    ax.plot([r["estimated_s"] for r in done], positions, "k|", markersize=14, markeredgewidth=2,
+            label="closed-form estimate")
+    ax.set_yticks(list(positions), [f"#{r['rank']} {r['plan']}" for r in done], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("Iteration time (s)")
-    ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=2, fontsize=8, frameon=False)
-    fig.suptitle("hcsim plan: best configurations, fastest first", fontsize=10)
+    ax.set_ylim(len(done) - 0.5 + 0.9, -0.5)  # room below the last bar for the legend, inside the axes
+    ax.set_ylabel("Plan (#: rank by the estimate)")
+    ax.legend(loc="lower right", fontsize=8, framealpha=0.9)
+    failed = len(rows) - len(done)
+    ax.set_title((f"hcsim plan: {title}" if title else "hcsim plan") + "\nsimulated plans, fastest first"
+                 + (f" ({failed} failed, not shown)" if failed else ""), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -104,9 +104,35 @@ def test_plan_runs_end_to_end_on_a_mixed_cluster(tmp_path):
                            "16", "--devices", "H100,A100", "--set", "platform_overrides.rack.servers=1", "--top", "3",
                            "--jobs", "2", "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "fit in local memory" in done.stdout and "rank correlation" in done.stdout
-    rows = (tmp_path / "plan.csv").read_text().splitlines()
-    assert len(rows) == 4 and (tmp_path / "plan.png").stat().st_size > 0
+    assert "fit in local memory" in done.stdout
+    assert "not meaningful with 3 simulated plans (it needs 5" in done.stdout and "Spearman" not in done.stdout
+    rows = list(csv.DictReader((tmp_path / "plan.csv").open()))
+    enumerated = int(done.stdout.split(" configurations")[0].split()[-1])
+    assert len(rows) == enumerated and (tmp_path / "plan.png").stat().st_size > 0  # every candidate, not the top 3
+    for column in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "virtual_stages", "zero", "estimated_s",
+                   "estimated_memory_gb"):
+        assert all(float(r[column]) >= 0 for r in rows), column  # numbers, never blank or prose
+    assert {r["schedule"] for r in rows} <= {"1f1b", "zb-h1", "interleaved"}
+    assert {r["fits"] for r in rows} == {"True", "False"}
+    assert all((r["fit_reason"] == "") == (r["fits"] == "True" and r["rank"] != "") for r in rows)
+    simulated = [r for r in rows if r["simulated"] == "True"]
+    assert [int(r["rank"]) for r in simulated] == [1, 2, 3]
+    for row in simulated:  # each simulated plan's scenario runs as it is and gives the simulated time
+        assert row["plan"] in done.stdout  # its description in full in the terminal
+        run = subprocess.run([sys.executable, "-m", "hcsim.cli", "simulate", str(tmp_path / row["scenario"]),
+                              "--json"], capture_output=True, text=True, timeout=900, cwd=tmp_path)
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert json.loads(run.stdout)["iteration_time_s"] == pytest.approx(float(row["simulated_s"]), rel=1e-9)
+
+
+def test_plan_refuses_a_table_costed_workload_before_enumerating_and_names_its_shape_twin():
+    done = subprocess.run([sys.executable, "-m", "hcsim.cli", "plan", "llama2-13b", "--platform", "paper-cxl",
+                           "--xpus", "256", "--global-batch", "512", "--devices", "H100,A100"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "configurations" not in done.stdout
+    assert "costs: table" in done.stderr
+    assert ("hcsim plan llama2-13b-shape --platform paper-cxl --xpus 256 --global-batch 512 --devices H100,A100"
+            in done.stderr) and "--set precision=fp32" in done.stderr
 
 
 # --- ZeRO stages ------------------------------------------------------------------------------------------
@@ -253,7 +279,7 @@ def test_plan_simulates_on_a_dask_cluster(tmp_path):
                                "platform_overrides.rack.servers=1", "--top", "2", "--executor", f"dask://{address}",
                                "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
-    rows = list(csv.DictReader((tmp_path / "plan.csv").open()))
+    rows = [r for r in csv.DictReader((tmp_path / "plan.csv").open()) if r["simulated"] == "True"]
     assert len(rows) == 2 and all(float(r["simulated_s"]) > 0 for r in rows)
 
 

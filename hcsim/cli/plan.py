@@ -45,7 +45,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from hcsim.plan import candidates, estimate, fits, rank_correlation, zero2_twins
+    from hcsim.plan import MIN_RANKED_FOR_CORRELATION, candidates, estimate, fits, rank_correlation, zero2_twins
     from hcsim.scenario import load_scenario
 
     from hcsim.limits import MAX_GLOBAL_BATCH, check_limit
@@ -67,14 +67,14 @@ def run(args) -> int:
         base["devices"] = devices
     scenario = load_scenario(None, {**base, **_settings(args.settings)})
     platform, xpus, spec = _cluster(scenario)
+    _check_costs(spec, args)
     mixed = devices and len(set(devices)) > 1
     stages = _speeds(platform, xpus, spec.precision, "pp") if mixed else None
     replicas = _speeds(platform, xpus, spec.precision, "dp") if mixed else None
     found = candidates(spec, xpus, args.global_batch, _server_size(platform, xpus), stages, replica_speeds=replicas)
     reasons = {c: _too_large(spec, c) or fits(spec, c, platform, xpus) for c in found}
     fitting = [c for c, reason in reasons.items() if reason is None]
-    print(f"{len(found)} configurations of {spec.model.name} on {len(xpus)} XPUs "
-          f"({', '.join(f'{n} {d}' for d, n in Counter(platform.nodes[x]['device'] for x in xpus).items())}), "
+    print(f"{len(found)} configurations of {spec.model.name} on {len(xpus)} XPUs ({_cluster_words(platform, xpus)}), "
           f"global batch {args.global_batch}: {len(fitting)} fit in local memory")
     for reason, count in Counter(_kind(r) for r in reasons.values() if r).most_common():
         print(f"  {count} do not fit: {reason}")
@@ -91,23 +91,81 @@ def run(args) -> int:
         fitting = [c for c in fitting if c not in twins]
         print(f"  {len(twins)} fitting at ZeRO stage 2 not ranked: the same plan fits at stage 1, which runs the "
               f"same communication and step (stage 2 saves memory only)")
-    ranked = sorted(((estimate(spec, c, platform, xpus), c) for c in fitting), key=lambda e: e[0])[: args.top]
+    estimates = {c: estimate(spec, c, platform, xpus) for c in found}
+    order = sorted(fitting, key=lambda c: estimates[c])
+    ranked = [(estimates[c], c) for c in order[: args.top]]
     results = _simulate(scenario, ranked, args.jobs, args.executor, args.timeout)
     rows = _rows(ranked, results, args.global_batch)
     print(_table(rows))
     done = [r for r in rows if r["simulated_s"] is not None]
-    if len(done) > 1:
+    if len(done) >= MIN_RANKED_FOR_CORRELATION:
         rho = rank_correlation([r["estimated_s"] for r in done], [r["simulated_s"] for r in done])
-        print(f"rank correlation (Spearman) of estimated and simulated iteration times: {rho:.2f}")
+        print(f"rank correlation (Spearman) of estimated and simulated iteration times over {len(done)} plans: "
+              f"{rho:.2f}")
+    else:
+        print(f"rank correlation of estimated and simulated times: not meaningful with {len(done)} simulated "
+              f"plan{'s' if len(done) != 1 else ''} (it needs {MIN_RANKED_FOR_CORRELATION}; simulate more with "
+              f"--top)")
     if args.out:
+        table = _candidate_rows(scenario, spec, platform, xpus, found, reasons, twins, order, estimates, rows)
+        title = (f"{spec.model.name} on {len(xpus)} XPUs ({_cluster_words(platform, xpus)}, {args.platform}), "
+                 f"global batch {args.global_batch}")
         try:
-            _write(Path(args.out), rows)
+            _write(Path(args.out), scenario, ranked, rows, table, title)
         except OSError as err:
             from hcsim.errors import OutputError
 
-            raise OutputError(f"--out {args.out}: could not write plan.csv or plan.png ({err.strerror or err}); "
-                              f"the table above is the result") from None
+            raise OutputError(f"--out {args.out}: could not write plan.csv, plan.png or the scenarios "
+                              f"({err.strerror or err}); the table above is the result") from None
     return 0
+
+
+def _check_costs(spec, args) -> None:
+    """Refuse, before enumerating, a workload whose costs come from a table: a plan is simulated with hybrid
+    parallelism, which derives each rank's costs from the model shape; name the built-in spec of the same
+    model with costs from its shape, if there is one, in the command to run."""
+    if spec.costs != "table":
+        return
+    twins = _shape_twins(spec)
+    if twins:
+        from hcsim.workload import load_workload_spec
+        from hcsim.config import resolve_spec
+
+        twin = load_workload_spec(resolve_spec(twins[0], "workloads"))
+        words = [arg if arg != args.model else twins[0] for arg in sys.argv[sys.argv.index("plan") + 1:]] \
+            if "plan" in sys.argv and args.model in sys.argv else [twins[0], "..."]
+        fix = f"plan its shape twin instead: hcsim plan {' '.join(words)}"
+        if twin.precision != spec.precision:
+            fix += (f" (the twin trains in {twin.precision}, {args.model} in {spec.precision}: add --set "
+                    f"precision={spec.precision} to keep {spec.precision})")
+    else:
+        fix = "copy the spec, set costs: shape and plan that"
+    raise ConfigError(f"plan {args.model}: workload {spec.name!r} takes its costs from a table (costs: table), "
+                      f"which only runs data parallel; a plan's tensor and pipeline splits derive each rank's costs "
+                      f"from the model shape. Fix: {fix}")
+
+
+def _shape_twins(spec) -> list[str]:
+    """The built-in workload specs of `spec`'s model (same name and shape) whose costs come from the shape."""
+    from hcsim.config import REPO_ROOT
+    from hcsim.errors import HcsimError
+    from hcsim.workload import load_workload_spec
+
+    found = []
+    for path in sorted((REPO_ROOT / "workloads").glob("*.yaml")):
+        try:
+            other = load_workload_spec(path)
+        except (HcsimError, OSError, AttributeError):  # a serving or another kind of spec
+            continue
+        model = getattr(other, "model", None)
+        if other.costs == "shape" and model is not None and (model.name, model.decoders, model.hidden) == (
+                spec.model.name, spec.model.decoders, spec.model.hidden):
+            found.append(path.stem)
+    return found
+
+
+def _cluster_words(platform, xpus) -> str:
+    return ", ".join(f"{n} {d}" for d, n in Counter(platform.nodes[x]["device"] for x in xpus).items())
 
 
 def _settings(items: list[str]) -> dict:
@@ -214,11 +272,12 @@ def _typed(settings: dict) -> dict:
 
 
 def _rows(ranked, results, global_batch: int) -> list[dict]:
+    """The simulated plans, fastest first: rank (by the estimate), plan, estimate, simulated results."""
     rows = []
-    for (estimated, candidate), result in zip(ranked, results):
-        row = {"plan": candidate.label(), "estimated_s": estimated, "simulated_s": None, "samples_per_s": None,
-               "mfu": None, "memory_gb": None, "bottleneck": result.get("error", ""),
-               "simulation_wall_s": result.get("wall_time_s")}
+    for rank, ((estimated, candidate), result) in enumerate(zip(ranked, results), 1):
+        row = {"rank": rank, "plan": candidate.label(), "estimated_s": estimated, "simulated_s": None,
+               "samples_per_s": None, "mfu": None, "memory_gb": None, "bottleneck": "",
+               "error": result.get("error", ""), "simulation_wall_s": result.get("wall_time_s")}
         if "error" not in result:
             times = result["breakdown"]
             slowest = max(times.values(), key=lambda t: t["compute_s"] + t["memory_stall_s"])
@@ -229,29 +288,111 @@ def _rows(ranked, results, global_batch: int) -> list[dict]:
                        bottleneck=f"{part.removesuffix('_s').replace('_', ' ')}; busiest {kind} link "
                                   f"{busiest['utilization']:.0%}")
         rows.append(row)
-    return sorted(rows, key=lambda r: (r["simulated_s"] is None, r["simulated_s"] or 0.0))
+    return sorted(rows, key=lambda r: (r["simulated_s"] is None, r["simulated_s"] or 0.0, r["rank"]))
 
 
 def _table(rows: list[dict]) -> str:
-    lines = [f"{'#':>2}  {'plan':<58} {'estimated':>9} {'simulated':>9} {'samples/s':>9} {'MFU':>6} {'GB/XPU':>6}  "
-             "bottleneck"]
+    """The simulated plans as printed: every plan in full (the column as wide as the longest), the failed
+    ones with their error."""
+    width = max([len("plan")] + [len(r["plan"]) for r in rows])
+    lines = [f"{'#':>2}  {'rank':>4}  {'plan':<{width}} {'estimated':>9} {'simulated':>9} {'samples/s':>9} "
+             f"{'MFU':>6} {'GB/XPU':>6}  bottleneck"]
     for i, r in enumerate(rows, 1):
-        sim = f"{r['simulated_s']:.3f} s" if r["simulated_s"] is not None else "failed"
-        lines.append(f"{i:>2}  {r['plan'][:58]:<58} {r['estimated_s']:>7.3f} s {sim:>9} "
-                     f"{(r['samples_per_s'] or 0):>9.2f} {(r['mfu'] or 0):>6.1%} {(r['memory_gb'] or 0):>6.1f}  "
-                     f"{r['bottleneck']}")
+        if r["simulated_s"] is None:
+            lines.append(f"{i:>2}  {r['rank']:>4}  {r['plan']:<{width}} {r['estimated_s']:>7.3f} s {'failed':>9}  "
+                         f"{r['error']}")
+            continue
+        lines.append(f"{i:>2}  {r['rank']:>4}  {r['plan']:<{width}} {r['estimated_s']:>7.3f} s "
+                     f"{r['simulated_s']:>7.3f} s {r['samples_per_s']:>9.2f} {(r['mfu'] or 0):>6.1%} "
+                     f"{r['memory_gb']:>6.1f}  {r['bottleneck']}")
+    lines.append("(#: simulated, fastest first; rank: by the closed-form estimate, as in plan.csv)")
     return "\n".join(lines)
 
 
-def _write(out: Path, rows: list[dict]) -> None:
+PLAN_COLUMNS = ("rank", "tp", "pp", "dp", "cp", "ep", "micro_batch", "micro_batches", "global_batch", "schedule",
+                "virtual_stages", "recompute", "zero", "offload", "layer_split", "batch_split", "estimated_s",
+                "estimated_memory_gb", "fits", "fit_reason", "simulated", "simulated_s", "samples_per_s", "mfu",
+                "memory_gb", "bottleneck", "error", "scenario", "plan")
+
+
+def _candidate_rows(scenario, spec, platform, xpus, found, reasons, twins, order, estimates, simulated) -> list[dict]:
+    """A row of plan.csv (PLAN_COLUMNS) per enumerated candidate: the ranked ones in estimate order, then those
+    left out (ZeRO-2 twins, then those that do not fit). Numbers or blank; fits and simulated True or False."""
+    from hcsim.plan import stage_needs
+
+    by_rank = {r["rank"]: r for r in simulated}
+    rank_of = {c: i for i, c in enumerate(order, 1)}
+    rows = []
+    for candidate in [*order, *sorted(twins, key=estimates.get), *(c for c in found if reasons[c] is not None)]:
+        rank = rank_of.get(candidate)
+        sim = by_rank.get(rank, {}) if rank is not None else {}
+        need = max(n for _, n, _ in stage_needs(spec, candidate, platform, xpus))
+        reason = reasons[candidate] or ("not ranked: the same plan at ZeRO stage 1 fits and runs the same "
+                                        "communication and step" if candidate in twins else "")
+        rows.append({"rank": rank, **candidate.columns(), "cp": scenario.cp, "ep": scenario.ep,
+                     "offload": scenario.offload, "global_batch": candidate.parallelism.global_batch,
+                     "estimated_s": estimates[candidate], "estimated_memory_gb": need / 1e9,
+                     "fits": reasons[candidate] is None, "fit_reason": reason, "simulated": bool(sim),
+                     "simulated_s": sim.get("simulated_s"), "samples_per_s": sim.get("samples_per_s"),
+                     "mfu": sim.get("mfu"), "memory_gb": sim.get("memory_gb"), "bottleneck": sim.get("bottleneck"),
+                     "error": sim.get("error"), "scenario": _scenario_file(rank) if sim else None,
+                     "plan": candidate.label()})
+    return rows
+
+
+def _scenario_file(rank: int) -> str:
+    return f"scenarios/rank-{rank:03d}.yaml"
+
+
+def scenario_yaml(scenario, settings: dict, name: str) -> str:
+    """A scenario YAML that `hcsim simulate` runs as it is: the keys `scenario` sets (with `settings` applied)
+    other than their defaults, quantities with their units, and spec files as absolute paths (built-in specs
+    by name)."""
+    import dataclasses
+
+    import yaml
+
+    from hcsim.config import REPO_ROOT, resolve_spec
+    from hcsim.scenario import Scenario
+
+    scenario = dataclasses.replace(scenario, name=name, **_typed(settings))
+    defaults = Scenario(name=name).to_dict()
+    data = {}
+    for f in dataclasses.fields(Scenario):
+        value = scenario.to_dict()[f.name]
+        if f.name == "base" or (value == defaults[f.name] and f.name != "name"):
+            continue
+        if f.name in ("platform", "workload"):
+            folder = f"{f.name}s"
+            path = resolve_spec(value, folder, Path(scenario.base))
+            value = path.stem if path.parent == REPO_ROOT / folder and path.stem == value else str(path)
+        unit = f.metadata.get("unit")
+        if unit and value is not None:
+            value = f"{value!r}{unit}"
+        data[f.name] = value
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
+
+
+def _write(out: Path, scenario, ranked, rows: list[dict], table: list[dict], title: str) -> None:
+    """plan.csv (every candidate), plan.png (the simulated ones) and scenarios/rank-NNN.yaml (one per simulated
+    plan); scenarios of an earlier plan in `out` are removed first, so none is left beside these."""
     from hcsim.plotting import plot_plans
     from hcsim.simulation import atomic_write
 
     out.mkdir(parents=True, exist_ok=True)
-    table = io.StringIO()
-    writer = csv.DictWriter(table, fieldnames=list(rows[0]), lineterminator="\n")
+    folder = out / "scenarios"
+    folder.mkdir(exist_ok=True)
+    for old in folder.glob("rank-*.yaml"):
+        old.unlink()
+    for rank, (_, candidate) in enumerate(ranked, 1):
+        head = f"# hcsim plan, rank {rank} by the closed-form estimate: {candidate.label()}\n"
+        atomic_write(folder / f"rank-{rank:03d}.yaml",
+                     head + scenario_yaml(scenario, candidate.settings(), f"plan-rank-{rank}"))
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=list(PLAN_COLUMNS), lineterminator="\n")
     writer.writeheader()
-    writer.writerows(rows)
-    atomic_write(out / "plan.csv", table.getvalue())
-    plot_plans(rows, out / "plan.png")
-    print(f"wrote {out}/plan.csv, plan.png")
+    writer.writerows({k: "" if v is None else v for k, v in row.items()} for row in table)
+    atomic_write(out / "plan.csv", text.getvalue())
+    plot_plans(rows, out / "plan.png", title)
+    print(f"wrote {out}/plan.csv ({len(table)} configurations), plan.png, scenarios/rank-NNN.yaml (one per "
+          f"simulated plan: hcsim simulate {folder}/rank-{rows[0]['rank']:03d}.yaml runs the fastest)")
