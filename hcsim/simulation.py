@@ -583,14 +583,6 @@ def traced_xpus(prepared: Prepared) -> frozenset[str] | str | None:
     return frozenset(wanted) or None
 
 
-def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float) -> dict[str, Any]:
-    """The result record of a run: throughput, breakdown, counts, provenance."""
-    ends = outcome.iteration_ends
-    times = [b - a for a, b in zip([0.0] + ends, ends)]
-    steady = times[1:] if len(times) > 1 else times
-    iteration_time = sum(steady) / len(steady)
-    scenario, graph = prepared.scenario, prepared.workload.graph
-    if not iteration_time > 0:  # no throughput to report: every vertex has no work
 def _stage_of(prepared: Prepared) -> dict[str, int]:
     """Each XPU's pipeline stage ({} without pipeline parallelism)."""
     sizes = (prepared.workload.graph.get("layout") or {}).get("sizes", {})
@@ -602,6 +594,14 @@ def _stage_of(prepared: Prepared) -> dict[str, int]:
     return {x: s for s in range(sizes["pp"]) for x in layout.stage_xpus(s)}
 
 
+def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float) -> dict[str, Any]:
+    """The result record of a run: throughput, breakdown, counts, provenance."""
+    ends = outcome.iteration_ends
+    times = [b - a for a, b in zip([0.0] + ends, ends)]
+    steady = times[1:] if len(times) > 1 else times
+    iteration_time = sum(steady) / len(steady)
+    scenario, graph = prepared.scenario, prepared.workload.graph
+    if not iteration_time > 0:  # no throughput to report: every vertex has no work
         raise WorkloadError(f"scenario {scenario.name!r}: workload {brief(graph.get('name', '?'))}: an iteration "
                             f"takes 0 s (no vertex has flops, bytes or a duration > 0); give its vertices their work")
     per_xpu = per_xpu_times(outcome.xpu_times)
@@ -857,23 +857,15 @@ def write_outputs(out: Path, result: dict, outcome, platform: nx.Graph, workload
     trace = outcome.trace
     if trace is not None:
         writers = (("trace.csv", trace.write_csv), ("trace.json", lambda p: trace.write_perfetto(p, platform, workload)))
+        sizes = {}
         for name, writer in writers:
             temporary = out / f".{name}.partial"
             sizes[name] = writer(temporary)
             os.replace(temporary, out / name)
+        _warn_of_a_large_trace(out / "trace.json", sizes["trace.json"], trace, result)
     atomic_write(out / "result.json", json.dumps(result, indent=2) + "\n")
 
 
-def _child(scenario: Scenario, out: str | None) -> dict[str, Any]:
-        sizes = {}
-    return run_here(scenario, Path(out) if out else None)
-
-
-def simulate(scenario: Scenario, out: Path | str | None = None) -> dict[str, Any]:
-        _warn_of_a_large_trace(out / "trace.json", sizes["trace.json"], trace, result)
-    """Run `scenario` in a fresh process and return its result record (the Python API).
-
-    The process is spawned: it imports the calling script again, so a script
 def _warn_of_a_large_trace(path: Path, size: int, trace, result: dict) -> None:
     """Warn when trace.json is beyond what Perfetto's web UI opens briskly, saying how to narrow it."""
     from hcsim.engine.trace import TRACE_WARN_BYTES
@@ -888,6 +880,14 @@ def _warn_of_a_large_trace(path: Path, size: int, trace, result: dict) -> None:
                 len(iterations), TRACE_WARN_BYTES / 1e6, traced[0] if traced else "xpu0", iterations[-1])
 
 
+def _child(scenario: Scenario, out: str | None) -> dict[str, Any]:
+    return run_here(scenario, Path(out) if out else None)
+
+
+def simulate(scenario: Scenario, out: Path | str | None = None) -> dict[str, Any]:
+    """Run `scenario` in a fresh process and return its result record (the Python API).
+
+    The process is spawned: it imports the calling script again, so a script
     must call this under ``if __name__ == "__main__":`` (checked here).
 
     Raises
