@@ -345,8 +345,8 @@ def plot_plans(rows: list[dict[str, Any]], path: Path, title: str = "") -> None:
             label="closed-form estimate")
     ax.set_yticks(list(positions), [f"#{r['rank']} {r['plan']}" for r in done], fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("Iteration time (s)")
     ax.set_ylim(len(done) - 0.5 + 0.9, -0.5)  # room below the last bar for the legend, inside the axes
+    ax.set_xlabel("Iteration time (s)")
     ax.set_ylabel("Plan (#: rank by the estimate)")
     ax.legend(loc="lower right", fontsize=8, framealpha=0.9)
     failed = len(rows) - len(done)
