@@ -28,7 +28,8 @@ from hcsim.errors import brief
 from hcsim.findings import selected
 from hcsim.results import DEVICE_COLUMNS, column_unit, rows_for, spec_columns
 
-__all__ = ["plot_experiment", "plot_rows", "plot_plans", "check_plot", "plot_xpu_times", "PLOT_KEYS"]
+__all__ = ["plot_experiment", "plot_rows", "plot_plans", "check_plot", "plot_xpu_times", "plot_kv_occupancy",
+           "PLOT_KEYS"]
 
 PLOT_KEYS = ("x", "y", "series", "panels", "kind", "logx", "logy", "where", "title", "xlabel", "ylabel",
              "name", "labels", "legend", "legend_loc")
@@ -356,3 +357,35 @@ def plot_plans(rows: list[dict[str, Any]], path: Path, title: str = "") -> None:
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
+
+def plot_kv_occupancy(result: dict[str, Any], path: Path) -> Path:
+    """The KV cache of a serving run over time: tokens in HBM and in extended memory (replica 0), and the
+    sequences running; write `path` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [row for row in result["occupancy"] if row[0] == 0]
+    times = [row[1] for row in rows]
+    with plt.rc_context({"font.family": "serif", "font.size": 9, "axes.spines.top": False,
+                         "axes.spines.right": False}):
+        figure, ax = plt.subplots(figsize=(7.5, 3.2))
+        ax.stackplot(times, [row[2] for row in rows], [row[3] for row in rows], step="post",
+                     labels=["KV tokens in HBM", f"KV tokens in {result['kv']['spilled_to'] or 'extended memory'}"],
+                     colors=["#1f4e9c", "#e08e0b"])
+        ax.axhline(result["kv"]["hbm_tokens_per_replica"], color="#1f4e9c", linestyle=":", linewidth=1,
+                   label="HBM capacity")
+        running = ax.twinx()
+        running.step(times, [row[4] for row in rows], where="post", color="#c0392b", linewidth=1)
+        running.set_ylabel("Sequences running", color="#c0392b")
+        ax.set_xlabel("Time (s)")
+        ax.set_ylabel("KV cache (tokens)")
+        ax.legend(fontsize=7, frameon=False, loc="upper left")
+        ax.set_title(f"{result['scenario']}: {result['model']} on {result['xpus']} {result['device']}, "
+                     f"KV cache of replica 0", fontsize=9)
+        figure.tight_layout()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(path, dpi=150)
+        plt.close(figure)
+    return path

@@ -110,6 +110,33 @@ def scenario_keys_help() -> str:
 SPILLED_TO = {"dram": "host DRAM", "cxl_type3": "CXL Type 3 memory"}
 
 
+def serving_summary(result: dict) -> str:
+    """The report of a serving run (hcsim.serving)."""
+    from hcsim.units import format_quantity
+
+    def spread(key):
+        p = result[key]
+        return (f"p50 {format_quantity(p['p50'], 's')}, p90 {format_quantity(p['p90'], 's')}, "
+                f"p99 {format_quantity(p['p99'], 's')}")
+
+    layout, kv = result["layout"], result["kv"]
+    where = f", then {kv['extended_tokens_per_replica']:,} in {kv['spilled_to']}" if kv["spilled_to"] else ""
+    return "\n".join([
+        f"hcsim {result['scenario']}: serving {result['model']} ({result['precision']}) on {result['xpus']} "
+        f"{result['device']} of {result['platform']}, tp {layout['tp']} x pp {layout['pp']} x {layout['dp']} "
+        f"replica{'s' if layout['dp'] > 1 else ''}",
+        f"  requests         {result['requests']:,} in {format_quantity(result['makespan_s'], 's')} "
+        f"({result['requests_per_s']:.3g} per s, {result['steps']:,} steps)",
+        f"  throughput       {result['throughput_tokens_per_s']:,.0f} output tokens/s",
+        f"  time to first    {spread('ttft_s')}",
+        f"  per output token {spread('tpot_s')}",
+        f"  end to end       {spread('e2e_s')}",
+        f"  KV cache         {format_quantity(kv['bytes_per_token'], 'B')} per token; a replica holds "
+        f"{kv['hbm_tokens_per_replica']:,} tokens in HBM{where}; peak {kv['peak_hbm_tokens']:,} in HBM, "
+        f"{kv['peak_extended_tokens']:,} beyond",
+    ])
+
+
 def _split_line(row: dict) -> list[str]:
     """The parts of a breakdown row, where it has any: exposed communication per kind, idle as bubble and as
     waiting for peers, recomputation (hcsim.results.SPLIT_PARTS)."""
@@ -146,6 +173,8 @@ def _memory_lines(result: dict) -> list[str]:
 
 def summary(result: dict) -> str:
     """A short human-readable report of a result record."""
+    if result.get("kind") == "serving":
+        return serving_summary(result)
     inputs = result["inputs"]
     devices = " + ".join(f"{n} {d}" for d, n in result["devices"].items())
     lines = [

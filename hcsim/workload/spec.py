@@ -145,6 +145,10 @@ def load_workload_spec(name_or_path: str | Path, overrides: dict[str, Any] | Non
     if isinstance(raw, dict) and "model" not in raw and {"links", "topology", "server", "node"} & set(raw):
         raise ConfigError(f"{path}: a platform spec (it has links:), not a workload spec; give it as the platform "
                           f"(--set platform={path}), and a workload such as llama2-13b")
+    if isinstance(raw, dict) and raw.get("kind") == "serving":
+        raise ConfigError(f"{path}: a serving workload (kind: serving), not a training one; run it with hcsim "
+                          f"simulate --set workload={Path(path).stem} (hcsim.serving); this command takes a training "
+                          f"workload such as llama3-70b")
     data = _renamed(raw, f"{path}: ")
     if overrides:
         data = apply_overrides(data, _renamed(overrides, "override "), str(path))

@@ -1,0 +1,123 @@
+"""Llama 3 70B serving on 8 H100 with the KV cache spilling to CXL memory: coherent or not, CXL bandwidth and
+latency, against more HBM-only GPUs. At which load and CXL bandwidth does coherent KV offload match adding GPUs?
+
+    .venv/bin/python experiments/serving/run.py                 # results/serving.{csv,md,png}, ~5 min on 2 cores
+    .venv/bin/python experiments/serving/run.py --report-only   # redraw and rewrite from the CSV
+
+Each point is `hcsim simulate` of workloads/llama3-70b-serving.yaml (512 requests, prompts 2k-8k and outputs
+256-1k tokens, Poisson arrivals) with max_batch 1024, so HBM (1.67 M tokens of KV cache on 8 H100 after the
+weights) can overflow. Findings were written before the first run.
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RATES = (2, 4, 8)  # requests per second
+BASE = {"workload": "llama3-70b-serving", "devices": ["H100"], "tp": 8, "workload_overrides": {"serving.max_batch": 1024}}
+SYSTEMS = {  # label -> scenario keys
+    "8 H100, HBM only": {"platform": "paper-cxl", "xpus": 8, "spill": "error"},
+    "8 H100 + CXL 32 GB/s": {"platform": "paper-cxl", "xpus": 8, "cxl_bandwidth": "32GB/s"},
+    "8 H100 + CXL 128 GB/s": {"platform": "paper-cxl", "xpus": 8, "cxl_bandwidth": "128GB/s"},
+    "8 H100 + CXL 128 GB/s, 2 us": {"platform": "paper-cxl", "xpus": 8, "cxl_bandwidth": "128GB/s", "cxl_latency": "2us"},
+    "8 H100 + CXL 512 GB/s": {"platform": "paper-cxl", "xpus": 8, "cxl_bandwidth": "512GB/s"},
+    "8 H100 + host DRAM (no coherence)": {"platform": "paper-traditional", "xpus": 8},
+    "16 H100 (2 replicas), HBM only": {"platform": "paper-cxl", "xpus": 16, "spill": "error"},
+}
+FINDINGS = [  # written before the first run
+    ("at 2 requests/s nothing spills: every 8-GPU system serves within 1 % of the HBM-only throughput",
+     lambda t: all(abs(t[s, 2]["tokens"] / t["8 H100, HBM only", 2]["tokens"] - 1) < 0.01
+                   for s in SYSTEMS if s.startswith("8 H100"))),
+    ("at 8 requests/s coherent CXL at 512 GB/s beats the copy from host DRAM without coherence (throughput)",
+     lambda t: t["8 H100 + CXL 512 GB/s", 8]["tokens"] > t["8 H100 + host DRAM (no coherence)", 8]["tokens"]),
+    ("at 8 requests/s coherent CXL at 512 GB/s matches adding GPUs: within 10 % of 16 H100's throughput",
+     lambda t: t["8 H100 + CXL 512 GB/s", 8]["tokens"] > 0.9 * t["16 H100 (2 replicas), HBM only", 8]["tokens"]),
+    ("at 8 requests/s more CXL bandwidth serves more tokens per second (32 < 128 < 512 GB/s)",
+     lambda t: t["8 H100 + CXL 32 GB/s", 8]["tokens"] < t["8 H100 + CXL 128 GB/s", 8]["tokens"]
+     < t["8 H100 + CXL 512 GB/s", 8]["tokens"]),
+]
+COLUMNS = ("system", "rate", "tokens_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p99_s",
+           "peak_hbm_tokens", "peak_extended_tokens", "spilled_to")
+
+
+def main() -> int:
+    out = HERE / "results"
+    if "--report-only" in sys.argv[1:]:  # redraw and rewrite from the CSV
+        with open(out / "serving.csv", newline="") as handle:
+            rows = [{k: (v if k in ("system", "spilled_to") else float(v)) for k, v in row.items()}
+                    for row in csv.DictReader(handle)]
+        report(rows, out)
+        return 0
+    from hcsim.scenario import load_scenario
+    from hcsim.simulation import simulate
+
+    rows = []
+    for label, keys in SYSTEMS.items():
+        for rate in RATES:
+            settings = BASE | keys | {"name": "serving", "workload_overrides": BASE["workload_overrides"]
+                                      | {"serving.rate": rate}}
+            result = simulate(load_scenario(None, settings))
+            row = {"system": label, "rate": rate, "tokens_per_s": result["throughput_tokens_per_s"],
+                   "ttft_p50_s": result["ttft_s"]["p50"], "ttft_p99_s": result["ttft_s"]["p99"],
+                   "tpot_p50_s": result["tpot_s"]["p50"], "tpot_p99_s": result["tpot_s"]["p99"],
+                   "e2e_p99_s": result["e2e_s"]["p99"], "peak_hbm_tokens": result["kv"]["peak_hbm_tokens"],
+                   "peak_extended_tokens": result["kv"]["peak_extended_tokens"],
+                   "spilled_to": result["kv"]["spilled_to"] or ""}
+            rows.append(row)
+            print(f"{label:<36} {rate:>2}/s {row['tokens_per_s']:>8,.0f} tok/s  ttft p99 {row['ttft_p99_s']:7.2f} s  "
+                  f"tpot p99 {row['tpot_p99_s'] * 1e3:7.1f} ms  spilled {row['peak_extended_tokens']:,}", file=sys.stderr)
+    out.mkdir(exist_ok=True)
+    with open(out / "serving.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    report(rows, out)
+    return 0
+
+
+def report(rows, out: Path) -> None:
+    """serving.md (findings, table, the notes) and serving.png from the rows."""
+    table = {(row["system"], int(row["rate"])): {"tokens": row["tokens_per_s"]} for row in rows}
+    _plot(rows, out / "serving.png")
+    lines = ["# Llama 3 70B serving: KV cache in HBM, CXL (coherent) or host DRAM\n", __doc__.split("\n\n")[0], "",
+             "## Findings (written before the first run)\n"]
+    lines += [f"- **{'holds' if check(table) else 'does not hold'}**: {claim}" for claim, check in FINDINGS]
+    lines += ["", "## Results\n", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(f"{row[c]:.4g}" if isinstance(row[c], float) else str(row[c]) for c in COLUMNS) + " |"
+              for row in rows]
+    notes = HERE / "notes.md"
+    if notes.exists():
+        lines += ["", "## Discussion\n", notes.read_text().strip()]
+    (out / "serving.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out / 'serving.md'}, {out / 'serving.png'}", file=sys.stderr)
+
+
+def _plot(rows, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with plt.rc_context({"font.family": "serif", "font.size": 9, "axes.spines.top": False,
+                         "axes.spines.right": False}):
+        figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+        for label in SYSTEMS:
+            mine = [row for row in rows if row["system"] == label]
+            rates = [row["rate"] for row in mine]
+            left.plot(rates, [row["tokens_per_s"] for row in mine], marker="o", label=label)
+            right.plot(rates, [row["tpot_p99_s"] * 1e3 for row in mine], marker="o", label=label)
+        left.set(xlabel="Arrival rate (requests/s)", ylabel="Output tokens per second", title="Throughput")
+        right.set(xlabel="Arrival rate (requests/s)", ylabel="p99 time per output token (ms)",
+                  title="Latency per output token (p99)", yscale="log")
+        left.legend(fontsize=7, frameon=False)
+        figure.suptitle("Llama 3 70B serving on H100 (tp 8), 512 requests: the KV cache beyond HBM")
+        figure.tight_layout()
+        figure.savefig(path, dpi=150)
+        plt.close(figure)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
