@@ -109,3 +109,30 @@ def test_a_missing_kernel_csv_is_one_clear_error(tmp_path, capsys):
 def test_the_measurements_are_in_the_repository():
     assert all(len(files) == 2 for files in FILES.values())
     assert Path(MEASURED / "README.md").exists()
+
+
+def test_simulate_and_validate_time_kernels_with_the_factors_calibrate_writes(tmp_path):
+    """A factors file from hcsim calibrate, its streaming efficiency halved by hand: a memory-bound one-GPU step
+    (GPT-2 in eager mode) runs slower with it than with the built-in factors; validate takes it through --set."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "h100.yaml"
+    assert main(["calibrate", *map(str, FILES["H100"]), "--device", "H100", "-o", str(out)]) == 0
+    data = yaml.safe_load(out.read_text())
+    data["devices"]["H100"]["memory_efficiency"] /= 2
+    out.write_text(yaml.safe_dump(data))
+    times = []
+    for extra in ([], [f"--set=compute_factors={out}"]):
+        done = subprocess.run([sys.executable, "-m", "hcsim.cli", "simulate", "--set=workload=gpt2-hf",
+                               "--set=platform=dgx-h100", "--set=xpus=1", "--json", *extra],
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+        times.append(json.loads(done.stdout)["iteration_time_s"])
+    assert times[1] > 1.2 * times[0]
+    from hcsim.validate import DEFAULT_SETTINGS
+
+    assert DEFAULT_SETTINGS["compute_model"] == "roofline"  # validate's rows run the kernel model, and take
+    assert "compute_factors=" in subprocess.run([sys.executable, "-m", "hcsim.cli", "validate", "--help"],
+                                                capture_output=True, text=True).stdout  # the file through --set
