@@ -79,6 +79,8 @@ class Candidate:
         keys = {"tp": par.tp, "pp": par.pp, "micro_batch": par.micro_batch, "global_batch": par.global_batch,
                 "schedule": par.schedule, "virtual_stages": par.virtual_stages, "recompute": par.recompute,
                 "zero": par.zero}
+        if par.cp > 1:
+            keys["cp"] = par.cp
         if par.layer_split is not None:
             keys["layer_split"] = list(par.layer_split)
         if self.batch != "even":
@@ -104,7 +106,8 @@ class Candidate:
         if par.batch_split:
             counts = Counter(par.batch_split)
             split += ", batch " + "/".join(f"{m}x{n}" for m, n in sorted(counts.items(), reverse=True))
-        return (f"tp{par.tp} pp{par.pp} dp{par.dp} mb{par.micro_batch} {schedule} recompute {par.recompute}"
+        return (f"tp{par.tp} pp{par.pp} dp{par.dp}" + (f" cp{par.cp}" if par.cp > 1 else "")
+                + f" mb{par.micro_batch} {schedule} recompute {par.recompute}"
                 + zero + split)
 
 
@@ -119,15 +122,19 @@ def candidates(spec: WorkloadSpec, layout_xpus: list[str], global_batch: int, se
     Each of `zero_stages` is tried when dp > 1 (with dp = 1 ZeRO shards nothing: only stage 0)."""
     model, n = spec.model, len(layout_xpus)
     found = []
-    for tp, pp, mb, recompute in product(_powers(min(server_size, n)), range(1, model.decoders + 1), MICRO_BATCHES,
-                                         RECOMPUTES):
-        if n % (tp * pp) or model.heads % tp or (model.kv_heads or model.heads) % tp:
+    # context parallelism needs flash attention and the sequence in 2 x cp chunks (hcsim.workload.context)
+    contexts = [cp for cp in _powers(min(8, n)) if cp == 1 or (spec.attention == "flash"
+                                                               and model.sequence % (2 * cp) == 0)]
+    for tp, pp, cp, mb, recompute in product(_powers(min(server_size, n)), range(1, model.decoders + 1), contexts,
+                                             MICRO_BATCHES, RECOMPUTES):
+        if n % (tp * pp * cp) or model.heads % tp or (model.kv_heads or model.heads) % tp \
+                or (cp > 1 and recompute == "selective"):
             continue
-        dp = n // (tp * pp)
+        dp = n // (tp * pp * cp)
         if global_batch % (dp * mb):
             continue
         m = global_batch // (dp * mb)
-        schedules = [("1f1b", 1)] + ([("zb-h1", 1)] if pp > 1 else []) \
+        schedules = [("1f1b", 1)] + ([("zb-h1", 1)] if pp > 1 and cp == 1 else []) \
             + ([("interleaved", 2)] if pp > 1 and m % pp == 0 and model.decoders % (2 * pp) == 0 else [])
         for schedule, v in schedules:
             splits = [None]
@@ -140,7 +147,7 @@ def candidates(spec: WorkloadSpec, layout_xpus: list[str], global_batch: int, se
                 if split is None and model.decoders % (pp * v):
                     continue
                 try:
-                    par = Parallelism(tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=global_batch,
+                    par = Parallelism(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch=mb, global_batch=global_batch,
                                       schedule=schedule, virtual_stages=v, recompute=recompute, layer_split=split,
                                       zero=zero, batch_split=batch)
                 except ConfigError:  # an uneven batch split with ZeRO-3, or counts the schedule cannot run
@@ -227,7 +234,7 @@ class _Cluster:
 
 
 def cluster_layout(xpus: list[str], par: Parallelism) -> ParallelLayout:
-    return ParallelLayout(xpus, {"tp": par.tp, "pp": par.pp, "dp": par.dp})
+    return ParallelLayout(xpus, {"tp": par.tp, "pp": par.pp, "dp": par.dp, "cp": par.cp})
 
 
 def fits(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus: list[str]) -> str | None:
@@ -261,7 +268,8 @@ def stage_needs(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xp
         most = max(par.batch_split) if par.batch_split else par.micro_batches  # the replica that holds most
         flight = _in_flight(par.schedule, par.pp, most, stage, par.virtual_stages)
         need = stage_memory(spec.model, layers=sum(layers[stage]), first=first, last=last, in_flight=flight,
-                            micro_batch=par.micro_batch, tp=par.tp, sequence_parallel=par.sequence_parallel,
+                            micro_batch=par.micro_batch, sequence=spec.model.sequence // par.cp, tp=par.tp,
+                            sequence_parallel=par.sequence_parallel,
                             precision=spec.precision, attention=spec.attention, optimizer=spec.optimizer,
                             recompute=par.recompute, dp=par.dp, zero_stage=par.zero).total
         if par.zero == 3 and par.dp > 1:
@@ -293,10 +301,10 @@ def estimate(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus:
     """Iteration time (s) of `candidate` by the closed forms of the module docstring (no contention)."""
     par = candidate.parallelism
     cluster = _Cluster(platform, cluster_layout(xpus, par))
-    attn, mlp = block_costs(spec, par.micro_batch, par.tp, par.sequence_parallel)
+    attn, mlp = block_costs(spec, par.micro_batch, par.tp, par.sequence_parallel, cp=par.cp)
     layers = stage_layers(spec, par)
     sizes = spec.sizes
-    activation = par.micro_batch * spec.model.sequence * spec.model.hidden * sizes.activation
+    activation = par.micro_batch * spec.model.sequence // par.cp * spec.model.hidden * sizes.activation
     layout = cluster.layout
     allreduce = _ring(par.tp, 2, activation, *cluster.ring("tp"))
     dp_latency, dp_bandwidth = cluster.ring("dp")
@@ -308,8 +316,12 @@ def estimate(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus:
     p = par.pp
     parameters = [sum(layers[s]) * decoder for s in range(p)]
     gradients = 0.0
-    if par.dp > 1:  # all-reduce (ZeRO 0), reduce-scatter + all-gather (1-2), reduce-scatter (3)
-        gradients = _ring(par.dp, 1 if par.zero else 2, max(parameters) * sizes.gradient, dp_latency, dp_bandwidth)
+    if par.dp * par.cp > 1:  # all-reduce (ZeRO 0), reduce-scatter + all-gather (1-2), reduce-scatter (3), over
+        # the dp x cp ranks that hold the same parameters (CP's K/V exchange hides behind the attention: not here)
+        if par.dp == 1:
+            dp_latency, dp_bandwidth = cluster.ring("cp")
+        gradients = _ring(par.dp * par.cp, 1 if par.zero else 2, max(parameters) * sizes.gradient, dp_latency,
+                          dp_bandwidth)
         if par.zero in (1, 2):
             gradients += _ring(par.dp, 1, max(parameters) * sizes.weight, dp_latency, dp_bandwidth)
     shard = 1 / par.dp if par.zero else 1.0

@@ -3,6 +3,7 @@ rules, speed-proportional layer splits on mixed clusters, and the command end to
 
 import csv
 import json
+import math
 import subprocess
 import sys
 from dataclasses import replace
@@ -356,3 +357,31 @@ def test_the_estimate_of_a_batch_split_is_paced_by_its_slowest_replica():
     proportional = estimate(model, both["proportional"], platform, xpus)
     assert proportional == pytest.approx(max(counts[0] * t_h100, counts[1] * t_a100) + rest, rel=1e-9)
     assert proportional < even
+
+
+def test_plan_enumerates_context_parallelism_for_flash_attention_and_estimates_it():
+    """cp 2, 4, 8 beside cp 1 for a flash-attention workload (none without flash); a cp plan holds s/cp of the
+    activations and its estimate is finite; its settings name cp for the run."""
+    from hcsim.platform import build_platform, load_platform_spec
+    from hcsim.platform.topology import xpus as platform_xpus
+    from hcsim.plan import candidates, estimate, stage_needs
+    from hcsim.workload.spec import load_workload_spec
+
+    spec = load_workload_spec("llama3-8b", {"training.attention": "flash", "model.decoders": 4,
+                                            "model.sequence": 32768})
+    platform = build_platform(load_platform_spec("dgx-h100"), 16)
+    xpus = platform_xpus(platform)[:16]
+    found = candidates(spec, xpus, 8, 8)
+    assert {c.parallelism.cp for c in found} == {1, 2, 4, 8}
+    assert {c.parallelism.cp for c in candidates(load_workload_spec("llama3-8b", {"model.decoders": 4}), xpus, 2, 8)} \
+        == {1}
+    def plan(cp):
+        return next(c for c in found if (c.parallelism.tp, c.parallelism.pp, c.parallelism.cp) == (2, 1, cp)
+                    and c.parallelism.recompute == "none" and c.parallelism.zero == 0
+                    and c.parallelism.micro_batch == 1)
+
+    one, four = plan(1), plan(4)
+    assert four.settings()["cp"] == 4 and "cp" not in one.settings()
+    assert math.isfinite(estimate(spec, four, platform, xpus)) and estimate(spec, four, platform, xpus) > 0
+    # the same state per XPU (tp 2, no ZeRO), a quarter of the activations
+    assert stage_needs(spec, four, platform, xpus)[0][1] < stage_needs(spec, one, platform, xpus)[0][1]
