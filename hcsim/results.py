@@ -45,15 +45,20 @@ from typing import Any
 from hcsim.errors import HcsimError
 from hcsim.scenario import Scenario
 
-__all__ = ["XpuTimes", "DEVICE_COLUMNS", "TIME_PARTS", "SPLIT_PARTS", "COMM_KINDS", "rows_for", "spec_columns", "per_xpu_times", "pace_setters",
-           "scenario_columns", "scenario_column", "column_unit", "resolve_scenario", "xpu_rows", "XPU_COLUMNS"]
+__all__ = ["XpuTimes", "DEVICE_COLUMNS", "MEMORY_COLUMNS", "TIME_PARTS", "SPLIT_PARTS", "COMM_KINDS", "rows_for", "spec_columns", "per_xpu_times", "pace_setters",
+           "scenario_columns", "scenario_column", "column_unit", "resolve_scenario", "csv_cell", "xpu_rows", "XPU_COLUMNS"]
 
 TIME_PARTS = ("compute_s", "memory_stall_s", "exposed_comm_s", "idle_s")
 COMM_KINDS = ("tp", "cp", "pp", "dp", "ep", "offload", "other")
 SPLIT_PARTS = (*(f"comm_{kind}_s" for kind in COMM_KINDS), "idle_bubble_s", "idle_peers_s", "recompute_s")
 # The columns of a sweep row that belong to one device type of the point (one row per device type);
 # least_idle_xpu / least_idle_s: that type's XPU with the least idle time, the one its peers wait for.
-DEVICE_COLUMNS = ("device", "device_xpus", *TIME_PARTS, "least_idle_xpu", "least_idle_s")
+# state_per_xpu_bytes, spilled_per_xpu_bytes, offloaded_per_xpu_bytes: the most training state an XPU of that type
+# holds, the most of it that spills beyond its local memory and that offload keeps away (B; blank for a graph
+# workload, which says where data lives but not how much state there is).
+MEMORY_COLUMNS = ("state_per_xpu_bytes", "spilled_per_xpu_bytes", "offloaded_per_xpu_bytes")
+DEVICE_COLUMNS = ("device", "device_xpus", *TIME_PARTS, "least_idle_xpu", "least_idle_s", *SPLIT_PARTS,
+                  *MEMORY_COLUMNS)
 XPU_COLUMNS = ("xpu", "device", "server", "rack", "representative", *TIME_PARTS, *SPLIT_PARTS, "iteration_time_s")
 
 
@@ -184,23 +189,45 @@ def column_unit(column: str) -> str | None:
 
 
 def resolve_scenario(scenario: Scenario) -> dict[str, Any]:
-    """Column -> value of every scenario field, defaults replaced by what they resolve to.
+    """Column -> value of every scenario field, defaults replaced by what they resolve to, as CSV cells.
 
     A field left to the platform or workload spec (None: devices, coherent, CXL bandwidth and latency, spill,
-    collective, graph fidelity, precision) takes the spec's value; lists are joined with ``+`` (devices) or
-    written as JSON, mappings as JSON. If the specs cannot be read (a point that fails), fields keep their own
-    values. Nothing is left blank: a value that does not exist (no CXL link on the platform) is "none".
+    collective, graph fidelity, precision) takes the spec's value; if the specs cannot be read (a point that
+    fails), fields keep their own values. A cell holds a number, a word, or nothing (None, a blank cell: a
+    value that does not exist, such as the CXL latency of a platform without CXL, or the algorithm's own
+    default chunk count): never "none", prose or JSON. Lists are joined with ``+`` (``H100+A100``,
+    ``31+9``); a mapping (platform_overrides, workload_overrides) has a column per key it sets
+    (``workload_overrides.model.sequence``), after the fields' columns.
     """
     from_specs = _spec_values(scenario)
-    values = {}
+    values: dict[str, Any] = {}
+    overrides: dict[str, Any] = {}
     for f in dataclasses.fields(Scenario):
         if f.name == "base":
             continue
         value = getattr(scenario, f.name)
         if value is None:
             value = from_specs.get(f.name)
-        values[scenario_column(f.name)] = _cell(f.name, value)
-    return values
+        if isinstance(value, Mapping):
+            values[scenario_column(f.name)] = csv_cell(sorted(value)) or None  # the keys; each has a column below
+            overrides.update({f"{f.name}.{key}": csv_cell(v) for key, v in sorted(value.items())})
+        else:
+            values[scenario_column(f.name)] = csv_cell(value)
+    return {**values, **overrides}
+
+
+def csv_cell(value: Any) -> Any:
+    """`value` as a CSV cell: a list joined with ``+``, a mapping as ``key=value`` pairs joined with ``;``,
+    anything else as it is (None: blank).
+
+    >>> csv_cell([31, 9]), csv_cell(("H100", "A100")), csv_cell(None), csv_cell(2.5e-7)
+    ('31+9', 'H100+A100', None, 2.5e-07)
+    """
+    if isinstance(value, (list, tuple)):
+        return "+".join(str(v) for v in value)
+    if isinstance(value, Mapping):
+        return "; ".join(f"{k}={csv_cell(v)}" for k, v in sorted(value.items()))
+    return value
 
 
 def _spec_values(scenario: Scenario) -> dict[str, Any]:
@@ -219,8 +246,8 @@ def _spec_values(scenario: Scenario) -> dict[str, Any]:
         platform = None
     if platform is not None:
         cxl = platform.links.get("cxl")
-        values.update(devices=platform.devices or "per node (explicit topology)", coherent=platform.coherent,
-                      cxl_bandwidth=cxl.bandwidth if cxl else "none", cxl_latency=cxl.latency if cxl else "none",
+        values.update(devices=platform.devices or None, coherent=platform.coherent,  # None: per node (explicit)
+                      cxl_bandwidth=cxl.bandwidth if cxl else None, cxl_latency=cxl.latency if cxl else None,
                       spill=platform.spill)
     try:
         workload = load_workload_spec(resolve_spec(scenario.workload, "workloads", base), scenario.workload_settings())
@@ -230,15 +257,7 @@ def _spec_values(scenario: Scenario) -> dict[str, Any]:
     micro_batch = scenario.micro_batch or workload.batch_per_xpu
     # Keyed by Scenario field: what a None there means (see Scenario's field comments).
     values.update(collective=workload.algorithm, granularity=workload.granularity, precision=workload.precision,
-                  collective_chunks=workload.chunks if workload.chunks is not None else "the algorithm's default",
+                  collective_chunks=workload.chunks,  # None: the algorithm's default
                   dp=dp, micro_batch=micro_batch, global_batch=dp * micro_batch, recompute=workload.recomputation,
                   layer_split="even")
     return values
-
-
-def _cell(key: str, value: Any) -> Any:
-    if key == "devices" and isinstance(value, (list, tuple)):
-        return "+".join(value)
-    if isinstance(value, (list, tuple, dict)):
-        return json.dumps(value if not isinstance(value, tuple) else list(value), sort_keys=True)
-    return value

@@ -447,6 +447,10 @@ def execute(platform: nx.Graph, workload: nx.DiGraph, options, pairs=None, progr
     with tempfile.TemporaryDirectory(prefix="hcsim-") as folder:
         xml = Path(folder) / "platform.xml"
         xml.write_text(compiled.xml)
+        if options.engine == "core":  # the executor's rules in C++ (issue 27); it refuses what it lacks
+            from hcsim.engine.core.workload import run_workload
+
+            return run_workload(platform, workload, compiled.routes, xml, options)
         backend = SimgridBackend(xml)
     return Executor(platform, workload, compiled.routes, backend, options, progress).run()
 
@@ -520,18 +524,42 @@ def compute_model(scenario: Scenario, workload: nx.DiGraph, platform: nx.Graph |
     return model
 
 
-def run_here(scenario: Scenario, out: Path | None = None, progress=None, check=None) -> dict[str, Any]:
-    """Run `scenario` in this process (SimGrid: once per process); write outputs to `out` if given.
+RUN_OUTPUTS = ("result.json", "links.csv", "xpus.csv", "xpus.png", "trace.csv", "trace.json")  # what a run writes
+
+
+def check_results_folder(out: str | Path, overwrite: bool = False, what: str = "--out") -> Path:
+    """Make sure a run's results can go to folder `out` before it runs: writable (created if missing), and
+    holding no earlier run's results (:data:`RUN_OUTPUTS`) unless `overwrite`, in which case
+    :func:`write_outputs` removes them before writing its own.
+
+    Raises
+    ------
+    ConfigError
+        naming the folder and the earlier results, with the fix.
+    """
+    from hcsim.config import check_output_folder
+
+    path = check_output_folder(out, what)
+    earlier = [name for name in RUN_OUTPUTS if (path / name).exists()]
+    if earlier and not overwrite:
+        raise ConfigError(f"{what} {path}: holds the results of an earlier run ({', '.join(earlier)}); give another "
+                          f"folder, or --overwrite to replace them (overwrite=True in Python)")
+    return path
+
+
+def run_here(scenario: Scenario, out: Path | None = None, progress=None, check=None, overwrite: bool = False
+             ) -> dict[str, Any]:
+    """Run `scenario` in this process (SimGrid: once per process); write outputs to `out` if given (a folder
+    with an earlier run's results only with `overwrite`: :func:`check_results_folder`).
 
     `progress`, if given, is a factory called with the total number of vertex
     runs; it returns a callable that receives how many more have completed.
     `check`, if given, is called with the :class:`Prepared` run before it runs (it may raise)."""
-    from hcsim.config import check_output_folder
     from hcsim.engine.executor import RunOptions
 
     wall = time.perf_counter()
     if out is not None:
-        check_output_folder(out, "out")
+        check_results_folder(out, overwrite, "out")
     from hcsim.serving import serving_workload, simulate_serving, write_serving_outputs
 
     serving = serving_workload(scenario)
@@ -548,7 +576,7 @@ def run_here(scenario: Scenario, out: Path | None = None, progress=None, check=N
     options = RunOptions(iterations=scenario.iterations, coherent=prepared.coherent,
                          collective_model=scenario.collective_model, step_limit=scenario.step_limit,
                          local_access=scenario.local_access, xpu_sampling=scenario.xpu_sampling,
-                         local_collectives=scenario.local_collectives,
+                         local_collectives=scenario.local_collectives, engine=scenario.engine,
                          compute_model=compute_model(scenario, prepared.workload, prepared.platform),
                          trace_xpus=traced,
                          trace_iterations=frozenset(scenario.trace_iterations) if scenario.trace_iterations else None)
@@ -856,6 +884,8 @@ def write_outputs(out: Path, result: dict, outcome, platform: nx.Graph, workload
     from hcsim.plotting import plot_xpu_times
 
     out.mkdir(parents=True, exist_ok=True)
+    for name in RUN_OUTPUTS:  # an earlier run's (checked before the run): none is left beside this one's
+        (out / name).unlink(missing_ok=True)
     rows = link_loads(platform, outcome.link_bytes, outcome.iteration_ends[-1])
     atomic_write(out / "links.csv", _csv_text(rows, LINK_COLUMNS))
     xpus = xpu_rows(platform, per_xpu_times(outcome.xpu_times), outcome.representatives, result["iteration_time_s"])
@@ -888,11 +918,11 @@ def _warn_of_a_large_trace(path: Path, size: int, trace, result: dict) -> None:
                 len(iterations), TRACE_WARN_BYTES / 1e6, traced[0] if traced else "xpu0", iterations[-1])
 
 
-def _child(scenario: Scenario, out: str | None) -> dict[str, Any]:
-    return run_here(scenario, Path(out) if out else None)
+def _child(scenario: Scenario, out: str | None, overwrite: bool = False) -> dict[str, Any]:
+    return run_here(scenario, Path(out) if out else None, overwrite=overwrite)
 
 
-def simulate(scenario: Scenario, out: Path | str | None = None) -> dict[str, Any]:
+def simulate(scenario: Scenario, out: Path | str | None = None, overwrite: bool = False) -> dict[str, Any]:
     """Run `scenario` in a fresh process and return its result record (the Python API).
 
     The process is spawned: it imports the calling script again, so a script
@@ -901,7 +931,8 @@ def simulate(scenario: Scenario, out: Path | str | None = None) -> dict[str, Any
     Raises
     ------
     ConfigError
-        if `scenario` is not a Scenario, `out` cannot be written, or the calling script has no such guard.
+        if `scenario` is not a Scenario, `out` cannot be written or holds an earlier run's results (unless
+        `overwrite`), or the calling script has no such guard.
     OutputError
         if the run finished but writing to `out` failed (its ``result`` is the result record).
     """
@@ -909,11 +940,9 @@ def simulate(scenario: Scenario, out: Path | str | None = None) -> dict[str, Any
         raise ConfigError(f"scenario: expected a hcsim.scenario.Scenario (e.g. load_scenario() or Scenario(xpus=8)), "
                           f"got {brief(scenario)}")
     if out is not None:
-        from hcsim.config import check_output_folder
-
-        check_output_folder(out, "out")
+        check_results_folder(out, overwrite, "out")
     _check_main_guard()
-    return _in_fresh_process(_child, scenario, str(out) if out is not None else None)
+    return _in_fresh_process(_child, scenario, str(out) if out is not None else None, overwrite)
 
 
 def _in_fresh_process(function, *args):

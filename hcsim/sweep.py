@@ -64,11 +64,13 @@ from typing import Any
 
 from hcsim.config import Fields, load_yaml
 from hcsim.errors import ConfigError, HcsimError, OutputError, brief
-from hcsim.results import DEVICE_COLUMNS, TIME_PARTS, column_unit, resolve_scenario, rows_for, scenario_column, scenario_columns
+from hcsim.results import (DEVICE_COLUMNS, MEMORY_COLUMNS, SPLIT_PARTS, TIME_PARTS, column_unit, csv_cell,
+                           resolve_scenario, rows_for, scenario_column, scenario_columns)
 from hcsim.scenario import SCENARIO_KEYS, Scenario, apply_settings, load_scenario, renamed
 
 __all__ = ["Experiment", "Axis", "Point", "SweepReport", "load_experiment", "run_sweep", "run_point", "run_points",
-           "check_executor", "result_rows", "read_results", "write_report", "columns", "RESULT_COLUMNS", "TEXT_COLUMNS"]
+           "check_executor", "result_rows", "read_results", "upgrade_records", "write_report", "columns", "RESULT_COLUMNS",
+           "TEXT_COLUMNS"]
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +87,7 @@ RESULT_COLUMNS = (
     "batches_per_s_per_xpu",   # batches_per_s / xpus: where a slower device type enters, it drops
     "busiest_link",            # "kind u -> v": the link direction with the highest mean utilization
     "busiest_link_utilization",  # its bytes / (bandwidth x simulated time)
-    "iteration_times_s",       # JSON list, s
+    "iteration_times_s",       # s, each iteration's, joined with + (text)
     "measured_iterations",     # "2..N": the iterations the device columns and iteration_time_s average
     "device_counts",           # "128 H100 + 128 A100"
     "activities",
@@ -94,13 +96,22 @@ RESULT_COLUMNS = (
     "inputs_hash",
     "hcsim_version",
     "simgrid_version",
+    # added later: blank in the rows of a CSV written before they existed (see _upgrade)
+    "tokens_per_s",            # blank for a workload without tokens per sample
+    "model_flops_per_s_per_xpu",  # FLOP/s: the model's FLOPs (as Megatron-LM counts them) per XPU
+    "mfu",                     # model FLOP/s over the XPUs' peak at the workload's precision (0..1)
 )
+ADDED_RESULT_COLUMNS = ("tokens_per_s", "model_flops_per_s_per_xpu", "mfu", *SPLIT_PARTS, *MEMORY_COLUMNS)
+# whole mappings written as JSON before each of their keys had a column: read from the CSVs of then
+LEGACY_MAPPINGS = ("platform_overrides", "workload_overrides")
 STATUS_COLUMNS = ("status", "error")  # status: ok | error
 MAX_CSV_BYTES = 2**30  # a results CSV read back (--resume, --report-only) is at most 1 GiB
 # Columns read back as text whatever they look like (a point key such as 36725e2733359637 is no number).
 TEXT_COLUMNS = ("point", "inputs_hash", "hcsim_version", "simgrid_version", "status", "error", "busiest_link",
                 "iteration_times_s", "measured_iterations", "device_counts", "device", "least_idle_xpu", "breakdown",
-                "devices", "collective", "granularity", "collective_model")
+                "devices", "collective", "granularity", "collective_model", "ring_order", "layer_split",
+                "batch_split", "offload_state", "trace_xpus", "trace_iterations", "platform_overrides",
+                "workload_overrides")
 POINT_FOLDER_PREFIX = "hcsim-point-"  # + the sweep's process id: /tmp/hcsim-point-PID-XXXX, one per running point
 
 
@@ -312,9 +323,9 @@ def _check_outputs(experiment: Experiment) -> None:
     from hcsim.findings import check_spec
     from hcsim.plotting import check_plot
 
-    header = columns(experiment)
-    numeric = [c for c in header if c not in TEXT_COLUMNS]
     points = experiment.points()  # also checks every point's scenario
+    header = columns(experiment, points)
+    numeric = [c for c in header if c not in TEXT_COLUMNS]
     values = {c: [p.labels.get(c) for p in points] for c in experiment.axis_columns()}
     problems = []
     # a spec names a scenario key (cxl_bandwidth) where the CSV has its column with a unit (cxl_bandwidth_Bps)
@@ -406,12 +417,15 @@ def _mappings(fields: Fields, key: str) -> list[dict[str, Any]]:
     return [dict(item) for item in raw]
 
 
-def columns(experiment: Experiment) -> list[str]:
-    """The CSV header of `experiment`: point key, axes, every scenario column, device columns, results, status."""
+def columns(experiment: Experiment, points: list[Point] | None = None) -> list[str]:
+    """The CSV header of `experiment`: point key, axes, every scenario column, a column per key of
+    platform_overrides and workload_overrides any point sets, device columns, results, status."""
     axes = experiment.axis_columns()
     scenario = scenario_columns()
-    return ["point", *axes, *(c for c in scenario if c not in axes), *DEVICE_COLUMNS, *RESULT_COLUMNS,
-            *STATUS_COLUMNS]
+    overrides = sorted({c for p in (experiment.points() if points is None else points) for c in p.inputs
+                        if c.startswith(LEGACY_MAPPINGS) and "." in c})
+    return ["point", *axes, *(c for c in [*scenario, *overrides] if c not in axes), *DEVICE_COLUMNS,
+            *RESULT_COLUMNS, *STATUS_COLUMNS]
 
 
 # --- running one point -------------------------------------------------------------------------
@@ -533,7 +547,9 @@ def result_rows(point: Point, result: dict[str, Any], header: Sequence[str]) -> 
         busiest_link=f"{kind} {busiest['link']}", busiest_link_utilization=busiest["utilization"],
         iteration_time_s=result["iteration_time_s"], batches_per_s=result["batches_per_s"],
         samples_per_s=result["samples_per_s"], batches_per_s_per_xpu=result["batches_per_s"] / xpus,
-        iteration_times_s=json.dumps(result["iteration_times_s"]),
+        iteration_times_s=csv_cell(result["iteration_times_s"]),
+        tokens_per_s=result.get("tokens_per_s"), model_flops_per_s_per_xpu=result.get("model_flops_per_s_per_xpu"),
+        mfu=result.get("mfu"),
         measured_iterations=result["measured_iterations"],
         device_counts=" + ".join(f"{n} {d}" for d, n in result["devices"].items()),
         activities=result["activities"], wall_time_s=round(result["wall_time_s"], 3),
@@ -543,9 +559,13 @@ def result_rows(point: Point, result: dict[str, Any], header: Sequence[str]) -> 
     rows = []
     for device, parts in result["breakdown"].items():
         pace = result["pace"][device]
+        memory = result.get("memory", {}).get(device, {})
         rows.append({**row, "device": device, "device_xpus": parts["xpus"],
                      **{part: parts[part] for part in TIME_PARTS},
-                     "least_idle_xpu": pace["xpu"], "least_idle_s": pace["idle_s"]})
+                     "least_idle_xpu": pace["xpu"], "least_idle_s": pace["idle_s"],
+                     **{part: parts.get(part) for part in SPLIT_PARTS},
+                     "state_per_xpu_bytes": memory.get("state_bytes"), "spilled_per_xpu_bytes": memory.get("spilled_bytes"),
+                     "offloaded_per_xpu_bytes": memory.get("offloaded_bytes")})
     return rows
 
 
@@ -584,7 +604,7 @@ class _ResultsFile:
         os.close(self.fd)
 
 
-def _existing(path: Path, header: list[str]) -> dict[str, str]:
+def _existing(path: Path, header: list[str], points: Sequence[Point] = ()) -> dict[str, str]:
     """Point key -> status of the rows already in `path`; a torn last line (power loss) is dropped.
 
     Raises
@@ -606,17 +626,21 @@ def _existing(path: Path, header: list[str]) -> dict[str, str]:
         atomic_write(path, text)
     rows = _parse_csv(path, text)
     found = rows[0][1] if rows else None
-    added = added_columns(found or [], header)
-    if added is None:
+    whole = [(line, row) for line, row in rows[1:] if len(row) == len(found or ())]
+    upgraded = upgrade_records(found or [], header, [dict(zip(found, row)) for _, row in whole], points)
+    if upgraded is None:
         raise ConfigError(f"{path}: its columns are not this experiment's (were the axes changed?). "
                           "Fix: move the file away, or run with --overwrite to start over")
-    if added:  # written before these scenario keys existed: its runs had their defaults; add the columns
+    new = [[record[c] for c in header] for record in upgraded]
+    if found != header or any(row != old for row, (_, old) in zip(new, whole)):
+        # written by an older hcsim: new columns (scenario keys at their defaults, results blank), cells as today
         from hcsim.simulation import atomic_write
 
-        log.warning("%s: adding the columns %s, with their defaults, of keys newer than the file", path,
-                    ", ".join(added))
-        rows = [(1, header)] + [(line, [{**dict(zip(found, row)), **added}.get(c, "") for c in header])
-                                for line, row in rows[1:]]
+        log.warning("%s: written by an older hcsim; adding the columns %s (scenario keys at their defaults, "
+                    "results it did not record blank) and writing its cells as today's (no numbers change)", path,
+                    ", ".join(c for c in header if c not in found) or "none")
+        lines = dict(zip((line for line, _ in whole), new))
+        rows = [(1, header)] + [(line, lines.get(line, row)) for line, row in rows[1:]]
         atomic_write(path, "".join(_csv_line(row) for _, row in rows))
     status_column, counts_column = header.index("status"), header.index("device_counts")
     status, counts, expected = {}, defaultdict(int), {}
@@ -662,8 +686,10 @@ def _drop_rows(path: Path, keys: set[str]) -> None:
     atomic_write(path, "".join(keep))
 
 
-def read_results(path: str | Path) -> list[dict[str, Any]]:
-    """The rows of a sweep's CSV, with numbers, booleans and blanks (None) typed back.
+def read_results(path: str | Path, header: Sequence[str] | None = None, points: Sequence[Point] = ()
+                 ) -> list[dict[str, Any]]:
+    """The rows of a sweep's CSV, with numbers, booleans and blanks (None) typed back; with `header` (today's
+    columns of its experiment, :func:`columns`), an older CSV's rows as today's (:func:`upgrade_records`).
 
     A column is typed as a whole, as pandas does: numbers when every value in it is a finite number,
     booleans when every value is True or False; otherwise, and always for TEXT_COLUMNS (point keys
@@ -672,31 +698,91 @@ def read_results(path: str | Path) -> list[dict[str, Any]]:
     """
     from hcsim.config import read_text
 
+    wanted = header
     rows = _parse_csv(Path(path), read_text(path, MAX_CSV_BYTES, "a results CSV"))
     if not rows:
         return []
-    header = rows[0][1]
-    bad = next((line for line, row in rows[1:] if len(row) != len(header)), None)
+    found = rows[0][1]
+    bad = next((line for line, row in rows[1:] if len(row) != len(found)), None)
     if bad is not None:
-        raise ConfigError(f"{path}:{bad}: not a row of this file ({len(header)} columns in its header); fix or "
+        raise ConfigError(f"{path}:{bad}: not a row of this file ({len(found)} columns in its header); fix or "
                           "delete that line")
-    records = [dict(zip(header, row)) for _, row in rows[1:]]
+    records = [dict(zip(found, row)) for _, row in rows[1:]]
+    if wanted is not None:  # an older CSV of this experiment, as hcsim writes it today
+        records = upgrade_records(found, list(wanted), records, points)
+        if records is None:
+            raise ConfigError(f"{path}: its columns are not this experiment's (were the axes changed?). Fix: run "
+                              "the sweep again with --overwrite")
+        header = list(wanted)
+    else:
+        header = found
     kinds = {column: _column_kind(column, [record[column] for record in records]) for column in header}
     return [{k: _typed(v, kinds[k]) for k, v in record.items()} for record in records]
 
 
-def added_columns(found: list[str], header: list[str]) -> dict[str, Any] | None:
-    """Column -> value of the scenario columns `header` has and an older results file's `found` lacks, the value
-    every run of that file had: the default of a scenario key that hcsim did not have yet ({} when the headers
-    are equal). None when `found` is not `header` without such columns (another experiment's file)."""
-    missing = [c for c in header if c not in found]
-    if [c for c in header if c not in missing] != list(found):
+def upgrade_records(found: list[str], header: list[str], records: list[dict[str, str]],
+                    points: Sequence[Point] = ()) -> list[dict[str, str]] | None:
+    """The rows (column -> CSV text) of a results CSV whose header is `found`, as rows of `header`, the header
+    of today's hcsim for its experiment; None when `found` is another experiment's.
+
+    A CSV written by an older hcsim lacks columns that came later: a scenario key's gets its default (every
+    run of the file had it; a key whose default the specs resolve, such as precision, gets what it resolves
+    to for the row's point among `points`: the same key, so the same scenario), a result's (:data:`ADDED_RESULT_COLUMNS`) stays blank (not recorded), a key of
+    platform_overrides or workload_overrides gets its value from the mapping the file wrote as JSON. Cells
+    written as they were then become today's (:func:`_today`): "none" and prose blank, JSON lists joined
+    with +, a mapping its keys. No number changes."""
+    if any(c not in header for c in found) or [c for c in header if c in found] != list(found):
         return None
-    defaults = {scenario_column(f.name): f.default for f in dataclasses.fields(Scenario)
+    defaults = {scenario_column(f.name): csv_cell(f.default) for f in dataclasses.fields(Scenario)
                 if f.default is not dataclasses.MISSING and f.default is not None}
-    if any(c not in defaults for c in missing):
+    missing = [c for c in header if c not in found]
+    mapped = [c for c in missing if c.startswith(LEGACY_MAPPINGS) and "." in c]
+    scenario = set(scenario_columns())
+    if any(c not in scenario and c not in ADDED_RESULT_COLUMNS and c not in mapped for c in missing):
         return None
-    return {c: defaults[c] for c in missing}
+    inputs = {p.key: p.inputs for p in points}
+    upgraded = []
+    for record in records:
+        row = {c: _today(c, record[c]) if c in record else "" for c in header}
+        for c in missing:
+            if c in scenario and c not in defaults:
+                value = inputs.get(record.get("point"), {}).get(c)
+                row[c] = "" if value is None else str(value)
+            elif c in defaults:
+                row[c] = "" if defaults[c] is None else str(defaults[c])
+            elif c in mapped:
+                mapping, key = c.split(".", 1)
+                value = _json_mapping(record.get(mapping, "")).get(key)
+                row[c] = "" if value is None else str(csv_cell(value))
+        upgraded.append(row)
+    return upgraded
+
+
+_NOTHING = {"cxl_bandwidth_Bps": "none", "cxl_latency_s": "none", "collective_chunks": "the algorithm's default",
+            "devices": "per node (explicit topology)"}  # what older CSVs wrote where nothing exists
+
+
+def _today(column: str, text: str) -> str:
+    """A cell of an older CSV as hcsim writes it today."""
+    if _NOTHING.get(column) == text:
+        return ""
+    if column in LEGACY_MAPPINGS and text.startswith("{"):
+        return str(csv_cell(sorted(_json_mapping(text))) or "")
+    if text.startswith("[") and column in TEXT_COLUMNS:
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return text
+        return str(csv_cell(value)) if isinstance(value, list) else text
+    return text
+
+
+def _json_mapping(text: str) -> dict:
+    try:
+        value = json.loads(text) if text.startswith("{") else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _column_kind(column: str, values: list[str]) -> str:
@@ -789,8 +875,8 @@ def run_sweep(experiment: Experiment, out: str | Path = "results", *, jobs: int 
                           "or start over replacing them); give one")
     out = check_output_folder(out, "--out")
     path = out / f"{experiment.name}.csv"
-    header = columns(experiment)
     points = experiment.points()
+    header = columns(experiment, points)
     with _FolderLock(out, experiment.name):
         _remove_stale_point_folders()
         return _run_locked(experiment, out, path, header, points, started_at, jobs=jobs, resume=resume,
@@ -805,7 +891,7 @@ def _run_locked(experiment, out, path, header, points, started_at, *, jobs, resu
         raise ConfigError(f"{path}: exists. Fix: --resume to run only the missing points, or --overwrite to start over")
     if overwrite and path.exists():
         path.unlink()
-    done = _existing(path, header) if resume else {}
+    done = _existing(path, header, points) if resume else {}
     if retry_errors:
         failed = {k for k, status in done.items() if status != "ok"}
         if failed:
@@ -1007,13 +1093,9 @@ def write_report(experiment: Experiment, csv_path: Path, out: Path) -> list[Path
     from hcsim.plotting import plot_experiment
     from hcsim.simulation import atomic_write
 
-    with open(csv_path, newline="") as stream:
-        added = added_columns(next(csv.reader(stream), None) or [], columns(experiment))
-    if added is None:
-        raise ConfigError(f"{csv_path}: its columns are not this experiment's (were the axes changed?). Fix: run "
-                          "the sweep again with --overwrite")
-    rows = [{**added, **row} for row in read_results(csv_path)]
-    keys = {p.key for p in experiment.points()}
+    points = experiment.points()
+    rows = read_results(csv_path, columns(experiment, points), points)
+    keys = {p.key for p in points}
     rows = [r for r in rows if r["point"] in keys]
     outputs = plot_experiment(experiment, rows, out)
     findings = [evaluate(spec, rows, experiment.axis_columns()) for spec in experiment.findings]

@@ -36,15 +36,32 @@ def test_every_scenario_field_has_a_column_with_its_unit():
 
 @pytest.mark.parametrize("settings", [{}, {"platform": "paper-traditional", "devices": ["H100", "A100"]},
                                       {"xpu_fidelity": "representative", "trace_xpus": ["xpu1"]}])
-def test_the_resolved_scenario_leaves_nothing_blank(settings):
+def test_the_resolved_scenario_holds_numbers_words_or_nothing(settings):
+    """Blank (None) only where nothing exists (no overrides, the algorithm's own chunk count, no CXL link);
+    never "none", prose or JSON."""
     values = resolve_scenario(load_scenario(None, settings))
     assert list(values) == scenario_columns()
-    assert all(v is not None and v != "" for v in values.values()), values
+    blank = {k for k, v in values.items() if v is None}
+    assert blank <= {"platform_overrides", "workload_overrides", "collective_chunks", "cxl_bandwidth_Bps",
+                     "cxl_latency_s"}, values
+    for key, value in values.items():  # a word ("none" is recompute's or offload's choice), never a phrase
+        assert not isinstance(value, str) or (" " not in value and not value.startswith(("[", "{"))), (key, value)
+    for key in ("cxl_bandwidth_Bps", "cxl_latency_s", "collective_chunks", "dp", "micro_batch", "global_batch"):
+        assert values[key] is None or isinstance(values[key], (int, float)), (key, values[key])
 
 
 def test_defaults_resolve_to_the_specs_values():
     values = resolve_scenario(load_scenario(None, {"platform": "paper-traditional"}))
     assert values["coherent"] is False and values["devices"] == "H100"
     default = resolve_scenario(Scenario())
-    assert default["collective"] == "ring" and default["platform_overrides"] == "{}"
-    assert default["trace_iterations"] == "[1, 2]"
+    assert default["collective"] == "ring" and default["platform_overrides"] is None
+    assert default["trace_iterations"] == "1+2" and default["collective_chunks"] is None
+    dgx = resolve_scenario(load_scenario(None, {"platform": "dgx-h100", "xpus": 8}))
+    assert dgx["cxl_bandwidth_Bps"] is None and dgx["cxl_latency_s"] is None  # no CXL link: blank, not "none"
+
+
+def test_a_mapping_has_a_column_per_key_and_a_list_is_joined():
+    values = resolve_scenario(load_scenario(None, {"workload_overrides": {"model.sequence": 8192},
+                                                   "layer_split": [20, 20], "pp": 2}))
+    assert values["workload_overrides"] == "model.sequence" and values["workload_overrides.model.sequence"] == 8192
+    assert values["layer_split"] == "20+20" and list(values)[-1] == "workload_overrides.model.sequence"

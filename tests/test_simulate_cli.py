@@ -45,7 +45,8 @@ def test_json_result_has_the_documented_fields(small_run):
     assert row["xpus"] == 8 and result["measured_iterations"] == "2..2"
     assert row["compute_s"] + row["memory_stall_s"] + row["exposed_comm_s"] + row["idle_s"] == pytest.approx(
         result["iteration_time_s"], rel=1e-12)  # the breakdown adds up to the reported iteration time
-    assert all(value not in (None, "") for value in result["inputs_resolved"].values())
+    assert not any(isinstance(v, str) and (v.startswith(("[", "{")) or " " in v)  # no JSON or prose
+                   for v in result["inputs_resolved"].values())
     assert json.loads((out / "result.json").read_text()) == result
 
 
@@ -324,3 +325,20 @@ def test_precision_overrides_the_workloads_and_shows_in_the_header():
     fp32 = json.loads(hcsim("simulate", "--set", "xpus=2", "--set", "iterations=1", "--json").stdout)
     assert fp32["precision"] == "fp32" and fp32["inputs_resolved"]["precision"] == "fp32"
     assert result["iteration_time_s"] < fp32["iteration_time_s"]  # the H100's BF16 peak is 989 TFLOP/s, FP32 67
+
+
+def test_out_refuses_an_earlier_run_s_results_and_overwrite_leaves_none_of_them(tmp_path):
+    first = hcsim("simulate", "--set", "xpus=4", "--set", "iterations=1", "--out", str(tmp_path))
+    assert first.returncode == 0, first.stderr
+    assert (tmp_path / "trace.json").exists()
+    (tmp_path / "notes.txt").write_text("mine")
+    again = hcsim("simulate", "--set", "xpus=4", "--set", "iterations=1", "--out", str(tmp_path))
+    assert again.returncode == 2 and "holds the results of an earlier run (result.json" in again.stderr
+    assert "--overwrite" in again.stderr and "Traceback" not in again.stderr
+    before = (tmp_path / "result.json").read_text()
+    replaced = hcsim("simulate", "--set", "xpus=2", "--set", "iterations=1", "--set", "trace_xpus=0",
+                     "--out", str(tmp_path), "--overwrite")
+    assert replaced.returncode == 0, replaced.stderr
+    assert not (tmp_path / "trace.json").exists() and not (tmp_path / "trace.csv").exists()  # the earlier run's
+    assert json.loads((tmp_path / "result.json").read_text())["xpus"] == 2 != json.loads(before)["xpus"]
+    assert (tmp_path / "notes.txt").read_text() == "mine"  # not a result: kept

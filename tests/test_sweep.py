@@ -20,6 +20,7 @@ import pytest
 import hcsim
 from hcsim.errors import ConfigError
 from hcsim.findings import evaluate
+from hcsim.results import SPLIT_PARTS
 from hcsim.sweep import columns, load_experiment, read_results, run_sweep, write_report
 
 TINY = """
@@ -247,10 +248,11 @@ def test_every_row_records_the_whole_resolved_scenario(tiny_sweep):
 
     _, report, _ = tiny_sweep
     for row in read_results(report.csv):
-        for column in scenario_columns():
-            assert row[column] not in (None, ""), column
+        for column in scenario_columns():  # blank only where nothing exists: the algorithm's own chunk count
+            assert row[column] not in (None, "") or column in ("collective_chunks", "workload_overrides"), column
         assert row["xpu_sampling"] == "all" and row["platform"] == "paper-cxl" and row["collective"] == "ring"
-        assert row["platform_overrides"] == '{"rack.servers": 1}' and row["granularity"] == "decoder"
+        assert row["platform_overrides"] == "rack.servers" and row["platform_overrides.rack.servers"] == 1
+        assert row["granularity"] == "decoder"
 
 
 def test_resume_skips_what_is_done_and_a_plain_rerun_refuses(tiny_sweep):
@@ -353,6 +355,84 @@ def test_a_csv_written_before_a_scenario_key_existed_is_reported_and_resumed_wit
     with pytest.raises(ConfigError, match="columns are not this experiment's"):  # a column missing that is no key
         (folder / "tiny.csv").write_text(",".join(c for c in table[0] if c != "iteration_time_s") + "\n")
         run_sweep(experiment, folder, resume=True, report=False)
+
+
+def _as_written_before_issue_28(table: list[list[str]]) -> list[list[str]]:
+    """A CSV of `table` as hcsim wrote it before issue 28: no result columns added since (mfu, tokens, the
+    time split, memory per XPU), no column per override key, mappings and lists as JSON, "none" and prose
+    where nothing exists."""
+    from hcsim.sweep import ADDED_RESULT_COLUMNS
+
+    header = table[0]
+    keep = [i for i, c in enumerate(header) if c not in ADDED_RESULT_COLUMNS and not c.startswith("platform_overrides.")]
+    old = []
+    for row in table:
+        cells = dict(zip(header, row))
+        if row is not table[0]:
+            cells["platform_overrides"] = json.dumps({"rack.servers": int(cells["platform_overrides.rack.servers"])})
+            cells["workload_overrides"] = "{}"
+            cells["collective_chunks"] = "the algorithm's default"
+            cells["iteration_times_s"] = json.dumps([float(t) for t in cells["iteration_times_s"].split("+")])
+            cells["trace_iterations"] = json.dumps([int(n) for n in cells["trace_iterations"].split("+")])
+        old.append([cells[header[i]] for i in keep])
+    return old
+
+
+def test_a_csv_written_before_the_new_result_columns_is_reported_and_resumed_and_no_number_changes(tiny_sweep,
+                                                                                                   tmp_path):
+    """Committed sweep CSVs predate mfu, tokens_per_s, the time split and memory columns, and wrote JSON,
+    "none" and prose: --report-only reads them, --resume rewrites them as today's (the new result columns
+    blank, the override keys from the JSON), and every number stays what it was."""
+    experiment, report, _ = tiny_sweep
+    table = [row for row in csv.reader(io.StringIO(report.csv.read_text()))]
+    old = _as_written_before_issue_28(table)
+    folder = tmp_path / "old"
+    folder.mkdir()
+    with open(folder / "tiny.csv", "w", newline="") as stream:
+        csv.writer(stream, lineterminator="\n").writerows(old)
+    write_report(experiment, folder / "tiny.csv", folder)
+    before = read_results(folder / "tiny.csv")
+    again = run_sweep(experiment, folder, resume=True, report=False)
+    assert again.ran == 0
+    rows = read_results(folder / "tiny.csv")
+    assert list(rows[0]) == columns(experiment)
+    for was, now, fresh in zip(before, rows, read_results(report.csv)):
+        for column, value in was.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                assert now[column] == value, column
+        assert now["mfu"] is None and now["comm_dp_s"] is None  # not recorded by the older run
+        assert now["platform_overrides.rack.servers"] == 1 and now["platform_overrides"] == "rack.servers"
+        assert now["collective_chunks"] is None
+        for column in ("trace_iterations", "iteration_times_s"):  # lists joined with +, as today's rows
+            assert not str(now[column]).startswith("[") and now[column] == fresh[column], column
+
+
+def test_two_sweeps_concatenate_and_group_in_pandas(tiny_sweep, tmp_path):
+    """Numeric columns hold numbers or blanks (NaN), so pandas types them as numbers; the results of two sweeps
+    (one written by an older hcsim and resumed) concatenate and group."""
+    pandas = pytest.importorskip("pandas")
+    experiment, report, _ = tiny_sweep
+    table = [row for row in csv.reader(io.StringIO(report.csv.read_text()))]
+    folder = tmp_path / "old"
+    folder.mkdir()
+    with open(folder / "tiny.csv", "w", newline="") as stream:
+        csv.writer(stream, lineterminator="\n").writerows(_as_written_before_issue_28(table))
+    run_sweep(experiment, folder, resume=True, report=False)
+    text = {"point": str, "inputs_hash": str}
+    frames = [pandas.read_csv(report.csv, dtype=text), pandas.read_csv(folder / "tiny.csv", dtype=text)]
+    both = pandas.concat(frames, ignore_index=True)
+    numeric = ["xpus", "iteration_time_s", "samples_per_s", "batches_per_s", "cxl_bandwidth_Bps", "cxl_latency_s",
+               "collective_chunks", "mfu", "tokens_per_s", "model_flops_per_s_per_xpu", "state_per_xpu_bytes",
+               "spilled_per_xpu_bytes", "compute_s", "exposed_comm_s", *SPLIT_PARTS, "platform_overrides.rack.servers"]
+    for column in numeric:
+        assert pandas.api.types.is_numeric_dtype(both[column]), (column, both[column].tolist())
+    fresh = frames[0]
+    assert fresh["mfu"].between(0, 1).all() and (fresh["tokens_per_s"] > 0).all()
+    assert (fresh["state_per_xpu_bytes"] > 0).all()
+    parts = fresh[[c for c in SPLIT_PARTS if c.startswith("comm_")]].sum(axis=1)
+    assert parts.to_numpy() == pytest.approx(fresh["exposed_comm_s"].to_numpy(), rel=1e-9, abs=1e-15)
+    grouped = both.groupby(["coherent", "xpus"])["iteration_time_s"].agg(["count", "mean"])
+    assert (grouped["count"] == 2).all() and len(grouped) == len(fresh)
 
 
 def test_report_only_redraws_from_the_csv(tiny_sweep, tmp_path):

@@ -329,8 +329,8 @@ def _candidate_rows(scenario, spec, platform, xpus, found, reasons, twins, order
         need = max(n for _, n, _ in stage_needs(spec, candidate, platform, xpus))
         reason = reasons[candidate] or ("not ranked: the same plan at ZeRO stage 1 fits and runs the same "
                                         "communication and step" if candidate in twins else "")
-        rows.append({"rank": rank, **candidate.columns(), "cp": scenario.cp, "ep": scenario.ep,
-                     "offload": scenario.offload, "global_batch": candidate.parallelism.global_batch,
+        rows.append({"rank": rank, **candidate.columns(), "ep": scenario.ep, "offload": scenario.offload,
+                     "global_batch": candidate.parallelism.global_batch,
                      "estimated_s": estimates[candidate], "estimated_memory_gb": need / 1e9,
                      "fits": reasons[candidate] is None, "fit_reason": reason, "simulated": bool(sim),
                      "simulated_s": sim.get("simulated_s"), "samples_per_s": sim.get("samples_per_s"),

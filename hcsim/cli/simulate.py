@@ -27,19 +27,21 @@ def register(subparsers) -> None:
     parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                         help="override a scenario key, e.g. xpus=256, cxl_latency=1us, coherent=false (repeatable)")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    parser.add_argument("--out", type=Path, help="folder for result.json, links.csv, xpus.csv, xpus.png and the traces")
+    parser.add_argument("--out", type=Path, help="folder for result.json, links.csv, xpus.csv, xpus.png and the traces "
+                        "(refused if it holds an earlier run's results, unless --overwrite)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the earlier run's results in --out (all of them: none is left beside the new)")
     parser.set_defaults(run=run)
 
 
 def run(args) -> int:
-    from hcsim.config import check_output_folder
     from hcsim.errors import OutputError
     from hcsim.scenario import load_scenario
-    from hcsim.simulation import run_here
+    from hcsim.simulation import check_results_folder, run_here
 
     scenario = load_scenario(args.scenario, args.settings)
     if args.out is not None:
-        check_output_folder(args.out, "--out")
+        check_results_folder(args.out, args.overwrite, "--out")
     bars = []
 
     def progress(total: int):
@@ -50,7 +52,7 @@ def run(args) -> int:
 
     unwritten = None
     try:
-        result = run_here(scenario, args.out, progress)
+        result = run_here(scenario, args.out, progress, overwrite=args.overwrite)
     except OutputError as err:
         if err.result is None:
             raise
