@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from hcsim.config import Fields, load_yaml, parse_settings
-from hcsim.engine.executor import COLLECTIVE_MODELS, LOCAL_ACCESSES, LOCAL_COLLECTIVES, XPU_SAMPLINGS
+from hcsim.engine.executor import COLLECTIVE_MODELS, ENGINES, LOCAL_ACCESSES, LOCAL_COLLECTIVES, XPU_SAMPLINGS
 from hcsim.errors import ConfigError, brief
 from hcsim.params import (Choice, Constraint, Either, Flag, Integer, Integers, Number, Optional, StringMapping, Text,
                           Texts, check_params)
@@ -73,6 +73,7 @@ class Scenario:
     local_access: str = "analytic"  # analytic | simulated: see hcsim.engine.executor.RunOptions
     xpu_sampling: str = "all"  # all | representative: see hcsim.engine.executor.RunOptions
     local_collectives: str = "simulated"  # simulated | analytic: see hcsim.engine.executor.RunOptions
+    engine: str = "python"  # python | core (the executor's rules in C++, for what it supports: docs/engine-core.md)
     granularity: str | None = None  # workload graph: layer | decoder vertices; None: the workload spec's
     iterations: int = 2  # the first fills the pipeline; results average the later ones
     platform_overrides: dict[str, Any] = field(default_factory=dict)  # any key of the platform spec, dotted
@@ -127,7 +128,7 @@ class Scenario:
         "step_limit": Integer(minimum=1),
         "local_access": Choice(LOCAL_ACCESSES),
         "xpu_sampling": Choice(XPU_SAMPLINGS),
-        "local_collectives": Choice(LOCAL_COLLECTIVES),
+        "local_collectives": Choice(LOCAL_COLLECTIVES), "engine": Choice(ENGINES),
         "compute_model": Choice(COMPUTE_MODELS),
         "compute_factors": Optional(Text(), "platforms/compute-model.yaml"),
         "granularity": Optional(Choice(GRANULARITIES), "the workload spec's"),
@@ -343,6 +344,7 @@ def _from_mapping(data: dict, where: str, base: str) -> Scenario:
     values["local_collectives"] = fields.choice("local_collectives", LOCAL_COLLECTIVES,
                                                 default.local_collectives)
     values["iterations"] = fields.number("iterations", default.iterations, kind=int, minimum=1)
+    values["engine"] = fields.choice("engine", ENGINES, default.engine)
     values["trace_xpus"] = _trace_xpus(fields, default.trace_xpus)
     values["cp_algorithm"] = fields.choice("cp_algorithm", CP_ALGORITHMS, default.cp_algorithm)
     for key in ("tp", "pp", "virtual_stages", "ep", "cp"):

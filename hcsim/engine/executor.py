@@ -36,12 +36,13 @@ from hcsim.platform.devices import peak_flops
 from hcsim.platform.routes import route_bandwidth, route_latency
 
 __all__ = ["Executor", "RunOptions", "RunResult", "COLLECTIVE_MODELS", "XPU_SAMPLINGS", "LOCAL_ACCESSES",
-           "LOCAL_COLLECTIVES", "memory_form", "form_transfers", "check_link_loads"]
+           "LOCAL_COLLECTIVES", "ENGINES", "memory_form", "form_transfers", "check_link_loads"]
 
 COLLECTIVE_MODELS = ("step", "flow", "auto")  # RunOptions.collective_model
 XPU_SAMPLINGS = ("all", "representative")  # RunOptions.xpu_sampling
 LOCAL_ACCESSES = ("analytic", "simulated")  # RunOptions.local_access
 LOCAL_COLLECTIVES = ("simulated", "analytic")  # RunOptions.local_collectives
+ENGINES = ("python", "core")  # RunOptions.engine: this executor, or its rules in C++ (hcsim.engine.core.workload)
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +80,14 @@ class RunOptions:
     compute_model: object | None = None
     trace_xpus: frozenset[str] | str | None = None  # None: trace nothing; "per-class": each class's representative
     trace_iterations: frozenset[int] | None = None  # None: every iteration
+    # "python": this executor; "core": the same rules on SimGrid's C++ API (hcsim.engine.core.workload), for
+    # the workloads it supports (it refuses the others with a ConfigError naming what it lacks)
+    engine: str = "python"
 
     _constraints: ClassVar[dict[str, Constraint]] = {
         "iterations": Integer(minimum=1), "coherent": Flag(), "collective_model": Choice(COLLECTIVE_MODELS),
         "step_limit": Integer(minimum=1), "local_access": Choice(LOCAL_ACCESSES), "xpu_sampling": Choice(XPU_SAMPLINGS),
-        "local_collectives": Choice(LOCAL_COLLECTIVES),
+        "local_collectives": Choice(LOCAL_COLLECTIVES), "engine": Choice(ENGINES),
     }
 
     def __post_init__(self) -> None:

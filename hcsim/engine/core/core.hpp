@@ -58,9 +58,11 @@ void check_graph(const ActivityGraph& graph);
 
 /* Creates the process's SimGrid Engine (once per process: a second call throws std::logic_error),
    sets CM02 with TCP-gamma 0 and no cross-traffic, loads and seals the platform, and returns the hosts
-   named in `host_names`, in that order (std::invalid_argument for an unknown name). */
+   named in `host_names`, in that order (std::invalid_argument for an unknown name); with `clock_host`,
+   adds the delay host of hcsim/engine/backend.py ("hcsim:clock", 1 FLOP/s, 2^20 cores) and returns it
+   last. */
 std::vector<simgrid::s4u::Host*> start_engine(const std::string& platform_xml,
-                                              const std::vector<std::string>& host_names);
+                                              const std::vector<std::string>& host_names, bool clock_host = false);
 
 /* Runs the graph with completion callbacks in maestro: each activity starts from the callback of its
    last predecessor. */

@@ -26,7 +26,8 @@ double cpu_seconds()
   return static_cast<double>(std::clock()) / CLOCKS_PER_SEC;
 }
 
-std::vector<sg4::Host*> start_engine(const std::string& platform_xml, const std::vector<std::string>& host_names)
+std::vector<sg4::Host*> start_engine(const std::string& platform_xml, const std::vector<std::string>& host_names,
+                                     bool clock_host)
 {
   // SimGrid 4.1 aborts the whole process when a second Engine is created, even after the first has run:
   // refuse here, with an exception, instead.
@@ -49,6 +50,12 @@ std::vector<sg4::Host*> start_engine(const std::string& platform_xml, const std:
   for (const char* setting : {"network/model:CM02", "network/TCP-gamma:0", "network/crosstraffic:0"})
     sg4::Engine::set_config(setting);
   engine->load_platform(platform_xml);
+  sg4::Host* clock = nullptr;
+  if (clock_host) {  // delays: executions on a host of 1 FLOP/s with more cores than delays at once, as backend.py
+    clock = engine->get_netzone_root()->add_host("hcsim:clock", 1.0);
+    clock->set_core_count(1 << 20);
+    clock->seal();
+  }
   engine->get_netzone_root()->seal();  // XML zones are not sealed at load in 4.1
 
   // Host::by_name searches the zones one by one in 4.1; one walk over all hosts instead.
@@ -63,6 +70,8 @@ std::vector<sg4::Host*> start_engine(const std::string& platform_xml, const std:
       throw std::invalid_argument("host '" + name + "' is not in the platform " + platform_xml);
     hosts.push_back(found->second);
   }
+  if (clock != nullptr)
+    hosts.push_back(clock);
   return hosts;
 }
 

@@ -4,6 +4,7 @@
    dimension, contiguous, of the item type each argument names. The GIL is released while SimGrid
    runs; no Python object is touched inside the run. */
 #include "core.hpp"
+#include "workload.hpp"
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -84,6 +85,93 @@ py::dict run_graph(const std::string& platform_xml, const std::vector<std::strin
   return out;
 }
 
+template <typename T> const T* field(const py::dict& arrays, const char* name, std::size_t count)
+{
+  if (!arrays.contains(name))
+    throw py::value_error(std::string("run_workload: missing array '") + name + "'");
+  return view<T>(arrays[name].cast<py::buffer>(), name, count, false);
+}
+
+py::dict run_workload(const std::string& platform_xml, const std::vector<std::string>& host_names,
+                      const py::dict& a, int iterations, std::size_t xpus, const py::buffer& iteration_ends,
+                      const py::buffer& first, const py::buffer& last, const py::buffer& done_runs)
+{
+  using namespace hcsim::core;
+  if (iterations < 1)
+    throw py::value_error("run_workload: iterations must be >= 1, got " + std::to_string(iterations));
+  WorkloadArrays w;
+  w.iterations = iterations;
+  w.xpus = xpus;
+  py::buffer_info kinds = a["v_kind"].cast<py::buffer>().request();
+  w.vertices = static_cast<std::size_t>(kinds.shape[0]);
+  w.v_kind = field<std::uint8_t>(a, "v_kind", w.vertices);
+  w.v_flags = field<std::uint8_t>(a, "v_flags", w.vertices);
+  w.v_comm_kind = field<std::uint8_t>(a, "v_comm_kind", w.vertices);
+  w.v_units = field<std::int64_t>(a, "v_units", w.vertices + 1);
+  w.v_succs = field<std::int64_t>(a, "v_succs", w.vertices + 1);
+  w.units = static_cast<std::size_t>(w.v_units[w.vertices]);
+  std::size_t edges = static_cast<std::size_t>(w.v_succs[w.vertices]);
+  w.u_xpu = field<std::int32_t>(a, "u_xpu", w.units);
+  w.u_required = field<std::int64_t>(a, "u_required", 2 * w.units);
+  w.u_flops = field<double>(a, "u_flops", w.units);
+  w.u_read = field<double>(a, "u_read", w.units);
+  w.u_read_src = field<std::int32_t>(a, "u_read_src", w.units);
+  w.u_compute_s = field<double>(a, "u_compute_s", w.units);
+  w.u_copy = field<double>(a, "u_copy", w.units);
+  w.u_copy_src = field<std::int32_t>(a, "u_copy_src", w.units);
+  w.u_group = field<std::int32_t>(a, "u_group", w.units);
+  w.e_succ = field<std::int32_t>(a, "e_succ", edges);
+  w.e_skip = field<std::uint8_t>(a, "e_skip", edges);
+  w.e_same_rank = field<std::uint8_t>(a, "e_same_rank", edges);
+  w.e_bucket_of = field<std::int64_t>(a, "e_bucket_of", edges);
+  std::size_t bucket_of = a["bucket_of"].cast<py::buffer>().request().shape[0];
+  w.bucket_of = field<std::int32_t>(a, "bucket_of", bucket_of);
+  std::size_t buckets = a["b_units"].cast<py::buffer>().request().shape[0];
+  w.b_units = field<std::int64_t>(a, "b_units", buckets);
+  w.b_unit = field<std::int32_t>(a, "b_unit", static_cast<std::size_t>(w.b_units[buckets - 1]));
+  w.groups = a["g_first"].cast<py::buffer>().request().shape[0];
+  w.g_first = field<std::int64_t>(a, "g_first", w.groups);
+  w.g_size = field<std::int32_t>(a, "g_size", w.groups);
+  w.g_mode = field<std::uint8_t>(a, "g_mode", w.groups);
+  w.g_seconds = field<double>(a, "g_seconds", w.groups);
+  w.g_plan = field<std::int32_t>(a, "g_plan", w.groups);
+  std::size_t plans = a["p_phases"].cast<py::buffer>().request().shape[0];
+  w.p_phases = field<std::int64_t>(a, "p_phases", plans);
+  std::size_t phases = static_cast<std::size_t>(w.p_phases[plans - 1]);
+  w.ph_lane = field<std::int32_t>(a, "ph_lane", phases);
+  w.ph_steps = field<std::int32_t>(a, "ph_steps", phases);
+  w.ph_transfers = field<std::int64_t>(a, "ph_transfers", phases + 1);
+  std::size_t transfers = static_cast<std::size_t>(w.ph_transfers[phases]);
+  w.t_src = field<std::int32_t>(a, "t_src", transfers);
+  w.t_dst = field<std::int32_t>(a, "t_dst", transfers);
+  w.t_bytes = field<double>(a, "t_bytes", transfers);
+  w.t_latency = field<double>(a, "t_latency", transfers);
+  w.t_feeds = field<std::int64_t>(a, "t_feeds", transfers + 1);
+  w.feed = field<std::int32_t>(a, "feed", static_cast<std::size_t>(w.t_feeds[transfers]));
+  WorkloadOutput out{view<double>(iteration_ends, "iteration_ends", iterations, true),
+                     view<double>(first, "first", xpus * CLOCK_FIELDS, true),
+                     view<double>(last, "last", xpus * CLOCK_FIELDS, true),
+                     view<std::int32_t>(done_runs, "done_runs", w.units, true)};
+  RunCounters counters;
+  std::size_t ended = 0;
+  {
+    py::gil_scoped_release unlocked;
+    double begin = wall_seconds();
+    std::vector<simgrid::s4u::Host*> hosts = start_engine(platform_xml, host_names, true);
+    double setup = wall_seconds() - begin;
+    counters = hcsim::core::run_workload(w, hosts, out, &ended);
+    counters.setup_s = setup;
+  }
+  py::dict result;
+  result["activities"] = counters.activities;
+  result["simulated_s"] = counters.simulated_s;
+  result["run_s"] = counters.run_s;
+  result["run_cpu_s"] = counters.run_cpu_s;
+  result["setup_s"] = counters.setup_s;
+  result["iterations_ended"] = ended;
+  return result;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m)
@@ -93,6 +181,11 @@ PYBIND11_MODULE(_core, m)
         py::arg("peer"), py::arg("amount"), py::arg("pred_offsets"), py::arg("preds"), py::arg("start"),
         py::arg("end"), py::arg("driver") = "callbacks",
         "Run an activity graph on a fresh SimGrid Engine (once per process); fills start and end.");
+  m.def("run_workload", &run_workload, py::arg("platform_xml"), py::arg("host_names"), py::arg("arrays"),
+        py::arg("iterations"), py::arg("xpus"), py::arg("iteration_ends"), py::arg("first"), py::arg("last"),
+        py::arg("done_runs"),
+        "Run a workload graph's iterations by hcsim.engine.executor's rules (hcsim/engine/core/workload.py).");
+  m.attr("clock_fields") = hcsim::core::CLOCK_FIELDS;
   m.def("simgrid_version", []() {
     int major = 0, minor = 0, patch = 0;
     sg_version_get(&major, &minor, &patch);

@@ -1,0 +1,473 @@
+/* hcsim.engine.executor's rules on plain s4u activities, driven by completion callbacks in maestro.
+
+   Read beside hcsim/engine/executor.py, the reference: each method below is named after the Python
+   method it mirrors and takes the same steps in the same order (Python's events at equal times happen
+   in the order SimGrid reports them, and so do these). The subset: compute units (an execution beside a
+   read of local memory, or the longer of the two when local access is analytic: the Python side decides
+   which per unit; a read of extended memory beside it, or a copy before it, where data spilled), collectives at the flow model (each lane's phases one after the other, a phase ending
+   by FlowPhase's rule) or analytic (one delay), per-XPU clocks as executor._Clock keeps them. */
+#include "workload.hpp"
+
+#include <simgrid/s4u/Comm.hpp>
+#include <simgrid/s4u/Engine.hpp>
+#include <simgrid/s4u/Exec.hpp>
+#include <simgrid/s4u/Host.hpp>
+
+#include <algorithm>
+#include <functional>
+#include <memory>
+#include <utility>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+
+namespace sg4 = simgrid::s4u;
+
+namespace hcsim::core {
+
+namespace {
+
+double now()
+{
+  return sg4::Engine::get_clock();
+}
+
+/* executor._Clock: what one XPU is doing (open compute units and collectives) and its time so far. */
+struct Clock {
+  int computing = 0, communicating = 0, waiting = 0;
+  double since = 0.0, busy = 0.0, comm = 0.0, idle = 0.0, idle_peers = 0.0;
+  std::vector<std::uint8_t> open_kinds;
+  double comm_by[COMM_KINDS] = {};
+  unsigned present = 0;  // the kinds comm_by holds a key for (Python's dict)
+  double compute = 0.0, stall = 0.0, recompute = 0.0;  // executor.busy
+
+  void advance(double t, int computing_ = 0, int communicating_ = 0, int kind = COMM_KINDS - 1, int waiting_ = 0)
+  {
+    double span = t - since;
+    if (computing) {
+      busy += span;
+    } else if (communicating) {
+      comm += span;
+      int first = open_kinds.front();
+      comm_by[first] += span;
+      present |= 1u << first;
+    } else {
+      idle += span;
+      if (waiting)
+        idle_peers += span;
+    }
+    since = t;
+    computing += computing_;
+    communicating += communicating_;
+    waiting += waiting_;
+    if (communicating_ > 0)
+      open_kinds.push_back(static_cast<std::uint8_t>(kind));
+    else if (communicating_ < 0)
+      open_kinds.erase(std::find(open_kinds.begin(), open_kinds.end(), static_cast<std::uint8_t>(kind)));
+  }
+
+  /* executor._times: advance to t, then busy, comm, idle, idle_peers, compute, stall, recompute, the kinds
+     present (a bit mask), comm_by per kind. */
+  void record(double t, double* out)
+  {
+    advance(t);
+    double head[8] = {busy, comm, idle, idle_peers, compute, stall, recompute, static_cast<double>(present)};
+    std::copy(head, head + 8, out);
+    std::copy(comm_by, comm_by + COMM_KINDS, out + 8);
+  }
+};
+
+class WorkloadRun;
+
+/* executor._CollectiveRun at the flow and analytic models: one run of one group of a collective vertex. */
+struct CollectiveRun {
+  std::int32_t group = 0, run = 0, vertex = 0;
+  std::vector<double> start;
+  std::vector<std::uint8_t> ready, active, finished_ranks;
+  std::int32_t ready_count = 0, finished = 0, lanes_busy = 0;
+  struct Lane {
+    std::vector<std::int64_t> phases;  // phase numbers, in order
+    std::size_t index = 0;
+    double begin = 0.0;
+    std::vector<double> durations;
+    std::int64_t left = 0;
+  };
+  std::vector<Lane> lanes;
+};
+
+class WorkloadRun {
+public:
+  WorkloadRun(const WorkloadArrays& w, const std::vector<sg4::Host*>& hosts, WorkloadOutput out)
+      : w_(w), hosts_(hosts), clock_host_(hosts.back()), out_(out), done_runs_(w.units, 0), running_(w.units, 0),
+        arrivals_(w.units * (w.iterations + 1), 0), completed_in_run_(w.iterations + 1, 0), clocks_(w.xpus),
+        unit_vertex_(w.units)
+  {
+    for (std::size_t v = 0; v < w.vertices; ++v)
+      for (std::int64_t u = w.v_units[v]; u < w.v_units[v + 1]; ++u)
+        unit_vertex_[u] = static_cast<std::int32_t>(v);
+  }
+
+  RunCounters run(std::size_t* iterations_ended)
+  {
+    for (std::size_t v = 0; v < w_.vertices; ++v)
+      if (w_.v_flags[v] & START)
+        for (std::int64_t u = w_.v_units[v]; u < w_.v_units[v + 1]; ++u)
+          if (required(u, 1) == 0)
+            try_start(u);
+    double begin = wall_seconds();
+    double begin_cpu = cpu_seconds();
+    sg4::Engine::get_instance()->run();
+    RunCounters counters;
+    counters.run_s = wall_seconds() - begin;
+    counters.run_cpu_s = cpu_seconds() - begin_cpu;
+    counters.activities = activities_;
+    counters.simulated_s = now();
+    std::copy(done_runs_.begin(), done_runs_.end(), out_.done_runs);
+    *iterations_ended = ends_;
+    if (ends_ > 0)
+      for (std::size_t x = 0; x < w_.xpus; ++x)
+        clocks_[x].record(out_.iteration_ends[ends_ - 1], out_.last + x * CLOCK_FIELDS);
+    return counters;
+  }
+
+private:
+  std::int64_t required(std::int64_t unit, std::int32_t run) const { return w_.u_required[2 * unit + (run > 1)]; }
+
+  void notify(std::int64_t unit, std::int32_t run)
+  {
+    std::int32_t& count = arrivals_[unit * (w_.iterations + 1) + run];
+    if (++count == required(unit, run))
+      try_start(unit);
+  }
+
+  void try_start(std::int64_t unit)
+  {
+    if (running_[unit])
+      return;
+    std::int32_t run = done_runs_[unit] + 1;
+    if (run > w_.iterations)
+      return;
+    std::int64_t needed = required(unit, run);
+    std::int32_t& arrived = arrivals_[unit * (w_.iterations + 1) + run];
+    if (needed && arrived < needed)
+      return;
+    arrived = 0;
+    running_[unit] = 1;
+    std::int32_t vertex = unit_vertex_[unit];
+    if (w_.v_kind[vertex] == COMPUTE) {
+      clocks_[w_.u_xpu[unit]].advance(now(), 1);
+      start_compute(vertex, unit, run);
+    } else {
+      rank_ready(vertex, unit, run);
+    }
+  }
+
+  void complete(std::int32_t vertex, std::int64_t unit, std::int32_t run)
+  {
+    running_[unit] = 0;
+    done_runs_[unit] = run;
+    double t = now();
+    if (w_.v_kind[vertex] == COMPUTE)
+      clocks_[w_.u_xpu[unit]].advance(t, -1);
+    if (++completed_in_run_[run] == static_cast<std::int64_t>(w_.units))
+      iteration_ended(t);
+    std::int64_t rank = unit - w_.v_units[vertex];
+    for (std::int64_t e = w_.v_succs[vertex]; e < w_.v_succs[vertex + 1]; ++e) {
+      std::int32_t target = run + w_.e_skip[e];
+      if (target > w_.iterations)
+        continue;
+      std::int64_t first = w_.v_units[w_.e_succ[e]];
+      if (w_.e_same_rank[e]) {
+        notify(first + rank, target);
+        continue;
+      }
+      std::int32_t bucket = w_.bucket_of[w_.e_bucket_of[e] + rank];
+      if (bucket < 0)
+        continue;
+      for (std::int64_t b = w_.b_units[bucket]; b < w_.b_units[bucket + 1]; ++b)
+        notify(first + w_.b_unit[b], target);
+    }
+    if (run < w_.iterations)
+      try_start(unit);
+  }
+
+  void iteration_ended(double t)
+  {
+    out_.iteration_ends[ends_++] = t;
+    if (ends_ == 1)
+      for (std::size_t x = 0; x < w_.xpus; ++x)
+        clocks_[x].record(t, out_.first + x * CLOCK_FIELDS);
+  }
+
+  // ---- activities ------------------------------------------------------------------------------------------
+
+  void execute(sg4::Host* host, double flops, std::function<void()> then)
+  {
+    ++activities_;
+    sg4::ExecPtr exec = sg4::Exec::init();
+    exec->set_flops_amount(flops)->set_host(host);
+    exec->on_this_completion_cb([this, then = std::move(then)](sg4::Exec const& done) { retire(done); then(); });
+    exec->detach();  // see activities.cpp: an Exec started in maestro is otherwise kept until waited for
+    exec->add_ref(); // held until it ends (retire)
+  }
+
+  void transfer(std::int32_t src, std::int32_t dst, double bytes, std::function<void()> then)
+  {
+    ++activities_;
+    // A Comm's size is a whole number of bytes, truncated as SimGrid's CommTask truncates it.
+    sg4::CommPtr comm = sg4::Comm::sendto_init(hosts_[src], hosts_[dst]);
+    comm->set_payload_size(static_cast<std::uint64_t>(bytes));
+    comm->on_this_completion_cb([this, then = std::move(then)](sg4::Comm const& done) { retire(done); then(); });
+    comm->start();
+    comm->add_ref();
+  }
+
+  void delay(double seconds, std::function<void()> then) { execute(clock_host_, seconds, std::move(then)); }
+
+  /* SimGrid 4.1 fires a Comm's completion callbacks with no reference of its own (activities.cpp): the
+     reference taken at the start is dropped one completion later, when no callback of this one runs. */
+  void retire(const sg4::Activity& done)
+  {
+    retired_ = sg4::ActivityPtr(const_cast<sg4::Activity*>(&done), false);  // adopts the start's reference
+  }
+
+  // ---- compute units (executor._start_compute, local memory) -------------------------------------------------
+
+  void start_compute(std::int32_t vertex, std::int64_t unit, std::int32_t run)
+  {
+    double begin = now();
+    double flops = w_.u_flops[unit], read = w_.u_read[unit];
+    auto finish = [this, vertex, unit, run, begin]() {
+      double elapsed = now() - begin;
+      double compute = w_.u_compute_s[unit];
+      Clock& clock = clocks_[w_.u_xpu[unit]];
+      clock.compute += compute;
+      clock.stall += std::max(0.0, elapsed - compute);
+      if (w_.v_flags[vertex] & RECOMPUTE)
+        clock.recompute += compute;
+      complete(vertex, unit, run);
+    };
+    if (w_.u_copy[unit] > 0) {  // spilled data without coherence: copied into local memory first
+      transfer(w_.u_copy_src[unit], w_.u_xpu[unit], w_.u_copy[unit],
+               [this, unit, flops, read, finish]() { compute_beside(unit, flops, read, finish); });
+      return;
+    }
+    compute_beside(unit, flops, read, finish);
+  }
+
+  /* executor._start_compute's compute_beside: the execution and the read side by side (the Python side has
+     already chosen the longer one alone where local access is analytic). */
+  template <typename Finish> void compute_beside(std::int64_t unit, double flops, double read, Finish finish)
+  {
+    int parts = (flops > 0) + (read > 0);
+    if (parts == 0) {
+      finish();
+      return;
+    }
+    if (parts == 1) {
+      if (flops > 0)
+        execute(hosts_[w_.u_xpu[unit]], flops, finish);
+      else
+        transfer(w_.u_read_src[unit], w_.u_xpu[unit], read, finish);
+      return;
+    }
+    auto pending = std::make_shared<int>(2);
+    auto part = [pending, finish]() {
+      if (--*pending == 0)
+        finish();
+    };
+    execute(hosts_[w_.u_xpu[unit]], flops, part);
+    transfer(w_.u_read_src[unit], w_.u_xpu[unit], read, part);
+  }
+
+  // ---- collectives (executor._rank_ready, _CollectiveRun) ------------------------------------------------------
+
+  void rank_ready(std::int32_t vertex, std::int64_t unit, std::int32_t run)
+  {
+    std::int32_t group = w_.u_group[unit];
+    std::int64_t key = static_cast<std::int64_t>(group) * (w_.iterations + 1) + run;
+    auto& slot = collectives_[key];
+    if (!slot) {
+      slot = std::make_unique<CollectiveRun>();
+      slot->group = group;
+      slot->run = run;
+      slot->vertex = vertex;
+      std::size_t ranks = w_.g_size[group];
+      slot->start.assign(ranks, 0.0);
+      slot->ready.assign(ranks, 0);
+      slot->active.assign(ranks, 0);
+      slot->finished_ranks.assign(ranks, 0);
+    }
+    ready(*slot, static_cast<std::int32_t>(unit - w_.g_first[group]), key);
+  }
+
+  std::int32_t member(const CollectiveRun& c, std::int32_t rank) const { return w_.u_xpu[w_.g_first[c.group] + rank]; }
+
+  void ready(CollectiveRun& c, std::int32_t rank, std::int64_t key)
+  {
+    double t = c.start[rank] = now();
+    if (!c.ready[rank]) {
+      c.ready[rank] = 1;
+      ++c.ready_count;
+    }
+    std::int32_t ranks = w_.g_size[c.group];
+    bool everyone = c.ready_count == ranks;
+    int kind = w_.v_comm_kind[c.vertex];
+    if (everyone) {  // waiting for peers ends
+      for (std::int32_t other = 0; other < ranks; ++other) {
+        int waited = other != rank ? -1 : 0;
+        if (!c.finished_ranks[other]) {
+          c.active[other] = 1;
+          clocks_[member(c, other)].advance(t, 0, 1, kind, waited);
+        } else if (waited) {
+          clocks_[member(c, other)].advance(t, 0, 0, kind, waited);
+        }
+      }
+    } else {
+      clocks_[member(c, rank)].advance(t, 0, 0, kind, 1);
+    }
+    if (!everyone)
+      return;
+    if (w_.g_mode[c.group] == FLOW)
+      start_flows(c, key);
+    else
+      delay(w_.g_seconds[c.group], [this, key]() { flows_done(key); });
+  }
+
+  void start_flows(CollectiveRun& c, std::int64_t key)
+  {
+    std::int32_t plan = w_.g_plan[c.group];
+    std::vector<std::int32_t> lane_ids;  // in the order lanes first appear, as Python's dict
+    for (std::int64_t p = w_.p_phases[plan]; p < w_.p_phases[plan + 1]; ++p) {
+      if (w_.ph_transfers[p + 1] == w_.ph_transfers[p])
+        continue;
+      auto found = std::find(lane_ids.begin(), lane_ids.end(), w_.ph_lane[p]);
+      std::size_t lane = found - lane_ids.begin();
+      if (found == lane_ids.end()) {
+        lane_ids.push_back(w_.ph_lane[p]);
+        c.lanes.emplace_back();
+      }
+      c.lanes[lane].phases.push_back(p);
+    }
+    c.lanes_busy = static_cast<std::int32_t>(c.lanes.size());
+    if (c.lanes.empty()) {
+      flows_done(key);
+      return;
+    }
+    for (std::size_t lane = 0; lane < c.lanes.size(); ++lane)
+      next_phase(key, lane);
+  }
+
+  void flows_done(std::int64_t key)
+  {
+    CollectiveRun& c = *collectives_[key];
+    std::int32_t ranks = w_.g_size[c.group];
+    for (std::int32_t rank = 0; rank < ranks; ++rank) {
+      ++c.finished;
+      c.finished_ranks[rank] = 1;
+      if (c.active[rank])
+        clocks_[member(c, rank)].advance(now(), 0, -1, w_.v_comm_kind[c.vertex]);
+      complete(c.vertex, w_.g_first[c.group] + rank, c.run);
+    }
+    collectives_.erase(key);  // collective_done
+  }
+
+  void next_phase(std::int64_t key, std::size_t lane_number)
+  {
+    CollectiveRun& c = *collectives_[key];
+    CollectiveRun::Lane& lane = c.lanes[lane_number];
+    if (lane.index == lane.phases.size()) {
+      if (--c.lanes_busy == 0)
+        flows_done(key);
+      return;
+    }
+    std::int64_t phase = lane.phases[lane.index];
+    std::int64_t first = w_.ph_transfers[phase], count = w_.ph_transfers[phase + 1] - first;
+    lane.begin = now();
+    lane.durations.assign(count, 0.0);
+    lane.left = count;
+    std::int64_t base = w_.g_first[c.group];
+    for (std::int64_t i = 0; i < count; ++i) {
+      std::int64_t t = first + i;
+      transfer(w_.u_xpu[base + w_.t_src[t]], w_.u_xpu[base + w_.t_dst[t]], w_.t_bytes[t],
+               [this, key, lane_number, i]() { flow_done(key, lane_number, i); });
+    }
+  }
+
+  void flow_done(std::int64_t key, std::size_t lane_number, std::int64_t i)
+  {
+    CollectiveRun& c = *collectives_[key];
+    CollectiveRun::Lane& lane = c.lanes[lane_number];
+    double t = now();
+    lane.durations[i] = t - lane.begin;
+    if (--lane.left > 0)
+      return;
+    std::int64_t phase = lane.phases[lane.index];
+    double extra = lane.begin + phase_time(phase, lane.durations) - t;
+    ++lane.index;
+    if (extra > 0)
+      delay(extra, [this, key, lane_number]() { next_phase(key, lane_number); });
+    else
+      next_phase(key, lane_number);
+  }
+
+  /* executor.phase_time: how long a phase lasts by FlowPhase's rule, from its transfers' durations. */
+  double phase_time(std::int64_t phase, const std::vector<double>& durations)
+  {
+    double k = w_.ph_steps[phase];
+    std::int64_t first = w_.ph_transfers[phase];
+    std::size_t n = durations.size();
+    step_.assign(n, 0.0);
+    fill_.assign(n, 0.0);
+    last_.assign(n, 0.0);
+    double result = 0.0;
+    for (std::size_t i = 0; i < n; ++i) {
+      std::int64_t t = first + i;
+      double alpha = w_.t_latency[t];
+      step_[i] = alpha + (durations[i] - alpha) / k;
+      double fill = 0.0, last = 0.0;
+      bool any = false;
+      for (std::int64_t f = w_.t_feeds[t]; f < w_.t_feeds[t + 1]; ++f) {
+        std::int32_t j = w_.feed[f];
+        fill = any ? std::max(fill, fill_[j] + step_[j]) : fill_[j] + step_[j];
+        last = any ? std::max(last, last_[j]) : last_[j];
+        any = true;
+      }
+      fill_[i] = any ? fill : 0.0;
+      last_[i] = std::max((any ? last : 0.0) + step_[i], fill_[i] + k * step_[i]);
+      result = i == 0 ? last_[i] : std::max(result, last_[i]);
+    }
+    return result;
+  }
+
+  const WorkloadArrays& w_;
+  const std::vector<sg4::Host*>& hosts_;
+  sg4::Host* clock_host_;
+  WorkloadOutput out_;
+  std::vector<std::int32_t> done_runs_;
+  std::vector<std::uint8_t> running_;
+  std::vector<std::int32_t> arrivals_;  // (unit, run) -> predecessor completions so far
+  std::vector<std::int64_t> completed_in_run_;
+  std::vector<Clock> clocks_;
+  std::vector<std::int32_t> unit_vertex_;
+  std::unordered_map<std::int64_t, std::unique_ptr<CollectiveRun>> collectives_;  // (group, run)
+  sg4::ActivityPtr retired_;
+  std::vector<double> step_, fill_, last_;
+  std::size_t activities_ = 0, ends_ = 0;
+
+  friend RunCounters run_workload(const WorkloadArrays&, const std::vector<sg4::Host*>&, WorkloadOutput,
+                                  std::size_t*);
+};
+
+}  // namespace
+
+RunCounters run_workload(const WorkloadArrays& w, const std::vector<sg4::Host*>& hosts, WorkloadOutput out,
+                         std::size_t* iterations_ended)
+{
+  if (hosts.empty())
+    throw std::invalid_argument("run_workload: no hosts (the delay host comes last)");
+  WorkloadRun run(w, hosts, out);
+  return run.run(iterations_ended);
+}
+
+}  // namespace hcsim::core

@@ -1,0 +1,89 @@
+/* The executor's rules in C++ (issue 27, second step): a workload graph as flat arrays.
+
+   The Python side (hcsim/engine/core/workload.py) builds these from hcsim.engine.executor's own set-up, so
+   vertex order, groups, collective algorithms and flow phases are the Python executor's; the core applies
+   its rules (graph contract v2, the flow model's phase rule, the per-XPU clocks) to plain s4u activities.
+   All arrays are borrowed from Python buffers. Host numbers index the host names given with the run; the
+   delay host is the last one. */
+#ifndef HCSIM_ENGINE_CORE_WORKLOAD_HPP
+#define HCSIM_ENGINE_CORE_WORKLOAD_HPP
+
+#include "core.hpp"
+
+#include <cstdint>
+#include <vector>
+
+namespace hcsim::core {
+
+enum VertexKind : std::uint8_t { COMPUTE = 0, COLLECTIVE = 1 };
+enum VertexFlag : std::uint8_t { START = 1, RECOMPUTE = 2 };
+enum GroupMode : std::uint8_t { FLOW = 0, ANALYTIC = 1 };
+constexpr int COMM_KINDS = 7;  // hcsim.engine.executor.COMM_KIND's values, numbered by the Python side
+constexpr int CLOCK_FIELDS = 8 + COMM_KINDS;  // see Clock::record
+
+struct WorkloadArrays {
+  std::int32_t iterations = 1;
+  std::size_t vertices = 0, units = 0, groups = 0, xpus = 0;
+  // vertices (V): kind, START | RECOMPUTE, kind of communication (comm vertices), units and successor edges (CSR)
+  const std::uint8_t* v_kind = nullptr;
+  const std::uint8_t* v_flags = nullptr;
+  const std::uint8_t* v_comm_kind = nullptr;
+  const std::int64_t* v_units = nullptr;  // V + 1
+  const std::int64_t* v_succs = nullptr;  // V + 1, into the edge arrays (sorted by successor)
+  // units (U): XPU (clock number, and host number: XPUs are hosts 0..X-1), predecessor completions needed
+  // for run 1 and for later runs, compute's execution (FLOPs, 0: none), read (bytes, 0: none) and its
+  // source host (local or, spilled on a coherent system, extended memory), FLOPs / FLOP/s (s), a copy
+  // before both (spilled without coherence); a collective unit's group
+  const std::int32_t* u_xpu = nullptr;
+  const std::int64_t* u_required = nullptr;  // 2U: run 1, later runs
+  const double* u_flops = nullptr;
+  const double* u_read = nullptr;
+  const std::int32_t* u_read_src = nullptr;
+  const double* u_compute_s = nullptr;
+  const double* u_copy = nullptr;  // bytes copied from u_copy_src before the rest starts (0: none; Fig. 3b)
+  const std::int32_t* u_copy_src = nullptr;
+  const std::int32_t* u_group = nullptr;
+  // edges (E): successor vertex, skip_first_iteration, same rank (unit r -> unit r), where its buckets begin
+  // in e_bucket_of (pred units -> bucket, -1: none; unused for same-rank edges)
+  const std::int32_t* e_succ = nullptr;
+  const std::uint8_t* e_skip = nullptr;
+  const std::uint8_t* e_same_rank = nullptr;
+  const std::int64_t* e_bucket_of = nullptr;
+  const std::int32_t* bucket_of = nullptr;
+  const std::int64_t* b_units = nullptr;  // B + 1, into b_unit
+  const std::int32_t* b_unit = nullptr;   // successor ranks (units relative to the successor's first)
+  // groups (G): first unit, size, FLOW | ANALYTIC, seconds (ANALYTIC), plan (FLOW)
+  const std::int64_t* g_first = nullptr;
+  const std::int32_t* g_size = nullptr;
+  const std::uint8_t* g_mode = nullptr;
+  const double* g_seconds = nullptr;
+  const std::int32_t* g_plan = nullptr;
+  // plans (P): phases (CSR); phases: lane, steps, transfers (CSR); transfers: hosts, bytes, route latency,
+  // feeds (CSR, indices of earlier transfers of the same phase)
+  const std::int64_t* p_phases = nullptr;
+  const std::int32_t* ph_lane = nullptr;
+  const std::int32_t* ph_steps = nullptr;
+  const std::int64_t* ph_transfers = nullptr;
+  const std::int32_t* t_src = nullptr;
+  const std::int32_t* t_dst = nullptr;
+  const double* t_bytes = nullptr;
+  const double* t_latency = nullptr;
+  const std::int64_t* t_feeds = nullptr;
+  const std::int32_t* feed = nullptr;
+};
+
+/* What a run writes back: iteration ends (iterations entries), per XPU the clock's fields at the end of
+   iteration 1 and at the last iteration's end (X * CLOCK_FIELDS each), done runs per unit (U). */
+struct WorkloadOutput {
+  double* iteration_ends = nullptr;
+  double* first = nullptr;
+  double* last = nullptr;
+  std::int32_t* done_runs = nullptr;
+};
+
+RunCounters run_workload(const WorkloadArrays& w, const std::vector<simgrid::s4u::Host*>& hosts,
+                         WorkloadOutput out, std::size_t* iterations_ended);
+
+}  // namespace hcsim::core
+
+#endif

@@ -1,0 +1,330 @@
+"""A workload graph run by the executor's rules in the C++ core (``engine: core``, issue 27's second step).
+
+The Python executor (:class:`hcsim.engine.executor.Executor`) stays the reference: this module builds one
+without running it, so vertex order, wait rules, required counts, collective algorithms and their flow phases,
+closed forms and route latencies are the executor's own, and turns them into flat arrays for the core
+(``hcsim/engine/core/workload.hpp`` names each one). The core applies the executor's rules to plain s4u
+activities and returns iteration ends and per-XPU clocks; link bytes follow from the arrays (every unit runs
+every iteration). The result is the executor's :class:`RunResult`.
+
+What the core runs (it refuses anything else with a ConfigError naming it, never another model): compute
+vertices at the peak model (FLOPs / FLOP/s, or a measured duration) beside their memory reads in the forms
+of paper Fig. 3 (local, ``local_access`` analytic or simulated; spilled and read in place on a coherent
+system; spilled and copied first without coherence), collectives at the flow model and local collectives analytic, the
+graph contract v2 (waits xpu, group, all; skip_first_iteration edges), per-XPU clocks. Not yet: offload to
+CPU memory and CPU steps, the step collective model, representative XPUs, traces, the roofline compute model.
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from collections import defaultdict
+from pathlib import Path
+
+import networkx as nx
+
+from hcsim.errors import ConfigError, SimulationError
+
+__all__ = ["unsupported", "build_arrays", "run_workload"]
+
+COMM_KINDS = ("tp", "cp", "pp", "dp", "ep", "offload", "other")  # numbered for the core (workload.hpp)
+START, RECOMPUTE = 1, 2
+FLOW, ANALYTIC = 0, 1
+
+
+def unsupported(executor) -> list[str]:
+    """What the core cannot run yet in `executor`'s workload and options (empty: it can run them all)."""
+    options, problems = executor.options, []
+    if options.xpu_sampling != "all":
+        problems.append("representative XPUs (xpu_sampling: representative; set xpu_sampling: all)")
+    if options.compute_model is not None:
+        problems.append("the roofline compute model (compute_model: roofline, or a workload timed by its kernels; "
+                        "set compute_model: peak)")
+    if options.trace_xpus:
+        problems.append("traces (set trace_xpus: 0)")
+    offload = step = uneven = 0
+    for vertex in executor.vertices:
+        data = vertex.data
+        if vertex.kind == "compute":
+            offload += bool(data.get("host") == "cpu" or data.get("move") or data.get("offload"))
+        else:
+            step += any(fidelity == "step" for _, fidelity, _ in vertex.algorithms)
+            uneven += any(tuple(vertex.xpus[first:first + len(group)]) != tuple(group)
+                          for first, group in zip(vertex.group_offsets, vertex.groups))
+    if offload:
+        problems.append(f"offload (CPU steps and copies: {offload} vertices; set offload_state to none)")
+    if step:
+        problems.append(f"the step collective model ({step} collective vertices run at step fidelity; set "
+                        "collective_model: flow)")
+    if uneven:
+        problems.append(f"collective vertices whose units are not listed group by group ({uneven})")
+    return problems
+
+
+def build_arrays(executor, hosts: dict[str, int]) -> dict[str, array]:
+    """The flat arrays of workload.hpp for `executor`'s vertices; `hosts` maps host names to numbers (the XPUs
+    first, in clock order; memory hosts are added as needed)."""
+    nodes, options = executor.nodes, executor.options
+    from hcsim.platform.devices import peak_flops
+
+    a = {name: array(code) for name, code in (
+        ("v_kind", "B"), ("v_flags", "B"), ("v_comm_kind", "B"), ("v_units", "q"), ("v_succs", "q"),
+        ("u_xpu", "i"), ("u_required", "q"), ("u_flops", "d"), ("u_read", "d"), ("u_read_src", "i"),
+        ("u_compute_s", "d"), ("u_copy", "d"), ("u_copy_src", "i"), ("u_group", "i"), ("e_succ", "i"), ("e_skip", "B"), ("e_same_rank", "B"),
+        ("e_bucket_of", "q"), ("bucket_of", "i"), ("b_units", "q"), ("b_unit", "i"), ("g_first", "q"),
+        ("g_size", "i"), ("g_mode", "B"), ("g_seconds", "d"), ("g_plan", "i"), ("p_phases", "q"), ("ph_lane", "i"),
+        ("ph_steps", "i"), ("ph_transfers", "q"), ("t_src", "i"), ("t_dst", "i"), ("t_bytes", "d"),
+        ("t_latency", "d"), ("t_feeds", "q"), ("feed", "i"))}
+    a["v_units"].append(0)
+    a["v_succs"].append(0)
+    a["b_units"].append(0)
+    a["p_phases"].append(0)
+    a["ph_transfers"].append(0)
+    a["t_feeds"].append(0)
+    precision = executor.precision
+    analytic_access = options.local_access == "analytic"
+    plans: dict[tuple, int] = {}
+    edge_buckets: dict[tuple, int] = {}
+    for vertex in executor.vertices:
+        data = vertex.data
+        a["v_kind"].append(0 if vertex.kind == "compute" else 1)
+        a["v_flags"].append((START if data.get("start") else 0) | (RECOMPUTE if vertex.recompute else 0))
+        a["v_comm_kind"].append(COMM_KINDS.index(vertex.comm_kind))
+        a["v_units"].append(vertex.offset + len(vertex.xpus))
+        for rank, xpu in enumerate(vertex.xpus):
+            a["u_xpu"].append(hosts[xpu])
+            a["u_required"].extend((executor._required(vertex, rank, 1), executor._required(vertex, rank, 2)))
+        if vertex.kind == "compute":
+            _compute_units(a, executor, vertex, hosts, peak_flops, precision, analytic_access)
+            a["u_group"].extend([-1] * len(vertex.xpus))
+        else:
+            a["u_flops"].extend([0.0] * len(vertex.xpus))
+            a["u_read"].extend([0.0] * len(vertex.xpus))
+            a["u_read_src"].extend([0] * len(vertex.xpus))
+            a["u_compute_s"].extend([0.0] * len(vertex.xpus))
+            a["u_copy"].extend([0.0] * len(vertex.xpus))
+            a["u_copy_src"].extend([0] * len(vertex.xpus))
+            _groups(a, executor, vertex, plans)
+        for edge in vertex.succs:
+            a["e_succ"].append(edge.vertex.index)
+            a["e_skip"].append(edge.skip)
+            a["e_same_rank"].append(edge.same_rank)
+            a["e_bucket_of"].append(-1 if edge.same_rank else _buckets(a, executor, vertex, edge, edge_buckets))
+        a["v_succs"].append(len(a["e_succ"]))
+    if not a["bucket_of"]:
+        a["bucket_of"].append(-1)
+    return a
+
+
+def _compute_units(a, executor, vertex, hosts, peak_flops, precision, analytic_access) -> None:
+    """executor._start_compute's choices per unit: a copy first (spilled data without coherence), then the
+    execution and the read side by side, or the longer of the two alone (local data, local_access analytic)."""
+    from hcsim.engine.executor import memory_form
+
+    data, nodes = vertex.data, executor.nodes
+    size = data["memory_bytes"]
+
+    def host(name):
+        if name not in hosts:
+            hosts[name] = len(hosts)
+        return hosts[name]
+
+    for xpu in vertex.xpus:
+        node = nodes[xpu]
+        speed = peak_flops(node, precision)
+        duration = data.get("duration")
+        flops = data["flops"] if duration is None else duration * speed
+        compute_time = flops / speed
+        local = node["local_memory"]
+        copy_from, memory = memory_form(nodes, data, xpu, executor.options.coherent)
+        read = size if size > 0 else 0.0
+        run_flops = flops if flops > 0 else 0.0
+        if memory == local and analytic_access and flops > 0 and size > 0:  # one activity, the longer of the two
+            if compute_time >= executor.access_time(local, xpu, size):
+                read = 0.0
+            else:
+                run_flops = 0.0
+        copy = size if copy_from is not None and size > 0 else 0.0
+        a["u_flops"].append(run_flops)
+        a["u_read"].append(read)
+        a["u_read_src"].append(host(memory) if read > 0 else 0)
+        a["u_compute_s"].append(compute_time)
+        a["u_copy"].append(copy)
+        a["u_copy_src"].append(host(copy_from) if copy > 0 else 0)
+
+
+def _groups(a, executor, vertex, plans) -> None:
+    """A collective vertex's groups: first unit, size, and the flow phases (a plan shared by alike groups) or
+    the analytic closed form."""
+    for g, group in enumerate(vertex.groups):
+        gid = len(a["g_first"])
+        first = vertex.group_offsets[g]
+        a["u_group"].extend([gid] * len(group))
+        a["g_first"].append(vertex.offset + first)
+        a["g_size"].append(len(group))
+        algorithm, fidelity, phases = vertex.algorithms[g]
+        if fidelity == "analytic":
+            a["g_mode"].append(ANALYTIC)
+            a["g_seconds"].append(phases[1])
+            a["g_plan"].append(-1)
+            continue
+        a["g_mode"].append(FLOW)
+        a["g_seconds"].append(0.0)
+        key = (id(phases), group)
+        if key not in plans:
+            plans[key] = len(plans)
+            for phase in phases:
+                a["ph_lane"].append(phase.lane)
+                a["ph_steps"].append(phase.steps)
+                for i, ((s, d), size) in enumerate(phase.transfers):
+                    src, dst = group[s], group[d]
+                    a["t_src"].append(s)
+                    a["t_dst"].append(d)
+                    a["t_bytes"].append(executor.wire_bytes(src, dst, size))
+                    a["t_latency"].append(executor.latency(src, dst))
+                    a["feed"].extend(phase.feeds[i] if phase.feeds else ())
+                    a["t_feeds"].append(len(a["feed"]))
+                a["ph_transfers"].append(len(a["t_src"]))
+            a["p_phases"].append(len(a["ph_lane"]))
+        a["g_plan"].append(plans[key])
+
+
+def _buckets(a, executor, pred, edge, cache) -> int:
+    """Where the edge's map from `pred`'s units to buckets of successor ranks begins in bucket_of: the units a
+    completion of each unit of `pred` counts for (executor._waiting_units), shared by alike edges."""
+    succ = edge.vertex
+    key = (id(pred.xpus), id(succ.xpus), edge.wait, id(getattr(pred, "groups", None)),
+           id(getattr(succ, "groups", None)))
+    if key in cache:
+        return cache[key][0]
+    start = len(a["bucket_of"])
+    seen: dict[tuple, int] = {}
+    for xpu in pred.xpus:
+        units = tuple(executor._waiting_units(edge, pred, xpu))
+        if not units:
+            a["bucket_of"].append(-1)
+            continue
+        if units not in seen:
+            seen[units] = len(a["b_units"]) - 1
+            a["b_unit"].extend(units)
+            a["b_units"].append(len(a["b_unit"]))
+        a["bucket_of"].append(seen[units])
+    cache[key] = (start, pred.xpus, succ.xpus)  # keep the keyed objects alive: ids stay unique
+    return start
+
+
+def pair_bytes(executor) -> dict[tuple[str, str], float]:
+    """Bytes per (src, dst) host pair over the run: every unit runs every iteration, so they follow from the
+    graph (the executor counts them as they happen: the same sums, added in another order)."""
+    from hcsim.engine.executor import form_transfers, memory_form
+
+    iterations, nodes = executor.options.iterations, executor.nodes
+    pairs: dict[tuple[str, str], float] = defaultdict(float)
+    for vertex in executor.vertices:
+        data = vertex.data
+        if vertex.kind == "compute":
+            size = data["memory_bytes"]
+            if size > 0:
+                for xpu in vertex.xpus:
+                    form = memory_form(nodes, data, xpu, executor.options.coherent)
+                    for pair in form_transfers(nodes, data, xpu, form):
+                        pairs[pair] += size * iterations
+            continue
+        for group, (_, fidelity, phases) in zip(vertex.groups, vertex.algorithms):
+            if fidelity == "analytic":
+                for pair, size in phases[0]:
+                    pairs[pair] += size * iterations
+                continue
+            for phase in phases:
+                for (s, d), size in phase.transfers:
+                    pairs[group[s], group[d]] += size * iterations
+    return pairs
+
+
+def xpu_times(xpus: list[str], first: array, last: array, ends: list[float], fields: int) -> dict[str, dict]:
+    """Executor.xpu_times from the core's clock records (workload.hpp: Clock::record)."""
+    measured = len(ends) - 1 if len(ends) > 1 else 1
+    table = {}
+
+    def parts_of(record):
+        mask = int(record[7])
+        return {"busy": record[0], "comm": record[1], "idle": record[2], "idle_peers": record[3],
+                **{f"comm_{kind}": record[8 + k] for k, kind in enumerate(COMM_KINDS) if mask >> k & 1},
+                "recompute": record[6]}
+
+    for x, xpu in enumerate(xpus):
+        now = last[x * fields:(x + 1) * fields]
+        busy, comm, idle, compute, stall = now[0], now[1], now[2], now[4], now[5]
+        parts = parts_of(now)
+        if len(ends) > 1:
+            before = first[x * fields:(x + 1) * fields]
+            past = parts_of(before)
+            busy, comm, idle, compute = busy - before[0], comm - before[1], idle - before[2], compute - before[4]
+            parts = {key: value - past.get(key, 0.0) for key, value in parts.items()}
+        compute = min(compute, busy)
+        table[xpu] = {"compute_s": compute / measured, "memory_stall_s": (busy - compute) / measured,
+                      "comm_s": comm / measured, "idle_s": idle / measured,
+                      "idle_peers_s": parts["idle_peers"] / measured,
+                      "idle_bubble_s": (idle - parts["idle_peers"]) / measured,
+                      "recompute_s": min(parts["recompute"], compute) / measured,
+                      **{f"{key}_s": value / measured for key, value in parts.items() if key.startswith("comm_")}}
+    return table
+
+
+def run_workload(platform: nx.Graph, workload: nx.DiGraph, routes: dict, platform_xml: str | Path, options):
+    """Run `workload` on the compiled platform `platform_xml` in the core, in this process (once: SimGrid allows
+    one Engine per process); the executor's :class:`RunResult`.
+
+    Raises
+    ------
+    ConfigError
+        when the core is not built, or the workload or options use what it does not support yet (all named).
+    SimulationError
+        when some vertex never completes every iteration.
+    """
+    from hcsim.engine import core
+    from hcsim.engine.executor import Executor, RunResult, check_link_loads
+
+    wall = time.perf_counter()
+    executor = Executor(platform, workload, routes, None, options)
+    problems = unsupported(executor)
+    if problems:
+        raise ConfigError("engine: core does not support yet: " + "; ".join(problems)
+                          + ". Fix: change those settings, or set engine: python")
+    if not core.available():
+        raise ConfigError(f"engine: core: {core.unavailable_reason()}; or set engine: python")
+    module = core.load()
+    xpus = list(executor.busy)
+    hosts = {x: i for i, x in enumerate(xpus)}
+    arrays = build_arrays(executor, hosts)
+    iterations, fields = options.iterations, module.clock_fields
+    ends = array("d", [0.0]) * iterations
+    first, last = array("d", [0.0]) * (len(xpus) * fields), array("d", [0.0]) * (len(xpus) * fields)
+    done = array("i", [0]) * len(arrays["u_xpu"])
+    try:
+        counters = module.run_workload(str(platform_xml), list(hosts), arrays, iterations, len(xpus), ends, first,
+                                       last, done)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"engine core: {err}") from err
+    except RuntimeError as err:
+        raise SimulationError(f"engine core: {err}") from err
+    unfinished = [v.name for v in executor.vertices
+                  if any(d < iterations for d in done[v.offset:v.offset + len(v.xpus)])]
+    if unfinished:
+        raise SimulationError(f"the run stopped with vertices that never completed every iteration "
+                              f"(a dependency that is never met): {', '.join(unfinished[:5])}")
+    iteration_ends = list(ends[:counters["iterations_ended"]])
+    link_bytes: dict[tuple[str, str], float] = defaultdict(float)
+    for pair, size in pair_bytes(executor).items():
+        route = routes[pair]
+        for link in zip(route, route[1:]):
+            link_bytes[link] += size
+    link_bytes = dict(link_bytes)
+    check_link_loads(platform, link_bytes, iteration_ends[-1] if iteration_ends else 0.0)
+    busy = {x: [last[i * fields + 4], last[i * fields + 5], last[i * fields + 6]] for i, x in enumerate(xpus)}
+    result = RunResult(iteration_ends=iteration_ends, activities=counters["activities"], busy=busy,
+                       wall_time_s=time.perf_counter() - wall, collective_fidelity=executor.fidelity_used,
+                       link_bytes=link_bytes, xpu_times=xpu_times(xpus, first, last, iteration_ends, fields))
+    result.core_counters = counters  # run_s, run_cpu_s, setup_s of the core (docs/engine-core.md's figures)
+    return result
