@@ -897,6 +897,7 @@ def test_run_here_keeps_the_result_when_writing_fails_at_the_end(monkeypatch, tm
         scenario, None, None, None, [], set(), True))
     monkeypatch.setattr(simulation, "execute", lambda *args: "outcome")
     monkeypatch.setattr(simulation, "compute_model", lambda *args: None)  # the stub run has no workload graph
+    monkeypatch.setattr(simulation, "traced_xpus", lambda *args: None)
     monkeypatch.setattr(simulation, "summarize", lambda *args: {"iteration_time_s": 1.0})
     monkeypatch.setattr(simulation, "write_outputs", disk_full)
     monkeypatch.setattr(simulation, "total_runs", lambda *args: 0)
