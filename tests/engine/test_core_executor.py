@@ -74,6 +74,12 @@ SCENARIOS = {
     "hybrid-local-analytic": dict(platform="dgx-h100", workload="llama3-8b", xpus=16, tp=2, pp=2, micro_batch=1,
                                   global_batch=16, schedule="1f1b", precision="bf16", recompute="full",
                                   local_collectives="analytic"),
+    # the step model (collective_model: auto, every group under step_limit): the ring step by step, p2p sends
+    # that leave when their sender is ready
+    "dp-ring-paper-cxl-step": dict(platform="paper-cxl", xpus=8, granularity="decoder", collective_model="auto"),
+    "hybrid-1f1b-dgx-h100-step": dict(platform="dgx-h100", workload="llama3-8b", xpus=16, tp=2, pp=2,
+                                      micro_batch=1, global_batch=16, schedule="1f1b", precision="bf16",
+                                      recompute="full", collective_model="auto"),
 }
 
 
@@ -131,15 +137,15 @@ HAND_BUILT = {"rules": (rules_graph, 3), "p2p": (p2p_graph, 2), "wait": (wait_gr
 
 
 @needs_core
+@pytest.mark.parametrize("model", ["flow", "step"])
 @pytest.mark.parametrize("name", sorted(HAND_BUILT))
-def test_hand_built_graphs_give_the_python_executors_numbers(name):
+def test_hand_built_graphs_give_the_python_executors_numbers(name, model):
     build, n = HAND_BUILT[name]
-    python, core_run = both(single_switch(n, H100), build(), iterations=3, collective_model="flow")
+    python, core_run = both(single_switch(n, H100), build(), iterations=3, collective_model=model)
     assert_same(python, core_run)
 
 
 @pytest.mark.parametrize("options, named", [
-    (dict(collective_model="step"), r"the step collective model .* set collective_model: flow"),
     (dict(collective_model="flow", xpu_sampling="representative"), r"representative XPUs"),
     (dict(collective_model="flow", trace_xpus=frozenset({"xpu0"})), r"traces \(set trace_xpus: 0\)"),
 ])

@@ -5,7 +5,8 @@
    in the order SimGrid reports them, and so do these). The subset: compute units (an execution beside a
    read of local memory, or the longer of the two when local access is analytic: the Python side decides
    which per unit; a read of extended memory beside it, or a copy before it, where data spilled), collectives at the flow model (each lane's phases one after the other, a phase ending
-   by FlowPhase's rule) or analytic (one delay), per-XPU clocks as executor._Clock keeps them. */
+   by FlowPhase's rule), at the step model (each rank's lanes step by step) or analytic (one delay), per-XPU
+   clocks as executor._Clock keeps them. */
 #include "workload.hpp"
 
 #include <simgrid/s4u/Comm.hpp>
@@ -14,6 +15,7 @@
 #include <simgrid/s4u/Host.hpp>
 
 #include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <utility>
@@ -93,7 +95,14 @@ struct CollectiveRun {
     std::int64_t left = 0;
   };
   std::vector<Lane> lanes;
+  // the step model (executor._CollectiveRun._advance): per (rank, lane) its current step (NOT_READY before
+  // the rank is ready, DONE after its last), the sends of it still in flight; per rank its lanes still
+  // running; per step of the plan the receives arrived
+  std::vector<std::int64_t> step, sends_left;
+  std::vector<std::int32_t> lanes_left, arrived;
 };
+
+constexpr std::int64_t NOT_READY = -2, DONE = INT64_MAX;
 
 class WorkloadRun {
 public:
@@ -297,6 +306,14 @@ private:
       slot->ready.assign(ranks, 0);
       slot->active.assign(ranks, 0);
       slot->finished_ranks.assign(ranks, 0);
+      if (w_.g_mode[group] == STEP) {
+        std::int32_t plan = w_.g_plan[group];
+        slot->step.assign(ranks * w_.q_lanes[plan], NOT_READY);
+        slot->sends_left.assign(ranks * w_.q_lanes[plan], 0);
+        slot->lanes_left.assign(ranks, 0);
+        std::int64_t first = w_.q_sequences[plan], end = w_.q_sequences[plan + 1];
+        slot->arrived.assign(w_.rl_steps[end] - w_.rl_steps[first], 0);
+      }
     }
     ready(*slot, static_cast<std::int32_t>(unit - w_.g_first[group]), key);
   }
@@ -326,12 +343,104 @@ private:
     } else {
       clocks_[member(c, rank)].advance(t, 0, 0, kind, 1);
     }
+    if (w_.g_mode[c.group] == STEP) {  // each rank sets off on its own
+      std::int32_t lanes = w_.q_lanes[w_.g_plan[c.group]];
+      c.lanes_left[rank] = lanes;
+      for (std::int32_t lane = 0; lane < lanes; ++lane) {
+        c.step[rank * lanes + lane] = -1;
+        advance(key, rank, lane);
+      }
+      return;
+    }
     if (!everyone)
       return;
     if (w_.g_mode[c.group] == FLOW)
       start_flows(c, key);
     else
       delay(w_.g_seconds[c.group], [this, key]() { flows_done(key); });
+  }
+
+  // ---- the step model: a rank's lane starts step s+1 once its step s sends are done and its receives arrived
+
+  std::int64_t sequence(const CollectiveRun& c, std::int32_t rank, std::int32_t lane) const
+  {
+    std::int32_t plan = w_.g_plan[c.group];
+    return w_.q_sequences[plan] + static_cast<std::int64_t>(rank) * w_.q_lanes[plan] + lane;
+  }
+
+  /* The arrived slot of step `index` of (rank, lane), or -1 when the sequence has no such step. */
+  std::int64_t arrived_slot(const CollectiveRun& c, std::int32_t rank, std::int32_t lane, std::int64_t index) const
+  {
+    std::int64_t seq = sequence(c, rank, lane);
+    if (index < 0 || index >= w_.rl_steps[seq + 1] - w_.rl_steps[seq])
+      return -1;
+    return w_.rl_steps[seq] + index - w_.rl_steps[w_.q_sequences[w_.g_plan[c.group]]];
+  }
+
+  bool step_complete(const CollectiveRun& c, std::int32_t rank, std::int32_t lane) const
+  {
+    std::int32_t lanes = w_.q_lanes[w_.g_plan[c.group]];
+    std::int64_t index = c.step[rank * lanes + lane];
+    std::int64_t global = w_.rl_steps[sequence(c, rank, lane)] + index;
+    return c.sends_left[rank * lanes + lane] == 0 && c.arrived[arrived_slot(c, rank, lane, index)] >= w_.st_recvs[global];
+  }
+
+  void advance(std::int64_t key, std::int32_t rank, std::int32_t lane)
+  {
+    CollectiveRun& c = *collectives_[key];
+    std::int32_t lanes = w_.q_lanes[w_.g_plan[c.group]];
+    std::int64_t seq = sequence(c, rank, lane);
+    std::int64_t count = w_.rl_steps[seq + 1] - w_.rl_steps[seq];
+    while (true) {
+      std::int64_t index = c.step[rank * lanes + lane] + 1;
+      if (index >= count) {
+        c.step[rank * lanes + lane] = DONE;
+        if (--c.lanes_left[rank] == 0)
+          finish_rank(key, rank);
+        return;
+      }
+      std::int64_t global = w_.rl_steps[seq] + index;
+      c.step[rank * lanes + lane] = index;
+      c.sends_left[rank * lanes + lane] = w_.st_sends[global + 1] - w_.st_sends[global];
+      for (std::int64_t s = w_.st_sends[global]; s < w_.st_sends[global + 1]; ++s)
+        send(key, rank, w_.sd_dst[s], lane, index, w_.sd_bytes[s]);
+      if (!step_complete(c, rank, lane))
+        return;
+    }
+  }
+
+  void send(std::int64_t key, std::int32_t rank, std::int32_t dst, std::int32_t lane, std::int64_t index, double bytes)
+  {
+    CollectiveRun& c = *collectives_[key];
+    std::int64_t base = w_.g_first[c.group];
+    transfer(w_.u_xpu[base + rank], w_.u_xpu[base + dst], bytes, [this, key, rank, dst, lane, index]() {
+      CollectiveRun& run = *collectives_[key];
+      std::int32_t lanes = w_.q_lanes[w_.g_plan[run.group]];
+      --run.sends_left[rank * lanes + lane];
+      std::int64_t slot = arrived_slot(run, dst, lane, index);
+      if (slot >= 0)
+        ++run.arrived[slot];
+      for (std::int32_t who : {rank, dst}) {
+        if (run.step[who * lanes + lane] == index && step_complete(run, who, lane))
+          advance(key, who, lane);
+        if (collectives_.find(key) == collectives_.end())
+          return;  // its last rank finished: the run is over
+      }
+    });
+  }
+
+  /* executor._CollectiveRun._finished for one rank; the run is over when every rank is. */
+  void finish_rank(std::int64_t key, std::int32_t rank)
+  {
+    CollectiveRun& c = *collectives_[key];
+    ++c.finished;
+    c.finished_ranks[rank] = 1;
+    if (c.active[rank])
+      clocks_[member(c, rank)].advance(now(), 0, -1, w_.v_comm_kind[c.vertex]);
+    bool last = c.finished == w_.g_size[c.group];
+    complete(c.vertex, w_.g_first[c.group] + rank, c.run);
+    if (last)
+      collectives_.erase(key);  // collective_done
   }
 
   void start_flows(CollectiveRun& c, std::int64_t key)

@@ -148,6 +148,17 @@ py::dict run_workload(const std::string& platform_xml, const std::vector<std::st
   w.t_latency = field<double>(a, "t_latency", transfers);
   w.t_feeds = field<std::int64_t>(a, "t_feeds", transfers + 1);
   w.feed = field<std::int32_t>(a, "feed", static_cast<std::size_t>(w.t_feeds[transfers]));
+  std::size_t step_plans = a["q_sequences"].cast<py::buffer>().request().shape[0] - 1;
+  w.q_lanes = field<std::int32_t>(a, "q_lanes", step_plans);
+  w.q_sequences = field<std::int64_t>(a, "q_sequences", step_plans + 1);
+  std::size_t sequences = static_cast<std::size_t>(w.q_sequences[step_plans]);
+  w.rl_steps = field<std::int64_t>(a, "rl_steps", sequences + 1);
+  std::size_t steps = static_cast<std::size_t>(w.rl_steps[sequences]);
+  w.st_sends = field<std::int64_t>(a, "st_sends", steps + 1);
+  w.st_recvs = field<std::int32_t>(a, "st_recvs", steps);
+  std::size_t sends = static_cast<std::size_t>(w.st_sends[steps]);
+  w.sd_dst = field<std::int32_t>(a, "sd_dst", sends);
+  w.sd_bytes = field<double>(a, "sd_bytes", sends);
   WorkloadOutput out{view<double>(iteration_ends, "iteration_ends", iterations, true),
                      view<double>(first, "first", xpus * CLOCK_FIELDS, true),
                      view<double>(last, "last", xpus * CLOCK_FIELDS, true),

@@ -17,7 +17,7 @@ namespace hcsim::core {
 
 enum VertexKind : std::uint8_t { COMPUTE = 0, COLLECTIVE = 1 };
 enum VertexFlag : std::uint8_t { START = 1, RECOMPUTE = 2 };
-enum GroupMode : std::uint8_t { FLOW = 0, ANALYTIC = 1 };
+enum GroupMode : std::uint8_t { FLOW = 0, ANALYTIC = 1, STEP = 2 };
 constexpr int COMM_KINDS = 7;  // hcsim.engine.executor.COMM_KIND's values, numbered by the Python side
 constexpr int CLOCK_FIELDS = 8 + COMM_KINDS;  // see Clock::record
 
@@ -52,7 +52,8 @@ struct WorkloadArrays {
   const std::int32_t* bucket_of = nullptr;
   const std::int64_t* b_units = nullptr;  // B + 1, into b_unit
   const std::int32_t* b_unit = nullptr;   // successor ranks (units relative to the successor's first)
-  // groups (G): first unit, size, FLOW | ANALYTIC, seconds (ANALYTIC), plan (FLOW)
+  // groups (G): first unit, size, FLOW | ANALYTIC | STEP, seconds (ANALYTIC), plan (FLOW: a flow plan; STEP:
+  // a step plan)
   const std::int64_t* g_first = nullptr;
   const std::int32_t* g_size = nullptr;
   const std::uint8_t* g_mode = nullptr;
@@ -70,6 +71,16 @@ struct WorkloadArrays {
   const double* t_latency = nullptr;
   const std::int64_t* t_feeds = nullptr;
   const std::int32_t* feed = nullptr;
+  // step plans (Q): lanes, where its (rank, lane) sequences begin in rl_steps (rank * lanes + lane); each
+  // sequence's steps (CSR into the step arrays); a step's sends (CSR: destination rank, bytes) and the
+  // number of receives it waits for
+  const std::int32_t* q_lanes = nullptr;
+  const std::int64_t* q_sequences = nullptr;  // Q + 1
+  const std::int64_t* rl_steps = nullptr;     // sequences + 1
+  const std::int64_t* st_sends = nullptr;     // steps + 1
+  const std::int32_t* st_recvs = nullptr;
+  const std::int32_t* sd_dst = nullptr;
+  const double* sd_bytes = nullptr;
 };
 
 /* What a run writes back: iteration ends (iterations entries), per XPU the clock's fields at the end of

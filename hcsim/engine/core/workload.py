@@ -10,9 +10,9 @@ every iteration). The result is the executor's :class:`RunResult`.
 What the core runs (it refuses anything else with a ConfigError naming it, never another model): compute
 vertices at the peak model (FLOPs / FLOP/s, or a measured duration) beside their memory reads in the forms
 of paper Fig. 3 (local, ``local_access`` analytic or simulated; spilled and read in place on a coherent
-system; spilled and copied first without coherence), collectives at the flow model and local collectives analytic, the
-graph contract v2 (waits xpu, group, all; skip_first_iteration edges), per-XPU clocks. Not yet: offload to
-CPU memory and CPU steps, the step collective model, representative XPUs, traces, the roofline compute model.
+system; spilled and copied first without coherence), collectives at the step and flow models and local collectives
+analytic, the graph contract v2 (waits xpu, group, all; skip_first_iteration edges), per-XPU clocks. Not yet: offload to
+CPU memory and CPU steps, representative XPUs, traces, the roofline compute model.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ __all__ = ["unsupported", "build_arrays", "run_workload"]
 
 COMM_KINDS = ("tp", "cp", "pp", "dp", "ep", "offload", "other")  # numbered for the core (workload.hpp)
 START, RECOMPUTE = 1, 2
-FLOW, ANALYTIC = 0, 1
+FLOW, ANALYTIC, STEP = 0, 1, 2
 
 
 def unsupported(executor) -> list[str]:
@@ -43,20 +43,16 @@ def unsupported(executor) -> list[str]:
                         "set compute_model: peak)")
     if options.trace_xpus:
         problems.append("traces (set trace_xpus: 0)")
-    offload = step = uneven = 0
+    offload = uneven = 0
     for vertex in executor.vertices:
         data = vertex.data
         if vertex.kind == "compute":
             offload += bool(data.get("host") == "cpu" or data.get("move") or data.get("offload"))
         else:
-            step += any(fidelity == "step" for _, fidelity, _ in vertex.algorithms)
             uneven += any(tuple(vertex.xpus[first:first + len(group)]) != tuple(group)
                           for first, group in zip(vertex.group_offsets, vertex.groups))
     if offload:
         problems.append(f"offload (CPU steps and copies: {offload} vertices; set offload_state to none)")
-    if step:
-        problems.append(f"the step collective model ({step} collective vertices run at step fidelity; set "
-                        "collective_model: flow)")
     if uneven:
         problems.append(f"collective vertices whose units are not listed group by group ({uneven})")
     return problems
@@ -75,16 +71,20 @@ def build_arrays(executor, hosts: dict[str, int]) -> dict[str, array]:
         ("e_bucket_of", "q"), ("bucket_of", "i"), ("b_units", "q"), ("b_unit", "i"), ("g_first", "q"),
         ("g_size", "i"), ("g_mode", "B"), ("g_seconds", "d"), ("g_plan", "i"), ("p_phases", "q"), ("ph_lane", "i"),
         ("ph_steps", "i"), ("ph_transfers", "q"), ("t_src", "i"), ("t_dst", "i"), ("t_bytes", "d"),
-        ("t_latency", "d"), ("t_feeds", "q"), ("feed", "i"))}
+        ("t_latency", "d"), ("t_feeds", "q"), ("feed", "i"), ("q_lanes", "i"), ("q_sequences", "q"),
+        ("rl_steps", "q"), ("st_sends", "q"), ("st_recvs", "i"), ("sd_dst", "i"), ("sd_bytes", "d"))}
     a["v_units"].append(0)
     a["v_succs"].append(0)
     a["b_units"].append(0)
     a["p_phases"].append(0)
     a["ph_transfers"].append(0)
     a["t_feeds"].append(0)
+    for name in ("q_sequences", "rl_steps", "st_sends"):
+        a[name].append(0)
     precision = executor.precision
     analytic_access = options.local_access == "analytic"
     plans: dict[tuple, int] = {}
+    step_plans: dict[int, tuple[int, object]] = {}
     edge_buckets: dict[tuple, int] = {}
     for vertex in executor.vertices:
         data = vertex.data
@@ -105,7 +105,7 @@ def build_arrays(executor, hosts: dict[str, int]) -> dict[str, array]:
             a["u_compute_s"].extend([0.0] * len(vertex.xpus))
             a["u_copy"].extend([0.0] * len(vertex.xpus))
             a["u_copy_src"].extend([0] * len(vertex.xpus))
-            _groups(a, executor, vertex, plans)
+            _groups(a, executor, vertex, plans, step_plans)
         for edge in vertex.succs:
             a["e_succ"].append(edge.vertex.index)
             a["e_skip"].append(edge.skip)
@@ -154,9 +154,9 @@ def _compute_units(a, executor, vertex, hosts, peak_flops, precision, analytic_a
         a["u_copy_src"].append(host(copy_from) if copy > 0 else 0)
 
 
-def _groups(a, executor, vertex, plans) -> None:
-    """A collective vertex's groups: first unit, size, and the flow phases (a plan shared by alike groups) or
-    the analytic closed form."""
+def _groups(a, executor, vertex, plans, step_plans) -> None:
+    """A collective vertex's groups: first unit, size, and the flow phases (a plan shared by alike groups),
+    the step schedule (shared by groups with the same algorithm) or the analytic closed form."""
     for g, group in enumerate(vertex.groups):
         gid = len(a["g_first"])
         first = vertex.group_offsets[g]
@@ -168,6 +168,11 @@ def _groups(a, executor, vertex, plans) -> None:
             a["g_mode"].append(ANALYTIC)
             a["g_seconds"].append(phases[1])
             a["g_plan"].append(-1)
+            continue
+        if fidelity == "step":
+            a["g_mode"].append(STEP)
+            a["g_seconds"].append(0.0)
+            a["g_plan"].append(_step_plan(a, executor, algorithm, group, step_plans))
             continue
         a["g_mode"].append(FLOW)
         a["g_seconds"].append(0.0)
@@ -188,6 +193,28 @@ def _groups(a, executor, vertex, plans) -> None:
                 a["ph_transfers"].append(len(a["t_src"]))
             a["p_phases"].append(len(a["ph_lane"]))
         a["g_plan"].append(plans[key])
+
+
+def _step_plan(a, executor, algorithm, group, step_plans) -> int:
+    """The number of `algorithm`'s step schedule in the step-plan arrays, added on first use: per rank and lane
+    its steps, each with its sends (destination rank, wire bytes) and its receive count."""
+    if id(algorithm) in step_plans:
+        return step_plans[id(algorithm)][0]
+    number = len(a["q_lanes"])
+    step_plans[id(algorithm)] = (number, algorithm)  # keep it alive: ids stay unique
+    a["q_lanes"].append(algorithm.lanes)
+    for rank in range(algorithm.ranks):
+        for lane in range(algorithm.lanes):
+            for index in range(algorithm.lane_steps(rank, lane)):
+                step = algorithm.lane_step(rank, index, lane)
+                for dst, size in step.sends:
+                    a["sd_dst"].append(dst)
+                    a["sd_bytes"].append(size)  # the peak model: wire bytes are the bytes
+                a["st_sends"].append(len(a["sd_dst"]))
+                a["st_recvs"].append(len(step.recvs))
+            a["rl_steps"].append(len(a["st_recvs"]))
+    a["q_sequences"].append(len(a["rl_steps"]) - 1)
+    return number
 
 
 def _buckets(a, executor, pred, edge, cache) -> int:
@@ -231,7 +258,11 @@ def pair_bytes(executor) -> dict[tuple[str, str], float]:
                     for pair in form_transfers(nodes, data, xpu, form):
                         pairs[pair] += size * iterations
             continue
-        for group, (_, fidelity, phases) in zip(vertex.groups, vertex.algorithms):
+        for group, (algorithm, fidelity, phases) in zip(vertex.groups, vertex.algorithms):
+            if fidelity == "step":
+                for (s, d), size in algorithm.flows().items():
+                    pairs[group[s], group[d]] += size * iterations
+                continue
             if fidelity == "analytic":
                 for pair, size in phases[0]:
                     pairs[pair] += size * iterations
