@@ -171,13 +171,20 @@ private:
     }
   }
 
-  void complete(std::int32_t vertex, std::int64_t unit, std::int32_t run)
+  bool traced(std::int32_t xpu, std::int32_t run) const
+  {
+    return out_.traced_xpus != nullptr && out_.traced_xpus[xpu] && out_.traced_runs[run];
+  }
+
+  void complete(std::int32_t vertex, std::int64_t unit, std::int32_t run, double start)
   {
     running_[unit] = 0;
     done_runs_[unit] = run;
     double t = now();
     if (w_.v_kind[vertex] == COMPUTE)
       clocks_[w_.u_xpu[unit]].advance(t, -1);
+    if (traced(w_.u_xpu[unit], run))
+      out_.vertices->push_back({run, unit, start, t});
     if (++completed_in_run_[run] == static_cast<std::int64_t>(w_.units))
       iteration_ended(t);
     std::int64_t rank = unit - w_.v_units[vertex];
@@ -220,8 +227,18 @@ private:
     exec->add_ref(); // held until it ends (retire)
   }
 
-  void transfer(std::int32_t src, std::int32_t dst, double bytes, std::function<void()> then)
+  /* A transfer; traced (executor._transfer) when `trace_xpu` is traced in `run`, labelled by `vertex` and
+     `label`. */
+  void transfer(std::int32_t src, std::int32_t dst, double bytes, std::function<void()> then, std::int32_t run = 0,
+                std::int32_t trace_xpu = -1, std::int32_t vertex = 0, Label label = VERTEX)
   {
+    if (trace_xpu >= 0 && traced(trace_xpu, run)) {
+      double start = now();
+      then = [this, then = std::move(then), run, src, dst, vertex, label, bytes, start]() {
+        out_.transfers->push_back({run, src, dst, vertex, label, bytes, start, now()});
+        then();
+      };
+    }
     ++activities_;
     // A Comm's size is a whole number of bytes, truncated as SimGrid's CommTask truncates it.
     sg4::CommPtr comm = sg4::Comm::sendto_init(hosts_[src], hosts_[dst]);
@@ -254,19 +271,21 @@ private:
       clock.stall += std::max(0.0, elapsed - compute);
       if (w_.v_flags[vertex] & RECOMPUTE)
         clock.recompute += compute;
-      complete(vertex, unit, run);
+      complete(vertex, unit, run, begin);
     };
     if (w_.u_copy[unit] > 0) {  // spilled data without coherence: copied into local memory first
       transfer(w_.u_copy_src[unit], w_.u_xpu[unit], w_.u_copy[unit],
-               [this, unit, flops, read, finish]() { compute_beside(unit, flops, read, finish); });
+               [this, unit, flops, read, finish, run, vertex]() { compute_beside(unit, flops, read, finish, run, vertex); },
+               run, w_.u_xpu[unit], vertex, COPY);
       return;
     }
-    compute_beside(unit, flops, read, finish);
+    compute_beside(unit, flops, read, finish, run, vertex);
   }
 
   /* executor._start_compute's compute_beside: the execution and the read side by side (the Python side has
      already chosen the longer one alone where local access is analytic). */
-  template <typename Finish> void compute_beside(std::int64_t unit, double flops, double read, Finish finish)
+  template <typename Finish>
+  void compute_beside(std::int64_t unit, double flops, double read, Finish finish, std::int32_t run, std::int32_t vertex)
   {
     int parts = (flops > 0) + (read > 0);
     if (parts == 0) {
@@ -277,7 +296,7 @@ private:
       if (flops > 0)
         execute(hosts_[w_.u_xpu[unit]], flops, finish);
       else
-        transfer(w_.u_read_src[unit], w_.u_xpu[unit], read, finish);
+        transfer(w_.u_read_src[unit], w_.u_xpu[unit], read, finish, run, w_.u_xpu[unit], vertex, READ);
       return;
     }
     auto pending = std::make_shared<int>(2);
@@ -286,7 +305,7 @@ private:
         finish();
     };
     execute(hosts_[w_.u_xpu[unit]], flops, part);
-    transfer(w_.u_read_src[unit], w_.u_xpu[unit], read, part);
+    transfer(w_.u_read_src[unit], w_.u_xpu[unit], read, part, run, w_.u_xpu[unit], vertex, READ);
   }
 
   // ---- collectives (executor._rank_ready, _CollectiveRun) ------------------------------------------------------
@@ -413,7 +432,8 @@ private:
   {
     CollectiveRun& c = *collectives_[key];
     std::int64_t base = w_.g_first[c.group];
-    transfer(w_.u_xpu[base + rank], w_.u_xpu[base + dst], bytes, [this, key, rank, dst, lane, index]() {
+    std::int32_t source = w_.u_xpu[base + rank];
+    transfer(source, w_.u_xpu[base + dst], bytes, [this, key, rank, dst, lane, index]() {
       CollectiveRun& run = *collectives_[key];
       std::int32_t lanes = w_.q_lanes[w_.g_plan[run.group]];
       --run.sends_left[rank * lanes + lane];
@@ -426,7 +446,7 @@ private:
         if (collectives_.find(key) == collectives_.end())
           return;  // its last rank finished: the run is over
       }
-    });
+    }, c.run, source, c.vertex);
   }
 
   /* executor._CollectiveRun._finished for one rank; the run is over when every rank is. */
@@ -438,7 +458,7 @@ private:
     if (c.active[rank])
       clocks_[member(c, rank)].advance(now(), 0, -1, w_.v_comm_kind[c.vertex]);
     bool last = c.finished == w_.g_size[c.group];
-    complete(c.vertex, w_.g_first[c.group] + rank, c.run);
+    complete(c.vertex, w_.g_first[c.group] + rank, c.run, c.start[rank]);
     if (last)
       collectives_.erase(key);  // collective_done
   }
@@ -476,7 +496,7 @@ private:
       c.finished_ranks[rank] = 1;
       if (c.active[rank])
         clocks_[member(c, rank)].advance(now(), 0, -1, w_.v_comm_kind[c.vertex]);
-      complete(c.vertex, w_.g_first[c.group] + rank, c.run);
+      complete(c.vertex, w_.g_first[c.group] + rank, c.run, c.start[rank]);
     }
     collectives_.erase(key);  // collective_done
   }
@@ -498,8 +518,9 @@ private:
     std::int64_t base = w_.g_first[c.group];
     for (std::int64_t i = 0; i < count; ++i) {
       std::int64_t t = first + i;
-      transfer(w_.u_xpu[base + w_.t_src[t]], w_.u_xpu[base + w_.t_dst[t]], w_.t_bytes[t],
-               [this, key, lane_number, i]() { flow_done(key, lane_number, i); });
+      std::int32_t source = w_.u_xpu[base + w_.t_src[t]];
+      transfer(source, w_.u_xpu[base + w_.t_dst[t]], w_.t_bytes[t],
+               [this, key, lane_number, i]() { flow_done(key, lane_number, i); }, c.run, source, c.vertex);
     }
   }
 

@@ -94,7 +94,8 @@ template <typename T> const T* field(const py::dict& arrays, const char* name, s
 
 py::dict run_workload(const std::string& platform_xml, const std::vector<std::string>& host_names,
                       const py::dict& a, int iterations, std::size_t xpus, const py::buffer& iteration_ends,
-                      const py::buffer& first, const py::buffer& last, const py::buffer& done_runs)
+                      const py::buffer& first, const py::buffer& last, const py::buffer& done_runs,
+                      const py::object& traced_xpus, const py::object& traced_runs)
 {
   using namespace hcsim::core;
   if (iterations < 1)
@@ -163,6 +164,14 @@ py::dict run_workload(const std::string& platform_xml, const std::vector<std::st
                      view<double>(first, "first", xpus * CLOCK_FIELDS, true),
                      view<double>(last, "last", xpus * CLOCK_FIELDS, true),
                      view<std::int32_t>(done_runs, "done_runs", w.units, true)};
+  std::vector<VertexEvent> vertex_events;
+  std::vector<TransferEvent> transfer_events;
+  if (!traced_xpus.is_none()) {
+    out.traced_xpus = view<std::uint8_t>(traced_xpus.cast<py::buffer>(), "traced_xpus", xpus, false);
+    out.traced_runs = view<std::uint8_t>(traced_runs.cast<py::buffer>(), "traced_runs", iterations + 1, false);
+    out.vertices = &vertex_events;
+    out.transfers = &transfer_events;
+  }
   RunCounters counters;
   std::size_t ended = 0;
   {
@@ -180,6 +189,13 @@ py::dict run_workload(const std::string& platform_xml, const std::vector<std::st
   result["run_cpu_s"] = counters.run_cpu_s;
   result["setup_s"] = counters.setup_s;
   result["iterations_ended"] = ended;
+  py::list traced_vertices, traced_transfers;
+  for (const auto& e : vertex_events)
+    traced_vertices.append(py::make_tuple(e.run, e.unit, e.start, e.end));
+  for (const auto& e : transfer_events)
+    traced_transfers.append(py::make_tuple(e.run, e.src, e.dst, e.vertex, e.label, e.bytes, e.start, e.end));
+  result["vertices"] = traced_vertices;
+  result["transfers"] = traced_transfers;
   return result;
 }
 
@@ -194,7 +210,7 @@ PYBIND11_MODULE(_core, m)
         "Run an activity graph on a fresh SimGrid Engine (once per process); fills start and end.");
   m.def("run_workload", &run_workload, py::arg("platform_xml"), py::arg("host_names"), py::arg("arrays"),
         py::arg("iterations"), py::arg("xpus"), py::arg("iteration_ends"), py::arg("first"), py::arg("last"),
-        py::arg("done_runs"),
+        py::arg("done_runs"), py::arg("traced_xpus") = py::none(), py::arg("traced_runs") = py::none(),
         "Run a workload graph's iterations by hcsim.engine.executor's rules (hcsim/engine/core/workload.py).");
   m.attr("clock_fields") = hcsim::core::CLOCK_FIELDS;
   m.def("simgrid_version", []() {

@@ -83,13 +83,32 @@ struct WorkloadArrays {
   const double* sd_bytes = nullptr;
 };
 
+/* Traces (executor's TraceRecorder), in the order the events end: a unit's run, and a transfer of a traced
+   XPU's (its label: the vertex's name, or with ".read" or ".copy"). */
+struct VertexEvent {
+  std::int32_t run;
+  std::int64_t unit;
+  double start, end;
+};
+enum Label : std::uint8_t { VERTEX = 0, READ = 1, COPY = 2 };
+struct TransferEvent {
+  std::int32_t run, src, dst, vertex;
+  std::uint8_t label;
+  double bytes, start, end;
+};
+
 /* What a run writes back: iteration ends (iterations entries), per XPU the clock's fields at the end of
-   iteration 1 and at the last iteration's end (X * CLOCK_FIELDS each), done runs per unit (U). */
+   iteration 1 and at the last iteration's end (X * CLOCK_FIELDS each), done runs per unit (U); with
+   `traced_xpus` (X flags) and `traced_runs` (iterations + 1 flags), the traced events. */
 struct WorkloadOutput {
   double* iteration_ends = nullptr;
   double* first = nullptr;
   double* last = nullptr;
   std::int32_t* done_runs = nullptr;
+  const std::uint8_t* traced_xpus = nullptr;  // null: trace nothing
+  const std::uint8_t* traced_runs = nullptr;
+  std::vector<VertexEvent>* vertices = nullptr;
+  std::vector<TransferEvent>* transfers = nullptr;
 };
 
 RunCounters run_workload(const WorkloadArrays& w, const std::vector<simgrid::s4u::Host*>& hosts,

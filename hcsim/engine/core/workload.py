@@ -12,7 +12,8 @@ vertices at the peak model (FLOPs / FLOP/s, or a measured duration) beside their
 of paper Fig. 3 (local, ``local_access`` analytic or simulated; spilled and read in place on a coherent
 system; spilled and copied first without coherence), collectives at the step and flow models and local collectives
 analytic, the graph contract v2 (waits xpu, group, all; skip_first_iteration edges), per-XPU clocks. Not yet: offload to
-CPU memory and CPU steps, representative XPUs, traces, the roofline compute model.
+CPU memory and CPU steps, representative XPUs, the roofline compute model. Traces are the executor's (a
+TraceRecorder filled from the core's events, in the order they ended).
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ def unsupported(executor) -> list[str]:
     if options.compute_model is not None:
         problems.append("the roofline compute model (compute_model: roofline, or a workload timed by its kernels; "
                         "set compute_model: peak)")
-    if options.trace_xpus:
-        problems.append("traces (set trace_xpus: 0)")
+    if options.trace_xpus == "per-class":
+        problems.append("traces per class (trace_xpus: per-class, which follows representative XPUs)")
     offload = uneven = 0
     for vertex in executor.vertices:
         data = vertex.data
@@ -303,6 +304,20 @@ def xpu_times(xpus: list[str], first: array, last: array, ends: list[float], fie
     return table
 
 
+def _fill_trace(trace, executor, counters: dict, hosts: list[str], arrays: dict) -> None:
+    """The core's traced events into `trace`, in the order they ended, as the executor records them."""
+    unit_vertex = []
+    for vertex in executor.vertices:
+        unit_vertex += [vertex] * len(vertex.xpus)
+    for run, unit, start, end in counters["vertices"]:
+        vertex = unit_vertex[unit]
+        trace.vertices.append((run, vertex.xpus[unit - vertex.offset], vertex.name, vertex.kind, start, end))
+    suffix = ("", ".read", ".copy")
+    for run, src, dst, index, label, size, start, end in counters["transfers"]:
+        trace.transfers.append((run, hosts[src], hosts[dst], executor.vertices[index].name + suffix[label], size,
+                                start, end))
+
+
 def run_workload(platform: nx.Graph, workload: nx.DiGraph, routes: dict, platform_xml: str | Path, options):
     """Run `workload` on the compiled platform `platform_xml` in the core, in this process (once: SimGrid allows
     one Engine per process); the executor's :class:`RunResult`.
@@ -333,9 +348,18 @@ def run_workload(platform: nx.Graph, workload: nx.DiGraph, routes: dict, platfor
     ends = array("d", [0.0]) * iterations
     first, last = array("d", [0.0]) * (len(xpus) * fields), array("d", [0.0]) * (len(xpus) * fields)
     done = array("i", [0]) * len(arrays["u_xpu"])
+    trace = traced_xpus = traced_runs = None
+    if options.trace_xpus:
+        from hcsim.engine.trace import TraceRecorder
+
+        trace = TraceRecorder(options.trace_xpus, options.trace_iterations)
+        trace.follow({}, xpus)
+        traced_xpus = array("B", [x in trace.recorded for x in xpus])
+        traced_runs = array("B", [0] + [options.trace_iterations is None or run in options.trace_iterations
+                                        for run in range(1, iterations + 1)])
     try:
         counters = module.run_workload(str(platform_xml), list(hosts), arrays, iterations, len(xpus), ends, first,
-                                       last, done)
+                                       last, done, traced_xpus, traced_runs)
     except (ValueError, TypeError) as err:
         raise ConfigError(f"engine core: {err}") from err
     except RuntimeError as err:
@@ -353,9 +377,11 @@ def run_workload(platform: nx.Graph, workload: nx.DiGraph, routes: dict, platfor
             link_bytes[link] += size
     link_bytes = dict(link_bytes)
     check_link_loads(platform, link_bytes, iteration_ends[-1] if iteration_ends else 0.0)
+    if trace is not None:
+        _fill_trace(trace, executor, counters, list(hosts), arrays)
     busy = {x: [last[i * fields + 4], last[i * fields + 5], last[i * fields + 6]] for i, x in enumerate(xpus)}
     result = RunResult(iteration_ends=iteration_ends, activities=counters["activities"], busy=busy,
-                       wall_time_s=time.perf_counter() - wall, collective_fidelity=executor.fidelity_used,
+                       wall_time_s=time.perf_counter() - wall, trace=trace, collective_fidelity=executor.fidelity_used,
                        link_bytes=link_bytes, xpu_times=xpu_times(xpus, first, last, iteration_ends, fields))
     result.core_counters = counters  # run_s, run_cpu_s, setup_s of the core (docs/engine-core.md's figures)
     return result
