@@ -912,7 +912,7 @@ def test_simulate_prints_the_result_before_saying_what_was_not_written(monkeypat
     import hcsim.simulation as simulation
     from hcsim.errors import OutputError
 
-    def finished_but_unwritten(scenario, out, progress):
+    def finished_but_unwritten(scenario, out, progress, **keys):
         raise OutputError(f"{out}/trace.json: could not write the outputs (No space left on device)", {"r": 1})
 
     monkeypatch.setattr(simulation, "run_here", finished_but_unwritten)
