@@ -86,6 +86,7 @@ def build_arrays(executor, hosts: dict[str, int]) -> dict[str, array]:
     analytic_access = options.local_access == "analytic"
     plans: dict[tuple, int] = {}
     step_plans: dict[int, tuple[int, object]] = {}
+    xpu_cache: dict = {}  # XPU -> (FLOP/s, its local memory); alike compute vertices -> their unit columns
     edge_buckets: dict[tuple, int] = {}
     for vertex in executor.vertices:
         data = vertex.data
@@ -93,11 +94,14 @@ def build_arrays(executor, hosts: dict[str, int]) -> dict[str, array]:
         a["v_flags"].append((START if data.get("start") else 0) | (RECOMPUTE if vertex.recompute else 0))
         a["v_comm_kind"].append(COMM_KINDS.index(vertex.comm_kind))
         a["v_units"].append(vertex.offset + len(vertex.xpus))
-        for rank, xpu in enumerate(vertex.xpus):
-            a["u_xpu"].append(hosts[xpu])
-            a["u_required"].extend((executor._required(vertex, rank, 1), executor._required(vertex, rank, 2)))
+        a["u_xpu"].extend([hosts[xpu] for xpu in vertex.xpus])
+        if vertex.required is not None:  # every unit needs the same (executor._uniform_requirement)
+            a["u_required"].extend(vertex.required * len(vertex.xpus))
+        else:
+            for rank in range(len(vertex.xpus)):
+                a["u_required"].extend((executor._required(vertex, rank, 1), executor._required(vertex, rank, 2)))
         if vertex.kind == "compute":
-            _compute_units(a, executor, vertex, hosts, peak_flops, precision, analytic_access)
+            _compute_units(a, executor, vertex, hosts, peak_flops, precision, analytic_access, xpu_cache)
             a["u_group"].extend([-1] * len(vertex.xpus))
         else:
             a["u_flops"].extend([0.0] * len(vertex.xpus))
@@ -118,27 +122,39 @@ def build_arrays(executor, hosts: dict[str, int]) -> dict[str, array]:
     return a
 
 
-def _compute_units(a, executor, vertex, hosts, peak_flops, precision, analytic_access) -> None:
+def _compute_units(a, executor, vertex, hosts, peak_flops, precision, analytic_access, xpu_cache) -> None:
     """executor._start_compute's choices per unit: a copy first (spilled data without coherence), then the
     execution and the read side by side, or the longer of the two alone (local data, local_access analytic)."""
     from hcsim.engine.executor import memory_form
 
     data, nodes = vertex.data, executor.nodes
     size = data["memory_bytes"]
+    spilled = data.get("spilled_xpus") or ()
+    duration = data.get("duration")
+    key = (id(vertex.xpus), id(spilled), data["flops"], size, duration)  # alike vertices (layers, micro-batches)
+    if key in xpu_cache:
+        for name, values in zip(_UNIT_ARRAYS, xpu_cache[key][0]):
+            a[name].extend(values)
+        return
 
     def host(name):
         if name not in hosts:
             hosts[name] = len(hosts)
         return hosts[name]
 
+    flops_out, read_out, src_out, time_out, copy_out, copy_src_out = [], [], [], [], [], []
     for xpu in vertex.xpus:
-        node = nodes[xpu]
-        speed = peak_flops(node, precision)
-        duration = data.get("duration")
+        known = xpu_cache.get(xpu)
+        if known is None:
+            node = nodes[xpu]
+            known = xpu_cache[xpu] = (peak_flops(node, precision), node["local_memory"])
+        speed, local = known
         flops = data["flops"] if duration is None else duration * speed
         compute_time = flops / speed
-        local = node["local_memory"]
-        copy_from, memory = memory_form(nodes, data, xpu, executor.options.coherent)
+        if xpu in spilled:
+            copy_from, memory = memory_form(nodes, data, xpu, executor.options.coherent)
+        else:
+            copy_from, memory = None, local
         read = size if size > 0 else 0.0
         run_flops = flops if flops > 0 else 0.0
         if memory == local and analytic_access and flops > 0 and size > 0:  # one activity, the longer of the two
@@ -147,12 +163,19 @@ def _compute_units(a, executor, vertex, hosts, peak_flops, precision, analytic_a
             else:
                 run_flops = 0.0
         copy = size if copy_from is not None and size > 0 else 0.0
-        a["u_flops"].append(run_flops)
-        a["u_read"].append(read)
-        a["u_read_src"].append(host(memory) if read > 0 else 0)
-        a["u_compute_s"].append(compute_time)
-        a["u_copy"].append(copy)
-        a["u_copy_src"].append(host(copy_from) if copy > 0 else 0)
+        flops_out.append(run_flops)
+        read_out.append(read)
+        src_out.append(host(memory) if read > 0 else 0)
+        time_out.append(compute_time)
+        copy_out.append(copy)
+        copy_src_out.append(host(copy_from) if copy > 0 else 0)
+    columns = (flops_out, read_out, src_out, time_out, copy_out, copy_src_out)
+    xpu_cache[key] = (columns, vertex.xpus, spilled)  # keep the keyed objects alive: ids stay unique
+    for name, values in zip(_UNIT_ARRAYS, columns):
+        a[name].extend(values)
+
+
+_UNIT_ARRAYS = ("u_flops", "u_read", "u_read_src", "u_compute_s", "u_copy", "u_copy_src")
 
 
 def _groups(a, executor, vertex, plans, step_plans) -> None:
@@ -254,7 +277,11 @@ def pair_bytes(executor) -> dict[tuple[str, str], float]:
         if vertex.kind == "compute":
             size = data["memory_bytes"]
             if size > 0:
+                spilled = data.get("spilled_xpus") or ()
                 for xpu in vertex.xpus:
+                    if xpu not in spilled:  # local: one read from its HBM (form_transfers)
+                        pairs[nodes[xpu]["local_memory"], xpu] += size * iterations
+                        continue
                     form = memory_form(nodes, data, xpu, executor.options.coherent)
                     for pair in form_transfers(nodes, data, xpu, form):
                         pairs[pair] += size * iterations
