@@ -16,7 +16,7 @@ from hcsim.engine.executor import RunOptions
 from hcsim.errors import ConfigError
 from hcsim.platform.builders import single_switch
 from hcsim.scenario import Scenario
-from hcsim.simulation import prepare, simulate_graphs
+from hcsim.simulation import compute_model, prepare, simulate_graphs
 from hcsim.workload import add_comm, add_compute, add_dependency, new_workload
 from test_executor_rules import H100, SECOND, TINY, pipeline_graph  # tests/engine is on sys.path
 
@@ -53,11 +53,13 @@ def assert_same(python: dict, core_run: dict) -> None:
 
 
 def scenario_case(**settings) -> tuple:
-    prepared = prepare(Scenario(**settings))
+    scenario = Scenario(**settings)
+    prepared = prepare(scenario)
     options = dict(iterations=settings.get("iterations", 2), coherent=prepared.coherent,
                    collective_model=settings.get("collective_model", "flow"),
                    local_access=settings.get("local_access", "analytic"),
-                   local_collectives=settings.get("local_collectives", "simulated"))
+                   local_collectives=settings.get("local_collectives", "simulated"),
+                   compute_model=compute_model(scenario, prepared.workload, prepared.platform))
     return prepared.platform, prepared.workload, options
 
 
@@ -74,6 +76,13 @@ SCENARIOS = {
     "hybrid-local-analytic": dict(platform="dgx-h100", workload="llama3-8b", xpus=16, tp=2, pp=2, micro_batch=1,
                                   global_batch=16, schedule="1f1b", precision="bf16", recompute="full",
                                   local_collectives="analytic"),
+    # the roofline model: kernel times, NCCL's wire bytes below line rate and a latency per call, at flow and step
+    "hybrid-roofline": dict(platform="dgx-h100", workload="llama3-8b", xpus=16, tp=2, pp=2, micro_batch=1,
+                            global_batch=16, schedule="1f1b", precision="bf16", recompute="full",
+                            compute_model="roofline"),
+    "hybrid-roofline-step": dict(platform="dgx-h100", workload="llama3-8b", xpus=16, tp=2, pp=2, micro_batch=1,
+                                 global_batch=16, schedule="1f1b", precision="bf16", recompute="full",
+                                 compute_model="roofline", collective_model="auto"),
     # the step model (collective_model: auto, every group under step_limit): the ring step by step, p2p sends
     # that leave when their sender is ready
     "dp-ring-paper-cxl-step": dict(platform="paper-cxl", xpus=8, granularity="decoder", collective_model="auto"),

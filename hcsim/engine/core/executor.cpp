@@ -6,7 +6,8 @@
    read of local memory, or the longer of the two when local access is analytic: the Python side decides
    which per unit; a read of extended memory beside it, or a copy before it, where data spilled), collectives at the flow model (each lane's phases one after the other, a phase ending
    by FlowPhase's rule), at the step model (each rank's lanes step by step) or analytic (one delay), per-XPU
-   clocks as executor._Clock keeps them. */
+   clocks as executor._Clock keeps them. The roofline model's times and wire bytes come in the arrays; its
+   per-call latency is a delay after each rank's last transfer. */
 #include "workload.hpp"
 
 #include <simgrid/s4u/Comm.hpp>
@@ -415,7 +416,7 @@ private:
       if (index >= count) {
         c.step[rank * lanes + lane] = DONE;
         if (--c.lanes_left[rank] == 0)
-          finish_rank(key, rank);
+          finish(key, rank);
         return;
       }
       std::int64_t global = w_.rl_steps[seq] + index;
@@ -447,6 +448,16 @@ private:
           return;  // its last rank finished: the run is over
       }
     }, c.run, source, c.vertex);
+  }
+
+  /* executor._CollectiveRun._finish: the roofline model's per-call latency after the rank's last transfer. */
+  void finish(std::int64_t key, std::int32_t rank)
+  {
+    double latency = w_.g_call_latency[collectives_[key]->group];
+    if (latency > 0)
+      delay(latency, [this, key, rank]() { finish_rank(key, rank); });
+    else
+      finish_rank(key, rank);
   }
 
   /* executor._CollectiveRun._finished for one rank; the run is over when every rank is. */
@@ -489,16 +500,9 @@ private:
 
   void flows_done(std::int64_t key)
   {
-    CollectiveRun& c = *collectives_[key];
-    std::int32_t ranks = w_.g_size[c.group];
-    for (std::int32_t rank = 0; rank < ranks; ++rank) {
-      ++c.finished;
-      c.finished_ranks[rank] = 1;
-      if (c.active[rank])
-        clocks_[member(c, rank)].advance(now(), 0, -1, w_.v_comm_kind[c.vertex]);
-      complete(c.vertex, w_.g_first[c.group] + rank, c.run, c.start[rank]);
-    }
-    collectives_.erase(key);  // collective_done
+    std::int32_t ranks = w_.g_size[collectives_[key]->group];
+    for (std::int32_t rank = 0; rank < ranks; ++rank)
+      finish(key, rank);  // the last one may end the run
   }
 
   void next_phase(std::int64_t key, std::size_t lane_number)

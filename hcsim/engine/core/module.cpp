@@ -136,6 +136,7 @@ py::dict run_workload(const std::string& platform_xml, const std::vector<std::st
   w.g_mode = field<std::uint8_t>(a, "g_mode", w.groups);
   w.g_seconds = field<double>(a, "g_seconds", w.groups);
   w.g_plan = field<std::int32_t>(a, "g_plan", w.groups);
+  w.g_call_latency = field<double>(a, "g_call_latency", w.groups);
   std::size_t plans = a["p_phases"].cast<py::buffer>().request().shape[0];
   w.p_phases = field<std::int64_t>(a, "p_phases", plans);
   std::size_t phases = static_cast<std::size_t>(w.p_phases[plans - 1]);

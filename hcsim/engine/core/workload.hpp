@@ -59,6 +59,7 @@ struct WorkloadArrays {
   const std::uint8_t* g_mode = nullptr;
   const double* g_seconds = nullptr;
   const std::int32_t* g_plan = nullptr;
+  const double* g_call_latency = nullptr;  // s after each rank's last transfer (the roofline model; else 0)
   // plans (P): phases (CSR); phases: lane, steps, transfers (CSR); transfers: hosts, bytes, route latency,
   // feeds (CSR, indices of earlier transfers of the same phase)
   const std::int64_t* p_phases = nullptr;

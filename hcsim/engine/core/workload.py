@@ -8,11 +8,12 @@ activities and returns iteration ends and per-XPU clocks; link bytes follow from
 every iteration). The result is the executor's :class:`RunResult`.
 
 What the core runs (it refuses anything else with a ConfigError naming it, never another model): compute
-vertices at the peak model (FLOPs / FLOP/s, or a measured duration) beside their memory reads in the forms
+vertices at the peak model (FLOPs / FLOP/s, or a measured duration) or the roofline model beside their memory reads in the forms
 of paper Fig. 3 (local, ``local_access`` analytic or simulated; spilled and read in place on a coherent
 system; spilled and copied first without coherence), collectives at the step and flow models and local collectives
 analytic, the graph contract v2 (waits xpu, group, all; skip_first_iteration edges), per-XPU clocks. Not yet: offload to
-CPU memory and CPU steps, representative XPUs, the roofline compute model. Traces are the executor's (a
+CPU memory and CPU steps, representative XPUs. The roofline compute model's kernel times, wire bytes and call
+latencies come from the executor's own methods. Traces are the executor's (a
 TraceRecorder filled from the core's events, in the order they ended).
 """
 
@@ -39,9 +40,6 @@ def unsupported(executor) -> list[str]:
     options, problems = executor.options, []
     if options.xpu_sampling != "all":
         problems.append("representative XPUs (xpu_sampling: representative; set xpu_sampling: all)")
-    if options.compute_model is not None:
-        problems.append("the roofline compute model (compute_model: roofline, or a workload timed by its kernels; "
-                        "set compute_model: peak)")
     if options.trace_xpus == "per-class":
         problems.append("traces per class (trace_xpus: per-class, which follows representative XPUs)")
     offload = uneven = 0
@@ -70,7 +68,7 @@ def build_arrays(executor, hosts: dict[str, int]) -> dict[str, array]:
         ("u_xpu", "i"), ("u_required", "q"), ("u_flops", "d"), ("u_read", "d"), ("u_read_src", "i"),
         ("u_compute_s", "d"), ("u_copy", "d"), ("u_copy_src", "i"), ("u_group", "i"), ("e_succ", "i"), ("e_skip", "B"), ("e_same_rank", "B"),
         ("e_bucket_of", "q"), ("bucket_of", "i"), ("b_units", "q"), ("b_unit", "i"), ("g_first", "q"),
-        ("g_size", "i"), ("g_mode", "B"), ("g_seconds", "d"), ("g_plan", "i"), ("p_phases", "q"), ("ph_lane", "i"),
+        ("g_size", "i"), ("g_mode", "B"), ("g_seconds", "d"), ("g_plan", "i"), ("g_call_latency", "d"), ("p_phases", "q"), ("ph_lane", "i"),
         ("ph_steps", "i"), ("ph_transfers", "q"), ("t_src", "i"), ("t_dst", "i"), ("t_bytes", "d"),
         ("t_latency", "d"), ("t_feeds", "q"), ("feed", "i"), ("q_lanes", "i"), ("q_sequences", "q"),
         ("rl_steps", "q"), ("st_sends", "q"), ("st_recvs", "i"), ("sd_dst", "i"), ("sd_bytes", "d"))}
@@ -85,7 +83,7 @@ def build_arrays(executor, hosts: dict[str, int]) -> dict[str, array]:
     precision = executor.precision
     analytic_access = options.local_access == "analytic"
     plans: dict[tuple, int] = {}
-    step_plans: dict[int, tuple[int, object]] = {}
+    step_plans: dict[tuple, tuple[int, object]] = {}
     xpu_cache: dict = {}  # XPU -> (FLOP/s, its local memory); alike compute vertices -> their unit columns
     edge_buckets: dict[tuple, int] = {}
     for vertex in executor.vertices:
@@ -131,7 +129,9 @@ def _compute_units(a, executor, vertex, hosts, peak_flops, precision, analytic_a
     size = data["memory_bytes"]
     spilled = data.get("spilled_xpus") or ()
     duration = data.get("duration")
-    key = (id(vertex.xpus), id(spilled), data["flops"], size, duration)  # alike vertices (layers, micro-batches)
+    model = executor.options.compute_model
+    ops = data.get("ops")
+    key = (id(vertex.xpus), id(spilled), data["flops"], size, duration, id(ops) if model is not None else None)
     if key in xpu_cache:
         for name, values in zip(_UNIT_ARRAYS, xpu_cache[key][0]):
             a[name].extend(values)
@@ -151,6 +151,11 @@ def _compute_units(a, executor, vertex, hosts, peak_flops, precision, analytic_a
         speed, local = known
         flops = data["flops"] if duration is None else duration * speed
         compute_time = flops / speed
+        if model is not None and duration is None and data.get("ops") and nodes[xpu]["kind"] == "xpu":  # roofline
+            # FP8 training runs all but its GEMMs in BF16: the kernel model takes the BF16 peak (executor.py)
+            kernel_peak = peak_flops(nodes[xpu], "bf16") if precision == "fp8" else speed
+            compute_time = model.time(data["ops"], nodes[xpu]["device"], kernel_peak, executor._path(local, xpu)[1])
+            flops = compute_time * speed
         if xpu in spilled:
             copy_from, memory = memory_form(nodes, data, xpu, executor.options.coherent)
         else:
@@ -170,7 +175,7 @@ def _compute_units(a, executor, vertex, hosts, peak_flops, precision, analytic_a
         copy_out.append(copy)
         copy_src_out.append(host(copy_from) if copy > 0 else 0)
     columns = (flops_out, read_out, src_out, time_out, copy_out, copy_src_out)
-    xpu_cache[key] = (columns, vertex.xpus, spilled)  # keep the keyed objects alive: ids stay unique
+    xpu_cache[key] = (columns, vertex.xpus, spilled, ops)  # keep the keyed objects alive: ids stay unique
     for name, values in zip(_UNIT_ARRAYS, columns):
         a[name].extend(values)
 
@@ -188,6 +193,7 @@ def _groups(a, executor, vertex, plans, step_plans) -> None:
         a["g_first"].append(vertex.offset + first)
         a["g_size"].append(len(group))
         algorithm, fidelity, phases = vertex.algorithms[g]
+        a["g_call_latency"].append(_call_latency(executor, algorithm, group))
         if fidelity == "analytic":
             a["g_mode"].append(ANALYTIC)
             a["g_seconds"].append(phases[1])
@@ -219,13 +225,22 @@ def _groups(a, executor, vertex, plans, step_plans) -> None:
         a["g_plan"].append(plans[key])
 
 
+def _call_latency(executor, algorithm, group) -> float:
+    """_CollectiveRun.call_latency: the roofline model's per-call latency of a group (0 at the peak model)."""
+    if executor.options.compute_model is None:
+        return 0.0
+    return max((executor.link_factors(group[s], group[d]).call_latency for s, d in algorithm.pairs()), default=0.0)
+
+
 def _step_plan(a, executor, algorithm, group, step_plans) -> int:
     """The number of `algorithm`'s step schedule in the step-plan arrays, added on first use: per rank and lane
-    its steps, each with its sends (destination rank, wire bytes) and its receive count."""
-    if id(algorithm) in step_plans:
-        return step_plans[id(algorithm)][0]
+    its steps, each with its sends (destination rank, wire bytes) and its receive count. Wire bytes depend on
+    the group's links in the roofline model: a plan per group there, per algorithm at the peak model."""
+    key = (id(algorithm), group if executor.options.compute_model is not None else None)
+    if key in step_plans:
+        return step_plans[key][0]
     number = len(a["q_lanes"])
-    step_plans[id(algorithm)] = (number, algorithm)  # keep it alive: ids stay unique
+    step_plans[key] = (number, algorithm)  # keep it alive: ids stay unique
     a["q_lanes"].append(algorithm.lanes)
     for rank in range(algorithm.ranks):
         for lane in range(algorithm.lanes):
@@ -233,7 +248,7 @@ def _step_plan(a, executor, algorithm, group, step_plans) -> int:
                 step = algorithm.lane_step(rank, index, lane)
                 for dst, size in step.sends:
                     a["sd_dst"].append(dst)
-                    a["sd_bytes"].append(size)  # the peak model: wire bytes are the bytes
+                    a["sd_bytes"].append(executor.wire_bytes(group[rank], group[dst], size))
                 a["st_sends"].append(len(a["sd_dst"]))
                 a["st_recvs"].append(len(step.recvs))
             a["rl_steps"].append(len(a["st_recvs"]))
