@@ -63,6 +63,8 @@ def scenario_case(**settings) -> tuple:
     return prepared.platform, prepared.workload, options
 
 
+TINY_GPT = {"model.decoders": 4, "model.hidden": 256, "model.heads": 4, "model.ffn": 1024, "model.sequence": 128,
+            "model.vocabulary": 1000, "training.precision": "fp16"}
 SCENARIOS = {
     # LLaMA2-13B data parallel, decoder vertices, ring all-reduce, spilled and read in place over CXL
     "dp-ring-paper-cxl": dict(platform="paper-cxl", xpus=8, granularity="decoder", iterations=3),
@@ -76,6 +78,13 @@ SCENARIOS = {
     "hybrid-local-analytic": dict(platform="dgx-h100", workload="llama3-8b", xpus=16, tp=2, pp=2, micro_batch=1,
                                   global_batch=16, schedule="1f1b", precision="bf16", recompute="full",
                                   local_collectives="analytic"),
+    # ZeRO-2 with its optimizer state offloaded: CPU steps on the shared CPU and moves over PCIe (no coherence),
+    # or read in place over CXL beside the step (tests/engine/test_zero_offload.py's runs)
+    "offload-cpu": dict(platform="paper-traditional", xpus=8, workload="gpt3-175b", workload_overrides=TINY_GPT,
+                        zero=2, offload="cpu", coherent=False, platform_overrides={"server.cpu_flops": "1GFLOPS"}),
+    "offload-cxl": dict(platform="paper-cxl", xpus=8, workload="gpt3-175b", workload_overrides=TINY_GPT, zero=2,
+                        offload="cxl", coherent=True, platform_overrides={"server.cpu_flops": "1GFLOPS"},
+                        collective_model="auto"),
     # the roofline model: kernel times, NCCL's wire bytes below line rate and a latency per call, at flow and step
     "hybrid-roofline": dict(platform="dgx-h100", workload="llama3-8b", xpus=16, tp=2, pp=2, micro_batch=1,
                             global_batch=16, schedule="1f1b", precision="bf16", recompute="full",

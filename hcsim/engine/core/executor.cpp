@@ -165,7 +165,8 @@ private:
     running_[unit] = 1;
     std::int32_t vertex = unit_vertex_[unit];
     if (w_.v_kind[vertex] == COMPUTE) {
-      clocks_[w_.u_xpu[unit]].advance(now(), 1);
+      if (!(w_.v_flags[vertex] & CPU_STEP))  // else the XPU waits (idle) while its host CPU computes
+        clocks_[w_.u_xpu[unit]].advance(now(), 1);
       start_compute(vertex, unit, run);
     } else {
       rank_ready(vertex, unit, run);
@@ -182,7 +183,7 @@ private:
     running_[unit] = 0;
     done_runs_[unit] = run;
     double t = now();
-    if (w_.v_kind[vertex] == COMPUTE)
+    if (w_.v_kind[vertex] == COMPUTE && !(w_.v_flags[vertex] & CPU_STEP))
       clocks_[w_.u_xpu[unit]].advance(t, -1);
     if (traced(w_.u_xpu[unit], run))
       out_.vertices->push_back({run, unit, start, t});
@@ -274,6 +275,23 @@ private:
         clock.recompute += compute;
       complete(vertex, unit, run, begin);
     };
+    if (w_.v_flags[vertex] & MOVE) {  // an offload copy: u_copy bytes, nothing computed
+      transfer(w_.u_copy_src[unit], w_.u_peer[unit], w_.u_copy[unit], finish, run, w_.u_xpu[unit], vertex, MOVED);
+      return;
+    }
+    if (w_.v_flags[vertex] & CPU_STEP) {  // on the CPU that owns the XPU's host memory, beside reading it
+      auto pending = std::make_shared<int>(2);
+      auto part = [this, pending, vertex, unit, run, begin]() {  // not the XPU's compute: no busy time
+        if (--*pending == 0)
+          complete(vertex, unit, run, begin);
+      };
+      execute(hosts_[w_.u_peer[unit]], flops, part);
+      if (read > 0)
+        transfer(w_.u_read_src[unit], w_.u_peer[unit], read, part, run, w_.u_xpu[unit], vertex, READ);
+      else
+        part();
+      return;
+    }
     if (w_.u_copy[unit] > 0) {  // spilled data without coherence: copied into local memory first
       transfer(w_.u_copy_src[unit], w_.u_xpu[unit], w_.u_copy[unit],
                [this, unit, flops, read, finish, run, vertex]() { compute_beside(unit, flops, read, finish, run, vertex); },

@@ -120,6 +120,7 @@ py::dict run_workload(const std::string& platform_xml, const std::vector<std::st
   w.u_compute_s = field<double>(a, "u_compute_s", w.units);
   w.u_copy = field<double>(a, "u_copy", w.units);
   w.u_copy_src = field<std::int32_t>(a, "u_copy_src", w.units);
+  w.u_peer = field<std::int32_t>(a, "u_peer", w.units);
   w.u_group = field<std::int32_t>(a, "u_group", w.units);
   w.e_succ = field<std::int32_t>(a, "e_succ", edges);
   w.e_skip = field<std::uint8_t>(a, "e_skip", edges);

@@ -16,7 +16,7 @@
 namespace hcsim::core {
 
 enum VertexKind : std::uint8_t { COMPUTE = 0, COLLECTIVE = 1 };
-enum VertexFlag : std::uint8_t { START = 1, RECOMPUTE = 2 };
+enum VertexFlag : std::uint8_t { START = 1, RECOMPUTE = 2, CPU_STEP = 4, MOVE = 8 };
 enum GroupMode : std::uint8_t { FLOW = 0, ANALYTIC = 1, STEP = 2 };
 constexpr int COMM_KINDS = 7;  // hcsim.engine.executor.COMM_KIND's values, numbered by the Python side
 constexpr int CLOCK_FIELDS = 8 + COMM_KINDS;  // see Clock::record
@@ -42,6 +42,9 @@ struct WorkloadArrays {
   const double* u_compute_s = nullptr;
   const double* u_copy = nullptr;  // bytes copied from u_copy_src before the rest starts (0: none; Fig. 3b)
   const std::int32_t* u_copy_src = nullptr;
+  // offload: a CPU_STEP vertex's unit executes u_flops on host u_peer (its CPU) beside a read of u_read bytes
+  // from u_read_src to u_peer, not on its XPU; a MOVE vertex's unit copies u_copy bytes u_copy_src -> u_peer
+  const std::int32_t* u_peer = nullptr;
   const std::int32_t* u_group = nullptr;
   // edges (E): successor vertex, skip_first_iteration, same rank (unit r -> unit r), where its buckets begin
   // in e_bucket_of (pred units -> bucket, -1: none; unused for same-rank edges)
@@ -91,7 +94,7 @@ struct VertexEvent {
   std::int64_t unit;
   double start, end;
 };
-enum Label : std::uint8_t { VERTEX = 0, READ = 1, COPY = 2 };
+enum Label : std::uint8_t { VERTEX = 0, READ = 1, COPY = 2, MOVED = 3 };
 struct TransferEvent {
   std::int32_t run, src, dst, vertex;
   std::uint8_t label;

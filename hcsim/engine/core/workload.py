@@ -8,13 +8,13 @@ activities and returns iteration ends and per-XPU clocks; link bytes follow from
 every iteration). The result is the executor's :class:`RunResult`.
 
 What the core runs (it refuses anything else with a ConfigError naming it, never another model): compute
-vertices at the peak model (FLOPs / FLOP/s, or a measured duration) or the roofline model beside their memory reads in the forms
-of paper Fig. 3 (local, ``local_access`` analytic or simulated; spilled and read in place on a coherent
-system; spilled and copied first without coherence), collectives at the step and flow models and local collectives
-analytic, the graph contract v2 (waits xpu, group, all; skip_first_iteration edges), per-XPU clocks. Not yet: offload to
-CPU memory and CPU steps, representative XPUs. The roofline compute model's kernel times, wire bytes and call
-latencies come from the executor's own methods. Traces are the executor's (a
-TraceRecorder filled from the core's events, in the order they ended).
+vertices at the peak model (FLOPs / FLOP/s, or a measured duration) or the roofline model (kernel times, wire
+bytes and call latencies from the executor's own methods) beside their memory reads in the forms of paper
+Fig. 3 (local, ``local_access`` analytic or simulated; spilled and read in place on a coherent system;
+spilled and copied first without coherence); offload (CPU steps on the host CPU beside their reads, moves
+between an XPU and its offload memory); collectives at the step and flow models and local collectives
+analytic; the graph contract v2 (waits xpu, group, all; skip_first_iteration edges); per-XPU clocks; traces
+(a TraceRecorder filled from the core's events, in the order they ended). Not yet: representative XPUs.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from hcsim.errors import ConfigError, SimulationError
 __all__ = ["unsupported", "build_arrays", "run_workload"]
 
 COMM_KINDS = ("tp", "cp", "pp", "dp", "ep", "offload", "other")  # numbered for the core (workload.hpp)
-START, RECOMPUTE = 1, 2
+START, RECOMPUTE, CPU_STEP, MOVE = 1, 2, 4, 8
 FLOW, ANALYTIC, STEP = 0, 1, 2
 
 
@@ -42,16 +42,12 @@ def unsupported(executor) -> list[str]:
         problems.append("representative XPUs (xpu_sampling: representative; set xpu_sampling: all)")
     if options.trace_xpus == "per-class":
         problems.append("traces per class (trace_xpus: per-class, which follows representative XPUs)")
-    offload = uneven = 0
+    uneven = 0
     for vertex in executor.vertices:
         data = vertex.data
-        if vertex.kind == "compute":
-            offload += bool(data.get("host") == "cpu" or data.get("move") or data.get("offload"))
-        else:
+        if vertex.kind != "compute":
             uneven += any(tuple(vertex.xpus[first:first + len(group)]) != tuple(group)
                           for first, group in zip(vertex.group_offsets, vertex.groups))
-    if offload:
-        problems.append(f"offload (CPU steps and copies: {offload} vertices; set offload_state to none)")
     if uneven:
         problems.append(f"collective vertices whose units are not listed group by group ({uneven})")
     return problems
@@ -66,7 +62,7 @@ def build_arrays(executor, hosts: dict[str, int]) -> dict[str, array]:
     a = {name: array(code) for name, code in (
         ("v_kind", "B"), ("v_flags", "B"), ("v_comm_kind", "B"), ("v_units", "q"), ("v_succs", "q"),
         ("u_xpu", "i"), ("u_required", "q"), ("u_flops", "d"), ("u_read", "d"), ("u_read_src", "i"),
-        ("u_compute_s", "d"), ("u_copy", "d"), ("u_copy_src", "i"), ("u_group", "i"), ("e_succ", "i"), ("e_skip", "B"), ("e_same_rank", "B"),
+        ("u_compute_s", "d"), ("u_copy", "d"), ("u_copy_src", "i"), ("u_peer", "i"), ("u_group", "i"), ("e_succ", "i"), ("e_skip", "B"), ("e_same_rank", "B"),
         ("e_bucket_of", "q"), ("bucket_of", "i"), ("b_units", "q"), ("b_unit", "i"), ("g_first", "q"),
         ("g_size", "i"), ("g_mode", "B"), ("g_seconds", "d"), ("g_plan", "i"), ("g_call_latency", "d"), ("p_phases", "q"), ("ph_lane", "i"),
         ("ph_steps", "i"), ("ph_transfers", "q"), ("t_src", "i"), ("t_dst", "i"), ("t_bytes", "d"),
@@ -89,7 +85,9 @@ def build_arrays(executor, hosts: dict[str, int]) -> dict[str, array]:
     for vertex in executor.vertices:
         data = vertex.data
         a["v_kind"].append(0 if vertex.kind == "compute" else 1)
-        a["v_flags"].append((START if data.get("start") else 0) | (RECOMPUTE if vertex.recompute else 0))
+        a["v_flags"].append((START if data.get("start") else 0) | (RECOMPUTE if vertex.recompute else 0)
+                            | (CPU_STEP if vertex.kind == "compute" and data.get("host") == "cpu" else 0)
+                            | (MOVE if vertex.kind == "compute" and data.get("move") else 0))
         a["v_comm_kind"].append(COMM_KINDS.index(vertex.comm_kind))
         a["v_units"].append(vertex.offset + len(vertex.xpus))
         a["u_xpu"].extend([hosts[xpu] for xpu in vertex.xpus])
@@ -108,6 +106,7 @@ def build_arrays(executor, hosts: dict[str, int]) -> dict[str, array]:
             a["u_compute_s"].extend([0.0] * len(vertex.xpus))
             a["u_copy"].extend([0.0] * len(vertex.xpus))
             a["u_copy_src"].extend([0] * len(vertex.xpus))
+            a["u_peer"].extend([0] * len(vertex.xpus))
             _groups(a, executor, vertex, plans, step_plans)
         for edge in vertex.succs:
             a["e_succ"].append(edge.vertex.index)
@@ -131,7 +130,9 @@ def _compute_units(a, executor, vertex, hosts, peak_flops, precision, analytic_a
     duration = data.get("duration")
     model = executor.options.compute_model
     ops = data.get("ops")
-    key = (id(vertex.xpus), id(spilled), data["flops"], size, duration, id(ops) if model is not None else None)
+    cpu_step, move = data.get("host") == "cpu", data.get("move")
+    key = (id(vertex.xpus), id(spilled), data["flops"], size, duration, id(ops) if model is not None else None,
+           cpu_step, move, data.get("offload"))
     if key in xpu_cache:
         for name, values in zip(_UNIT_ARRAYS, xpu_cache[key][0]):
             a[name].extend(values)
@@ -142,7 +143,7 @@ def _compute_units(a, executor, vertex, hosts, peak_flops, precision, analytic_a
             hosts[name] = len(hosts)
         return hosts[name]
 
-    flops_out, read_out, src_out, time_out, copy_out, copy_src_out = [], [], [], [], [], []
+    flops_out, read_out, src_out, time_out, copy_out, copy_src_out, peer_out = [], [], [], [], [], [], []
     for xpu in vertex.xpus:
         known = xpu_cache.get(xpu)
         if known is None:
@@ -156,10 +157,20 @@ def _compute_units(a, executor, vertex, hosts, peak_flops, precision, analytic_a
             kernel_peak = peak_flops(nodes[xpu], "bf16") if precision == "fp8" else speed
             compute_time = model.time(data["ops"], nodes[xpu]["device"], kernel_peak, executor._path(local, xpu)[1])
             flops = compute_time * speed
-        if xpu in spilled:
+        if cpu_step or move or xpu in spilled:
             copy_from, memory = memory_form(nodes, data, xpu, executor.options.coherent)
         else:
             copy_from, memory = None, local
+        if cpu_step or move:  # executor._start_compute's offload branches
+            cpu = nodes[memory]["owner"] if cpu_step else None
+            flops_out.append(flops)
+            read_out.append(size if cpu_step and size > 0 else 0.0)
+            src_out.append(host(memory) if cpu_step else 0)
+            time_out.append(compute_time)
+            copy_out.append(size if move else 0.0)
+            copy_src_out.append(host(copy_from) if move else 0)
+            peer_out.append(host(cpu) if cpu_step else host(memory))
+            continue
         read = size if size > 0 else 0.0
         run_flops = flops if flops > 0 else 0.0
         if memory == local and analytic_access and flops > 0 and size > 0:  # one activity, the longer of the two
@@ -174,13 +185,14 @@ def _compute_units(a, executor, vertex, hosts, peak_flops, precision, analytic_a
         time_out.append(compute_time)
         copy_out.append(copy)
         copy_src_out.append(host(copy_from) if copy > 0 else 0)
-    columns = (flops_out, read_out, src_out, time_out, copy_out, copy_src_out)
+        peer_out.append(0)
+    columns = (flops_out, read_out, src_out, time_out, copy_out, copy_src_out, peer_out)
     xpu_cache[key] = (columns, vertex.xpus, spilled, ops)  # keep the keyed objects alive: ids stay unique
     for name, values in zip(_UNIT_ARRAYS, columns):
         a[name].extend(values)
 
 
-_UNIT_ARRAYS = ("u_flops", "u_read", "u_read_src", "u_compute_s", "u_copy", "u_copy_src")
+_UNIT_ARRAYS = ("u_flops", "u_read", "u_read_src", "u_compute_s", "u_copy", "u_copy_src", "u_peer")
 
 
 def _groups(a, executor, vertex, plans, step_plans) -> None:
@@ -293,8 +305,9 @@ def pair_bytes(executor) -> dict[tuple[str, str], float]:
             size = data["memory_bytes"]
             if size > 0:
                 spilled = data.get("spilled_xpus") or ()
+                offload = data.get("host") == "cpu" or data.get("move")
                 for xpu in vertex.xpus:
-                    if xpu not in spilled:  # local: one read from its HBM (form_transfers)
+                    if not offload and xpu not in spilled:  # local: one read from its HBM (form_transfers)
                         pairs[nodes[xpu]["local_memory"], xpu] += size * iterations
                         continue
                     form = memory_form(nodes, data, xpu, executor.options.coherent)
@@ -354,7 +367,7 @@ def _fill_trace(trace, executor, counters: dict, hosts: list[str], arrays: dict)
     for run, unit, start, end in counters["vertices"]:
         vertex = unit_vertex[unit]
         trace.vertices.append((run, vertex.xpus[unit - vertex.offset], vertex.name, vertex.kind, start, end))
-    suffix = ("", ".read", ".copy")
+    suffix = ("", ".read", ".copy", ".move")
     for run, src, dst, index, label, size, start, end in counters["transfers"]:
         trace.transfers.append((run, hosts[src], hosts[dst], executor.vertices[index].name + suffix[label], size,
                                 start, end))
