@@ -32,7 +32,7 @@ from hcsim.engine.compute_model import COMPUTE_MODELS
 from hcsim.workload.context import CP_ALGORITHMS
 from hcsim.workload.graph import PRECISIONS
 from hcsim.workload.model import RECOMPUTATION
-from hcsim.workload.schedules import SCHEDULES
+from hcsim.workload.schedules import SCHEDULES, check_pipeline
 from hcsim.workload.split import BATCH_SPLITS
 from hcsim.workload.zero import OFFLOAD_STATES, OFFLOAD_TARGETS, ZERO_STAGES
 
@@ -156,6 +156,11 @@ class Scenario:
         if self.trace_iterations and max(self.trace_iterations) > self.iterations:
             raise ConfigError(f"scenario {name!r}: trace_iterations: {brief(self.trace_iterations)} names an "
                               f"iteration after the last one; the run has iterations 1 to {self.iterations}")
+        if self.schedule in SCHEDULES:  # one rule for every pp, also where pp: 1 runs the data-parallel graph
+            try:
+                check_pipeline(self.schedule, self.pp, self.virtual_stages)
+            except ConfigError as err:
+                raise ConfigError(f"scenario {name!r}: {err}") from None
         if self.trace_xpus == "per-class" and self.xpu_sampling != "representative":
             raise ConfigError(f"scenario {name!r}: trace_xpus: per-class traces the representative of each "
                               "class of alike XPUs, which only xpu_sampling: representative forms; fix: set "

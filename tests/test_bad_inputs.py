@@ -260,6 +260,11 @@ CLI_CASES = {
     "tp-does-not-divide": (SIM + ["--set", "xpus=6", "--set", "tp=4"], r"parallel layout", r"not a multiple of tp 4 x pp 1"),
     "global-batch-not-a-multiple": (SIM + ["--set", "xpus=8", "--set", "pp=2", "--set", "global_batch=7"],
                                     r"global_batch", r"valid: multiples of"),
+    # one rule for every pp: interleaving needs stages to interleave, pp: 1 is refused as pp: 2 with v: 2 and 1f1b is
+    "interleaved-one-stage": (SIM + ["--set", "schedule=interleaved", "--set", "virtual_stages=2"], r"schedule",
+                              r"interleaved needs pp > 1.*valid: pp >= 2"),
+    "virtual-stages-without-interleaving": (SIM + ["--set", "xpus=4", "--set", "pp=2", "--set", "virtual_stages=2"],
+                                            r"virtual_stages", r"needs schedule: interleaved"),
     "renamed-and-new-key": (SIM + ["--set", "fidelity=layer", "--set", "granularity=decoder"], r"fidelity",
                             r"renamed granularity.*keep only granularity"),
     "cxl-bandwidth-no-unit": (SIM + ["--set", "cxl_bandwidth=128"], r"cxl_bandwidth", r"for example '128GB/s"),

@@ -51,13 +51,21 @@ class Op:
         return f"{self.kind}{self.micro_batch}" + (f".c{self.chunk}" if self.chunk else "")
 
 
-def check_schedule(schedule: str, stages: int, micro_batches: int, chunks: int) -> None:
-    """Raise ConfigError if `schedule` cannot run p = `stages`, m = `micro_batches`, v = `chunks`."""
+def check_pipeline(schedule: str, stages: int, chunks: int) -> None:
+    """Raise ConfigError if `schedule` cannot run p = `stages` with v = `chunks` at all (whatever the batch)."""
     if schedule not in SCHEDULES:
         raise ConfigError(f"schedule: {schedule!r} is not one of {', '.join(SCHEDULES)}")
     if chunks > 1 and schedule != "interleaved":
         raise ConfigError(f"virtual_stages: {chunks} needs schedule: interleaved (got {schedule!r})")
-    if schedule == "interleaved" and stages > 1 and micro_batches % stages:
+    if schedule == "interleaved" and stages == 1:
+        raise ConfigError("schedule: interleaved needs pp > 1 (one stage has no pipeline bubble to interleave "
+                          "into); valid: pp >= 2, or schedule: 1f1b with virtual_stages: 1")
+
+
+def check_schedule(schedule: str, stages: int, micro_batches: int, chunks: int) -> None:
+    """Raise ConfigError if `schedule` cannot run p = `stages`, m = `micro_batches`, v = `chunks`."""
+    check_pipeline(schedule, stages, chunks)
+    if schedule == "interleaved" and micro_batches % stages:
         raise ConfigError(f"schedule: interleaved needs micro-batches ({micro_batches}) to be a multiple of pp "
                           f"({stages}), as Megatron-LM does")
 

@@ -100,8 +100,8 @@ def test_in_flight_closed_forms_agree_with_the_schedules(schedule, v):
 
     for p in (1, 2, 3, 4, 8):
         for m in (1, 2, 3, 4, 5, 8, 16, 24):
-            if schedule == "interleaved" and m % p:
-                continue  # Megatron-LM's interleaving needs m a multiple of p
+            if schedule == "interleaved" and (p == 1 or m % p):
+                continue  # interleaving needs pp > 1 and, as Megatron-LM's, m a multiple of p
             for i in range(p):
                 order = stage_order(schedule, stages=p, micro_batches=m, stage=i, chunks=v)
                 closed = in_flight_microbatches(schedule, stage=i, stages=p, microbatches=m, virtual_stages=v)
