@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from hcsim.config import Fields, load_yaml, parse_settings
+from hcsim.config import Fields, load_yaml, parse_settings, resolve_spec
 from hcsim.engine.executor import COLLECTIVE_MODELS, ENGINES, LOCAL_ACCESSES, LOCAL_COLLECTIVES, XPU_SAMPLINGS
 from hcsim.errors import ConfigError, brief
 from hcsim.params import (Choice, Constraint, Either, Flag, Integer, Integers, Number, Optional, StringMapping, Text,
@@ -161,10 +161,20 @@ class Scenario:
                 check_pipeline(self.schedule, self.pp, self.virtual_stages)
             except ConfigError as err:
                 raise ConfigError(f"scenario {name!r}: {err}") from None
+        if isinstance(self.compute_factors, str) and isinstance(self.base, str):
+            self._check_compute_factors(name)
         if self.trace_xpus == "per-class" and self.xpu_sampling != "representative":
             raise ConfigError(f"scenario {name!r}: trace_xpus: per-class traces the representative of each "
                               "class of alike XPUs, which only xpu_sampling: representative forms; fix: set "
                               "xpu_sampling: representative, or trace_xpus: per-device")
+
+    def _check_compute_factors(self, name: str) -> None:
+        try:
+            resolve_spec(self.compute_factors, "platforms", Path(self.base))
+        except ConfigError:
+            raise ConfigError(f"scenario {name!r}: compute_factors: {brief(self.compute_factors)}: no such file "
+                              f"(relative paths are read from {self.base}); give a roofline factors YAML, as "
+                              f"platforms/compute-model.yaml or the output of hcsim calibrate") from None
 
     def platform_settings(self) -> dict[str, Any]:
         """Overrides for the platform spec, from the scenario's own keys and platform_overrides."""

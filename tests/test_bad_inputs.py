@@ -265,6 +265,8 @@ CLI_CASES = {
                               r"interleaved needs pp > 1.*valid: pp >= 2"),
     "virtual-stages-without-interleaving": (SIM + ["--set", "xpus=4", "--set", "pp=2", "--set", "virtual_stages=2"],
                                             r"virtual_stages", r"needs schedule: interleaved"),
+    "compute-factors-missing": (SIM + ["--set", "compute_factors=nosuch.csv"], r"compute_factors: 'nosuch.csv'",
+                                r"no such file .*roofline factors YAML"),
     "renamed-and-new-key": (SIM + ["--set", "fidelity=layer", "--set", "granularity=decoder"], r"fidelity",
                             r"renamed granularity.*keep only granularity"),
     "cxl-bandwidth-no-unit": (SIM + ["--set", "cxl_bandwidth=128"], r"cxl_bandwidth", r"for example '128GB/s"),
@@ -740,6 +742,9 @@ def _api_cases():
         "scenario-path-a-number": (lambda: load_scenario(5), r"scenario", r"a YAML file path or None"),
         "scenario-xpus-text": (lambda: Scenario(xpus="8"), r"xpus", r"an integer >= 1"),
         "scenario-xpus-bool": (lambda: Scenario(xpus=True), r"xpus", r"an integer >= 1"),
+        "scenario-compute-factors-missing": (lambda: Scenario(compute_factors="nosuch.yaml"), r"compute_factors",
+                                             r"no such file .*platforms/compute-model.yaml or the output of hcsim "
+                                             r"calibrate"),
         "scenario-ring-order-string": (lambda: Scenario(ring_order="xpu0"), r"ring_order", r"topology, interleaved"),
         "scenario-collective-model": (lambda: Scenario(collective_model="flwo"), r"collective_model",
                                       r"step, flow, auto"),
