@@ -20,7 +20,8 @@ def register(subparsers) -> None:
         epilog="examples:\n  hcsim sweep experiments/paper/fig8.yaml --jobs 2\n"
                "  hcsim sweep experiments/paper/fig8.yaml --jobs 2 --resume\n"
                "  hcsim sweep my-experiment.yaml --executor dask://scheduler:8786\n"
-               "  hcsim sweep experiments/paper/fig10.yaml --report-only   # redraw from the CSV")
+               "  hcsim sweep experiments/paper/fig10.yaml --out experiments/paper/results --report-only"
+               "   # redraw a committed CSV")
     parser.add_argument("experiment", type=Path, help="experiment YAML")
     add_execution_options(parser, "points", "an error row")
     parser.add_argument("--resume", action="store_true", help="keep the rows already in the CSV, run the others")
