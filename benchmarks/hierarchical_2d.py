@@ -86,7 +86,7 @@ def run_point(xpus: int, model: str) -> dict:
     """Build and simulate one point in this process (SimGrid: once per process)."""
     from hcsim.engine.executor import RunOptions
     from hcsim.platform.topology import xpus as platform_xpus
-    from hcsim.simulation import execute
+    from hcsim.run.simulation import execute
 
     start = time.perf_counter()
     platform = build_platform(xpus)

@@ -38,7 +38,7 @@ def run_point(topology: str, n: int, collective: str, algorithm: str, size: floa
     """One point in this (fresh) process: the collective alone on the first n XPUs of `topology`."""
     from hcsim.engine.executor import RunOptions
     from hcsim.platform import build_platform, load_platform_spec, xpus
-    from hcsim.simulation import execute
+    from hcsim.run.simulation import execute
     from hcsim.workload import add_comm, new_workload
 
     wall = time.perf_counter()

@@ -71,7 +71,7 @@ def shadowed_package(error: ImportError) -> ImportError:
 
     if getattr(hcsim, "__file__", None) is not None:
         return error
-    folders = [str(p) for p in getattr(hcsim, "__path__", []) if not (Path(p) / "simulation.py").exists()]
+    folders = [str(p) for p in getattr(hcsim, "__path__", []) if not (Path(p) / "run" / "simulation.py").exists()]
     return ImportError(f"'import hcsim' found the folder {', '.join(folders) or '?'} (no __init__.py) instead of the "
                        f"hcsim package in {Path(__file__).resolve().parent}: a folder named 'hcsim' in the current "
                        f"directory or next to your script (a checkout of hcsim?) shadows it. Fix: run the script "

@@ -164,7 +164,7 @@ def evaluate(spec: dict[str, Any], rows: list[dict[str, Any]], axes: list[str]) 
     """Check one finding against result `rows`; `axes` are the experiment's axis columns.
 
     A device column as metric (``idle_s``...) is compared per device type, never averaged over them."""
-    from hcsim.results import DEVICE_COLUMNS, rows_for, spec_columns
+    from hcsim.run.results import DEVICE_COLUMNS, rows_for, spec_columns
 
     spec = spec_columns({"metric": "batches_per_s", **spec}, _SPEC_COLUMNS)
     metric = spec["metric"]
@@ -195,7 +195,7 @@ def selected(row: dict[str, Any], where: dict[str, Any]) -> bool:
 
 def _dimension(column: str) -> str | None:
     """"bandwidth" or "time" for a scenario column with that unit (cxl_latency_s), else None."""
-    from hcsim.results import column_unit
+    from hcsim.run.results import column_unit
 
     return _DIMENSIONS.get(column_unit(column) or "")
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from hcsim.errors import brief
 from hcsim.findings import selected
-from hcsim.results import DEVICE_COLUMNS, column_unit, rows_for, spec_columns
+from hcsim.run.results import DEVICE_COLUMNS, column_unit, rows_for, spec_columns
 
 __all__ = ["plot_experiment", "plot_rows", "plot_plans", "check_plot", "plot_xpu_times", "plot_kv_occupancy",
            "PLOT_KEYS"]

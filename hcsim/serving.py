@@ -32,7 +32,7 @@ from typing import Any
 import networkx as nx
 
 from hcsim.errors import ConfigError
-from hcsim.scenario import Scenario
+from hcsim.run.scenario import Scenario
 from hcsim.workload.serving import Request, ServingSpec, kv_bytes_per_token, make_requests, step_kernels
 
 __all__ = ["load_serving_spec", "serving_workload", "simulate_serving", "percentiles"]
@@ -224,7 +224,7 @@ def _replica(scenario: Scenario, spec: ServingSpec) -> tuple[_Replica, dict]:
     from hcsim.platform.devices import peak_flops
     from hcsim.platform.routes import route_bandwidth, route_latency, shortest_routes
     from hcsim.platform.topology import xpus as platform_xpus
-    from hcsim.simulation import spill_policy
+    from hcsim.run.prepare import spill_policy
 
     base = Path(scenario.base)
     platform_spec = load_platform_spec(resolve_spec(scenario.platform, "platforms", base),
@@ -303,7 +303,7 @@ def write_serving_outputs(out: Path, result: dict) -> None:
     import json
 
     from hcsim.plotting import plot_kv_occupancy
-    from hcsim.simulation import atomic_write
+    from hcsim.run.report import atomic_write
 
     out.mkdir(parents=True, exist_ok=True)
     for name, rows, columns in (("requests.csv", result["per_request"], list(result["per_request"][0])),

@@ -64,9 +64,9 @@ from typing import Any
 
 from hcsim.config import Fields, load_yaml
 from hcsim.errors import ConfigError, HcsimError, OutputError, brief
-from hcsim.results import (DEVICE_COLUMNS, MEMORY_COLUMNS, SPLIT_PARTS, TIME_PARTS, column_unit, csv_cell,
+from hcsim.run.results import (DEVICE_COLUMNS, MEMORY_COLUMNS, SPLIT_PARTS, TIME_PARTS, column_unit, csv_cell,
                            resolve_scenario, rows_for, scenario_column, scenario_columns)
-from hcsim.scenario import SCENARIO_KEYS, Scenario, apply_settings, load_scenario, renamed
+from hcsim.run.scenario import SCENARIO_KEYS, Scenario, apply_settings, load_scenario, renamed
 
 __all__ = ["Experiment", "Axis", "Point", "SweepReport", "load_experiment", "run_sweep", "run_point", "run_points",
            "check_executor", "result_rows", "read_results", "upgrade_records", "write_report", "columns", "RESULT_COLUMNS",
@@ -75,8 +75,8 @@ __all__ = ["Experiment", "Axis", "Point", "SweepReport", "load_experiment", "run
 log = logging.getLogger(__name__)
 
 # Every row records the point's whole scenario, resolved (defaults replaced by the platform's and
-# workload's values) and in SI units named in the column: hcsim.results.scenario_columns(), one per
-# Scenario field. A point has one row per device type (hcsim.results.DEVICE_COLUMNS: the device, its XPU
+# workload's values) and in SI units named in the column: hcsim.run.results.scenario_columns(), one per
+# Scenario field. A point has one row per device type (hcsim.run.results.DEVICE_COLUMNS: the device, its XPU
 # count and where its XPUs' iteration goes, mean over them), each with the point's results below; a failed
 # point has one row.
 # What a row records of a point's result; every row has all of them (blank for a failed point).
@@ -331,7 +331,7 @@ def _check_outputs(experiment: Experiment) -> None:
     # a spec names a scenario key (cxl_bandwidth) where the CSV has its column with a unit (cxl_bandwidth_Bps)
     from hcsim.findings import _SPEC_COLUMNS as FINDING_COLUMNS
     from hcsim.plotting import _SPEC_COLUMNS as PLOT_COLUMNS
-    from hcsim.results import spec_columns
+    from hcsim.run.results import spec_columns
 
     for i, plot in enumerate(experiment.plots):
         spec = spec_columns(plot, PLOT_COLUMNS)
@@ -504,7 +504,8 @@ def _point_main(argv: Sequence[str]) -> int:
     source, target, parent = Path(argv[0]), Path(argv[1]), int(argv[2])
     _die_with_parent(parent)
     scenario = pickle.loads(source.read_bytes())
-    from hcsim.simulation import atomic_write, run_here
+    from hcsim.run.report import atomic_write
+    from hcsim.run.simulation import run_here
 
     try:
         result = run_here(scenario, progress=_progress_file(target.with_name("progress")))
@@ -586,7 +587,7 @@ class _ResultsFile:
         self.header = header
         self.lock = threading.Lock()
         if not path.exists() or path.stat().st_size == 0:
-            from hcsim.simulation import atomic_write
+            from hcsim.run.report import atomic_write
 
             atomic_write(path, _csv_line(header))
         self.fd = os.open(path, os.O_WRONLY | os.O_APPEND)
@@ -619,7 +620,7 @@ def _existing(path: Path, header: list[str], points: Sequence[Point] = ()) -> di
 
     text = read_text(path, MAX_CSV_BYTES, "a results CSV")
     if not text.endswith("\n"):
-        from hcsim.simulation import atomic_write
+        from hcsim.run.report import atomic_write
 
         text = text[: text.rfind("\n") + 1]
         log.warning("%s: dropped an incomplete last line", path)
@@ -634,7 +635,7 @@ def _existing(path: Path, header: list[str], points: Sequence[Point] = ()) -> di
     new = [[record[c] for c in header] for record in upgraded]
     if found != header or any(row != old for row, (_, old) in zip(new, whole)):
         # written by an older hcsim: new columns (scenario keys at their defaults, results blank), cells as today
-        from hcsim.simulation import atomic_write
+        from hcsim.run.report import atomic_write
 
         log.warning("%s: written by an older hcsim; adding the columns %s (scenario keys at their defaults, "
                     "results it did not record blank) and writing its cells as today's (no numbers change)", path,
@@ -679,7 +680,7 @@ def _parse_csv(path: Path, text: str) -> list[tuple[int, list[str]]]:
 
 
 def _drop_rows(path: Path, keys: set[str]) -> None:
-    from hcsim.simulation import atomic_write
+    from hcsim.run.report import atomic_write
 
     lines = path.read_text().splitlines(keepends=True)
     keep = [lines[0]] + [line for line in lines[1:] if next(csv.reader([line]))[0] not in keys]
@@ -1091,7 +1092,7 @@ def write_report(experiment: Experiment, csv_path: Path, out: Path) -> list[Path
     """Draw the experiment's plots (PNG and SVG) and write its markdown summary; return the files."""
     from hcsim.findings import evaluate
     from hcsim.plotting import plot_experiment
-    from hcsim.simulation import atomic_write
+    from hcsim.run.report import atomic_write
 
     points = experiment.points()
     rows = read_results(csv_path, columns(experiment, points), points)

@@ -199,7 +199,7 @@ def measured_seconds(row: RunRow) -> float:
 
 def row_scenario(row: RunRow, platform: str, settings: dict[str, Any] | None = None, base: str = "."):
     """The scenario that simulates `row` on `platform`; ConfigError naming what is missing or wrong."""
-    from hcsim.scenario import load_scenario
+    from hcsim.run.scenario import load_scenario
 
     values: dict[str, Any] = {"name": row.name, "platform": platform, "workload": row.value("workload") or "gpt-megatron",
                               **DEFAULT_SETTINGS}
@@ -234,7 +234,7 @@ class _TooLarge(HcsimError):
 
 
 def _simulate_row(scenario, max_runs: int | None) -> dict[str, Any]:
-    from hcsim.simulation import run_here, total_runs
+    from hcsim.run.simulation import run_here, total_runs
 
     def check(prepared):
         runs = total_runs(prepared.workload, scenario.iterations)
@@ -305,7 +305,7 @@ TABLE_COLUMNS = ("name", "role", "measured", "unit", "measured_s", "simulated_s"
 def write_report(records: list[dict[str, Any]], out: Path, title: str = "validation") -> list[Path]:
     """Write validation.csv, validation.md (table and summary) and validation.png / .svg (measured vs
     simulated, log-log, y = x line) into `out`; return the paths."""
-    from hcsim.simulation import atomic_write
+    from hcsim.run.report import atomic_write
 
     out.mkdir(parents=True, exist_ok=True)
     table = io.StringIO()

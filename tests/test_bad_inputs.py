@@ -204,7 +204,7 @@ def nothing_runs(monkeypatch, workspace):
     def tripwire(*args, **kwargs):
         raise AssertionError("a bad input reached the engine")
 
-    monkeypatch.setattr("hcsim.simulation.execute", tripwire)
+    monkeypatch.setattr("hcsim.run.simulation.execute", tripwire)
     monkeypatch.setattr("hcsim.sweep.run_point", tripwire)
     monkeypatch.delenv("HCSIM_NO_LIMITS", raising=False)
     monkeypatch.chdir(workspace)
@@ -599,7 +599,7 @@ def test_a_runs_csv_saved_by_a_spreadsheet_is_read_as_it_is(workspace):
 
 
 def test_the_physical_ranges_give_way_to_hcsim_no_limits(monkeypatch):
-    from hcsim.scenario import load_scenario
+    from hcsim.run.scenario import load_scenario
 
     with pytest.raises(HcsimError, match=r"cxl_latency: '2s' is outside the physical range"):
         load_scenario(None, {"cxl_latency": "2s"})
@@ -626,8 +626,8 @@ def test_every_built_in_spec_is_inside_the_physical_ranges():
 
 @pytest.mark.parametrize("platform, key", [("dgx-h100", "node.cpu_flops"), ("paper-cxl", "server.cpu_flops")])
 def test_the_fix_that_offload_cpu_suggests_works(platform, key):
-    from hcsim.scenario import load_scenario
-    from hcsim.simulation import prepare
+    from hcsim.run.prepare import prepare
+    from hcsim.run.scenario import load_scenario
 
     settings = {"platform": platform, "workload": "llama2-7b", "xpus": 8, "tp": 8, "global_batch": 8,
                 "offload": "cpu"}
@@ -644,8 +644,9 @@ def test_the_fix_that_offload_cpu_suggests_works(platform, key):
 ])
 def test_a_tp_group_across_servers_is_simulated_as_it_is_and_said(platform, tp, expected):
     from hcsim.cli.simulate import summary
-    from hcsim.scenario import load_scenario
-    from hcsim.simulation import _tp_across_servers, prepare
+    from hcsim.run.prepare import prepare
+    from hcsim.run.report import _tp_across_servers
+    from hcsim.run.scenario import load_scenario
 
     prepared = prepare(load_scenario(None, {"platform": platform, "workload": "llama2-7b", "xpus": 16, "tp": tp,
                                             "global_batch": 16}))
@@ -729,14 +730,15 @@ def test_point_folders_of_a_killed_sweep_are_removed_and_live_ones_kept(tmp_path
 def _api_cases():
     from hcsim.engine.executor import RunOptions
     from hcsim.platform import build_platform, load_platform_spec
-    from hcsim.scenario import Scenario, load_scenario
-    from hcsim.simulation import prepare, simulate, simulate_graphs
+    from hcsim.run.prepare import prepare
+    from hcsim.run.scenario import Scenario, load_scenario
+    from hcsim.run.simulation import simulate, simulate_graphs
     from hcsim.sweep import load_experiment, run_sweep
     from hcsim.workload import load_workload, load_workload_spec
 
     return {
-        "simulate-none": (lambda: simulate(None), r"scenario", r"expected a hcsim\.scenario\.Scenario"),
-        "prepare-a-dict": (lambda: prepare({"xpus": 8}), r"scenario", r"expected a hcsim\.scenario\.Scenario"),
+        "simulate-none": (lambda: simulate(None), r"scenario", r"expected a hcsim\.run\.scenario\.Scenario"),
+        "prepare-a-dict": (lambda: prepare({"xpus": 8}), r"scenario", r"expected a hcsim\.run\.scenario\.Scenario"),
         "settings-a-string": (lambda: load_scenario(None, "xpus=8"), r"settings", r"a list of KEY=VALUE strings"),
         "settings-tuples": (lambda: load_scenario(None, [("xpus", 8)]), r"settings", r"KEY=VALUE strings"),
         "scenario-path-a-number": (lambda: load_scenario(5), r"scenario", r"a YAML file path or None"),
@@ -788,7 +790,7 @@ def _api_cases():
 def _without_guard(function):
     """Call `function` as if from a script whose top level has no ``if __name__ == "__main__":`` guard."""
     script = Path("unguarded.py")
-    script.write_text("from hcsim.simulation import simulate\nsimulate(None)\n")
+    script.write_text("from hcsim.run.simulation import simulate\nsimulate(None)\n")
     main = sys.modules["__main__"]
     saved = (getattr(main, "__file__", None), getattr(main, "__spec__", None))
     main.__file__, main.__spec__ = str(script.resolve()), None
@@ -846,7 +848,7 @@ def test_output_piped_to_a_reader_that_closes_ends_quietly(workspace):
 
 def test_a_readme_style_script_without_the_guard_is_told_what_to_do(workspace):
     script = workspace / "example.py"
-    script.write_text("from hcsim.scenario import load_scenario\nfrom hcsim.simulation import simulate\n\n"
+    script.write_text("from hcsim.run.scenario import load_scenario\nfrom hcsim.run.simulation import simulate\n\n"
                       "result = simulate(load_scenario(None, {'xpus': 8}))\n")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=workspace, timeout=120)
     assert done.returncode != 0 and "BrokenProcessPool" not in done.stderr
@@ -896,14 +898,15 @@ def test_a_list_of_problems_heads_them_with_their_count():
 
 
 def test_run_here_keeps_the_result_when_writing_fails_at_the_end(monkeypatch, tmp_path):
-    import hcsim.simulation as simulation
+    import hcsim.run.simulation as simulation
     from hcsim.errors import OutputError
-    from hcsim.scenario import Scenario
+    from hcsim.run.prepare import Prepared
+    from hcsim.run.scenario import Scenario
 
     def disk_full(out, result, outcome, platform, workload=None):
         raise OSError(28, "No space left on device", str(out / "result.json"))
 
-    monkeypatch.setattr(simulation, "prepare", lambda scenario: simulation.Prepared(
+    monkeypatch.setattr(simulation, "prepare", lambda scenario: Prepared(
         scenario, None, None, None, [], set(), True))
     monkeypatch.setattr(simulation, "execute", lambda *args: "outcome")
     monkeypatch.setattr(simulation, "compute_model", lambda *args: None)  # the stub run has no workload graph
@@ -919,7 +922,7 @@ def test_run_here_keeps_the_result_when_writing_fails_at_the_end(monkeypatch, tm
 
 def test_simulate_prints_the_result_before_saying_what_was_not_written(monkeypatch, capsys):
     import hcsim.cli.simulate as command
-    import hcsim.simulation as simulation
+    import hcsim.run.simulation as simulation
     from hcsim.errors import OutputError
 
     def finished_but_unwritten(scenario, out, progress, **keys):

@@ -43,8 +43,8 @@ def hybrid_runs():
 
 def hybrid_flops() -> tuple[float, float]:
     """(FLOP of one micro-batch's passes, FLOP of the optimizer step) on one XPU of the even run's graph."""
-    from hcsim.scenario import load_scenario
-    from hcsim.simulation import prepare
+    from hcsim.run.prepare import prepare
+    from hcsim.run.scenario import load_scenario
 
     graph = prepare(load_scenario(None, MIXED + HYBRID)).workload
     on_xpu0 = [d for _, d in graph.nodes(data=True) if d["kind"] == "compute" and "xpu0" in d["xpus"]]

@@ -1,4 +1,4 @@
-"""Where the time goes, per parallel dimension (hcsim.results.SPLIT_PARTS): the parts add up exactly.
+"""Where the time goes, per parallel dimension (hcsim.run.results.SPLIT_PARTS): the parts add up exactly.
 
 Every simulation runs in a subprocess (SimGrid allows one engine per process)."""
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from hcsim.results import COMM_KINDS, TIME_PARTS
+from hcsim.run.results import COMM_KINDS, TIME_PARTS
 
 SMALL = ["--set=workload=llama3-8b", "--set=workload_overrides={model.decoders: 4}", "--set=micro_batch=1"]
 CASES = {

@@ -3,8 +3,8 @@
 import pytest
 
 from hcsim.errors import ConfigError
-from hcsim.scenario import load_scenario
-from hcsim.simulation import prepare
+from hcsim.run.prepare import prepare
+from hcsim.run.scenario import load_scenario
 
 
 def _all_reduce_chunks(settings):

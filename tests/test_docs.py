@@ -138,7 +138,7 @@ def test_the_user_guide_builds_in_strict_mode(site):
 
 def test_the_scenario_key_reference_is_generated_from_the_code(site):
     from hcsim.cli.simulate import scenario_keys_help
-    from hcsim.scenario import SCENARIO_KEYS
+    from hcsim.run.scenario import SCENARIO_KEYS
 
     page = (site / "reference" / "scenario-keys" / "index.html").read_text(encoding="utf-8")
     for key in SCENARIO_KEYS:

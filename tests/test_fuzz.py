@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from hcsim.config import REPO_ROOT, parse_yaml
 from hcsim.errors import MESSAGE_TEMPLATE, HcsimError
-from hcsim.scenario import SCENARIO_KEYS
+from hcsim.run.scenario import SCENARIO_KEYS
 
 # HCSIM_FUZZ_EXAMPLES=1000 for a longer hunt than the suite's
 FUZZ = settings(max_examples=int(os.environ.get("HCSIM_FUZZ_EXAMPLES", 60)), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -50,7 +50,7 @@ def no_engine(monkeypatch):
     def tripwire(*args, **kwargs):
         raise AssertionError("the fuzz tests never run the engine")
 
-    monkeypatch.setattr("hcsim.simulation.execute", tripwire)
+    monkeypatch.setattr("hcsim.run.simulation.execute", tripwire)
 
 
 @FUZZ
@@ -59,8 +59,8 @@ def no_engine(monkeypatch):
                        values, max_size=5),
        st.integers(1, 16))
 def test_a_random_scenario_prepares_or_raises_hcsims_error(mapping, xpus):
-    from hcsim.scenario import load_scenario
-    from hcsim.simulation import prepare
+    from hcsim.run.prepare import prepare
+    from hcsim.run.scenario import load_scenario
 
     mapping.setdefault("xpus", xpus)  # small by default: preparing 4096 XPUs is seconds, not a property
 

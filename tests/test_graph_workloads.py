@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from hcsim.errors import ConfigError, WorkloadError
-from hcsim.scenario import load_scenario
-from hcsim.simulation import prepare
+from hcsim.run.prepare import prepare
+from hcsim.run.scenario import load_scenario
 from hcsim.workload import add_comm, add_compute, add_dependency, new_workload, save_workload
 from hcsim.workload.sources import graph_xpus, place_graph
 

@@ -254,7 +254,7 @@ def test_zero_2_twins_of_a_fitting_zero_1_plan_are_not_ranked():
 
 
 def test_plan_simulations_run_on_the_sweep_s_executor_and_come_back_in_order():
-    from hcsim.scenario import load_scenario
+    from hcsim.run.scenario import load_scenario
     from hcsim.sweep import run_points
 
     scenarios = [load_scenario(None, {"xpus": n, "iterations": 1, "platform_overrides": {"rack.servers": 1}})
@@ -289,7 +289,7 @@ def test_simulations_go_longest_first_and_come_back_in_rank_order(monkeypatch):
     do not end on a long one; each result still lands on its own plan."""
     import hcsim.sweep
     from hcsim.cli.plan import _simulate
-    from hcsim.scenario import load_scenario
+    from hcsim.run.scenario import load_scenario
 
     plans = [Parallelism(dp=2, global_batch=4), Parallelism(dp=2, global_batch=12),
              Parallelism(dp=2, global_batch=8, zero=3), Parallelism(dp=2, global_batch=8)]
@@ -321,8 +321,8 @@ def _mixed_cluster():
 
 
 def test_a_mixed_cluster_tries_the_proportional_batch_split_the_run_will_resolve():
-    from hcsim.scenario import Scenario
-    from hcsim.simulation import prepare
+    from hcsim.run.prepare import prepare
+    from hcsim.run.scenario import Scenario
 
     model, platform, xpus, replica_speeds = _mixed_cluster()
     found = [c for c in candidates(model, xpus, 16, 8, replica_speeds=replica_speeds) if c.batch == "proportional"]

@@ -14,7 +14,7 @@ import pytest
 SCRIPT = textwrap.dedent("""
     from hcsim.platform.builders import single_switch
     from hcsim.platform.devices import builtin_catalog
-    from hcsim.simulation import simulate_graphs
+    from hcsim.run.simulation import simulate_graphs
     from hcsim.workload import add_compute, new_workload
 
     def run():

@@ -11,8 +11,8 @@ import pytest
 
 from hcsim.engine.compute_model import load_compute_model
 from hcsim.platform.devices import builtin_catalog, peak_flops
-from hcsim.scenario import load_scenario
-from hcsim.simulation import prepare
+from hcsim.run.prepare import prepare
+from hcsim.run.scenario import load_scenario
 
 WORKLOAD = """
 name: tiny-llama

@@ -1,12 +1,12 @@
-"""hcsim.results: per-XPU times under one name, the pace setter, the scenario recorded whole and resolved."""
+"""hcsim.run.results: per-XPU times under one name, the pace setter, the scenario recorded whole and resolved."""
 
 import dataclasses
 
 import pytest
 
-from hcsim.results import (SPLIT_PARTS, TIME_PARTS, pace_setters, per_xpu_times, resolve_scenario, scenario_column,
+from hcsim.run.results import (SPLIT_PARTS, TIME_PARTS, pace_setters, per_xpu_times, resolve_scenario, scenario_column,
                            scenario_columns)
-from hcsim.scenario import Scenario, load_scenario
+from hcsim.run.scenario import Scenario, load_scenario
 
 
 def test_per_xpu_times_take_the_engines_clocks_under_one_name():

@@ -8,8 +8,8 @@ import pytest
 
 from hcsim.errors import ConfigError
 from hcsim.platform import build_platform, load_platform_spec
-from hcsim.scenario import load_scenario
-from hcsim.simulation import rank_order
+from hcsim.run.prepare import rank_order
+from hcsim.run.scenario import load_scenario
 
 SMALL = ["xpus=16", "iterations=1", "coherent=false"]  # two servers joined by 12.5 GB/s Ethernet
 

@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from hcsim.scenario import Scenario
+from hcsim.run.scenario import Scenario
 
 
 def test_a_default_valued_key_leaves_the_digest_unchanged_and_any_other_value_changes_it():

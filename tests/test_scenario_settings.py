@@ -11,7 +11,7 @@ from hcsim.config import REPO_ROOT
 from hcsim.engine.executor import RunOptions
 from hcsim.errors import ConfigError
 from hcsim.platform import build_platform, load_platform_spec
-from hcsim.scenario import RENAMED_KEYS, Scenario, load_scenario
+from hcsim.run.scenario import RENAMED_KEYS, Scenario, load_scenario
 from hcsim.sweep import load_experiment
 from hcsim.workload import load_workload_spec
 
@@ -52,7 +52,7 @@ def test_the_paper_platforms_keep_128_gbs_and_200_ns_so_results_do_not_change(pl
 
 
 def test_a_platform_without_cxl_links_prepares_with_the_default_scenario(tmp_path):
-    from hcsim.simulation import prepare
+    from hcsim.run.prepare import prepare
 
     (tmp_path / "tiny.yaml").write_text(TINY_PLATFORM)
     scenario = load_scenario(None, {"platform": str(tmp_path / "tiny.yaml"), "xpus": 2, "workload": "llama2-7b"})
@@ -61,7 +61,7 @@ def test_a_platform_without_cxl_links_prepares_with_the_default_scenario(tmp_pat
 
 
 def test_setting_cxl_values_on_a_platform_without_cxl_links_says_why_it_fails(tmp_path):
-    from hcsim.simulation import prepare
+    from hcsim.run.prepare import prepare
 
     (tmp_path / "tiny.yaml").write_text(TINY_PLATFORM)
     scenario = Scenario(platform=str(tmp_path / "tiny.yaml"), xpus=2, workload="llama2-7b", cxl_bandwidth=1e9)
@@ -92,9 +92,9 @@ def test_the_yaml_reader_and_the_dataclass_share_one_declaration_of_each_choice(
 
 
 def test_the_old_names_still_work_with_a_warning(caplog):
-    import hcsim.scenario
+    import hcsim.run.scenario
 
-    hcsim.scenario._warned.clear()
+    hcsim.run.scenario._warned.clear()
     with caplog.at_level(logging.WARNING):
         scenario = load_scenario(None, {"fidelity": "decoder", "collective_fidelity": "flow",
                                         "xpu_fidelity": "representative"})
@@ -127,7 +127,7 @@ def test_an_experiment_with_the_old_keys_makes_the_same_points_as_with_the_new(t
 
 
 def test_precision_overrides_the_workloads_training_precision():
-    from hcsim.simulation import prepare
+    from hcsim.run.prepare import prepare
 
     assert load_scenario(None, ["precision=bf16"]).workload_settings() == {"training.precision": "bf16"}
     both = load_scenario(None, {"precision": "fp16", "workload_overrides": {"training.precision": "fp32"}})

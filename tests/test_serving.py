@@ -11,7 +11,7 @@ import pytest
 from hcsim.engine.compute_model import load_compute_model
 from hcsim.errors import ConfigError
 from hcsim.platform.devices import builtin_catalog
-from hcsim.scenario import Scenario
+from hcsim.run.scenario import Scenario
 from hcsim.serving import _replica, _step_time, percentiles, simulate_serving
 from hcsim.workload.model import ModelShape
 from hcsim.workload.serving import ServingSpec, kv_bytes_per_token, make_requests, step_kernels

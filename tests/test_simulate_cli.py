@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from hcsim.errors import ConfigError
-from hcsim.scenario import load_scenario
-from hcsim.simulation import atomic_write
+from hcsim.run.report import atomic_write
+from hcsim.run.scenario import load_scenario
 
 SMALL = ["--set", "xpus=8", "--set", "iterations=2"]
 
@@ -264,7 +264,7 @@ def test_trace_xpus_errors_name_the_key():
 def test_simulate_help_lists_every_scenario_key_with_its_default():
     import dataclasses
 
-    from hcsim.scenario import Scenario
+    from hcsim.run.scenario import Scenario
 
     done = hcsim("simulate", "--help")
     keys = [line.split()[0] for line in done.stdout.splitlines() if line.startswith("  ") and "(default " in line]

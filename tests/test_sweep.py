@@ -20,7 +20,7 @@ import pytest
 import hcsim
 from hcsim.errors import ConfigError
 from hcsim.findings import evaluate
-from hcsim.results import SPLIT_PARTS
+from hcsim.run.results import SPLIT_PARTS
 from hcsim.sweep import columns, load_experiment, read_results, run_sweep, write_report
 
 TINY = """
@@ -193,7 +193,7 @@ def test_a_sweep_draws_its_plots_and_summarises_its_findings(tiny_sweep):
 
 def test_point_keys_that_look_like_numbers_stay_text_and_every_point_is_reported(tiny_sweep, tmp_path, monkeypatch):
     """36725e2733359637 is a hex digest, not 3.6e2733359637 (= inf): no point may drop out of a report."""
-    from hcsim.scenario import Scenario
+    from hcsim.run.scenario import Scenario
 
     experiment, report, _ = tiny_sweep
     digest = Scenario.digest
@@ -244,7 +244,7 @@ def test_columns_are_typed_as_a_whole():
 
 
 def test_every_row_records_the_whole_resolved_scenario(tiny_sweep):
-    from hcsim.results import scenario_columns
+    from hcsim.run.results import scenario_columns
 
     _, report, _ = tiny_sweep
     for row in read_results(report.csv):
@@ -509,7 +509,7 @@ def fake_python(tmp_path, monkeypatch):
 
 
 def test_a_point_whose_process_crashes_is_an_error_naming_the_signal(fake_python):
-    from hcsim.scenario import Scenario
+    from hcsim.run.scenario import Scenario
     from hcsim.sweep import run_point
 
     fake_python('echo "terminate called after throwing an instance of xbt::Exception" >&2; kill -SEGV $$')
@@ -519,7 +519,7 @@ def test_a_point_whose_process_crashes_is_an_error_naming_the_signal(fake_python
 
 
 def test_a_point_that_runs_too_long_is_killed_and_recorded(fake_python):
-    from hcsim.scenario import Scenario
+    from hcsim.run.scenario import Scenario
     from hcsim.sweep import run_point
 
     fake_python("exec sleep 30")
@@ -530,7 +530,7 @@ def test_a_point_that_runs_too_long_is_killed_and_recorded(fake_python):
 
 def test_a_running_point_reports_how_far_it_is(fake_python):
     """The progress bar moves during a point: its process writes the fraction done, run_point passes it on."""
-    from hcsim.scenario import Scenario
+    from hcsim.run.scenario import Scenario
     from hcsim.sweep import run_point
 
     fake_python('echo 0.25 > "$(dirname "$4")/progress"; sleep 1.5; echo 0.5 > "$(dirname "$4")/progress"; sleep 1.5')

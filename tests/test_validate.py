@@ -69,8 +69,9 @@ def test_the_peak_model_gives_the_same_times_with_or_without_op_level_costs():
     script = f"""
 import sys
 from hcsim.engine.executor import RunOptions
-from hcsim.scenario import load_scenario
-from hcsim.simulation import prepare, simulate_graphs
+from hcsim.run.prepare import prepare
+from hcsim.run.scenario import load_scenario
+from hcsim.run.simulation import simulate_graphs
 scenario = load_scenario(None, dict(platform={SELENE!r}, workload="gpt-megatron", xpus=4, tp=2, pp=2, micro_batch=1,
                          global_batch=4, recompute="selective", iterations=2,
                          workload_overrides={{"model.decoders": 4, "model.hidden": 512, "model.heads": 8,

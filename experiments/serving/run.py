@@ -51,8 +51,8 @@ def main() -> int:
                     for row in csv.DictReader(handle)]
         report(rows, out)
         return 0
-    from hcsim.scenario import load_scenario
-    from hcsim.simulation import simulate
+    from hcsim.run.scenario import load_scenario
+    from hcsim.run.simulation import simulate
 
     rows = []
     for label, keys in SYSTEMS.items():

@@ -46,7 +46,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from hcsim.plan import MIN_RANKED_FOR_CORRELATION, candidates, estimate, fits, rank_correlation, zero2_twins
-    from hcsim.scenario import load_scenario
+    from hcsim.run.scenario import load_scenario
 
     from hcsim.limits import MAX_GLOBAL_BATCH, check_limit
 
@@ -353,7 +353,7 @@ def scenario_yaml(scenario, settings: dict, name: str) -> str:
     import yaml
 
     from hcsim.config import REPO_ROOT, resolve_spec
-    from hcsim.scenario import Scenario
+    from hcsim.run.scenario import Scenario
 
     scenario = dataclasses.replace(scenario, name=name, **_typed(settings))
     defaults = Scenario(name=name).to_dict()
@@ -377,7 +377,7 @@ def _write(out: Path, scenario, ranked, rows: list[dict], table: list[dict], tit
     """plan.csv (every candidate), plan.png (the simulated ones) and scenarios/rank-NNN.yaml (one per simulated
     plan); scenarios of an earlier plan in `out` are removed first, so none is left beside these."""
     from hcsim.plotting import plot_plans
-    from hcsim.simulation import atomic_write
+    from hcsim.run.report import atomic_write
 
     out.mkdir(parents=True, exist_ok=True)
     folder = out / "scenarios"

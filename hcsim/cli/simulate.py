@@ -36,8 +36,9 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from hcsim.errors import OutputError
-    from hcsim.scenario import load_scenario
-    from hcsim.simulation import check_results_folder, run_here
+    from hcsim.run.report import check_results_folder
+    from hcsim.run.scenario import load_scenario
+    from hcsim.run.simulation import run_here
 
     scenario = load_scenario(args.scenario, args.settings)
     if args.out is not None:
@@ -75,13 +76,13 @@ def run(args) -> int:
 
 def scenario_keys_help() -> str:
     """The scenario keys, their defaults and what they mean: generated from the Scenario dataclass (its
-    fields, defaults, unit metadata, and the comment beside and below each field in hcsim/scenario.py)."""
+    fields, defaults, unit metadata, and the comment beside and below each field in hcsim/run/scenario.py)."""
     import dataclasses
     import inspect
     import re
     import textwrap
 
-    from hcsim.scenario import Scenario
+    from hcsim.run.scenario import Scenario
 
     comments: dict[str, list[str]] = {}
     current = None
@@ -141,8 +142,8 @@ def serving_summary(result: dict) -> str:
 
 def _split_line(row: dict) -> list[str]:
     """The parts of a breakdown row, where it has any: exposed communication per kind, idle as bubble and as
-    waiting for peers, recomputation (hcsim.results.SPLIT_PARTS)."""
-    from hcsim.results import COMM_KINDS
+    waiting for peers, recomputation (hcsim.run.results.SPLIT_PARTS)."""
+    from hcsim.run.results import COMM_KINDS
     from hcsim.units import format_quantity
 
     parts = [f"{kind} {format_quantity(row[f'comm_{kind}_s'], 's')}" for kind in COMM_KINDS

@@ -83,7 +83,7 @@ def _check_settings(settings: dict, platform: str) -> None:
     """--set keys and the platform checked once, before any row: a mistake there is every row's."""
     from hcsim.config import resolve_spec
     from hcsim.platform import load_platform_spec
-    from hcsim.scenario import load_scenario
+    from hcsim.run.scenario import load_scenario
 
     load_scenario(None, {**settings, "platform": platform})
     load_platform_spec(resolve_spec(platform, "platforms"))

@@ -150,7 +150,7 @@ class _Vertex:
         return first, first + len(self.groups[group])
 
 
-# what a communication vertex's phase counts as in the breakdown (hcsim.results.COMM_KINDS)
+# what a communication vertex's phase counts as in the breakdown (hcsim.run.results.COMM_KINDS)
 COMM_KIND = {"tp": "tp", "cp": "cp", "p2p": "pp", "allreduce": "dp", "zero": "dp", "ep": "ep", "offload": "offload"}
 
 

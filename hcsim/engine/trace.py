@@ -15,7 +15,7 @@ and, per traced XPU, a group of tracks (threads), in this order:
     and optimizer steps on the host CPU go to ``XPU offload`` instead;
 ``XPU comm KIND``
     its part of each collective and p2p vertex, per kind of communication
-    (tp, cp, pp, dp, ep, offload, other: :data:`hcsim.results.COMM_KINDS`;
+    (tp, cp, pp, dp, ep, offload, other: :data:`hcsim.run.results.COMM_KINDS`;
     args: ``bytes``, the buffer each rank contributes);
 ``XPU sends KIND``
     the transfers it sends for those collectives (args: ``bytes``, ``dst``);
@@ -183,7 +183,7 @@ class TraceRecorder:
     def _layout(slices, platform: nx.Graph, stage_of: dict[str, int]) -> list[dict]:
         """Tracks (threads) for `slices`, each kind split into as many as keep its slices disjoint; metadata
         first, tracks in a fixed order per XPU (module docstring)."""
-        from hcsim.results import COMM_KINDS
+        from hcsim.run.results import COMM_KINDS
 
         order = {"schedule": 0, "compute": 1, "offload": 2, "memory": 3 + 2 * len(COMM_KINDS)}
         for i, kind in enumerate(COMM_KINDS):

@@ -11,7 +11,7 @@ from hcsim.engine.executor import RunOptions
 from hcsim.platform.builders import single_switch
 from hcsim.platform.devices import builtin_catalog
 from hcsim.platform.topology import add_link, add_memory
-from hcsim.simulation import simulate_graphs
+from hcsim.run.simulation import simulate_graphs
 from hcsim.workload import add_comm, add_compute, add_dependency, new_workload, skeleton_graph
 
 H100 = builtin_catalog()["H100"]

@@ -20,7 +20,7 @@ from hcsim.platform import build_platform, load_platform_spec
 from hcsim.platform.builders import single_switch
 from hcsim.platform.devices import builtin_catalog
 from hcsim.platform.topology import add_link, add_xpu
-from hcsim.simulation import simulate_graphs
+from hcsim.run.simulation import simulate_graphs
 from hcsim.workload import add_comm, add_compute, add_dependency, new_workload
 
 H100 = builtin_catalog()["H100"]

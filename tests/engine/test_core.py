@@ -20,7 +20,8 @@ from hcsim.platform import build_platform, compile_platform, load_platform_spec
 from hcsim.platform.builders import single_switch
 from hcsim.platform.devices import builtin_catalog, peak_flops
 from hcsim.platform.routes import route_bandwidth, route_latency
-from hcsim.simulation import host_pairs, simulate_graphs
+from hcsim.run.prepare import host_pairs
+from hcsim.run.simulation import simulate_graphs
 from hcsim.workload import add_comm, add_compute, add_dependency, new_workload
 
 pytestmark = pytest.mark.skipif(not core.available(),

@@ -15,8 +15,9 @@ from hcsim.engine import core
 from hcsim.engine.executor import RunOptions
 from hcsim.errors import ConfigError
 from hcsim.platform.builders import single_switch
-from hcsim.scenario import Scenario
-from hcsim.simulation import compute_model, prepare, simulate_graphs
+from hcsim.run.prepare import compute_model, prepare
+from hcsim.run.scenario import Scenario
+from hcsim.run.simulation import simulate_graphs
 from hcsim.workload import add_comm, add_compute, add_dependency, new_workload
 from test_executor_rules import H100, SECOND, TINY, pipeline_graph  # tests/engine is on sys.path
 

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from hcsim.platform import build_platform, load_platform_spec
-from hcsim.simulation import simulate_graphs
+from hcsim.run.simulation import simulate_graphs
 from hcsim.workload import add_comm, new_workload
 
 SIZE = 5e8  # bytes

@@ -20,8 +20,8 @@ import networkx as nx
 import pytest
 
 from hcsim.engine.executor import check_link_loads
-from hcsim.scenario import Scenario
-from hcsim.simulation import simulate
+from hcsim.run.scenario import Scenario
+from hcsim.run.simulation import simulate
 
 PLATFORMS = ["dgx-a100", "dgx-h100", "paper-cxl", "paper-traditional"]  # every built-in platform
 SMALL = {"model.decoders": 2}

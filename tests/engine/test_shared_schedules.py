@@ -16,7 +16,7 @@ from hcsim.engine.collectives import Algorithm, algorithms, get_algorithm
 from hcsim.engine.executor import RunOptions
 from hcsim.platform.builders import single_switch
 from hcsim.platform.devices import builtin_catalog
-from hcsim.simulation import simulate_graphs
+from hcsim.run.simulation import simulate_graphs
 from hcsim.workload import add_comm, add_compute, add_dependency, new_workload
 
 TABLES = [(c, name) for c, names in algorithms().items() for name in names

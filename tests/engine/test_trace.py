@@ -128,7 +128,7 @@ def test_the_default_traces_one_xpu_per_stage_and_device_type(tmp_path, settings
 
 
 def test_a_large_trace_warns_and_says_how_to_narrow_it(tmp_path, monkeypatch, caplog):
-    from hcsim.simulation import _warn_of_a_large_trace
+    from hcsim.run.report import _warn_of_a_large_trace
 
     monkeypatch.setattr(trace_module, "TRACE_WARN_BYTES", 1000)
     recorder = TraceRecorder(frozenset({"xpu0", "xpu8"}))

@@ -12,8 +12,9 @@ from hcsim.engine.executor import Executor, RunOptions
 from hcsim.platform.builders import single_switch
 from hcsim.platform.devices import Device
 from hcsim.platform.routes import route_bandwidth, route_latency
-from hcsim.scenario import load_scenario
-from hcsim.simulation import prepare, simulate_graphs
+from hcsim.run.prepare import prepare
+from hcsim.run.scenario import load_scenario
+from hcsim.run.simulation import simulate_graphs
 from hcsim.workload import load_workload_spec, validate_workload
 from hcsim.workload.hybrid import Parallelism, build_hybrid_graph
 from hcsim.workload.layout import ParallelLayout

@@ -173,7 +173,7 @@ def test_a_partial_last_node(graphs):
 
 def test_a_dgx_platform_has_no_cxl_links_to_set():
     """A scenario's CXL figures default to the platform's own (none here); setting them on a DGX spec is refused."""
-    from hcsim.scenario import Scenario
+    from hcsim.run.scenario import Scenario
 
     assert "links.cxl.bandwidth" not in Scenario(platform="dgx-h100").platform_settings()
     with pytest.raises(ConfigError, match=r"dgx-h100.yaml: links.cxl: unknown key"):

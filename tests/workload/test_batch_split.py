@@ -6,7 +6,7 @@ import random
 import pytest
 
 from hcsim.errors import ConfigError
-from hcsim.scenario import Scenario, load_scenario
+from hcsim.run.scenario import Scenario, load_scenario
 from hcsim.workload import build_training_graph, load_workload_spec, place_memory, validate_workload
 from hcsim.workload.hybrid import Parallelism, block_costs, build_hybrid_graph
 from hcsim.workload.layout import ParallelLayout

@@ -173,7 +173,7 @@ def test_an_imported_trace_runs_as_its_closed_form(tmp_path):
     from hcsim.platform.builders import single_switch
     from hcsim.platform.devices import builtin_catalog
     from hcsim.platform.topology import xpus as platform_xpus
-    from hcsim.simulation import simulate_graphs
+    from hcsim.run.simulation import simulate_graphs
     from hcsim.workload.sources import place_graph
 
     n, size, d1, d2 = 4, 3.2e8, 2e-3, 1e-3

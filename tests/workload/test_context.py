@@ -8,7 +8,7 @@ from hcsim.engine.executor import RunOptions
 from hcsim.errors import ConfigError
 from hcsim.platform.builders import single_switch
 from hcsim.platform.devices import builtin_catalog
-from hcsim.simulation import simulate_graphs
+from hcsim.run.simulation import simulate_graphs
 from hcsim.workload.context import attention_flops_per_rank, kv_block_bytes, ring_exposed_time
 from hcsim.workload.hybrid import Parallelism, block_costs, build_hybrid_graph
 from hcsim.workload.layout import ParallelLayout

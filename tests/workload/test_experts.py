@@ -95,7 +95,7 @@ def test_pairwise_all_to_all_takes_n_minus_1_steps_on_an_uncontended_switch():
     from hcsim.platform.builders import single_switch
     from hcsim.platform.devices import Device
     from hcsim.platform.routes import route_bandwidth, route_latency, shortest_routes
-    from hcsim.simulation import simulate_graphs
+    from hcsim.run.simulation import simulate_graphs
 
     n = 4
     device = Device(name="d", fp32_flops=1e12, fp16_flops=1e12, memory=1e15, memory_bandwidth=1e15)
@@ -116,8 +116,8 @@ def test_pairwise_all_to_all_takes_n_minus_1_steps_on_an_uncontended_switch():
 def test_a_mixture_of_experts_scenario_prepares_past_the_run_cost_check():
     """The run-cost check counted vertices from the data-parallel decoder table, which an MoE model has not."""
     from hcsim.limits import graph_vertices
-    from hcsim.scenario import Scenario
-    from hcsim.simulation import prepare
+    from hcsim.run.prepare import prepare
+    from hcsim.run.scenario import Scenario
 
     spec = load_workload_spec("mixtral-8x7b")
     assert graph_vertices(spec) > 2 * spec.model.decoders

@@ -7,8 +7,8 @@ import pytest
 
 from hcsim.errors import ConfigError
 from hcsim.platform.devices import builtin_catalog
-from hcsim.scenario import Scenario
-from hcsim.simulation import prepare
+from hcsim.run.prepare import prepare
+from hcsim.run.scenario import Scenario
 from hcsim.workload.split import largest_remainder
 
 PEAK = {d: builtin_catalog()[d].peaks["fp32"] for d in ("H100", "A100", "V100")}

@@ -1,7 +1,7 @@
 """What a run reports per XPU and per device type, and the resolved inputs it records.
 
 Pure functions over plain data (no SimGrid, no matplotlib): the simulation
-(`hcsim.simulation`), the sweep's CSV (`hcsim.sweep`) and ``xpus.csv`` are
+(`hcsim.run.report`), the sweep's CSV (`hcsim.sweep`) and ``xpus.csv`` are
 built on them, so every output says the same thing.
 
 Where an iteration goes, per XPU (:func:`per_xpu_times`), in seconds per
@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from hcsim.errors import HcsimError
-from hcsim.scenario import Scenario
+from hcsim.run.scenario import Scenario
 
 __all__ = ["XpuTimes", "DEVICE_COLUMNS", "MEMORY_COLUMNS", "TIME_PARTS", "SPLIT_PARTS", "COMM_KINDS", "rows_for", "spec_columns", "per_xpu_times", "pace_setters",
            "scenario_columns", "scenario_column", "column_unit", "resolve_scenario", "csv_cell", "xpu_rows", "XPU_COLUMNS"]

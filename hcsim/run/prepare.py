@@ -1,0 +1,481 @@
+"""Preparing a run: from a scenario to everything it needs (platform and workload graphs, layout, placement).
+
+Pure of SimGrid: specs are resolved, batches and layers split, offload planned, ranks ordered and the host
+pairs to route listed; :mod:`hcsim.run.simulation` then runs the :class:`Prepared` run in a process.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+
+from hcsim.errors import ConfigError, brief
+from hcsim.run.scenario import Scenario
+
+__all__ = ["Prepared", "prepare", "batch_split", "layer_split", "offload_memory", "spill_policy", "check_local_memory",
+           "check_algorithm", "graph_workload", "rank_order", "host_pairs", "compute_model", "traced_xpus"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Prepared:
+    """Everything a run needs, built from a scenario: graphs, placement and the host pairs to route."""
+
+    scenario: Scenario
+    platform: nx.Graph
+    workload: nx.DiGraph
+    placement: Any
+    xpus: list[str]
+    pairs: set[tuple[str, str]]
+    coherent: bool
+    platform_spec: Any = None  # the checked PlatformSpec, for the resolved values a result records
+
+
+def prepare(scenario: Scenario) -> Prepared:
+    """Build the platform and workload graphs of `scenario`, place memory, list the host pairs used.
+
+    Raises
+    ------
+    ConfigError
+        if `scenario` is not a Scenario, a spec is invalid, or the run would
+        cost more than the documented limits (:mod:`hcsim.limits`).
+    """
+    from hcsim.config import resolve_spec
+    from hcsim.platform import build_platform, load_platform_spec
+    from hcsim.platform.topology import xpus as platform_xpus
+    from hcsim.workload import build_training_graph, load_workload_spec, place_memory, validate_workload
+    from hcsim.workload.hybrid import build_hybrid_graph, place_hybrid_memory
+    from hcsim.workload.layout import ParallelLayout
+    from hcsim.workload.sources import is_graph_source
+
+    from hcsim.limits import check_run_cost
+
+    if not isinstance(scenario, Scenario):
+        raise ConfigError(f"scenario: expected a hcsim.run.scenario.Scenario (e.g. load_scenario() or Scenario(xpus=8)), "
+                          f"got {brief(scenario)}")
+    base = Path(scenario.base)
+    platform_path = resolve_spec(scenario.platform, "platforms", base)
+    try:
+        platform_spec = load_platform_spec(platform_path, scenario.platform_settings())
+    except ConfigError as err:
+        raise scenario.blame(err, platform_path, "platform") from err
+    if scenario.xpus > platform_spec.xpus:
+        raise ConfigError(f"scenario {scenario.name!r}: xpus: {scenario.xpus} XPUs asked for, but platform "
+                          f"{scenario.platform!r} has {platform_spec.xpus}")
+    graph = build_platform(platform_spec, scenario.xpus)
+    xpus = platform_xpus(graph)[: scenario.xpus]
+    from_graph = is_graph_source(scenario.workload)
+    parallelism = None
+    if from_graph:  # a graph file or a Chakra trace: it names its own XPUs and memory placement
+        workload, xpus = graph_workload(scenario, xpus)
+    else:
+        workload_path = resolve_spec(scenario.workload, "workloads", base)
+        try:
+            workload_spec = load_workload_spec(workload_path, scenario.workload_settings())
+        except ConfigError as err:
+            raise scenario.blame(err, workload_path, "workload") from err
+        check_algorithm(scenario, workload_spec, workload_path)
+        sizes = {"tp": scenario.tp, "pp": scenario.pp, "ep": scenario.ep, "cp": scenario.cp} \
+            | ({"dp": scenario.dp} if scenario.dp else {})
+        try:
+            layout = ParallelLayout(xpus, sizes)
+        except ConfigError as err:
+            raise ConfigError(f"scenario {scenario.name!r}: {err}") from err
+
+        def order(group):
+            return rank_order(graph, group, scenario, xpus)
+
+        # a framework's kernel inventory (training.kernels) lives in the hybrid graph, one data-parallel rank per XPU
+        hybrid = scenario.hybrid or workload_spec.kernels != "megatron"
+        layers = layer_split(scenario, workload_spec, layout, graph) if hybrid else None
+        parallelism = _parallelism(scenario, workload_spec, layout, layers=layers) if hybrid else None
+        split = batch_split(scenario, workload_spec, layout, graph, parallelism)
+        if parallelism and split:
+            parallelism = _parallelism(scenario, workload_spec, layout, split, layers)
+        check_run_cost(workload_spec, scenario.xpus, scenario.iterations, f"scenario {scenario.name!r}",
+                       parallelism.micro_batches if parallelism else 1, scenario.pp,
+                       sum(c for c, _ in parallelism.replica_classes()) if parallelism else len(set(split or (1,))))
+        if parallelism:
+            workload = build_hybrid_graph(workload_spec, parallelism, layout, order)
+        else:
+            workload = build_training_graph(workload_spec, layout, order, dict(zip(xpus, split)) if split else None)
+    validate_workload(workload, xpus)
+    coherent = bool(graph.graph.get("coherent"))
+    if not coherent and any(a == "coherent_ring" for _, a in workload.nodes(data="algorithm")):
+        raise ConfigError(f"scenario {scenario.name!r}: collective: coherent_ring keeps the reduced shards in "
+                          f"coherent memory, which this platform (coherent: false) does not have; fix: set "
+                          f"coherent: true, or collective: ring")
+    nodes = graph.nodes
+    capacities = {x: nodes[nodes[x]["local_memory"]]["capacity"] for x in xpus}
+    extended = {x: nodes[nodes[x]["extended_memory"]]["capacity"] if nodes[x]["extended_memory"] else 0.0
+                for x in xpus}
+    if from_graph:
+        placement = None
+    elif parallelism:
+        offload = offload_memory(graph, xpus, scenario, coherent)
+        placement = place_hybrid_memory(workload, workload_spec, parallelism, layout, capacities, extended, offload)
+    else:
+        placement = place_memory(workload, capacities, workload_spec, extended,
+                                 dict(zip(xpus, split)) if split else None)
+    if placement is not None:
+        check_local_memory(scenario, platform_spec, graph, placement, layout)
+    pairs = host_pairs(graph, workload)
+    return Prepared(scenario, graph, workload, placement, xpus, pairs, coherent, platform_spec)
+
+
+def _cpu_flops_fix(scenario: Scenario, cpu: str) -> str:
+    """The override that gives the platform's CPUs FLOP/s: its key differs by kind of platform spec."""
+    from hcsim.config import resolve_spec
+    from hcsim.platform import load_platform_spec
+
+    spec = load_platform_spec(resolve_spec(scenario.platform, "platforms", Path(scenario.base)))
+    if spec.dgx is not None:
+        return "set platform_overrides node.cpu_flops (e.g. --set platform_overrides.node.cpu_flops=2TFLOPS)"
+    if spec.topology is not None:
+        return f"give node {cpu!r} of the explicit topology a flops value (e.g. flops: 2TFLOPS)"
+    return "set platform_overrides server.cpu_flops (e.g. --set platform_overrides.server.cpu_flops=2TFLOPS)"
+
+
+def check_algorithm(scenario: Scenario, spec, path: Path) -> None:
+    """Refuse a gradient all-reduce algorithm that is not registered, naming where it was written."""
+    from hcsim.engine.collectives import algorithms
+
+    name = spec.algorithm
+    known = algorithms().get("all_reduce", [])
+    if not name or ":" in name or name in known:
+        return
+    key = "gradients.algorithm"
+    where = (f"scenario {scenario.name!r}: workload_overrides.{key}" if key in scenario.workload_overrides
+             else f"{path.name}: {key}")
+    raise ConfigError(f"{where}: {brief(name)} is not an all-reduce algorithm{_close(name, known)}; known: "
+                      f"{', '.join(known)}, or module:Class of your own")
+
+
+def _close(value: str, options) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(value, list(options), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def spill_policy(scenario: Scenario, platform_spec) -> str:
+    """``error`` or ``allow``: the scenario's ``spill``, else the platform's (:attr:`PlatformSpec.spill`)."""
+    return scenario.spill or platform_spec.spill
+
+
+def check_local_memory(scenario: Scenario, platform_spec, platform: nx.Graph, placement, layout) -> None:
+    """Stop a run that would spill on a platform that does not spill, as the training framework would.
+
+    The rule is :func:`hcsim.workload.placement.out_of_memory` (``hcsim plan``'s too), applied to each XPU's
+    inventory: its training state less what offload keeps away must fit its local memory. Where
+    :func:`spill_policy` says ``allow``, the rest spills to extended memory instead (the paper's model).
+
+    Raises
+    ------
+    ConfigError
+        naming the first pipeline stage that does not fit, its bytes per XPU by kind, the device and its
+        capacity, and the remedies.
+    """
+    from hcsim.workload.placement import out_of_memory
+
+    policy = spill_policy(scenario, platform_spec)
+    if policy == "allow":
+        return
+    nodes = platform.nodes
+    worst: dict[int, tuple[float, str]] = {}  # stage -> (bytes beyond local memory, its XPU) of its worst XPU
+    for x, held in placement.inventory.items():
+        capacity = nodes[nodes[x]["local_memory"]]["capacity"]
+        stage = layout.stage(x)
+        if out_of_memory(stage, held.need, capacity, nodes[x]["device"]) and \
+                held.need - capacity > worst.get(stage, (0.0, ""))[0]:
+            worst[stage] = (held.need - capacity, x)
+    if not worst:
+        return
+    stage = min(worst)
+    x = worst[stage][1]
+    held = placement.inventory[x]
+    parts = ", ".join(f"{kind} {value / 1e9:.1f} GB" for kind, value in (
+        ("parameters", held.parameters), ("gradients", held.gradients), ("optimizer", held.optimizer),
+        ("activations", held.activations)) if value) \
+        + (f", less {held.offloaded / 1e9:.1f} GB offloaded" if held.offloaded else "")
+    others = sorted(worst)[1:]
+    also = f"; stage{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} neither" if others else ""
+    why = ("spill: error" if scenario.spill else
+           f"platform {scenario.platform!r} is a DGX cluster, whose frameworks (Megatron-LM, PyTorch) have no "
+           f"spill to host memory")
+    raise ConfigError(
+        f"scenario {scenario.name!r}: out of memory: "
+        f"{out_of_memory(stage, held.need, nodes[nodes[x]['local_memory']]['capacity'], nodes[x]['device'])} "
+        f"({parts}){also}; {why}. Fix: offload (offload=cpu), ZeRO (zero=1, 2 or 3), more pipeline stages (pp), "
+        f"recomputation (recompute=full), a smaller micro_batch, or allow spilling to extended memory with "
+        f"--set spill=allow")
+
+
+def offload_memory(platform: nx.Graph, xpus: list[str], scenario: Scenario, coherent: bool) -> dict:
+    """XPU -> (memory node, capacity in bytes) that `scenario.offload` puts state in; {} without offload.
+
+    Raises
+    ------
+    ConfigError
+        when the platform lacks that memory: ``cpu`` needs every XPU's host DRAM (``host_memory``) and a
+        CPU with FLOP/s to run the optimizer step on; ``cxl`` needs a coherent platform whose XPUs' extended
+        memory is a CXL Type 3 expander.
+    """
+    if scenario.offload == "none":
+        return {}
+    nodes = platform.nodes
+    where = f"scenario {scenario.name!r}: offload: {scenario.offload}"
+    found = {}
+    for x in xpus:
+        if scenario.offload == "cpu":
+            memory = nodes[x].get("host_memory")
+            if memory is None:
+                raise ConfigError(f"{where}: XPU {x!r} has no host CPU memory on platform {scenario.platform!r}; "
+                                  f"valid: offload: cxl or none, or a platform whose servers have CPUs")
+            cpu = nodes[memory]["owner"]
+            if "optimizer" in scenario.offload_state and not nodes[cpu].get("flops"):
+                raise ConfigError(f"{where}: CPU {cpu!r} has no FLOP/s to run the offloaded optimizer step; "
+                                  f"fix: {_cpu_flops_fix(scenario, cpu)}")
+        else:
+            memory = nodes[x].get("extended_memory")
+            if not coherent or memory is None or nodes[memory].get("role") != "cxl_type3":
+                raise ConfigError(f"{where}: needs a coherent platform whose XPUs have CXL Type 3 memory; "
+                                  f"{scenario.platform!r} (coherent: {coherent}) gives XPU {x!r} "
+                                  f"{'no extended memory' if memory is None else nodes[memory].get('role')}; "
+                                  f"valid: coherent: true on paper-cxl, or offload: cpu")
+        found[x] = (memory, nodes[memory]["capacity"])
+    return found
+
+
+def batch_split(scenario: Scenario, spec, layout, platform: nx.Graph, parallelism) -> tuple[int, ...] | None:
+    """The scenario's batch_split resolved (hcsim.workload.split): micro-batches per DP replica of the hybrid
+    `parallelism`, or samples per XPU of the paper's data-parallel graph (`parallelism` None); None when
+    even. A replica's speed is the peak FLOP/s at the workload's precision of its slowest XPU.
+
+    Raises
+    ------
+    ConfigError
+        naming the scenario and batch_split, for a list of the wrong length, sum or values, or a
+        proportional split that leaves a replica nothing.
+    """
+    from hcsim.platform.devices import peak_flops
+    from hcsim.workload.split import resolve_batch_split
+
+    if scenario.batch_split == "even":
+        return None
+    nodes = platform.nodes
+    slowest = layout.slowest("dp", lambda x: peak_flops(nodes[x], spec.precision))
+    if parallelism:
+        total, unit = parallelism.micro_batches * parallelism.dp, "micro-batches"
+        text = f"global_batch / micro_batch = {parallelism.global_batch} / {parallelism.micro_batch}"
+    else:
+        total, unit = spec.batch_per_xpu * len(layout.xpus), "samples"
+        text = f"training.batch_per_xpu x xpus = {spec.batch_per_xpu} x {len(layout.xpus)}, the paper's " \
+               f"data-parallel graph"
+    try:
+        return resolve_batch_split(scenario.batch_split, [peak_flops(nodes[x], spec.precision) for x in slowest],
+                                   total, unit, text, [f"slowest XPU {x}, {nodes[x]['device']}" for x in slowest])
+    except ConfigError as err:
+        raise ConfigError(f"scenario {scenario.name!r}: {err}") from None
+
+
+def layer_split(scenario: Scenario, spec, layout, platform: nx.Graph) -> tuple[int, ...] | None:
+    """The scenario's layer_split resolved: decoders per (virtual) stage, `proportional` to each stage's speed
+    (the peak FLOP/s at the workload's precision of its slowest XPU; every chunk of a stage weighs the same),
+    rounded by the largest remainders; None when even.
+
+    Raises
+    ------
+    ConfigError
+        naming the scenario and layer_split when a proportional split leaves a stage no decoder.
+    """
+    from hcsim.platform.devices import peak_flops
+    from hcsim.workload.split import largest_remainder
+
+    if scenario.layer_split != "proportional":
+        return scenario.layer_split
+    def speed(x):
+        return peak_flops(platform.nodes[x], spec.precision)
+
+    speeds = [speed(x) for x in layout.slowest("pp", speed)]
+    counts = largest_remainder(spec.model.decoders, speeds * scenario.virtual_stages)  # chunk c of stage s: c*pp+s
+    if min(counts) < 1:
+        stage = counts.index(0) % scenario.pp
+        raise ConfigError(f"scenario {scenario.name!r}: layer_split: proportional gives pipeline stage {stage} "
+                          f"none of the {spec.model.decoders} decoders (stage speeds "
+                          f"{', '.join(f'{s / 1e12:g}' for s in speeds)} TFLOP/s); valid: fewer stages, an "
+                          f"explicit list of decoder counts >= 1, or even")
+    return counts
+
+
+def _parallelism(scenario: Scenario, spec, layout, split: tuple[int, ...] | None = None,
+                 layers: tuple[int, ...] | None = None):
+    """The scenario's hybrid parallelism over `layout`, defaults filled from the workload spec; `split`: the
+    resolved batch_split (micro-batches per DP replica); `layers`: the resolved layer_split."""
+    from hcsim.workload.hybrid import Parallelism
+
+    try:
+        return Parallelism.of_layout(spec, layout, micro_batch=scenario.micro_batch,
+                                     global_batch=scenario.global_batch, recompute=scenario.recompute,
+                                     schedule=scenario.schedule, virtual_stages=scenario.virtual_stages,
+                                     sequence_parallel=scenario.sequence_parallel, layer_split=layers,
+                                     zero=scenario.zero, offload=scenario.offload,
+                                     offload_state=scenario.offload_state, moe_skew=scenario.moe_skew,
+                                     batch_split=split, megatron_comm=scenario.compute_model == "roofline",
+                                     cp_algorithm=scenario.cp_algorithm)
+    except ConfigError as err:
+        raise ConfigError(f"scenario {scenario.name!r}: {err}") from err
+
+
+def graph_workload(scenario: Scenario, xpus: list[str]) -> tuple[nx.DiGraph, list[str]]:
+    """The workload graph of a scenario whose ``workload`` is a graph file or a Chakra trace, on the run's
+    XPUs (:mod:`hcsim.workload.sources`), with the scenario's collective keys applied: ``collective`` sets
+    every all-reduce's algorithm, ``collective_chunks`` every collective's chunks. Returns the graph and the
+    XPUs it runs on."""
+    from hcsim.workload.sources import load_graph_source, place_graph
+
+    where = f"scenario {scenario.name!r}"
+    spec_only = {"granularity": scenario.granularity is not None, "workload_overrides": bool(scenario.workload_overrides),
+                 "precision": scenario.precision is not None,
+                 "ring_order": scenario.ring_order != "topology",
+                 "tp, pp, dp, micro_batch, global_batch, recompute, layer_split": scenario.hybrid or bool(scenario.dp),
+                 "batch_split": scenario.batch_split != "even"}
+    for key, given in spec_only.items():
+        if given:
+            raise ConfigError(f"{where}: {key}: applies to workload specs only, and workload {scenario.workload!r} "
+                              f"is a graph; fix: remove {key}, or edit the graph")
+    workload, used = place_graph(load_graph_source(scenario.workload, scenario.base), xpus, f"{where}: workload")
+    for _, data in workload.nodes(data=True):
+        if data.get("kind") != "comm" or data.get("collective") == "p2p":
+            continue
+        if scenario.collective is not None and data.get("collective") == "all_reduce":
+            data["algorithm"] = scenario.collective
+        if scenario.collective_chunks is not None:
+            data["chunks"] = scenario.collective_chunks
+    return workload, used
+
+
+def rank_order(platform: nx.Graph, xpus: list[str], scenario: Scenario, run_xpus: list[str] | None = None) -> list[str]:
+    """A collective group's XPUs in rank order (scenario.ring_order), `xpus` being in topology order.
+
+    `run_xpus` are all XPUs of the run (default: `xpus`): an explicit order must list each once, and
+    orders each group by the positions of its members in that list."""
+    order = scenario.ring_order
+    if order == "topology":
+        return xpus
+    if order == "interleaved":  # round robin over the servers: rank i+1 is on another server than rank i
+        by_server: dict[object, list[str]] = {}
+        for xpu in xpus:
+            by_server.setdefault(platform.nodes[xpu].get("server"), []).append(xpu)
+        columns = list(by_server.values())
+        return [column[i] for i in range(max(map(len, columns))) for column in columns if i < len(column)]
+    run_xpus = xpus if run_xpus is None else run_xpus
+    if sorted(order) != sorted(run_xpus):
+        missing, extra = sorted(set(run_xpus) - set(order)), sorted(set(order) - set(run_xpus))
+        raise ConfigError(f"scenario {scenario.name!r}: ring_order: must list each of the {len(run_xpus)} XPUs once"
+                          + (f"; missing {', '.join(missing[:5])}" if missing else "")
+                          + (f"; not in this run: {', '.join(extra[:5])}" if extra else "")
+                          + ("" if missing or extra else "; some are listed twice"))
+    members = set(xpus)
+    return [x for x in order if x in members]
+
+
+def host_pairs(platform: nx.Graph, workload: nx.DiGraph) -> set[tuple[str, str]]:
+    """The ordered host pairs a run transfers between: memory reads and collective traffic."""
+    from hcsim.engine.collectives import get_algorithm, server_groups
+    from hcsim.engine.executor import form_transfers, memory_form
+
+    nodes = platform.nodes
+    pairs: set[tuple[str, str]] = set()
+    done = set()  # collectives already counted: the same algorithm and size on the same group
+    for _, data in workload.nodes(data=True):
+        if data["kind"] == "compute":
+            offloads = data.get("host") or data.get("move") or data.get("offload")
+            for x in data["xpus"]:
+                pairs.add((nodes[x]["local_memory"], x))
+                if offloads:
+                    for coherent in (True, False):
+                        pairs.update(form_transfers(nodes, data, x, memory_form(nodes, data, x, coherent)))
+            for x in data["spilled_xpus"]:
+                pairs.add((nodes[x]["extended_memory"], x))
+            continue
+        collective = data["collective"]
+        name = data.get("algorithm") or ("direct" if collective == "p2p" else None)
+        for group in data["groups"]:
+            if (key := (collective, name, group, data["bytes"], data.get("chunks"))) in done:
+                continue
+            done.add(key)
+            algorithm = get_algorithm(collective, name, len(group), data["bytes"], server_groups(platform, group),
+                                      data.get("chunks"))
+            pairs.update((group[s], group[d]) for s, d in algorithm.pairs())
+    return pairs
+
+
+def compute_model(scenario: Scenario, workload: nx.DiGraph, platform: nx.Graph | None = None):
+    """The scenario's roofline ComputeModel, or None for ``compute_model: peak``.
+
+    A workload of PyTorch's kernels (training.kernels: pytorch-eager or torch-compile) is always timed by its
+    kernels: the peak model knows nothing of them. Raises ConfigError when roofline is asked of a graph without
+    op-level costs, or when a device of `platform` has no factors; warns, naming them, when its devices'
+    factors are literature values."""
+    if scenario.compute_model == "peak" and workload.graph.get("kernels", "megatron") == "megatron":
+        return None
+    from hcsim.config import resolve_spec
+    from hcsim.engine.compute_model import load_compute_model
+
+    if not any(ops for _, ops in workload.nodes(data="ops")):
+        raise ConfigError(f"scenario {scenario.name!r}: compute_model: roofline times the kernels (ops) of compute "
+                          f"vertices, which only the hybrid-parallel graph has; fix: set tp, pp, micro_batch or "
+                          f"global_batch, or compute_model: peak")
+    path = resolve_spec(scenario.compute_factors, "platforms", Path(scenario.base)) if scenario.compute_factors else None
+    model = load_compute_model(path)
+    devices = sorted({d for _, d in (platform.nodes(data="device") if platform is not None else ()) if d})
+    unmeasured = [model.device(d).name for d in devices if model.device(d).provenance == "literature"]
+    if unmeasured:
+        log.warning("compute_model: roofline: the kernel factors of %s are literature figures, not measured "
+                    "(%s); measure the GPU with benchmarks/gpu_kernels.py and fit it with hcsim calibrate",
+                    ", ".join(unmeasured), model.source)
+    return model
+
+
+def traced_xpus(prepared: Prepared) -> frozenset[str] | str | None:
+    """The XPUs scenario.trace_xpus asks to trace (None: none; "per-class": decided by the executor).
+
+    Raises
+    ------
+    ConfigError
+        if a named XPU is not one of the run's.
+    """
+    wanted = prepared.scenario.trace_xpus
+    if wanted == "per-class":
+        return wanted
+    if wanted in ("per-device", "per-stage"):
+        stage = _stage_of(prepared) if wanted == "per-stage" else {}
+        first: dict[tuple, str] = {}
+        for x in prepared.xpus:
+            first.setdefault((stage.get(x, 0), prepared.platform.nodes[x]["device"]), x)
+        return frozenset(first.values())
+    if isinstance(wanted, int):
+        return frozenset(prepared.xpus[:wanted]) or None
+    unknown = sorted(set(wanted) - set(prepared.xpus))
+    if unknown:
+        raise ConfigError(f"scenario {prepared.scenario.name!r}: trace_xpus: {', '.join(unknown[:5])} "
+                          f"{'is' if len(unknown) == 1 else 'are'} not among this run's XPUs "
+                          f"({prepared.xpus[0]}..{prepared.xpus[-1]})")
+    return frozenset(wanted) or None
+
+
+def _stage_of(prepared: Prepared) -> dict[str, int]:
+    """Each XPU's pipeline stage ({} without pipeline parallelism)."""
+    sizes = (prepared.workload.graph.get("layout") or {}).get("sizes", {})
+    if sizes.get("pp", 1) == 1:
+        return {}
+    from hcsim.workload.layout import ParallelLayout
+
+    layout = ParallelLayout(prepared.xpus, sizes, prepared.workload.graph["layout"]["order"])
+    return {x: s for s in range(sizes["pp"]) for x in layout.stage_xpus(s)}

@@ -1,0 +1,352 @@
+"""Reporting a run: from an engine outcome to its result record, its CSVs and pictures.
+
+:func:`summarize` makes the result record (throughput, breakdown, memory, provenance);
+:func:`write_outputs` writes it and the per-link and per-XPU tables to a results folder.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import logging
+import os
+import platform as host_platform
+import resource
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+
+from hcsim.errors import ConfigError, WorkloadError, brief, shadowed_package
+
+try:
+    from hcsim import __version__
+except ImportError as _error:  # a folder named hcsim shadows the package: say so, not "cannot import name"
+    raise shadowed_package(_error) from _error
+from hcsim.run.prepare import Prepared, spill_policy
+from hcsim.run.results import (SPLIT_PARTS, TIME_PARTS, XPU_COLUMNS, XpuTimes, pace_setters, per_xpu_times,
+                               resolve_scenario, xpu_rows)
+
+__all__ = ["RUN_OUTPUTS", "BREAKDOWN", "LINK_COLUMNS", "check_results_folder", "summarize", "throughput",
+           "link_loads", "write_outputs", "atomic_write"]
+
+log = logging.getLogger(__name__)
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak resident memory in MB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+RUN_OUTPUTS = ("result.json", "links.csv", "xpus.csv", "xpus.png", "trace.csv", "trace.json")  # what a run writes
+
+
+def check_results_folder(out: str | Path, overwrite: bool = False, what: str = "--out") -> Path:
+    """Make sure a run's results can go to folder `out` before it runs: writable (created if missing), and
+    holding no earlier run's results (:data:`RUN_OUTPUTS`) unless `overwrite`, in which case
+    :func:`write_outputs` removes them before writing its own.
+
+    Raises
+    ------
+    ConfigError
+        naming the folder and the earlier results, with the fix.
+    """
+    from hcsim.config import check_output_folder
+
+    path = check_output_folder(out, what)
+    earlier = [name for name in RUN_OUTPUTS if (path / name).exists()]
+    if earlier and not overwrite:
+        raise ConfigError(f"{what} {path}: holds the results of an earlier run ({', '.join(earlier)}); give another "
+                          f"folder, or --overwrite to replace them (overwrite=True in Python)")
+    return path
+
+
+def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float) -> dict[str, Any]:
+    """The result record of a run: throughput, breakdown, counts, provenance."""
+    ends = outcome.iteration_ends
+    times = [b - a for a, b in zip([0.0] + ends, ends)]
+    steady = times[1:] if len(times) > 1 else times
+    iteration_time = sum(steady) / len(steady)
+    scenario, graph = prepared.scenario, prepared.workload.graph
+    if not iteration_time > 0:  # no throughput to report: every vertex has no work
+        raise WorkloadError(f"scenario {scenario.name!r}: workload {brief(graph.get('name', '?'))}: an iteration "
+                            f"takes 0 s (no vertex has flops, bytes or a duration > 0); give its vertices their work")
+    per_xpu = per_xpu_times(outcome.xpu_times)
+    return {
+        "scenario": scenario.name,
+        "xpus": len(prepared.xpus),
+        "devices": _device_counts(prepared),
+        "coherent": prepared.coherent,
+        "precision": graph.get("precision", "fp32"),
+        **_cxl_link(prepared.platform_spec),
+        "iteration_times_s": times,
+        "iteration_time_s": iteration_time,
+        "measured_iterations": f"{2 if len(times) > 1 else 1}..{len(times)}",
+        **throughput(prepared.platform, prepared.workload, prepared.xpus, iteration_time),
+        "breakdown": _breakdown(prepared, per_xpu),
+        "stages": _stage_breakdown(prepared, per_xpu),
+        "pace": pace_setters(per_xpu, _device_of(prepared)),
+        "memory": _memory(prepared),
+        "spill": spill_policy(scenario, prepared.platform_spec) if prepared.platform_spec is not None else None,
+        **_batch_split_report(prepared),
+        **_tp_across_servers(prepared),
+        "links": _busiest_links(prepared.platform, outcome.link_bytes, ends[-1]),
+        "activities": outcome.activities,
+        "collective_fidelity": sorted(set(outcome.collective_fidelity.values())),
+        "wall_time_s": wall_s,
+        "setup_time_s": setup_s,
+        "peak_rss_mb": _peak_rss_mb(),
+        "inputs": scenario.to_dict(),
+        "inputs_resolved": resolve_scenario(scenario),
+        "inputs_hash": scenario.digest() + (f"+{graph['source_digest']}" if "source_digest" in graph else ""),
+        "layout": graph.get("layout"),
+        "versions": {"hcsim": __version__, "source": _source_digest(), "simgrid": _simgrid_version(),
+                     "python": host_platform.python_version()},
+    }
+
+
+def throughput(platform: nx.Graph, workload: nx.DiGraph, xpus: list[str], iteration_time: float) -> dict[str, float]:
+    """Throughput metrics of an iteration time, from the workload's layout and counts.
+
+    ``batches_per_s`` counts one batch per data-parallel replica and iteration (the paper's metric:
+    XPUs / T in data parallelism); ``samples_per_s`` and ``tokens_per_s`` the job's samples and
+    tokens; ``model_flops_per_s_per_xpu`` the model FLOPs (graph attribute ``model_flops``) per
+    second and XPU; ``mfu`` those over the XPUs' peak FLOP/s at the workload's precision."""
+    graph = workload.graph
+    dp = (graph.get("layout") or {}).get("sizes", {}).get("dp", len(xpus))
+    samples = graph.get("global_samples", dp * graph.get("samples_per_iteration", 1))
+    metrics = {"batches_per_s": dp / iteration_time, "samples_per_s": samples / iteration_time}
+    if graph.get("tokens_per_sample"):
+        metrics["tokens_per_s"] = samples * graph["tokens_per_sample"] / iteration_time
+    if graph.get("model_flops"):
+        from hcsim.platform.devices import peak_flops
+
+        precision = graph.get("precision", "fp32")
+        peak = sum(peak_flops(platform.nodes[x], precision) for x in xpus)
+        metrics["model_flops_per_s_per_xpu"] = graph["model_flops"] / iteration_time / len(xpus)
+        metrics["mfu"] = graph["model_flops"] / iteration_time / peak
+    return metrics
+
+
+def _cxl_link(spec) -> dict[str, float | None]:
+    """The CXL link bandwidth (B/s) and latency (s) the run used: the scenario's, else the platform spec's own."""
+    link = spec.links.get("cxl") if spec is not None else None
+    return {"cxl_bandwidth": link.bandwidth if link else None, "cxl_latency": link.latency if link else None}
+
+
+def _device_counts(prepared: Prepared) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for x in prepared.xpus:
+        device = prepared.platform.nodes[x]["device"]
+        counts[device] = counts.get(device, 0) + 1
+    return counts
+
+
+def _memory(prepared: Prepared) -> dict[str, dict[str, Any]]:
+    """Per device type, the largest training state an XPU holds (bytes), the most of it that spills beyond
+    local memory and where to (``spilled_to``: the role of its extended memory, dram or cxl_type3; None when
+    nothing spills), and the most that offload keeps away; empty for a graph workload (a graph file or trace
+    says where data lives, spilled_xpus, but not how much state there is)."""
+    table: dict[str, dict[str, Any]] = {}
+    if prepared.placement is None:
+        return table
+    nodes = prepared.platform.nodes
+    for x in prepared.xpus:
+        held = prepared.placement.inventory[x]
+        row = table.setdefault(nodes[x]["device"], {"state_bytes": 0.0, "spilled_bytes": 0.0, "spilled_to": None,
+                                                    "offloaded_bytes": 0.0})
+        row["state_bytes"] = max(row["state_bytes"], held.total)
+        row["offloaded_bytes"] = max(row["offloaded_bytes"], held.offloaded)
+        spilled = held.spilled - held.offloaded
+        if spilled > row["spilled_bytes"]:
+            row["spilled_bytes"], row["spilled_to"] = spilled, nodes[nodes[x]["extended_memory"]]["role"]
+    return dict(sorted(table.items()))
+
+
+BREAKDOWN = (*TIME_PARTS, *SPLIT_PARTS)  # compute_s, memory_stall_s, exposed_comm_s, idle_s, and their parts
+
+
+def _device_of(prepared: Prepared) -> dict[str, str]:
+    return {x: prepared.platform.nodes[x]["device"] for x in prepared.xpus}
+
+
+def _breakdown(prepared: Prepared, xpu_times: dict[str, XpuTimes]) -> dict[str, dict[str, float]]:
+    """Per device type, mean seconds per measured iteration: compute, memory stall, exposed communication
+    (in a collective whose members have all arrived, computing nothing) and idle (waiting for a
+    dependency, for peers or in a pipeline bubble); the four add up to the iteration time."""
+    groups: dict[str, list[str]] = {}
+    for x in prepared.xpus:
+        groups.setdefault(prepared.platform.nodes[x]["device"], []).append(x)
+    return _mean_times(groups, xpu_times)
+
+
+def _batch_split_report(prepared: Prepared) -> dict[str, Any]:
+    """``batch_split`` of an uneven split: its unit, the count of every DP replica, and per device type (of each
+    replica's slowest XPU, the one that set its speed) the replicas and their fewest and most; {} when even."""
+    from hcsim.platform.devices import peak_flops
+    from hcsim.workload.layout import ParallelLayout
+
+    graph = prepared.workload.graph
+    if "batch_split" not in graph:
+        return {}
+    nodes = prepared.platform.nodes
+    layout = ParallelLayout(prepared.xpus, graph["layout"]["sizes"], graph["layout"]["order"])
+    replicas: dict[int, list[str]] = {}
+    for x in prepared.xpus:
+        replicas.setdefault(layout.coordinates(x)["dp"], []).append(x)
+    by_device: dict[str, list[int]] = {}
+    for r, count in enumerate(graph["batch_split"]):
+        slowest = min(replicas[r], key=lambda x: peak_flops(nodes[x], graph["precision"]))
+        by_device.setdefault(nodes[slowest]["device"], []).append(count)
+    return {"batch_split": {"unit": graph["batch_split_unit"], "per_replica": list(graph["batch_split"]),
+                            "by_device": {d: {"replicas": len(c), "fewest": min(c), "most": max(c)}
+                                          for d, c in sorted(by_device.items())}}}
+
+
+def _tp_across_servers(prepared: Prepared) -> dict[str, Any]:
+    """``{"tp_across_servers": {"tp": t, "groups": g, "servers": s}}`` when g of the run's TP groups span s > 1
+    servers each at most (a TP size beyond a server's XPUs, as real runs sometimes choose: simulated as it is,
+    its all-reduces crossing the network), else nothing: a result of TP inside servers is unchanged."""
+    layout_dict = prepared.workload.graph.get("layout") or {}
+    if layout_dict.get("sizes", {}).get("tp", 1) == 1:
+        return {}
+    from hcsim.workload.layout import ParallelLayout
+
+    layout = ParallelLayout(prepared.xpus, layout_dict["sizes"], layout_dict["order"])
+    nodes = prepared.platform.nodes
+    spans = [len({nodes[x].get("server", x) for x in group}) for group in layout.groups("tp")]
+    across = [n for n in spans if n > 1]
+    if not across:
+        return {}
+    return {"tp_across_servers": {"tp": layout_dict["sizes"]["tp"], "groups": len(across), "servers": max(across)}}
+
+
+def _stage_breakdown(prepared: Prepared, xpu_times: dict[str, XpuTimes]) -> dict[str, dict[str, float]]:
+    """As :func:`_breakdown`, per pipeline stage ("0", "1", ...; one stage without pipeline parallelism),
+    where idle time is mostly the pipeline bubble."""
+    sizes = (prepared.workload.graph.get("layout") or {}).get("sizes", {})
+    if sizes.get("pp", 1) == 1:
+        return {}
+    from hcsim.workload.layout import ParallelLayout
+
+    layout = ParallelLayout(prepared.xpus, sizes, prepared.workload.graph["layout"]["order"])
+    groups = {str(s): list(layout.stage_xpus(s)) for s in range(sizes["pp"])}
+    return _mean_times(groups, xpu_times)
+
+
+def _mean_times(groups: dict[str, list[str]], xpu_times: dict[str, XpuTimes]) -> dict[str, dict[str, float]]:
+    """Per group (sorted), its XPU count and the mean of each part over its XPUs: never across groups."""
+    table = {}
+    for device, members in sorted(groups.items()):
+        rows = [xpu_times[x] for x in members]
+        table[device] = {"xpus": len(members)}
+        for part in BREAKDOWN:
+            table[device][part] = sum(getattr(row, part) for row in rows) / len(rows)
+    return table
+
+
+LINK_COLUMNS = ("source", "target", "kind", "bandwidth_Bps", "bytes", "utilization")
+
+
+def link_loads(platform: nx.Graph, link_bytes: dict, seconds: float) -> list[dict]:
+    """Every loaded link direction, busiest first: bytes and mean utilization = bytes / (bandwidth x seconds)."""
+    rows = []
+    for (u, v), size in link_bytes.items():
+        edge = platform.edges[u, v]
+        rows.append({"source": u, "target": v, "kind": edge["kind"], "bandwidth_Bps": edge["bandwidth"],
+                     "bytes": size, "utilization": size / (edge["bandwidth"] * seconds)})
+    return sorted(rows, key=lambda r: (-r["utilization"], r["source"], r["target"]))
+
+
+def _busiest_links(platform: nx.Graph, link_bytes: dict, seconds: float, top: int = 3) -> dict[str, list[dict]]:
+    """Per link kind, the `top` link directions by mean utilization over the run."""
+    by_kind: dict[str, list[dict]] = {}
+    for row in link_loads(platform, link_bytes, seconds):
+        rows = by_kind.setdefault(row["kind"], [])
+        if len(rows) < top:
+            rows.append({"link": f"{row['source']} -> {row['target']}", "bytes": row["bytes"],
+                         "utilization": row["utilization"]})
+    return dict(sorted(by_kind.items()))
+
+
+def _source_digest() -> str:
+    """A hash of hcsim's own source, so results of two code versions can be told apart."""
+    digest = hashlib.sha256()
+    package = Path(__file__).resolve().parent.parent  # hcsim/, this module being hcsim/run/report.py
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _simgrid_version() -> str:
+    from hcsim.engine.simgrid_loader import load
+
+    return getattr(load(), "simgrid_version", "?")
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write `text` to `path` so that an interruption leaves the old file or none, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    umask = os.umask(0)
+    os.umask(umask)
+    try:
+        with os.fdopen(handle, "w") as stream:
+            stream.write(text)
+        os.chmod(temporary, 0o666 & ~umask)  # mkstemp makes 0600; give it a plain new file's mode
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def _csv_text(rows: list[dict], columns) -> str:
+    table = io.StringIO()
+    writer = csv.DictWriter(table, fieldnames=list(columns), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return table.getvalue()
+
+
+def write_outputs(out: Path, result: dict, outcome, platform: nx.Graph, workload: nx.DiGraph | None = None) -> None:
+    """result.json, links.csv (every loaded link direction), xpus.csv and xpus.png (where each XPU's
+    iteration goes), and with a trace: trace.csv and trace.json (Perfetto) in `out`."""
+    from hcsim.plotting import plot_xpu_times
+
+    out.mkdir(parents=True, exist_ok=True)
+    for name in RUN_OUTPUTS:  # an earlier run's (checked before the run): none is left beside this one's
+        (out / name).unlink(missing_ok=True)
+    rows = link_loads(platform, outcome.link_bytes, outcome.iteration_ends[-1])
+    atomic_write(out / "links.csv", _csv_text(rows, LINK_COLUMNS))
+    xpus = xpu_rows(platform, per_xpu_times(outcome.xpu_times), outcome.representatives, result["iteration_time_s"])
+    atomic_write(out / "xpus.csv", _csv_text(xpus, XPU_COLUMNS))
+    plot_xpu_times(xpus, out / "xpus.png", title=f"{result['scenario']}: where each XPU's iteration goes "
+                   f"(iterations {result['measured_iterations']})")
+    trace = outcome.trace
+    if trace is not None:
+        writers = (("trace.csv", trace.write_csv), ("trace.json", lambda p: trace.write_perfetto(p, platform, workload)))
+        sizes = {}
+        for name, writer in writers:
+            temporary = out / f".{name}.partial"
+            sizes[name] = writer(temporary)
+            os.replace(temporary, out / name)
+        _warn_of_a_large_trace(out / "trace.json", sizes["trace.json"], trace, result)
+    atomic_write(out / "result.json", json.dumps(result, indent=2) + "\n")
+
+
+def _warn_of_a_large_trace(path: Path, size: int, trace, result: dict) -> None:
+    """Warn when trace.json is beyond what Perfetto's web UI opens briskly, saying how to narrow it."""
+    from hcsim.engine.trace import TRACE_WARN_BYTES
+
+    if size <= TRACE_WARN_BYTES:
+        return
+    traced = sorted(trace.xpus, key=lambda x: (len(x), x))
+    iterations = sorted(trace.iterations) if trace.iterations else list(range(1, len(result["iteration_times_s"]) + 1))
+    log.warning("%s: %.0f MB (%d XPUs traced over %d iterations), more than Perfetto's web UI opens briskly "
+                "(~%.0f MB). Narrow it with trace_xpus (e.g. --set 'trace_xpus=[%s]'), trace_iterations (e.g. "
+                "--set 'trace_iterations=[%d]') or trace_xpus=0 for no trace", path, size / 1e6, len(traced),
+                len(iterations), TRACE_WARN_BYTES / 1e6, traced[0] if traced else "xpu0", iterations[-1])

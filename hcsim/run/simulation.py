@@ -1,0 +1,202 @@
+"""Running a prepared run: compile, execute, in this process or a fresh one.
+
+SimGrid allows one Engine per process, ever, so :func:`simulate` runs each
+simulation in a fresh process (spawned, never forked) and returns plain data;
+:func:`run_here` runs in the calling process and may be called once in it.
+Preparing a run is :mod:`hcsim.run.prepare`'s job, reporting it :mod:`hcsim.run.report`'s.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+
+from hcsim.errors import ConfigError, OutputError, SimulationError, brief
+from hcsim.run.prepare import compute_model, host_pairs, prepare, traced_xpus
+from hcsim.run.report import _peak_rss_mb, check_results_folder, summarize, write_outputs
+from hcsim.run.scenario import Scenario
+
+__all__ = ["execute", "run_here", "simulate", "simulate_graphs", "total_runs"]
+
+
+def execute(platform: nx.Graph, workload: nx.DiGraph, options, pairs=None, progress=None):
+    """Compile `platform` for the pairs `workload` uses and run it here (once per process).
+
+    `progress(n)` is called as vertex runs complete (see :meth:`total_runs`)."""
+    from hcsim.engine.backend import SimgridBackend
+    from hcsim.engine.executor import Executor
+    from hcsim.platform import compile_platform
+
+    compiled = compile_platform(platform, pairs if pairs is not None else host_pairs(platform, workload),
+                                workload.graph.get("precision", "fp32"))
+    with tempfile.TemporaryDirectory(prefix="hcsim-") as folder:
+        xml = Path(folder) / "platform.xml"
+        xml.write_text(compiled.xml)
+        if options.engine == "core":  # the executor's rules in C++ (issue 27); it refuses what it lacks
+            from hcsim.engine.core.workload import run_workload
+
+            return run_workload(platform, workload, compiled.routes, xml, options)
+        backend = SimgridBackend(xml)
+    return Executor(platform, workload, compiled.routes, backend, options, progress).run()
+
+
+def total_runs(workload: nx.DiGraph, iterations: int) -> int:
+    """How many vertex runs a simulation of `iterations` iterations completes."""
+    return iterations * sum(len(xpus) for _, xpus in workload.nodes(data="xpus"))
+
+
+def _execute_child(platform, workload, options) -> dict[str, Any]:
+    wall = time.perf_counter()
+    outcome = execute(platform, workload, options)
+    trace = outcome.trace
+    return {"iteration_ends": outcome.iteration_ends, "activities": outcome.activities, "busy": outcome.busy,
+            "collective_fidelity": outcome.collective_fidelity, "link_bytes": outcome.link_bytes,
+            "xpu_times": outcome.xpu_times, "representatives": outcome.representatives,
+            "vertices": trace.vertices if trace else [], "transfers": trace.transfers if trace else [],
+            "wall_time_s": time.perf_counter() - wall, "peak_rss_mb": _peak_rss_mb()}
+
+
+def simulate_graphs(platform: nx.Graph, workload: nx.DiGraph, options=None) -> dict[str, Any]:
+    """Run a platform graph and a workload graph in a fresh process; plain data back.
+
+    Returns ``iteration_ends`` (s), ``activities``, ``busy`` (xpu -> [compute s,
+    memory stall s]), ``xpu_times`` (xpu -> compute_s, memory_stall_s, comm_s, idle_s
+    per measured iteration), ``representatives`` (follower -> representative XPU),
+    ``collective_fidelity`` (vertex -> step | flow), ``link_bytes`` ((u, v) -> bytes),
+    the traced ``vertices`` and ``transfers``, ``wall_time_s`` (the worker's compile
+    and run) and ``peak_rss_mb`` (the worker's peak memory, MB).
+
+    The worker is a spawned process that imports the calling script again:
+    call this under ``if __name__ == "__main__":`` (a SimulationError says so).
+    """
+    from hcsim.engine.executor import RunOptions
+    from hcsim.workload import validate_workload
+
+    _check_main_guard()
+    validate_workload(workload)
+    return _in_fresh_process(_execute_child, platform, workload, options or RunOptions())
+
+
+def run_here(scenario: Scenario, out: Path | None = None, progress=None, check=None, overwrite: bool = False
+             ) -> dict[str, Any]:
+    """Run `scenario` in this process (SimGrid: once per process); write outputs to `out` if given (a folder
+    with an earlier run's results only with `overwrite`: :func:`check_results_folder`).
+
+    `progress`, if given, is a factory called with the total number of vertex
+    runs; it returns a callable that receives how many more have completed.
+    `check`, if given, is called with the :class:`Prepared` run before it runs (it may raise)."""
+    from hcsim.engine.executor import RunOptions
+
+    wall = time.perf_counter()
+    if out is not None:
+        check_results_folder(out, overwrite, "out")
+    from hcsim.serving import serving_workload, simulate_serving, write_serving_outputs
+
+    serving = serving_workload(scenario)
+    if serving is not None:  # an inference workload: continuous batching (hcsim.serving), no training graph
+        result = simulate_serving(scenario, serving)
+        if out is not None:
+            write_serving_outputs(Path(out), result)
+        return result
+    prepared = prepare(scenario)
+    if check is not None:
+        check(prepared)
+    setup_s = time.perf_counter() - wall
+    traced = traced_xpus(prepared) if out is not None else None
+    options = RunOptions(iterations=scenario.iterations, coherent=prepared.coherent,
+                         collective_model=scenario.collective_model, step_limit=scenario.step_limit,
+                         local_access=scenario.local_access, xpu_sampling=scenario.xpu_sampling,
+                         local_collectives=scenario.local_collectives, engine=scenario.engine,
+                         compute_model=compute_model(scenario, prepared.workload, prepared.platform),
+                         trace_xpus=traced,
+                         trace_iterations=frozenset(scenario.trace_iterations) if scenario.trace_iterations else None)
+    update = progress(total_runs(prepared.workload, scenario.iterations)) if progress else None
+    outcome = execute(prepared.platform, prepared.workload, options, prepared.pairs, update)
+    result = summarize(prepared, outcome, setup_s, time.perf_counter() - wall)
+    if out is not None:
+        try:
+            write_outputs(Path(out), result, outcome, prepared.platform, prepared.workload)
+        except OSError as err:
+            raise OutputError(f"{err.filename or out}: could not write the outputs ({err.strerror or err}); the run "
+                              "finished and its result is kept, but nothing more was saved", result) from None
+    return result
+
+
+def _child(scenario: Scenario, out: str | None, overwrite: bool = False) -> dict[str, Any]:
+    return run_here(scenario, Path(out) if out else None, overwrite=overwrite)
+
+
+def simulate(scenario: Scenario, out: Path | str | None = None, overwrite: bool = False) -> dict[str, Any]:
+    """Run `scenario` in a fresh process and return its result record (the Python API).
+
+    The process is spawned: it imports the calling script again, so a script
+    must call this under ``if __name__ == "__main__":`` (checked here).
+
+    Raises
+    ------
+    ConfigError
+        if `scenario` is not a Scenario, `out` cannot be written or holds an earlier run's results (unless
+        `overwrite`), or the calling script has no such guard.
+    OutputError
+        if the run finished but writing to `out` failed (its ``result`` is the result record).
+    """
+    if not isinstance(scenario, Scenario):
+        raise ConfigError(f"scenario: expected a hcsim.run.scenario.Scenario (e.g. load_scenario() or Scenario(xpus=8)), "
+                          f"got {brief(scenario)}")
+    if out is not None:
+        check_results_folder(out, overwrite, "out")
+    _check_main_guard()
+    return _in_fresh_process(_child, scenario, str(out) if out is not None else None, overwrite)
+
+
+def _in_fresh_process(function, *args):
+    """`function(*args)` in a spawned process (SimGrid: one Engine per process); its result or its error."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    try:
+        with _fresh_process() as pool:
+            return pool.submit(function, *args).result()
+    except BrokenProcessPool as err:
+        raise SimulationError(f"simulation process: it died before returning a result ({err}). If this runs from "
+                              "a script, put the script's top-level code under `if __name__ == \"__main__\":` "
+                              "(the process is spawned and imports the script again)") from None
+
+
+def _check_main_guard() -> None:
+    """Refuse to spawn from a script whose top level would run again, unguarded, in the spawned process.
+
+    A spawned process imports the ``__main__`` script again; one that calls
+    :func:`simulate` outside ``if __name__ == "__main__":`` would start a
+    process while starting a process, and the pool breaks.
+    """
+    import ast
+    import sys
+
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if not path or not str(path).endswith(".py") or getattr(main, "__spec__", None) is not None:
+        return  # an interactive session, python -c, python -m (modules are imported by name)
+    try:
+        tree = ast.parse(Path(path).read_text())
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return
+    for node in tree.body:
+        if isinstance(node, ast.If) and "__name__" in ast.unparse(node.test) and "__main__" in ast.unparse(node.test):
+            return
+    raise ConfigError(f"{path}: this script calls hcsim outside `if __name__ == \"__main__\":`. hcsim runs each "
+                      "simulation in a spawned process, which imports the script again; put the script's top-level "
+                      "code under that guard (see the README's Python example)")
+
+
+
+def _fresh_process():
+    """A pool of one spawned (never forked) process for one task (imported here: `hcsim simulate` runs in
+    its own process and needs no multiprocessing)."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    return ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"), max_tasks_per_child=1)
