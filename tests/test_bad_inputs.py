@@ -205,7 +205,7 @@ def nothing_runs(monkeypatch, workspace):
         raise AssertionError("a bad input reached the engine")
 
     monkeypatch.setattr("hcsim.run.simulation.execute", tripwire)
-    monkeypatch.setattr("hcsim.sweep.run_point", tripwire)
+    monkeypatch.setattr("hcsim.study.sweep.run_point", tripwire)
     monkeypatch.delenv("HCSIM_NO_LIMITS", raising=False)
     monkeypatch.chdir(workspace)
 
@@ -592,7 +592,7 @@ def test_a_bad_cli_input_is_one_line_naming_the_place_and_what_is_valid(argv, wh
 
 
 def test_a_runs_csv_saved_by_a_spreadsheet_is_read_as_it_is(workspace):
-    from hcsim.validate import read_runs
+    from hcsim.study.validate import read_runs
 
     rows = read_runs(workspace / "runs-bom-crlf.csv")
     assert [row.cells for row in rows] == [{"name": "r1", "gpus": "8", "measured": "1.5", "unit": "s", "micro_batch": "1"}]
@@ -711,7 +711,7 @@ def test_the_lock_is_released_and_removed_after_a_sweep(workspace, capsys):
 def test_point_folders_of_a_killed_sweep_are_removed_and_live_ones_kept(tmp_path, monkeypatch):
     import tempfile
 
-    from hcsim.sweep import POINT_FOLDER_PREFIX, _remove_stale_point_folders
+    from hcsim.study.sweep import POINT_FOLDER_PREFIX, _remove_stale_point_folders
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
@@ -733,7 +733,7 @@ def _api_cases():
     from hcsim.run.prepare import prepare
     from hcsim.run.scenario import Scenario, load_scenario
     from hcsim.run.simulation import simulate, simulate_graphs
-    from hcsim.sweep import load_experiment, run_sweep
+    from hcsim.study.sweep import load_experiment, run_sweep
     from hcsim.workload import load_workload, load_workload_spec
 
     return {

@@ -131,7 +131,7 @@ def test_simulate_and_validate_time_kernels_with_the_factors_calibrate_writes(tm
         assert done.returncode == 0, done.stderr
         times.append(json.loads(done.stdout)["iteration_time_s"])
     assert times[1] > 1.2 * times[0]
-    from hcsim.validate import DEFAULT_SETTINGS
+    from hcsim.study.validate import DEFAULT_SETTINGS
 
     assert DEFAULT_SETTINGS["compute_model"] == "roofline"  # validate's rows run the kernel model, and take
     assert "compute_factors=" in subprocess.run([sys.executable, "-m", "hcsim.cli", "validate", "--help"],

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from hcsim.findings import evaluate
-from hcsim.sweep import Axis, load_experiment, read_results, run_sweep
+from hcsim.study.findings import evaluate
+from hcsim.study.sweep import Axis, load_experiment, read_results, run_sweep
 
 PAPER = Path(__file__).resolve().parents[1] / "experiments" / "paper"
 SMALL_RACKS = {"rack.servers": 1}  # 8 XPUs per rack (paper: 128)

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from hcsim.engine.executor import Executor, RunOptions
-from hcsim.plan import candidates, estimate, fits, rank_correlation, zero2_twins
 from hcsim.platform import build_platform, load_platform_spec
 from hcsim.platform.routes import route_bandwidth, route_latency
 from hcsim.platform.topology import xpus as platform_xpus
+from hcsim.study.plan import candidates, estimate, fits, rank_correlation, zero2_twins
 from hcsim.workload import load_workload_spec, validate_workload
 from hcsim.workload.hybrid import Parallelism, block_costs, build_hybrid_graph
 from hcsim.workload.layout import ParallelLayout
@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).parent / "engine"))
 from fake_backend import FakeBackend, routes_for  # noqa: E402
 from test_hybrid_schedules import FAST, iteration_time, spec as tiny_spec  # noqa: E402
 from test_zero_offload import SHAPE as ZERO_SHAPE  # noqa: E402
-from hcsim.plan import Candidate  # noqa: E402
 from hcsim.platform.builders import single_switch  # noqa: E402
+from hcsim.study.plan import Candidate  # noqa: E402
 
 
 def test_rank_correlation_of_known_orders():
@@ -197,7 +197,7 @@ def test_rings_that_cross_one_link_share_its_bandwidth():
     """paper-cxl, 32 XPUs as tp 8 x dp 4: a leaf CXL switch serves two servers, so each of the 8 DP rings (one
     per TP rank) steps from a leaf's second server to the next leaf: 8 steps share each uplink direction. The
     TP rings, one per server, have their XPU links to themselves."""
-    from hcsim.plan import _Cluster
+    from hcsim.study.plan import _Cluster
 
     platform = build_platform(load_platform_spec("paper-cxl"), 32)
     cluster = _Cluster(platform, ParallelLayout(platform_xpus(platform)[:32], {"tp": 8, "dp": 4}))
@@ -255,7 +255,7 @@ def test_zero_2_twins_of_a_fitting_zero_1_plan_are_not_ranked():
 
 def test_plan_simulations_run_on_the_sweep_s_executor_and_come_back_in_order():
     from hcsim.run.scenario import load_scenario
-    from hcsim.sweep import run_points
+    from hcsim.study.sweep import run_points
 
     scenarios = [load_scenario(None, {"xpus": n, "iterations": 1, "platform_overrides": {"rack.servers": 1}})
                  for n in (4, 2, 8)]
@@ -287,7 +287,7 @@ def test_plan_simulates_on_a_dask_cluster(tmp_path):
 def test_simulations_go_longest_first_and_come_back_in_rank_order(monkeypatch):
     """More micro-batches (and ZeRO-3's gathers, x2) make a longer simulation: submitted first, so that two jobs
     do not end on a long one; each result still lands on its own plan."""
-    import hcsim.sweep
+    import hcsim.study.sweep
     from hcsim.cli.plan import _simulate
     from hcsim.run.scenario import load_scenario
 
@@ -300,7 +300,7 @@ def test_simulations_go_longest_first_and_come_back_in_rank_order(monkeypatch):
         for index in reversed(range(len(points))):  # finishing in any order
             yield index, {"global_batch": points[index].global_batch, "zero": points[index].zero}
 
-    monkeypatch.setattr(hcsim.sweep, "run_points", run_points)
+    monkeypatch.setattr(hcsim.study.sweep, "run_points", run_points)
     results = _simulate(load_scenario(None, {}), [(1.0, Candidate(parallelism=p)) for p in plans], 2, "local", None)
     assert submitted == [8, 12, 8, 4]  # m = 4 x 2 (ZeRO-3), 6, 4, 2
     assert [(r["global_batch"], r["zero"]) for r in results] == [(p.global_batch, p.zero) for p in plans]
@@ -364,7 +364,7 @@ def test_plan_enumerates_context_parallelism_for_flash_attention_and_estimates_i
     activations and its estimate is finite; its settings name cp for the run."""
     from hcsim.platform import build_platform, load_platform_spec
     from hcsim.platform.topology import xpus as platform_xpus
-    from hcsim.plan import candidates, estimate, stage_needs
+    from hcsim.study.plan import candidates, estimate, stage_needs
     from hcsim.workload.spec import load_workload_spec
 
     spec = load_workload_spec("llama3-8b", {"training.attention": "flash", "model.decoders": 4,

@@ -14,7 +14,7 @@ import pytest
 
 from hcsim.config import REPO_ROOT
 from hcsim.errors import ConfigError
-from hcsim.validate import RunRow, measured_seconds, read_runs, summarize_rows, validate
+from hcsim.study.validate import RunRow, measured_seconds, read_runs, summarize_rows, validate
 
 VALIDATION = REPO_ROOT / "experiments" / "validation"
 SELENE = str(VALIDATION / "selene.yaml")

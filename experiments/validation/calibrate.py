@@ -24,7 +24,7 @@ import numpy as np
 import yaml
 
 from hcsim.engine.compute_model import BUILTIN_FACTORS
-from hcsim.validate import read_runs, validate
+from hcsim.study.validate import read_runs, validate
 
 # (device, path in the device's mapping): the factors the calibration rows set, nothing else
 FACTORS = (("A100", ("gemm", "max_efficiency")),)

@@ -1,4 +1,4 @@
-"""`hcsim plan`: the best way to train a model on a cluster (hcsim.plan), simulated.
+"""`hcsim plan`: the best way to train a model on a cluster (hcsim.study.plan), simulated.
 
     hcsim plan llama2-70b --platform paper-cxl --xpus 256 --global-batch 256 --devices H100,A100
 """
@@ -45,8 +45,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from hcsim.plan import MIN_RANKED_FOR_CORRELATION, candidates, estimate, fits, rank_correlation, zero2_twins
     from hcsim.run.scenario import load_scenario
+    from hcsim.study.plan import MIN_RANKED_FOR_CORRELATION, candidates, estimate, fits, rank_correlation, zero2_twins
 
     from hcsim.limits import MAX_GLOBAL_BATCH, check_limit
 
@@ -246,7 +246,7 @@ def _simulate(scenario, ranked, jobs: int, executor: str, timeout: float | None)
 
     from tqdm import tqdm
 
-    from hcsim.sweep import run_points
+    from hcsim.study.sweep import run_points
 
     order = sorted(range(len(ranked)), key=lambda i: -_cost(ranked[i][1]))  # longest first: a short tail
     points = [replace(scenario, **_typed(ranked[i][1].settings())) for i in order]
@@ -318,7 +318,7 @@ PLAN_COLUMNS = ("rank", "tp", "pp", "dp", "cp", "ep", "micro_batch", "micro_batc
 def _candidate_rows(scenario, spec, platform, xpus, found, reasons, twins, order, estimates, simulated) -> list[dict]:
     """A row of plan.csv (PLAN_COLUMNS) per enumerated candidate: the ranked ones in estimate order, then those
     left out (ZeRO-2 twins, then those that do not fit). Numbers or blank; fits and simulated True or False."""
-    from hcsim.plan import stage_needs
+    from hcsim.study.plan import stage_needs
 
     by_rank = {r["rank"]: r for r in simulated}
     rank_of = {c: i for i, c in enumerate(order, 1)}
@@ -376,8 +376,8 @@ def scenario_yaml(scenario, settings: dict, name: str) -> str:
 def _write(out: Path, scenario, ranked, rows: list[dict], table: list[dict], title: str) -> None:
     """plan.csv (every candidate), plan.png (the simulated ones) and scenarios/rank-NNN.yaml (one per simulated
     plan); scenarios of an earlier plan in `out` are removed first, so none is left beside these."""
-    from hcsim.plotting import plot_plans
     from hcsim.run.report import atomic_write
+    from hcsim.study.plotting import plot_plans
 
     out.mkdir(parents=True, exist_ok=True)
     folder = out / "scenarios"

@@ -10,7 +10,7 @@ __all__ = ["register"]
 
 
 def register(subparsers) -> None:
-    from hcsim.validate import COLUMNS, DEFAULT_SETTINGS, UNITS
+    from hcsim.study.validate import COLUMNS, DEFAULT_SETTINGS, UNITS
 
     columns = "\n".join(f"  {name:<18} {meaning}" for name, meaning in COLUMNS.items())
     defaults = ", ".join(f"{k}={v}" for k, v in DEFAULT_SETTINGS.items())
@@ -42,7 +42,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from hcsim.config import check_output_folder, parse_settings
-    from hcsim.validate import markdown, read_runs, validate, write_report
+    from hcsim.study.validate import markdown, read_runs, validate, write_report
 
     _check_options(args)
     rows = read_runs(args.runs)

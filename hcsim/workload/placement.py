@@ -224,7 +224,7 @@ def out_of_memory(stage: int, need: float, capacity: float, device: str) -> str 
     """hcsim's one memory rule: None when an XPU of pipeline `stage` holds its `need` bytes of training state in
     its `capacity` bytes of local memory, else what does not fit, as a training framework would report it.
 
-    ``hcsim plan`` keeps the candidates for which every stage fits (:func:`hcsim.plan.fits`); a simulation
+    ``hcsim plan`` keeps the candidates for which every stage fits (:func:`hcsim.study.plan.fits`); a simulation
     stops with this text when a stage does not fit and the platform does not spill (scenario key ``spill``),
     and spills the rest to extended memory otherwise (module docstring).
 

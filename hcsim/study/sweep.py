@@ -15,8 +15,8 @@ An experiment is a YAML file::
       system:                       # a zip group: each entry sets several keys together
         - {label: 64 H100, xpus: 64, devices: [H100]}
         - {label: 128 H100 + 128 A100, xpus: 256, devices: [H100, A100]}
-    plots: [...]                    # see hcsim.plotting.PlotSpec
-    findings: [...]                 # see hcsim.findings
+    plots: [...]                    # see hcsim.study.plotting.PlotSpec
+    findings: [...]                 # see hcsim.study.findings
     notes: |                        # markdown appended to the summary (discussion, disagreements)
 
 An axis is any scenario key (``xpus``, ``cxl_bandwidth``, ``devices``,
@@ -27,7 +27,7 @@ is a zip group, named freely.
 The runner runs every point in a fresh process of its own (SimGrid allows one
 Engine per process, ever): a `concurrent.futures` executor (threads locally,
 a Dask cluster with ``dask://HOST:PORT``) hands each point to
-:func:`run_point`, which starts ``python -m hcsim.sweep`` and waits for it. A
+:func:`run_point`, which starts ``python -m hcsim.study.sweep`` and waits for it. A
 child that crashes (a C++ abort takes the whole process down) costs only its
 own point, which is recorded with its error. Each finished point is appended
 to the CSV as one line, with one ``os.write`` on an ``O_APPEND`` descriptor
@@ -279,7 +279,7 @@ def load_experiment(path: str | Path) -> Experiment:
     data = load_yaml(path)
     if data is None or data == {}:
         raise ConfigError(f"{path}: the experiment is empty; it needs at least `axes:` (a mapping of scenario keys "
-                          "to lists of values), see hcsim/sweep.py or experiments/paper/fig8.yaml")
+                          "to lists of values), see hcsim/study/sweep.py or experiments/paper/fig8.yaml")
     fields = Fields(data, f"{path}: ")
     name = fields.string("name", path.stem)
     if isinstance(name, str) and (not name.strip() or "/" in name or name.startswith(".")):
@@ -304,8 +304,8 @@ def load_experiment(path: str | Path) -> Experiment:
     axes = _axes(fields)
     plots = _mappings(fields, "plots")
     findings = _mappings(fields, "findings")
-    from hcsim.findings import check_spec
-    from hcsim.plotting import check_plot
+    from hcsim.study.findings import check_spec
+    from hcsim.study.plotting import check_plot
 
     for i, plot in enumerate(plots):
         fields.problems += [f"{path}: plots[{i}]: {p}" for p in check_plot(plot)]
@@ -320,8 +320,8 @@ def load_experiment(path: str | Path) -> Experiment:
 
 def _check_outputs(experiment: Experiment) -> None:
     """Check the plots and findings against the columns and axis values the experiment's points will produce."""
-    from hcsim.findings import check_spec
-    from hcsim.plotting import check_plot
+    from hcsim.study.findings import check_spec
+    from hcsim.study.plotting import check_plot
 
     points = experiment.points()  # also checks every point's scenario
     header = columns(experiment, points)
@@ -329,9 +329,9 @@ def _check_outputs(experiment: Experiment) -> None:
     values = {c: [p.labels.get(c) for p in points] for c in experiment.axis_columns()}
     problems = []
     # a spec names a scenario key (cxl_bandwidth) where the CSV has its column with a unit (cxl_bandwidth_Bps)
-    from hcsim.findings import _SPEC_COLUMNS as FINDING_COLUMNS
-    from hcsim.plotting import _SPEC_COLUMNS as PLOT_COLUMNS
     from hcsim.run.results import spec_columns
+    from hcsim.study.findings import _SPEC_COLUMNS as FINDING_COLUMNS
+    from hcsim.study.plotting import _SPEC_COLUMNS as PLOT_COLUMNS
 
     for i, plot in enumerate(experiment.plots):
         spec = spec_columns(plot, PLOT_COLUMNS)
@@ -445,7 +445,7 @@ def run_point(scenario: Scenario, timeout: float | None = None,
     with tempfile.TemporaryDirectory(prefix=f"{POINT_FOLDER_PREFIX}{os.getpid()}-") as folder:
         source, target = Path(folder) / "scenario.pickle", Path(folder) / "result.json"
         source.write_bytes(pickle.dumps(scenario))
-        command = [sys.executable, "-m", "hcsim.sweep", str(source), str(target), str(os.getpid())]
+        command = [sys.executable, "-m", "hcsim.study.sweep", str(source), str(target), str(os.getpid())]
         with open(Path(folder) / "stderr", "w+", errors="replace") as errors:
             process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                        stderr=errors, text=True)
@@ -1090,9 +1090,9 @@ class _PointExecutor:
 
 def write_report(experiment: Experiment, csv_path: Path, out: Path) -> list[Path]:
     """Draw the experiment's plots (PNG and SVG) and write its markdown summary; return the files."""
-    from hcsim.findings import evaluate
-    from hcsim.plotting import plot_experiment
     from hcsim.run.report import atomic_write
+    from hcsim.study.findings import evaluate
+    from hcsim.study.plotting import plot_experiment
 
     points = experiment.points()
     rows = read_results(csv_path, columns(experiment, points), points)

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from hcsim.errors import brief
-from hcsim.findings import selected
 from hcsim.run.results import DEVICE_COLUMNS, column_unit, rows_for, spec_columns
+from hcsim.study.findings import selected
 
 __all__ = ["plot_experiment", "plot_rows", "plot_plans", "check_plot", "plot_xpu_times", "plot_kv_occupancy",
            "PLOT_KEYS"]
@@ -63,7 +63,7 @@ def check_plot(spec: dict[str, Any], columns: list[str] | None = None, numeric: 
     With `columns` (the experiment's CSV header) every column named must be one
     of them, and `y` one of the `numeric` columns.
     """
-    from hcsim.findings import check_where
+    from hcsim.study.findings import check_where
 
     problems = [f"{key}: unknown plot key; plot keys: {', '.join(PLOT_KEYS)}" for key in spec if key not in PLOT_KEYS]
     known = f"; columns: {', '.join(columns)}" if columns else ""

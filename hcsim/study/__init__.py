@@ -1,0 +1,10 @@
+"""Many simulations: sweeps over scenario keys, their findings and plots, plans, validation against measurements.
+
+- :mod:`hcsim.study.sweep`: an experiment file's points, run each in a fresh process, and their reports;
+- :mod:`hcsim.study.findings`: the checks an experiment states about its results;
+- :mod:`hcsim.study.plotting`: the pictures of sweeps and runs (the only module that imports matplotlib);
+- :mod:`hcsim.study.plan`: the ways to train a model on a cluster, ranked by closed forms;
+- :mod:`hcsim.study.validate`: simulated against measured iteration times.
+
+Each builds on :mod:`hcsim.run` (one simulation). Import from the modules: this package imports nothing.
+"""
