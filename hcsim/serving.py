@@ -303,7 +303,7 @@ def write_serving_outputs(out: Path, result: dict) -> None:
     import json
 
     from hcsim.run.report import atomic_write
-    from hcsim.study.plotting import plot_kv_occupancy
+    from hcsim.run.pictures import plot_kv_occupancy
 
     out.mkdir(parents=True, exist_ok=True)
     for name, rows, columns in (("requests.csv", result["per_request"], list(result["per_request"][0])),

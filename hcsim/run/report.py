@@ -315,7 +315,7 @@ def _csv_text(rows: list[dict], columns) -> str:
 def write_outputs(out: Path, result: dict, outcome, platform: nx.Graph, workload: nx.DiGraph | None = None) -> None:
     """result.json, links.csv (every loaded link direction), xpus.csv and xpus.png (where each XPU's
     iteration goes), and with a trace: trace.csv and trace.json (Perfetto) in `out`."""
-    from hcsim.study.plotting import plot_xpu_times
+    from hcsim.run.pictures import plot_xpu_times
 
     out.mkdir(parents=True, exist_ok=True)
     for name in RUN_OUTPUTS:  # an earlier run's (checked before the run): none is left beside this one's
