@@ -36,6 +36,7 @@ def plot_xpu_times(rows: list[dict[str, Any]], path: Path, title: str = "", most
             widths = [bar[key] for _, bar in bars]
             ax.barh(positions, widths, left=left, color=colour, label=name, height=0.75)
             left = [a + b for a, b in zip(left, widths)]
+        ax.set_ylim(-0.6, len(bars) - 0.4)  # no empty band above the first bar and below the last
         ax.set_yticks(positions)
         ax.set_yticklabels([label for label, _ in bars], fontsize=7 if len(bars) > 24 else 8)
         ax.set_xlabel("Seconds per iteration")

@@ -324,8 +324,9 @@ def write_outputs(out: Path, result: dict, outcome, platform: nx.Graph, workload
     atomic_write(out / "links.csv", _csv_text(rows, LINK_COLUMNS))
     xpus = xpu_rows(platform, per_xpu_times(outcome.xpu_times), outcome.representatives, result["iteration_time_s"])
     atomic_write(out / "xpus.csv", _csv_text(xpus, XPU_COLUMNS))
-    plot_xpu_times(xpus, out / "xpus.png", title=f"{result['scenario']}: where each XPU's iteration goes "
-                   f"(iterations {result['measured_iterations']})")
+    first, last = result["measured_iterations"].split("..")
+    measured = f"iteration {last}" if first == last else f"mean of iterations {first} to {last}"
+    plot_xpu_times(xpus, out / "xpus.png", title=f"{result['scenario']}: where each XPU's iteration goes ({measured})")
     trace = outcome.trace
     if trace is not None:
         writers = (("trace.csv", trace.write_csv), ("trace.json", lambda p: trace.write_perfetto(p, platform, workload)))
