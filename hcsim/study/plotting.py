@@ -189,7 +189,9 @@ def _legend_text(spec: dict[str, Any], key: str, value: Any) -> str:
         return f"{value} XPUs"
     if isinstance(value, bool):
         return f"{key}: {str(value).lower()}"
-    return str(value)
+    if key == "device":
+        return str(value)
+    return f"{key.rsplit('.', 1)[-1]} = {value}"  # the series named: "pp = 1", "sequence = 8192", not "1"
 
 
 def _series_label(spec: dict[str, Any], series: list[str], combination: tuple) -> str:
