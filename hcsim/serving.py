@@ -302,10 +302,10 @@ def write_serving_outputs(out: Path, result: dict) -> None:
     import io
     import json
 
-    from hcsim.run.report import atomic_write
     from hcsim.run.pictures import plot_kv_occupancy
+    from hcsim.run.report import atomic_write, clear_outputs
 
-    out.mkdir(parents=True, exist_ok=True)
+    clear_outputs(out)
     for name, rows, columns in (("requests.csv", result["per_request"], list(result["per_request"][0])),
                                 ("kv.csv", [dict(zip(("replica", "time_s", "hbm_tokens", "extended_tokens", "running"),
                                                      row)) for row in result["occupancy"]],

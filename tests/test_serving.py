@@ -12,6 +12,7 @@ from hcsim.engine.compute_model import load_compute_model
 from hcsim.errors import ConfigError
 from hcsim.platform.devices import builtin_catalog
 from hcsim.run.scenario import Scenario
+from hcsim.run.report import RUN_OUTPUTS
 from hcsim.serving import _replica, _step_time, percentiles, simulate_serving
 from hcsim.workload.model import ModelShape
 from hcsim.workload.serving import ServingSpec, kv_bytes_per_token, make_requests, step_kernels
@@ -116,3 +117,28 @@ def test_hcsim_simulate_runs_a_serving_workload():
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["kind"] == "serving" and result["requests"] == 16 and result["throughput_tokens_per_s"] > 0
+
+
+def test_out_holds_one_runs_results_whether_it_trained_or_served(tmp_path):
+    """A serving run's outputs count as a run's results: refused over an earlier run without --overwrite, and
+    with it no training output is left beside them (nor serving outputs beside a training run's)."""
+    serve = ["--set=workload=llama3-70b-serving", "--set=platform=paper-cxl", "--set=xpus=8", "--set=tp=8",
+             "--set=devices=[H100]", "--set=workload_overrides={serving.requests: 4}"]
+    train = ["--set=xpus=4", "--set=iterations=2"]
+    trained = {"result.json", "links.csv", "xpus.csv", "xpus.png", "trace.csv", "trace.json"}
+    served = {"result.json", "requests.csv", "kv.csv", "kv.png"}
+    for first, second, outputs in ((serve, train, trained), (train, serve, served)):
+        out = tmp_path / str(len(first))
+
+        def simulate(settings, *extra):
+            return subprocess.run([sys.executable, "-m", "hcsim.cli", "simulate", *settings, "--out", str(out),
+                                   *extra], capture_output=True, text=True, timeout=600)
+
+        assert simulate(first).returncode == 0
+        refused = simulate(second)
+        assert refused.returncode == 2 and "holds the results of an earlier run" in refused.stderr, refused.stderr
+        done = simulate(second, "--overwrite")
+        assert done.returncode == 0, done.stderr
+        written = {p.name for p in out.iterdir()}
+        assert written == outputs, written
+        assert f"wrote {out}/" + ", ".join(sorted(outputs, key=RUN_OUTPUTS.index)) in done.stdout

@@ -69,8 +69,11 @@ def run(args) -> int:
     else:
         print(summary(result))
         if args.out:
-            print(f"\nwrote {args.out}/result.json, links.csv, xpus.csv, xpus.png"
-                  + (", trace.csv, trace.json (open in https://ui.perfetto.dev)" if scenario.trace_xpus else ""))
+            from hcsim.run.report import RUN_OUTPUTS
+
+            written = [name for name in RUN_OUTPUTS if (args.out / name).exists()]
+            print(f"\nwrote {args.out}/{', '.join(written)}"
+                  + (" (open trace.json in https://ui.perfetto.dev)" if "trace.json" in written else ""))
     return 0
 
 

@@ -30,8 +30,8 @@ from hcsim.run.prepare import Prepared, spill_policy
 from hcsim.run.results import (SPLIT_PARTS, TIME_PARTS, XPU_COLUMNS, XpuTimes, pace_setters, per_xpu_times,
                                resolve_scenario, xpu_rows)
 
-__all__ = ["RUN_OUTPUTS", "BREAKDOWN", "LINK_COLUMNS", "check_results_folder", "summarize", "throughput",
-           "link_loads", "write_outputs", "atomic_write"]
+__all__ = ["RUN_OUTPUTS", "BREAKDOWN", "LINK_COLUMNS", "check_results_folder", "clear_outputs", "summarize",
+           "throughput", "link_loads", "write_outputs", "atomic_write"]
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,9 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-RUN_OUTPUTS = ("result.json", "links.csv", "xpus.csv", "xpus.png", "trace.csv", "trace.json")  # what a run writes
+# what a run writes: a training run's, then a serving run's (hcsim.serving)
+RUN_OUTPUTS = ("result.json", "links.csv", "xpus.csv", "xpus.png", "trace.csv", "trace.json", "requests.csv", "kv.csv",
+               "kv.png")
 
 
 def check_results_folder(out: str | Path, overwrite: bool = False, what: str = "--out") -> Path:
@@ -62,6 +64,14 @@ def check_results_folder(out: str | Path, overwrite: bool = False, what: str = "
         raise ConfigError(f"{what} {path}: holds the results of an earlier run ({', '.join(earlier)}); give another "
                           f"folder, or --overwrite to replace them (overwrite=True in Python)")
     return path
+
+
+def clear_outputs(out: Path) -> None:
+    """Create `out` and remove an earlier run's results from it (checked before the run by
+    :func:`check_results_folder`): none is left beside this run's."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name in RUN_OUTPUTS:
+        (out / name).unlink(missing_ok=True)
 
 
 def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float) -> dict[str, Any]:
@@ -317,9 +327,7 @@ def write_outputs(out: Path, result: dict, outcome, platform: nx.Graph, workload
     iteration goes), and with a trace: trace.csv and trace.json (Perfetto) in `out`."""
     from hcsim.run.pictures import plot_xpu_times
 
-    out.mkdir(parents=True, exist_ok=True)
-    for name in RUN_OUTPUTS:  # an earlier run's (checked before the run): none is left beside this one's
-        (out / name).unlink(missing_ok=True)
+    clear_outputs(out)
     rows = link_loads(platform, outcome.link_bytes, outcome.iteration_ends[-1])
     atomic_write(out / "links.csv", _csv_text(rows, LINK_COLUMNS))
     xpus = xpu_rows(platform, per_xpu_times(outcome.xpu_times), outcome.representatives, result["iteration_time_s"])
