@@ -172,7 +172,9 @@ def _check_user_route(graph: nx.Graph, source: str, target: str, route: list[str
     if not route or route[0] != source or route[-1] != target:
         problems.insert(0, f"must start at the source and end at the target, got {route!r}")
     if problems:
-        raise TopologyError(f"user route {source!r} -> {target!r}: {problems[0]}")
+        raise TopologyError(f"platform {graph.graph.get('name', '?')}: routes: user route {source!r} -> {target!r}: "
+                            f"{problems[0]}; a route lists this platform's node names from source to destination "
+                            f"(hcsim platform draw shows them)")
 
 
 def route_problems(graph: nx.Graph, route: list[str]) -> list[str]:
