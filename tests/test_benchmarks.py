@@ -39,7 +39,7 @@ def test_gpu_kernels_writes_what_hcsim_calibrate_reads(tmp_path):
         import gpu_kernels
     finally:
         sys.path.remove(str(BENCHMARKS))
-    from hcsim.calibrate import read_kernels
+    from hcsim.study.calibrate import read_kernels
 
     path = tmp_path / "k.csv"
     with open(path, "w", newline="") as handle:

@@ -1,4 +1,4 @@
-"""The kernel model against every measured kernel row (hcsim.calibrate, `hcsim calibrate`).
+"""The kernel model against every measured kernel row (hcsim.study.calibrate, `hcsim calibrate`).
 
 The shared H100 and H200 measurements (experiments/calibration/measurements) are refitted here; the fit error
 per kind of kernel is printed (pytest -s) and bounded, and the built-in factors must be that fit."""
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hcsim.calibrate import SMS, error_table, factors_yaml, fit_device, model_errors, read_kernels
+from hcsim.study.calibrate import SMS, error_table, factors_yaml, fit_device, model_errors, read_kernels
 from hcsim.cli import main
 from hcsim.config import REPO_ROOT
 from hcsim.engine.compute_model import BUILTIN_FACTORS, load_compute_model

@@ -1,4 +1,4 @@
-"""Inference serving (hcsim.serving, hcsim.workload.serving): closed forms of a step, the KV cache, and continuous
+"""Inference serving (hcsim.run.serving, hcsim.workload.serving): closed forms of a step, the KV cache, and continuous
 batching that loses or duplicates no request."""
 
 import json
@@ -13,7 +13,7 @@ from hcsim.errors import ConfigError
 from hcsim.platform.devices import builtin_catalog
 from hcsim.run.scenario import Scenario
 from hcsim.run.report import RUN_OUTPUTS
-from hcsim.serving import _replica, _step_time, percentiles, simulate_serving
+from hcsim.run.serving import _replica, _step_time, percentiles, simulate_serving
 from hcsim.workload.model import ModelShape
 from hcsim.workload.serving import ServingSpec, kv_bytes_per_token, make_requests, step_kernels
 from hcsim.workload.transformer import model_parameters

@@ -39,7 +39,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     import yaml
 
-    from hcsim.calibrate import SMS, error_table, factors_yaml, fit_device, model_errors, read_kernels
+    from hcsim.study.calibrate import SMS, error_table, factors_yaml, fit_device, model_errors, read_kernels
     from hcsim.config import check_output_file
     from hcsim.errors import ConfigError
     from hcsim.platform.devices import builtin_catalog, load_catalog

@@ -117,7 +117,7 @@ SPILLED_TO = {"dram": "host DRAM", "cxl_type3": "CXL Type 3 memory"}
 
 
 def serving_summary(result: dict) -> str:
-    """The report of a serving run (hcsim.serving)."""
+    """The report of a serving run (hcsim.run.serving)."""
     from hcsim.units import format_quantity
 
     def spread(key):

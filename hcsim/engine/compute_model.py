@@ -77,7 +77,7 @@ class DeviceFactors:
 
     GEMMs, one of two forms. Measured (``sms`` set): efficiency = gemm_max_efficiency x
     :func:`gemm_utilization` (128 x 128 tiles in waves of ``sms``, a pipeline fill of ``gemm_k_half``
-    elements of K), fitted to measured GEMMs by :mod:`hcsim.calibrate`. Formula (``sms`` 0): efficiency =
+    elements of K), fitted to measured GEMMs by :mod:`hcsim.study.calibrate`. Formula (``sms`` 0): efficiency =
     gemm_max_efficiency x prod over m, n, k of d / (d + gemm_half_dimension).
     memory_efficiency : fraction of the memory bandwidth a streaming memory-bound kernel reaches;
     reduction_efficiency : the fraction a reducing one reaches (norm statistics, softmax, gradient sums, the

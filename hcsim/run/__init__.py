@@ -5,7 +5,8 @@
 - :mod:`hcsim.run.simulation`: running it, here or in a fresh process (:func:`~hcsim.run.simulation.simulate`);
 - :mod:`hcsim.run.report`: the result record, its CSVs and pictures;
 - :mod:`hcsim.run.pictures`: the pictures of one run (xpus.png, a serving run's kv.png);
-- :mod:`hcsim.run.results`: pure functions over results (per-XPU times, CSV columns).
+- :mod:`hcsim.run.results`: pure functions over results (per-XPU times, CSV columns);
+- :mod:`hcsim.run.serving`: a serving run (continuous batching, the KV cache), in place of a training graph.
 
 Import from the modules: this package imports nothing, so ``import hcsim.run.scenario`` stays light.
 """

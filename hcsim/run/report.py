@@ -41,7 +41,7 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-# what a run writes: a training run's, then a serving run's (hcsim.serving)
+# what a run writes: a training run's, then a serving run's (hcsim.run.serving)
 RUN_OUTPUTS = ("result.json", "links.csv", "xpus.csv", "xpus.png", "trace.csv", "trace.json", "requests.csv", "kv.csv",
                "kv.png")
 

@@ -94,10 +94,10 @@ def run_here(scenario: Scenario, out: Path | None = None, progress=None, check=N
     wall = time.perf_counter()
     if out is not None:
         check_results_folder(out, overwrite, "out")
-    from hcsim.serving import serving_workload, simulate_serving, write_serving_outputs
+    from hcsim.run.serving import serving_workload, simulate_serving, write_serving_outputs
 
     serving = serving_workload(scenario)
-    if serving is not None:  # an inference workload: continuous batching (hcsim.serving), no training graph
+    if serving is not None:  # an inference workload: continuous batching (hcsim.run.serving), no training graph
         result = simulate_serving(scenario, serving)
         if out is not None:
             write_serving_outputs(Path(out), result)

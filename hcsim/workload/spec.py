@@ -147,7 +147,7 @@ def load_workload_spec(name_or_path: str | Path, overrides: dict[str, Any] | Non
                           f"(--set platform={path}), and a workload such as llama2-13b")
     if isinstance(raw, dict) and raw.get("kind") == "serving":
         raise ConfigError(f"{path}: a serving workload (kind: serving), not a training one; run it with hcsim "
-                          f"simulate --set workload={Path(path).stem} (hcsim.serving); this command takes a training "
+                          f"simulate --set workload={Path(path).stem} (hcsim.run.serving); this command takes a training "
                           f"workload such as llama3-70b")
     data = _renamed(raw, f"{path}: ")
     if overrides:
