@@ -176,25 +176,16 @@ def _settings(items: list[str]) -> dict:
 
 def _cluster(scenario):
     from hcsim.config import resolve_spec
-    from hcsim.platform import build_platform, load_platform_spec
-    from hcsim.platform.topology import xpus as platform_xpus
+    from hcsim.run.prepare import scenario_platform
     from hcsim.workload import load_workload_spec
 
-    base = Path(scenario.base)
-    path = resolve_spec(scenario.platform, "platforms", base)
-    try:
-        spec = load_platform_spec(path, scenario.platform_settings())
-    except ConfigError as err:
-        raise scenario.blame(err, path, "platform") from err
-    if scenario.xpus > spec.xpus:
-        raise ConfigError(f"--xpus: {scenario.xpus} asked for, but platform {scenario.platform!r} has {spec.xpus}")
-    platform = build_platform(spec, scenario.xpus)
-    path = resolve_spec(scenario.workload, "workloads", base)
+    _, platform, xpus = scenario_platform(scenario, "--xpus")
+    path = resolve_spec(scenario.workload, "workloads", Path(scenario.base))
     try:
         workload = load_workload_spec(path, scenario.workload_settings())
     except ConfigError as err:
         raise scenario.blame(err, path, "workload") from err
-    return platform, platform_xpus(platform)[: scenario.xpus], workload
+    return platform, xpus, workload
 
 
 _TOO_LARGE = "its graph would hold"

@@ -36,6 +36,25 @@ class Prepared:
     platform_spec: Any = None  # the checked PlatformSpec, for the resolved values a result records
 
 
+def scenario_platform(scenario: Scenario, xpus_field: str) -> tuple[Any, nx.Graph, list[str]]:
+    """The checked platform spec of `scenario`, the platform graph it runs on and its first ``scenario.xpus``
+    XPUs; `xpus_field` names where the XPU count came from in the error when the platform has fewer."""
+    from hcsim.config import resolve_spec
+    from hcsim.platform import build_platform, load_platform_spec
+    from hcsim.platform.topology import xpus as platform_xpus
+
+    path = resolve_spec(scenario.platform, "platforms", Path(scenario.base))
+    try:
+        spec = load_platform_spec(path, scenario.platform_settings())
+    except ConfigError as err:
+        raise scenario.blame(err, path, "platform") from err
+    if scenario.xpus > spec.xpus:
+        raise ConfigError(f"{xpus_field}: {scenario.xpus} XPUs asked for, but platform {scenario.platform!r} has "
+                          f"{spec.xpus}")
+    graph = build_platform(spec, scenario.xpus)
+    return spec, graph, platform_xpus(graph)[: scenario.xpus]
+
+
 def prepare(scenario: Scenario) -> Prepared:
     """Build the platform and workload graphs of `scenario`, place memory, list the host pairs used.
 
@@ -46,8 +65,6 @@ def prepare(scenario: Scenario) -> Prepared:
         cost more than the documented limits (:mod:`hcsim.limits`).
     """
     from hcsim.config import resolve_spec
-    from hcsim.platform import build_platform, load_platform_spec
-    from hcsim.platform.topology import xpus as platform_xpus
     from hcsim.workload import build_training_graph, load_workload_spec, place_memory, validate_workload
     from hcsim.workload.hybrid import build_hybrid_graph, place_hybrid_memory
     from hcsim.workload.layout import ParallelLayout
@@ -59,16 +76,7 @@ def prepare(scenario: Scenario) -> Prepared:
         raise ConfigError(f"scenario: expected a hcsim.run.scenario.Scenario (e.g. load_scenario() or Scenario(xpus=8)), "
                           f"got {brief(scenario)}")
     base = Path(scenario.base)
-    platform_path = resolve_spec(scenario.platform, "platforms", base)
-    try:
-        platform_spec = load_platform_spec(platform_path, scenario.platform_settings())
-    except ConfigError as err:
-        raise scenario.blame(err, platform_path, "platform") from err
-    if scenario.xpus > platform_spec.xpus:
-        raise ConfigError(f"scenario {scenario.name!r}: xpus: {scenario.xpus} XPUs asked for, but platform "
-                          f"{scenario.platform!r} has {platform_spec.xpus}")
-    graph = build_platform(platform_spec, scenario.xpus)
-    xpus = platform_xpus(graph)[: scenario.xpus]
+    platform_spec, graph, xpus = scenario_platform(scenario, f"scenario {scenario.name!r}: xpus")
     from_graph = is_graph_source(scenario.workload)
     parallelism = None
     if from_graph:  # a graph file or a Chakra trace: it names its own XPUs and memory placement
