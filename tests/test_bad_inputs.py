@@ -123,6 +123,9 @@ FILES = {
                                                     ("xpus", "iterations", "step_limit", "collective_chunks", "tp")),
     "chakra-missing.yaml": "name: cm\nbase: {xpus: 2, iterations: 1, workload: 'chakra:nowhere/run'}\n"
                            "axes: {granularity: [layer, decoder]}\n",
+    # issue 29: a platform whose CXL Type 3 expanders hold 1 GB each
+    "tiny-type3.yaml": (REPO_ROOT / "platforms/paper-cxl.yaml").read_text().replace(
+        "type3_capacity: unbounded", "type3_capacity: 1GB"),
 }
 
 
@@ -228,6 +231,7 @@ def run_cli(argv: list[str], capsys) -> tuple[int, str]:
 # --- the CLI cases: (argv, where the message points, what it says is valid) ------------------------------
 
 SIM = ["simulate"]
+HUGE_DECODER = ["--set", "costs=shape", "--set", "model.hidden=40960", "--set", "model.heads=320"]  # 162 GB a decoder
 CLI_CASES = {
     # 1. spec files that are not text, too deep, too big, endless, or bombs
     "scenario-duplicate-key": (SIM + ["dup.yaml"], r"dup\.yaml:2", r"given twice .* keep one"),
@@ -579,6 +583,19 @@ CLI_CASES_29.update({
                                    r"a platform spec \(it has links:\), not a workload spec"),
     "moe-in-the-data-parallel-graph": (SIM + ["--set", "workload=mixtral-8x7b"], r"model 'Mixtral 8x7B'",
                                        r"Fix: .*set ep \(expert parallelism, e\.g\. --set ep=8\)"),
+    # workload show of a model that fits nowhere: simulate's memory rule on the platform's XPUs
+    "show-fits-nowhere": (["workload", "show", "llama2-13b", *HUGE_DECODER, "--platform", "tiny-type3.yaml"],
+                          r"^--platform tiny-type3\.yaml: workload 'llama2-13b' does not fit even with spilling on "
+                          r"XPU 'xpu0'", r"holds 0 of 40 decoders.*extended memory holds 1 GB\. Fix: more extended "
+                          r"memory, a smaller batch, or recomputation"),
+    "show-out-of-memory-no-spill": (["workload", "show", "llama2-13b", "--platform", "dgx-h100"],
+                                    r"^--platform dgx-h100: .*out of memory: stage 0 needs 362\.7 GB per XPU, each H100 "
+                                    r"holds 80 GiB", r"Fix: offload .*ZeRO.*here --zero, --pp, --recompute and "
+                                    r"--micro-batch"),
+    "show-device-and-platform": (["workload", "show", "llama2-13b", "--device", "A100", "--platform", "dgx-h100"],
+                                 r"--device A100, --platform dgx-h100", r"own devices; give one of them"),
+    "show-platform-missing": (["workload", "show", "llama2-13b", "--platform", "nosuch"], r"nosuch",
+                              r"built-in ones: .*paper-cxl"),
 })
 CLI_CASES.update(CLI_CASES_29)
 

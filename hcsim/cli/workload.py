@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hcsim.errors import ConfigError, OutputError
+from hcsim.errors import ConfigError, HcsimError, OutputError
 from hcsim.units import format_quantity
 
 __all__ = ["register"]
@@ -27,7 +27,12 @@ def register(subparsers) -> None:
     builtin = _builtin_names()
     show = actions.add_parser("show", help="training state, what is local and what spills, FLOPs per iteration")
     show.add_argument("spec", metavar="SPEC", help=f"a workload YAML file or a built-in name ({builtin})")
-    show.add_argument("--device", default="H100", help="device whose local memory holds the state (default H100)")
+    show.add_argument("--device", default=None, help="device whose local memory holds the state (default H100); "
+                      "extended memory takes the rest, unbounded (the paper's)")
+    show.add_argument("--platform", default=None, metavar="SPEC",
+                      help="place the state on the first --xpus XPUs of this platform (built-in name or path) as a "
+                           "simulation does: their devices, local and extended memory, and its spill rule; what "
+                           "does not fit there is refused, as hcsim simulate refuses it")
     show.add_argument("--xpus", type=int, default=1, help="XPUs (default 1): dp = xpus / (tp x pp)")
     parallel = show.add_argument_group("parallelism (any of these shows the hybrid-parallel graph per stage)")
     parallel.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
@@ -128,7 +133,13 @@ def _device(name: str):
 def run_show(args) -> int:
     from hcsim.workload import place_memory
 
-    device = _device(args.device)
+    if args.platform is not None:
+        if args.device is not None:
+            raise ConfigError(f"--device {args.device}, --platform {args.platform}: the platform's XPUs have their "
+                              "own devices; give one of them")
+        device = _device(_check_on_platform(args))
+    else:
+        device = _device(args.device or "H100")
     if args.tp > 1 or args.pp > 1 or args.micro_batch or args.global_batch or args.recompute \
             or args.sequence_parallel or args.virtual_stages > 1 or args.zero or args.ep > 1 \
             or _load_spec(args).kernels != "megatron":  # a framework's inventory lives in the hybrid graph
@@ -138,6 +149,31 @@ def run_show(args) -> int:
     placement = place_memory(graph, {x: device.memory for x in xpus}, spec)
     print(describe(spec, graph, placement, device.name))
     return 0
+
+
+def _check_on_platform(args) -> str:
+    """Prepare the run `hcsim simulate` would make of this workload on ``--platform`` (:func:`hcsim.run.prepare.
+    prepare`: the same memory rule, so a model that fits nowhere there is refused with what does not fit, where
+    and the remedies); return the device of its first XPU."""
+    from hcsim.config import parse_settings
+    from hcsim.run.prepare import prepare
+    from hcsim.run.scenario import load_scenario
+
+    settings = {"name": "workload show", "platform": args.platform, "workload": args.spec, "xpus": args.xpus,
+                "tp": args.tp, "pp": args.pp, "ep": args.ep, "micro_batch": args.micro_batch,
+                "global_batch": args.global_batch, "schedule": args.schedule, "virtual_stages": args.virtual_stages,
+                "recompute": args.recompute, "sequence_parallel": args.sequence_parallel, "zero": args.zero}
+    overrides = parse_settings(args.overrides, "training.batch_per_xpu=4")
+    settings = {key: value for key, value in settings.items() if value is not None}  # None: the scenario's default
+    scenario = load_scenario(None, settings | {f"workload_overrides.{k}": v for k, v in overrides.items()})
+    try:
+        prepared = prepare(scenario)
+    except HcsimError as err:
+        # the remedies of the memory rule are scenario keys: say where each is given
+        where = (" (the Fix names scenario keys: hcsim simulate takes each as --set KEY=VALUE; here --zero, --pp, "
+                 "--recompute and --micro-batch)" if "Fix: offload" in str(err) else "")
+        raise type(err)(f"--platform {args.platform}: {err}{where}") from err
+    return prepared.platform.nodes[prepared.xpus[0]]["device"]
 
 
 def describe(spec, graph, placement, device_name: str) -> str:

@@ -23,6 +23,29 @@ def test_show_reports_errors_in_one_line(capsys):
     assert "expected KEY=VALUE" in capsys.readouterr().err
 
 
+HUGE_DECODER = ["--set", "costs=shape", "--set", "model.hidden=40960", "--set", "model.heads=320"]  # 162 GB a decoder
+
+
+def test_show_on_a_platform_places_the_state_in_its_memories(tmp_path, capsys):
+    """--platform: the state goes where a simulation puts it; a decoder larger than HBM spills whole when the
+    platform's Type 3 expanders hold it (6.5 TB in 7 TB), and is refused when they do not (in 6 TB)."""
+    from hcsim.config import REPO_ROOT
+
+    paper = (REPO_ROOT / "platforms/paper-cxl.yaml").read_text()
+    for capacity in ("7TB", "6TB"):
+        (tmp_path / f"t3-{capacity}.yaml").write_text(paper.replace("type3_capacity: unbounded",
+                                                                    f"type3_capacity: {capacity}"))
+    assert main(["workload", "show", "llama2-13b", *HUGE_DECODER, "--platform", str(tmp_path / "t3-7TB.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "memory on H100 (85.9 GB local)" in out and "local: nothing" in out
+    assert "spilled to extended memory: decoders 1-40, 6.483 TB" in out
+    assert main(["workload", "show", "llama2-13b", *HUGE_DECODER, "--platform", str(tmp_path / "t3-6TB.yaml")]) == 2
+    assert "6.483 TB spill but its extended memory holds 6 TB" in capsys.readouterr().err
+    assert main(["workload", "show", "llama2-13b", "--platform", "dgx-h100", "--set", "training.batch_per_xpu=1",
+                 "--set", "model.decoders=4"]) == 0  # fits in HBM: a DGX runs it
+    assert "spilled: nothing" in capsys.readouterr().out
+
+
 def test_export_writes_a_graph_that_loads_back(tmp_path, capsys):
     path = tmp_path / "graph.json"
     assert main(["workload", "export", "llama2-13b", "--xpus", "3", "-o", str(path), "--device", "H100",
