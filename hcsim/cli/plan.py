@@ -40,15 +40,19 @@ def register(subparsers) -> None:
     add_execution_options(parser, "simulations", "its plan is listed as failed")
     parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                         help="any scenario key, e.g. precision=fp32 (repeatable)")
-    parser.add_argument("--out", default=None, help="folder for plan.csv and plan.png")
+    parser.add_argument("--out", default=None, help="folder for plan.csv and plan.png; each finished simulation is "
+                        "kept in OUT/plan.journal.jsonl until they are written, so a killed plan loses none")
+    parser.add_argument("--resume", action="store_true",
+                        help="after a killed plan: keep its finished simulations (OUT/plan.journal.jsonl), simulate "
+                             "the other plans")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="after a killed plan: discard its finished simulations and start over")
     parser.set_defaults(run=run)
 
 
 def run(args) -> int:
-    from hcsim.run.scenario import load_scenario
-    from hcsim.study.plan import MIN_RANKED_FOR_CORRELATION, candidates, estimate, fits, rank_correlation, zero2_twins
-
     from hcsim.limits import MAX_GLOBAL_BATCH, check_limit
+    from hcsim.study.sweep import check_resume
 
     if args.top < 1:
         raise ConfigError(f"--top: must be >= 1, got {args.top}")
@@ -56,11 +60,31 @@ def run(args) -> int:
         raise ConfigError(f"--global-batch: must be an integer >= 1 (samples per iteration), got {args.global_batch}")
     check_limit(args.global_batch, MAX_GLOBAL_BATCH, "the global batch", f"--global-batch {args.global_batch}",
                 "give the samples per iteration of a real run (a few thousand at most)")
+    check_resume(args.resume, args.overwrite, "the finished simulations in plan.journal.jsonl")
     if args.out:  # before any work: a bad folder must not cost the plans
         from hcsim.config import check_output_folder
 
         check_output_folder(args.out, "--out")
+    elif args.resume or args.overwrite:
+        raise ConfigError(f"--{'resume' if args.resume else 'overwrite'}: needs --out, the folder of the plan it "
+                          f"resumes or starts over (its plan.journal.jsonl)")
     check_execution_options(args)
+    if args.out:
+        from hcsim.study.journal import Journal
+
+        with Journal(Path(args.out), "plan", "plan", resume=args.resume, overwrite=args.overwrite) as journal:
+            _plan(args, journal)
+            journal.finish()
+    else:
+        _plan(args, None)
+    return 0
+
+
+def _plan(args, journal) -> None:
+    """hcsim plan once its options are checked; `journal` (with --out) keeps each finished simulation."""
+    from hcsim.run.scenario import load_scenario
+    from hcsim.study.plan import MIN_RANKED_FOR_CORRELATION, candidates, estimate, fits, rank_correlation, zero2_twins
+
     devices = [d.strip() for d in args.devices.split(",")] if args.devices else None
     base = {"platform": args.platform, "workload": args.model, "xpus": args.xpus, **SIMULATION}
     if devices:
@@ -94,7 +118,7 @@ def run(args) -> int:
     estimates = {c: estimate(spec, c, platform, xpus) for c in found}
     order = sorted(fitting, key=lambda c: estimates[c])
     ranked = [(estimates[c], c) for c in order[: args.top]]
-    results = _simulate(scenario, ranked, args.jobs, args.executor, args.timeout)
+    results = _simulate(scenario, ranked, args.jobs, args.executor, args.timeout, journal)
     rows = _rows(ranked, results, args.global_batch)
     print(_table(rows))
     done = [r for r in rows if r["simulated_s"] is not None]
@@ -116,8 +140,8 @@ def run(args) -> int:
             from hcsim.errors import OutputError
 
             raise OutputError(f"--out {args.out}: could not write plan.csv, plan.png or the scenarios "
-                              f"({err.strerror or err}); the table above is the result") from None
-    return 0
+                              f"({err.strerror or err}); the table above is the result, and "
+                              f"{journal.path} keeps every simulation: run again with --resume") from None
 
 
 def _check_costs(spec, args) -> None:
@@ -231,8 +255,10 @@ def _kind(reason: str) -> str:
                   "a pipeline stage needs more than its XPUs' local memory", reason)
 
 
-def _simulate(scenario, ranked, jobs: int, executor: str, timeout: float | None) -> list[dict]:
-    """Simulate each ranked candidate in a process of its own, on the sweep's executor; results in order."""
+def _simulate(scenario, ranked, jobs: int, executor: str, timeout: float | None, journal=None) -> list[dict]:
+    """Simulate each ranked candidate in a process of its own, on the sweep's executor; results in order. With a
+    :class:`~hcsim.study.journal.Journal`, each result is recorded there as it ends, and a candidate whose
+    scenario it already holds (a resumed plan) is not simulated again."""
     from dataclasses import replace
 
     from tqdm import tqdm
@@ -241,11 +267,20 @@ def _simulate(scenario, ranked, jobs: int, executor: str, timeout: float | None)
 
     order = sorted(range(len(ranked)), key=lambda i: -_cost(ranked[i][1]))  # longest first: a short tail
     points = [replace(scenario, **_typed(ranked[i][1].settings())) for i in order]
+    keys = [p.digest() for p in points]
+    done = journal.done if journal is not None else {}
     results: list[dict] = [{}] * len(points)
-    with tqdm(total=len(points), unit="plan", desc="simulating", disable=None, file=sys.stderr) as bar, \
-            contextlib.closing(run_points(points, jobs=jobs, executor=executor, timeout=timeout)) as finished:
+    for i, key in enumerate(keys):
+        if key in done:
+            results[order[i]] = done[key]
+    todo = [i for i, key in enumerate(keys) if key not in done]
+    with tqdm(total=len(todo), unit="plan", desc="simulating", disable=None, file=sys.stderr) as bar, \
+            contextlib.closing(run_points([points[i] for i in todo], jobs=jobs, executor=executor,
+                                          timeout=timeout)) as finished:
         for index, result in finished:
-            results[order[index]] = result
+            if journal is not None:
+                journal.record(keys[todo[index]], result)
+            results[order[todo[index]]] = result
             bar.update()
     return results
 

@@ -19,7 +19,9 @@ def register(subparsers) -> None:
         description="Simulate each measured run of RUNS.csv on the platform SPEC (each in a fresh process) and "
                     "write a table of measured and simulated iteration times with the signed error, the mean and "
                     "max absolute error (held-out rows apart from calibration rows) and a measured-vs-simulated "
-                    "plot. Rows that cannot be simulated are listed with the reason.",
+                    "plot. Rows that cannot be simulated are listed with the reason. Each finished simulation is "
+                    "kept in OUT/validation.journal.jsonl until the report is written: a killed validation loses "
+                    "none of them, run it again with --resume.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=f"RUNS.csv columns (name, gpus, measured and unit required; '#' lines are comments):\n{columns}\n\n"
                f"units: {', '.join(UNITS)} (tflops/gpu as Narayanan et al. 2021 count it: "
@@ -35,6 +37,11 @@ def register(subparsers) -> None:
     parser.add_argument("--out", type=Path, default=Path("validation"),
                         help="folder for validation.csv, .md, .png, .svg (default: ./validation)")
     parser.add_argument("--jobs", type=int, default=1, help="rows simulated at once (default 1)")
+    parser.add_argument("--resume", action="store_true",
+                        help="after a killed run: keep its finished simulations (OUT/validation.journal.jsonl), "
+                             "simulate the other rows")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="after a killed run: discard its finished simulations and start over")
     parser.add_argument("--max-runs", type=int, default=None,
                         help="list rows whose workload graph has more vertex runs than this as not simulated")
     parser.set_defaults(run=run)
@@ -42,6 +49,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from hcsim.config import check_output_folder, parse_settings
+    from hcsim.study.journal import Journal
     from hcsim.study.validate import markdown, read_runs, validate, write_report
 
     _check_options(args)
@@ -55,16 +63,19 @@ def run(args) -> int:
         print(f"  {record['name']}: {state}", file=sys.stderr)
 
     platform = str(Path(args.platform).resolve()) if Path(args.platform).is_file() else args.platform
-    records = validate(rows, platform, settings, jobs=args.jobs, max_runs=args.max_runs,
-                       base=str(args.runs.resolve().parent), progress=progress)
-    print(markdown(records, f"{args.runs.name} on {args.platform}"))
-    try:
-        paths = write_report(records, args.out, title=f"{args.runs.name} on {args.platform}")
-    except OSError as err:
-        from hcsim.errors import OutputError
+    with Journal(args.out, "validation", "validation", resume=args.resume, overwrite=args.overwrite) as journal:
+        records = validate(rows, platform, settings, jobs=args.jobs, max_runs=args.max_runs,
+                           base=str(args.runs.resolve().parent), progress=progress, journal=journal)
+        print(markdown(records, f"{args.runs.name} on {args.platform}"))
+        try:
+            paths = write_report(records, args.out, title=f"{args.runs.name} on {args.platform}")
+        except OSError as err:
+            from hcsim.errors import OutputError
 
-        raise OutputError(f"--out {args.out}: could not write the report ({err.strerror or err}); the table "
-                          f"above is the result") from None
+            raise OutputError(f"--out {args.out}: could not write the report ({err.strerror or err}); the table "
+                              f"above is the result, and {journal.path} keeps every simulation: run again with "
+                              "--resume") from None
+        journal.finish()
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
 
@@ -72,11 +83,13 @@ def run(args) -> int:
 def _check_options(args) -> None:
     """Options wrong for every row: refused before any row runs, not reported once per row."""
     from hcsim.errors import ConfigError
+    from hcsim.study.sweep import check_resume
 
     if args.jobs < 1:
         raise ConfigError(f"--jobs: must be an integer >= 1 (rows simulated at once), got {args.jobs}")
     if args.max_runs is not None and args.max_runs < 1:
         raise ConfigError(f"--max-runs: must be an integer >= 1 (vertex runs per row), got {args.max_runs}")
+    check_resume(args.resume, args.overwrite, "the finished simulations in validation.journal.jsonl")
 
 
 def _check_settings(settings: dict, platform: str) -> None:

@@ -70,7 +70,7 @@ from hcsim.run.scenario import SCENARIO_KEYS, Scenario, apply_settings, load_sce
 
 __all__ = ["Experiment", "Axis", "Point", "SweepReport", "load_experiment", "run_sweep", "run_point", "run_points",
            "check_executor", "result_rows", "read_results", "upgrade_records", "write_report", "columns", "RESULT_COLUMNS",
-           "TEXT_COLUMNS"]
+           "TEXT_COLUMNS", "FolderLock", "append_whole", "check_resume"]
 
 log = logging.getLogger(__name__)
 
@@ -596,13 +596,26 @@ class _ResultsFile:
         """Append a point's rows (one per device type) in one write."""
         data = "".join(_csv_line(row[c] for c in self.header) for row in rows).encode()
         with self.lock:
-            written = os.write(self.fd, data)  # one write of the point's lines: a kill never leaves part of it
-            if written != len(data):
-                raise OSError(f"{self.path}: short write ({written} of {len(data)} bytes); the disk may be full")
-            os.fsync(self.fd)
+            append_whole(self.fd, data, self.path)
 
     def close(self) -> None:
         os.close(self.fd)
+
+
+def append_whole(fd: int, data: bytes, path: Path) -> None:
+    """Append `data` to `path`, open as `fd` with ``O_APPEND``, in one write, then sync it: a process killed
+    meanwhile leaves all of it or none (a power loss at most a torn last line, which readers drop)."""
+    written = os.write(fd, data)
+    if written != len(data):
+        raise OSError(f"{path}: short write ({written} of {len(data)} bytes); the disk may be full")
+    os.fsync(fd)
+
+
+def check_resume(resume: bool, overwrite: bool, kept: str = "the rows already in the CSV") -> None:
+    """--resume and --overwrite together are refused: `kept` are what --resume keeps."""
+    if resume and overwrite:
+        raise ConfigError(f"--resume, --overwrite: they contradict each other (keep {kept}, or start over "
+                          "replacing them); give one")
 
 
 def _existing(path: Path, header: list[str], points: Sequence[Point] = ()) -> dict[str, str]:
@@ -871,14 +884,12 @@ def run_sweep(experiment: Experiment, out: str | Path = "results", *, jobs: int 
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ConfigError(f"jobs: must be an integer >= 1, got {brief(jobs)}")
     check_executor(executor)
-    if resume and overwrite:
-        raise ConfigError("--resume, --overwrite: they contradict each other (keep the rows already in the CSV, "
-                          "or start over replacing them); give one")
+    check_resume(resume, overwrite)
     out = check_output_folder(out, "--out")
     path = out / f"{experiment.name}.csv"
     points = experiment.points()
     header = columns(experiment, points)
-    with _FolderLock(out, experiment.name):
+    with FolderLock(path, "sweep"):
         _remove_stale_point_folders()
         return _run_locked(experiment, out, path, header, points, started_at, jobs=jobs, resume=resume,
                            overwrite=overwrite, retry_errors=retry_errors, executor=executor, timeout=timeout,
@@ -929,16 +940,18 @@ def _run_locked(experiment, out, path, header, points, started_at, *, jobs, resu
                        failed=failures, wall_time_s=time.perf_counter() - started_at, outputs=tuple(outputs))
 
 
-class _FolderLock:
-    """An exclusive lock on OUT/.NAME.lock while a sweep writes OUT/NAME.csv: a second sweep of the same
-    experiment into the same folder is refused instead of doubling its rows. The lock (flock) ends with
-    the process, even a killed one; the file is removed on a normal exit."""
+class FolderLock:
+    """An exclusive lock on OUT/.NAME.lock while a `what` (sweep, plan, validation) writes OUT/NAME.EXT
+    (`guarded`): a second one into the same folder is refused instead of doubling its rows. The lock (flock)
+    ends with the process, even a killed one; the file is removed on a normal exit."""
 
-    def __init__(self, out: Path, name: str):
-        self.path = out / f".{name}.lock"
+    def __init__(self, guarded: Path, what: str):
+        self.guarded = guarded
+        self.what = what
+        self.path = guarded.parent / f".{guarded.stem}.lock"
         self.fd: int | None = None
 
-    def __enter__(self) -> "_FolderLock":
+    def __enter__(self) -> "FolderLock":
         import fcntl
 
         for _ in range(10):
@@ -947,8 +960,8 @@ class _FolderLock:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 os.close(fd)
-                raise ConfigError(f"{self.path.parent / self.path.name[1:-5]}.csv: another sweep is writing it "
-                                  f"(lock {self.path} held); wait for it to end, or give another --out") from None
+                raise ConfigError(f"{self.guarded}: another {self.what} is writing it (lock {self.path} held); "
+                                  "wait for it to end, or give another --out") from None
             try:
                 same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
             except FileNotFoundError:
@@ -956,15 +969,15 @@ class _FolderLock:
             if same:  # not a lock file its previous owner removed meanwhile
                 previous = os.read(fd, 64).decode(errors="replace").strip()
                 if previous:  # its sweep was killed (SIGKILL, power loss) before it could remove the file
-                    log.warning("%s: taking over the lock of sweep process %s, which is no longer running (killed?); "
-                                "its finished points are kept in the CSV", self.path, previous)
+                    log.warning("%s: taking over the lock of %s process %s, which is no longer running (killed?); "
+                                "what it finished is kept in %s", self.path, self.what, previous, self.guarded.name)
                 os.lseek(fd, 0, os.SEEK_SET)
                 os.ftruncate(fd, 0)
                 os.write(fd, f"{os.getpid()}\n".encode())
                 self.fd = fd
                 return self
             os.close(fd)
-        raise ConfigError(f"{self.path}: could not take the sweep lock; try again")
+        raise ConfigError(f"{self.path}: could not take the {self.what} lock; try again")
 
     def __exit__(self, *exc) -> None:
         if self.fd is not None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import csv
 import io
 import math
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -251,11 +251,13 @@ def _simulate_row(scenario, max_runs: int | None) -> dict[str, Any]:
 
 
 def validate(runs: list[RunRow], platform: str, settings: dict[str, Any] | None = None, jobs: int = 1,
-             max_runs: int | None = None, base: str = ".", progress=None) -> list[dict[str, Any]]:
+             max_runs: int | None = None, base: str = ".", progress=None, journal=None) -> list[dict[str, Any]]:
     """Simulate every row (each in a fresh process, `jobs` at a time); one record per row, in order.
 
     A record has name, role, measured, unit, measured_s, and either simulated_s, error (signed,
-    (simulated - measured) / measured, on the iteration time), mfu and wall_s, or a reason."""
+    (simulated - measured) / measured, on the iteration time), mfu and wall_s, or a reason. With a
+    :class:`hcsim.study.journal.Journal`, each row's simulation is recorded there as it finishes, and a row
+    whose simulation it already holds (a resumed run) is not simulated again."""
     records: list[dict[str, Any]] = []
     work = []
     for row in runs:
@@ -268,20 +270,34 @@ def validate(runs: list[RunRow], platform: str, settings: dict[str, Any] | None 
             work.append((record, row_scenario(row, platform, settings, base)))
         except HcsimError as err:
             record["reason"] = str(err).splitlines()[0]
+    keys = [f"{scenario.digest()} max_runs {max_runs}" for _, scenario in work]  # --max-runs decides a row too
+    done = journal.done if journal is not None else {}
+    for (record, _), key in zip(work, keys):
+        if key in done:
+            _apply(record, done[key], progress)
+    todo = [(record, scenario, key) for (record, scenario), key in zip(work, keys) if key not in done]
     with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=get_context("spawn"), max_tasks_per_child=1) as pool:
-        futures = [(record, pool.submit(_simulate_row, scenario, max_runs)) for record, scenario in work]
-        for record, future in futures:
+        futures = {pool.submit(_simulate_row, scenario, max_runs): (record, key) for record, scenario, key in todo}
+        for future in as_completed(futures):  # each recorded as it ends: a kill loses none that ended
+            record, key = futures[future]
             outcome = future.result()
-            if "reason" in outcome:
-                record["reason"] = outcome["reason"]
-            else:
-                record["simulated_s"] = outcome["iteration_time_s"]
-                record["error"] = (record["simulated_s"] - record["measured_s"]) / record["measured_s"]
-                record["mfu"] = outcome.get("mfu")
-                record["wall_s"] = outcome["wall_time_s"]
-            if progress is not None:
-                progress(record)
+            if journal is not None:
+                journal.record(key, outcome)
+            _apply(record, outcome, progress)
     return records
+
+
+def _apply(record: dict[str, Any], outcome: dict[str, Any], progress) -> None:
+    """Fill a row's record from its simulation's outcome (:func:`_simulate_row`)."""
+    if "reason" in outcome:
+        record["reason"] = outcome["reason"]
+    else:
+        record["simulated_s"] = outcome["iteration_time_s"]
+        record["error"] = (record["simulated_s"] - record["measured_s"]) / record["measured_s"]
+        record["mfu"] = outcome.get("mfu")
+        record["wall_s"] = outcome["wall_time_s"]
+    if progress is not None:
+        progress(record)
 
 
 def summarize_rows(records: list[dict[str, Any]]) -> dict[str, dict[str, float | int]]:
