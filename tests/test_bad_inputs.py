@@ -123,6 +123,10 @@ FILES = {
                                                     ("xpus", "iterations", "step_limit", "collective_chunks", "tp")),
     "chakra-missing.yaml": "name: cm\nbase: {xpus: 2, iterations: 1, workload: 'chakra:nowhere/run'}\n"
                            "axes: {granularity: [layer, decoder]}\n",
+    # issue 29: routes given by a scenario (platform_overrides.routes), blamed on it
+    "routes-ghost.yaml": "name: given-routes\nxpus: 2\nplatform_overrides:\n  routes:\n    - [xpu0, ghost, xpu1]\n",
+    "routes-twice.yaml": "xpus: 2\nplatform_overrides:\n  routes:\n    - [xpu0, r0s0.pcie0, xpu1]\n"
+                         "    - [xpu0, r0s0.xpusw, xpu1]\n",
     # issue 29: a platform whose CXL Type 3 expanders hold 1 GB each
     "tiny-type3.yaml": (REPO_ROOT / "platforms/paper-cxl.yaml").read_text().replace(
         "type3_capacity: unbounded", "type3_capacity: 1GB"),
@@ -583,6 +587,19 @@ CLI_CASES_29.update({
                                    r"a platform spec \(it has links:\), not a workload spec"),
     "moe-in-the-data-parallel-graph": (SIM + ["--set", "workload=mixtral-8x7b"], r"model 'Mixtral 8x7B'",
                                        r"Fix: .*set ep \(expert parallelism, e\.g\. --set ep=8\)"),
+    # a route error in routes a scenario gave names the scenario (its file) and platform_overrides.routes[i]
+    "scenario-route-missing-node": (SIM + ["routes-ghost.yaml"], r"^routes-ghost\.yaml: platform_overrides\.routes\[0\] "
+                                    r"\(xpu0 -> xpu1\)", r"no node 'ghost' in this platform \(routes given to "
+                                    r"platform paper-cxl\.yaml\)$"),
+    "scenario-route-twice": (SIM + ["routes-twice.yaml"], r"^routes-twice\.yaml: invalid platform_overrides\.routes:\n"
+                             r"  platform_overrides\.routes\[1\] \(xpu0 -> xpu1\): platform_overrides\.routes\[0\] "
+                             r"has the same ends", r"give one route per pair"),
+    "set-route-missing-node": (SIM + ["--set", "xpus=2", "--set", "platform_overrides.routes=[[xpu0, ghost, xpu1]]"],
+                               r"^scenario 'default': platform_overrides\.routes\[0\] \(xpu0 -> xpu1\)",
+                               r"no node 'ghost' in this platform"),
+    "scenario-file-with-set-blamed": (SIM + ["routes-ghost.yaml", "--set", "platform_overrides.bogus=1"],
+                                      r"^routes-ghost\.yaml \(with --set\): platform_overrides\.bogus",
+                                      r"unknown key \(in paper-cxl\.yaml\)"),
     # workload show of a model that fits nowhere: simulate's memory rule on the platform's XPUs
     "show-fits-nowhere": (["workload", "show", "llama2-13b", *HUGE_DECODER, "--platform", "tiny-type3.yaml"],
                           r"^--platform tiny-type3\.yaml: workload 'llama2-13b' does not fit even with spilling on "

@@ -34,8 +34,20 @@ def register(subparsers) -> None:
     parser.set_defaults(run=run)
 
 
+def _in_file(err, args, name: str):
+    """`err` with each problem blamed on "scenario NAME" blamed on the scenario file the user gave instead (and
+    its --set settings, if any): the name may differ from the file's."""
+    import re
+
+    if args.scenario is None:
+        return err
+    where = f"{args.scenario}{' (with --set)' if args.settings else ''}: "
+    text = re.sub(rf"(?m)^scenario {re.escape(repr(name))}: ", lambda _: where, str(err))
+    return err if text == str(err) else type(err)(text)
+
+
 def run(args) -> int:
-    from hcsim.errors import OutputError
+    from hcsim.errors import HcsimError, OutputError
     from hcsim.run.report import check_results_folder
     from hcsim.run.scenario import load_scenario
     from hcsim.run.simulation import run_here
@@ -58,6 +70,11 @@ def run(args) -> int:
         if err.result is None:
             raise
         result, unwritten = err.result, err
+    except HcsimError as err:
+        blamed = _in_file(err, args, scenario.name)
+        if blamed is err:
+            raise
+        raise blamed from err
     finally:
         for bar in bars:
             bar.close()

@@ -13,7 +13,7 @@ from typing import Any
 
 import networkx as nx
 
-from hcsim.errors import ConfigError, brief
+from hcsim.errors import ConfigError, TopologyError, brief
 from hcsim.run.scenario import Scenario
 
 __all__ = ["Prepared", "prepare", "batch_split", "layer_split", "offload_memory", "spill_policy", "check_local_memory",
@@ -51,8 +51,23 @@ def scenario_platform(scenario: Scenario, xpus_field: str) -> tuple[Any, nx.Grap
     if scenario.xpus > spec.xpus:
         raise ConfigError(f"{xpus_field}: {scenario.xpus} XPUs asked for, but platform {scenario.platform!r} has "
                           f"{spec.xpus}")
-    graph = build_platform(spec, scenario.xpus)
+    try:
+        graph = build_platform(spec, scenario.xpus)
+    except TopologyError as err:
+        if "routes" not in scenario.platform_overrides:
+            raise
+        raise _blame_routes(scenario, err, path) from err
     return spec, graph, platform_xpus(graph)[: scenario.xpus]
+
+
+def _blame_routes(scenario: Scenario, err: TopologyError, path: Path) -> TopologyError:
+    """A route error about routes the scenario gave (``platform_overrides.routes``) blamed on the scenario key
+    the user wrote, each ``routes[i]`` as ``platform_overrides.routes[i]``, not on the platform file."""
+    import re
+
+    text = str(err).removeprefix(f"{path.name}: ")
+    text = re.sub(r"(?<![\w.])routes(?=\[\d+\]|:)", "platform_overrides.routes", text)
+    return TopologyError(f"scenario {scenario.name!r}: {text} (routes given to platform {path.name})")
 
 
 def prepare(scenario: Scenario) -> Prepared:
