@@ -125,13 +125,13 @@ class _Vertex:
     __slots__ = ("name", "index", "kind", "xpus", "pos", "data", "preds", "succs", "offset", "required", "groups",
                  "group_of", "group_offsets", "algorithms", "group_counts", "on_xpu", "recompute", "comm_kind")
 
-    def __init__(self, name, index, data, pos, offset):
+    def __init__(self, name, index, data, pos, offset, xpus):
         self.name, self.index, self.data = name, index, data
         self.kind = data["kind"]
         self.on_xpu = self.kind == "compute" and data.get("host") != "cpu"  # its instances keep their XPU busy
         self.recompute = data.get("phase") == "recompute"
         self.comm_kind = COMM_KIND.get(data.get("phase"), "other")  # of a communication vertex, for the breakdown
-        self.xpus = data["xpus"]
+        self.xpus = xpus  # data["xpus"], or an equal tuple: one per distinct value (caches key on its id)
         self.pos = pos  # xpu -> unit index, shared by vertices with the same xpus
         self.offset = offset
         self.preds: list[_Edge] = []
@@ -210,6 +210,9 @@ class Executor:
         self.precision = workload.graph.get("precision", "fp32")
         self.fidelity_used: dict[str, str] = {}
         self._algorithm_cache: dict = {}
+        # (collective, algorithm name, bytes, chunks, groups) -> a vertex's groups, group_of, group_offsets,
+        # algorithms and fidelities: read-only, shared by alike vertices
+        self._collective_cache: dict = {}
         self._server_cache: dict = {}
         self._closed_forms: dict = {}  # (algorithm id, group) -> ([(XPU pair, bytes)], seconds) of an analytic one
         self._path_cache: dict[tuple[str, str], tuple[float, float]] = {}
@@ -223,7 +226,8 @@ class Executor:
         self.completed_in_run: dict[int, int] = defaultdict(int)
         self.iteration_ends: list[float] = []
         # per XPU: compute, memory stall, and the part of compute that recomputes activations (s)
-        self.busy: dict[str, list[float]] = {x: [0.0, 0.0, 0.0] for v in self.vertices for x in v.xpus}
+        self.busy: dict[str, list[float]] = {x: [0.0, 0.0, 0.0] for xpus in dict.fromkeys(v.xpus for v in self.vertices)
+                                             for x in xpus}  # each distinct xpus tuple once, in vertex order
         self.clocks: dict[str, _Clock] = {x: _Clock() for x in self.busy}
         self.first_iteration: dict[str, tuple] | None = None  # per XPU at the end of iteration 1
         self.trace = TraceRecorder(options.trace_xpus, options.trace_iterations) if options.trace_xpus else None
@@ -243,14 +247,15 @@ class Executor:
     def _index_vertices(self) -> list[_Vertex]:
         graph = self.workload
         order = _stable_order(graph)
-        positions: dict[tuple, dict] = {}
+        positions: dict[tuple, tuple] = {}  # xpus -> (the first equal tuple, xpu -> unit index), shared
         vertices, by_name, offset = [], {}, 0
         for index, name in enumerate(order):
             data = graph.nodes[name]
-            pos = positions.get(data["xpus"])
-            if pos is None:
-                pos = positions[data["xpus"]] = {x: i for i, x in enumerate(data["xpus"])}
-            vertex = _Vertex(name, index, data, pos, offset)
+            shared = positions.get(data["xpus"])
+            if shared is None:
+                xpus = data["xpus"]
+                shared = positions[xpus] = (xpus, {x: i for i, x in enumerate(xpus)})
+            vertex = _Vertex(name, index, data, shared[1], offset, shared[0])
             offset += len(data["xpus"])
             vertices.append(vertex)
             by_name[name] = vertex
@@ -293,6 +298,12 @@ class Executor:
         data = vertex.data
         collective = data["collective"]
         name = data.get("algorithm") or ("direct" if collective == "p2p" else None)
+        alike = (collective, name, data["bytes"], data.get("chunks"), data["groups"])
+        known = self._collective_cache.get(alike)
+        if known is not None:  # alike vertices (one per layer and micro-batch) share their groups' set-up
+            vertex.groups, vertex.group_of, vertex.group_offsets, vertex.algorithms, fidelity = known
+            self.fidelity_used[vertex.name] = fidelity
+            return
         vertex.groups = data["groups"]
         vertex.group_of, vertex.group_offsets, vertex.algorithms = [], [], []
         fidelities = set()
@@ -323,6 +334,8 @@ class Executor:
             vertex.algorithms.append((algorithm, fidelity, phases))
             fidelities.add(fidelity)
         self.fidelity_used[vertex.name] = "/".join(sorted(fidelities))
+        self._collective_cache[alike] = (vertex.groups, vertex.group_of, vertex.group_offsets, vertex.algorithms,
+                                       self.fidelity_used[vertex.name])
 
     def _servers(self, group: tuple[str, ...]) -> tuple[list[list[int]], tuple]:
         """server_groups of a group and the same as a hashable key; groups are shared tuples, so each

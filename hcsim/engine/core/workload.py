@@ -42,81 +42,118 @@ def unsupported(executor) -> list[str]:
         problems.append("representative XPUs (xpu_sampling: representative; set xpu_sampling: all)")
     if options.trace_xpus == "per-class":
         problems.append("traces per class (trace_xpus: per-class, which follows representative XPUs)")
-    uneven = 0
+    uneven, checked = 0, {}  # (xpus, groups) ids -> listed group by group: alike vertices share both
     for vertex in executor.vertices:
-        data = vertex.data
         if vertex.kind != "compute":
-            uneven += any(tuple(vertex.xpus[first:first + len(group)]) != tuple(group)
-                          for first, group in zip(vertex.group_offsets, vertex.groups))
+            key = (id(vertex.xpus), id(vertex.groups))
+            if key not in checked:
+                checked[key] = (vertex.xpus, vertex.groups, any(  # keep the keyed objects alive: ids stay unique
+                    tuple(vertex.xpus[first:first + len(group)]) != tuple(group)
+                    for first, group in zip(vertex.group_offsets, vertex.groups)))
+            uneven += checked[key][2]
     if uneven:
         problems.append(f"collective vertices whose units are not listed group by group ({uneven})")
     return problems
 
 
+ARRAY_TYPES = (
+    ("v_kind", "B"), ("v_flags", "B"), ("v_comm_kind", "B"), ("v_units", "q"), ("v_succs", "q"),
+    ("u_xpu", "i"), ("u_required", "q"), ("u_flops", "d"), ("u_read", "d"), ("u_read_src", "i"),
+    ("u_compute_s", "d"), ("u_copy", "d"), ("u_copy_src", "i"), ("u_peer", "i"), ("u_group", "i"), ("e_succ", "i"),
+    ("e_skip", "B"), ("e_same_rank", "B"), ("e_bucket_of", "q"), ("bucket_of", "i"), ("b_units", "q"),
+    ("b_unit", "i"), ("g_first", "q"), ("g_size", "i"), ("g_mode", "B"), ("g_seconds", "d"), ("g_plan", "i"),
+    ("g_call_latency", "d"), ("p_phases", "q"), ("ph_lane", "i"), ("ph_steps", "i"), ("ph_transfers", "q"),
+    ("t_src", "i"), ("t_dst", "i"), ("t_bytes", "d"), ("t_latency", "d"), ("t_feeds", "q"), ("feed", "i"),
+    ("q_lanes", "i"), ("q_sequences", "q"), ("rl_steps", "q"), ("st_sends", "q"), ("st_recvs", "i"),
+    ("sd_dst", "i"), ("sd_bytes", "d"))
+_UNIT_ARRAYS = ("u_flops", "u_read", "u_read_src", "u_compute_s", "u_copy", "u_copy_src", "u_peer")
+_GROUP_ARRAYS = ("g_size", "g_mode", "g_seconds", "g_plan", "g_call_latency")
+
+
 def build_arrays(executor, hosts: dict[str, int]) -> dict[str, array]:
     """The flat arrays of workload.hpp for `executor`'s vertices; `hosts` maps host names to numbers (the XPUs
-    first, in clock order; memory hosts are added as needed)."""
-    nodes, options = executor.nodes, executor.options
+    first, in clock order; memory hosts are added as needed).
+
+    Alike vertices (one per layer and micro-batch: the same XPUs, sizes and groups) have the same unit and
+    group columns: each distinct set is computed once, as an array, and copied (`cache`)."""
     from hcsim.platform.devices import peak_flops
 
-    a = {name: array(code) for name, code in (
-        ("v_kind", "B"), ("v_flags", "B"), ("v_comm_kind", "B"), ("v_units", "q"), ("v_succs", "q"),
-        ("u_xpu", "i"), ("u_required", "q"), ("u_flops", "d"), ("u_read", "d"), ("u_read_src", "i"),
-        ("u_compute_s", "d"), ("u_copy", "d"), ("u_copy_src", "i"), ("u_peer", "i"), ("u_group", "i"), ("e_succ", "i"), ("e_skip", "B"), ("e_same_rank", "B"),
-        ("e_bucket_of", "q"), ("bucket_of", "i"), ("b_units", "q"), ("b_unit", "i"), ("g_first", "q"),
-        ("g_size", "i"), ("g_mode", "B"), ("g_seconds", "d"), ("g_plan", "i"), ("g_call_latency", "d"), ("p_phases", "q"), ("ph_lane", "i"),
-        ("ph_steps", "i"), ("ph_transfers", "q"), ("t_src", "i"), ("t_dst", "i"), ("t_bytes", "d"),
-        ("t_latency", "d"), ("t_feeds", "q"), ("feed", "i"), ("q_lanes", "i"), ("q_sequences", "q"),
-        ("rl_steps", "q"), ("st_sends", "q"), ("st_recvs", "i"), ("sd_dst", "i"), ("sd_bytes", "d"))}
-    a["v_units"].append(0)
-    a["v_succs"].append(0)
-    a["b_units"].append(0)
-    a["p_phases"].append(0)
-    a["ph_transfers"].append(0)
-    a["t_feeds"].append(0)
-    for name in ("q_sequences", "rl_steps", "st_sends"):
+    a = {name: array(code) for name, code in ARRAY_TYPES}
+    types = dict(ARRAY_TYPES)
+    for name in ("v_units", "v_succs", "b_units", "p_phases", "ph_transfers", "t_feeds", "q_sequences", "rl_steps",
+                 "st_sends"):
         a[name].append(0)
     precision = executor.precision
-    analytic_access = options.local_access == "analytic"
+    analytic_access = executor.options.local_access == "analytic"
     plans: dict[tuple, int] = {}
     step_plans: dict[tuple, tuple[int, object]] = {}
     xpu_cache: dict = {}  # XPU -> (FLOP/s, its local memory); alike compute vertices -> their unit columns
     edge_buckets: dict[tuple, int] = {}
+    cache: dict = {}  # ("xpu", xpus id) / ("required", ...) / ("fill", ...) / ("groups", algorithms id) -> arrays
+
+    def filled(name, value, n):  # `n` copies of `value`, as an array of `name`'s type
+        key = ("fill", name, value, n)
+        if key not in cache:
+            cache[key] = array(types[name], [value]) * n
+        return cache[key]
+
+    v_kind, v_flags, v_comm_kind, v_units, v_succs = (a[name] for name in ("v_kind", "v_flags", "v_comm_kind",
+                                                                           "v_units", "v_succs"))
+    u_xpu, u_required, u_group = a["u_xpu"], a["u_required"], a["u_group"]
+    e_succ, e_skip, e_same_rank, e_bucket_of = a["e_succ"], a["e_skip"], a["e_same_rank"], a["e_bucket_of"]
     for vertex in executor.vertices:
-        data = vertex.data
-        a["v_kind"].append(0 if vertex.kind == "compute" else 1)
-        a["v_flags"].append((START if data.get("start") else 0) | (RECOMPUTE if vertex.recompute else 0)
-                            | (CPU_STEP if vertex.kind == "compute" and data.get("host") == "cpu" else 0)
-                            | (MOVE if vertex.kind == "compute" and data.get("move") else 0))
-        a["v_comm_kind"].append(COMM_KINDS.index(vertex.comm_kind))
-        a["v_units"].append(vertex.offset + len(vertex.xpus))
-        a["u_xpu"].extend([hosts[xpu] for xpu in vertex.xpus])
+        data, xpus = vertex.data, vertex.xpus
+        n = len(xpus)
+        compute = vertex.kind == "compute"
+        v_kind.append(0 if compute else 1)
+        v_flags.append((START if data.get("start") else 0) | (RECOMPUTE if vertex.recompute else 0)
+                       | (CPU_STEP if compute and data.get("host") == "cpu" else 0)
+                       | (MOVE if compute and data.get("move") else 0))
+        v_comm_kind.append(COMM_KINDS.index(vertex.comm_kind))
+        v_units.append(vertex.offset + n)
+        key = ("xpu", id(xpus))
+        if key not in cache:
+            cache[key] = (array("i", [hosts[xpu] for xpu in xpus]), xpus)  # keep xpus alive: ids stay unique
+        u_xpu.extend(cache[key][0])
         if vertex.required is not None:  # every unit needs the same (executor._uniform_requirement)
-            a["u_required"].extend(vertex.required * len(vertex.xpus))
+            key = ("required", vertex.required, n)
+            if key not in cache:
+                cache[key] = array("q", vertex.required * n)
+            u_required.extend(cache[key])
         else:
-            for rank in range(len(vertex.xpus)):
-                a["u_required"].extend((executor._required(vertex, rank, 1), executor._required(vertex, rank, 2)))
-        if vertex.kind == "compute":
+            u_required.extend(_requirements(executor, vertex, cache))
+        if compute:
             _compute_units(a, executor, vertex, hosts, peak_flops, precision, analytic_access, xpu_cache)
-            a["u_group"].extend([-1] * len(vertex.xpus))
+            u_group.extend(filled("u_group", -1, n))
         else:
-            a["u_flops"].extend([0.0] * len(vertex.xpus))
-            a["u_read"].extend([0.0] * len(vertex.xpus))
-            a["u_read_src"].extend([0] * len(vertex.xpus))
-            a["u_compute_s"].extend([0.0] * len(vertex.xpus))
-            a["u_copy"].extend([0.0] * len(vertex.xpus))
-            a["u_copy_src"].extend([0] * len(vertex.xpus))
-            a["u_peer"].extend([0] * len(vertex.xpus))
-            _groups(a, executor, vertex, plans, step_plans)
+            for name in _UNIT_ARRAYS:
+                a[name].extend(filled(name, 0, n))
+            _groups(a, executor, vertex, plans, step_plans, cache)
         for edge in vertex.succs:
-            a["e_succ"].append(edge.vertex.index)
-            a["e_skip"].append(edge.skip)
-            a["e_same_rank"].append(edge.same_rank)
-            a["e_bucket_of"].append(-1 if edge.same_rank else _buckets(a, executor, vertex, edge, edge_buckets))
-        a["v_succs"].append(len(a["e_succ"]))
+            e_succ.append(edge.vertex.index)
+            e_skip.append(edge.skip)
+            e_same_rank.append(edge.same_rank)
+            e_bucket_of.append(-1 if edge.same_rank else _buckets(a, executor, vertex, edge, edge_buckets))
+        v_succs.append(len(e_succ))
     if not a["bucket_of"]:
         a["bucket_of"].append(-1)
     return a
+
+
+def _requirements(executor, vertex, cache) -> array:
+    """executor._required for each unit of `vertex` and runs 1 and 2 (run 1, later runs per unit), shared by
+    vertices whose XPUs, groups and predecessors' (skip, wait, XPUs, groups) are the same: it follows from them."""
+    key = ("required", vertex.kind, id(vertex.xpus), id(getattr(vertex, "groups", None)),
+           tuple((edge.skip, edge.wait, id(edge.vertex.xpus), id(getattr(edge.vertex, "groups", None)))
+                 for edge in vertex.preds))
+    if key not in cache:
+        counts = array("q")
+        for rank in range(len(vertex.xpus)):
+            counts.extend((executor._required(vertex, rank, 1), executor._required(vertex, rank, 2)))
+        # keep the keyed objects alive: ids stay unique
+        cache[key] = (counts, vertex.xpus, getattr(vertex, "groups", None),
+                      [(edge.vertex.xpus, getattr(edge.vertex, "groups", None)) for edge in vertex.preds])
+    return cache[key][0]
 
 
 def _compute_units(a, executor, vertex, hosts, peak_flops, precision, analytic_access, xpu_cache) -> None:
@@ -186,55 +223,63 @@ def _compute_units(a, executor, vertex, hosts, peak_flops, precision, analytic_a
         copy_out.append(copy)
         copy_src_out.append(host(copy_from) if copy > 0 else 0)
         peer_out.append(0)
-    columns = (flops_out, read_out, src_out, time_out, copy_out, copy_src_out, peer_out)
+    columns = tuple(array(a[name].typecode, values) for name, values in zip(
+        _UNIT_ARRAYS, (flops_out, read_out, src_out, time_out, copy_out, copy_src_out, peer_out)))
     xpu_cache[key] = (columns, vertex.xpus, spilled, ops)  # keep the keyed objects alive: ids stay unique
     for name, values in zip(_UNIT_ARRAYS, columns):
         a[name].extend(values)
 
 
-_UNIT_ARRAYS = ("u_flops", "u_read", "u_read_src", "u_compute_s", "u_copy", "u_copy_src", "u_peer")
-
-
-def _groups(a, executor, vertex, plans, step_plans) -> None:
+def _groups(a, executor, vertex, plans, step_plans, cache) -> None:
     """A collective vertex's groups: first unit, size, and the flow phases (a plan shared by alike groups),
-    the step schedule (shared by groups with the same algorithm) or the analytic closed form."""
-    for g, group in enumerate(vertex.groups):
-        gid = len(a["g_first"])
-        first = vertex.group_offsets[g]
-        a["u_group"].extend([gid] * len(group))
-        a["g_first"].append(vertex.offset + first)
-        a["g_size"].append(len(group))
-        algorithm, fidelity, phases = vertex.algorithms[g]
-        a["g_call_latency"].append(_call_latency(executor, algorithm, group))
-        if fidelity == "analytic":
-            a["g_mode"].append(ANALYTIC)
-            a["g_seconds"].append(phases[1])
-            a["g_plan"].append(-1)
-            continue
-        if fidelity == "step":
-            a["g_mode"].append(STEP)
-            a["g_seconds"].append(0.0)
-            a["g_plan"].append(_step_plan(a, executor, algorithm, group, step_plans))
-            continue
-        a["g_mode"].append(FLOW)
-        a["g_seconds"].append(0.0)
-        key = (id(phases), group)
-        if key not in plans:
-            plans[key] = len(plans)
-            for phase in phases:
-                a["ph_lane"].append(phase.lane)
-                a["ph_steps"].append(phase.steps)
-                for i, ((s, d), size) in enumerate(phase.transfers):
-                    src, dst = group[s], group[d]
-                    a["t_src"].append(s)
-                    a["t_dst"].append(d)
-                    a["t_bytes"].append(executor.wire_bytes(src, dst, size))
-                    a["t_latency"].append(executor.latency(src, dst))
-                    a["feed"].extend(phase.feeds[i] if phase.feeds else ())
-                    a["t_feeds"].append(len(a["feed"]))
-                a["ph_transfers"].append(len(a["t_src"]))
-            a["p_phases"].append(len(a["ph_lane"]))
-        a["g_plan"].append(plans[key])
+    the step schedule (shared by groups with the same algorithm) or the analytic closed form. Vertices that
+    share their algorithms (executor._prepare_collective: the same groups, collective and size) share these
+    rows but for the numbers of their units and groups."""
+    key = ("groups", id(vertex.algorithms))
+    if key not in cache:
+        rows = {name: array(a[name].typecode) for name in _GROUP_ARRAYS}
+        for g, group in enumerate(vertex.groups):
+            algorithm, fidelity, phases = vertex.algorithms[g]
+            rows["g_size"].append(len(group))
+            rows["g_call_latency"].append(_call_latency(executor, algorithm, group))
+            if fidelity == "analytic":
+                mode, seconds, plan = ANALYTIC, phases[1], -1
+            elif fidelity == "step":
+                mode, seconds, plan = STEP, 0.0, _step_plan(a, executor, algorithm, group, step_plans)
+            else:
+                mode, seconds, plan = FLOW, 0.0, _flow_plan(a, executor, phases, group, plans)
+            rows["g_mode"].append(mode)
+            rows["g_seconds"].append(seconds)
+            rows["g_plan"].append(plan)
+        cache[key] = (rows, vertex.algorithms)  # keep the keyed list alive: ids stay unique
+    rows = cache[key][0]
+    first_group, offset = len(a["g_first"]), vertex.offset
+    a["g_first"].extend([offset + first for first in vertex.group_offsets])
+    a["u_group"].extend(array("i", map(first_group.__add__, vertex.group_of)))
+    for name in _GROUP_ARRAYS:
+        a[name].extend(rows[name])
+
+
+def _flow_plan(a, executor, phases, group, plans) -> int:
+    """The number of a group's flow plan (its phases: lanes, steps, transfers with wire bytes, route latency
+    and feeds) in the plan arrays, added on first use; alike groups share it."""
+    key = (id(phases), group)
+    if key not in plans:
+        plans[key] = len(plans)
+        for phase in phases:
+            a["ph_lane"].append(phase.lane)
+            a["ph_steps"].append(phase.steps)
+            for i, ((s, d), size) in enumerate(phase.transfers):
+                src, dst = group[s], group[d]
+                a["t_src"].append(s)
+                a["t_dst"].append(d)
+                a["t_bytes"].append(executor.wire_bytes(src, dst, size))
+                a["t_latency"].append(executor.latency(src, dst))
+                a["feed"].extend(phase.feeds[i] if phase.feeds else ())
+                a["t_feeds"].append(len(a["feed"]))
+            a["ph_transfers"].append(len(a["t_src"]))
+        a["p_phases"].append(len(a["ph_lane"]))
+    return plans[key]
 
 
 def _call_latency(executor, algorithm, group) -> float:
@@ -294,39 +339,76 @@ def _buckets(a, executor, pred, edge, cache) -> int:
 
 def pair_bytes(executor) -> dict[tuple[str, str], float]:
     """Bytes per (src, dst) host pair over the run: every unit runs every iteration, so they follow from the
-    graph (the executor counts them as they happen: the same sums, added in another order)."""
+    graph (the executor counts them as they happen: the same sums, added in another order).
+
+    Alike vertices add the same (pair, bytes) list: each distinct one is made once. When every amount is a whole
+    number of bytes and every sum stays below 2**53, each float sum is exact in any order, so the sums are
+    made in integers from how often each list is added; otherwise they are added one by one in vertex order."""
+    iterations = executor.options.iterations
+    lists: dict[tuple, list] = {}  # key -> [(pair, bytes), ...], then a use count and the keyed objects
+    used = []  # each vertex's list, in vertex order
+    for vertex in executor.vertices:
+        key = _traffic_key(vertex)
+        if key is None:
+            continue
+        entry = lists.get(key)
+        if entry is None:
+            entry = lists[key] = [_traffic(executor, vertex, iterations), 0, vertex.xpus, vertex.data]
+        entry[1] += 1
+        used.append(entry[0])
+    totals: dict[tuple[str, str], int] = {}
+    exact = all(float(size).is_integer() for entry in lists.values() for _, size in entry[0])
+    if exact:
+        for additions, count, *_ in lists.values():  # in first use: the order pairs first appear
+            for pair, size in additions:
+                totals[pair] = totals.get(pair, 0) + count * int(size)
+        exact = all(total < 2**53 for total in totals.values())
+    if exact:
+        return {pair: float(total) for pair, total in totals.items()}
+    pairs: dict[tuple[str, str], float] = defaultdict(float)
+    for additions in used:
+        for pair, size in additions:
+            pairs[pair] += size
+    return pairs
+
+
+def _traffic_key(vertex) -> tuple | None:
+    """What a vertex's traffic (_traffic) follows from; None: it moves nothing."""
+    data = vertex.data
+    if vertex.kind == "compute":
+        size = data["memory_bytes"]
+        if not size > 0:
+            return None
+        spilled = data.get("spilled_xpus") or ()
+        return ("compute", id(vertex.xpus), id(spilled), size, data.get("host"), data.get("move"),
+                data.get("offload"))
+    return ("comm", id(vertex.groups), id(vertex.algorithms))
+
+
+def _traffic(executor, vertex, iterations) -> list[tuple[tuple[str, str], float]]:
+    """(pair, bytes over the run) for each transfer of one vertex run per iteration, in the executor's order."""
     from hcsim.engine.executor import form_transfers, memory_form
 
-    iterations, nodes = executor.options.iterations, executor.nodes
-    pairs: dict[tuple[str, str], float] = defaultdict(float)
-    for vertex in executor.vertices:
-        data = vertex.data
-        if vertex.kind == "compute":
-            size = data["memory_bytes"]
-            if size > 0:
-                spilled = data.get("spilled_xpus") or ()
-                offload = data.get("host") == "cpu" or data.get("move")
-                for xpu in vertex.xpus:
-                    if not offload and xpu not in spilled:  # local: one read from its HBM (form_transfers)
-                        pairs[nodes[xpu]["local_memory"], xpu] += size * iterations
-                        continue
-                    form = memory_form(nodes, data, xpu, executor.options.coherent)
-                    for pair in form_transfers(nodes, data, xpu, form):
-                        pairs[pair] += size * iterations
-            continue
-        for group, (algorithm, fidelity, phases) in zip(vertex.groups, vertex.algorithms):
-            if fidelity == "step":
-                for (s, d), size in algorithm.flows().items():
-                    pairs[group[s], group[d]] += size * iterations
+    nodes, data, out = executor.nodes, vertex.data, []
+    if vertex.kind == "compute":
+        size = data["memory_bytes"]
+        spilled = data.get("spilled_xpus") or ()
+        offload = data.get("host") == "cpu" or data.get("move")
+        for xpu in vertex.xpus:
+            if not offload and xpu not in spilled:  # local: one read from its HBM (form_transfers)
+                out.append(((nodes[xpu]["local_memory"], xpu), size * iterations))
                 continue
-            if fidelity == "analytic":
-                for pair, size in phases[0]:
-                    pairs[pair] += size * iterations
-                continue
-            for phase in phases:
-                for (s, d), size in phase.transfers:
-                    pairs[group[s], group[d]] += size * iterations
-    return pairs
+            form = memory_form(nodes, data, xpu, executor.options.coherent)
+            out += [(pair, size * iterations) for pair in form_transfers(nodes, data, xpu, form)]
+        return out
+    for group, (algorithm, fidelity, phases) in zip(vertex.groups, vertex.algorithms):
+        if fidelity == "step":
+            out += [((group[s], group[d]), size * iterations) for (s, d), size in algorithm.flows().items()]
+        elif fidelity == "analytic":
+            out += [(pair, size * iterations) for pair, size in phases[0]]
+        else:
+            out += [((group[s], group[d]), size * iterations) for phase in phases for (s, d), size in phase.transfers]
+    return out
 
 
 def xpu_times(xpus: list[str], first: array, last: array, ends: list[float], fields: int) -> dict[str, dict]:
@@ -419,9 +501,9 @@ def run_workload(platform: nx.Graph, workload: nx.DiGraph, routes: dict, platfor
         raise ConfigError(f"engine core: {err}") from err
     except RuntimeError as err:
         raise SimulationError(f"engine core: {err}") from err
-    unfinished = [v.name for v in executor.vertices
-                  if any(d < iterations for d in done[v.offset:v.offset + len(v.xpus)])]
-    if unfinished:
+    if min(done, default=iterations) < iterations:
+        unfinished = [v.name for v in executor.vertices
+                      if any(d < iterations for d in done[v.offset:v.offset + len(v.xpus)])]
         raise SimulationError(f"the run stopped with vertices that never completed every iteration "
                               f"(a dependency that is never met): {', '.join(unfinished[:5])}")
     iteration_ends = list(ends[:counters["iterations_ended"]])
