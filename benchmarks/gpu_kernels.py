@@ -154,9 +154,73 @@ def fp8(torch):
             yield row(kind, timed(torch, run), flops=2.0 * m * n * k, dtype=dtype, elements=m * n, note=note)
 
 
+def linear_gemms(torch):
+    """nn.Linear's three GEMMs (forward x·Wᵀ, input gradient g·W, weight gradient gᵀ·x) as PyTorch lays them out,
+    over an output layer whose width (a vocabulary) is or is not a multiple of 8 elements: an unaligned leading
+    dimension sends cuBLAS to slower kernels. m, n, k are those of C (m x n) = A (m x k) B (k x n)."""
+    for tokens in (2048, 8192):
+        for hidden in (768, 2560, 4096):
+            for vocabulary in (50257, 32001, 50304):
+                x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
+                w = torch.randn(vocabulary, hidden, device="cuda", dtype=torch.bfloat16)
+                g = torch.randn(tokens, vocabulary, device="cuda", dtype=torch.bfloat16)
+                for note, run, (m, n, k) in (("forward", lambda: x @ w.t(), (tokens, vocabulary, hidden)),
+                                             ("dgrad", lambda: g @ w, (tokens, hidden, vocabulary)),
+                                             ("wgrad", lambda: g.t() @ x, (vocabulary, hidden, tokens))):
+                    yield row("gemm_linear", timed(torch, run), flops=2.0 * m * n * k,
+                              size=2.0 * (m * k + k * n + m * n), m=m, n=n, k=k, batch=1, note=note)
+                del x, w, g
+
+
+def attention_default(torch):
+    """Causal sdpa on the backend PyTorch picks itself (as transformers calls it), without and with dropout 0.1
+    (GPT-2 trains with attention dropout): attn_fwd_default / attn_bwd_default, *_dropout."""
+    functional = torch.nn.functional
+    for heads, d in ((12, 64), (32, 128)):
+        for s in (512, 1024, 2048, 4096):
+            b = 16384 // s
+            q, k, v = (torch.randn(b, heads, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                       for _ in range(3))
+            grad = torch.randn(b, heads, s, d, device="cuda", dtype=torch.bfloat16)
+            flops = 4.0 * b * heads * s * s * d / 2
+            for suffix, p in (("default", 0.0), ("dropout", 0.1)):
+                def run():
+                    return functional.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
+                forward = timed(torch, run)
+                both = timed(torch, lambda: run().backward(grad))
+                yield row(f"attn_fwd_{suffix}", forward, flops=flops, m=s, n=heads, k=d, batch=b)
+                yield row(f"attn_bwd_{suffix}", both - forward, flops=2.5 * flops, m=s, n=heads, k=d, batch=b)
+
+
+def mixed_elementwise(torch):
+    """Elementwise kernels over operands of two dtypes (an FP32 residual plus a BF16 branch, autocast's FP32
+    results times BF16 inputs), which PyTorch runs unvectorised, and the strided copy that makes a transposed
+    BF16 tensor contiguous (a head split or merge, a KV-cache concatenation)."""
+    for elements in (2**20, 2**22, 2**24, 2**26, 2**28):
+        x32 = torch.randn(elements, device="cuda")
+        y16 = torch.randn(elements, device="cuda", dtype=torch.bfloat16)
+        yield row("add_fp32_bf16", timed(torch, lambda: x32 + y16), size=10.0 * elements, dtype="mixed",
+                  elements=elements)
+        yield row("mul_bf16_fp32", timed(torch, lambda: y16 * x32), size=10.0 * elements, dtype="mixed",
+                  elements=elements)
+        del x32, y16
+    for b, s, heads, d in ((8, 1024, 12, 64), (4, 1024, 32, 80), (4, 2048, 32, 64), (4, 2048, 8, 64),
+                           (16, 2048, 32, 128)):
+        t = torch.randn(b, s, heads, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+        n = b * s * heads * d
+        yield row("copy_transposed_bf16", timed(torch, lambda: t.contiguous()), size=4.0 * n, elements=n,
+                  note=f"b={b} s={s} heads={heads} d={d}")
+
+
+FAMILIES = (bandwidth, gemms, attention, norms, cross_entropy, adamw, fp8, linear_gemms, attention_default,
+            mixed_elementwise)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-o", "--output", default="gpu-kernels.csv", help="CSV to write (default gpu-kernels.csv)")
+    parser.add_argument("--only", nargs="+", choices=[f.__name__ for f in FAMILIES], metavar="FAMILY",
+                        help="measure these families only (default: all): " + ", ".join(f.__name__ for f in FAMILIES))
     args = parser.parse_args(argv)
     try:
         import torch
@@ -172,7 +236,7 @@ def main(argv=None) -> int:
     with open(args.output, "w", newline="") as handle:
         writer = csv.DictWriter(handle, COLUMNS)
         writer.writeheader()
-        for family in (bandwidth, gemms, attention, norms, cross_entropy, adamw, fp8):
+        for family in (f for f in FAMILIES if not args.only or f.__name__ in args.only):
             for measured in family(torch):
                 writer.writerow(measured)
             handle.flush()

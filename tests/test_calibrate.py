@@ -23,7 +23,12 @@ FILES = {"H100": sorted(MEASURED.glob("h100-*kernels*.csv")), "H200": sorted(MEA
 BOUNDS = {"gemm": 0.10, "gemm_bf16": 0.10, "gemm_fp8_e4m3": 0.10, "attn_fwd": 1e-9, "attn_bwd": 1e-9, "copy": 0.10, "add": 0.15,
           "add_bf16": 0.20, "silu_bf16": 0.20, "cast_bf16_to_fp32": 0.20, "cast_fp32_to_bf16": 0.15,
           "rmsnorm_hf_fwd": 0.15, "rmsnorm_hf_fwd_bwd": 0.15, "layernorm_fwd": 0.40, "layernorm_fwd_bwd": 0.30,
-          "cross_entropy_fp32_fwd_bwd": 0.20, "adamw_fused_fp32_step": 0.30}
+          "cross_entropy_fp32_fwd_bwd": 0.20, "adamw_fused_fp32_step": 0.30,
+          # the third files (measured by the lead on 2026-11-26): nn.Linear's GEMMs over aligned and unaligned
+          # widths; attention on the backend PyTorch picks (cuDNN), timed by the flash table, with and without
+          # dropout; elementwise kernels over two dtypes and transposed copies (small ones sit near the floor)
+          "gemm_linear": 0.10, "attn_fwd_default": 0.15, "attn_bwd_default": 0.15, "attn_fwd_dropout": 0.15,
+          "attn_bwd_dropout": 0.15, "add_fp32_bf16": 0.35, "mul_bf16_fp32": 0.45, "copy_transposed_bf16": 0.50}
 
 
 def fit(device):
@@ -55,13 +60,39 @@ def test_the_built_in_factors_are_the_fit_of_the_shared_measurements(device):
     _, calibration, _ = fit(device)
     builtin = yaml.safe_load(BUILTIN_FACTORS.read_text())["devices"][device]
     fitted = factors_yaml(calibration, [p.name for p in FILES[device]])
-    for key in ("memory_efficiency", "reduction_efficiency", "launch", "backward_launch"):
+    for key in ("memory_efficiency", "reduction_efficiency", "mixed_efficiency", "strided_efficiency", "launch",
+                "backward_launch"):
         assert builtin[key] == fitted[key], key
+    for key in ("unaligned_forward", "unaligned_backward"):
+        assert builtin["gemm"][key] == fitted["gemm"][key], key
+    for key in ("dropout_forward", "dropout_backward"):
+        assert builtin["attention"][key] == fitted["attention"][key], key
     assert builtin["gemm"]["max_efficiency"] == fitted["gemm"]["max_efficiency"]
     assert builtin["gemm"]["fp8_speedup"] == fitted["gemm"]["fp8_speedup"]
     assert builtin["gemm"]["k_half"] == fitted["gemm"]["k_half"]
     assert builtin["attention"]["table"] == fitted["attention"]["table"]
     assert load_compute_model().device(device).provenance == "measured"
+
+
+@pytest.mark.parametrize("device", ["H100", "H200"])
+def test_kernels_off_the_fast_path_are_measured_slower(device):
+    """What the third files measure, as the model reads it: a GEMM one element wider than a multiple of 8 takes
+    several times the aligned one; attention with dropout takes longer; elementwise kernels over two dtypes and
+    transposed copies reach less of the bandwidth than streaming ones."""
+    _, calibration, spec = fit(device)
+    factors, model = calibration.factors, load_compute_model()
+    peak, bandwidth = spec.peaks["bf16"], spec.memory_bandwidth
+    from hcsim.workload.ops import Op, _gemm
+
+    for name in ("logits", "logits.dgrad", "logits.wgrad"):
+        aligned, unaligned = (model.op_time(factors, _gemm(name, 8192, width, 768, 2.0), peak, bandwidth)
+                              for width in (50304, 50305))
+        assert unaligned > 3 * aligned
+    for suffix in ("", ".bwd"):
+        plain, dropout = (model.op_time(factors, Op(f"{name}{suffix}", "attention", 1e12, 0.0, 1024, 96, 64), peak,
+                                        bandwidth) for name in ("flash_attention", "flash_attention_dropout"))
+        assert dropout > plain
+    assert factors.strided_efficiency < factors.mixed_efficiency < factors.memory_efficiency
 
 
 def test_h200_and_h100_share_tensor_cores_and_differ_in_bandwidth():
@@ -107,7 +138,7 @@ def test_a_missing_kernel_csv_is_one_clear_error(tmp_path, capsys):
 
 
 def test_the_measurements_are_in_the_repository():
-    assert all(len(files) == 2 for files in FILES.values())
+    assert all(len(files) == 3 for files in FILES.values())
     assert Path(MEASURED / "README.md").exists()
 
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hcsim.config import REPO_ROOT, Fields, load_yaml
-from hcsim.workload.ops import BACKWARD_SUFFIXES
+from hcsim.workload.ops import BACKWARD_SUFFIXES, BANDWIDTH_KINDS, DROPOUT, OP_KINDS
 from hcsim.errors import ConfigError
 
 __all__ = ["DeviceFactors", "LinkFactors", "ComputeModel", "load_compute_model", "BUILTIN_FACTORS", "COMPUTE_MODELS"]
@@ -81,10 +81,16 @@ class DeviceFactors:
     gemm_max_efficiency x prod over m, n, k of d / (d + gemm_half_dimension).
     memory_efficiency : fraction of the memory bandwidth a streaming memory-bound kernel reaches;
     reduction_efficiency : the fraction a reducing one reaches (norm statistics, softmax, gradient sums, the
-    optimizer's multi-tensor kernels; :data:`hcsim.workload.ops.OP_KINDS`), memory_efficiency when 0.
+    optimizer's multi-tensor kernels; :data:`hcsim.workload.ops.OP_KINDS`), memory_efficiency when 0;
+    mixed_efficiency, strided_efficiency : likewise for elementwise kernels over two dtypes and for kernels over
+    transposed or sliced tensors (memory_efficiency when 0).
+    gemm_unaligned_forward, gemm_unaligned_backward : the fraction of peak a GEMM with a dimension that is not a
+    multiple of 8 elements reaches (cuBLAS falls back to kernels without 16-byte aligned loads), as a forward GEMM
+    and as a gradient GEMM (``.dgrad`` / ``.wgrad``); 0: the aligned model.
     Attention (fused FlashAttention kernels): ``attention_table`` rows (head dimension, sequence, forward
     efficiency, backward efficiency) measured per (s, d), interpolated in log2 s and d, clamped at the ends;
-    without a table the constants flash_forward_efficiency / flash_backward_efficiency.
+    without a table the constants flash_forward_efficiency / flash_backward_efficiency;
+    attention_dropout_forward / _backward: how many times longer an attention kernel with dropout takes (1 when 0).
     kernel_overhead : s the GPU spends per kernel beyond its work; launch : s the host needs to issue one
     forward kernel (PyTorch's Python dispatch, autograd's bookkeeping and cudaLaunchKernel), backward_launch
     one backward kernel (autograd's engine, in C++; launch when 0): a kernel starts no earlier than its
@@ -99,6 +105,12 @@ class DeviceFactors:
     sms: int = 0
     memory_efficiency: float
     reduction_efficiency: float = 0.0  # 0: as memory_efficiency
+    mixed_efficiency: float = 0.0
+    strided_efficiency: float = 0.0
+    gemm_unaligned_forward: float = 0.0
+    gemm_unaligned_backward: float = 0.0
+    attention_dropout_forward: float = 0.0
+    attention_dropout_backward: float = 0.0
     flash_forward_efficiency: float = 1.0
     flash_backward_efficiency: float = 1.0
     attention_table: tuple[tuple[float, float, float, float], ...] = ()
@@ -112,9 +124,15 @@ class DeviceFactors:
                     "flash_backward_efficiency"):
             if not 0 < getattr(self, key) <= 1:
                 raise ConfigError(f"compute model: devices.{self.name}: {key} must be in (0, 1], got {getattr(self, key)!r}")
-        if not 0 <= self.reduction_efficiency <= 1:
-            raise ConfigError(f"compute model: devices.{self.name}: reduction_efficiency must be in (0, 1], got "
-                              f"{self.reduction_efficiency!r}")
+        for key in ("reduction_efficiency", "mixed_efficiency", "strided_efficiency", "gemm_unaligned_forward",
+                    "gemm_unaligned_backward"):
+            if not 0 <= getattr(self, key) <= 1:
+                raise ConfigError(f"compute model: devices.{self.name}: {key} must be in (0, 1] (0: not measured), "
+                                  f"got {getattr(self, key)!r}")
+        for key in ("attention_dropout_forward", "attention_dropout_backward"):
+            if not (getattr(self, key) == 0 or 1 <= getattr(self, key) <= 10):
+                raise ConfigError(f"compute model: devices.{self.name}: {key} must be a slowdown in [1, 10] (0: not "
+                                  f"measured), got {getattr(self, key)!r}")
         for row in self.attention_table:
             if len(row) != 4 or not (row[0] >= 1 and row[1] >= 1 and 0 < row[2] <= 1 and 0 < row[3] <= 1):
                 raise ConfigError(f"compute model: devices.{self.name}: attention.table rows are [head_dim, sequence, "
@@ -138,6 +156,16 @@ class DeviceFactors:
             return self.gemm_max_efficiency * gemm_utilization(m, n, k, self.sms, self.gemm_k_half, batch)
         half = self.gemm_half_dimension
         return self.gemm_max_efficiency * (m / (m + half)) * (n / (n + half)) * (k / (k + half))
+
+    def bandwidth_efficiency(self, kind: str) -> float:
+        """Fraction of the memory bandwidth a memory-bound kernel of `kind` reaches."""
+        special = {"reduction": self.reduction_efficiency, "mixed": self.mixed_efficiency,
+                   "strided": self.strided_efficiency}.get(kind)
+        return special or self.memory_efficiency
+
+    def unaligned_gemm_efficiency(self, name: str) -> float:
+        """The fraction of peak a ``gemm_unaligned`` kernel reaches (0 where the device has no measurement)."""
+        return self.gemm_unaligned_backward if name.endswith((".dgrad", ".wgrad")) else self.gemm_unaligned_forward
 
     def attention_efficiency(self, sequence: float, head_dim: float, backward: bool) -> float:
         """Fraction of peak a fused attention kernel reaches at this sequence and head dimension."""
@@ -209,25 +237,29 @@ class ComputeModel:
 
         An attention kernel's m is its sequence and k its head dimension."""
         name, kind, flops, size, m, n, k = op[:7]
+        batch = op[7] if len(op) > 7 else 1
         if kind == "gemm":
-            efficiency = factors.gemm_efficiency(m, n, k, op[7] if len(op) > 7 else 1)
+            efficiency = factors.gemm_efficiency(m, n, k, batch)
+        elif kind == "gemm_unaligned":
+            efficiency = factors.unaligned_gemm_efficiency(name) or factors.gemm_efficiency(m, n, k, batch)
         elif kind == "gemm8":  # `peak` is the BF16 one: the FP8 tensor cores reach fp8_gemm_speedup times it
             if not factors.fp8_gemm_speedup:
                 raise ConfigError(f"compute model: device {factors.name!r} has no FP8 GEMM factors (gemm.fp8_speedup): "
                                   f"measure its FP8 GEMMs (benchmarks/gpu_kernels.py, hcsim calibrate), or train in "
                                   f"bf16")
-            efficiency = factors.gemm_efficiency(m, n, k, op[7] if len(op) > 7 else 1) * factors.fp8_gemm_speedup
+            efficiency = factors.gemm_efficiency(m, n, k, batch) * factors.fp8_gemm_speedup
         elif kind == "attention":
-            efficiency = factors.attention_efficiency(m, k, name.endswith(".bwd"))
-        elif kind in ("memory", "reduction"):
+            backward = name.endswith(".bwd")
+            efficiency = factors.attention_efficiency(m, k, backward)
+            if DROPOUT in name:
+                efficiency /= (factors.attention_dropout_backward if backward else factors.attention_dropout_forward) \
+                    or 1.0
+        elif kind in BANDWIDTH_KINDS:
             efficiency = 1.0
         else:
-            raise ConfigError(f"compute vertex op {name!r}: kind {kind!r} is not one of gemm, gemm8, attention, "
-                              f"memory, reduction")
+            raise ConfigError(f"compute vertex op {name!r}: kind {kind!r} is not one of {', '.join(OP_KINDS)}")
         compute = flops / (peak * efficiency) if flops else 0.0
-        reached = (factors.reduction_efficiency or factors.memory_efficiency) if kind == "reduction" \
-            else factors.memory_efficiency
-        memory = size / (memory_bandwidth * reached) if size else 0.0
+        memory = size / (memory_bandwidth * factors.bandwidth_efficiency(kind)) if size else 0.0
         return max(compute, memory) + factors.kernel_overhead
 
     def time(self, ops, device: str, peak: float, memory_bandwidth: float) -> float:
@@ -296,6 +328,12 @@ def _read_factors(path: Path) -> ComputeModel:
             sms=gemm.number("sms", 0, kind=int, minimum=1),
             memory_efficiency=fields.number("memory_efficiency"),
             reduction_efficiency=fields.number("reduction_efficiency", 0.0),
+            mixed_efficiency=fields.number("mixed_efficiency", 0.0),
+            strided_efficiency=fields.number("strided_efficiency", 0.0),
+            gemm_unaligned_forward=gemm.number("unaligned_forward", 0.0),
+            gemm_unaligned_backward=gemm.number("unaligned_backward", 0.0),
+            attention_dropout_forward=attention.number("dropout_forward", 0.0),
+            attention_dropout_backward=attention.number("dropout_backward", 0.0),
             flash_forward_efficiency=attention.number("flash_forward_efficiency", ... if not table else 1.0),
             flash_backward_efficiency=attention.number("flash_backward_efficiency", ... if not table else 1.0),
             attention_table=tuple(tuple(float(x) for x in row) for row in table

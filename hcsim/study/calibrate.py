@@ -11,7 +11,12 @@ order, with the model :mod:`hcsim.engine.compute_model` runs (one function each,
 2. GEMMs: time = launch + 2mnk / (peak x max_efficiency x :func:`gemm_utilization`), for every pipeline fill
    ``k_half`` of a grid, the best by relative RMS error (``max_efficiency`` in closed form for each);
 3. attention: each measured row's efficiency, flops / ((time - launch) x peak), as a table by (head
-   dimension, sequence), interpolated by the model.
+   dimension, sequence), interpolated by the model;
+4. where the file has them (``benchmarks/gpu_kernels.py --only linear_gemms attention_default
+   mixed_elementwise``): the bandwidth of elementwise kernels over two dtypes and of transposed copies (as in 1),
+   the rate of GEMMs with a dimension that is not a multiple of 8 (the mean efficiency of those rows, forward
+   and gradient GEMMs apart), and the slowdown dropout brings to attention (the median ratio of the dropout
+   rows' times to the same shapes' without).
 
 Everything is per kernel; no whole training step enters a fit. Units: s, B, FLOP, FLOP/s, B/s.
 """
@@ -30,6 +35,8 @@ __all__ = ["KernelRow", "Calibration", "read_kernels", "fit_device", "factors_ya
            "MEMORY_KINDS", "SMS"]
 
 MEMORY_KINDS = ("copy", "add", "add_bf16", "silu_bf16", "cast_bf16_to_fp32", "cast_fp32_to_bf16")
+MIXED_KINDS = ("add_fp32_bf16", "mul_bf16_fp32")  # elementwise over two dtypes (benchmarks/gpu_kernels.py)
+STRIDED_KINDS = ("copy_transposed_bf16",)
 K_HALF_GRID = tuple(range(0, 1025, 16))
 FLOOR_BYTES = 2**20  # memory-bound rows this small measure the per-kernel floor alone (< 1 us of traffic)
 STREAMING = 5  # memory-bound rows of at least 5 floors measure the bandwidth (mid sizes overlap floor and traffic)
@@ -57,7 +64,25 @@ class KernelRow:
         """m, n, k of a GEMM from its columns or from a note such as 'm=4096 n=4096 k=4096'."""
         if self.m:
             return {"m": self.m, "n": self.n, "k": self.k}
-        return {key: int(value) for key, value in (part.split("=") for part in self.note.split() if "=" in part)}
+        return note_numbers(self.note)
+
+
+def note_numbers(note: str) -> dict[str, int]:
+    """The ``key=integer`` parts of a row's note ('m=4096 n=4096 k=4096', 'tokens=8192 hidden=4096'); other
+    words are the note's prose."""
+    import re
+
+    return {key: int(value) for key, sep, value in (part.partition("=") for part in note.split())
+            if sep and re.fullmatch(r"[0-9]{1,18}", value)}
+
+
+# what a kind's model reads beyond seconds: columns (>= 1) or note keys (``key=integer`` >= 1)
+NEEDS = {"gemm": ("shape", "m n k"), "gemm_bf16": ("shape", "m n k"), "gemm_fp8_e4m3": ("shape", "m n k"),
+         "attn_fwd": ("columns", "m n k batch"), "attn_bwd": ("columns", "m n k batch"),
+         "adamw_fused_fp32_step": ("columns", "elements"),
+         "rmsnorm_hf_fwd": ("note", "tokens hidden"), "rmsnorm_hf_fwd_bwd": ("note", "tokens hidden"),
+         "layernorm_fwd": ("note", "tokens hidden"), "layernorm_fwd_bwd": ("note", "tokens hidden"),
+         "cross_entropy_fp32_fwd_bwd": ("note", "tokens vocab")}
 
 
 def read_kernels(paths) -> list[KernelRow]:
@@ -87,9 +112,11 @@ def _row(data: dict, where: str) -> KernelRow:
     def number(key, kind=float):
         text = (data.get(key) or "0").strip()
         try:
-            value = kind(float(text))
+            value = float(text)
         except ValueError:
             raise ConfigError(f"{where}: column {key}: expected a number, got {text[:40]!r}") from None
+        if kind is int and math.isfinite(value):
+            value = int(value)
         if not (math.isfinite(value) and value >= 0):
             raise ConfigError(f"{where}: column {key}: expected a finite number >= 0, got {text[:40]!r}")
         return value
@@ -100,6 +127,15 @@ def _row(data: dict, where: str) -> KernelRow:
                     note=(data.get("note") or "").strip(), where=where)
     if not row.seconds > 0:
         raise ConfigError(f"{where}: column seconds: a kernel takes > 0 s, got {data.get('seconds')!r}")
+    source, keys = NEEDS.get(row.kind, (None, ""))
+    found = {"shape": row.shape, "columns": lambda: {k: getattr(row, k) for k in keys.split()},
+             "note": lambda: note_numbers(row.note)}[source]() if source else {}
+    missing = [k for k in keys.split() if not found.get(k, 0) >= 1]
+    if missing:
+        how = {"shape": "columns m, n, k >= 1, or a note 'm=4096 n=4096 k=4096'",
+               "columns": f"columns {', '.join(keys.split())} >= 1",
+               "note": "a note '" + " ".join(f"{k}=4096" for k in keys.split()) + "'"}[source]
+        raise ConfigError(f"{where}: a {row.kind} row needs {', '.join(missing)} (>= 1): give {how}")
     return row
 
 
@@ -157,7 +193,32 @@ def fit_device(rows: list[KernelRow], *, name: str, peak: float, memory_bandwidt
                             launch=floor)
     calibration = _launches(rows, factors, floor, peak, memory_bandwidth)
     table = _attention_table(rows, calibration, peak)
-    return replace(calibration, factors=replace(calibration.factors, attention_table=table))
+    variants = _variants(rows, calibration, floor, peak, memory_bandwidth)
+    return replace(calibration, factors=replace(calibration.factors, attention_table=table, **variants))
+
+
+def _variants(rows, calibration: Calibration, floor: float, peak: float, bandwidth: float) -> dict[str, float]:
+    """The factors of step 4 (module docstring) that `rows` measure; none when they measure none."""
+    found = {}
+    for key, kinds in (("mixed_efficiency", MIXED_KINDS), ("strided_efficiency", STRIDED_KINDS)):
+        measured = [r for r in rows if r.kind in kinds]
+        if measured:
+            long = [r for r in measured if r.seconds >= STREAMING * floor] or measured
+            _, per_byte = _least_squares([r.bytes for r in long], [r.seconds for r in long], intercept=floor)
+            found[key] = min(1.0, 1 / (per_byte * bandwidth))
+    overhead = calibration.sync + calibration.factors.launch
+    for key, gradient in (("gemm_unaligned_forward", False), ("gemm_unaligned_backward", True)):
+        rates = [r.flops / ((r.seconds - overhead) * peak) for r in rows if r.kind == "gemm_linear"
+                 and (r.m % 8 or r.n % 8 or r.k % 8) and (r.note != "forward") == gradient]
+        if rates:
+            found[key] = min(1.0, sum(rates) / len(rates))
+    for key, kind in (("attention_dropout_forward", "attn_fwd"), ("attention_dropout_backward", "attn_bwd")):
+        plain = {(r.m, r.n, r.k, r.batch): r.seconds for r in rows if r.kind == f"{kind}_default"}
+        ratios = sorted(r.seconds / plain[(r.m, r.n, r.k, r.batch)] for r in rows
+                        if r.kind == f"{kind}_dropout" and (r.m, r.n, r.k, r.batch) in plain)
+        if ratios:
+            found[key] = min(10.0, max(1.0, ratios[len(ratios) // 2]))
+    return found
 
 
 def _bandwidths(rows, memory, floor: float, bandwidth: float) -> tuple[float, float]:
@@ -263,19 +324,21 @@ def _time(factors: DeviceFactors, row: KernelRow, peak: float, bandwidth: float)
 def factors_yaml(calibration: Calibration, sources: list[str]) -> dict:
     """The ``devices:`` entry of a compute-model YAML for a calibration (platforms/compute-model.yaml's shape)."""
     factors, named = calibration.factors, ", ".join(sources)
+    nested = _nested_variants(factors, named)
     return {
         "provenance": "measured",
         "gemm": {"max_efficiency": round(factors.gemm_max_efficiency, 4), "k_half": factors.gemm_k_half,
                  "sms": factors.sms, "fp8_speedup": round(factors.fp8_gemm_speedup, 4),
                  "source": f"hcsim calibrate: least squares on the relative error of every BF16 GEMM row of {named}; "
-                           f"fp8_speedup: the FP8 (e4m3) rows' rate over it, the same wave model"},
+                           f"fp8_speedup: the FP8 (e4m3) rows' rate over it, the same wave model", **nested[0]},
         "memory_efficiency": round(factors.memory_efficiency, 4),
         "source_memory_efficiency": f"hcsim calibrate: copy, add, SiLU and cast rows of {named}",
         "reduction_efficiency": round(factors.reduction_efficiency, 4),
         "source_reduction_efficiency": f"hcsim calibrate: RMSNorm and LayerNorm rows of {named}",
         "attention": {"table": [[d, s, round(fwd, 4), round(bwd, 4)] for d, s, fwd, bwd in factors.attention_table],
                       "source": f"hcsim calibrate: [head_dim, sequence, forward, backward] efficiency of the causal "
-                                f"flash attention rows of {named}"},
+                                f"flash attention rows of {named}", **nested[1]},
+        **_variants_yaml(factors, named),
         "kernel_overhead": "0s",
         "launch": f"{factors.launch * 1e6:.2f}us",
         "backward_launch": f"{factors.backward_launch * 1e6:.2f}us",
@@ -284,6 +347,32 @@ def factors_yaml(calibration: Calibration, sources: list[str]) -> dict:
                          f"({calibration.sync * 1e6:.1f} us a row) and backward() start "
                          f"({calibration.backward_call * 1e6:.1f} us) are fitted beside them and not used",
     }
+
+
+def _variants_yaml(factors: DeviceFactors, named: str) -> dict:
+    """The YAML of the factors of step 4 that the files measured, merged into factors_yaml's entry."""
+    out = {}
+    for key, rows in (("mixed_efficiency", "add_fp32_bf16 and mul_bf16_fp32"),
+                      ("strided_efficiency", "copy_transposed_bf16")):
+        if getattr(factors, key):
+            out[key] = round(getattr(factors, key), 4)
+            out[f"source_{key}"] = f"hcsim calibrate: the {rows} rows of {named}"
+    return out
+
+
+def _nested_variants(factors: DeviceFactors, named: str) -> tuple[dict, dict]:
+    """The gemm: and attention: keys of step 4 that the files measured."""
+    gemm = {key: round(getattr(factors, f"gemm_{key}"), 4) for key in ("unaligned_forward", "unaligned_backward")
+            if getattr(factors, f"gemm_{key}")}
+    if gemm:
+        gemm["source_unaligned"] = (f"hcsim calibrate: mean efficiency of the gemm_linear rows with a dimension not "
+                                    f"a multiple of 8 of {named} (forward; input and weight gradients)")
+    attention = {key: round(getattr(factors, f"attention_{key}"), 4) for key in ("dropout_forward", "dropout_backward")
+                 if getattr(factors, f"attention_{key}")}
+    if attention:
+        attention["source_dropout"] = (f"hcsim calibrate: median time of the attn_*_dropout rows over the "
+                                       f"attn_*_default rows of the same shapes, {named}")
+    return gemm, attention
 
 
 # ---- the model against every measured row ----------------------------------------------------------------
@@ -300,18 +389,24 @@ def row_kernels(row: KernelRow) -> tuple | None:
         s = row.shape()
         gemm = ops._gemm("gemm", s["m"], s["n"], s["k"], 2.0)
         return (gemm._replace(kind="gemm8"),) if row.kind == "gemm_fp8_e4m3" else (gemm,)
-    if row.kind in ("attn_fwd", "attn_bwd"):
+    if row.kind == "gemm_linear":
+        suffix = {"dgrad": ".dgrad", "wgrad": ".wgrad"}.get(row.note, "")
+        return (ops._gemm("linear" + suffix, row.m, row.n, row.k, 2.0),)
+    if row.kind.startswith(("attn_fwd", "attn_bwd")):
         b, s, heads, d = row.batch, row.m, row.n, row.k
-        flops = 2.0 * b * s * s * heads * d * (2.5 if row.kind == "attn_bwd" else 1.0)
-        return (ops.Op("flash_attention" + (".bwd" if row.kind == "attn_bwd" else ""), "attention", flops,
-                       4.0 * b * s * heads * d * 2, s, b * heads, d),)
-    if row.kind in MEMORY_KINDS:
-        return (ops._memory(row.kind, row.bytes),)
+        backward = row.kind.startswith("attn_bwd")
+        flops = 2.0 * b * s * s * heads * d * (2.5 if backward else 1.0)
+        name = "flash_attention" + (f"_{ops.DROPOUT}" if row.kind.endswith("dropout") else "")
+        return (ops.Op(name + (".bwd" if backward else ""), "attention", flops, 4.0 * b * s * heads * d * 2, s,
+                       b * heads, d),)
+    if row.kind in MEMORY_KINDS + MIXED_KINDS + STRIDED_KINDS:
+        kind = "mixed" if row.kind in MIXED_KINDS else "strided" if row.kind in STRIDED_KINDS else "memory"
+        return (ops._memory(row.kind, row.bytes, kind),)
     if row.kind == "adamw_fused_fp32_step":
         return ops.optimizer_step_ops(row.elements, "bf16", "pytorch-eager")
-    note = dict(part.split("=") for part in row.note.split() if "=" in part)
+    note = note_numbers(row.note)
     if row.kind.startswith(("rmsnorm_hf", "layernorm")):
-        tokens, hidden = int(note["tokens"]), int(note["hidden"])
+        tokens, hidden = note["tokens"], note["hidden"]
         n = tokens * hidden
         k = ops._Kernels()
         if row.kind.startswith("rmsnorm"):  # on a BF16 input: cast up, the FP32 kernels, cast back
@@ -319,12 +414,12 @@ def row_kernels(row: KernelRow) -> tuple | None:
             ops._rmsnorm(k, "rmsnorm", n, tokens)
             k.memory("cast_down", n * 6, (n * 6,))
         else:  # one fused kernel each way, on BF16
-            k.memory("layernorm", 4 * n, (ops.Reduce(6 * n), ops.Reduce(4 * n)), reduce=True)
+            k.memory("layernorm", 4 * n, (ops.Reduce(6 * n), ops.Reduce(4 * n)), kind="reduction")
         blocks = k.kernels(compiled=False)
         return blocks.forward + (blocks.backward if row.kind.endswith("fwd_bwd") else ())
     if row.kind == "cross_entropy_fp32_fwd_bwd":
         k = ops._Kernels()
-        ops._cross_entropy(k, int(note["tokens"]), int(note["vocab"]))
+        ops._cross_entropy(k, note["tokens"], note["vocab"])
         blocks = k.kernels(compiled=False)
         return blocks.forward + blocks.backward
     return None

@@ -328,7 +328,8 @@ class _Builder:
         eager = spec.kernels != "megatron"
         compiled = spec.kernels == "torch-compile"
         if eager:
-            self.attn_ops, self.mlp_ops, _ = eager_layer_ops(spec.model, par.micro_batch, compiled)
+            self.attn_ops, self.mlp_ops, _ = eager_layer_ops(spec.model, par.micro_batch, compiled,
+                                                             use_cache=spec.recomputation == "none")
         else:
             self.attn_ops, self.mlp_ops = block_kernels(spec, par.micro_batch, par.tp, par.sequence_parallel, par.ep,
                                                         par.cp)

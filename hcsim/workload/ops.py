@@ -43,10 +43,13 @@ __all__ = ["Op", "OP_KINDS", "ATTENTION_KINDS", "BlockOps", "megatron_ops", "opt
            "KERNEL_INVENTORIES", "eager_layer_ops", "eager_embedding_ops", "eager_head_ops", "optimizer_step_ops",
            "OPTIMIZER_TRAFFIC", "ops_flops"]
 
-# gemm8: a GEMM in FP8 (Transformer Engine); memory: a memory-bound kernel streaming its bytes; reduction: a
+# gemm_unaligned: a BF16 GEMM with a dimension that is not a multiple of 8 elements, which cuBLAS runs on kernels
+# without 16-byte aligned loads (a framework that does not pad: GPT-2's vocabulary of 50257 in Hugging Face;
+# Megatron-LM pads it); gemm8: a GEMM in FP8 (Transformer Engine); memory: a memory-bound kernel streaming its bytes; reduction: a
 # norm's kernels that reduce along rows or over the tokens (statistics, the weight gradients): measured to reach
-# less of the bandwidth
-OP_KINDS = ("gemm", "gemm8", "attention", "memory", "reduction")
+# less of the bandwidth; mixed: an elementwise kernel over operands of two dtypes (PyTorch runs it unvectorised);
+# strided: one that reads or writes a transposed or sliced tensor (a concatenation, a broadcast over heads)
+OP_KINDS = ("gemm", "gemm_unaligned", "gemm8", "attention", "memory", "reduction", "mixed", "strided")
 # Bytes the optimizer step moves per parameter, as Megatron-LM's mixed-precision optimizer runs it
 # (FP32 main gradients, FP32 master weights, fused Adam): unscale and inf check (read the main
 # gradient, 4), gradient norm for clipping (read it again, 4), Adam (read gradient, master weight, m,
@@ -71,11 +74,13 @@ class Op(NamedTuple):
 
 
 def _gemm(name: str, m: int, n: int, k: int, e: float, batch: int = 1) -> Op:
-    """C (m x n) = A (m x k) B (k x n), `batch` times; reads A and B and writes C, `e` bytes per element."""
+    """C (m x n) = A (m x k) B (k x n), `batch` times; reads A and B and writes C, `e` bytes per element; a
+    ``gemm_unaligned`` kernel when a dimension is not a multiple of 8."""
     if min(m, n, k, batch) < 1:
         raise ConfigError(f"op {name!r}: a GEMM needs m, n, k, batch >= 1, got {m}, {n}, {k}, {batch} (is tp "
                           f"larger than a dimension it splits?)")
-    return Op(name, "gemm", 2.0 * m * n * k * batch, (m * k + k * n + m * n) * e * batch, m, n, k, batch)
+    kind = "gemm_unaligned" if m % 8 or n % 8 or k % 8 else "gemm"
+    return Op(name, kind, 2.0 * m * n * k * batch, (m * k + k * n + m * n) * e * batch, m, n, k, batch)
 
 
 def _gemm_backward(op: Op, e: float) -> tuple[Op, Op]:
@@ -164,8 +169,9 @@ def ops_flops(ops) -> float:
 
 KERNEL_INVENTORIES = ("megatron", "pytorch-eager", "torch-compile")
 BACKWARD_SUFFIXES = (".bwd", ".dgrad", ".wgrad")  # a backward kernel's name ends so (autograd's engine launches it)
-BANDWIDTH_KINDS = ("memory", "reduction")
+BANDWIDTH_KINDS = ("memory", "reduction", "mixed", "strided")
 ADAMW_FUSED_TRAFFIC = 28.0  # torch.optim.AdamW(fused=True) over FP32 parameters: reads p, g, m, v, writes p, m, v
+DROPOUT = "dropout"  # in an attention kernel's name: the kernel applies dropout to its probabilities
 RESIDUAL, HALF, MASTER = 4.0, 2.0, 4.0  # eager autocast: FP32 residual stream, BF16 GEMM operands, FP32 weights
 
 
@@ -181,13 +187,15 @@ class _Kernels:
     def __post_init__(self):
         self.forward, self.backward_reversed = [], []
 
-    def memory(self, name: str, size: float, backward=(), saved: float = 0.0, reduce: bool = False) -> None:
-        """A memory-bound kernel moving `size` bytes (`reduce`: a reduction); `backward`: the bytes of each of its
-        backward kernels (:class:`Reduce` for a reduction); no forward kernel when `size` is 0."""
+    def memory(self, name: str, size: float, backward=(), saved: float = 0.0, kind: str = "memory") -> None:
+        """A memory-bound kernel of `kind` (memory, reduction, mixed, strided) moving `size` bytes; `backward`: the
+        bytes of each of its backward kernels, a reduction where :class:`Reduce`, else of the same kind (a
+        reduction's streaming); no forward kernel when `size` is 0."""
         if size:
-            self.forward.append(_memory(name, size, "reduction" if reduce else "memory"))
+            self.forward.append(_memory(name, size, kind))
+        streaming = "memory" if kind == "reduction" else kind
         self.backward_reversed.append(tuple(_memory(f"{name}.bwd", b, "reduction" if isinstance(b, Reduce)
-                                                    else "memory") for b in backward))
+                                                    else streaming) for b in backward))
         self.saved += saved
 
     def linear(self, name: str, tokens: int, n_in: int, n_out: int, cast_input: bool, bias: bool = False) -> None:
@@ -233,7 +241,7 @@ def _rmsnorm(k: _Kernels, name: str, n: float, rows: float) -> None:
     the two gradients of x summed, the weight gradient reduced over the tokens)."""
     r = RESIDUAL
     k.memory(f"{name}.pow", 2 * n * r, (2 * n * r, 2 * n * r, 3 * n * r), saved=n * r)
-    k.memory(f"{name}.mean", n * r + rows * r, (n * r + rows * r,), reduce=True)
+    k.memory(f"{name}.mean", n * r + rows * r, (n * r + rows * r,), kind="reduction")
     k.memory(f"{name}.add_eps", 2 * rows * r)
     k.memory(f"{name}.rsqrt", 2 * rows * r, (2 * rows * r, 2 * rows * r, 3 * rows * r))
     # backward: g·r, g·x, its sum over the row; then the two gradients of x summed
@@ -245,7 +253,7 @@ def _layernorm(k: _Kernels, name: str, n: float, rows: float) -> None:
     """torch.nn.functional.layer_norm (autocast runs it in FP32): one kernel forward; backward one for the
     input gradient, one for the weight and bias gradients."""
     r = RESIDUAL
-    k.memory(name, 2 * n * r, (Reduce(3 * n * r), Reduce(2 * n * r)), saved=n * r + 2 * rows * r, reduce=True)
+    k.memory(name, 2 * n * r, (Reduce(3 * n * r), Reduce(2 * n * r)), saved=n * r + 2 * rows * r, kind="reduction")
 
 
 def _dropout(k: _Kernels, name: str, n: float, e: float) -> None:
@@ -254,26 +262,35 @@ def _dropout(k: _Kernels, name: str, n: float, e: float) -> None:
 
 
 def _rope(k: _Kernels, name: str, n: float) -> None:
-    """apply_rotary_pos_emb on one BF16 tensor: x * cos, rotate_half (neg, cat), * sin, add."""
-    e = HALF
-    k.memory(f"{name}.cos", 2 * n * e, (2 * n * e,))
-    k.memory(f"{name}.neg", n * e, (n * e,))
-    k.memory(f"{name}.cat", 2 * n * e, (2 * n * e,))
-    k.memory(f"{name}.sin", 2 * n * e, (2 * n * e,))
-    k.memory(f"{name}.add", 3 * n * e, (3 * n * e,))  # backward: the two gradients of x summed
+    """apply_rotary_pos_emb on one BF16 tensor of n elements, as LlamaForCausalLM runs it under autocast over its
+    FP32 residual stream: cos and sin come in FP32 (the hidden states' dtype), so q·cos and rotate_half(q)·sin
+    broadcast a BF16 tensor against FP32 tables over the heads (strided kernels writing FP32), rotate_half's neg
+    and cat copy halves of the last dimension, the sum is FP32, and sdpa's autocast casts it back to BF16.
+    Backward: the gradient through both products and rotate_half, cast to BF16, the two summed."""
+    e, r = HALF, RESIDUAL
+    k.memory(f"{name}.cos", n * (e + r), (n * (r + r),), kind="strided")
+    k.memory(f"{name}.neg", n * e, (n * e,), kind="strided")
+    k.memory(f"{name}.cat", 2 * n * e, (), kind="strided")
+    k.memory(f"{name}.sin", n * (e + r), (n * (r + r), n * (r + e)), kind="strided")
+    k.memory(f"{name}.add", 3 * n * r, (3 * n * e,))
+    k.memory(f"{name}.cast", n * (r + e), (n * (e + r),))
 
 
 def _gelu_tanh(k: _Kernels, name: str, n: float) -> None:
-    """GPT-2's NewGELUActivation in eager mode, 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))): eight BF16 kernels;
-    autograd keeps x, x³'s input, tanh's output and both factors of the last product."""
-    e = HALF
-    k.memory(f"{name}.pow", 2 * n * e, (2 * n * e, 2 * n * e, 3 * n * e), saved=n * e)
-    for step in ("scale", "add", "scale2"):
-        k.memory(f"{name}.{step}", 2 * n * e + (n * e if step == "add" else 0), (2 * n * e,))
-    k.memory(f"{name}.tanh", 2 * n * e, (3 * n * e,), saved=n * e)
-    k.memory(f"{name}.one_plus", 2 * n * e)
-    k.memory(f"{name}.half_x", 2 * n * e, (2 * n * e, 3 * n * e), saved=n * e)
-    k.memory(f"{name}.mul", 3 * n * e, (3 * n * e, 3 * n * e), saved=n * e)
+    """GPT-2's NewGELUActivation in eager mode, 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), on a BF16 x under
+    autocast: torch.pow is on autocast's FP32 list, so x is cast up, x³ and everything after it is FP32 (two
+    sums and the last product mix BF16 and FP32 operands), and the output is FP32 (the next projection casts it
+    back). Autograd keeps x, x³'s input, tanh's output and both factors of the last product."""
+    e, r = HALF, RESIDUAL
+    k.memory(f"{name}.half_x", 2 * n * e, (n * (r + e),), saved=n * e)
+    k.memory(f"{name}.cast_up", n * (e + r), (n * (r + e),), saved=n * r, kind="mixed")
+    k.memory(f"{name}.pow", 2 * n * r, (2 * n * r, 2 * n * r, 3 * n * r))
+    k.memory(f"{name}.scale", 2 * n * r, (2 * n * r,))
+    k.memory(f"{name}.add", n * (e + r + r), (n * (r + e),), kind="mixed")
+    k.memory(f"{name}.scale2", 2 * n * r, (2 * n * r,))
+    k.memory(f"{name}.tanh", 2 * n * r, (3 * n * r,), saved=n * r)
+    k.memory(f"{name}.one_plus", 2 * n * r, saved=n * r)
+    k.memory(f"{name}.mul", n * (e + r + r), (n * (r + e + r), n * (r + r + r)), kind="mixed")
 
 
 def _flash(k: _Kernels, name: str, b: int, s: int, heads: int, kv_heads: int, d: int) -> None:
@@ -285,15 +302,21 @@ def _flash(k: _Kernels, name: str, b: int, s: int, heads: int, kv_heads: int, d:
     q, kv = b * s * heads * d, b * s * kv_heads * d
     flops = 2.0 * b * s * s * heads * d
     io = (2 * q + 2 * kv) * e
-    k.forward.append(Op(f"{name}", "attention", flops, io, s, b * heads, d))
+    k.forward.append(Op(name, "attention", flops, io, s, b * heads, d))
     k.backward_reversed.append((Op(f"{name}.bwd", "attention", 2.5 * flops, 2 * io, s, b * heads, d),))
     k.saved += io + b * heads * s * 4
 
 
-def eager_layer_ops(model, micro_batch: int, compiled: bool = False) -> tuple[BlockOps, BlockOps, float]:
+def eager_layer_ops(model, micro_batch: int, compiled: bool = False, use_cache: bool = False
+                    ) -> tuple[BlockOps, BlockOps, float]:
     """The attention and MLP blocks of one decoder as a Hugging Face model runs them in PyTorch eager mode under
     torch.autocast(bfloat16) over FP32 weights (LlamaDecoderLayer for norm rmsnorm, GPT2Block for layernorm), or
     under torch.compile (`compiled`); and the bytes autograd keeps per micro-batch for the layer's backward.
+    `use_cache`: the model's config asks for a key/value cache (transformers' default) and training does not
+    checkpoint (gradient checkpointing turns the cache off): each layer's DynamicCache concatenates its keys and
+    values into new tensors. Checked against torch.profiler on an H100 and an H200
+    (experiments/calibration/steps): sdpa runs on cuDNN, whose output is already laid out for the output
+    projection (no copy to merge the heads).
 
     Llama: the FP32 residual stream (the embedding is FP32), RMSNorm in FP32 kernels, q/k/v projections each
     casting their FP32 input, rotary embeddings on q and k, sdpa (flash, causal), the output transposed into a
@@ -316,12 +339,15 @@ def eager_layer_ops(model, micro_batch: int, compiled: bool = False) -> tuple[Bl
     if model.positions == "rope":
         _rope(attn, "rope_q", tokens * h)
         _rope(attn, "rope_k", tokens * kv)
-    _flash(attn, "flash_attention", b, s, model.heads, kv // d, d)
-    attn.memory("merge_heads", 2 * n * HALF, (2 * n * HALF,))
+    if use_cache:
+        for which in ("keys", "values"):
+            attn.memory(f"cache_{which}", 2 * tokens * kv * HALF, kind="strided")
+    _flash(attn, f"flash_attention_{DROPOUT}" if model.dropout else "flash_attention", b, s, model.heads, kv // d, d)
     attn.linear("o_proj", tokens, h, h, cast_input=False, bias=bias)
     if model.dropout:
         _dropout(attn, "dropout_attn", n, HALF)
-    attn.memory("residual_attn", n * (RESIDUAL + HALF + RESIDUAL), (n * (RESIDUAL + HALF), 3 * n * RESIDUAL))
+    attn.memory("residual_attn", n * (RESIDUAL + HALF + RESIDUAL), (n * (RESIDUAL + HALF), 3 * n * RESIDUAL),
+                kind="mixed")
     # MLP block
     norm(mlp, "norm_mlp", n, tokens)
     if model.mlp == "swiglu":
@@ -332,10 +358,11 @@ def eager_layer_ops(model, micro_batch: int, compiled: bool = False) -> tuple[Bl
     else:
         mlp.linear("c_fc", tokens, h, f, cast_input=True, bias=bias)
         _gelu_tanh(mlp, "gelu", tokens * f)
-    mlp.linear("down_proj", tokens, f, h, cast_input=False, bias=bias)
+    mlp.linear("down_proj", tokens, f, h, cast_input=model.mlp != "swiglu", bias=bias)  # GELU's output is FP32
     if model.dropout:
         _dropout(mlp, "dropout_mlp", n, HALF)
-    mlp.memory("residual_mlp", n * (RESIDUAL + HALF + RESIDUAL), (n * (RESIDUAL + HALF), 3 * n * RESIDUAL))
+    mlp.memory("residual_mlp", n * (RESIDUAL + HALF + RESIDUAL), (n * (RESIDUAL + HALF), 3 * n * RESIDUAL),
+               kind="mixed")
     saved = attn.saved + mlp.saved  # the layer's input among them (the first norm keeps it)
     return attn.kernels(compiled), mlp.kernels(compiled), saved
 
