@@ -413,22 +413,29 @@ def host_pairs(platform: nx.Graph, workload: nx.DiGraph) -> set[tuple[str, str]]
     from hcsim.engine.collectives import get_algorithm, server_groups
     from hcsim.engine.executor import form_transfers, memory_form
 
-    nodes = platform.nodes
+    nodes = dict(platform.nodes(data=True))  # a plain dict is faster per look-up
     pairs: set[tuple[str, str]] = set()
     done = set()  # collectives already counted: the same algorithm and size on the same group
+    alike = set()  # collective vertices already counted: the same groups, algorithm and size
+    placed: dict[tuple, object] = {}  # (id, key) of the xpus and spilled_xpus already counted: vertices share them
     for _, data in workload.nodes(data=True):
         if data["kind"] == "compute":
             offloads = data.get("host") or data.get("move") or data.get("offload")
-            for x in data["xpus"]:
-                pairs.add((nodes[x]["local_memory"], x))
-                if offloads:
+            xpus, spilled = data["xpus"], data["spilled_xpus"]
+            if offloads:
+                for x in xpus:
                     for coherent in (True, False):
                         pairs.update(form_transfers(nodes, data, x, memory_form(nodes, data, x, coherent)))
-            for x in data["spilled_xpus"]:
-                pairs.add((nodes[x]["extended_memory"], x))
+            for members, key in ((xpus, "local_memory"), (spilled, "extended_memory")):
+                if (id(members), key) not in placed:
+                    placed[id(members), key] = members  # keep it alive: ids stay unique
+                    pairs.update((nodes[x][key], x) for x in members)
             continue
         collective = data["collective"]
         name = data.get("algorithm") or ("direct" if collective == "p2p" else None)
+        if (key := (collective, name, data["groups"], data["bytes"], data.get("chunks"))) in alike:
+            continue  # one per layer and micro-batch
+        alike.add(key)
         for group in data["groups"]:
             if (key := (collective, name, group, data["bytes"], data.get("chunks"))) in done:
                 continue

@@ -91,6 +91,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
+from itertools import chain
 from pathlib import Path
 
 import networkx as nx
@@ -153,7 +154,7 @@ def add_dependency(graph: nx.DiGraph, before: str, after: str, *, wait: str = "x
 
 
 def _members(groups: tuple[tuple[str, ...], ...]) -> tuple[str, ...]:
-    return groups[0] if len(groups) == 1 else tuple(x for group in groups for x in group)
+    return groups[0] if len(groups) == 1 else tuple(chain.from_iterable(groups))
 
 
 def validate_workload(graph: nx.DiGraph, platform_xpus=None) -> None:
@@ -180,10 +181,10 @@ def validate_workload(graph: nx.DiGraph, platform_xpus=None) -> None:
             problems += _edge_problems(graph, u, v, data)
     if not any(data.get("start") for _, data in graph.nodes(data=True)) and graph.number_of_nodes():
         problems.append("no start vertex: mark the first vertices of an iteration with start: true")
-    first_iteration = nx.DiGraph((u, v) for u, v, skip in graph.edges(data="skip_first_iteration") if not skip)
     cycle = None
-    if not nx.is_directed_acyclic_graph(first_iteration):  # fast; find_cycle only to name the cycle
-        cycle = nx.find_cycle(first_iteration)
+    if _has_cycle(graph):  # find_cycle only to name the cycle
+        cycle = nx.find_cycle(nx.DiGraph((u, v) for u, v, skip in graph.edges(data="skip_first_iteration")
+                                         if not skip))
     if cycle:
         names = " -> ".join(str(u) for u, _ in cycle) + f" -> {cycle[0][0]}"
         problems.append(f"cycle with no skip_first_iteration edge (these vertices can never start): {names}")
@@ -191,6 +192,25 @@ def validate_workload(graph: nx.DiGraph, platform_xpus=None) -> None:
         problems += _coverage_problems(graph)
     if problems:
         raise WorkloadError(invalid(f"workload {brief(graph.graph.get('name', '?'))}", problems))
+
+
+def _has_cycle(graph: nx.DiGraph) -> bool:
+    """Whether the first-iteration edges (not skip_first_iteration) close a cycle: Kahn's algorithm over the
+    edges, without building a second graph."""
+    successors = graph._succ  # networkx's own adjacency (its algorithms read it): no view per vertex
+    indegree = dict.fromkeys(graph, 0)
+    for edges in successors.values():
+        for v, edge in edges.items():
+            if not edge.get("skip_first_iteration"):
+                indegree[v] += 1
+    ready = [v for v, d in indegree.items() if d == 0]
+    for vertex in ready:  # grows as vertices become ready
+        for v, edge in successors[vertex].items():
+            if not edge.get("skip_first_iteration"):
+                indegree[v] -= 1
+                if indegree[v] == 0:
+                    ready.append(v)
+    return len(ready) < len(indegree)
 
 
 def _vertex_problems(name, data, known, missing_by_group) -> list[str]:
@@ -204,7 +224,8 @@ def _vertex_problems(name, data, known, missing_by_group) -> list[str]:
     if known is not None:
         key = id(xpus)
         if key not in missing_by_group:
-            missing_by_group[key] = (xpus, [x for x in xpus if x not in known])  # keep xpus alive: ids stay unique
+            missing_by_group[key] = (xpus, [] if known.issuperset(xpus)  # keep xpus alive: ids stay unique
+                                     else [x for x in xpus if x not in known])
         missing = missing_by_group[key][1]
         if missing:
             problems.append(f"vertex {name!r}: placed on XPUs the platform does not have: {', '.join(map(repr, missing[:5]))}")
@@ -216,7 +237,10 @@ def _vertex_problems(name, data, known, missing_by_group) -> list[str]:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
             problems.append(f"vertex {name!r}: {key} must be a finite number >= 0, got {value!r}")
     if kind == "compute":
-        if len(set(xpus)) != len(xpus):
+        key = ("twice", id(xpus))  # vertices share their xpus tuples: check each distinct one once
+        if key not in missing_by_group:
+            missing_by_group[key] = (xpus, len(set(xpus)) != len(xpus))
+        if missing_by_group[key][1]:
             problems.append(f"vertex {name!r}: xpus lists an XPU more than once")
         spilled = data.get("spilled_xpus") or ()
         strays = set(spilled) - set(xpus) if spilled else ()
@@ -258,7 +282,8 @@ def _edge_problems(graph: nx.DiGraph, u, v, data) -> list[str]:
     before, after = graph.nodes[u], graph.nodes[v]
     if wait == "group" and before["kind"] == after["kind"] == "compute":
         return [f"edge {u!r} -> {v!r}: wait 'group' needs a communication vertex at one end; use 'xpu' or 'all'"]
-    if wait == "xpu" and before["xpus"] is not after["xpus"] and set(before["xpus"]).isdisjoint(after["xpus"]):
+    if (wait == "xpu" and before["xpus"] is not after["xpus"] and before["xpus"] != after["xpus"]
+            and set(before["xpus"]).isdisjoint(after["xpus"])):
         return [f"edge {u!r} -> {v!r}: wait 'xpu' between vertices that share no XPU connects nothing; "
                 f"use wait 'all' for a barrier"]
     return []
@@ -267,7 +292,7 @@ def _edge_problems(graph: nx.DiGraph, u, v, data) -> list[str]:
 def covered_xpus(graph: nx.DiGraph, u, v, wait: str):
     """The XPUs of v whose units wait for some unit of u over an edge u -> v with rule `wait` (None: all)."""
     before, after = graph.nodes[u], graph.nodes[v]
-    if wait == "all" or before["xpus"] is after["xpus"]:
+    if wait == "all" or before["xpus"] is after["xpus"] or before["xpus"] == after["xpus"]:
         return None
     if wait == "group" and after["kind"] == "comm":
         touched = set(before["xpus"])
@@ -289,7 +314,7 @@ def _coverage_problems(graph: nx.DiGraph) -> list[str]:
                 break
             covered |= xpus
         else:
-            alone = [x for x in data["xpus"] if x not in covered]
+            alone = [] if covered.issuperset(data["xpus"]) else [x for x in data["xpus"] if x not in covered]
             if alone:
                 problems.append(f"vertex {v!r}: its units on {len(alone)} XPUs ({', '.join(map(str, alone[:5]))}"
                                 f"{', ...' if len(alone) > 5 else ''}) wait for nothing in iteration 1, and it is not "
