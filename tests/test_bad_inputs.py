@@ -47,6 +47,7 @@ routes:
   - ROUTE
 """
 
+KERNEL_HEADER = "kind,m,n,k,batch,dtype,seconds,flops,bytes\n"
 GOOD_AXES = "axes: {coherent: [true, false], cxl_bandwidth: [64GB/s, 128GB/s]}\n"
 EXPERIMENT = "name: exp\nbase: {xpus: 2, iterations: 1}\n" + GOOD_AXES
 
@@ -127,6 +128,13 @@ FILES = {
     "routes-ghost.yaml": "name: given-routes\nxpus: 2\nplatform_overrides:\n  routes:\n    - [xpu0, ghost, xpu1]\n",
     "routes-twice.yaml": "xpus: 2\nplatform_overrides:\n  routes:\n    - [xpu0, r0s0.pcie0, xpu1]\n"
                          "    - [xpu0, r0s0.xpusw, xpu1]\n",
+    # kernel CSVs for `hcsim calibrate` that the fuzz tests found a traceback in
+    "k-overflow.csv": KERNEL_HEADER + "gemm,1e400,2,2,1,bf16,0.001,1,1\n",
+    "k-tiny.csv": KERNEL_HEADER + "copy,0,0,0,1,u8,1e-300,0,1024\n",
+    "k-huge.csv": KERNEL_HEADER + "copy,0,0,0,1,u8,1e12,0,1024\n",
+    "k-no-shape.csv": KERNEL_HEADER + "gemm,0,0,0,1,bf16,0.001,1,1\n",
+    "k-no-note.csv": "kind,elements,dtype,seconds,bytes,flops,note\nrmsnorm_hf_fwd,1024,bf16,0.001,1024,0,fast\n",
+    "k-alike.csv": KERNEL_HEADER + "copy,0,0,0,1,u8,1e-5,0,1024\n" * 3 + "gemm,64,64,64,1,bf16,1e-5,524288,24576\n" * 3,
     # issue 29: a platform whose CXL Type 3 expanders hold 1 GB each
     "tiny-type3.yaml": (REPO_ROOT / "platforms/paper-cxl.yaml").read_text().replace(
         "type3_capacity: unbounded", "type3_capacity: 1GB"),
@@ -162,6 +170,12 @@ GRAPHS = {
     "g-no-work.json": _graph_json(nodes=[{"id": "a", "kind": "compute", "xpus": ["xpu0"], "flops": 0,
                                           "memory_bytes": 0, "start": True}]),
     "g-duplicate-id.json": _graph_json(nodes=[{"id": "a", "kind": "compute", "xpus": ["xpu0"], "flops": 1}] * 2),
+    # found by the fuzz tests (tests/test_fuzz.py): each was a traceback
+    "g-undirected.json": _graph_json().replace('"directed": true', '"directed": null'),
+    "g-multigraph.json": _graph_json().replace('"multigraph": false', '"multigraph": true'),
+    "g-layout-order-null.json": _graph_json(graph={"layout": {"sizes": {"tp": 1, "dp": 2}, "order": [None, "dp"]}}),
+    "g-algorithm-not-text.json": _graph_json(nodes=[{**ALL_REDUCE, "algorithm": True}]),
+    "g-algorithm-colon.json": _graph_json(nodes=[{**ALL_REDUCE, "algorithm": ":"}]),
 }
 
 
@@ -502,6 +516,7 @@ CLI_CASES_29 = {
                           r"workload_overrides\.gradients\.algorithm", r"did you mean 'ring'.*known: .*hierarchical"),
 }
 GRAPH = SIM + ["--set", "xpus=2", "--set"]
+CALIBRATE = ["calibrate", "--device", "H100", "-o", "factors.yaml"]
 CHAKRA = SIM + ["--set", "xpus=4", "--set"]
 CLI_CASES_29.update({
     # workload graph JSON: tracebacks, raw Python text, the graph-level section
@@ -526,6 +541,30 @@ CLI_CASES_29.update({
     "graph-pairs-on-all-reduce": (GRAPH + ["workload=g-pairs.json"], r"vertex 'c'", r"pairs is not a vertex attribute"),
     "graph-comm-xpus-mapping": (GRAPH + ["workload=g-comm-xpus-mapping.json"], r"vertex 'c': xpus",
                                 r"derived.*a list of XPU names"),
+    # found by the fuzz tests (tests/test_fuzz.py): each was a traceback
+    "graph-undirected": (GRAPH + ["workload=g-undirected.json"], r"g-undirected\.json: directed",
+                         r"must be true or left out \(a workload graph is a directed graph\), got None"),
+    "graph-multigraph": (GRAPH + ["workload=g-multigraph.json"], r"g-multigraph\.json: multigraph",
+                         r"must be false or left out"),
+    "graph-layout-order-null": (GRAPH + ["workload=g-layout-order-null.json"], r"graph: layout",
+                                r"order naming each once"),
+    "graph-algorithm-not-text": (GRAPH + ["workload=g-algorithm-not-text.json"], r"vertex 'c': algorithm",
+                                 r"the name of a collective algorithm \(ring, coherent_ring, \.\.\., or module:Class\)"),
+    "graph-algorithm-colon": (GRAPH + ["workload=g-algorithm-colon.json"], r"algorithm ':'",
+                              r"give 'package\.module:ClassName' of an importable Algorithm subclass"),
+    "calibrate-dimension-overflow": (CALIBRATE + ["k-overflow.csv"], r"k-overflow\.csv:2: column m",
+                                     r"expected a finite number >= 0, got '1e400'"),
+    "calibrate-seconds-tiny": (CALIBRATE + ["k-tiny.csv"], r"k-tiny\.csv:2: column seconds",
+                               r"give seconds >= 1e-09"),
+    "calibrate-seconds-huge": (CALIBRATE + ["k-huge.csv"], r"k-huge\.csv:2: column seconds",
+                               r"outside the physical range of a duration"),
+    "calibrate-gemm-without-shape": (CALIBRATE + ["k-no-shape.csv"], r"k-no-shape\.csv:2",
+                                     r"a gemm row needs m, n, k \(>= 1\): give columns m, n, k >= 1, or a note"),
+    "calibrate-norm-without-note": (CALIBRATE + ["k-no-note.csv"], r"k-no-note\.csv:2",
+                                    r"a rmsnorm_hf_fwd row needs tokens, hidden \(>= 1\): give a note "
+                                    r"'tokens=4096 hidden=4096'"),
+    "calibrate-rows-alike": (CALIBRATE + ["k-alike.csv"], r"calibrate H100",
+                             r"rows of different sizes and times"),
     # Chakra traces
     "chakra-empty-prefix": (SIM + ["--set", "workload=chakra:"], r"workload", r"'chakra:' names no trace.*PATH_PREFIX"),
     "chakra-no-files": (CHAKRA + ["workload=chakra:ch/nowhere"], r"chakra:ch/nowhere", r"no trace files.*\.0\.et"),
@@ -771,9 +810,16 @@ def _api_cases():
     from hcsim.run.scenario import Scenario, load_scenario
     from hcsim.run.simulation import simulate, simulate_graphs
     from hcsim.study.sweep import load_experiment, run_sweep
+    from hcsim.study.validate import RunRow, measured_seconds
     from hcsim.workload import load_workload, load_workload_spec
 
+    tflops_row = RunRow(line=3, cells={"name": "r", "layers": "2", "hidden": "256", "vocabulary": "1024",
+                                       "sequence": "128", "global_batch": "8", "gpus": "", "measured": "50",
+                                       "unit": "tflops/gpu"})
     return {
+        # found by the fuzz tests: a throughput per GPU without the GPUs was a TypeError
+        "validate-tflops-without-gpus": (lambda: measured_seconds(tflops_row), r"line 3: unit tflops/gpu",
+                                         r"needs layers, hidden, vocabulary and gpus"),
         "simulate-none": (lambda: simulate(None), r"scenario", r"expected a hcsim\.run\.scenario\.Scenario"),
         "prepare-a-dict": (lambda: prepare({"xpus": 8}), r"scenario", r"expected a hcsim\.run\.scenario\.Scenario"),
         "settings-a-string": (lambda: load_scenario(None, "xpus=8"), r"settings", r"a list of KEY=VALUE strings"),

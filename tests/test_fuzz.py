@@ -179,3 +179,248 @@ def test_a_random_workload_spec_builds_or_raises_hcsims_error(tmp_path, mutation
 @given(st.one_of(st.text(max_size=200), st.builds(yaml.safe_dump, values)))
 def test_random_yaml_text_parses_or_raises_hcsims_error(text):
     own_error_or_nothing(lambda: parse_yaml(text, "fuzz.yaml"))
+
+
+# --- files read by the newer surfaces: graph JSON, Chakra bytes, runs CSVs, kernel CSVs (issue 29) -----------
+
+cells = st.one_of(st.sampled_from(["", "0", "-1", "1", "2", "8", "nan", "inf", "-inf", "1e400", "1e-400", "1e30",
+                                   "9" * 30, "2.5", "0.0", "-0", "1_000", "0x10", "١"]),
+                  st.sampled_from(["abc", "1,5", '"', "\x00", "gemm", "attn_fwd", "bf16", "fp8", "s", "ms", "tokens/s",
+                                   "tflops/gpu", "full", "interleaved", "true", "H100", "calibration", "m=0 n=1",
+                                   "tokens=8 hidden=x", "a=b=c"]),
+                  st.text(max_size=8), st.integers(-(10**20), 10**20).map(str), st.floats().map(repr))
+# a raw edit of a file's bytes: (where, as a fraction of its length; what: insert, overwrite or cut there; bytes)
+byte_edits = st.lists(st.tuples(st.floats(0, 1), st.sampled_from(["insert", "overwrite", "cut"]),
+                                st.binary(min_size=1, max_size=6)), min_size=1, max_size=3)
+
+
+def _edit_bytes(data: bytes, edits) -> bytes:
+    for where, how, chunk in edits:
+        at = int(where * len(data))
+        data = (data[:at] + chunk + data[at:] if how == "insert" else
+                data[:at] + chunk + data[at + len(chunk):] if how == "overwrite" else data[:at])
+    return data
+
+
+def _edit_table(text: str, edits) -> str:
+    """CSV `text` with cells replaced, rows dropped or doubled, a column dropped: (row, column, what, value)."""
+    import csv
+    import io
+
+    rows = list(csv.reader(io.StringIO(text)))
+    for row, column, how, value in edits:
+        r = row % len(rows) if rows else 0
+        if not rows:
+            break
+        if how == "cell" and rows[r]:
+            rows[r][column % len(rows[r])] = value
+        elif how == "drop-row":
+            del rows[r]
+        elif how == "double-row":
+            rows.insert(r, list(rows[r]))
+        elif how == "drop-column":
+            for cells_of in rows:
+                if cells_of:
+                    del cells_of[column % len(cells_of)]
+        elif how == "extra-cell":
+            rows[r].append(value)
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows(rows)
+    return out.getvalue()
+
+
+table_edits = st.lists(st.tuples(st.integers(0, 50), st.integers(0, 30),
+                                 st.sampled_from(["cell", "cell", "cell", "drop-row", "double-row", "drop-column",
+                                                  "extra-cell"]), cells), min_size=1, max_size=4)
+
+
+def _graph_json(hybrid: bool) -> dict:
+    """A small valid workload graph as node-link JSON: data parallel (compute and all-reduces), or tp x pp with
+    ZeRO-1 (p2p, reduce-scatters, all-gathers, stages, groups)."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from hcsim.run.prepare import prepare
+    from hcsim.run.scenario import load_scenario
+    from hcsim.workload import save_workload
+
+    settings = {"workload": "llama2-13b-shape", "xpus": 4, "pp": 2, "global_batch": 4, "micro_batch": 1, "zero": 1} \
+        if hybrid else {"workload": "llama2-13b", "xpus": 2, "granularity": "decoder"}
+    workload = prepare(load_scenario(None, {**settings, "workload_overrides.model.decoders": 2})).workload
+    with tempfile.TemporaryDirectory() as folder:
+        save_workload(workload, Path(folder) / "g.json")
+        return json.loads((Path(folder) / "g.json").read_text())
+
+
+GRAPHS = {hybrid: _graph_json(hybrid) for hybrid in (False, True)}
+
+
+@FUZZ
+@given(st.booleans().flatmap(lambda hybrid: st.tuples(st.just(hybrid), _mutations(GRAPHS[hybrid]))),
+       st.none() | byte_edits)
+def test_a_mutated_graph_json_runs_or_raises_hcsims_error(tmp_path, mutated, edits):
+    """A valid node-link graph with values replaced or deleted anywhere (vertices, edges, the graph section),
+    its bytes edited: prepared for a run (loaded, checked, placed) or refused with hcsim's own error."""
+    import json
+
+    from hcsim.run.prepare import prepare
+    from hcsim.run.scenario import load_scenario
+
+    hybrid, mutations = mutated
+    path = tmp_path / "g.json"
+    data = json.dumps(_apply(GRAPHS[hybrid], mutations)).encode()
+    path.write_bytes(_edit_bytes(data, edits) if edits else data)
+    own_error_or_nothing(lambda: prepare(load_scenario(None, {"workload": str(path), "xpus": 4 if hybrid else 2})))
+
+
+def _chakra_ranks() -> list[bytes]:
+    """Two ranks of a valid Chakra trace: compute timed by duration and by num_ops, an all-reduce, a send and
+    its receive, a control dependency."""
+    import tempfile
+    from pathlib import Path
+
+    from hcsim.workload.chakra import NODE_TYPES, Node, attribute, write_trace
+
+    comp, coll = NODE_TYPES["COMP_NODE"], NODE_TYPES["COMM_COLL_NODE"]
+    send, recv = NODE_TYPES["COMM_SEND_NODE"], NODE_TYPES["COMM_RECV_NODE"]
+    ranks = []
+    with tempfile.TemporaryDirectory() as folder:
+        for rank in range(2):
+            peer = 1 - rank
+            p2p = [attribute("comm_dst" if rank == 0 else "comm_src", int32_val=peer),
+                   attribute("comm_size", int64_val=4096), attribute("comm_tag", int32_val=7)]
+            nodes = [Node(id=0, name="fwd", type=comp, duration_micros=100),
+                     Node(id=1, name="ops", type=comp, data_deps=[0],
+                          attr=[attribute("num_ops", int64_val=10**9), attribute("tensor_size", uint64_val=10**6)]),
+                     Node(id=2, name="ar", type=coll, data_deps=[1],
+                          attr=[attribute("comm_type", int64_val=0), attribute("comm_size", int64_val=10**6)]),
+                     Node(id=3, name="p2p", type=send if rank == 0 else recv, data_deps=[2], attr=p2p),
+                     Node(id=4, name="bwd", type=comp, duration_micros=50, ctrl_deps=[3])]
+            path = Path(folder) / f"t.{rank}.et"
+            write_trace(path, nodes)
+            ranks.append(path.read_bytes())
+    return ranks
+
+
+CHAKRA = _chakra_ranks()
+
+
+@FUZZ
+@given(st.integers(0, 1), byte_edits, st.booleans())
+def test_mutated_chakra_bytes_run_or_raise_hcsims_error(tmp_path, rank, edits, import_only):
+    """A valid two-rank Chakra trace with one rank file's bytes edited (protobuf varints, lengths, tags and
+    payloads cut or overwritten): imported and prepared for a run, or refused with hcsim's own error."""
+    from hcsim.run.prepare import prepare
+    from hcsim.run.scenario import load_scenario
+    from hcsim.workload.chakra import import_chakra
+
+    for r, data in enumerate(CHAKRA):
+        (tmp_path / f"t.{r}.et").write_bytes(_edit_bytes(data, edits) if r == rank else data)
+    prefix = str(tmp_path / "t")
+    if import_only:
+        own_error_or_nothing(lambda: import_chakra(prefix))
+    else:
+        own_error_or_nothing(lambda: prepare(load_scenario(None, {"workload": f"chakra:{prefix}", "xpus": 2,
+                                                                  "platform": "paper-traditional"})))
+
+
+RUNS = ("name,role,layers,hidden,heads,vocabulary,sequence,gpus,tp,pp,micro_batch,global_batch,recompute,schedule,"
+        "virtual_stages,sequence_parallel,measured,unit\n"
+        "a,calibration,2,256,4,1024,128,2,2,1,1,2,full,1f1b,1,true,1.0,s\n"
+        "b,,4,256,4,1024,128,4,1,2,1,4,selective,interleaved,2,false,300,ms\n"
+        "c,,2,512,8,2048,256,8,2,2,1,8,none,zb-h1,1,false,50,tflops/gpu\n"
+        "d,,2,256,4,1024,128,4,2,1,2,8,full,1f1b,1,false,2000,tokens/s\n")
+SELENE = str(REPO_ROOT / "experiments" / "validation" / "selene.yaml")
+
+
+@FUZZ
+@given(table_edits, st.none() | byte_edits)
+def test_a_mutated_runs_csv_validates_or_raises_hcsims_error(tmp_path, edits, raw):
+    """`hcsim validate`'s reading of a runs CSV with cells, rows and columns edited (and its bytes): the file is
+    refused with hcsim's error, or each row becomes a scenario that prepares, or a reason of hcsim's own (what
+    validate lists as not simulated); nothing is simulated."""
+    from hcsim.run.prepare import prepare
+    from hcsim.study.validate import measured_seconds, read_runs, row_scenario
+
+    path = tmp_path / "runs.csv"
+    data = _edit_table(RUNS, edits).encode()
+    path.write_bytes(_edit_bytes(data, raw) if raw else data)
+    rows = []
+    own_error_or_nothing(lambda: rows.extend(read_runs(path)))
+    for row in rows:
+        def action(row=row):
+            measured_seconds(row)
+            scenario = row_scenario(row, SELENE, None, str(tmp_path))
+            if scenario.xpus <= 16:  # a small run: preparing stays cheap
+                prepare(scenario)
+
+        own_error_or_nothing(action)
+
+
+def _kernels() -> tuple[str, str]:
+    """Two small kernel CSVs of both layouts, cut from the H100 measurements: every kind the fit reads."""
+    folder = REPO_ROOT / "experiments" / "calibration" / "measurements"
+    first = (folder / "h100-sxm-80gb-kernels.csv").read_text().splitlines(keepends=True)
+    second = (folder / "h100-sxm-80gb-kernels2.csv").read_text().splitlines(keepends=True)
+    keep = [line for line in first[1:] if not line.startswith("gemm")] + \
+        [line for line in first[1:] if line.startswith("gemm")][::9]
+    return "".join(first[:1] + keep), "".join(second[:1] + second[1::3])
+
+
+KERNELS = _kernels()
+
+
+@FUZZ
+@given(st.integers(0, 1), table_edits, st.none() | byte_edits)
+def test_mutated_kernel_csvs_calibrate_or_raise_hcsims_error(tmp_path, which, edits, raw):
+    """`hcsim calibrate` on kernel CSVs with cells, rows and columns edited (and bytes): factors fitted and
+    their errors tabled, or hcsim's own error."""
+    from hcsim.platform.devices import builtin_catalog
+    from hcsim.study.calibrate import SMS, error_table, factors_yaml, fit_device, model_errors, read_kernels
+
+    paths = []
+    for i, text in enumerate(KERNELS):
+        path = tmp_path / f"k{i}.csv"
+        data = _edit_table(text, edits).encode() if i == which else text.encode()
+        path.write_bytes(_edit_bytes(data, raw) if raw and i == which else data)
+        paths.append(path)
+    h100 = builtin_catalog()["H100"]
+    peak = h100.peaks["bf16"]
+
+    def action():
+        rows = read_kernels(paths)
+        calibration = fit_device(rows, name="H100", peak=peak, memory_bandwidth=h100.memory_bandwidth, sms=SMS["H100"])
+        error_table(model_errors(rows, calibration, peak, h100.memory_bandwidth))
+        factors_yaml(calibration, [p.name for p in paths])
+
+    own_error_or_nothing(action)
+
+
+def test_the_seeds_of_the_file_fuzzers_are_valid(tmp_path):
+    """Unmutated, each fuzzed file runs through: so a mutation lands next to a valid input, not in a refusal."""
+    import json
+
+    from hcsim.platform.devices import builtin_catalog
+    from hcsim.run.prepare import prepare
+    from hcsim.run.scenario import load_scenario
+    from hcsim.study.calibrate import SMS, fit_device, read_kernels
+    from hcsim.study.validate import measured_seconds, read_runs, row_scenario
+
+    for hybrid, data in GRAPHS.items():
+        (tmp_path / "g.json").write_text(json.dumps(data))
+        prepare(load_scenario(None, {"workload": str(tmp_path / "g.json"), "xpus": 4 if hybrid else 2}))
+    for rank, data in enumerate(CHAKRA):
+        (tmp_path / f"t.{rank}.et").write_bytes(data)
+    prepare(load_scenario(None, {"workload": f"chakra:{tmp_path / 't'}", "xpus": 2, "platform": "paper-traditional"}))
+    (tmp_path / "runs.csv").write_text(RUNS)
+    rows = read_runs(tmp_path / "runs.csv")
+    assert len(rows) == 4
+    for row in rows:
+        assert measured_seconds(row) > 0
+        prepare(row_scenario(row, SELENE, None, str(tmp_path)))
+    for i, text in enumerate(KERNELS):
+        (tmp_path / f"k{i}.csv").write_text(text)
+    h100 = builtin_catalog()["H100"]
+    fit_device(read_kernels([tmp_path / "k0.csv", tmp_path / "k1.csv"]), name="H100", peak=h100.peaks["bf16"],
+               memory_bandwidth=h100.memory_bandwidth, sms=SMS["H100"])

@@ -296,7 +296,7 @@ def _imported(collective: str, path: str) -> type[Algorithm]:
     module_name, _, class_name = path.partition(":")
     try:
         cls = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as err:
+    except (ImportError, AttributeError, ValueError, TypeError) as err:  # ValueError, TypeError: ":x", ".mod:x"
         raise ConfigError(f"algorithm {path!r}: cannot import {class_name!r} from {module_name!r} ({err}); fix: "
                           f"give 'package.module:ClassName' of an importable Algorithm subclass") from err
     if not (isinstance(cls, type) and issubclass(cls, Algorithm)) or cls.collective != collective:

@@ -41,6 +41,7 @@ K_HALF_GRID = tuple(range(0, 1025, 16))
 FLOOR_BYTES = 2**20  # memory-bound rows this small measure the per-kernel floor alone (< 1 us of traffic)
 STREAMING = 5  # memory-bound rows of at least 5 floors measure the bandwidth (mid sizes overlap floor and traffic)
 REQUIRED = {"kind", "seconds"}
+MIN_KERNEL_SECONDS = 1e-9  # s: below a GPU clock tick no kernel is measured
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +128,15 @@ def _row(data: dict, where: str) -> KernelRow:
                     note=(data.get("note") or "").strip(), where=where)
     if not row.seconds > 0:
         raise ConfigError(f"{where}: column seconds: a kernel takes > 0 s, got {data.get('seconds')!r}")
+    if row.seconds < MIN_KERNEL_SECONDS:
+        raise ConfigError(f"{where}: column seconds: {data.get('seconds')!r} is shorter than any measured kernel "
+                          f"(a GPU's clock ticks are ns); give seconds >= {MIN_KERNEL_SECONDS:g}")
+    from hcsim.limits import check_range
+
+    for key, quantity in (("seconds", "duration"), ("flops", "flop"), ("bytes", "size")):
+        problem = check_range(getattr(row, key), quantity, f"{where}: column {key}", data.get(key))
+        if problem:
+            raise ConfigError(problem)
     source, keys = NEEDS.get(row.kind, (None, ""))
     found = {"shape": row.shape, "columns": lambda: {k: getattr(row, k) for k in keys.split()},
              "note": lambda: note_numbers(row.note)}[source]() if source else {}
@@ -183,17 +193,21 @@ def fit_device(rows: list[KernelRow], *, name: str, peak: float, memory_bandwidt
         raise ConfigError(f"calibrate {name}: needs memory-bound rows of at most {FLOOR_BYTES:,} bytes (the "
                           f"per-kernel floor), found none (benchmarks/gpu_kernels.py measures them)")
     floor = small[len(small) // 2]  # the median of the kernels too small to take any time on the GPU
-    streaming, reduction = _bandwidths(rows, memory, floor, memory_bandwidth)
-    k_half, gemm_efficiency = _gemm_fit(gemms, floor, peak, sms)
-    fp8 = [r for r in rows if r.kind == "gemm_fp8_e4m3"]
-    speedup = _gemm_fit(fp8, floor, peak, sms, k_half)[1] / gemm_efficiency if fp8 else 0.0
-    factors = DeviceFactors(name=name, provenance="measured", gemm_max_efficiency=gemm_efficiency, gemm_k_half=k_half,
-                            fp8_gemm_speedup=speedup,
-                            sms=sms, memory_efficiency=streaming, reduction_efficiency=reduction, kernel_overhead=0.0,
-                            launch=floor)
-    calibration = _launches(rows, factors, floor, peak, memory_bandwidth)
-    table = _attention_table(rows, calibration, peak)
-    variants = _variants(rows, calibration, floor, peak, memory_bandwidth)
+    try:
+        streaming, reduction = _bandwidths(rows, memory, floor, memory_bandwidth)
+        k_half, gemm_efficiency = _gemm_fit(gemms, floor, peak, sms)
+        fp8 = [r for r in rows if r.kind == "gemm_fp8_e4m3"]
+        speedup = _gemm_fit(fp8, floor, peak, sms, k_half)[1] / gemm_efficiency if fp8 else 0.0
+        factors = DeviceFactors(name=name, provenance="measured", gemm_max_efficiency=gemm_efficiency,
+                                gemm_k_half=k_half, fp8_gemm_speedup=speedup, sms=sms, memory_efficiency=streaming,
+                                reduction_efficiency=reduction, kernel_overhead=0.0, launch=floor)
+        calibration = _launches(rows, factors, floor, peak, memory_bandwidth)
+        table = _attention_table(rows, calibration, peak)
+        variants = _variants(rows, calibration, floor, peak, memory_bandwidth)
+    except (ZeroDivisionError, OverflowError):  # sums that vanish or overflow: rows of a kind all alike
+        raise ConfigError(f"calibrate {name}: the rows do not determine the kernel model (a least-squares fit has "
+                          f"no unique solution): each kind needs rows of different sizes and times, as "
+                          f"benchmarks/gpu_kernels.py measures them") from None
     return replace(calibration, factors=replace(calibration.factors, attention_table=table, **variants))
 
 

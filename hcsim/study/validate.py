@@ -190,8 +190,8 @@ def measured_seconds(row: RunRow) -> float:
     if unit == "tokens/s":
         return batch * sequence / value
     layers, hidden, vocabulary, gpus = (row.value(k) for k in ("layers", "hidden", "vocabulary", "gpus"))
-    if None in (layers, hidden, vocabulary):
-        raise ConfigError(f"line {row.line}: unit tflops/gpu needs layers, hidden and vocabulary")
+    if None in (layers, hidden, vocabulary, gpus):
+        raise ConfigError(f"line {row.line}: unit tflops/gpu needs layers, hidden, vocabulary and gpus")
     flops = 96.0 * batch * sequence * layers * hidden ** 2 * (1 + sequence / (6 * hidden)
                                                               + vocabulary / (16 * layers * hidden))
     return flops / (value * 1e12 * gpus)

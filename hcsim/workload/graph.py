@@ -265,6 +265,10 @@ def _comm_problems(name, data) -> list[str]:
         problems.append(f"vertex {name!r}: a p2p transfer names two different XPUs (src, dst) per pair")
     if any(not group for group in groups):
         problems.append(f"vertex {name!r}: a group is empty")
+    algorithm = data.get("algorithm")
+    if algorithm is not None and not (isinstance(algorithm, str) and algorithm):
+        problems.append(f"vertex {name!r}: algorithm must be the name of a collective algorithm (ring, "
+                        f"coherent_ring, ..., or module:Class) or absent, got {brief(algorithm)}")
     chunks = data.get("chunks")
     if chunks is not None and (isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1):
         problems.append(f"vertex {name!r}: chunks must be an integer >= 1 (or absent), got {chunks!r}")
@@ -432,6 +436,10 @@ def _structure_problems(data, key: str) -> list[str]:
         edges = []
     if not isinstance(graph, dict):
         problems.append(f"WHERE: graph: expected an object of graph attributes, got {brief(graph)}")
+    for flag, value in (("directed", True), ("multigraph", False)):  # networkx would build another kind of graph
+        if data.get(flag, value) is not value:
+            problems.append(f"WHERE: {flag}: must be {str(value).lower()} or left out (a workload graph is "
+                            f"{'' if value else 'not '}a {flag} graph), got {brief(data[flag])}")
     ids = set()
     for i, node in enumerate(nodes):
         if not isinstance(node, dict) or "id" not in node:
@@ -486,7 +494,8 @@ def graph_problems(graph: nx.DiGraph) -> list[str]:
         order = layout.get("order") if isinstance(layout, dict) else None
         if not (isinstance(sizes, dict) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
                                                 for v in sizes.values())
-                and isinstance(order, (list, tuple)) and sorted(order) == sorted(sizes)):
+                and isinstance(order, (list, tuple)) and all(isinstance(axis, str) for axis in order)
+                and sorted(order) == sorted(sizes)):
             problems.append(f"graph: layout: expected {{\"sizes\": {{\"tp\": 1, \"dp\": 8, ...}}, \"order\": "
                             f"[\"tp\", \"dp\", ...]}} (sizes integers >= 1, order naming each once), got "
                             f"{brief(layout)}")
