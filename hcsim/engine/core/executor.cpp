@@ -141,7 +141,22 @@ public:
   }
 
 private:
-  std::int64_t required(std::int64_t unit, std::int32_t run) const { return w_.u_required[2 * unit + (run > 1)]; }
+  /* A unit's entries in the tables alike vertices share (workload.hpp): its vertex's row there, plus its rank. */
+  std::int64_t row(const std::int64_t* rows, std::int64_t unit) const
+  {
+    std::int32_t vertex = unit_vertex_[unit];
+    return rows[vertex] + (unit - w_.v_units[vertex]);
+  }
+  std::int64_t required(std::int64_t unit, std::int32_t run) const
+  {
+    return w_.u_required[2 * row(w_.v_rrow, unit) + (run > 1)];
+  }
+  std::int32_t xpu(std::int64_t unit) const { return w_.u_xpu[row(w_.v_xrow, unit)]; }
+  std::int64_t compute_row(std::int64_t unit) const { return row(w_.v_crow, unit); }
+  std::int32_t group_of(std::int64_t unit) const
+  {
+    return static_cast<std::int32_t>(w_.v_group0[unit_vertex_[unit]] + w_.u_group[row(w_.v_grow, unit)]);
+  }
 
   void notify(std::int64_t unit, std::int32_t run)
   {
@@ -166,7 +181,7 @@ private:
     std::int32_t vertex = unit_vertex_[unit];
     if (w_.v_kind[vertex] == COMPUTE) {
       if (!(w_.v_flags[vertex] & CPU_STEP))  // else the XPU waits (idle) while its host CPU computes
-        clocks_[w_.u_xpu[unit]].advance(now(), 1);
+        clocks_[xpu(unit)].advance(now(), 1);
       start_compute(vertex, unit, run);
     } else {
       rank_ready(vertex, unit, run);
@@ -184,8 +199,8 @@ private:
     done_runs_[unit] = run;
     double t = now();
     if (w_.v_kind[vertex] == COMPUTE && !(w_.v_flags[vertex] & CPU_STEP))
-      clocks_[w_.u_xpu[unit]].advance(t, -1);
-    if (traced(w_.u_xpu[unit], run))
+      clocks_[xpu(unit)].advance(t, -1);
+    if (traced(xpu(unit), run))
       out_.vertices->push_back({run, unit, start, t});
     if (++completed_in_run_[run] == static_cast<std::int64_t>(w_.units))
       iteration_ended(t);
@@ -264,11 +279,12 @@ private:
   void start_compute(std::int32_t vertex, std::int64_t unit, std::int32_t run)
   {
     double begin = now();
-    double flops = w_.u_flops[unit], read = w_.u_read[unit];
-    auto finish = [this, vertex, unit, run, begin]() {
+    std::int64_t c = compute_row(unit);
+    double flops = w_.u_flops[c], read = w_.u_read[c];
+    auto finish = [this, vertex, unit, run, begin, c]() {
       double elapsed = now() - begin;
-      double compute = w_.u_compute_s[unit];
-      Clock& clock = clocks_[w_.u_xpu[unit]];
+      double compute = w_.u_compute_s[c];
+      Clock& clock = clocks_[xpu(unit)];
       clock.compute += compute;
       clock.stall += std::max(0.0, elapsed - compute);
       if (w_.v_flags[vertex] & RECOMPUTE)
@@ -276,7 +292,7 @@ private:
       complete(vertex, unit, run, begin);
     };
     if (w_.v_flags[vertex] & MOVE) {  // an offload copy: u_copy bytes, nothing computed
-      transfer(w_.u_copy_src[unit], w_.u_peer[unit], w_.u_copy[unit], finish, run, w_.u_xpu[unit], vertex, MOVED);
+      transfer(w_.u_copy_src[c], w_.u_peer[c], w_.u_copy[c], finish, run, xpu(unit), vertex, MOVED);
       return;
     }
     if (w_.v_flags[vertex] & CPU_STEP) {  // on the CPU that owns the XPU's host memory, beside reading it
@@ -285,17 +301,17 @@ private:
         if (--*pending == 0)
           complete(vertex, unit, run, begin);
       };
-      execute(hosts_[w_.u_peer[unit]], flops, part);
+      execute(hosts_[w_.u_peer[c]], flops, part);
       if (read > 0)
-        transfer(w_.u_read_src[unit], w_.u_peer[unit], read, part, run, w_.u_xpu[unit], vertex, READ);
+        transfer(w_.u_read_src[c], w_.u_peer[c], read, part, run, xpu(unit), vertex, READ);
       else
         part();
       return;
     }
-    if (w_.u_copy[unit] > 0) {  // spilled data without coherence: copied into local memory first
-      transfer(w_.u_copy_src[unit], w_.u_xpu[unit], w_.u_copy[unit],
+    if (w_.u_copy[c] > 0) {  // spilled data without coherence: copied into local memory first
+      transfer(w_.u_copy_src[c], xpu(unit), w_.u_copy[c],
                [this, unit, flops, read, finish, run, vertex]() { compute_beside(unit, flops, read, finish, run, vertex); },
-               run, w_.u_xpu[unit], vertex, COPY);
+               run, xpu(unit), vertex, COPY);
       return;
     }
     compute_beside(unit, flops, read, finish, run, vertex);
@@ -313,9 +329,9 @@ private:
     }
     if (parts == 1) {
       if (flops > 0)
-        execute(hosts_[w_.u_xpu[unit]], flops, finish);
+        execute(hosts_[xpu(unit)], flops, finish);
       else
-        transfer(w_.u_read_src[unit], w_.u_xpu[unit], read, finish, run, w_.u_xpu[unit], vertex, READ);
+        transfer(w_.u_read_src[compute_row(unit)], xpu(unit), read, finish, run, xpu(unit), vertex, READ);
       return;
     }
     auto pending = std::make_shared<int>(2);
@@ -323,15 +339,15 @@ private:
       if (--*pending == 0)
         finish();
     };
-    execute(hosts_[w_.u_xpu[unit]], flops, part);
-    transfer(w_.u_read_src[unit], w_.u_xpu[unit], read, part, run, w_.u_xpu[unit], vertex, READ);
+    execute(hosts_[xpu(unit)], flops, part);
+    transfer(w_.u_read_src[compute_row(unit)], xpu(unit), read, part, run, xpu(unit), vertex, READ);
   }
 
   // ---- collectives (executor._rank_ready, _CollectiveRun) ------------------------------------------------------
 
   void rank_ready(std::int32_t vertex, std::int64_t unit, std::int32_t run)
   {
-    std::int32_t group = w_.u_group[unit];
+    std::int32_t group = group_of(unit);
     std::int64_t key = static_cast<std::int64_t>(group) * (w_.iterations + 1) + run;
     auto& slot = collectives_[key];
     if (!slot) {
@@ -356,7 +372,7 @@ private:
     ready(*slot, static_cast<std::int32_t>(unit - w_.g_first[group]), key);
   }
 
-  std::int32_t member(const CollectiveRun& c, std::int32_t rank) const { return w_.u_xpu[w_.g_first[c.group] + rank]; }
+  std::int32_t member(const CollectiveRun& c, std::int32_t rank) const { return xpu(w_.g_first[c.group] + rank); }
 
   void ready(CollectiveRun& c, std::int32_t rank, std::int64_t key)
   {
@@ -451,8 +467,8 @@ private:
   {
     CollectiveRun& c = *collectives_[key];
     std::int64_t base = w_.g_first[c.group];
-    std::int32_t source = w_.u_xpu[base + rank];
-    transfer(source, w_.u_xpu[base + dst], bytes, [this, key, rank, dst, lane, index]() {
+    std::int32_t source = xpu(base + rank);
+    transfer(source, xpu(base + dst), bytes, [this, key, rank, dst, lane, index]() {
       CollectiveRun& run = *collectives_[key];
       std::int32_t lanes = w_.q_lanes[w_.g_plan[run.group]];
       --run.sends_left[rank * lanes + lane];
@@ -540,8 +556,8 @@ private:
     std::int64_t base = w_.g_first[c.group];
     for (std::int64_t i = 0; i < count; ++i) {
       std::int64_t t = first + i;
-      std::int32_t source = w_.u_xpu[base + w_.t_src[t]];
-      transfer(source, w_.u_xpu[base + w_.t_dst[t]], w_.t_bytes[t],
+      std::int32_t source = xpu(base + w_.t_src[t]);
+      transfer(source, xpu(base + w_.t_dst[t]), w_.t_bytes[t],
                [this, key, lane_number, i]() { flow_done(key, lane_number, i); }, c.run, source, c.vertex);
     }
   }

@@ -92,6 +92,22 @@ template <typename T> const T* field(const py::dict& arrays, const char* name, s
   return view<T>(arrays[name].cast<py::buffer>(), name, count, false);
 }
 
+std::size_t length(const py::dict& arrays, const char* name)
+{
+  if (!arrays.contains(name))
+    throw py::value_error(std::string("run_workload: missing array '") + name + "'");
+  return static_cast<std::size_t>(arrays[name].cast<py::buffer>().request().shape[0]);
+}
+
+/* Rows [first, first + n) of a table of `rows` rows, for vertex v's units; else a ValueError naming them. */
+void within(std::int64_t first, std::int64_t n, std::size_t rows, const char* name, std::size_t v)
+{
+  if (n < 0 || first < 0 || first + n > static_cast<std::int64_t>(rows))
+    throw py::value_error(std::string("run_workload: ") + name + "[" + std::to_string(v) + "]: rows " +
+                          std::to_string(first) + " to " + std::to_string(first + n) + " of a table of " +
+                          std::to_string(rows));
+}
+
 py::dict run_workload(const std::string& platform_xml, const std::vector<std::string>& host_names,
                       const py::dict& a, int iterations, std::size_t xpus, const py::buffer& iteration_ends,
                       const py::buffer& first, const py::buffer& last, const py::buffer& done_runs,
@@ -112,16 +128,23 @@ py::dict run_workload(const std::string& platform_xml, const std::vector<std::st
   w.v_succs = field<std::int64_t>(a, "v_succs", w.vertices + 1);
   w.units = static_cast<std::size_t>(w.v_units[w.vertices]);
   std::size_t edges = static_cast<std::size_t>(w.v_succs[w.vertices]);
-  w.u_xpu = field<std::int32_t>(a, "u_xpu", w.units);
-  w.u_required = field<std::int64_t>(a, "u_required", 2 * w.units);
-  w.u_flops = field<double>(a, "u_flops", w.units);
-  w.u_read = field<double>(a, "u_read", w.units);
-  w.u_read_src = field<std::int32_t>(a, "u_read_src", w.units);
-  w.u_compute_s = field<double>(a, "u_compute_s", w.units);
-  w.u_copy = field<double>(a, "u_copy", w.units);
-  w.u_copy_src = field<std::int32_t>(a, "u_copy_src", w.units);
-  w.u_peer = field<std::int32_t>(a, "u_peer", w.units);
-  w.u_group = field<std::int32_t>(a, "u_group", w.units);
+  w.v_xrow = field<std::int64_t>(a, "v_xrow", w.vertices);
+  w.v_rrow = field<std::int64_t>(a, "v_rrow", w.vertices);
+  w.v_crow = field<std::int64_t>(a, "v_crow", w.vertices);
+  w.v_grow = field<std::int64_t>(a, "v_grow", w.vertices);
+  w.v_group0 = field<std::int64_t>(a, "v_group0", w.vertices);
+  std::size_t xrows = length(a, "u_xpu"), rrows = length(a, "u_required") / 2, crows = length(a, "u_flops"),
+              grows = length(a, "u_group");
+  w.u_xpu = field<std::int32_t>(a, "u_xpu", xrows);
+  w.u_required = field<std::int64_t>(a, "u_required", 2 * rrows);
+  w.u_flops = field<double>(a, "u_flops", crows);
+  w.u_read = field<double>(a, "u_read", crows);
+  w.u_read_src = field<std::int32_t>(a, "u_read_src", crows);
+  w.u_compute_s = field<double>(a, "u_compute_s", crows);
+  w.u_copy = field<double>(a, "u_copy", crows);
+  w.u_copy_src = field<std::int32_t>(a, "u_copy_src", crows);
+  w.u_peer = field<std::int32_t>(a, "u_peer", crows);
+  w.u_group = field<std::int32_t>(a, "u_group", grows);
   w.e_succ = field<std::int32_t>(a, "e_succ", edges);
   w.e_skip = field<std::uint8_t>(a, "e_skip", edges);
   w.e_same_rank = field<std::uint8_t>(a, "e_same_rank", edges);
@@ -133,6 +156,16 @@ py::dict run_workload(const std::string& platform_xml, const std::vector<std::st
   w.b_unit = field<std::int32_t>(a, "b_unit", static_cast<std::size_t>(w.b_units[buckets - 1]));
   w.groups = a["g_first"].cast<py::buffer>().request().shape[0];
   w.g_first = field<std::int64_t>(a, "g_first", w.groups);
+  for (std::size_t v = 0; v < w.vertices; ++v) {  // every unit's rows inside the tables
+    std::int64_t n = w.v_units[v + 1] - w.v_units[v];
+    bool compute = w.v_kind[v] == COMPUTE;
+    within(w.v_xrow[v], n, xrows, "v_xrow", v);
+    within(w.v_rrow[v], n, rrows, "v_rrow", v);
+    within(compute ? w.v_crow[v] : 0, compute ? n : 0, crows, "v_crow", v);
+    within(compute ? 0 : w.v_grow[v], compute ? 0 : n, grows, "v_grow", v);
+    for (std::int64_t r = 0; !compute && r < n; ++r)
+      within(w.v_group0[v] + w.u_group[w.v_grow[v] + r], 1, w.groups, "v_group0 + u_group", v);
+  }
   w.g_size = field<std::int32_t>(a, "g_size", w.groups);
   w.g_mode = field<std::uint8_t>(a, "g_mode", w.groups);
   w.g_seconds = field<double>(a, "g_seconds", w.groups);

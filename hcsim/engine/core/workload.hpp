@@ -30,12 +30,21 @@ struct WorkloadArrays {
   const std::uint8_t* v_comm_kind = nullptr;
   const std::int64_t* v_units = nullptr;  // V + 1
   const std::int64_t* v_succs = nullptr;  // V + 1, into the edge arrays (sorted by successor)
-  // units (U): XPU (clock number, and host number: XPUs are hosts 0..X-1), predecessor completions needed
+  // units (U, numbered vertex by vertex: v_units): alike vertices (one per layer and micro-batch) share their
+  // units' entries, so each u_ array is a table of rows and a vertex names its first row in it (unit r of
+  // vertex v: row v_...row[v] + r). Per vertex: its row in u_xpu, in u_required, in the compute columns
+  // (u_flops to u_peer; compute vertices), in u_group (collective vertices) and its first group number.
+  const std::int64_t* v_xrow = nullptr;
+  const std::int64_t* v_rrow = nullptr;
+  const std::int64_t* v_crow = nullptr;
+  const std::int64_t* v_grow = nullptr;
+  const std::int64_t* v_group0 = nullptr;
+  // a unit's XPU (clock number, and host number: XPUs are hosts 0..X-1), predecessor completions needed
   // for run 1 and for later runs, compute's execution (FLOPs, 0: none), read (bytes, 0: none) and its
   // source host (local or, spilled on a coherent system, extended memory), FLOPs / FLOP/s (s), a copy
-  // before both (spilled without coherence); a collective unit's group
+  // before both (spilled without coherence); a collective unit's group (after v_group0)
   const std::int32_t* u_xpu = nullptr;
-  const std::int64_t* u_required = nullptr;  // 2U: run 1, later runs
+  const std::int64_t* u_required = nullptr;  // two per row: run 1, later runs
   const double* u_flops = nullptr;
   const double* u_read = nullptr;
   const std::int32_t* u_read_src = nullptr;

@@ -57,7 +57,8 @@ def unsupported(executor) -> list[str]:
 
 
 ARRAY_TYPES = (
-    ("v_kind", "B"), ("v_flags", "B"), ("v_comm_kind", "B"), ("v_units", "q"), ("v_succs", "q"),
+    ("v_kind", "B"), ("v_flags", "B"), ("v_comm_kind", "B"), ("v_units", "q"), ("v_succs", "q"), ("v_xrow", "q"),
+    ("v_rrow", "q"), ("v_crow", "q"), ("v_grow", "q"), ("v_group0", "q"),
     ("u_xpu", "i"), ("u_required", "q"), ("u_flops", "d"), ("u_read", "d"), ("u_read_src", "i"),
     ("u_compute_s", "d"), ("u_copy", "d"), ("u_copy_src", "i"), ("u_peer", "i"), ("u_group", "i"), ("e_succ", "i"),
     ("e_skip", "B"), ("e_same_rank", "B"), ("e_bucket_of", "q"), ("bucket_of", "i"), ("b_units", "q"),
@@ -74,12 +75,12 @@ def build_arrays(executor, hosts: dict[str, int]) -> dict[str, array]:
     """The flat arrays of workload.hpp for `executor`'s vertices; `hosts` maps host names to numbers (the XPUs
     first, in clock order; memory hosts are added as needed).
 
-    Alike vertices (one per layer and micro-batch: the same XPUs, sizes and groups) have the same unit and
-    group columns: each distinct set is computed once, as an array, and copied (`cache`)."""
+    Alike vertices (one per layer and micro-batch: the same XPUs, sizes and groups) have the same units: the
+    u_ arrays are tables of rows, each distinct set of units' rows made once (`cache`), and each vertex names
+    its first row in them (v_xrow, v_rrow, v_crow, v_grow)."""
     from hcsim.platform.devices import peak_flops
 
     a = {name: array(code) for name, code in ARRAY_TYPES}
-    types = dict(ARRAY_TYPES)
     for name in ("v_units", "v_succs", "b_units", "p_phases", "ph_transfers", "t_feeds", "q_sequences", "rl_steps",
                  "st_sends"):
         a[name].append(0)
@@ -87,19 +88,15 @@ def build_arrays(executor, hosts: dict[str, int]) -> dict[str, array]:
     analytic_access = executor.options.local_access == "analytic"
     plans: dict[tuple, int] = {}
     step_plans: dict[tuple, tuple[int, object]] = {}
-    xpu_cache: dict = {}  # XPU -> (FLOP/s, its local memory); alike compute vertices -> their unit columns
+    xpu_cache: dict = {}  # XPU -> (FLOP/s, its local memory); alike compute vertices -> their compute row
     edge_buckets: dict[tuple, int] = {}
-    cache: dict = {}  # ("xpu", xpus id) / ("required", ...) / ("fill", ...) / ("groups", algorithms id) -> arrays
-
-    def filled(name, value, n):  # `n` copies of `value`, as an array of `name`'s type
-        key = ("fill", name, value, n)
-        if key not in cache:
-            cache[key] = array(types[name], [value]) * n
-        return cache[key]
+    cache: dict = {}  # ("xpu", xpus id) / ("required", ...) / ("groups", algorithms id) -> a row, keyed objects
 
     v_kind, v_flags, v_comm_kind, v_units, v_succs = (a[name] for name in ("v_kind", "v_flags", "v_comm_kind",
                                                                            "v_units", "v_succs"))
-    u_xpu, u_required, u_group = a["u_xpu"], a["u_required"], a["u_group"]
+    v_xrow, v_rrow, v_crow, v_grow, v_group0 = (a[name] for name in ("v_xrow", "v_rrow", "v_crow", "v_grow",
+                                                                     "v_group0"))
+    u_xpu, u_required = a["u_xpu"], a["u_required"]
     e_succ, e_skip, e_same_rank, e_bucket_of = a["e_succ"], a["e_skip"], a["e_same_rank"], a["e_bucket_of"]
     for vertex in executor.vertices:
         data, xpus = vertex.data, vertex.xpus
@@ -113,22 +110,26 @@ def build_arrays(executor, hosts: dict[str, int]) -> dict[str, array]:
         v_units.append(vertex.offset + n)
         key = ("xpu", id(xpus))
         if key not in cache:
-            cache[key] = (array("i", [hosts[xpu] for xpu in xpus]), xpus)  # keep xpus alive: ids stay unique
-        u_xpu.extend(cache[key][0])
+            cache[key] = (len(u_xpu), xpus)  # keep xpus alive: ids stay unique
+            u_xpu.extend([hosts[xpu] for xpu in xpus])
+        v_xrow.append(cache[key][0])
         if vertex.required is not None:  # every unit needs the same (executor._uniform_requirement)
             key = ("required", vertex.required, n)
             if key not in cache:
-                cache[key] = array("q", vertex.required * n)
-            u_required.extend(cache[key])
+                cache[key] = len(u_required) // 2
+                u_required.extend(vertex.required * n)
+            v_rrow.append(cache[key])
         else:
-            u_required.extend(_requirements(executor, vertex, cache))
+            v_rrow.append(_requirements(executor, vertex, cache, u_required))
         if compute:
-            _compute_units(a, executor, vertex, hosts, peak_flops, precision, analytic_access, xpu_cache)
-            u_group.extend(filled("u_group", -1, n))
+            v_crow.append(_compute_units(a, executor, vertex, hosts, peak_flops, precision, analytic_access,
+                                         xpu_cache))
+            v_grow.append(-1)
+            v_group0.append(-1)
         else:
-            for name in _UNIT_ARRAYS:
-                a[name].extend(filled(name, 0, n))
-            _groups(a, executor, vertex, plans, step_plans, cache)
+            v_crow.append(-1)
+            v_group0.append(len(a["g_first"]))
+            v_grow.append(_groups(a, executor, vertex, plans, step_plans, cache))
         for edge in vertex.succs:
             e_succ.append(edge.vertex.index)
             e_skip.append(edge.skip)
@@ -140,25 +141,26 @@ def build_arrays(executor, hosts: dict[str, int]) -> dict[str, array]:
     return a
 
 
-def _requirements(executor, vertex, cache) -> array:
-    """executor._required for each unit of `vertex` and runs 1 and 2 (run 1, later runs per unit), shared by
-    vertices whose XPUs, groups and predecessors' (skip, wait, XPUs, groups) are the same: it follows from them."""
+def _requirements(executor, vertex, cache, table) -> int:
+    """The row in `table` (u_required) where executor._required for each unit of `vertex` and runs 1 and 2 (run
+    1, later runs per unit) begins, added on first use; shared by vertices whose XPUs, groups and predecessors'
+    (skip, wait, XPUs, groups) are the same: it follows from them."""
     key = ("required", vertex.kind, id(vertex.xpus), id(getattr(vertex, "groups", None)),
            tuple((edge.skip, edge.wait, id(edge.vertex.xpus), id(getattr(edge.vertex, "groups", None)))
                  for edge in vertex.preds))
     if key not in cache:
-        counts = array("q")
-        for rank in range(len(vertex.xpus)):
-            counts.extend((executor._required(vertex, rank, 1), executor._required(vertex, rank, 2)))
         # keep the keyed objects alive: ids stay unique
-        cache[key] = (counts, vertex.xpus, getattr(vertex, "groups", None),
+        cache[key] = (len(table) // 2, vertex.xpus, getattr(vertex, "groups", None),
                       [(edge.vertex.xpus, getattr(edge.vertex, "groups", None)) for edge in vertex.preds])
+        for rank in range(len(vertex.xpus)):
+            table.extend((executor._required(vertex, rank, 1), executor._required(vertex, rank, 2)))
     return cache[key][0]
 
 
-def _compute_units(a, executor, vertex, hosts, peak_flops, precision, analytic_access, xpu_cache) -> None:
+def _compute_units(a, executor, vertex, hosts, peak_flops, precision, analytic_access, xpu_cache) -> int:
     """executor._start_compute's choices per unit: a copy first (spilled data without coherence), then the
-    execution and the read side by side, or the longer of the two alone (local data, local_access analytic)."""
+    execution and the read side by side, or the longer of the two alone (local data, local_access analytic);
+    the vertex's first row in the compute columns, added on first use (alike vertices share them)."""
     from hcsim.engine.executor import memory_form
 
     data, nodes = vertex.data, executor.nodes
@@ -171,9 +173,7 @@ def _compute_units(a, executor, vertex, hosts, peak_flops, precision, analytic_a
     key = (id(vertex.xpus), id(spilled), data["flops"], size, duration, id(ops) if model is not None else None,
            cpu_step, move, data.get("offload"))
     if key in xpu_cache:
-        for name, values in zip(_UNIT_ARRAYS, xpu_cache[key][0]):
-            a[name].extend(values)
-        return
+        return xpu_cache[key][0]
 
     def host(name):
         if name not in hosts:
@@ -223,18 +223,20 @@ def _compute_units(a, executor, vertex, hosts, peak_flops, precision, analytic_a
         copy_out.append(copy)
         copy_src_out.append(host(copy_from) if copy > 0 else 0)
         peer_out.append(0)
-    columns = tuple(array(a[name].typecode, values) for name, values in zip(
-        _UNIT_ARRAYS, (flops_out, read_out, src_out, time_out, copy_out, copy_src_out, peer_out)))
-    xpu_cache[key] = (columns, vertex.xpus, spilled, ops)  # keep the keyed objects alive: ids stay unique
-    for name, values in zip(_UNIT_ARRAYS, columns):
+    row = len(a["u_flops"])
+    xpu_cache[key] = (row, vertex.xpus, spilled, ops)  # keep the keyed objects alive: ids stay unique
+    for name, values in zip(_UNIT_ARRAYS, (flops_out, read_out, src_out, time_out, copy_out, copy_src_out,
+                                           peer_out)):
         a[name].extend(values)
+    return row
 
 
-def _groups(a, executor, vertex, plans, step_plans, cache) -> None:
+def _groups(a, executor, vertex, plans, step_plans, cache) -> int:
     """A collective vertex's groups: first unit, size, and the flow phases (a plan shared by alike groups),
-    the step schedule (shared by groups with the same algorithm) or the analytic closed form. Vertices that
-    share their algorithms (executor._prepare_collective: the same groups, collective and size) share these
-    rows but for the numbers of their units and groups."""
+    the step schedule (shared by groups with the same algorithm) or the analytic closed form; returns its row
+    in u_group (each unit's group after the vertex's first). Vertices that share their algorithms
+    (executor._prepare_collective: the same groups, collective and size) share these but for the numbers of
+    their units and groups."""
     key = ("groups", id(vertex.algorithms))
     if key not in cache:
         rows = {name: array(a[name].typecode) for name in _GROUP_ARRAYS}
@@ -251,13 +253,14 @@ def _groups(a, executor, vertex, plans, step_plans, cache) -> None:
             rows["g_mode"].append(mode)
             rows["g_seconds"].append(seconds)
             rows["g_plan"].append(plan)
-        cache[key] = (rows, vertex.algorithms)  # keep the keyed list alive: ids stay unique
-    rows = cache[key][0]
-    first_group, offset = len(a["g_first"]), vertex.offset
+        cache[key] = (rows, len(a["u_group"]), vertex.algorithms)  # keep the keyed list alive: ids stay unique
+        a["u_group"].extend(vertex.group_of)
+    rows, row, _ = cache[key]
+    offset = vertex.offset
     a["g_first"].extend([offset + first for first in vertex.group_offsets])
-    a["u_group"].extend(array("i", map(first_group.__add__, vertex.group_of)))
     for name in _GROUP_ARRAYS:
         a[name].extend(rows[name])
+    return row
 
 
 def _flow_plan(a, executor, phases, group, plans) -> int:
@@ -484,7 +487,7 @@ def run_workload(platform: nx.Graph, workload: nx.DiGraph, routes: dict, platfor
     iterations, fields = options.iterations, module.clock_fields
     ends = array("d", [0.0]) * iterations
     first, last = array("d", [0.0]) * (len(xpus) * fields), array("d", [0.0]) * (len(xpus) * fields)
-    done = array("i", [0]) * len(arrays["u_xpu"])
+    done = array("i", [0]) * executor.total_instances
     trace = traced_xpus = traced_runs = None
     if options.trace_xpus:
         from hcsim.engine.trace import TraceRecorder
