@@ -330,8 +330,12 @@ class Fields:
     def check_unknown(self, known: Iterable[str] = ()) -> None:
         """Record every key not read so far (nor in `known`) as unknown, with a suggestion."""
         valid = self.seen | set(known)
+        listed = False  # the valid keys once per mapping, with its first unknown key that has no near match
         for key in sorted(set(map(str, self.data)) - valid):
-            self.problems.append(f"{self.path(key)}: unknown key{_suggest(key, valid)}")
+            hint = _suggest(key, valid)
+            if not hint and not listed and valid:
+                hint, listed = f"; valid keys: {', '.join(sorted(valid))}", True
+            self.problems.append(f"{self.path(key)}: unknown key{hint}")
 
     def done(self) -> None:
         """Record unknown keys; raise one ConfigError listing every problem so far."""
