@@ -116,3 +116,20 @@ def test_the_reduced_validation_set_is_within_5_percent_mean_absolute_error():
     assert all(r["error"] is not None for r in records), [r["reason"] for r in records]
     summary = summarize_rows(records)["all"]
     assert summary["mean_abs_error"] <= 0.05, [(r["name"], r["error"]) for r in records]
+
+
+@pytest.mark.parametrize("option, message", [
+    (["--set", "bogus=1"], "hcsim: error: scenario: bogus: unknown key; valid keys: "),
+    (["--max-runs", "-1"], "hcsim: error: --max-runs: must be an integer >= 1 (vertex runs per row), got -1"),
+    (["--platform", "nosuch"], "hcsim: error: nosuch: no such file, nor a built-in platforms spec; built-in ones: "),
+])
+def test_an_option_wrong_for_every_row_is_one_message_before_any_row_runs(tmp_path, option, message):
+    """The real command: exit 2 and one line, not a note per row with exit 0; no row simulated, no folder made."""
+    (tmp_path / "runs.csv").write_text(HEADER + "r1,2,256,4,1024,128,2,2,1,1,2,full,1.0,s\n"
+                                       "r2,2,256,4,1024,128,2,2,1,1,4,full,1.0,s\n")
+    platform = [] if "--platform" in option else ["--platform", SELENE]
+    done = subprocess.run([sys.executable, "-m", "hcsim.cli", "validate", "runs.csv", *platform, *option, "--out",
+                           "out"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith(message) and done.stderr.count("\n") == 1, done.stderr
+    assert not (tmp_path / "out").exists()
