@@ -259,12 +259,14 @@ class Executor:
             offset += len(data["xpus"])
             vertices.append(vertex)
             by_name[name] = vertex
-        for u, v, data in graph.edges(data=True):
-            before, after = by_name[u], by_name[v]
-            skip = int(bool(data["skip_first_iteration"]))
-            same_rank = data["wait"] == "xpu" and before.pos is after.pos
-            after.preds.append(_Edge(before, skip, data["wait"], same_rank))
-            before.succs.append(_Edge(after, skip, data["wait"], same_rank))
+        for u, edges in graph._succ.items():  # graph.edges(data=True), without its views
+            before = by_name[u]
+            for v, data in edges.items():
+                after = by_name[v]
+                skip = int(bool(data["skip_first_iteration"]))
+                same_rank = data["wait"] == "xpu" and before.pos is after.pos
+                after.preds.append(_Edge(before, skip, data["wait"], same_rank))
+                before.succs.append(_Edge(after, skip, data["wait"], same_rank))
         for vertex in vertices:
             vertex.succs.sort(key=lambda edge: edge.vertex.index)
             if vertex.kind == "comm":
@@ -1037,22 +1039,23 @@ def form_transfers(nodes, data: dict, xpu: str, form: tuple[str | None, str]) ->
 def _stable_order(graph: nx.DiGraph) -> list:
     """Vertices in a deterministic order: topological over first-iteration edges, ties by name (the order of
     networkx's lexicographical_topological_sort with key=str, without building a second graph)."""
-    indegree = {v: 0 for v in graph}
-    after = defaultdict(list)
-    for u, v, skip in graph.edges(data="skip_first_iteration"):
-        if not skip:
-            indegree[v] += 1
-            after[u].append(v)
+    successors = graph._succ  # networkx's own adjacency (its algorithms read it): no view per vertex
+    indegree = dict.fromkeys(graph, 0)
+    for edges in successors.values():
+        for v, edge in edges.items():
+            if not edge.get("skip_first_iteration"):
+                indegree[v] += 1
     ready = [(str(v), v) for v, d in indegree.items() if d == 0]
     heapq.heapify(ready)
     order = []
     while ready:
         _, vertex = heapq.heappop(ready)
         order.append(vertex)
-        for succ in after[vertex]:
-            indegree[succ] -= 1
-            if indegree[succ] == 0:
-                heapq.heappush(ready, (str(succ), succ))
+        for succ, edge in successors[vertex].items():
+            if not edge.get("skip_first_iteration"):
+                indegree[succ] -= 1
+                if indegree[succ] == 0:
+                    heapq.heappush(ready, (str(succ), succ))
     if len(order) < len(indegree):
         raise nx.NetworkXUnfeasible("the first-iteration edges have a cycle")
     return order
