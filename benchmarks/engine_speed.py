@@ -36,6 +36,7 @@ figures with the machine line (cores, memory, load average): the machine may be 
     .venv/bin/python benchmarks/engine_speed.py                    # every case at its default sizes
     .venv/bin/python benchmarks/engine_speed.py --xpus 64 256 --case decoder layer+repr simgrid
     .venv/bin/python benchmarks/engine_speed.py --case gpt3 --xpus 1024    # issue 15's GPT-3 row
+    .venv/bin/python benchmarks/engine_speed.py --case gpt3-all --xpus 1024 --engine core   # issue 27's row
 """
 
 from __future__ import annotations
@@ -106,8 +107,10 @@ def _child(command: list[str], timeout: float) -> dict:
     return record
 
 
-def run_point(case: str, xpus: int, iterations: int, timeout: float, firings: int) -> dict:
-    """One point in a fresh process: process_s, run_s (the simulation proper), activities, peak_rss_mb."""
+def run_point(case: str, xpus: int, iterations: int, timeout: float, firings: int,
+              engine: str | None = None) -> dict:
+    """One point in a fresh process: process_s, run_s (the simulation proper), activities, peak_rss_mb; a
+    simulate case with `engine` set (None: the scenario's default)."""
     if case == "simgrid":
         return _child([sys.executable, __file__, "--simgrid-point", str(xpus), "--firings", str(firings)], timeout)
     if case in CPP_CASES:
@@ -125,6 +128,8 @@ def run_point(case: str, xpus: int, iterations: int, timeout: float, firings: in
     command = [sys.executable, "-m", "hcsim.cli", "simulate", "--json", "--set", f"iterations={iterations}"]
     for setting in scenario_settings(case, xpus):
         command += ["--set", setting]
+    if engine is not None:
+        command += ["--set", f"engine={engine}"]
     r = _child(command, timeout)
     if "error" not in r:
         r["run_s"] = r["wall_time_s"] - r["setup_time_s"]  # compile, load, run: what follows building the graphs
@@ -245,6 +250,8 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=900, help="seconds per point")
     parser.add_argument("--firings", type=int, default=200_000, help="Task firings of each simgrid point")
+    parser.add_argument("--engine", choices=["python", "core"],
+                        help="the engine of the simulate cases (default: the scenario's); core needs `make core`")
     parser.add_argument("--simgrid-point", type=int, help=argparse.SUPPRESS)  # run one simgrid point here
     parser.add_argument("--simgrid-cpp-point", type=int, help=argparse.SUPPRESS)  # one simgrid-cpp point here
     parser.add_argument("--driver", default="callbacks", help=argparse.SUPPRESS)
@@ -256,7 +263,8 @@ def main() -> None:
         print(json.dumps(simgrid_cpp_point(args.simgrid_cpp_point, args.firings, args.driver)))
         return
     print(machine())
-    print(f"{args.iterations} iteration(s) (hybrid cases: 1); run = compile + load + simulate")
+    print(f"{args.iterations} iteration(s) (hybrid cases: 1); run = compile + load + simulate"
+          + (f"; engine: {args.engine}" if args.engine else ""))
     # the ceilings first, for the ratios
     cases = sorted(args.case, key=lambda c: CEILINGS.index(c) if c in CEILINGS else len(CEILINGS))
     ceiling: dict[int, float] = {}  # simgrid's activities/s by XPUs
@@ -270,7 +278,7 @@ def main() -> None:
         else:
             sizes = args.xpus or DEFAULT_SIZES.get(case, [64, 256, 1024, 4096])
         for xpus in sizes:
-            r = run_point(case, xpus, args.iterations, args.timeout, args.firings)
+            r = run_point(case, xpus, args.iterations, args.timeout, args.firings, args.engine)
             if "skipped" in r:
                 print(f"{case:<18} {xpus:>5}  skipped: {r['skipped']}", flush=True)
                 continue
