@@ -330,7 +330,7 @@ CLI_CASES = {
     "override-through-a-scalar": (SIM + ["--set", "platform_overrides.xpus.count=1"], r"override 'xpus\.count'",
                                   r"override xpus itself"),
     "override-decoders-too-many": (SIM + ["--set", "workload_overrides.model.decoders=100000000"],
-                                   r"scenario 'default'", r"beyond the limit of 1,000,000"),
+                                   r"scenario 'default'", r"beyond the limit of 4,000,000"),
     # 2. output paths, checked before any work
     "batch-split-word": (SIM + ["--set", "batch_split=uneven"], r"batch_split", r"expected even or proportional"),
     "batch-split-zero": (SIM + ["--set", "batch_split=[0,64]"], r"batch_split", r"a list of positive integers"),
@@ -413,7 +413,7 @@ CLI_CASES = {
     "workload-algorithm": (["workload", "show", "llama2-13b", "--set", "gradients.algorithm=foo"],
                            r"gradients\.algorithm", r"not one of .*ring"),
     "workload-decoders-too-many": (["workload", "show", "llama2-13b", "--set", "model.decoders=100000000"],
-                                   r"workload 'llama2-13b'", r"beyond the limit of 1,000,000"),
+                                   r"workload 'llama2-13b'", r"beyond the limit of 4,000,000"),
     "workload-xpus-too-many": (["workload", "show", "llama2-13b", "--xpus", "100000000"], r"--xpus 100000000",
                                r"beyond the limit of 200,000,000"),
     "workload-xpus-zero": (["workload", "show", "llama2-13b", "--xpus", "0"], r"--xpus", r">= 1"),

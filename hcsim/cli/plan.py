@@ -19,7 +19,7 @@ from hcsim.errors import ConfigError
 
 __all__ = ["register"]
 
-SIMULATION = {"collective_model": "flow", "local_collectives": "analytic", "xpu_sampling": "representative",
+SIMULATION = {"collective_model": "flow", "local_collectives": "analytic", "xpu_sampling": "all",
               "iterations": 1}
 
 

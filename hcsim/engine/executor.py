@@ -36,13 +36,14 @@ from hcsim.platform.devices import peak_flops
 from hcsim.platform.routes import route_bandwidth, route_latency
 
 __all__ = ["Executor", "RunOptions", "RunResult", "COLLECTIVE_MODELS", "XPU_SAMPLINGS", "LOCAL_ACCESSES",
-           "LOCAL_COLLECTIVES", "ENGINES", "memory_form", "form_transfers", "check_link_loads"]
+           "LOCAL_COLLECTIVES", "ENGINES", "run_engine", "memory_form", "form_transfers", "check_link_loads"]
 
 COLLECTIVE_MODELS = ("step", "flow", "auto")  # RunOptions.collective_model
 XPU_SAMPLINGS = ("all", "representative")  # RunOptions.xpu_sampling
 LOCAL_ACCESSES = ("analytic", "simulated")  # RunOptions.local_access
 LOCAL_COLLECTIVES = ("simulated", "analytic")  # RunOptions.local_collectives
-ENGINES = ("python", "core")  # RunOptions.engine: this executor, or its rules in C++ (hcsim.engine.core.workload)
+ENGINES = ("auto", "python", "core")  # RunOptions.engine: this executor, its rules in C++ (hcsim.engine.core.workload),
+# or auto: the core where it is built and the run uses none of what it refuses (representative XPUs), else this
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +82,9 @@ class RunOptions:
     trace_xpus: frozenset[str] | str | None = None  # None: trace nothing; "per-class": each class's representative
     trace_iterations: frozenset[int] | None = None  # None: every iteration
     # "python": this executor; "core": the same rules on SimGrid's C++ API (hcsim.engine.core.workload), for
-    # the workloads it supports (it refuses the others with a ConfigError naming what it lacks)
-    engine: str = "python"
+    # the workloads it supports (it refuses the others with a ConfigError naming what it lacks); "auto": the
+    # core where it runs the options (run_engine), else this executor -- the two agree to 1e-9 (tests/engine)
+    engine: str = "auto"
 
     _constraints: ClassVar[dict[str, Constraint]] = {
         "iterations": Integer(minimum=1), "coherent": Flag(), "collective_model": Choice(COLLECTIVE_MODELS),
@@ -107,6 +109,18 @@ class RunResult:
     link_bytes: dict[tuple[str, str], float] = field(default_factory=dict)  # (u, v) link direction -> bytes
     xpu_times: dict[str, dict[str, float]] = field(default_factory=dict)  # Executor.xpu_times()
     representatives: dict[str, str] = field(default_factory=dict)  # follower XPU -> its representative
+    engine: str = "python"  # the engine that ran: python | core
+
+
+def run_engine(options: RunOptions) -> str:
+    """The engine `options` run on: ``core`` or ``python`` as asked; for ``auto`` the C++ core when it is built
+    and the options use nothing it refuses (representative XPUs, and so traces per class), else Python."""
+    if options.engine != "auto":
+        return options.engine
+    from hcsim.engine import core
+
+    representative = options.xpu_sampling == "representative" or options.trace_xpus == "per-class"
+    return "core" if not representative and core.available() else "python"
 
 
 class _Edge:

@@ -105,6 +105,7 @@ def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float) -> dic
         **_tp_across_servers(prepared),
         "links": _busiest_links(prepared.platform, outcome.link_bytes, ends[-1]),
         "activities": outcome.activities,
+        "engine": outcome.engine,
         "collective_fidelity": sorted(set(outcome.collective_fidelity.values())),
         "wall_time_s": wall_s,
         "setup_time_s": setup_s,

@@ -73,7 +73,7 @@ class Scenario:
     local_access: str = "analytic"  # analytic | simulated: see hcsim.engine.executor.RunOptions
     xpu_sampling: str = "all"  # all | representative: see hcsim.engine.executor.RunOptions
     local_collectives: str = "simulated"  # simulated | analytic: see hcsim.engine.executor.RunOptions
-    engine: str = "python"  # python | core (the executor's rules in C++, for what it supports: docs/engine-core.md)
+    engine: str = "auto"  # auto | python | core (the executor's rules in C++: docs/engine-core.md); see RunOptions
     granularity: str | None = None  # workload graph: layer | decoder vertices; None: the workload spec's
     iterations: int = 2  # the first fills the pipeline; results average the later ones
     platform_overrides: dict[str, Any] = field(default_factory=dict)  # any key of the platform spec, dotted

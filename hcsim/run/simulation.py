@@ -28,7 +28,7 @@ def execute(platform: nx.Graph, workload: nx.DiGraph, options, pairs=None, progr
 
     `progress(n)` is called as vertex runs complete (see :meth:`total_runs`)."""
     from hcsim.engine.backend import SimgridBackend
-    from hcsim.engine.executor import Executor
+    from hcsim.engine.executor import Executor, run_engine
     from hcsim.platform import compile_platform
 
     compiled = compile_platform(platform, pairs if pairs is not None else host_pairs(platform, workload),
@@ -36,10 +36,12 @@ def execute(platform: nx.Graph, workload: nx.DiGraph, options, pairs=None, progr
     with tempfile.TemporaryDirectory(prefix="hcsim-") as folder:
         xml = Path(folder) / "platform.xml"
         xml.write_text(compiled.xml)
-        if options.engine == "core":  # the executor's rules in C++ (issue 27); it refuses what it lacks
+        if run_engine(options) == "core":  # the executor's rules in C++ (issue 27); it refuses what it lacks
             from hcsim.engine.core.workload import run_workload
 
-            return run_workload(platform, workload, compiled.routes, xml, options)
+            result = run_workload(platform, workload, compiled.routes, xml, options)
+            result.engine = "core"
+            return result
         backend = SimgridBackend(xml)
     return Executor(platform, workload, compiled.routes, backend, options, progress).run()
 
@@ -53,7 +55,8 @@ def _execute_child(platform, workload, options) -> dict[str, Any]:
     wall = time.perf_counter()
     outcome = execute(platform, workload, options)
     trace = outcome.trace
-    return {"iteration_ends": outcome.iteration_ends, "activities": outcome.activities, "busy": outcome.busy,
+    return {"iteration_ends": outcome.iteration_ends, "activities": outcome.activities, "engine": outcome.engine,
+            "busy": outcome.busy,
             "collective_fidelity": outcome.collective_fidelity, "link_bytes": outcome.link_bytes,
             "xpu_times": outcome.xpu_times, "representatives": outcome.representatives,
             "vertices": trace.vertices if trace else [], "transfers": trace.transfers if trace else [],

@@ -197,4 +197,20 @@ def test_engine_is_a_checked_choice():
         RunOptions(engine="cpp")
     with pytest.raises(ConfigError, match="engine"):
         dataclasses.replace(Scenario(), engine="fast")
-    assert Scenario().engine == "python" and RunOptions().engine == "python"
+    assert Scenario().engine == "auto" and RunOptions().engine == "auto"
+
+
+def test_auto_runs_the_core_unless_the_run_uses_what_it_lacks():
+    """engine: auto (the default) runs the C++ core where it is built and every XPU is simulated, the Python
+    executor for representative XPUs; the result says which ran, and both give the same iteration to 1e-9."""
+    from hcsim.engine.executor import run_engine
+
+    assert run_engine(RunOptions()) == ("core" if core.available() else "python")
+    assert run_engine(RunOptions(xpu_sampling="representative")) == "python"
+    assert run_engine(RunOptions(engine="python")) == "python"
+    graph = wait_graph()
+    results = {engine: simulate_graphs(single_switch(2, H100), graph, RunOptions(engine=engine))
+               for engine in ("auto", "python")}
+    assert results["auto"]["engine"] == run_engine(RunOptions())
+    assert results["python"]["engine"] == "python"
+    assert results["auto"]["iteration_ends"] == pytest.approx(results["python"]["iteration_ends"], rel=1e-9)
