@@ -140,6 +140,19 @@ def test_bad_graphs_are_refused_with_the_activity_named(tmp_path):
         core.run_here(tmp_path / "none.xml", builder.build(), "threads")
 
 
+def test_a_transfer_the_compiled_platform_has_no_route_for_is_an_error_not_a_dead_caller(tmp_path):
+    """SimGrid 4.1 aborts its process when asked for a route the XML does not hold. hcsim's runs only ask for
+    the pairs they compiled (run_workload's transfers come from the compiled routes); a raw activity graph
+    that asks for another pair aborts the spawned process of run_activities, and the caller gets one clear
+    SimulationError, its own process alive."""
+    xml = tmp_path / "platform.xml"
+    xml.write_text(compile_platform(build_platform(load_platform_spec("paper-cxl"), 16), [("xpu0", "xpu1")]).xml)
+    builder = core.GraphBuilder(["xpu0", "xpu8"])
+    builder.comm("xpu0", "xpu8", 1e6)
+    with pytest.raises(SimulationError, match="SimGrid aborts the process on some platform errors"):
+        core.run_activities(xml, builder.build())
+
+
 def test_a_second_engine_in_one_process_is_an_error_not_an_abort(tmp_path):
     xml = tmp_path / "platform.xml"
     xml.write_text(compile_platform(single_switch(2, H100), {("xpu0", "xpu1")}).xml)
