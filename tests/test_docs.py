@@ -28,7 +28,7 @@ README = ROOT / "README.md"
 START, END = "<!-- --8<-- [start:tutorial] -->", "<!-- --8<-- [end:tutorial] -->"
 MARKER = re.compile(r"^<!-- test: (run|file (\S+)) -->$")
 FENCE = re.compile(r"^```(\w*)$")
-MACHINE_DEPENDENT = re.compile(r" activities in [\d.]+ s wall ")  # wall time and peak memory of the run
+MACHINE_DEPENDENT = re.compile(r" activities (on the [^ ]+ [^ ]+ )?in [\d.]+ s wall ")  # wall time and peak memory of the run
 
 
 def tutorial_steps(text: str) -> list[dict]:
