@@ -25,7 +25,7 @@ from pathlib import Path
 from hcsim.engine.compute_model import load_compute_model
 from hcsim.platform.devices import builtin_catalog
 from hcsim.workload.memory import eager_memory
-from hcsim.workload.ops import eager_embedding_ops, eager_head_ops, eager_layer_ops, optimizer_step_ops
+from hcsim.workload.ops import checkpoint_recompute, eager_embedding_ops, eager_head_ops, eager_layer_ops, optimizer_step_ops
 from hcsim.workload.spec import load_workload_spec
 from hcsim.workload.transformer import model_parameters
 
@@ -49,8 +49,9 @@ def inventory(spec, recompute: str) -> dict[str, list]:
     embedding = eager_embedding_ops(model, batch)
     layer_forward = list(attn.forward + mlp.forward)
     forward = list(embedding.forward) + layer_forward * model.decoders + list(head.forward)
-    backward = list(head.backward) + ((layer_forward if recompute == "full" else []) +
-                                      list(mlp.backward + attn.backward)) * model.decoders + list(embedding.backward)
+    again = list(attn.forward + checkpoint_recompute(mlp.forward)) if recompute == "full" else []
+    backward = list(head.backward) + (again + list(mlp.backward + attn.backward)) * model.decoders + \
+        list(embedding.backward)
     optimizer = list(optimizer_step_ops(model_parameters(model), "bf16", kernels="pytorch-eager"))
     return {"forward": forward, "backward": backward, "optimizer": optimizer}
 

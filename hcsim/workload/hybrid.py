@@ -54,7 +54,8 @@ from hcsim.workload.memory import stage_memory
 from hcsim.workload.model import RECOMPUTATION
 from hcsim.workload.schedules import Op, check_schedule, stage_order
 from hcsim.workload.spec import WorkloadSpec
-from hcsim.workload.ops import (ADAMW_FUSED_TRAFFIC, BACKWARD_SUFFIXES, BlockOps, Op as Kernel, eager_embedding_ops, eager_head_ops,
+from hcsim.workload.ops import (ADAMW_FUSED_TRAFFIC, BACKWARD_SUFFIXES, BlockOps, Op as Kernel, checkpoint_recompute,
+                                eager_embedding_ops, eager_head_ops,
                                 eager_layer_ops, megatron_ops, optimizer_step_ops)
 from hcsim.workload.context import check_context, kv_block_bytes
 from hcsim.workload.transformer import Work, decoder_layer, embedding, lm_head
@@ -610,7 +611,7 @@ class _Builder:
         for d in reversed(range(decoders)):
             mark = len(chain)
             if par.recompute == "full":
-                self.add_decoder_forward(compute, chain, stage, f"L{d}.recompute", k)
+                self.add_decoder_forward(compute, chain, stage, f"L{d}.recompute", k, recompute=True)
             for block, ops, label in ((self.mlp, self.mlp_ops, "mlp"), (self.attn, self.attn_ops, "attn")):
                 if self.experts and label == "mlp":  # the combine's gradients, experts, the dispatch's
                     self.add_all_to_all(chain, stage, f"{tag}.L{d}.combine_grad")
@@ -637,10 +638,14 @@ class _Builder:
             unit(len(chain) - 1, self.embedding.parameters, "embedding")
         return self._chain(chain)
 
-    def add_decoder_forward(self, compute, chain, stage, label, k: int = 0) -> None:
+    def add_decoder_forward(self, compute, chain, stage, label, k: int = 0, recompute: bool = False) -> None:
+        """A decoder's forward (`recompute`: again in backward; a PyTorch inventory's checkpoint stops early)."""
         for block, ops, name in ((self.attn, self.attn_ops, "attn"), (self.mlp, self.mlp_ops, "mlp")):
             if name == "attn" and self.par.cp > 1:
                 self.add_cp_attention(compute, chain, stage, label, ops.forward, backward=False, k=k)
+            elif recompute and name == "mlp" and self.spec.kernels != "megatron" and not self.experts:
+                kernels = checkpoint_recompute(ops.forward)
+                compute(f"{label}.{name}", math.fsum(op.flops for op in kernels), block.fwd_bytes, kernels)
             else:
                 compute(f"{label}.{name}", block.fwd_flops, block.fwd_bytes, ops.forward)
             if self.experts and name == "mlp":  # dispatch, experts, combine

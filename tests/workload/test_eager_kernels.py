@@ -201,3 +201,18 @@ def test_the_inventory_times_each_phase_of_a_profiled_step_as_its_kernels_ran(na
                 assert result[phase][cls][0] == result[phase][cls][1], (phase, cls)
     hcsim, measured = result["memory"]
     assert hcsim == pytest.approx(measured, rel=0.15)
+
+
+def test_a_checkpointed_layer_recomputes_up_to_its_last_gemms_inputs():
+    """torch.utils.checkpoint stops recomputing once the backward's tensors are saved again: the MLP's last GEMM
+    (down_proj) and what follows it do not run again; everything before, its weight cast included, does."""
+    from hcsim.workload.ops import checkpoint_recompute
+
+    mlp = eager_layer_ops(LLAMA, 1)[1].forward
+    again = checkpoint_recompute(mlp)
+    assert [op.name for op in mlp[len(again):]] == ["down_proj", "residual_mlp"]
+    assert again[-1].name == "down_proj.cast_weight"
+    spec = WorkloadSpec(name="llama", model=LLAMA, precision="bf16", kernels="pytorch-eager", recomputation="full")
+    par = Parallelism(micro_batch=1, global_batch=1, recompute="full")
+    graph = build_hybrid_graph(spec, par, ParallelLayout(["x0"], {}))
+    assert graph.nodes["s0.c0.mb0.B.L0.recompute.mlp"]["ops"] == again
