@@ -172,3 +172,15 @@ def test_every_experiment_on_a_workload_whose_default_changed_names_its_precisio
 def test_dgx_platforms_do_not_spill_and_the_papers_do():
     assert load_platform_spec("dgx-h100").spill == load_platform_spec("dgx-a100").spill == "error"
     assert load_platform_spec("paper-cxl").spill == load_platform_spec("paper-traditional").spill == "allow"
+
+
+def test_a_bad_value_is_blamed_where_it_was_written(tmp_path):
+    """A value --set gave is named as --set KEY, one the file gave by the file, in the same message."""
+    path = tmp_path / "sc.yaml"
+    path.write_text("xpus: 0\ncxl_latency: 200ns\n")
+    with pytest.raises(ConfigError) as err:
+        load_scenario(path, ["cxl_bandwidth=5", "iterations=0"])
+    lines = str(err.value).splitlines()
+    assert any(line.startswith("--set cxl_bandwidth: 5 has no unit") for line in lines), lines
+    assert any(line.startswith("--set iterations:") for line in lines), lines
+    assert any(line.startswith(f"{path}: xpus: must be >= 1") for line in lines), lines

@@ -289,9 +289,27 @@ def load_scenario(path: str | Path | None = None, settings: list[str] | Mapping[
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: a scenario is a mapping of keys to values, got {type(data).__name__}")
+    given = {str(key).partition(".")[0] for key in parse_settings(settings if settings is not None else [])}
     data = apply_settings(data, settings if settings is not None else [], where)
     base = str(Path(path).resolve().parent) if path else "."
-    return _from_mapping(data, where, base)
+    try:
+        return _from_mapping(data, where, base)
+    except ConfigError as err:  # a value --set gave is blamed on --set, not on the file or the default
+        raise ConfigError(_blame_settings(str(err), where, given - {"platform_overrides", "workload_overrides"})
+                          ) from None
+
+
+def _blame_settings(message: str, where: str, keys: set[str]) -> str:
+    """`message` with each line about one of `keys` (set by --set) starting ``--set KEY`` in place of `where`."""
+    lines = []
+    for line in message.split("\n"):
+        for key in keys:
+            prefix = f"{where}: {key}"
+            if line.startswith(prefix) and line[len(prefix):len(prefix) + 1] in (":", " ", "[", "."):
+                line = f"--set {key}{line[len(prefix):]}"
+                break
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def apply_settings(data: dict, settings: list[str] | Mapping[str, Any], where: str = "--set") -> dict:
