@@ -80,6 +80,7 @@ def prepare(scenario: Scenario) -> Prepared:
         cost more than the documented limits (:mod:`hcsim.limits`).
     """
     from hcsim.config import resolve_spec
+    from hcsim.engine.core.workload import collector_paused
     from hcsim.workload import build_training_graph, load_workload_spec, place_memory, validate_workload
     from hcsim.workload.hybrid import build_hybrid_graph, place_hybrid_memory
     from hcsim.workload.layout import ParallelLayout
@@ -123,11 +124,14 @@ def prepare(scenario: Scenario) -> Prepared:
         check_run_cost(workload_spec, scenario.xpus, scenario.iterations, f"scenario {scenario.name!r}",
                        parallelism.micro_batches if parallelism else 1, scenario.pp,
                        sum(c for c, _ in parallelism.replica_classes()) if parallelism else len(set(split or (1,))))
-        if parallelism:
-            workload = build_hybrid_graph(workload_spec, parallelism, layout, order)
-        else:
-            workload = build_training_graph(workload_spec, layout, order, dict(zip(xpus, split)) if split else None)
-    validate_workload(workload, xpus)
+        with collector_paused():  # a graph of millions of live objects (hcsim.engine.core.workload)
+            if parallelism:
+                workload = build_hybrid_graph(workload_spec, parallelism, layout, order)
+            else:
+                workload = build_training_graph(workload_spec, layout, order,
+                                                dict(zip(xpus, split)) if split else None)
+    with collector_paused():
+        validate_workload(workload, xpus)
     coherent = bool(graph.graph.get("coherent"))
     if not coherent and any(a == "coherent_ring" for _, a in workload.nodes(data="algorithm")):
         raise ConfigError(f"scenario {scenario.name!r}: collective: coherent_ring keeps the reduced shards in "

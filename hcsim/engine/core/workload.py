@@ -30,7 +30,7 @@ import networkx as nx
 
 from hcsim.errors import ConfigError, SimulationError
 
-__all__ = ["unsupported", "build_arrays", "run_workload"]
+__all__ = ["unsupported", "build_arrays", "run_workload", "collector_paused"]
 
 COMM_KINDS = ("tp", "cp", "pp", "dp", "ep", "offload", "other")  # numbered for the core (workload.hpp)
 START, RECOMPUTE, CPU_STEP, MOVE = 1, 2, 4, 8
@@ -461,10 +461,11 @@ def _fill_trace(trace, executor, counters: dict, hosts: list[str], arrays: dict)
 
 
 @contextmanager
-def _collector_paused():
-    """Python's cyclic garbage collector off for a while: setting up a big run makes millions of objects that
-    all stay alive (vertices and their edges refer to each other), and each full collection walks every one of
-    them: about 40 % of the Executor's set-up at 1024 XPUs. The collector's state is restored after."""
+def collector_paused():
+    """Python's cyclic garbage collector off for a while: setting up a big run (its graphs, the Executor, the
+    arrays) makes millions of objects that all stay alive (vertices and their edges refer to each other), and
+    each full collection walks every one of them: about 40 % of the Executor's set-up and half of the hybrid
+    graph's build at 1024 XPUs. The collector's state is restored after."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -485,12 +486,16 @@ def run_workload(platform: nx.Graph, workload: nx.DiGraph, routes: dict, platfor
     SimulationError
         when some vertex never completes every iteration.
     """
+    with collector_paused():  # the set-up's objects all stay alive; the core's run makes none
+        return _run_workload(platform, workload, routes, platform_xml, options)
+
+
+def _run_workload(platform, workload, routes, platform_xml, options):
     from hcsim.engine import core
     from hcsim.engine.executor import Executor, RunResult, check_link_loads
 
     wall = time.perf_counter()
-    with _collector_paused():
-        executor = Executor(platform, workload, routes, None, options)
+    executor = Executor(platform, workload, routes, None, options)
     executor.done_runs = executor.running = None  # the Python run's per-unit state: the core keeps its own
     problems = unsupported(executor)
     if problems:
@@ -501,8 +506,7 @@ def run_workload(platform: nx.Graph, workload: nx.DiGraph, routes: dict, platfor
     module = core.load()
     xpus = list(executor.busy)
     hosts = {x: i for i, x in enumerate(xpus)}
-    with _collector_paused():
-        arrays = build_arrays(executor, hosts)
+    arrays = build_arrays(executor, hosts)
     iterations, fields = options.iterations, module.clock_fields
     ends = array("d", [0.0]) * iterations
     first, last = array("d", [0.0]) * (len(xpus) * fields), array("d", [0.0]) * (len(xpus) * fields)
