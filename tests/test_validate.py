@@ -119,7 +119,7 @@ def test_the_reduced_validation_set_is_within_5_percent_mean_absolute_error():
 
 
 @pytest.mark.parametrize("option, message", [
-    (["--set", "bogus=1"], "hcsim: error: scenario: bogus: unknown key; valid keys: "),
+    (["--set", "bogus=1"], "hcsim: error: --set bogus: unknown key; valid keys: "),
     (["--max-runs", "-1"], "hcsim: error: --max-runs: must be an integer >= 1 (vertex runs per row), got -1"),
     (["--platform", "nosuch"], "hcsim: error: nosuch: no such file, nor a built-in platforms spec; built-in ones: "),
 ])

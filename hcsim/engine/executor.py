@@ -18,7 +18,6 @@ All mutable state of a run lives in one Executor; ``run()`` returns plain data.
 
 from __future__ import annotations
 
-import heapq
 import logging
 import math
 import time
@@ -34,6 +33,7 @@ from hcsim.engine.trace import TraceRecorder
 from hcsim.params import Choice, Constraint, Flag, Integer, check_params
 from hcsim.platform.devices import peak_flops
 from hcsim.platform.routes import route_bandwidth, route_latency
+from hcsim.workload.graph import first_iteration_order
 
 __all__ = ["Executor", "RunOptions", "RunResult", "COLLECTIVE_MODELS", "XPU_SAMPLINGS", "LOCAL_ACCESSES",
            "LOCAL_COLLECTIVES", "ENGINES", "run_engine", "memory_form", "form_transfers", "check_link_loads"]
@@ -1051,25 +1051,8 @@ def form_transfers(nodes, data: dict, xpu: str, form: tuple[str | None, str]) ->
 
 
 def _stable_order(graph: nx.DiGraph) -> list:
-    """Vertices in a deterministic order: topological over first-iteration edges, ties by name (the order of
-    networkx's lexicographical_topological_sort with key=str, without building a second graph)."""
-    successors = graph._succ  # networkx's own adjacency (its algorithms read it): no view per vertex
-    indegree = dict.fromkeys(graph, 0)
-    for edges in successors.values():
-        for v, edge in edges.items():
-            if not edge.get("skip_first_iteration"):
-                indegree[v] += 1
-    ready = [(str(v), v) for v, d in indegree.items() if d == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        _, vertex = heapq.heappop(ready)
-        order.append(vertex)
-        for succ, edge in successors[vertex].items():
-            if not edge.get("skip_first_iteration"):
-                indegree[succ] -= 1
-                if indegree[succ] == 0:
-                    heapq.heappush(ready, (str(succ), succ))
-    if len(order) < len(indegree):
+    """Vertices in a deterministic order: topological over first-iteration edges, ties by name."""
+    order = first_iteration_order(graph, stable=True)
+    if len(order) < len(graph):
         raise nx.NetworkXUnfeasible("the first-iteration edges have a cycle")
     return order

@@ -89,6 +89,7 @@ the back edge that makes iteration k+1 wait for iteration k's gradients:
 
 from __future__ import annotations
 
+import heapq
 import json
 from collections.abc import Iterable, Sequence
 from itertools import chain
@@ -195,22 +196,40 @@ def validate_workload(graph: nx.DiGraph, platform_xpus=None) -> None:
 
 
 def _has_cycle(graph: nx.DiGraph) -> bool:
-    """Whether the first-iteration edges (not skip_first_iteration) close a cycle: Kahn's algorithm over the
-    edges, without building a second graph."""
+    """Whether the first-iteration edges (not skip_first_iteration) close a cycle."""
+    return len(first_iteration_order(graph)) < len(graph)
+
+
+def first_iteration_order(graph: nx.DiGraph, stable: bool = False) -> list:
+    """The vertices in a topological order of the first-iteration edges (not skip_first_iteration), by Kahn's
+    algorithm on networkx's own adjacency (no second graph); the vertices on or after a cycle are left out.
+    `stable`: ties by name (networkx's lexicographical_topological_sort with key=str)."""
     successors = graph._succ  # networkx's own adjacency (its algorithms read it): no view per vertex
     indegree = dict.fromkeys(graph, 0)
     for edges in successors.values():
         for v, edge in edges.items():
             if not edge.get("skip_first_iteration"):
                 indegree[v] += 1
-    ready = [v for v, d in indegree.items() if d == 0]
-    for vertex in ready:  # grows as vertices become ready
-        for v, edge in successors[vertex].items():
+    ready = [(str(v), v) if stable else v for v, d in indegree.items() if d == 0]
+    if not stable:
+        for vertex in ready:  # grows as vertices become ready
+            for v, edge in successors[vertex].items():
+                if not edge.get("skip_first_iteration"):
+                    indegree[v] -= 1
+                    if indegree[v] == 0:
+                        ready.append(v)
+        return ready
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, vertex = heapq.heappop(ready)
+        order.append(vertex)
+        for succ, edge in successors[vertex].items():
             if not edge.get("skip_first_iteration"):
-                indegree[v] -= 1
-                if indegree[v] == 0:
-                    ready.append(v)
-    return len(ready) < len(indegree)
+                indegree[succ] -= 1
+                if indegree[succ] == 0:
+                    heapq.heappush(ready, (str(succ), succ))
+    return order
 
 
 def _vertex_problems(name, data, known, missing_by_group) -> list[str]:
