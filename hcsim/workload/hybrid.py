@@ -320,6 +320,7 @@ class _Builder:
     def __post_init__(self) -> None:
         self._groups: dict = {}
         self._class_xpus: dict = {}
+        self._kernel_tuples: dict[tuple, tuple] = {}  # shared_kernels
         spec, par = self.spec, self.par
         self.classes = par.replica_classes()
         self.attn, self.mlp = block_costs(spec, par.micro_batch, par.tp, par.sequence_parallel, par.ep, par.cp)
@@ -579,8 +580,9 @@ class _Builder:
             work = [(block.backward_weight, label) for block, label in ends]
             blocks = (self.attn, self.mlp, self.experts)
             flops = decoders * sum(b.weight_grad_flops for b in blocks if b) + sum(w.flops for w, _ in work)
-            wgrads = tuple(k for k in self.attn_ops.backward + self.mlp_ops.backward if k.name.endswith(".wgrad"))
-            kernels = wgrads * decoders + tuple(Kernel(f"{label}.wgrad", "memory", 0.0, w.bytes) for w, label in work)
+            kernels = self.shared_kernels(("wgrad", decoders, is_first, is_last), lambda: tuple(
+                k for k in self.attn_ops.backward + self.mlp_ops.backward if k.name.endswith(".wgrad")) * decoders
+                + tuple(Kernel(f"{label}.wgrad", "memory", 0.0, w.bytes) for w, label in work))
             compute("wgrad", flops, sum(w.bytes for w, _ in work), kernels)
             return self._chain(chain)
         split = par.schedule == "zb-h1"
@@ -605,7 +607,8 @@ class _Builder:
             return self._chain(chain)
         if is_last:
             work = self.head.backward_input if split else self.head.backward
-            kernels = tuple(k for k in self.head_ops.backward if not (split and k.name.endswith(".wgrad")))
+            kernels = self.shared_kernels(("head", split), lambda: (
+                k for k in self.head_ops.backward if not (split and k.name.endswith(".wgrad"))))
             compute("head", work.flops, work.bytes, kernels)
             unit(len(chain) - 1, self.head.parameters, "head")
         for d in reversed(range(decoders)):
@@ -621,10 +624,11 @@ class _Builder:
                     self.add_all_to_all(chain, stage, f"{chain[-1]}.dispatch_grad")
                 flops = block.input_grad_flops if split else block.bwd_flops
                 size = block.bwd_bytes
-                kernels = tuple(k for k in ops.backward if not (split and k.name.endswith(".wgrad")))
-                if par.recompute == "selective":
+                selective = par.recompute == "selective"
+                kernels = self.shared_kernels((label, split, selective), lambda: (ops.core if selective else ()) + tuple(
+                    k for k in ops.backward if not (split and k.name.endswith(".wgrad"))))
+                if selective:
                     flops, size = flops + block.core_flops, size + block.core_bytes
-                    kernels = ops.core + kernels
                 if label == "attn" and par.cp > 1:
                     self.add_cp_attention(compute, chain, stage, f"L{d}", kernels, backward=True, k=k)
                 else:
@@ -638,13 +642,22 @@ class _Builder:
             unit(len(chain) - 1, self.embedding.parameters, "embedding")
         return self._chain(chain)
 
+    def shared_kernels(self, key: tuple, make) -> tuple:
+        """The kernel tuple `make()` gives for `key`, made once per build: alike vertices (one per layer and
+        micro-batch) then hold the same tuple, so the roofline model's time (cached per tuple) and the engine core's
+        compute rows (hcsim.engine.core.workload) are worked out once, not once per vertex."""
+        kernels = self._kernel_tuples.get(key)
+        if kernels is None:
+            kernels = self._kernel_tuples[key] = tuple(make())
+        return kernels
+
     def add_decoder_forward(self, compute, chain, stage, label, k: int = 0, recompute: bool = False) -> None:
         """A decoder's forward (`recompute`: again in backward; a PyTorch inventory's checkpoint stops early)."""
         for block, ops, name in ((self.attn, self.attn_ops, "attn"), (self.mlp, self.mlp_ops, "mlp")):
             if name == "attn" and self.par.cp > 1:
                 self.add_cp_attention(compute, chain, stage, label, ops.forward, backward=False, k=k)
             elif recompute and name == "mlp" and self.spec.kernels != "megatron" and not self.experts:
-                kernels = checkpoint_recompute(ops.forward)
+                kernels = self.shared_kernels(("recompute", name), lambda: checkpoint_recompute(ops.forward))
                 compute(f"{label}.{name}", math.fsum(op.flops for op in kernels), block.fwd_bytes, kernels)
             else:
                 compute(f"{label}.{name}", block.fwd_flops, block.fwd_bytes, ops.forward)
