@@ -532,9 +532,23 @@ private:
       next_phase(key, lane);
   }
 
+  /* Every rank finishes at once (executor._CollectiveRun: each rank's _finish in rank order). With a call
+     latency, the ranks' delays would all start now and last as long: one delay stands for them, and its end
+     finishes the ranks in rank order, as their delays' ends would. The count of activities stays the executor's
+     (one delay per rank), which the Python executor's comparison checks. */
   void flows_done(std::int64_t key)
   {
-    std::int32_t ranks = w_.g_size[collectives_[key]->group];
+    std::int32_t group = collectives_[key]->group;
+    std::int32_t ranks = w_.g_size[group];
+    double latency = w_.g_call_latency[group];
+    if (latency > 0 && ranks > 1) {
+      activities_ += ranks - 1;
+      delay(latency, [this, key, ranks]() {
+        for (std::int32_t rank = 0; rank < ranks; ++rank)
+          finish_rank(key, rank);  // the last one ends the run
+      });
+      return;
+    }
     for (std::int32_t rank = 0; rank < ranks; ++rank)
       finish(key, rank);  // the last one may end the run
   }
