@@ -64,3 +64,20 @@ def test_an_h200_step_is_faster_than_an_h100_step_by_less_than_its_bandwidth(wor
         assert done.returncode == 0, done.stderr
         times[device] = json.loads(done.stdout)["iteration_time_s"]
     assert 3.35 / 4.8 < times["H200"] / times["H100"] < 0.97
+
+
+GPT2_27B = ["--set=workload=gpt2-hf", "--set=platform=dgx-h100", "--set=xpus=1", "--set=workload_overrides.model.hidden=2560",
+            "--set=workload_overrides.model.decoders=32", "--set=workload_overrides.model.heads=32",
+            "--set=workload_overrides.model.ffn=10240"]
+
+
+@pytest.mark.parametrize("batch, sequence, fits", [(4, 1024, True), (2, 2048, True), (6, 1024, False),
+                                                   (8, 1024, False), (4, 2048, False)])
+def test_gpt2_2_7b_runs_out_of_memory_on_an_h100_where_a_real_run_did(batch, sequence, fits):
+    """Measured on an H100 80GB with benchmarks/gpu_step_kernels.py (2026-11-26, experiments/calibration/steps):
+    4 x 1024 and 2 x 2048 ran (65.2 GiB allocated), 6 x 1024, 8 x 1024 and 4 x 2048 ran out of memory; 6 x 1024
+    only by the CUDA context (hcsim.workload.memory.CUDA_CONTEXT)."""
+    done = hcsim("simulate", *GPT2_27B, f"--set=workload_overrides.model.sequence={sequence}",
+                 f"--set=workload_overrides.training.batch_per_xpu={batch}", "--set=iterations=1")
+    assert done.returncode == (0 if fits else 2), done.stderr
+    assert ("out of memory" in done.stderr) != fits
