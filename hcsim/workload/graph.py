@@ -178,8 +178,14 @@ def validate_workload(graph: nx.DiGraph, platform_xpus=None) -> None:
         problems += _vertex_problems(name, data, known, missing_by_group)
     well_formed = not problems  # the edge rules and coverage need well-formed vertices
     if well_formed:
-        for u, v, data in graph.edges(data=True):
-            problems += _edge_problems(graph, u, v, data)
+        nodes = graph._node  # networkx's own dicts, in graph.edges' order: no view per edge
+        for u, edges in graph._succ.items():
+            before = nodes[u]
+            for v, data in edges.items():
+                after = nodes[v]
+                if data.get("wait") == "xpu" and before["xpus"] is after["xpus"]:
+                    continue  # alike vertices on the same XPUs (most edges): nothing to find
+                problems += _edge_problems(graph, u, v, data)
     if not any(data.get("start") for _, data in graph.nodes(data=True)) and graph.number_of_nodes():
         problems.append("no start vertex: mark the first vertices of an iteration with start: true")
     cycle = None
@@ -324,14 +330,16 @@ def covered_xpus(graph: nx.DiGraph, u, v, wait: str):
 
 
 def _coverage_problems(graph: nx.DiGraph) -> list[str]:
-    problems = []
-    for v, data in graph.nodes(data=True):
+    problems, nodes, preds = [], graph._node, graph._pred  # networkx's own dicts: no view per vertex
+    for v, data in nodes.items():
         if data.get("start"):
             continue
         covered: set = set()
-        for u, _, edge in graph.in_edges(v, data=True):
+        for u, edge in preds[v].items():  # graph.in_edges(v)'s order
             if edge["skip_first_iteration"]:
                 continue
+            if edge["wait"] == "all" or nodes[u]["xpus"] is data["xpus"]:
+                break  # covered_xpus: None, every unit waits
             xpus = covered_xpus(graph, u, v, edge["wait"])
             if xpus is None:
                 break
