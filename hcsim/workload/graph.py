@@ -138,7 +138,12 @@ def add_comm(graph: nx.DiGraph, name: str, *, bytes: float, collective: str, gro
     given = [g for g in (groups, pairs, xpus) if g is not None]
     if len(given) != 1:
         raise WorkloadError(f"vertex {name!r}: give exactly one of groups, pairs or xpus")
-    members = (tuple(xpus),) if xpus is not None else tuple(tuple(g) for g in given[0])
+    if xpus is not None:
+        members = (tuple(xpus),)
+    elif type(given[0]) is tuple and all(type(g) is tuple for g in given[0]):
+        members = given[0]  # already a tuple of tuples: builders share one per axis and stage
+    else:
+        members = tuple(tuple(g) for g in given[0])
     graph.add_node(name, kind="comm", groups=members, xpus=_members(members), bytes=float(bytes),
                    collective=collective, algorithm=algorithm, start=start, label=label or name)
     if chunks is not None:

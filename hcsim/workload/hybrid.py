@@ -321,6 +321,7 @@ class _Builder:
         self._groups: dict = {}
         self._class_xpus: dict = {}
         self._kernel_tuples: dict[tuple, tuple] = {}  # shared_kernels
+        self._members: dict[int, tuple] = {}  # members: id(groups) -> (groups, their XPUs)
         spec, par = self.spec, self.par
         self.classes = par.replica_classes()
         self.attn, self.mlp = block_costs(spec, par.micro_batch, par.tp, par.sequence_parallel, par.ep, par.cp)
@@ -397,6 +398,17 @@ class _Builder:
                 found = tuple(g for g in self.layout.groups("dp" if axis == "replicas" else axis) if g[0] in members)
             self._groups[key] = tuple(tuple(self.group_order(g)) for g in found) if self.group_order else found
         return self._groups[key]
+
+    def members(self, groups: tuple[tuple[str, ...], ...], stage: int, k: int = 0) -> tuple[str, ...]:
+        """The XPUs of `groups` (:meth:`groups` of `stage` and replica class k), group by group, as add_comm lists
+        them: one shared tuple per groups, the class's compute vertices' own where equal, so the many vertices over
+        them (a TP collective per layer and micro-batch, the blocks around it) hold the same one."""
+        found = self._members.get(id(groups))
+        if found is None:
+            xpus = groups[0] if len(groups) == 1 else sum(groups, ())
+            compute = self.class_xpus(stage, k)
+            found = self._members[id(groups)] = (groups, compute if compute == xpus else xpus)
+        return found[1]  # the entry keeps `groups` alive: ids stay unique
 
     def class_xpus(self, stage: int, k: int) -> tuple[str, ...]:
         """The XPUs of `stage` in the replicas of class k (:meth:`Parallelism.replica_classes`), topology order."""
@@ -727,7 +739,7 @@ class _Builder:
         for kind in kinds:
             vertex = add_comm(self.graph, f"{name}.{kind}", groups=groups, bytes=self.activation, collective=kind,
                               algorithm=self.ring())
-            self.graph.nodes[vertex].update(phase="tp", stage=stage)
+            self.graph.nodes[vertex].update(phase="tp", stage=stage, xpus=self.members(groups, stage, k))
             chain.append(vertex)
 
     def ring(self, name: str = "ring") -> str:
