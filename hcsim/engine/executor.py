@@ -263,8 +263,9 @@ class Executor:
         order = _stable_order(graph)
         positions: dict[tuple, tuple] = {}  # xpus -> (the first equal tuple, xpu -> unit index), shared
         vertices, by_name, offset = [], {}, 0
+        nodes = graph._node  # networkx's own attribute dicts: no view per vertex
         for index, name in enumerate(order):
-            data = graph.nodes[name]
+            data = nodes[name]
             shared = positions.get(data["xpus"])
             if shared is None:
                 xpus = data["xpus"]
@@ -282,7 +283,8 @@ class Executor:
                 after.preds.append(_Edge(before, skip, data["wait"], same_rank))
                 before.succs.append(_Edge(after, skip, data["wait"], same_rank))
         for vertex in vertices:
-            vertex.succs.sort(key=lambda edge: edge.vertex.index)
+            if len(vertex.succs) > 1:
+                vertex.succs.sort(key=lambda edge: edge.vertex.index)
             if vertex.kind == "comm":
                 self._prepare_collective(vertex)
         for vertex in vertices:
