@@ -14,6 +14,9 @@ Cases (each point runs in a fresh process):
   (128 racks; tp 8 x pp 16 with 7 + 14 x 8 + 7 layers, sequence parallelism, dp = XPUs / 128, 16
   micro-batches per pipeline, 1F1B, full recomputation); at 16,384 XPUs it is the issue's row (global
   batch 2048);
+- ``vtrain``: issue 27's vTrain-size row, GPT-3 175B on DGX A100 (tp 8 x pp 32, dp = XPUs / 256, 768
+  micro-batches of 1 sequence per pipeline, full recomputation, the roofline compute model, flow collectives,
+  TP collectives analytic, every XPU simulated); at 512 XPUs it is the row (global batch 1536);
 - ``gpt3-mb``: ``gpt3`` on 64 XPUs with `size` micro-batches per pipeline (wall time against
   micro-batches: its exponent);
 - ``2d-hierarchical``: issue 15's 2-D case (benchmarks/hierarchical_2d.py: servers of 8 on a
@@ -37,6 +40,7 @@ figures with the machine line (cores, memory, load average): the machine may be 
     .venv/bin/python benchmarks/engine_speed.py --xpus 64 256 --case decoder layer+repr simgrid
     .venv/bin/python benchmarks/engine_speed.py --case gpt3 --xpus 1024    # issue 15's GPT-3 row
     .venv/bin/python benchmarks/engine_speed.py --case gpt3-all --xpus 1024 --engine core   # issue 27's row
+    .venv/bin/python benchmarks/engine_speed.py --case vtrain --engine core   # issue 27's vTrain row (512)
 """
 
 from __future__ import annotations
@@ -71,13 +75,16 @@ HYBRID = {  # name: (XPUs per pipeline, micro-batches per pipeline, scenario set
     "gpt3-all": (64, 96, [*_GPT3, "xpu_sampling=all"]),
     "llama3": (128, 16, [*_LLAMA3, "xpu_sampling=representative"]),
     "llama3-all": (128, 16, [*_LLAMA3, "xpu_sampling=all"]),
+    "vtrain": (256, 768, ["workload=gpt3-175b", "platform=dgx-a100", "tp=8", "pp=32", "micro_batch=1",
+                          "recompute=full", "compute_model=roofline", "local_collectives=analytic", "iterations=1",
+                          "collective_model=flow"]),
 }
 MICRO_BATCH_CASE = "gpt3-mb"  # gpt3 on one pipeline (64 XPUs); its size is micro-batches per pipeline
 CPP_CASES = {"simgrid-cpp": "callbacks", "simgrid-cpp-actors": "actors"}  # case: the core's driver
 CASES = [*LEVELS, *HYBRID, MICRO_BATCH_CASE, "2d-hierarchical", "simgrid", *CPP_CASES]
 CEILINGS = ("simgrid-cpp", "simgrid")  # run first, for the ratios
 DEFAULT_SIZES = {"gpt3": [64, 256, 1024], "gpt3-all": [64, 256, 1024], "llama3": [1024, 4096, 16384],
-                 "llama3-all": [1024, 4096], MICRO_BATCH_CASE: [12, 24, 48, 96]}
+                 "llama3-all": [1024, 4096], "vtrain": [512], MICRO_BATCH_CASE: [12, 24, 48, 96]}
 
 
 def scenario_settings(case: str, size: int) -> list[str]:
