@@ -215,8 +215,10 @@ class Executor:
     """Runs a workload graph on a compiled platform for some iterations."""
 
     def __init__(self, platform: nx.Graph, workload: nx.DiGraph, routes: dict, backend: Backend, options: RunOptions,
-                 progress=None):
-        """`progress`, if given, is called with the number of vertex runs done since its last call."""
+                 progress=None, order=None):
+        """`progress`, if given, is called with the number of vertex runs done since its last call. `order`, if
+        given, is `workload`'s vertices in :func:`_stable_order`'s order (validate_workload returns it), not
+        computed again."""
         self.progress = progress
         self.platform, self.workload, self.routes = platform, workload, routes
         self.nodes = dict(platform.nodes(data=True))  # name -> attributes: a plain dict is faster per look-up
@@ -232,7 +234,7 @@ class Executor:
         self._path_cache: dict[tuple[str, str], tuple[float, float]] = {}
         self._link_factors: dict[tuple[str, str], object] = {}  # (src, dst) -> LinkFactors (roofline)
         self._call_latency: dict[tuple[int, int], float] = {}  # (vertex, group) -> s per call (roofline)
-        self.vertices = self._index_vertices()
+        self.vertices = self._index_vertices(order)
         self.total_instances = sum(len(v.xpus) for v in self.vertices)
         self.done_runs = [0] * self.total_instances
         self.running = [False] * self.total_instances
@@ -258,9 +260,10 @@ class Executor:
 
     # ---- set-up -------------------------------------------------------------------------------------------
 
-    def _index_vertices(self) -> list[_Vertex]:
+    def _index_vertices(self, order=None) -> list[_Vertex]:
         graph = self.workload
-        order = _stable_order(graph)
+        if order is None or len(order) != len(graph):
+            order = _stable_order(graph)
         positions: dict[tuple, tuple] = {}  # xpus -> (the first equal tuple, xpu -> unit index), shared
         vertices, by_name, offset = [], {}, 0
         nodes = graph._node  # networkx's own attribute dicts: no view per vertex

@@ -34,6 +34,7 @@ class Prepared:
     pairs: set[tuple[str, str]]
     coherent: bool
     platform_spec: Any = None  # the checked PlatformSpec, for the resolved values a result records
+    order: list | None = None  # the workload's vertices in the executor's order (validate_workload's)
 
 
 def scenario_platform(scenario: Scenario, xpus_field: str) -> tuple[Any, nx.Graph, list[str]]:
@@ -131,7 +132,7 @@ def prepare(scenario: Scenario) -> Prepared:
                 workload = build_training_graph(workload_spec, layout, order,
                                                 dict(zip(xpus, split)) if split else None)
     with collector_paused():
-        validate_workload(workload, xpus)
+        order = validate_workload(workload, xpus)
     coherent = bool(graph.graph.get("coherent"))
     if not coherent and any(a == "coherent_ring" for _, a in workload.nodes(data="algorithm")):
         raise ConfigError(f"scenario {scenario.name!r}: collective: coherent_ring keeps the reduced shards in "
@@ -152,7 +153,7 @@ def prepare(scenario: Scenario) -> Prepared:
     if placement is not None:
         check_local_memory(scenario, platform_spec, graph, placement, layout)
     pairs = host_pairs(graph, workload)
-    return Prepared(scenario, graph, workload, placement, xpus, pairs, coherent, platform_spec)
+    return Prepared(scenario, graph, workload, placement, xpus, pairs, coherent, platform_spec, order)
 
 
 def _cpu_flops_fix(scenario: Scenario, cpu: str) -> str:

@@ -23,10 +23,11 @@ from hcsim.run.scenario import Scenario
 __all__ = ["execute", "run_here", "simulate", "simulate_graphs", "total_runs"]
 
 
-def execute(platform: nx.Graph, workload: nx.DiGraph, options, pairs=None, progress=None):
+def execute(platform: nx.Graph, workload: nx.DiGraph, options, pairs=None, progress=None, order=None):
     """Compile `platform` for the pairs `workload` uses and run it here (once per process).
 
-    `progress(n)` is called as vertex runs complete (see :meth:`total_runs`)."""
+    `progress(n)` is called as vertex runs complete (see :meth:`total_runs`); `order`, if given, is
+    `workload`'s vertices as validate_workload returned them (else the executor orders them)."""
     from hcsim.engine.backend import SimgridBackend
     from hcsim.engine.executor import Executor, run_engine
     from hcsim.platform import compile_platform
@@ -39,11 +40,11 @@ def execute(platform: nx.Graph, workload: nx.DiGraph, options, pairs=None, progr
         if run_engine(options) == "core":  # the executor's rules in C++ (issue 27); it refuses what it lacks
             from hcsim.engine.core.workload import run_workload
 
-            result = run_workload(platform, workload, compiled.routes, xml, options)
+            result = run_workload(platform, workload, compiled.routes, xml, options, order)
             result.engine = "core"
             return result
         backend = SimgridBackend(xml)
-    return Executor(platform, workload, compiled.routes, backend, options, progress).run()
+    return Executor(platform, workload, compiled.routes, backend, options, progress, order).run()
 
 
 def total_runs(workload: nx.DiGraph, iterations: int) -> int:
@@ -118,7 +119,7 @@ def run_here(scenario: Scenario, out: Path | None = None, progress=None, check=N
                          trace_xpus=traced,
                          trace_iterations=frozenset(scenario.trace_iterations) if scenario.trace_iterations else None)
     update = progress(total_runs(prepared.workload, scenario.iterations)) if progress else None
-    outcome = execute(prepared.platform, prepared.workload, options, prepared.pairs, update)
+    outcome = execute(prepared.platform, prepared.workload, options, prepared.pairs, update, prepared.order)
     result = summarize(prepared, outcome, setup_s, time.perf_counter() - wall)
     if out is not None:
         try:

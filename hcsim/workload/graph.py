@@ -84,7 +84,8 @@ the back edge that makes iteration k+1 wait for iteration k's gradients:
 >>> _ = add_comm(g, "grads", groups=[["x0", "x1"]], bytes=1e9, collective="all_reduce")
 >>> add_dependency(g, "fwd", "bwd"); add_dependency(g, "bwd", "grads")
 >>> add_dependency(g, "grads", "fwd", skip_first_iteration=True)
->>> validate_workload(g, ["x0", "x1"])
+>>> validate_workload(g, ["x0", "x1"])  # no problem: the vertices, in the executor's order
+['fwd', 'bwd', 'grads']
 """
 
 from __future__ import annotations
@@ -163,7 +164,7 @@ def _members(groups: tuple[tuple[str, ...], ...]) -> tuple[str, ...]:
     return groups[0] if len(groups) == 1 else tuple(chain.from_iterable(groups))
 
 
-def validate_workload(graph: nx.DiGraph, platform_xpus=None) -> None:
+def validate_workload(graph: nx.DiGraph, platform_xpus=None) -> list:
     """Check a workload before any run; raise one WorkloadError listing every problem.
 
     Checks: vertex kinds and sizes (non-negative, finite), XPUs that exist on
@@ -173,6 +174,9 @@ def validate_workload(graph: nx.DiGraph, platform_xpus=None) -> None:
     one start vertex, every cycle broken by a ``skip_first_iteration`` edge, and
     every unit of a non-start vertex waiting for something in iteration 1
     (otherwise it would start at t = 0, or never).
+
+    Returns the vertices in the order the cycle check found, ``first_iteration_order(graph, stable=True)``:
+    the executor's order (hcsim.run.prepare hands it on, so a million-vertex graph is ordered once).
     """
     known = set(platform_xpus) if platform_xpus is not None else None
     problems = graph_problems(graph)
@@ -193,8 +197,8 @@ def validate_workload(graph: nx.DiGraph, platform_xpus=None) -> None:
                 problems += _edge_problems(graph, u, v, data)
     if not any(data.get("start") for _, data in graph.nodes(data=True)) and graph.number_of_nodes():
         problems.append("no start vertex: mark the first vertices of an iteration with start: true")
-    cycle = None
-    if _has_cycle(graph):  # find_cycle only to name the cycle
+    cycle, order = None, first_iteration_order(graph, stable=True)
+    if len(order) < len(graph):  # a cycle; find_cycle only to name it
         cycle = nx.find_cycle(nx.DiGraph((u, v) for u, v, skip in graph.edges(data="skip_first_iteration")
                                          if not skip))
     if cycle:
@@ -204,11 +208,7 @@ def validate_workload(graph: nx.DiGraph, platform_xpus=None) -> None:
         problems += _coverage_problems(graph)
     if problems:
         raise WorkloadError(invalid(f"workload {brief(graph.graph.get('name', '?'))}", problems))
-
-
-def _has_cycle(graph: nx.DiGraph) -> bool:
-    """Whether the first-iteration edges (not skip_first_iteration) close a cycle."""
-    return len(first_iteration_order(graph)) < len(graph)
+    return order
 
 
 def first_iteration_order(graph: nx.DiGraph, stable: bool = False) -> list:

@@ -484,9 +484,11 @@ def collector_paused():
             gc.enable()
 
 
-def run_workload(platform: nx.Graph, workload: nx.DiGraph, routes: dict, platform_xml: str | Path, options):
+def run_workload(platform: nx.Graph, workload: nx.DiGraph, routes: dict, platform_xml: str | Path, options,
+                 order=None):
     """Run `workload` on the compiled platform `platform_xml` in the core, in this process (once: SimGrid allows
-    one Engine per process); the executor's :class:`RunResult`.
+    one Engine per process); the executor's :class:`RunResult`. `order`: the vertices as validate_workload
+    returned them, if the caller has them (the Executor's own order otherwise).
 
     Raises
     ------
@@ -496,15 +498,15 @@ def run_workload(platform: nx.Graph, workload: nx.DiGraph, routes: dict, platfor
         when some vertex never completes every iteration.
     """
     with collector_paused():  # the set-up's objects all stay alive; the core's run makes none
-        return _run_workload(platform, workload, routes, platform_xml, options)
+        return _run_workload(platform, workload, routes, platform_xml, options, order)
 
 
-def _run_workload(platform, workload, routes, platform_xml, options):
+def _run_workload(platform, workload, routes, platform_xml, options, order=None):
     from hcsim.engine import core
     from hcsim.engine.executor import Executor, RunResult, check_link_loads
 
     wall = time.perf_counter()
-    executor = Executor(platform, workload, routes, None, options)
+    executor = Executor(platform, workload, routes, None, options, order=order)
     executor.done_runs = executor.running = None  # the Python run's per-unit state: the core keeps its own
     problems = unsupported(executor)
     if problems:
