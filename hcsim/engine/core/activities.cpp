@@ -56,14 +56,8 @@ public:
     for (std::size_t i = 0; i < graph_.n; ++i)
       if (waiting_[i] == 0)
         launch(static_cast<std::int32_t>(i));
-    double begin = wall_seconds();
-    double begin_cpu = cpu_seconds();
-    sg4::Engine::get_instance()->run();
-    RunCounters counters;
-    counters.run_s = wall_seconds() - begin;
-    counters.run_cpu_s = cpu_seconds() - begin_cpu;
+    RunCounters counters = run_engine();
     counters.activities = ended_;
-    counters.simulated_s = sg4::Engine::get_clock();
     if (ended_ != graph_.n)
       throw std::runtime_error(std::to_string(graph_.n - ended_) + " of " + std::to_string(graph_.n) +
                                " activities never ended");

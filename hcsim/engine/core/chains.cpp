@@ -56,14 +56,8 @@ RunCounters run_with_actors(const ActivityGraph& graph, const std::vector<sg4::H
       }
     });
   }
-  double begin = wall_seconds();
-  double begin_cpu = cpu_seconds();
-  sg4::Engine::get_instance()->run();
-  RunCounters counters;
-  counters.run_s = wall_seconds() - begin;
-  counters.run_cpu_s = cpu_seconds() - begin_cpu;
+  RunCounters counters = run_engine();
   counters.activities = *ended;
-  counters.simulated_s = sg4::Engine::get_clock();
   if (*ended != graph.n)
     throw std::runtime_error(std::to_string(graph.n - *ended) + " of " + std::to_string(graph.n) +
                              " activities never ended");

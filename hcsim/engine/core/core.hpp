@@ -79,6 +79,10 @@ RunCounters run_with_actors(const ActivityGraph& graph, const std::vector<simgri
 double wall_seconds();
 double cpu_seconds();
 
+/* Runs SimGrid until no activity is left: the counters' simulated clock and Engine::run()'s wall and CPU
+   time (the activities are the driver's to count). */
+RunCounters run_engine();
+
 }  // namespace hcsim::core
 
 #endif

@@ -26,6 +26,18 @@ double cpu_seconds()
   return static_cast<double>(std::clock()) / CLOCKS_PER_SEC;
 }
 
+RunCounters run_engine()
+{
+  double begin = wall_seconds();
+  double begin_cpu = cpu_seconds();
+  sg4::Engine::get_instance()->run();
+  RunCounters counters;
+  counters.run_s = wall_seconds() - begin;
+  counters.run_cpu_s = cpu_seconds() - begin_cpu;
+  counters.simulated_s = sg4::Engine::get_clock();
+  return counters;
+}
+
 std::vector<sg4::Host*> start_engine(const std::string& platform_xml, const std::vector<std::string>& host_names,
                                      bool clock_host)
 {

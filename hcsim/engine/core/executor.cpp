@@ -124,14 +124,8 @@ public:
         for (std::int64_t u = w_.v_units[v]; u < w_.v_units[v + 1]; ++u)
           if (required(u, 1) == 0)
             try_start(u);
-    double begin = wall_seconds();
-    double begin_cpu = cpu_seconds();
-    sg4::Engine::get_instance()->run();
-    RunCounters counters;
-    counters.run_s = wall_seconds() - begin;
-    counters.run_cpu_s = cpu_seconds() - begin_cpu;
+    RunCounters counters = run_engine();
     counters.activities = activities_;
-    counters.simulated_s = now();
     std::copy(done_runs_.begin(), done_runs_.end(), out_.done_runs);
     *iterations_ended = ends_;
     if (ends_ > 0)

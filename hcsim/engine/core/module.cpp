@@ -43,6 +43,17 @@ template <typename T> T* view(const py::buffer& buffer, const char* name, std::s
   return static_cast<T*>(info.ptr);
 }
 
+py::dict counters_dict(const hcsim::core::RunCounters& counters)
+{
+  py::dict out;
+  out["activities"] = counters.activities;
+  out["simulated_s"] = counters.simulated_s;
+  out["run_s"] = counters.run_s;
+  out["run_cpu_s"] = counters.run_cpu_s;
+  out["setup_s"] = counters.setup_s;
+  return out;
+}
+
 py::dict run_graph(const std::string& platform_xml, const std::vector<std::string>& host_names,
                    const py::buffer& kind, const py::buffer& host, const py::buffer& peer, const py::buffer& amount,
                    const py::buffer& pred_offsets, const py::buffer& preds, const py::buffer& start,
@@ -76,13 +87,7 @@ py::dict run_graph(const std::string& platform_xml, const std::vector<std::strin
     counters = driver == "callbacks" ? run_with_callbacks(graph, hosts, times) : run_with_actors(graph, hosts, times);
     counters.setup_s = setup;
   }
-  py::dict out;
-  out["activities"] = counters.activities;
-  out["simulated_s"] = counters.simulated_s;
-  out["run_s"] = counters.run_s;
-  out["run_cpu_s"] = counters.run_cpu_s;
-  out["setup_s"] = counters.setup_s;
-  return out;
+  return counters_dict(counters);
 }
 
 template <typename T> const T* field(const py::dict& arrays, const char* name, std::size_t count)
@@ -217,12 +222,7 @@ py::dict run_workload(const std::string& platform_xml, const std::vector<std::st
     counters = hcsim::core::run_workload(w, hosts, out, &ended);
     counters.setup_s = setup;
   }
-  py::dict result;
-  result["activities"] = counters.activities;
-  result["simulated_s"] = counters.simulated_s;
-  result["run_s"] = counters.run_s;
-  result["run_cpu_s"] = counters.run_cpu_s;
-  result["setup_s"] = counters.setup_s;
+  py::dict result = counters_dict(counters);
   result["iterations_ended"] = ended;
   py::list traced_vertices, traced_transfers;
   for (const auto& e : vertex_events)
