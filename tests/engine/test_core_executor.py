@@ -19,7 +19,7 @@ from hcsim.run.prepare import compute_model, prepare
 from hcsim.run.scenario import Scenario
 from hcsim.run.simulation import simulate_graphs
 from hcsim.workload import add_comm, add_compute, add_dependency, new_workload
-from test_executor_rules import H100, SECOND, TINY, pipeline_graph  # tests/engine is on sys.path
+from test_executor_rules import H100, SECOND, TINY, pipeline_graph, wait_graph  # tests/engine is on sys.path
 
 needs_core = pytest.mark.skipif(not core.available(),
                                 reason=f"C++ engine core not available: {core.unavailable_reason()}")
@@ -138,17 +138,6 @@ def p2p_graph():
     add_dependency(g, "recv", "send", skip_first_iteration=True, wait="all")
     return g
 
-
-def wait_graph():
-    g = new_workload("wait")
-    add_compute(g, "c", xpus=["xpu0", "xpu1"], flops=SECOND, start=True)
-    add_compute(g, "slow", xpus=["xpu0"], flops=2 * SECOND)
-    add_comm(g, "r", xpus=["xpu0", "xpu1"], bytes=1e9, collective="all_reduce", algorithm="ring")
-    add_dependency(g, "c", "slow")
-    add_dependency(g, "slow", "r", wait="group")
-    add_dependency(g, "c", "r")
-    add_dependency(g, "r", "c", skip_first_iteration=True)
-    return g
 
 
 HAND_BUILT = {"rules": (rules_graph, 3), "p2p": (p2p_graph, 2), "wait": (wait_graph, 2),

@@ -89,8 +89,8 @@ def test_start_vertices_alone_start_and_back_edges_hold_from_iteration_two():
         validate_workload(g)
 
 
-def test_time_per_xpu_adds_up_to_the_iteration_time():
-    """xpu1 computes 1 s, xpu0 3 s, then a tiny all-reduce: xpu1 idles ~2 s waiting for its peer."""
+def wait_graph():
+    """xpu0 and xpu1 compute 1 s, xpu0 2 s more, then an all-reduce of 1 GB between them."""
     g = new_workload("wait")
     add_compute(g, "c", xpus=["xpu0", "xpu1"], flops=SECOND, start=True)
     add_compute(g, "slow", xpus=["xpu0"], flops=2 * SECOND)
@@ -99,7 +99,12 @@ def test_time_per_xpu_adds_up_to_the_iteration_time():
     add_dependency(g, "slow", "r", wait="group")
     add_dependency(g, "c", "r")
     add_dependency(g, "r", "c", skip_first_iteration=True)
-    ends, _, result = run(g, 2, iterations=3)
+    return g
+
+
+def test_time_per_xpu_adds_up_to_the_iteration_time():
+    """xpu1 computes 1 s, xpu0 3 s, then a tiny all-reduce: xpu1 idles ~2 s waiting for its peer."""
+    ends, _, result = run(wait_graph(), 2, iterations=3)
     period = ends[-1] - ends[-2]
     comm = 2 * (100e-9 * 2) + 1e9 / 900e9  # ring of 2: 2 steps of S/2 over two 100 ns links at 900 GB/s
     assert period == pytest.approx(3 + comm, rel=1e-9)
