@@ -217,13 +217,11 @@ def _variants(rows, calibration: Calibration, floor: float, peak: float, bandwid
     for key, kinds in (("mixed_efficiency", MIXED_KINDS), ("strided_efficiency", STRIDED_KINDS)):
         measured = [r for r in rows if r.kind in kinds]
         if measured:
-            long = [r for r in measured if r.seconds >= STREAMING * floor] or measured
-            _, per_byte = _least_squares([r.bytes for r in long], [r.seconds for r in long], intercept=floor)
-            found[key] = min(1.0, 1 / (per_byte * bandwidth))
+            found[key] = min(1.0, 1 / (_seconds_per_byte(measured, floor) * bandwidth))
     overhead = calibration.sync + calibration.factors.launch
     for key, gradient in (("gemm_unaligned_forward", False), ("gemm_unaligned_backward", True)):
         rates = [r.flops / ((r.seconds - overhead) * peak) for r in rows if r.kind == "gemm_linear"
-                 and (r.m % 8 or r.n % 8 or r.k % 8) and (r.note != "forward") == gradient]
+                 and row_kernels(r)[0].kind == "gemm_unaligned" and (r.note != "forward") == gradient]
         if rates:
             found[key] = min(1.0, sum(rates) / len(rates))
     for key, kind in (("attention_dropout_forward", "attn_fwd"), ("attention_dropout_backward", "attn_bwd")):
@@ -235,11 +233,17 @@ def _variants(rows, calibration: Calibration, floor: float, peak: float, bandwid
     return found
 
 
+def _seconds_per_byte(rows, floor: float) -> float:
+    """Seconds per byte of memory-bound `rows`, by least squares with the floor as intercept, over the rows
+    long enough to stream at full rate (all of them when none is)."""
+    long = [r for r in rows if r.seconds >= STREAMING * floor] or rows
+    return _least_squares([r.bytes for r in long], [r.seconds for r in long], intercept=floor)[1]
+
+
 def _bandwidths(rows, memory, floor: float, bandwidth: float) -> tuple[float, float]:
     """Streaming efficiency from the simple rows long enough to stream at full rate; then the norms' reducing
     kernels' efficiency from the norm rows, through the kernels hcsim runs for them."""
-    long = [r for r in memory if r.seconds >= STREAMING * floor] or memory
-    _, per_byte = _least_squares([r.bytes for r in long], [r.seconds for r in long], intercept=floor)
+    per_byte = _seconds_per_byte(memory, floor)
     streaming = 1 / (per_byte * bandwidth)
     reducing = []
     for r in rows:
@@ -338,21 +342,21 @@ def _time(factors: DeviceFactors, row: KernelRow, peak: float, bandwidth: float)
 def factors_yaml(calibration: Calibration, sources: list[str]) -> dict:
     """The ``devices:`` entry of a compute-model YAML for a calibration (platforms/compute-model.yaml's shape)."""
     factors, named = calibration.factors, ", ".join(sources)
-    nested = _nested_variants(factors, named)
+    top, gemm, attention = _variants_yaml(factors, named)
     return {
         "provenance": "measured",
         "gemm": {"max_efficiency": round(factors.gemm_max_efficiency, 4), "k_half": factors.gemm_k_half,
                  "sms": factors.sms, "fp8_speedup": round(factors.fp8_gemm_speedup, 4),
                  "source": f"hcsim calibrate: least squares on the relative error of every BF16 GEMM row of {named}; "
-                           f"fp8_speedup: the FP8 (e4m3) rows' rate over it, the same wave model", **nested[0]},
+                           f"fp8_speedup: the FP8 (e4m3) rows' rate over it, the same wave model", **gemm},
         "memory_efficiency": round(factors.memory_efficiency, 4),
         "source_memory_efficiency": f"hcsim calibrate: copy, add, SiLU and cast rows of {named}",
         "reduction_efficiency": round(factors.reduction_efficiency, 4),
         "source_reduction_efficiency": f"hcsim calibrate: RMSNorm and LayerNorm rows of {named}",
         "attention": {"table": [[d, s, round(fwd, 4), round(bwd, 4)] for d, s, fwd, bwd in factors.attention_table],
                       "source": f"hcsim calibrate: [head_dim, sequence, forward, backward] efficiency of the causal "
-                                f"flash attention rows of {named}", **nested[1]},
-        **_variants_yaml(factors, named),
+                                f"flash attention rows of {named}", **attention},
+        **top,
         "kernel_overhead": "0s",
         "launch": f"{factors.launch * 1e6:.2f}us",
         "backward_launch": f"{factors.backward_launch * 1e6:.2f}us",
@@ -363,19 +367,15 @@ def factors_yaml(calibration: Calibration, sources: list[str]) -> dict:
     }
 
 
-def _variants_yaml(factors: DeviceFactors, named: str) -> dict:
-    """The YAML of the factors of step 4 that the files measured, merged into factors_yaml's entry."""
-    out = {}
+def _variants_yaml(factors: DeviceFactors, named: str) -> tuple[dict, dict, dict]:
+    """The YAML of the factors of step 4 that the files measured: the entry's own keys, its gemm: keys and its
+    attention: keys, each merged into factors_yaml's entry."""
+    top = {}
     for key, rows in (("mixed_efficiency", "add_fp32_bf16 and mul_bf16_fp32"),
                       ("strided_efficiency", "copy_transposed_bf16")):
         if getattr(factors, key):
-            out[key] = round(getattr(factors, key), 4)
-            out[f"source_{key}"] = f"hcsim calibrate: the {rows} rows of {named}"
-    return out
-
-
-def _nested_variants(factors: DeviceFactors, named: str) -> tuple[dict, dict]:
-    """The gemm: and attention: keys of step 4 that the files measured."""
+            top[key] = round(getattr(factors, key), 4)
+            top[f"source_{key}"] = f"hcsim calibrate: the {rows} rows of {named}"
     gemm = {key: round(getattr(factors, f"gemm_{key}"), 4) for key in ("unaligned_forward", "unaligned_backward")
             if getattr(factors, f"gemm_{key}")}
     if gemm:
@@ -386,7 +386,7 @@ def _nested_variants(factors: DeviceFactors, named: str) -> tuple[dict, dict]:
     if attention:
         attention["source_dropout"] = (f"hcsim calibrate: median time of the attn_*_dropout rows over the "
                                        f"attn_*_default rows of the same shapes, {named}")
-    return gemm, attention
+    return top, gemm, attention
 
 
 # ---- the model against every measured row ----------------------------------------------------------------
