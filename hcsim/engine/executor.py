@@ -114,13 +114,14 @@ class RunResult:
 
 def run_engine(options: RunOptions) -> str:
     """The engine `options` run on: ``core`` or ``python`` as asked; for ``auto`` the C++ core when it is built
-    and the options use nothing it refuses (representative XPUs, and so traces per class), else Python."""
+    and the options use nothing it refuses (representative XPUs, and so traces per class), else Python (and a
+    workload the core refuses, hcsim.run.simulation.execute runs on Python too)."""
     if options.engine != "auto":
         return options.engine
     from hcsim.engine import core
+    from hcsim.engine.core.workload import unsupported_options
 
-    representative = options.xpu_sampling == "representative" or options.trace_xpus == "per-class"
-    return "core" if not representative and core.available() else "python"
+    return "core" if not unsupported_options(options) and core.available() else "python"
 
 
 class _Edge:

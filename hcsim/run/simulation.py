@@ -38,11 +38,13 @@ def execute(platform: nx.Graph, workload: nx.DiGraph, options, pairs=None, progr
         xml = Path(folder) / "platform.xml"
         xml.write_text(compiled.xml)
         if run_engine(options) == "core":  # the executor's rules in C++ (issue 27); it refuses what it lacks
-            from hcsim.engine.core.workload import run_workload
+            from hcsim.engine.core.workload import Unsupported, run_workload
 
-            result = run_workload(platform, workload, compiled.routes, xml, options, order)
-            result.engine = "core"
-            return result
+            try:
+                return run_workload(platform, workload, compiled.routes, xml, options, order)
+            except Unsupported:
+                if options.engine == "core":
+                    raise  # asked for by name; under auto, the Python executor runs it
         backend = SimgridBackend(xml)
     return Executor(platform, workload, compiled.routes, backend, options, progress, order).run()
 

@@ -181,6 +181,24 @@ def test_what_the_core_lacks_is_refused_by_name(options, named):
         simulate_graphs(single_switch(2, H100), wait_graph(), RunOptions(engine="core", **options))
 
 
+def test_a_workload_the_core_refuses_runs_on_python_under_auto():
+    """A collective whose units are not listed group by group (a graph JSON may list them so) is refused by
+    name with engine: core; engine: auto runs it on the Python executor, with the Python executor's numbers."""
+    graph = new_workload("interleaved")
+    add_compute(graph, "c", xpus=["xpu0", "xpu1", "xpu2", "xpu3"], flops=SECOND, start=True)
+    add_comm(graph, "r", groups=[("xpu0", "xpu1"), ("xpu2", "xpu3")], bytes=1e9, collective="all_reduce",
+             algorithm="ring")
+    graph.nodes["r"]["xpus"] = ("xpu0", "xpu2", "xpu1", "xpu3")
+    add_dependency(graph, "c", "r")
+    add_dependency(graph, "r", "c", skip_first_iteration=True)
+    with pytest.raises(ConfigError, match="engine: core does not support yet: collective vertices whose units"):
+        simulate_graphs(single_switch(4, H100), graph, RunOptions(engine="core"))
+    auto, python = (simulate_graphs(single_switch(4, H100), graph, RunOptions(engine=engine))
+                    for engine in ("auto", "python"))
+    assert auto["engine"] == "python"
+    assert auto["iteration_ends"] == python["iteration_ends"]
+
+
 def test_engine_is_a_checked_choice():
     with pytest.raises(ConfigError, match="engine"):
         RunOptions(engine="cpp")

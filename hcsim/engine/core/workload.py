@@ -37,13 +37,23 @@ START, RECOMPUTE, CPU_STEP, MOVE = 1, 2, 4, 8
 FLOW, ANALYTIC, STEP = 0, 1, 2
 
 
-def unsupported(executor) -> list[str]:
-    """What the core cannot run yet in `executor`'s workload and options (empty: it can run them all)."""
-    options, problems = executor.options, []
+class Unsupported(ConfigError):
+    """A run the core cannot do yet (engine: auto runs it on the Python executor instead)."""
+
+
+def unsupported_options(options) -> list[str]:
+    """What the core cannot run yet in a run's options (empty: none)."""
+    problems = []
     if options.xpu_sampling != "all":
         problems.append("representative XPUs (xpu_sampling: representative; set xpu_sampling: all)")
     if options.trace_xpus == "per-class":
         problems.append("traces per class (trace_xpus: per-class, which follows representative XPUs)")
+    return problems
+
+
+def unsupported(executor) -> list[str]:
+    """What the core cannot run yet in `executor`'s workload and options (empty: it can run them all)."""
+    problems = unsupported_options(executor.options)
     uneven, checked = 0, {}  # (xpus, groups) ids -> listed group by group: alike vertices share both
     for vertex in executor.vertices:
         if vertex.kind != "compute":
@@ -510,7 +520,7 @@ def _run_workload(platform, workload, routes, platform_xml, options, order=None)
     executor.done_runs = executor.running = None  # the Python run's per-unit state: the core keeps its own
     problems = unsupported(executor)
     if problems:
-        raise ConfigError("engine: core does not support yet: " + "; ".join(problems)
+        raise Unsupported("engine: core does not support yet: " + "; ".join(problems)
                           + ". Fix: change those settings, or set engine: python")
     if not core.available():
         raise ConfigError(f"engine: core: {core.unavailable_reason()}; or set engine: python")
@@ -556,7 +566,8 @@ def _run_workload(platform, workload, routes, platform_xml, options, order=None)
     busy = {x: [last[i * fields + 4], last[i * fields + 5], last[i * fields + 6]] for i, x in enumerate(xpus)}
     result = RunResult(iteration_ends=iteration_ends, activities=counters["activities"], busy=busy,
                        wall_time_s=time.perf_counter() - wall, trace=trace, collective_fidelity=executor.fidelity_used,
-                       link_bytes=link_bytes, xpu_times=xpu_times(xpus, first, last, iteration_ends, fields))
+                       link_bytes=link_bytes, xpu_times=xpu_times(xpus, first, last, iteration_ends, fields),
+                       engine="core")
     result.core_counters = counters  # run_s, run_cpu_s, setup_s of the core (docs/engine-core.md's figures)
     for vertex in executor.vertices:  # vertices and their edges refer to each other: freed now, not by the collector
         vertex.preds = vertex.succs = None
