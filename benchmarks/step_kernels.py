@@ -24,10 +24,10 @@ from pathlib import Path
 
 from hcsim.engine.compute_model import load_compute_model
 from hcsim.platform.devices import builtin_catalog
+from hcsim.workload.hybrid import Parallelism, build_hybrid_graph
+from hcsim.workload.layout import ParallelLayout
 from hcsim.workload.memory import CUDA_CONTEXT, eager_memory
-from hcsim.workload.ops import checkpoint_recompute, eager_embedding_ops, eager_head_ops, eager_layer_ops, optimizer_step_ops
 from hcsim.workload.spec import load_workload_spec
-from hcsim.workload.transformer import model_parameters
 
 CLASSES = (("gemm", re.compile(r"gemm|nvjet|cutlass|cublas", re.I)),
            ("attention", re.compile(r"sdpa|flash|fmha", re.I)),
@@ -41,19 +41,17 @@ def kernel_class(name: str, kind: str = "") -> str:
     return next((cls for cls, pattern in CLASSES if pattern.search(name)), "memory")
 
 
-def inventory(spec, recompute: str) -> dict[str, list]:
-    """hcsim's kernels of one step on one GPU, by phase."""
-    model, batch = spec.model, spec.batch_per_xpu
-    attn, mlp, _ = eager_layer_ops(model, batch, use_cache=recompute == "none")
-    head = eager_head_ops(model, batch)[0]
-    embedding = eager_embedding_ops(model, batch)
-    layer_forward = list(attn.forward + mlp.forward)
-    forward = list(embedding.forward) + layer_forward * model.decoders + list(head.forward)
-    again = list(attn.forward + checkpoint_recompute(mlp.forward)) if recompute == "full" else []
-    backward = list(head.backward) + (again + list(mlp.backward + attn.backward)) * model.decoders + \
-        list(embedding.backward)
-    optimizer = list(optimizer_step_ops(model_parameters(model), "bf16", kernels="pytorch-eager"))
-    return {"forward": forward, "backward": backward, "optimizer": optimizer}
+def inventory(spec) -> dict[str, list]:
+    """hcsim's kernels of one step on one GPU, by phase: the ops of the workload graph hcsim simulates."""
+    batch = spec.batch_per_xpu
+    graph = build_hybrid_graph(spec, Parallelism(micro_batch=batch, global_batch=batch, recompute=spec.recomputation),
+                               ParallelLayout(["x0"], {}))
+    phases = {"fwd": "forward", "bwd": "backward", "recompute": "backward", "optimizer": "optimizer"}
+    out: dict[str, list] = {"forward": [], "backward": [], "optimizer": []}
+    for _, data in graph.nodes(data=True):
+        if data["kind"] == "compute":
+            out[phases[data["phase"]]] += data.get("ops") or ()
+    return out
 
 
 def compare(profile: Path, workload: str, device: str, overrides: dict | None = None) -> dict:
@@ -69,7 +67,7 @@ def compare(profile: Path, workload: str, device: str, overrides: dict | None = 
     with (gzip.open(profile, "rt") if profile.suffix == ".gz" else profile.open()) as f:
         rows = [r for r in csv.DictReader(f) if not r["name"].startswith("Optimizer.step")]  # a range, no kernel
     out = {}
-    for phase, ops in inventory(spec, spec.recomputation).items():
+    for phase, ops in inventory(spec).items():
         table = {}
         for op in ops:
             cls = kernel_class(op.name, op.kind)
