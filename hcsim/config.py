@@ -227,8 +227,10 @@ class Fields:
     >>> f.done()
     """
 
-    def __init__(self, data: Any, where: str, problems: list[str] | None = None):
+    def __init__(self, data: Any, where: str, problems: list[str] | None = None,
+                 origins: Mapping[str, str] | None = None):
         self.where = where
+        self.origins = origins or {}  # key -> where its value was written, when not in `where` (e.g. "--set ")
         self.problems = problems if problems is not None else []
         self.seen: set[str] = set()
         if data is None:
@@ -239,6 +241,8 @@ class Fields:
         self.data = data
 
     def path(self, key: str) -> str:
+        if key in self.origins:
+            return f"{self.origins[key]}{key}"
         return f"{self.where}.{key}" if self.where and not self.where.endswith(": ") else f"{self.where}{key}"
 
     def has(self, key: str) -> bool:

@@ -292,24 +292,9 @@ def load_scenario(path: str | Path | None = None, settings: list[str] | Mapping[
     given = {str(key).partition(".")[0] for key in parse_settings(settings if settings is not None else [])}
     data = apply_settings(data, settings if settings is not None else [], where)
     base = str(Path(path).resolve().parent) if path else "."
-    try:
-        return _from_mapping(data, where, base)
-    except ConfigError as err:  # a value --set gave is blamed on --set, not on the file or the default
-        raise ConfigError(_blame_settings(str(err), where, given - {"platform_overrides", "workload_overrides"})
-                          ) from None
-
-
-def _blame_settings(message: str, where: str, keys: set[str]) -> str:
-    """`message` with each line about one of `keys` (set by --set) starting ``--set KEY`` in place of `where`."""
-    lines = []
-    for line in message.split("\n"):
-        for key in keys:
-            prefix = f"{where}: {key}"
-            if line.startswith(prefix) and line[len(prefix):len(prefix) + 1] in (":", " ", "[", "."):
-                line = f"--set {key}{line[len(prefix):]}"
-                break
-        lines.append(line)
-    return "\n".join(lines)
+    # a value --set gave is blamed on --set, not on the file; overrides merge both, so they keep the file's name
+    origins = dict.fromkeys(given - {"platform_overrides", "workload_overrides"}, "--set ")
+    return _from_mapping(data, where, base, origins)
 
 
 def apply_settings(data: dict, settings: list[str] | Mapping[str, Any], where: str = "--set") -> dict:
@@ -345,9 +330,9 @@ def renamed(data: dict, where: str) -> dict:
     return data
 
 
-def _from_mapping(data: dict, where: str, base: str) -> Scenario:
+def _from_mapping(data: dict, where: str, base: str, origins: dict[str, str] | None = None) -> Scenario:
     data = renamed(data, f"{where}: ")
-    fields = Fields(data, f"{where}: ")
+    fields = Fields(data, f"{where}: ", origins=origins)
     default = Scenario()
     c = Scenario._constraints
     values: dict[str, Any] = {"base": base}
