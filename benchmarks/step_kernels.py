@@ -27,6 +27,7 @@ from hcsim.platform.devices import builtin_catalog
 from hcsim.workload.hybrid import Parallelism, build_hybrid_graph
 from hcsim.workload.layout import ParallelLayout
 from hcsim.workload.memory import CUDA_CONTEXT, eager_memory
+from hcsim.workload.ops import GEMM_KINDS
 from hcsim.workload.spec import load_workload_spec
 
 CLASSES = (("gemm", re.compile(r"gemm|nvjet|cutlass|cublas", re.I)),
@@ -37,7 +38,7 @@ CLASSES = (("gemm", re.compile(r"gemm|nvjet|cutlass|cublas", re.I)),
 def kernel_class(name: str, kind: str = "") -> str:
     """gemm | attention | optimizer | memory for a profiled kernel's name (or an hcsim op's kind)."""
     if kind:
-        return {"gemm": "gemm", "gemm_unaligned": "gemm", "gemm8": "gemm", "attention": "attention"}.get(kind, "memory")
+        return "gemm" if kind in GEMM_KINDS else "attention" if kind == "attention" else "memory"
     return next((cls for cls, pattern in CLASSES if pattern.search(name)), "memory")
 
 

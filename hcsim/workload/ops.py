@@ -39,7 +39,7 @@ from typing import NamedTuple
 from hcsim.errors import ConfigError
 from hcsim.workload.transformer import ATTENTION as ATTENTION_KINDS
 
-__all__ = ["Op", "OP_KINDS", "ATTENTION_KINDS", "BlockOps", "megatron_ops", "optimizer_ops",
+__all__ = ["Op", "OP_KINDS", "GEMM_KINDS", "ATTENTION_KINDS", "BlockOps", "megatron_ops", "optimizer_ops",
            "KERNEL_INVENTORIES", "checkpoint_recompute", "eager_layer_ops", "eager_embedding_ops", "eager_head_ops", "optimizer_step_ops",
            "OPTIMIZER_TRAFFIC", "ops_flops"]
 
@@ -50,6 +50,7 @@ __all__ = ["Op", "OP_KINDS", "ATTENTION_KINDS", "BlockOps", "megatron_ops", "opt
 # less of the bandwidth; mixed: an elementwise kernel over operands of two dtypes (PyTorch runs it unvectorised);
 # strided: one that reads or writes a transposed or sliced tensor (a concatenation, a broadcast over heads)
 OP_KINDS = ("gemm", "gemm_unaligned", "gemm8", "attention", "memory", "reduction", "mixed", "strided")
+GEMM_KINDS = ("gemm", "gemm_unaligned", "gemm8")
 # Bytes the optimizer step moves per parameter, as Megatron-LM's mixed-precision optimizer runs it
 # (FP32 main gradients, FP32 master weights, fused Adam): unscale and inf check (read the main
 # gradient, 4), gradient norm for clipping (read it again, 4), Adam (read gradient, master weight, m,
@@ -373,7 +374,7 @@ def checkpoint_recompute(forward: tuple[Op, ...]) -> tuple[Op, ...]:
     tensor the backward needs has been saved again, which the last GEMM does when it is called, before its
     kernel runs. So the last GEMM and what follows it (dropout, the residual add) do not run again. Seen in
     torch.profiler: 6 of Llama's 7 GEMMs per layer recomputed (experiments/calibration/steps)."""
-    last = max((i for i, op in enumerate(forward) if op.kind in ("gemm", "gemm_unaligned", "gemm8")), default=None)
+    last = max((i for i, op in enumerate(forward) if op.kind in GEMM_KINDS), default=None)
     return forward if last is None else forward[:last]
 
 
