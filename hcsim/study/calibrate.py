@@ -401,11 +401,11 @@ def row_kernels(row: KernelRow) -> tuple | None:
 
     if row.kind in ("gemm", "gemm_bf16", "gemm_fp8_e4m3"):
         s = row.shape()
-        gemm = ops._gemm("gemm", s["m"], s["n"], s["k"], 2.0)
+        gemm = ops._gemm("gemm", s["m"], s["n"], s["k"], 2.0, tokens="")  # a plain GEMM: every dimension counts
         return (gemm._replace(kind="gemm8"),) if row.kind == "gemm_fp8_e4m3" else (gemm,)
     if row.kind == "gemm_linear":
         suffix = {"dgrad": ".dgrad", "wgrad": ".wgrad"}.get(row.note, "")
-        return (ops._gemm("linear" + suffix, row.m, row.n, row.k, 2.0),)
+        return (ops._gemm("linear" + suffix, row.m, row.n, row.k, 2.0, tokens="k" if row.note == "wgrad" else "m"),)
     if row.kind.startswith(("attn_fwd", "attn_bwd")):
         b, s, heads, d = row.batch, row.m, row.n, row.k
         backward = row.kind.startswith("attn_bwd")

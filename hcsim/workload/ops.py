@@ -74,20 +74,32 @@ class Op(NamedTuple):
     batch: int = 1
 
 
-def _gemm(name: str, m: int, n: int, k: int, e: float, batch: int = 1) -> Op:
+def _gemm(name: str, m: int, n: int, k: int, e: float, batch: int = 1, tokens: str = "m") -> Op:
     """C (m x n) = A (m x k) B (k x n), `batch` times; reads A and B and writes C, `e` bytes per element; a
-    ``gemm_unaligned`` kernel when a dimension is not a multiple of 8."""
+    ``gemm_unaligned`` kernel when a dimension other than the token one (`tokens`: "m", "k" for a weight
+    gradient, "" for a GEMM of no tokens) is not a multiple of 8.
+
+    Why the token dimension is exempt: what was measured slow (cuBLAS's kernels without 16-byte aligned loads,
+    about 10 % of peak) were GEMMs whose weight has an unaligned width (GPT-2's 50257-wide output layer in the
+    forward, input-gradient and weight-gradient products; experiments/calibration/measurements/*kernels3.csv),
+    every one with an aligned token count (2,048 or 8,192). Activations are row-major [tokens, features], so the
+    leading dimension of every operand (lda, ldb, ldc: what 16-byte alignment is about) is a feature width,
+    never the token count: the tokens are the rows (forward, input gradient) or the reduction (weight gradient),
+    which tile predication handles at the wave model's cost. Continuous batching makes the token count any
+    integer, so charging it the unaligned rate would make a 2,049-token prompt 5x slower than a 2,048 one."""
     if min(m, n, k, batch) < 1:
         raise ConfigError(f"op {name!r}: a GEMM needs m, n, k, batch >= 1, got {m}, {n}, {k}, {batch} (is tp "
                           f"larger than a dimension it splits?)")
-    kind = "gemm_unaligned" if m % 8 or n % 8 or k % 8 else "gemm"
+    checked = [size for axis, size in (("m", m), ("n", n), ("k", k)) if axis != tokens]
+    kind = "gemm_unaligned" if any(size % 8 for size in checked) else "gemm"
     return Op(name, kind, 2.0 * m * n * k * batch, (m * k + k * n + m * n) * e * batch, m, n, k, batch)
 
 
 def _gemm_backward(op: Op, e: float) -> tuple[Op, Op]:
-    """Input gradient dA = dC B^T (m x k by ... ) and weight gradient dB = A^T dC of a forward GEMM."""
+    """Input gradient dA = dC B^T (m x n by n x k; the tokens stay m) and weight gradient dB = A^T dC (k x m by
+    m x n; the tokens become the reduction, k) of a forward GEMM."""
     return (_gemm(f"{op.name}.dgrad", op.m, op.k, op.n, e, op.batch),
-            _gemm(f"{op.name}.wgrad", op.k, op.n, op.m, e, op.batch))
+            _gemm(f"{op.name}.wgrad", op.k, op.n, op.m, e, op.batch, tokens="k"))
 
 
 def _memory(name: str, size: float, kind: str = "memory") -> Op:

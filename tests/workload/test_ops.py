@@ -72,3 +72,19 @@ def test_every_compute_vertex_of_a_hybrid_graph_carries_kernels_of_its_flops():
             assert ops_flops(data["ops"]) == pytest.approx(data["flops"], rel=1e-12), name
     optimizer = graph.nodes["s0.optimizer"]["ops"]
     assert [op.kind for op in optimizer] == ["memory"] and optimizer[0].bytes > 0
+
+
+def test_only_a_weight_dimension_not_a_multiple_of_8_makes_a_gemm_unaligned():
+    """What was measured slow is an unaligned weight width (GPT-2's 50257-wide head), every one with an aligned
+    token count; the token dimension (m forward and for the input gradient, k for the weight gradient) is never
+    a leading dimension, so 2,049 tokens run cuBLAS's aligned kernels."""
+    from hcsim.workload.ops import _gemm, _gemm_backward
+
+    assert _gemm("proj", 2049, 8192, 8192, 2.0).kind == "gemm"
+    assert _gemm("logits", 2048, 50257, 768, 2.0).kind == "gemm_unaligned"
+    assert _gemm("proj", 2048, 8192, 8190, 2.0).kind == "gemm_unaligned"
+    dgrad, wgrad = _gemm_backward(_gemm("proj", 2049, 768, 768, 2.0), 2.0)
+    assert (dgrad.m, wgrad.k) == (2049, 2049) and dgrad.kind == wgrad.kind == "gemm"
+    dgrad, wgrad = _gemm_backward(_gemm("logits", 2048, 50257, 768, 2.0), 2.0)
+    assert dgrad.kind == wgrad.kind == "gemm_unaligned"
+    assert _gemm("gemm", 2049, 8192, 8192, 2.0, tokens="").kind == "gemm_unaligned"  # no token dimension
