@@ -1,7 +1,7 @@
 # Quick start: `make demo` runs a simulation, `make test` runs the tests.
 # Both set up whatever is missing first (see scripts/setup.sh), then build the C++ engine core
-# (scripts/build_core.py: skipped when up to date; if it cannot be built, it says why and hcsim runs
-# on its Python executor). `make core` builds the core again, and fails loudly if it cannot.
+# (scripts/build_core.py: skipped when up to date; if it cannot be built, it says why and what to
+# install, and make stops: the core is the engine). `make core` builds it again.
 VENV ?= .venv
 STAMP := $(VENV)/.hcsim-setup
 CORE_STAMP := $(VENV)/.hcsim-core
@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml constraints.txt scripts/setup.sh
 	touch $@
 
 $(CORE_STAMP): $(STAMP) $(CORE_SOURCES) scripts/build_core.py
-	$(VENV)/bin/python scripts/build_core.py --optional
+	$(VENV)/bin/python scripts/build_core.py
 	touch $@
 
 core: $(STAMP)

@@ -84,15 +84,15 @@ def build_workload(xpus: list[str], speed: float):
 
 def run_point(xpus: int, model: str) -> dict:
     """Build and simulate one point in this process (SimGrid: once per process)."""
-    from hcsim.engine.executor import RunOptions
+    from hcsim.engine.api import RunOptions
     from hcsim.platform.topology import xpus as platform_xpus
-    from hcsim.run.simulation import execute
+    from hcsim.engine.api import run
 
     start = time.perf_counter()
     platform = build_platform(xpus)
     names = platform_xpus(platform)
     workload = build_workload(names, platform.nodes[names[0]]["fp32_flops"])
-    outcome = execute(platform, workload, RunOptions(collective_model=model))
+    outcome = run(platform, workload, RunOptions(collective_model=model))
     return {"xpus": xpus, "iteration_time_s": outcome.iteration_ends[-1], "activities": outcome.activities,
             "sim_s": outcome.wall_time_s, "wall_s": time.perf_counter() - start,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}

@@ -36,9 +36,9 @@ def load(path: Path) -> dict:
 def run_point(topology: str, n: int, collective: str, algorithm: str, size: float, fidelity: str,
               step_limit: int) -> dict:
     """One point in this (fresh) process: the collective alone on the first n XPUs of `topology`."""
-    from hcsim.engine.executor import RunOptions
+    from hcsim.engine.api import RunOptions
     from hcsim.platform import build_platform, load_platform_spec, xpus
-    from hcsim.run.simulation import execute
+    from hcsim.engine.api import run
     from hcsim.workload import add_comm, new_workload
 
     wall = time.perf_counter()
@@ -46,7 +46,7 @@ def run_point(topology: str, n: int, collective: str, algorithm: str, size: floa
     group = xpus(platform)[:n]
     graph = new_workload(f"{collective}-{algorithm}")
     add_comm(graph, "c", xpus=group, bytes=size, collective=collective, algorithm=algorithm, start=True)
-    outcome = execute(platform, graph, RunOptions(collective_model=fidelity, step_limit=step_limit))
+    outcome = run(platform, graph, RunOptions(collective_model=fidelity, step_limit=step_limit))
     seconds = outcome.iteration_ends[0]
     algbw = size / seconds
     factor = 2 * (n - 1) / n if collective == "all_reduce" else (n - 1) / n

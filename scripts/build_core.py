@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Build hcsim's C++ engine core, hcsim/engine/core/_core*.so, against the installed SimGrid 4.1.
 
-    .venv/bin/python scripts/build_core.py             # build, or say it is up to date; fails loudly
-    .venv/bin/python scripts/build_core.py --optional  # what `make` runs: a failure says why, exits 0
+    .venv/bin/python scripts/build_core.py   # build, or say it is up to date; what `make` runs
+
+The core is the engine: a build that fails says which step failed, why and what to install, and exits 1,
+so `make demo` and `make test` (and CI) stop there instead of running without it.
 
 Where SimGrid comes from: `pip install simgrid==4.1` (scripts/setup.sh) installs libsimgrid.so.4.1 in
 site-packages but no C++ header. The headers come from the same release's source distribution
@@ -208,8 +210,6 @@ def build(force: bool, jobs: int) -> bool:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--optional", action="store_true",
-                        help="on failure, say why and exit 0 (hcsim then runs with its Python executor)")
     parser.add_argument("--force", action="store_true", help="build even if up to date")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                         help="translation units compiled at once (default: 2 at most)")
@@ -217,15 +217,11 @@ def main() -> int:
     try:
         build(args.force, max(1, args.jobs))
     except BuildError as err:
-        if not args.optional:
-            log(f"failed: {err}")
-            return 1
-        BUILD.mkdir(parents=True, exist_ok=True)
-        (BUILD / "build.log").write_text(f"{err}\n")
         extension_path().unlink(missing_ok=True)
-        first = str(err).splitlines()[0]
-        log(f"the C++ engine core was not built ({first}; details in build/core/build.log). hcsim works without "
-            "it, with its Python executor; to retry: make core")
+        log(f"failed: {err}\nbuild_core: the C++ engine core is hcsim's engine and must be built. It needs what "
+            "SimGrid's build needs: g++ (C++17), the Python headers (python3-dev) and SimGrid 4.1 installed by "
+            "`make setup`; install what is missing (as root: apt-get install -y g++ python3-dev), then: make core")
+        return 1
     return 0
 
 

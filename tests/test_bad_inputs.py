@@ -225,7 +225,7 @@ def nothing_runs(monkeypatch, workspace):
     def tripwire(*args, **kwargs):
         raise AssertionError("a bad input reached the engine")
 
-    monkeypatch.setattr("hcsim.run.simulation.execute", tripwire)
+    monkeypatch.setattr("hcsim.engine.api.run", tripwire)
     monkeypatch.setattr("hcsim.study.sweep.run_point", tripwire)
     monkeypatch.delenv("HCSIM_NO_LIMITS", raising=False)
     monkeypatch.chdir(workspace)
@@ -805,7 +805,7 @@ def test_point_folders_of_a_killed_sweep_are_removed_and_live_ones_kept(tmp_path
 
 
 def _api_cases():
-    from hcsim.engine.executor import RunOptions
+    from hcsim.engine.api import RunOptions
     from hcsim.platform import build_platform, load_platform_spec
     from hcsim.run.prepare import prepare
     from hcsim.run.scenario import Scenario, load_scenario

@@ -50,7 +50,7 @@ def no_engine(monkeypatch):
     def tripwire(*args, **kwargs):
         raise AssertionError("the fuzz tests never run the engine")
 
-    monkeypatch.setattr("hcsim.run.simulation.execute", tripwire)
+    monkeypatch.setattr("hcsim.engine.api.run", tripwire)
 
 
 @FUZZ

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from hcsim.engine.executor import Executor, RunOptions
+from hcsim.engine.executor import Executor
+from hcsim.engine.api import RunOptions
 from hcsim.platform import build_platform, load_platform_spec
 from hcsim.platform.routes import route_bandwidth, route_latency
 from hcsim.platform.topology import xpus as platform_xpus
@@ -173,7 +174,7 @@ def test_a_plan_too_big_at_zero_0_fits_at_zero_3_and_the_reason_names_the_stage_
     spec, unsharded, platform, xpus = _seventy_b(0)
     reason = fits(spec, unsharded, platform, xpus)
     need = _need(spec, unsharded.parallelism, 0)
-    assert reason == f"stage 0 needs {need / 1e9:.1f} GB per XPU, each H100 holds 80 GiB, at ZeRO stage 0"
+    assert reason == f"stage 0 needs {need / 1e9:.1f} GB per XPU, each H100 holds {80 * 2**30 / 1e9:.1f} GB, at ZeRO stage 0"
     assert fits(spec, _seventy_b(3)[1], platform, xpus) is None
 
 

@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from hcsim.config import REPO_ROOT
-from hcsim.engine.executor import RunOptions
+from hcsim.engine.api import RunOptions
 from hcsim.errors import ConfigError
 from hcsim.platform import build_platform, load_platform_spec
 from hcsim.run.scenario import RENAMED_KEYS, Scenario, load_scenario

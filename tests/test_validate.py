@@ -68,7 +68,7 @@ def test_the_peak_model_gives_the_same_times_with_or_without_op_level_costs():
     """compute_model: peak is the paper's FLOPs / FLOP/s whatever kernels the vertices list (bit for bit)."""
     script = f"""
 import sys
-from hcsim.engine.executor import RunOptions
+from hcsim.engine.api import RunOptions
 from hcsim.run.prepare import prepare
 from hcsim.run.scenario import load_scenario
 from hcsim.run.simulation import simulate_graphs

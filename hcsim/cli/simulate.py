@@ -163,7 +163,7 @@ def serving_summary(result: dict) -> str:
 def _split_line(row: dict) -> list[str]:
     """The parts of a breakdown row, where it has any: exposed communication per kind, idle as bubble and as
     waiting for peers, recomputation (hcsim.run.results.SPLIT_PARTS)."""
-    from hcsim.run.results import COMM_KINDS
+    from hcsim.engine.api import COMM_KINDS
     from hcsim.units import format_quantity
 
     parts = [f"{kind} {format_quantity(row[f'comm_{kind}_s'], 's')}" for kind in COMM_KINDS

@@ -15,7 +15,7 @@ and, per traced XPU, a group of tracks (threads), in this order:
     and optimizer steps on the host CPU go to ``XPU offload`` instead;
 ``XPU comm KIND``
     its part of each collective and p2p vertex, per kind of communication
-    (tp, cp, pp, dp, ep, offload, other: :data:`hcsim.run.results.COMM_KINDS`;
+    (tp, cp, pp, dp, ep, offload, other: :data:`hcsim.engine.api.COMM_KINDS`;
     args: ``bytes``, the buffer each rank contributes);
 ``XPU sends KIND``
     the transfers it sends for those collectives (args: ``bytes``, ``dst``);
@@ -47,6 +47,8 @@ import re
 from pathlib import Path
 
 import networkx as nx
+
+from hcsim.engine.options import COMM_KIND, COMM_KINDS
 
 __all__ = ["TraceRecorder", "TRACE_WARN_BYTES", "pack_lanes"]
 
@@ -129,7 +131,6 @@ class TraceRecorder:
 
     def perfetto_events(self, platform: nx.Graph, workload: nx.DiGraph | None = None) -> list[dict]:
         """The trace events of :meth:`write_perfetto`: metadata (process and track names) first, then slices."""
-        from hcsim.engine.executor import COMM_KIND  # the breakdown's kinds (imported here: the executor imports us)
 
         vertex_data = workload.nodes if workload is not None else {}
         slices: dict[tuple[str, str], list[tuple[int, int, dict]]] = {}  # (xpu, track) -> (start, end, event)
@@ -183,8 +184,6 @@ class TraceRecorder:
     def _layout(slices, platform: nx.Graph, stage_of: dict[str, int]) -> list[dict]:
         """Tracks (threads) for `slices`, each kind split into as many as keep its slices disjoint; metadata
         first, tracks in a fixed order per XPU (module docstring)."""
-        from hcsim.run.results import COMM_KINDS
-
         order = {"schedule": 0, "compute": 1, "offload": 2, "memory": 3 + 2 * len(COMM_KINDS)}
         for i, kind in enumerate(COMM_KINDS):
             order[f"comm {kind}"], order[f"sends {kind}"] = 3 + i, 3 + len(COMM_KINDS) + i

@@ -13,11 +13,12 @@ from typing import Any
 
 import networkx as nx
 
+from hcsim.engine.api import host_pairs
 from hcsim.errors import ConfigError, TopologyError, brief
 from hcsim.run.scenario import Scenario
 
 __all__ = ["Prepared", "prepare", "batch_split", "layer_split", "offload_memory", "spill_policy", "check_local_memory",
-           "check_algorithm", "graph_workload", "rank_order", "host_pairs", "compute_model", "traced_xpus"]
+           "check_algorithm", "graph_workload", "rank_order", "compute_model", "traced_xpus"]
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ def prepare(scenario: Scenario) -> Prepared:
         cost more than the documented limits (:mod:`hcsim.limits`).
     """
     from hcsim.config import resolve_spec
-    from hcsim.engine.core.workload import collector_paused
+    from hcsim.limits import collector_paused
     from hcsim.workload import build_training_graph, load_workload_spec, place_memory, validate_workload
     from hcsim.workload.hybrid import build_hybrid_graph, place_hybrid_memory
     from hcsim.workload.layout import ParallelLayout
@@ -125,7 +126,7 @@ def prepare(scenario: Scenario) -> Prepared:
         check_run_cost(workload_spec, scenario.xpus, scenario.iterations, f"scenario {scenario.name!r}",
                        parallelism.micro_batches if parallelism else 1, scenario.pp,
                        sum(c for c, _ in parallelism.replica_classes()) if parallelism else len(set(split or (1,))))
-        with collector_paused():  # a graph of millions of live objects (hcsim.engine.core.workload)
+        with collector_paused():  # a graph of millions of live objects
             if parallelism:
                 workload = build_hybrid_graph(workload_spec, parallelism, layout, order)
             else:
@@ -411,44 +412,6 @@ def rank_order(platform: nx.Graph, xpus: list[str], scenario: Scenario, run_xpus
                           + ("" if missing or extra else "; some are listed twice"))
     members = set(xpus)
     return [x for x in order if x in members]
-
-
-def host_pairs(platform: nx.Graph, workload: nx.DiGraph) -> set[tuple[str, str]]:
-    """The ordered host pairs a run transfers between: memory reads and collective traffic."""
-    from hcsim.engine.collectives import get_algorithm, server_groups
-    from hcsim.engine.executor import form_transfers, memory_form
-
-    nodes = dict(platform.nodes(data=True))  # a plain dict is faster per look-up
-    pairs: set[tuple[str, str]] = set()
-    done = set()  # collectives already counted: the same algorithm and size on the same group
-    alike = set()  # collective vertices already counted: the same groups, algorithm and size
-    placed: dict[tuple, object] = {}  # (id, key) of the xpus and spilled_xpus already counted: vertices share them
-    for _, data in workload.nodes(data=True):
-        if data["kind"] == "compute":
-            offloads = data.get("host") or data.get("move") or data.get("offload")
-            xpus, spilled = data["xpus"], data["spilled_xpus"]
-            if offloads:
-                for x in xpus:
-                    for coherent in (True, False):
-                        pairs.update(form_transfers(nodes, data, x, memory_form(nodes, data, x, coherent)))
-            for members, key in ((xpus, "local_memory"), (spilled, "extended_memory")):
-                if (id(members), key) not in placed:
-                    placed[id(members), key] = members  # keep it alive: ids stay unique
-                    pairs.update((nodes[x][key], x) for x in members)
-            continue
-        collective = data["collective"]
-        name = data.get("algorithm") or ("direct" if collective == "p2p" else None)
-        if (key := (collective, name, data["groups"], data["bytes"], data.get("chunks"))) in alike:
-            continue  # one per layer and micro-batch
-        alike.add(key)
-        for group in data["groups"]:
-            if (key := (collective, name, group, data["bytes"], data.get("chunks"))) in done:
-                continue
-            done.add(key)
-            algorithm = get_algorithm(collective, name, len(group), data["bytes"], server_groups(platform, group),
-                                      data.get("chunks"))
-            pairs.update((group[s], group[d]) for s, d in algorithm.pairs())
-    return pairs
 
 
 def compute_model(scenario: Scenario, workload: nx.DiGraph, platform: nx.Graph | None = None):

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hcsim.engine.api import COMM_KINDS
 from hcsim.errors import HcsimError
 from hcsim.run.scenario import Scenario
 
@@ -49,7 +50,6 @@ __all__ = ["XpuTimes", "DEVICE_COLUMNS", "MEMORY_COLUMNS", "TIME_PARTS", "SPLIT_
            "scenario_columns", "scenario_column", "column_unit", "resolve_scenario", "csv_cell", "xpu_rows", "XPU_COLUMNS"]
 
 TIME_PARTS = ("compute_s", "memory_stall_s", "exposed_comm_s", "idle_s")
-COMM_KINDS = ("tp", "cp", "pp", "dp", "ep", "offload", "other")
 SPLIT_PARTS = (*(f"comm_{kind}_s" for kind in COMM_KINDS), "idle_bubble_s", "idle_peers_s", "recompute_s")
 # The columns of a sweep row that belong to one device type of the point (one row per device type);
 # least_idle_xpu / least_idle_s: that type's XPU with the least idle time, the one its peers wait for.

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from hcsim.config import Fields, load_yaml, parse_settings, resolve_spec
-from hcsim.engine.executor import COLLECTIVE_MODELS, ENGINES, LOCAL_ACCESSES, LOCAL_COLLECTIVES, XPU_SAMPLINGS
+from hcsim.engine.api import COLLECTIVE_MODELS, ENGINES, LOCAL_ACCESSES, LOCAL_COLLECTIVES, XPU_SAMPLINGS
 from hcsim.errors import ConfigError, brief
 from hcsim.params import (Choice, Constraint, Either, Flag, Integer, Integers, Number, Optional, StringMapping, Text,
                           Texts, check_params)
@@ -70,9 +70,9 @@ class Scenario:
     # (neighbours in a server adjacent), interleaved (consecutive ranks on different servers) or XPU names
     collective_model: str = "auto"  # step (every transfer) | flow (phases) | auto (step up to step_limit ranks)
     step_limit: int = 64  # auto: step-exact collectives up to this many ranks, flow above
-    local_access: str = "analytic"  # analytic | simulated: see hcsim.engine.executor.RunOptions
-    xpu_sampling: str = "all"  # all | representative: see hcsim.engine.executor.RunOptions
-    local_collectives: str = "simulated"  # simulated | analytic: see hcsim.engine.executor.RunOptions
+    local_access: str = "analytic"  # analytic | simulated: see hcsim.engine.api.RunOptions
+    xpu_sampling: str = "all"  # all | representative: see hcsim.engine.api.RunOptions
+    local_collectives: str = "simulated"  # simulated | analytic: see hcsim.engine.api.RunOptions
     engine: str = "auto"  # auto | python | core (the executor's rules in C++: docs/engine-core.md); see RunOptions
     granularity: str | None = None  # workload graph: layer | decoder vertices; None: the workload spec's
     iterations: int = 2  # the first fills the pipeline; results average the later ones

@@ -8,7 +8,6 @@ Preparing a run is :mod:`hcsim.run.prepare`'s job, reporting it :mod:`hcsim.run.
 
 from __future__ import annotations
 
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -16,37 +15,12 @@ from typing import Any
 import networkx as nx
 
 from hcsim.errors import ConfigError, OutputError, SimulationError, brief
-from hcsim.run.prepare import compute_model, host_pairs, prepare, traced_xpus
+from hcsim.engine import api
+from hcsim.run.prepare import compute_model, prepare, traced_xpus
 from hcsim.run.report import _peak_rss_mb, check_results_folder, summarize, write_outputs
 from hcsim.run.scenario import Scenario
 
-__all__ = ["execute", "run_here", "simulate", "simulate_graphs", "total_runs"]
-
-
-def execute(platform: nx.Graph, workload: nx.DiGraph, options, pairs=None, progress=None, order=None):
-    """Compile `platform` for the pairs `workload` uses and run it here (once per process).
-
-    `progress(n)` is called as vertex runs complete (see :meth:`total_runs`); `order`, if given, is
-    `workload`'s vertices as validate_workload returned them (else the executor orders them)."""
-    from hcsim.engine.backend import SimgridBackend
-    from hcsim.engine.executor import Executor, run_engine
-    from hcsim.platform import compile_platform
-
-    compiled = compile_platform(platform, pairs if pairs is not None else host_pairs(platform, workload),
-                                workload.graph.get("precision", "fp32"))
-    with tempfile.TemporaryDirectory(prefix="hcsim-") as folder:
-        xml = Path(folder) / "platform.xml"
-        xml.write_text(compiled.xml)
-        if run_engine(options) == "core":  # the executor's rules in C++ (issue 27); it refuses what it lacks
-            from hcsim.engine.core.workload import Unsupported, run_workload
-
-            try:
-                return run_workload(platform, workload, compiled.routes, xml, options, order)
-            except Unsupported:
-                if options.engine == "core":
-                    raise  # asked for by name; under auto, the Python executor runs it
-        backend = SimgridBackend(xml)
-    return Executor(platform, workload, compiled.routes, backend, options, progress, order).run()
+__all__ = ["run_here", "simulate", "simulate_graphs", "total_runs"]
 
 
 def total_runs(workload: nx.DiGraph, iterations: int) -> int:
@@ -56,7 +30,7 @@ def total_runs(workload: nx.DiGraph, iterations: int) -> int:
 
 def _execute_child(platform, workload, options) -> dict[str, Any]:
     wall = time.perf_counter()
-    outcome = execute(platform, workload, options)
+    outcome = api.run(platform, workload, options)
     trace = outcome.trace
     return {"iteration_ends": outcome.iteration_ends, "activities": outcome.activities, "engine": outcome.engine,
             "busy": outcome.busy,
@@ -79,12 +53,11 @@ def simulate_graphs(platform: nx.Graph, workload: nx.DiGraph, options=None) -> d
     The worker is a spawned process that imports the calling script again:
     call this under ``if __name__ == "__main__":`` (a SimulationError says so).
     """
-    from hcsim.engine.executor import RunOptions
     from hcsim.workload import validate_workload
 
     _check_main_guard()
     validate_workload(workload)
-    return _in_fresh_process(_execute_child, platform, workload, options or RunOptions())
+    return _in_fresh_process(_execute_child, platform, workload, options or api.RunOptions())
 
 
 def run_here(scenario: Scenario, out: Path | None = None, progress=None, check=None, overwrite: bool = False
@@ -95,7 +68,6 @@ def run_here(scenario: Scenario, out: Path | None = None, progress=None, check=N
     `progress`, if given, is a factory called with the total number of vertex
     runs; it returns a callable that receives how many more have completed.
     `check`, if given, is called with the :class:`Prepared` run before it runs (it may raise)."""
-    from hcsim.engine.executor import RunOptions
 
     wall = time.perf_counter()
     if out is not None:
@@ -113,7 +85,7 @@ def run_here(scenario: Scenario, out: Path | None = None, progress=None, check=N
         check(prepared)
     setup_s = time.perf_counter() - wall
     traced = traced_xpus(prepared) if out is not None else None
-    options = RunOptions(iterations=scenario.iterations, coherent=prepared.coherent,
+    options = api.RunOptions(iterations=scenario.iterations, coherent=prepared.coherent,
                          collective_model=scenario.collective_model, step_limit=scenario.step_limit,
                          local_access=scenario.local_access, xpu_sampling=scenario.xpu_sampling,
                          local_collectives=scenario.local_collectives, engine=scenario.engine,
@@ -121,11 +93,11 @@ def run_here(scenario: Scenario, out: Path | None = None, progress=None, check=N
                          trace_xpus=traced,
                          trace_iterations=frozenset(scenario.trace_iterations) if scenario.trace_iterations else None)
     update = progress(total_runs(prepared.workload, scenario.iterations)) if progress else None
-    outcome = execute(prepared.platform, prepared.workload, options, prepared.pairs, update, prepared.order)
-    result = summarize(prepared, outcome, setup_s, time.perf_counter() - wall)
+    outcome = api.run(prepared.platform, prepared.workload, options, prepared.pairs, update, prepared.order)
+    result = summarize(prepared, outcome, setup_s, time.perf_counter() - wall, options.compute_model)
     if out is not None:
         try:
-            write_outputs(Path(out), result, outcome, prepared.platform, prepared.workload)
+            write_outputs(Path(out), result, outcome, prepared.platform, prepared.workload, prepared.xpus)
         except OSError as err:
             raise OutputError(f"{err.filename or out}: could not write the outputs ({err.strerror or err}); the run "
                               "finished and its result is kept, but nothing more was saved", result) from None

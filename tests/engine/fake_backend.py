@@ -51,7 +51,7 @@ class FakeBackend(Backend):
 
 def routes_for(platform: nx.Graph, graph: nx.DiGraph) -> dict[tuple[str, str], list[str]]:
     """The least-latency route of every host pair `graph` uses on `platform`, as the compiler would give."""
-    from hcsim.run.prepare import host_pairs
+    from hcsim.engine.api import host_pairs
 
     pairs = host_pairs(platform, graph)
     routes = {}

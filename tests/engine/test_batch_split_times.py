@@ -13,7 +13,8 @@ less than one unit's time on each, w/s_r + w/s_q.
 
 import pytest
 
-from hcsim.engine.executor import Executor, RunOptions
+from hcsim.engine.executor import Executor
+from hcsim.engine.api import RunOptions
 from hcsim.platform.builders import single_switch
 from hcsim.platform.devices import Device
 from hcsim.workload import build_training_graph, load_workload_spec, validate_workload

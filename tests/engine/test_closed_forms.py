@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from hcsim.engine.executor import RunOptions
+from hcsim.engine.api import RunOptions
 from hcsim.platform.builders import single_switch
 from hcsim.platform.devices import builtin_catalog
 from hcsim.platform.topology import add_link, add_memory

@@ -14,7 +14,7 @@ import pytest
 
 from hcsim.engine.collectives import (Algorithm, Step, algorithms, get_algorithm, hierarchical_time, register,
                                       server_groups)
-from hcsim.engine.executor import RunOptions
+from hcsim.engine.api import RunOptions
 from hcsim.errors import ConfigError
 from hcsim.platform import build_platform, load_platform_spec
 from hcsim.platform.builders import single_switch

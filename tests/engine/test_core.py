@@ -2,8 +2,8 @@
 
 The same activities through the core (plain s4u::Exec / s4u::Comm) and through hcsim's Python executor
 (SimGrid Tasks fired from Python callbacks) on the same compiled platform must take the same times.
-Every run is in a fresh process (one SimGrid Engine per process, ever). Skipped, with the reason, where
-the extension is not built (`make core` builds it).
+Every run is in a fresh process (one SimGrid Engine per process, ever). The core is the engine: where it is
+not built these tests fail, never skip (`make core` builds it and says what is missing).
 """
 
 import math
@@ -14,20 +14,21 @@ from pathlib import Path
 import pytest
 
 from hcsim.engine import core
-from hcsim.engine.executor import RunOptions
+from hcsim.engine.api import RunOptions
 from hcsim.errors import ConfigError, SimulationError
 from hcsim.platform import build_platform, compile_platform, load_platform_spec
 from hcsim.platform.builders import single_switch
 from hcsim.platform.devices import builtin_catalog, peak_flops
 from hcsim.platform.routes import route_bandwidth, route_latency
-from hcsim.run.prepare import host_pairs
+from hcsim.engine.api import host_pairs
 from hcsim.run.simulation import simulate_graphs
 from hcsim.workload import add_comm, add_compute, add_dependency, new_workload
 
-pytestmark = pytest.mark.skipif(not core.available(),
-                                reason=f"C++ engine core not available: {core.unavailable_reason()}")
-
 H100 = builtin_catalog()["H100"]
+
+
+def test_the_core_is_built():
+    assert core.available(), f"the C++ engine core is not built: {core.unavailable_reason()} (run: make core)"
 
 
 def same(a: float, b: float) -> bool:

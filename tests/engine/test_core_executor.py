@@ -3,8 +3,7 @@
 Each case runs through both engines (each in a fresh process: one SimGrid Engine per process) on the same
 compiled platform; iteration ends, every XPU's clocks (compute, memory stall, exposed communication per
 kind, idle, waiting for peers, recomputation), link bytes and the count of activities must agree to 1e-9
-relative. Skipped, with the reason, where the extension is not built (`make core`); the refusals are
-checked everywhere (they are raised before the core is needed).
+relative. The core is the engine: these tests need it built and never skip (`make core`).
 """
 
 import dataclasses
@@ -12,7 +11,7 @@ import dataclasses
 import pytest
 
 from hcsim.engine import core
-from hcsim.engine.executor import RunOptions
+from hcsim.engine.api import RunOptions
 from hcsim.errors import ConfigError
 from hcsim.platform.builders import single_switch
 from hcsim.run.prepare import compute_model, prepare
@@ -20,10 +19,6 @@ from hcsim.run.scenario import Scenario
 from hcsim.run.simulation import simulate_graphs
 from hcsim.workload import add_comm, add_compute, add_dependency, new_workload
 from test_executor_rules import H100, SECOND, TINY, pipeline_graph, wait_graph  # tests/engine is on sys.path
-
-needs_core = pytest.mark.skipif(not core.available(),
-                                reason=f"C++ engine core not available: {core.unavailable_reason()}")
-
 
 def close(a: float, b: float, scale: float = 0.0) -> bool:
     return a == pytest.approx(b, rel=1e-9, abs=1e-9 * scale)
@@ -102,7 +97,6 @@ SCENARIOS = {
 }
 
 
-@needs_core
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_scenarios_give_the_python_executors_numbers(name):
     platform, workload, options = scenario_case(**SCENARIOS[name])
@@ -144,7 +138,6 @@ HAND_BUILT = {"rules": (rules_graph, 3), "p2p": (p2p_graph, 2), "wait": (wait_gr
               "pp2-tp2-dp2-1f1b": (lambda: pipeline_graph()[1], 8)}
 
 
-@needs_core
 @pytest.mark.parametrize("model", ["flow", "step"])
 @pytest.mark.parametrize("name", sorted(HAND_BUILT))
 def test_hand_built_graphs_give_the_python_executors_numbers(name, model):
@@ -153,7 +146,6 @@ def test_hand_built_graphs_give_the_python_executors_numbers(name, model):
     assert_same(python, core_run)
 
 
-@needs_core
 @pytest.mark.parametrize("model", ["flow", "step"])
 def test_traces_are_the_python_executors(model):
     """Every XPU of the hand-built pipeline and of the DP ring (reads of spilled data) traced in iteration 2:
@@ -210,9 +202,9 @@ def test_engine_is_a_checked_choice():
 def test_auto_runs_the_core_unless_the_run_uses_what_it_lacks():
     """engine: auto (the default) runs the C++ core where it is built and every XPU is simulated, the Python
     executor for representative XPUs; the result says which ran, and both give the same iteration to 1e-9."""
-    from hcsim.engine.executor import run_engine
+    from hcsim.engine.api import run_engine
 
-    assert run_engine(RunOptions()) == ("core" if core.available() else "python")
+    assert run_engine(RunOptions()) == "core"
     assert run_engine(RunOptions(xpu_sampling="representative")) == "python"
     assert run_engine(RunOptions(engine="python")) == "python"
     graph = wait_graph()

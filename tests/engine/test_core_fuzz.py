@@ -14,16 +14,13 @@ from hypothesis import strategies as st
 
 from hcsim.engine import core
 from hcsim.engine.collectives import algorithms
-from hcsim.engine.executor import RunOptions
+from hcsim.engine.api import RunOptions
 from hcsim.errors import HcsimError
 from hcsim.platform.builders import single_switch
 from hcsim.run.simulation import simulate_graphs
 from hcsim.workload import add_comm, add_compute, add_dependency, new_workload
 from test_core_executor import assert_same  # tests/engine is on sys.path
 from test_executor_rules import H100, SECOND
-
-pytestmark = pytest.mark.skipif(not core.available(),
-                                reason=f"C++ engine core not available: {core.unavailable_reason()}")
 
 ALGORITHMS = tuple(algorithms()["all_reduce"])
 

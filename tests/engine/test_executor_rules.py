@@ -10,7 +10,8 @@ from collections import defaultdict
 
 import pytest
 
-from hcsim.engine.executor import Executor, RunOptions
+from hcsim.engine.executor import Executor
+from hcsim.engine.api import RunOptions
 from hcsim.platform.builders import single_switch
 from hcsim.platform.devices import builtin_catalog
 from hcsim.workload import add_comm, add_compute, add_dependency, new_workload, validate_workload

@@ -13,7 +13,8 @@ import sys
 
 import pytest
 
-from hcsim.engine.executor import Executor, RunOptions
+from hcsim.engine.executor import Executor
+from hcsim.engine.api import RunOptions
 from hcsim.platform.builders import single_switch
 from hcsim.platform.devices import Device
 from hcsim.workload import load_workload_spec, validate_workload

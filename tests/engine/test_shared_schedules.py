@@ -13,7 +13,7 @@ import pytest
 
 from hcsim.engine import collectives
 from hcsim.engine.collectives import Algorithm, algorithms, get_algorithm
-from hcsim.engine.executor import RunOptions
+from hcsim.engine.api import RunOptions
 from hcsim.platform.builders import single_switch
 from hcsim.platform.devices import builtin_catalog
 from hcsim.run.simulation import simulate_graphs

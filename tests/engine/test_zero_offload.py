@@ -8,7 +8,8 @@ vertex one after another, the gradient reduce-scatter and the optimizer step.
 
 import pytest
 
-from hcsim.engine.executor import Executor, RunOptions
+from hcsim.engine.executor import Executor
+from hcsim.engine.api import RunOptions
 from hcsim.platform.builders import single_switch
 from hcsim.platform.devices import Device
 from hcsim.platform.routes import route_bandwidth, route_latency

@@ -169,7 +169,7 @@ def test_truncated_or_garbled_files_name_the_file_and_byte(tmp_path):
 def test_an_imported_trace_runs_as_its_closed_form(tmp_path):
     """Per rank: compute (duration), then a ring all-reduce of S, then compute; on one switch the iteration is
     d1 + 2(n-1)α + 2(n-1)/n·S/B + d2, and the second iteration repeats it (the back edges per rank)."""
-    from hcsim.engine.executor import RunOptions
+    from hcsim.engine.api import RunOptions
     from hcsim.platform.builders import single_switch
     from hcsim.platform.devices import builtin_catalog
     from hcsim.platform.topology import xpus as platform_xpus

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from hcsim.engine.executor import RunOptions
+from hcsim.engine.api import RunOptions
 from hcsim.errors import ConfigError
 from hcsim.platform.builders import single_switch
 from hcsim.platform.devices import builtin_catalog

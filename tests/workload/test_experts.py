@@ -91,7 +91,7 @@ def test_invalid_expert_parallelism_is_refused(kwargs, spec, message):
 
 def test_pairwise_all_to_all_takes_n_minus_1_steps_on_an_uncontended_switch():
     """(n-1)·(α + S/(n·B)) for the dispatch of an EP group of n on a single switch (SimGrid)."""
-    from hcsim.engine.executor import RunOptions
+    from hcsim.engine.api import RunOptions
     from hcsim.platform.builders import single_switch
     from hcsim.platform.devices import Device
     from hcsim.platform.routes import route_bandwidth, route_latency, shortest_routes

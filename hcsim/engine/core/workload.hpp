@@ -18,7 +18,7 @@ namespace hcsim::core {
 enum VertexKind : std::uint8_t { COMPUTE = 0, COLLECTIVE = 1 };
 enum VertexFlag : std::uint8_t { START = 1, RECOMPUTE = 2, CPU_STEP = 4, MOVE = 8 };
 enum GroupMode : std::uint8_t { FLOW = 0, ANALYTIC = 1, STEP = 2 };
-constexpr int COMM_KINDS = 7;  // hcsim.engine.executor.COMM_KIND's values, numbered by the Python side
+constexpr int COMM_KINDS = 7;  // hcsim.engine.api.COMM_KINDS, in its order
 constexpr int CLOCK_FIELDS = 8 + COMM_KINDS;  // see Clock::record
 
 struct WorkloadArrays {

@@ -19,20 +19,19 @@ analytic; the graph contract v2 (waits xpu, group, all; skip_first_iteration edg
 
 from __future__ import annotations
 
-import gc
 import time
 from array import array
 from collections import defaultdict
-from contextlib import contextmanager
 from pathlib import Path
 
 import networkx as nx
 
+from hcsim.engine.options import COMM_KINDS
 from hcsim.errors import ConfigError, SimulationError
+from hcsim.limits import collector_paused
 
-__all__ = ["unsupported", "build_arrays", "run_workload", "collector_paused"]
+__all__ = ["unsupported", "build_arrays", "run_workload"]
 
-COMM_KINDS = ("tp", "cp", "pp", "dp", "ep", "offload", "other")  # numbered for the core (workload.hpp)
 START, RECOMPUTE, CPU_STEP, MOVE = 1, 2, 4, 8
 FLOW, ANALYTIC, STEP = 0, 1, 2
 
@@ -470,30 +469,6 @@ def _fill_trace(trace, executor, counters: dict, hosts: list[str], arrays: dict)
                                 start, end))
 
 
-@contextmanager
-def collector_paused():
-    """Python's cyclic garbage collector off for a while: setting up a big run (its graphs, the Executor, the
-    arrays) makes millions of objects that all stay alive (vertices and their edges refer to each other), and
-    each full collection walks every one of them: about 40 % of the Executor's set-up and half of the hybrid
-    graph's build at 1024 XPUs. The collector's state is restored after.
-
-    What was made meanwhile is then moved to the oldest generation without a walk (gc.freeze, then gc.unfreeze,
-    unless something else froze objects): re-enabled as it was, the collector walked every object the pause had
-    made in its next collections, young then middle then old (3.4 s after the graphs of GPT-3 175B at pp 32 on
-    512 XPUs, all of them still alive). Garbage among them waits for a full collection, as any long-lived
-    object's does."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            if gc.get_freeze_count() == 0:
-                gc.freeze()
-                gc.unfreeze()
-            gc.enable()
-
-
 def run_workload(platform: nx.Graph, workload: nx.DiGraph, routes: dict, platform_xml: str | Path, options,
                  order=None):
     """Run `workload` on the compiled platform `platform_xml` in the core, in this process (once: SimGrid allows
@@ -513,7 +488,8 @@ def run_workload(platform: nx.Graph, workload: nx.DiGraph, routes: dict, platfor
 
 def _run_workload(platform, workload, routes, platform_xml, options, order=None):
     from hcsim.engine import core
-    from hcsim.engine.executor import Executor, RunResult, check_link_loads
+    from hcsim.engine.executor import Executor, check_link_loads
+    from hcsim.engine.options import RunResult
 
     wall = time.perf_counter()
     executor = Executor(platform, workload, routes, None, options, order=order)

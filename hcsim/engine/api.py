@@ -1,0 +1,126 @@
+"""The engine's front door: what goes in, what comes out, and ``run(platform, workload, options)``.
+
+Everything above the engine (the run, the trace, the report, sweeps, serving) reaches it through this
+module, as ASTRA-sim's layers reach the network through ``AstraNetworkAPI.hh``:
+
+- in: a platform graph (:mod:`hcsim.platform`), a workload graph (:mod:`hcsim.workload.graph`, contract
+  v2) and :class:`RunOptions` (each option's choices declared once here and checked where the options
+  are built);
+- out: a :class:`RunResult` (plain data: iteration ends, per-XPU time split, link bytes, the trace);
+- the communication kinds a run's breakdown is split by (:data:`COMM_KINDS`, numbered in this order for
+  the C++ core: ``hcsim/engine/core/workload.hpp``) and which vertex kinds count as which
+  (:data:`COMM_KIND`).
+
+The rules that run a workload live behind :func:`run`: the C++ core (:mod:`hcsim.engine.core.workload`)
+where it is built and covers the run, else the Python executor (:mod:`hcsim.engine.executor`).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hcsim.engine.options import (COLLECTIVE_MODELS, COMM_KIND, COMM_KINDS, ENGINES, LOCAL_ACCESSES,
+                                  LOCAL_COLLECTIVES, XPU_SAMPLINGS, RunOptions, RunResult)
+
+if TYPE_CHECKING:
+    import networkx as nx
+
+__all__ = ["RunOptions", "RunResult", "run", "run_engine", "host_pairs", "COMM_KINDS", "COMM_KIND", "COLLECTIVE_MODELS",
+           "XPU_SAMPLINGS", "LOCAL_ACCESSES", "LOCAL_COLLECTIVES", "ENGINES"]
+
+
+def run_engine(options: RunOptions) -> str:
+    """The engine `options` run on: ``core`` or ``python`` as asked; for ``auto`` the C++ core when it is built
+    and the options use nothing it refuses (representative XPUs, and so traces per class), else Python (and a
+    workload the core refuses, run() runs on Python too)."""
+    if options.engine != "auto":
+        return options.engine
+    from hcsim.engine import core
+    from hcsim.engine.core.workload import unsupported_options
+
+    return "core" if not unsupported_options(options) and core.available() else "python"
+
+
+def run(platform: nx.Graph, workload: nx.DiGraph, options: RunOptions, pairs=None, progress=None,
+        order=None) -> RunResult:
+    """Compile `platform` for the host pairs `workload` uses and run `workload` on it (once per process).
+
+    Parameters
+    ----------
+    platform, workload
+        The platform graph and a validated workload graph (:func:`hcsim.workload.validate_workload`).
+    options
+        How to run.
+    pairs
+        The (source, destination) host pairs to compile routes for; default: those `workload` uses.
+    progress
+        Called with how many more vertex runs have completed (the Python executor only).
+    order
+        `workload`'s vertices in the order validate_workload returned them (else computed here).
+
+    Raises
+    ------
+    ConfigError
+        if ``engine: core`` is asked for and the core cannot run the workload (it says what it lacks).
+    SimulationError
+        if SimGrid fails.
+    """
+    from hcsim.engine.backend import SimgridBackend
+    from hcsim.engine.executor import Executor
+    from hcsim.platform import compile_platform
+
+    compiled = compile_platform(platform, pairs if pairs is not None else host_pairs(platform, workload),
+                                workload.graph.get("precision", "fp32"))
+    with tempfile.TemporaryDirectory(prefix="hcsim-") as folder:
+        xml = Path(folder) / "platform.xml"
+        xml.write_text(compiled.xml)
+        if run_engine(options) == "core":  # the executor's rules in C++; it refuses what it lacks
+            from hcsim.engine.core.workload import Unsupported, run_workload
+
+            try:
+                return run_workload(platform, workload, compiled.routes, xml, options, order)
+            except Unsupported:
+                if options.engine == "core":
+                    raise  # asked for by name; under auto, the Python executor runs it
+        backend = SimgridBackend(xml)
+    return Executor(platform, workload, compiled.routes, backend, options, progress, order).run()
+
+
+def host_pairs(platform: nx.Graph, workload: nx.DiGraph) -> set[tuple[str, str]]:
+    """The ordered host pairs a run transfers between: memory reads and collective traffic."""
+    from hcsim.engine.collectives import get_algorithm, server_groups
+    from hcsim.engine.executor import form_transfers, memory_form
+
+    nodes = dict(platform.nodes(data=True))  # a plain dict is faster per look-up
+    pairs: set[tuple[str, str]] = set()
+    done = set()  # collectives already counted: the same algorithm and size on the same group
+    alike = set()  # collective vertices already counted: the same groups, algorithm and size
+    placed: dict[tuple, object] = {}  # (id, key) of the xpus and spilled_xpus already counted: vertices share them
+    for _, data in workload.nodes(data=True):
+        if data["kind"] == "compute":
+            offloads = data.get("host") or data.get("move") or data.get("offload")
+            xpus, spilled = data["xpus"], data["spilled_xpus"]
+            if offloads:
+                for x in xpus:
+                    for coherent in (True, False):
+                        pairs.update(form_transfers(nodes, data, x, memory_form(nodes, data, x, coherent)))
+            for members, key in ((xpus, "local_memory"), (spilled, "extended_memory")):
+                if (id(members), key) not in placed:
+                    placed[id(members), key] = members  # keep it alive: ids stay unique
+                    pairs.update((nodes[x][key], x) for x in members)
+            continue
+        collective = data["collective"]
+        name = data.get("algorithm") or ("direct" if collective == "p2p" else None)
+        if (key := (collective, name, data["groups"], data["bytes"], data.get("chunks"))) in alike:
+            continue  # one per layer and micro-batch
+        alike.add(key)
+        for group in data["groups"]:
+            if (key := (collective, name, group, data["bytes"], data.get("chunks"))) in done:
+                continue
+            done.add(key)
+            algorithm = get_algorithm(collective, name, len(group), data["bytes"], server_groups(platform, group),
+                                      data.get("chunks"))
+            pairs.update((group[s], group[d]) for s, d in algorithm.pairs())
+    return pairs

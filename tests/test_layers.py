@@ -1,0 +1,67 @@
+"""The package's layers: imports flow one way (STYLE.md rule 1) and no modules import each other in a circle.
+
+Every ``import`` counts, at module level or inside a function: a late import still ties two modules together.
+"""
+
+import ast
+from pathlib import Path
+
+import networkx as nx
+
+import hcsim
+
+ROOT = Path(hcsim.__file__).parent
+# Each layer may import the layers before it, never one after it (the base modules sit below them all).
+LAYERS = ("base", ("platform", "workload"), "engine", "run", "study", "cli")
+
+
+def _module(path: Path) -> str:
+    name = ".".join(path.relative_to(ROOT.parent).with_suffix("").parts)
+    return name.removesuffix(".__init__")
+
+
+def import_graph() -> nx.DiGraph:
+    """hcsim's modules and the hcsim modules each imports."""
+    graph = nx.DiGraph()
+    for path in sorted(ROOT.rglob("*.py")):
+        graph.add_node(_module(path))
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
+            graph.add_edges_from((_module(path), name) for name in names if name.startswith("hcsim."))
+    return graph
+
+
+def _layer(module: str) -> int:
+    parts = module.split(".")
+    top = parts[1] if len(parts) > 2 or (len(parts) == 2 and (ROOT / parts[1]).is_dir()) else "base"
+    return next(i for i, layer in enumerate(LAYERS) if top == layer or top in layer)
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    back = [f"{u} -> {v}" for u, v in import_graph().edges if _layer(v) > _layer(u)]
+    assert not back, "imports that run back up the layers: " + ", ".join(back)
+
+
+def test_no_modules_import_each_other_in_a_circle():
+    graph = import_graph()
+    graph.remove_edges_from([(u, v) for u, v in graph.edges if v == u or v == u.rsplit(".", 1)[0]])
+    # (a module's own package, or a package importing its own extension)
+    circles = [" -> ".join(c) for c in nx.simple_cycles(graph)]
+    assert not circles, "import circles: " + "; ".join(circles[:5])
+
+
+def test_the_engine_is_reached_through_its_front_door():
+    """Above the engine, only hcsim.engine.api is imported (and the modules it names for their own jobs)."""
+    allowed = {"hcsim.engine.api", "hcsim.engine.compute_model", "hcsim.engine.collectives", "hcsim.engine.trace",
+               "hcsim.engine.core", "hcsim.engine.simgrid_loader"}
+    graph = import_graph()
+    through = sorted({f"{u} -> {v}" for u, v in graph.edges
+                      if _layer(u) > _layer("hcsim.engine.api") and v.startswith("hcsim.engine.") and v not in allowed})
+    assert not through, "reaching past the engine's front door: " + ", ".join(through)
+
+
+def test_the_layer_check_sees_a_back_arrow():
+    assert _layer("hcsim.engine.trace") < _layer("hcsim.run.results")
+    assert _layer("hcsim.units") < _layer("hcsim.platform.spec") == _layer("hcsim.workload.graph")
+    assert ("hcsim.engine.api", "hcsim.engine.options") in import_graph().edges
