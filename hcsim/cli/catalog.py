@@ -16,11 +16,6 @@ SCHEDULE_LINES = {
     "interleaved": "1F1B over virtual_stages chunks per stage (Megatron-LM); bubble (p-1)/(v·m)",
     "zb-h1": "zero-bubble H1: weight gradients deferred into the bubble (Qi et al. 2023)",
 }
-KERNEL_LINES = {
-    "megatron": "Megatron-LM / Transformer Engine's fused kernels (training.kernels default)",
-    "pytorch-eager": "a Hugging Face model in PyTorch eager mode under bf16 autocast: every op its own kernel",
-    "torch-compile": "the same under torch.compile: memory-bound chains fused by Inductor",
-}
 
 
 def register(subparsers) -> None:
@@ -32,7 +27,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     rows = {"platforms": _platforms, "workloads": _workloads, "devices": _devices, "algorithms": _algorithms,
-            "schedules": lambda: list(SCHEDULE_LINES.items()), "kernels": lambda: list(KERNEL_LINES.items())}
+            "schedules": lambda: list(SCHEDULE_LINES.items()), "kernels": _kernel_lines}
     entries = rows[args.kind]()
     width = max(len(name) for name, _ in entries)
     for name, line in entries:
@@ -84,3 +79,9 @@ def _algorithms():
     from hcsim.engine.collectives import algorithm_summaries
 
     return [(f"{collective} {name}", line) for (collective, name), line in algorithm_summaries().items()]
+
+
+def _kernel_lines():
+    from hcsim.workload.ops import INVENTORIES
+
+    return [(name, inventory.summary) for name, inventory in INVENTORIES.items()]

@@ -142,7 +142,7 @@ def run_show(args) -> int:
         device = _device(args.device or "H100")
     if args.tp > 1 or args.pp > 1 or args.micro_batch or args.global_batch or args.recompute \
             or args.sequence_parallel or args.virtual_stages > 1 or args.zero or args.ep > 1 \
-            or _load_spec(args).kernels != "megatron":  # a framework's inventory lives in the hybrid graph
+            or _load_spec(args).inventory.needs_hybrid_graph:
         print(describe_stages(args, device))
         return 0
     spec, xpus, graph = _load(args)

@@ -116,8 +116,7 @@ def prepare(scenario: Scenario) -> Prepared:
         def order(group):
             return rank_order(graph, group, scenario, xpus)
 
-        # a framework's kernel inventory (training.kernels) lives in the hybrid graph, one data-parallel rank per XPU
-        hybrid = scenario.hybrid or workload_spec.kernels != "megatron"
+        hybrid = scenario.hybrid or workload_spec.inventory.needs_hybrid_graph
         layers = layer_split(scenario, workload_spec, layout, graph) if hybrid else None
         parallelism = _parallelism(scenario, workload_spec, layout, layers=layers) if hybrid else None
         split = batch_split(scenario, workload_spec, layout, graph, parallelism)
@@ -421,7 +420,9 @@ def compute_model(scenario: Scenario, workload: nx.DiGraph, platform: nx.Graph |
     kernels: the peak model knows nothing of them. Raises ConfigError when roofline is asked of a graph without
     op-level costs, or when a device of `platform` has no factors; warns, naming them, when its devices'
     factors are literature values."""
-    if scenario.compute_model == "peak" and workload.graph.get("kernels", "megatron") == "megatron":
+    from hcsim.workload.ops import INVENTORIES
+
+    if scenario.compute_model == "peak" and not INVENTORIES[workload.graph.get("kernels", "megatron")].needs_kernel_model:
         return None
     from hcsim.config import resolve_spec
     from hcsim.engine.compute_model import load_compute_model

@@ -200,7 +200,7 @@ class Parallelism:
             if refused:
                 raise ConfigError(f"cp: {self.cp} is not modelled with {', '.join(refused)}; fix: cp: 1, or "
                                   f"training.attention: flash, recompute none or full, a dense model")
-        if spec.kernels != "megatron":
+        if not spec.inventory.fused:
             splits = {key: getattr(self, key) for key in ("tp", "pp", "ep", "zero", "cp")
                       if getattr(self, key) > (0 if key == "zero" else 1)}
             if splits or model.moe:
@@ -328,8 +328,7 @@ class _Builder:
         self.experts = expert_costs(spec, par.micro_batch, par.tp, par.sequence_parallel, par.ep, par.moe_skew)
         # kernels of each block for the engine's roofline model (hcsim.workload.ops; dense blocks only), as the
         # workload's framework launches them
-        eager = spec.kernels != "megatron"
-        compiled = spec.kernels == "torch-compile"
+        eager, compiled = not spec.inventory.fused, spec.inventory.compiled
         if eager:
             self.attn_ops, self.mlp_ops, _ = eager_layer_ops(spec.model, par.micro_batch, compiled,
                                                              use_cache=spec.recomputation == "none")
@@ -477,7 +476,7 @@ class _Builder:
         shard = 1.0 / par.dp if par.zero >= 1 else 1.0
         parameters = sum(self.chunk_parameters(stage, c) for c in range(par.virtual_stages))
         # the transformer costs never fold the state into the backward pass, so the step reads and writes it
-        per_parameter = optimizer_step_bytes(sizes, spec.optimizer_bytes_per_parameter) if spec.kernels == "megatron" \
+        per_parameter = optimizer_step_bytes(sizes, spec.optimizer_bytes_per_parameter) if spec.inventory.fused \
             else ADAMW_FUSED_TRAFFIC
         opt = add_compute(self.graph, f"s{stage}.optimizer", xpus=xpus,
                           flops=spec.optimizer_flops_per_parameter * parameters * shard,
@@ -578,7 +577,7 @@ class _Builder:
         is_first, is_last = self.ends(stage, op.chunk)
 
         def compute(suffix, flops, size, ops=()):
-            if self.spec.kernels != "megatron" and ops:  # the memory traffic of the kernels the framework runs
+            if not self.spec.inventory.fused and ops:  # the memory traffic of the kernels the framework runs
                 size = math.fsum(op.bytes for op in ops)
             name = add_compute(self.graph, f"{tag}.{suffix}", xpus=xpus, flops=flops, memory_bytes=size,
                                start=start and not chain)
@@ -668,7 +667,7 @@ class _Builder:
         for block, ops, name in ((self.attn, self.attn_ops, "attn"), (self.mlp, self.mlp_ops, "mlp")):
             if name == "attn" and self.par.cp > 1:
                 self.add_cp_attention(compute, chain, stage, label, ops.forward, backward=False, k=k)
-            elif recompute and name == "mlp" and self.spec.kernels != "megatron" and not self.experts:
+            elif recompute and name == "mlp" and not self.spec.inventory.fused and not self.experts:
                 kernels = self.shared_kernels(("recompute", name), lambda: checkpoint_recompute(ops.forward))
                 compute(f"{label}.{name}", math.fsum(op.flops for op in kernels), block.fwd_bytes, kernels)
             else:

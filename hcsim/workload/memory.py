@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from hcsim.errors import ConfigError
 from hcsim.workload.model import RECOMPUTATION, ModelShape, element_sizes
+from hcsim.workload.ops import INVENTORIES
 from hcsim.workload.schedules import SCHEDULES
 from hcsim.workload.transformer import decoder_layer, embedding, lm_head
 
@@ -274,9 +275,10 @@ def stage_memory(shape: ModelShape, *, layers: int, first: bool, last: bool, in_
         raise ConfigError(f"layers: must be an integer >= 0, got {layers!r}")
     if not in_flight >= 0:
         raise ConfigError(f"in_flight: must be >= 0 micro-batches, got {in_flight!r}")
-    if kernels != "megatron":
+    inventory = INVENTORIES[kernels]
+    if not inventory.fused:
         return eager_memory(shape, layers=layers, micro_batch=micro_batch, in_flight=in_flight, recompute=recompute,
-                            compiled=kernels == "torch-compile")
+                            compiled=inventory.compiled)
     keywords = dict(micro_batch=micro_batch, sequence=sequence, tp=tp, sequence_parallel=sequence_parallel, ep=ep,
                     precision=precision, attention=attention)
     layer = decoder_layer(shape, **keywords)

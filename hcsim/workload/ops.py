@@ -40,7 +40,7 @@ from hcsim.errors import ConfigError
 from hcsim.workload.transformer import ATTENTION as ATTENTION_KINDS
 
 __all__ = ["Op", "OP_KINDS", "GEMM_KINDS", "ATTENTION_KINDS", "BlockOps", "megatron_ops", "optimizer_ops",
-           "KERNEL_INVENTORIES", "checkpoint_recompute", "eager_layer_ops", "eager_embedding_ops", "eager_head_ops", "optimizer_step_ops",
+           "KERNEL_INVENTORIES", "KernelInventory", "INVENTORIES", "checkpoint_recompute", "eager_layer_ops", "eager_embedding_ops", "eager_head_ops", "optimizer_step_ops",
            "OPTIMIZER_TRAFFIC", "ops_flops"]
 
 # gemm_unaligned: a BF16 GEMM with a dimension that is not a multiple of 8 elements, which cuBLAS runs on kernels
@@ -180,7 +180,45 @@ def ops_flops(ops) -> float:
 
 # ---- the kernels a framework launches ----------------------------------------------------------------------
 
-KERNEL_INVENTORIES = ("megatron", "pytorch-eager", "torch-compile")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KernelInventory:
+    """What a framework launches for a training step (``training.kernels``), and what that asks of hcsim.
+
+    fused: Megatron-LM / Transformer Engine's fused kernels, the ops of :mod:`hcsim.workload.transformer`;
+    otherwise PyTorch's own kernels, one per operator, which live only in the hybrid graph (one data-parallel
+    rank per XPU), only the kernel model can time, and whose memory is autograd's saved tensors
+    (:func:`hcsim.workload.memory.eager_stage_memory`). compiled: under torch.compile (Inductor fuses each run of
+    memory-bound kernels between GEMMs and attention). precisions: what its step can run in, the first the
+    default.
+    """
+
+    name: str
+    summary: str
+    fused: bool
+    compiled: bool = False
+    precisions: tuple[str, ...]
+
+    @property
+    def needs_hybrid_graph(self) -> bool:
+        """Its kernels exist only in the hybrid-parallel graph (a layer table has no PyTorch kernels)."""
+        return not self.fused
+
+    @property
+    def needs_kernel_model(self) -> bool:
+        """Timed by its kernels whatever compute_model says: the peak model knows nothing of PyTorch's kernels."""
+        return not self.fused
+
+
+INVENTORIES = {inventory.name: inventory for inventory in (
+    KernelInventory(name="megatron", fused=True, precisions=("fp32", "fp16", "bf16", "fp8"),
+                    summary="Megatron-LM / Transformer Engine's fused kernels (training.kernels default)"),
+    # torch.autocast over FP32 weights: BF16 unless the workload says FP16
+    KernelInventory(name="pytorch-eager", fused=False, precisions=("bf16", "fp16"),
+                    summary="a Hugging Face model in PyTorch eager mode under bf16 autocast: every op its own kernel"),
+    KernelInventory(name="torch-compile", fused=False, compiled=True, precisions=("bf16", "fp16"),
+                    summary="the same under torch.compile: memory-bound chains fused by Inductor"),
+)}
+KERNEL_INVENTORIES = tuple(INVENTORIES)  # their names, the choices of training.kernels
 BACKWARD_SUFFIXES = (".bwd", ".dgrad", ".wgrad")  # a backward kernel's name ends so (autograd's engine launches it)
 BANDWIDTH_KINDS = ("memory", "reduction", "mixed", "strided")
 ADAMW_FUSED_TRAFFIC = 28.0  # torch.optim.AdamW(fused=True) over FP32 parameters: reads p, g, m, v, writes p, m, v
@@ -440,8 +478,8 @@ def optimizer_step_ops(parameters: float, precision: str, kernels: str = "megatr
     (``training.optimizer_bytes_per_parameter`` > 0)."""
     if per_parameter > 0:
         return (_memory("optimizer", parameters * per_parameter),)
-    if kernels == "megatron" and precision == "fp8":  # and the FP8 weights and their transposes, cast once a step
+    if INVENTORIES[kernels].fused and precision == "fp8":  # and the FP8 weights and their transposes, cast once a step
         return optimizer_ops(parameters, precision) + (_memory("fp8_weight_cast", parameters * (HALF + 2.0)),)
-    if kernels == "megatron":
+    if INVENTORIES[kernels].fused:
         return optimizer_ops(parameters, precision)
     return (_memory("adamw_fused", parameters * ADAMW_FUSED_TRAFFIC),)

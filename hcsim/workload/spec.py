@@ -18,7 +18,7 @@ from hcsim.config import Fields, apply_overrides, load_yaml, resolve_spec
 from hcsim.errors import ConfigError, brief
 from hcsim.units import parse_quantity
 from hcsim.workload.graph import PRECISIONS
-from hcsim.workload.ops import KERNEL_INVENTORIES
+from hcsim.workload.ops import INVENTORIES, KERNEL_INVENTORIES, KernelInventory
 from hcsim.workload.transformer import ATTENTION
 from hcsim.workload.model import (MLP_TYPES, NORM_TYPES, OPTIMIZERS, POSITION_TYPES, RECOMPUTATION, Affine, DecoderTable,
                                   ElementSizes, LayerCost, ModelShape, activation_bytes, element_sizes,
@@ -78,6 +78,11 @@ class WorkloadSpec:
     description: str = ""
     source: str = ""
 
+    @property
+    def inventory(self) -> KernelInventory:
+        """The kernel inventory ``kernels`` names: what the framework launches and what that asks of hcsim."""
+        return INVENTORIES[self.kernels]
+
     def __post_init__(self) -> None:
         checks = [("costs", COST_SOURCES), ("precision", PRECISIONS), ("optimizer", OPTIMIZERS),
                   ("recomputation", RECOMPUTATION), ("attention", ATTENTION), ("kernels", KERNEL_INVENTORIES),
@@ -96,10 +101,11 @@ class WorkloadSpec:
         if self.chunks is not None and (isinstance(self.chunks, bool) or not isinstance(self.chunks, int)
                                         or self.chunks < 1):
             raise ConfigError(f"workload {self.name!r}: gradients.chunks must be an integer >= 1, got {self.chunks!r}")
-        if self.kernels != "megatron" and self.precision in ("fp32", "fp8"):
+        if self.precision not in self.inventory.precisions:
             raise ConfigError(f"workload {self.name!r}: training.kernels {self.kernels} models torch.autocast over FP32 "
-                              f"weights, in bf16 or fp16, not {self.precision}; fix: training.precision: bf16, or "
-                              f"training.kernels: megatron (FP8 as Transformer Engine runs it)")
+                              f"weights, in {' or '.join(self.inventory.precisions)}, not {self.precision}; fix: "
+                              f"training.precision: {self.inventory.precisions[0]}, or training.kernels: megatron "
+                              f"(FP8 as Transformer Engine runs it)")
         if self.costs == "table":
             if self.table is None:
                 raise ConfigError(f"workload {self.name!r}: costs is 'table' but the spec has no table. "
@@ -178,7 +184,7 @@ def parse_workload_spec(data: Any, where: str = "workload") -> WorkloadSpec:
     values = dict(
         batch_per_xpu=training.number("batch_per_xpu", 1, kind=int, minimum=1, physical="batch_per_xpu"),
         # a PyTorch workload trains under torch.autocast: BF16 unless it says FP16
-        precision=training.choice("precision", PRECISIONS, "fp32" if kernels in (None, "megatron") else "bf16"),
+        precision=training.choice("precision", PRECISIONS, INVENTORIES[kernels or "megatron"].precisions[0]),
         optimizer=training.choice("optimizer", OPTIMIZERS, "adam"),
         optimizer_flops_per_parameter=training.number("optimizer_flops_per_parameter", 12.0, minimum=0),
         optimizer_bytes_per_parameter=training.quantity("optimizer_bytes_per_parameter", "size", 0.0, positive=False),

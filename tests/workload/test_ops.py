@@ -88,3 +88,24 @@ def test_only_a_weight_dimension_not_a_multiple_of_8_makes_a_gemm_unaligned():
     dgrad, wgrad = _gemm_backward(_gemm("logits", 2048, 50257, 768, 2.0), 2.0)
     assert dgrad.kind == wgrad.kind == "gemm_unaligned"
     assert _gemm("gemm", 2049, 8192, 8192, 2.0, tokens="").kind == "gemm_unaligned"  # no token dimension
+
+
+def test_each_kernel_inventory_says_what_it_needs():
+    from hcsim.workload.ops import INVENTORIES, KERNEL_INVENTORIES
+
+    assert KERNEL_INVENTORIES == tuple(INVENTORIES) == ("megatron", "pytorch-eager", "torch-compile")
+    megatron, eager, compiled = (INVENTORIES[name] for name in KERNEL_INVENTORIES)
+    assert megatron.fused and not megatron.needs_hybrid_graph and not megatron.needs_kernel_model
+    assert "fp8" in megatron.precisions and megatron.precisions[0] == "fp32"  # the paper's default
+    for pytorch in (eager, compiled):  # PyTorch's kernels exist only in the hybrid graph, timed by the kernel model
+        assert pytorch.needs_hybrid_graph and pytorch.needs_kernel_model and pytorch.precisions[0] == "bf16"
+    assert compiled.compiled and not eager.compiled
+
+
+def test_a_workload_refuses_a_precision_its_inventory_does_not_run():
+    from hcsim.errors import ConfigError
+
+    shape = ModelShape(name="tiny", decoders=2, hidden=64, heads=4, ffn=256, sequence=32, vocabulary=128)
+    assert WorkloadSpec(name="w", model=shape, kernels="pytorch-eager", precision="bf16").inventory.name == "pytorch-eager"
+    with pytest.raises(ConfigError, match=r"training.kernels torch-compile .* in bf16 or fp16, not fp8"):
+        WorkloadSpec(name="w", model=shape, kernels="torch-compile", precision="fp8")
