@@ -13,11 +13,13 @@ import networkx as nx
 
 from hcsim.errors import ConfigError, TopologyError, brief, invalid
 from hcsim.platform.devices import Device
-from hcsim.platform.spec import CxlSpec, DgxNodeSpec, FabricSpec, LinkSpec, PlatformSpec, ServerSpec
+from hcsim.platform.spec import (CxlSpec, DgxNodeSpec, FabricSpec, LinkSpec, PlatformSpec, PoolSpec, ServerSpec,
+                                 SuperchipSpec)
 from hcsim.platform.topology import add_link, add_memory, add_xpu, validate_topology
 
 __all__ = ["single_switch", "build_platform", "add_spines", "add_tor", "add_server", "add_cxl_fabric",
-           "explicit_topology", "dgx_cluster", "add_dgx_node", "add_fat_tree"]
+           "explicit_topology", "dgx_cluster", "add_dgx_node", "add_fat_tree", "superchip_cluster",
+           "add_superchip_domain", "add_cxl_pools"]
 
 
 def single_switch(n: int, device: Device, xpu_link_bandwidth: float = 900e9,
@@ -99,6 +101,8 @@ def build_platform(spec: PlatformSpec, xpus: int | None = None) -> nx.Graph:
         graph = explicit_topology(spec)
     elif spec.dgx is not None:
         graph = dgx_cluster(spec, count)
+    elif spec.superchip is not None:
+        graph = superchip_cluster(spec, count)
     else:
         graph = _structured(spec, count)
     graph.graph["routes"] = {(route[0], route[-1]): list(route) for route in spec.routes}
@@ -288,7 +292,7 @@ def dgx_cluster(spec: PlatformSpec, count: int) -> nx.Graph:
     NICs of one rail share a leaf in a rail-optimised fabric).
     """
     node, fabric, links = spec.dgx.node, spec.dgx.fabric, spec.links
-    graph = nx.Graph(name=spec.name if count == spec.xpus else f"{spec.name}[{count}]", coherent=False)
+    graph = nx.Graph(name=spec.name if count == spec.xpus else f"{spec.name}[{count}]", coherent=spec.pool is not None)
     nics: list[tuple[str, int, int]] = []
     for k in range(math.ceil(count / node.gpus)):
         first = k * node.gpus
@@ -297,7 +301,107 @@ def dgx_cluster(spec: PlatformSpec, count: int) -> nx.Graph:
                               xpus=min(node.gpus, count - first), device=device, node=node, links=links)
         nics += [(nic, k, rail) for rail, nic in enumerate(placed)]
     graph.graph["ib_switches"] = add_fat_tree(graph, nics, fabric, links["nic_to_leaf"], links["ib"])
+    if spec.pool is not None:
+        add_cxl_pools(graph, [f"n{k}" for k in range(math.ceil(count / node.gpus))], spec.pool, links["cxl"])
     return graph
+
+
+def add_cxl_pools(graph: nx.Graph, hosts: list[str], pool: PoolSpec, port: LinkSpec) -> list[str]:
+    """Give every `pool.hosts` consecutive hosts (DGX-style nodes, by name) one pooled CXL Type 3 memory
+    behind one CXL switch, and make it the extended memory of their XPUs; return the pool memories.
+
+    Pool p is the switch ``pool{p}.sw`` (role ``cxl``) and the memory ``pool{p}.mem`` (role ``cxl_type3``,
+    no owner: shared; `pool.capacity` bytes, one capacity for all its hosts) on one link of
+    `pool.device_ports` x `port` bandwidth (the device's heads); every CPU of its hosts reaches the switch
+    on one link of `pool.cpu_ports` x `port` bandwidth. Every link has `port`'s latency, so a CPU's access
+    crosses two. The switch forwards only to and from its memory (``server_only``:
+    :mod:`hcsim.platform.routes`), as a CXL 2.0 switch carries no host-to-host traffic. A host's XPUs keep
+    their host CPU's DRAM as host memory (CPU offload).
+    """
+    memories = []
+    for p in range(math.ceil(len(hosts) / pool.hosts)):
+        switch, memory, where = f"pool{p}.sw", f"pool{p}.mem", dict(server=f"pool{p}")
+        graph.add_node(switch, kind="switch", role="cxl", server_only=True, **where)
+        add_memory(graph, memory, capacity=pool.capacity, role="cxl_type3", owner=None, **where)
+        add_link(graph, switch, memory, bandwidth=pool.device_ports * port.bandwidth, latency=port.latency, kind="cxl")
+        members = set(hosts[p * pool.hosts:(p + 1) * pool.hosts])
+        for name, data in list(graph.nodes(data=True)):
+            if data.get("server") not in members:
+                continue
+            if data.get("kind") == "cpu":
+                add_link(graph, name, switch, bandwidth=pool.cpu_ports * port.bandwidth, latency=port.latency,
+                         kind="cxl")
+            elif data.get("kind") == "xpu":
+                data["extended_memory"] = memory
+        memories.append(memory)
+    return memories
+
+
+def superchip_cluster(spec: PlatformSpec, count: int) -> nx.Graph:
+    """NVLink domains of superchips (:func:`add_superchip_domain`) on an InfiniBand fat tree, holding the
+    first `count` GPUs.
+
+    Domains ``n0``, ``n1``, ... are filled in order, the last one possibly in part; domain k gets
+    ``devices[k % len(devices)]``. Each GPU's NIC joins the fat tree of :func:`add_fat_tree`. Node attribute
+    ``rack`` is the scalable unit (radix/2 consecutive domains); ``server`` is the domain. The graph is
+    coherent: a GPU's extended memory is its superchip CPU's memory, read in place over NVLink-C2C.
+    """
+    chip, links = spec.superchip, spec.links
+    graph = nx.Graph(name=spec.name if count == spec.xpus else f"{spec.name}[{count}]", coherent=True)
+    nics: list[tuple[str, int, int]] = []
+    for k in range(math.ceil(count / chip.gpus)):
+        first = k * chip.gpus
+        device = spec.catalog[spec.devices[k % len(spec.devices)]]
+        placed = add_superchip_domain(graph, f"n{k}", unit=k // chip.fabric.down_ports, first_xpu=first,
+                                      xpus=min(chip.gpus, count - first), device=device, chip=chip, links=links)
+        nics += [(nic, k, rail) for rail, nic in enumerate(placed)]
+    graph.graph["ib_switches"] = add_fat_tree(graph, nics, chip.fabric, links["nic_to_leaf"], links["ib"])
+    return graph
+
+
+def add_superchip_domain(graph: nx.Graph, name: str, *, unit: int, first_xpu: int, xpus: int, device: Device,
+                         chip: SuperchipSpec, links) -> list[str]:
+    """Add one NVLink domain of superchips and return its NICs, NIC i beside GPU i.
+
+    Nodes, for domain ``name`` (e.g. ``n3``): per superchip c, the CPU ``{name}.cpu{c}`` (``chip.cpu``'s FP32
+    peak as its FLOP/s) and its memory ``{name}.dram{c}`` (role ``dram``, owner the CPU, the CPU's capacity,
+    on ``links.dram``: the CPU's memory bandwidth unless the link gives one); GPU ``xpu{first_xpu + i}`` with
+    its HBM on superchip ``i // gpus_per_superchip``, joined to its CPU by ``links.c2c`` (kind ``c2c``): the
+    CPU's memory is the GPU's extended memory (read in place: the platform is coherent) and host memory
+    (CPU offload). NVLink: every GPU on the switch ``{name}.nvsw`` (``nvlink: switch``) or on a link to
+    every other GPU of the domain (``mesh``), by ``links.xpu_link``. NIC ``{name}.nic{i}`` on PCIe to GPU i
+    (``nic_attach: gpu``) or to its CPU (``cpu``).
+    """
+    where = dict(rack=unit, server=name)
+    dram = links["dram"]
+    cpus = []
+    for c in range(math.ceil(xpus / chip.gpus_per_superchip)):
+        cpu, memory = f"{name}.cpu{c}", f"{name}.dram{c}"
+        graph.add_node(cpu, kind="cpu", flops=chip.cpu.flops, **where)
+        add_memory(graph, memory, capacity=chip.cpu.memory, role="dram", owner=cpu, **where)
+        add_link(graph, cpu, memory, bandwidth=dram.bandwidth or chip.cpu.memory_bandwidth, latency=dram.latency,
+                 kind="dram")
+        cpus.append(cpu)
+    if xpus > 0 and chip.nvlink == "switch":
+        graph.add_node(f"{name}.nvsw", kind="switch", role="xpu", **where)
+    hbm, nics, gpus = links["hbm"], [], []
+    for i in range(xpus):
+        xpu, c, nic = f"xpu{first_xpu + i}", i // chip.gpus_per_superchip, f"{name}.nic{i}"
+        add_xpu(graph, xpu, device, hbm_latency=hbm.latency, **where)
+        if hbm.bandwidth is not None:
+            graph.edges[xpu, f"{xpu}.hbm"]["bandwidth"] = hbm.bandwidth
+        graph.nodes[xpu]["extended_memory"] = graph.nodes[xpu]["host_memory"] = f"{name}.dram{c}"
+        _link(graph, xpu, cpus[c], links["c2c"], "c2c")
+        if chip.nvlink == "switch":
+            _link(graph, xpu, f"{name}.nvsw", links["xpu_link"], "xpu_link")
+        else:
+            for other in gpus:
+                _link(graph, other, xpu, links["xpu_link"], "xpu_link")
+        graph.add_node(nic, kind="nic", **where)
+        _link(graph, nic, xpu if chip.nic_attach == "gpu" else cpus[c], links["pcie"], "pcie")
+        gpus.append(xpu)
+        nics.append(nic)
+    return nics
 
 
 def add_dgx_node(graph: nx.Graph, name: str, *, unit: int, first_xpu: int, xpus: int, device: Device,

@@ -10,6 +10,10 @@ BF16, TF32 or FP8 tensor cores).
 :func:`peak_flops` is the one lookup of a peak, for a :class:`Device` and for
 an XPU node of a platform graph (whose ``peak_flops`` attribute holds the
 same mapping; see :mod:`hcsim.platform.topology`).
+
+A catalog file may also list host CPUs under ``cpus:`` (:class:`CpuDevice`:
+FP32 peak, memory capacity and bandwidth), for platforms that name their CPU
+(``kind: superchip``: a Grace beside its GPUs); :func:`load_cpu_catalog` reads them.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ from hcsim.config import REPO_ROOT, Fields, load_yaml
 from hcsim.errors import ConfigError
 from hcsim.units import FlopsPerSecond
 
-__all__ = ["Device", "load_catalog", "builtin_catalog", "peak_flops", "PRECISIONS", "REQUIRED_PRECISIONS"]
+__all__ = ["Device", "CpuDevice", "load_catalog", "load_cpu_catalog", "builtin_catalog", "peak_flops", "PRECISIONS",
+           "REQUIRED_PRECISIONS"]
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")  # every precision a catalog entry may give a peak for
 REQUIRED_PRECISIONS = ("fp32", "fp16")  # every device has these (the platform graph's fp32_flops / fp16_flops)
@@ -78,6 +83,27 @@ class Device:
         return peak_flops(self, precision)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CpuDevice:
+    """A host CPU: FP32 peak FLOP/s (what an offloaded optimizer step runs at), memory in bytes, memory
+    bandwidth in B/s (to its own DRAM / LPDDR5X).
+
+    >>> CpuDevice(name="C", flops=1e12, memory=2**30, memory_bandwidth=1e11).flops
+    1000000000000.0
+    """
+
+    name: str
+    flops: FlopsPerSecond
+    memory: float
+    memory_bandwidth: float
+
+    def __post_init__(self) -> None:
+        for key in ("flops", "memory", "memory_bandwidth"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigError(f"cpu {self.name!r}: {key} must be > 0, got {value!r}")
+
+
 def peak_flops(node_or_device: Device | Mapping, precision: str) -> FlopsPerSecond:
     """Dense peak FLOP/s of a device, or of an XPU node of a platform graph, at `precision`.
 
@@ -123,6 +149,7 @@ def load_catalog(path: str | Path) -> dict[str, Device]:
     """
     top = Fields(load_yaml(path), f"{path}: ")
     entries = top.raw("devices")
+    top.raw("cpus")  # host CPUs: load_cpu_catalog
     catalog: dict[str, Device] = {}
     if not isinstance(entries, dict):
         top.problems.append(f"{path}: devices: expected a mapping of device name to figures")
@@ -138,6 +165,33 @@ def load_catalog(path: str | Path) -> dict[str, Device]:
             catalog[str(name)] = Device(name=str(name), fp32_flops=peaks.pop("fp32"), fp16_flops=peaks.pop("fp16"),
                                         memory=memory, memory_bandwidth=bandwidth,
                                         peaks={p: v for p, v in peaks.items() if v is not None})
+    top.done()
+    return catalog
+
+
+def load_cpu_catalog(path: str | Path) -> dict[str, CpuDevice]:
+    """The host CPUs of a device catalog YAML (its optional ``cpus:`` section).
+
+    Shape: ``cpus: {NAME: {flops, memory, memory_bandwidth}}``; ``flops`` is the FP32 peak.
+
+    >>> load_cpu_catalog(BUILTIN_CATALOG)["Grace"].memory_bandwidth
+    512000000000.0
+    """
+    top = Fields(load_yaml(path), f"{path}: ")
+    top.raw("devices")  # accelerators: load_catalog
+    entries = top.raw("cpus", {})
+    catalog: dict[str, CpuDevice] = {}
+    if not isinstance(entries, dict):
+        top.problems.append(f"{path}: cpus: expected a mapping of CPU name to figures (flops, memory, "
+                            f"memory_bandwidth)")
+        entries = {}
+    for name, data in entries.items():
+        fields = Fields(data, f"{path}: cpus.{name}", top.problems)
+        values = dict(flops=fields.quantity("flops", "flops"), memory=fields.quantity("memory", "size"),
+                      memory_bandwidth=fields.quantity("memory_bandwidth", "bandwidth"))
+        fields.check_unknown()
+        if None not in values.values():
+            catalog[str(name)] = CpuDevice(name=str(name), **values)
     top.done()
     return catalog
 

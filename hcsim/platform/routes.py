@@ -19,7 +19,11 @@ switch``, or ``switch -> xpu3 -> xpu3.hbm``), as its memory controller does.
 A NIC with a ``server`` forwards only traffic from or to its own server: a
 route enters a NIC only when its source or its target is in the NIC's server
 (a network adapter does not relay third parties' packets through its host's
-PCIe to another adapter). In the built-in topologies no least-latency route
+PCIe to another adapter). A node with ``server_only: True`` (a pooled-CXL switch)
+is gated the same way and, stricter, forwards what enters it from outside its
+server only into its server (its hosts reach the pool's memory; CXL 2.0 switches
+carry no host-to-host traffic, whatever else a search from that host looks for).
+In the built-in topologies no least-latency route
 ever did; the rule keeps each search from wandering into every server of a
 large fabric (16,384 GPUs: ~600 nodes settled per source instead of ~35,000).
 
@@ -70,7 +74,7 @@ class RouteSearch:
         nodes = graph._node  # read-only fast path; networkx documents _node and _adj as its stores
         self.transit = {n: is_transit(data) for n, data in nodes.items()}
         nic_server = {n: data["server"] for n, data in nodes.items()
-                      if data.get("kind") == "nic" and data.get("server") is not None}
+                      if (data.get("kind") == "nic" or data.get("server_only")) and data.get("server") is not None}
         # neighbours as (position, node, integer femtoseconds, bandwidth) in networkx's order (ties between
         # equal keys fall to push order); links of avoided kinds left out. A transit node lists only its transit
         # neighbours: an endpoint reached from the fabric forwards to nothing but its own memories, so a search
@@ -95,6 +99,8 @@ class RouteSearch:
         # transit nodes with at most one transit link (a leaf switch of XPUs or NICs): reached from that link,
         # they lead nowhere unless a node this search adds hangs on them, so a search does not queue them
         self.dead_ends = {n for n, plain in self.adjacency.items() if self.transit[n] and len(plain) <= 1}
+        self.inward = {n: data["server"] for n, data in nodes.items()
+                       if data.get("server_only") and data.get("server") is not None}
 
     def __call__(self, source: str, targets: Iterable[str]) -> dict[str, list[str]]:
         routes: dict[str, list[str]] = {}
@@ -138,6 +144,9 @@ class RouteSearch:
             if node != source and not transit[node]:
                 previous = nodes[parent[node]]
                 own_only = not (previous.get("kind") == "memory" and previous.get("owner") == node)
+            inward = self.inward.get(node) if self.inward and node != source else None
+            if inward is not None and nodes[parent[node]].get("server") == inward:
+                inward = None  # from inside its server: it forwards anywhere
             links = adjacency[node]
             if node in extra:  # with the endpoints and NICs this search may enter, in networkx's order
                 links = sorted(links + extra[node])
@@ -145,6 +154,8 @@ class RouteSearch:
                 if neighbour in settled:
                     continue
                 if own_only and nodes[neighbour].get("owner") != node:
+                    continue
+                if inward is not None and nodes[neighbour].get("server") != inward:
                     continue
                 if neighbour in dead_ends and transit[node] and neighbour not in extra and neighbour not in remaining:
                     continue

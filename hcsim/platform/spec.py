@@ -17,6 +17,15 @@ A DGX spec (see ``platforms/dgx-h100.yaml``) has ``name``, ``kind: dgx``,
 ``xpus``, ``devices`` (one per node, cycling), ``device_catalog``, ``node``,
 ``fabric``, ``links`` (:data:`DGX_LINKS`) and ``routes``.
 
+A superchip spec (``kind: superchip``, see ``platforms/gh200.yaml`` and
+``platforms/gb200-nvl72.yaml``) has ``name``, ``kind``, ``xpus``, ``devices``
+(the GPU, one per NVLink domain, cycling), ``device_catalog``, ``node`` (one
+NVLink domain of superchips: :class:`SuperchipSpec`), ``fabric`` and
+``links`` (:data:`SUPERCHIP_LINKS`). A pooled-CXL spec (``kind: cxl_pool``,
+see ``platforms/cxl-pool.yaml``) is a DGX spec whose hosts share pooled CXL
+Type 3 memory behind a CXL switch: ``node``, ``fabric``, ``pool``
+(:class:`PoolSpec`) and ``links`` (:data:`POOL_LINKS`).
+
 An explicit spec has ``name``, ``device_catalog``, ``links`` (only ``hbm``
 is read, for the XPUs' HBM links), ``topology`` (``nodes`` and ``links``) and
 optionally ``routes``.
@@ -43,7 +52,7 @@ from typing import Any
 from hcsim.config import Fields, apply_overrides, load_yaml, resolve_spec
 from hcsim.errors import ConfigError, brief
 from hcsim.limits import MAX_COMPONENTS
-from hcsim.platform.devices import BUILTIN_CATALOG, Device, load_catalog
+from hcsim.platform.devices import BUILTIN_CATALOG, CpuDevice, Device, load_catalog, load_cpu_catalog
 from hcsim.platform.topology import LINK_KINDS, MEMORY_ROLES, NODE_KINDS
 from hcsim.units import BytesPerSecond, Bytes, FlopsPerSecond, Seconds
 
@@ -51,6 +60,7 @@ __all__ = [
     "LinkSpec", "ServerSpec", "NetworkSpec", "CxlSpec", "NodeSpec", "EdgeSpec", "TopologySpec",
     "PlatformSpec", "load_platform_spec", "TABLE5_LINKS", "TYPE3_ATTACH",
     "DgxNodeSpec", "FabricSpec", "DgxSpec", "DGX_LINKS", "FABRIC_TOPOLOGIES", "SPEC_KINDS",
+    "SuperchipSpec", "PoolSpec", "SUPERCHIP_LINKS", "POOL_LINKS", "NVLINK_LAYOUTS", "NIC_ATTACH",
 ]
 
 # Links every structured spec names (paper Table 5 plus the ones the paper leaves open).
@@ -58,8 +68,15 @@ TABLE5_LINKS = ("tor_to_l1", "nic_to_tor", "upi", "pcie", "xpu_link", "cxl", "hb
 # Links every DGX spec names: NVLink (to the node's NVSwitch), PCIe, CPU-to-CPU, NIC to leaf switch,
 # switch to switch, HBM and DRAM.
 DGX_LINKS = ("xpu_link", "pcie", "upi", "nic_to_leaf", "ib", "hbm", "dram")
+# Links every superchip spec names: NVLink-C2C (GPU to its Grace), NVLink (GPU to GPU or to the domain's NVLink
+# switch), PCIe (NIC to its host), NIC to leaf switch, switch to switch, HBM and the CPU's DRAM (LPDDR5X).
+SUPERCHIP_LINKS = ("c2c", "xpu_link", "pcie", "nic_to_leaf", "ib", "hbm", "dram")
+# Links every pooled-CXL spec names: the DGX ones and cxl (one port of the CXL switch).
+POOL_LINKS = DGX_LINKS + ("cxl",)
 FABRIC_TOPOLOGIES = ("fat_tree", "rail_optimized")
-SPEC_KINDS = ("paper", "dgx")
+SPEC_KINDS = ("paper", "dgx", "superchip", "cxl_pool")
+NVLINK_LAYOUTS = ("switch", "mesh")
+NIC_ATTACH = ("cpu", "gpu")
 TYPE3_ATTACH = ("switch", "xpu")
 XPU_TRAFFIC = ("shortest", "fabric")
 UNBOUNDED = ("unbounded", "inf")
@@ -178,6 +195,71 @@ class DgxSpec:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SuperchipSpec:
+    """One NVLink domain of `superchips` superchips, each a `cpu` joined to `gpus_per_superchip` GPUs by
+    NVLink-C2C (cache coherent: a GPU reads and writes its CPU's memory in place), and the InfiniBand fabric
+    between domains.
+
+    ``nvlink``: ``switch`` puts every GPU of the domain on one NVLink switch node (NVL72's switch trays,
+    modelled as one non-blocking switch) by ``links.xpu_link``; ``mesh`` joins every pair of GPUs of the
+    domain by a link of ``links.xpu_link`` (a quad GH200 node's all-to-all NVLink). ``nic_attach``: each
+    GPU's NIC sits on PCIe under the superchip's CPU (``cpu``: its RDMA crosses C2C) or the GPU (``gpu``).
+    """
+
+    superchips: int
+    gpus_per_superchip: int
+    cpu: CpuDevice
+    nvlink: str
+    nic_attach: str
+    fabric: "FabricSpec"
+
+    def __post_init__(self) -> None:
+        for key in ("superchips", "gpus_per_superchip"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"node.{key}: must be an integer >= 1, got {value!r}")
+        if self.nvlink not in NVLINK_LAYOUTS:
+            raise ConfigError(f"node.nvlink: {self.nvlink!r} is not one of {', '.join(NVLINK_LAYOUTS)}")
+        if self.nic_attach not in NIC_ATTACH:
+            raise ConfigError(f"node.nic_attach: {self.nic_attach!r} is not one of {', '.join(NIC_ATTACH)}")
+
+    @property
+    def gpus(self) -> int:
+        """GPUs per NVLink domain."""
+        return self.superchips * self.gpus_per_superchip
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoolSpec:
+    """Pooled CXL Type 3 memory: every `hosts` consecutive hosts (DGX-style nodes) share one multi-headed
+    Type 3 device behind one CXL switch.
+
+    The device is one memory of `hosts` x `capacity_per_host` bytes (one capacity: placement refuses what
+    the hosts put in it beyond that, naming it); each of its `device_ports` heads and each of a host CPU's
+    `cpu_ports` ports is one switch port of ``links.cxl`` bandwidth, so a host's CPU reaches the switch at
+    cpu_ports x and the device serves at device_ports x that bandwidth, shared by every host of the pool.
+    """
+
+    hosts: int
+    capacity_per_host: Bytes
+    device_ports: int
+    cpu_ports: int
+
+    def __post_init__(self) -> None:
+        for key in ("hosts", "device_ports", "cpu_ports"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"pool.{key}: must be an integer >= 1, got {value!r}")
+        if not self.capacity_per_host > 0:  # also NaN
+            raise ConfigError(f"pool.capacity_per_host: must be > 0 bytes, got {self.capacity_per_host!r}")
+
+    @property
+    def capacity(self) -> Bytes:
+        """Bytes of one pool device: hosts x capacity_per_host."""
+        return self.hosts * self.capacity_per_host
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class NodeSpec:
     """A node of an explicit topology; `attributes` follow hcsim.platform.topology."""
 
@@ -223,6 +305,8 @@ class PlatformSpec:
     topology: TopologySpec | None = None
     dgx: DgxSpec | None = None
     overrides: Mapping[str, Any] = field(default_factory=dict)
+    superchip: SuperchipSpec | None = None
+    pool: PoolSpec | None = None
 
     def device_of_rack(self, rack: int) -> Device:
         """The device of every XPU in `rack` (racks cycle through `devices`)."""
@@ -233,8 +317,9 @@ class PlatformSpec:
         """What a stage whose state does not fit its XPUs' local memory does here (scenario key ``spill``):
         ``error`` on a DGX cluster, whose frameworks (Megatron-LM, PyTorch) have no spill to host memory and stop
         out of memory; ``allow`` on the paper's topologies and explicit ones, where spilling to extended memory
-        is the paper's model (Fig. 3: copied in before use without coherence, read in place with it)."""
-        return "error" if self.dgx is not None else "allow"
+        is the paper's model (Fig. 3: copied in before use without coherence, read in place with it), on
+        superchips (the GPU reads its Grace's LPDDR5X in place over NVLink-C2C) and on pooled CXL memory."""
+        return "error" if self.dgx is not None and self.pool is None else "allow"
 
 
 def load_platform_spec(name_or_path: str | Path, overrides: Mapping[str, object] | None = None) -> PlatformSpec:
@@ -266,8 +351,9 @@ def load_platform_spec(name_or_path: str | Path, overrides: Mapping[str, object]
     kind = top.choice("kind", SPEC_KINDS, default="paper")
     catalog = _catalog(top, path.parent)
     explicit = top.has("topology")
-    links = _links(top.sub("links"), ("hbm",) if explicit else DGX_LINKS if kind == "dgx" else TABLE5_LINKS,
-                   optional=explicit)
+    names = {"dgx": DGX_LINKS, "superchip": SUPERCHIP_LINKS, "cxl_pool": POOL_LINKS}.get(kind, TABLE5_LINKS)
+    links = _links(top.sub("links"), ("hbm",) if explicit else names, optional=explicit,
+                   device_bandwidth=("hbm", "dram") if kind == "superchip" else ("hbm",))
     routes = _routes(top)
     if top.has("topology"):
         topology = _topology(top.sub("topology"), catalog)
@@ -278,13 +364,22 @@ def load_platform_spec(name_or_path: str | Path, overrides: Mapping[str, object]
                             links=MappingProxyType(links), routes=routes, topology=topology,
                             overrides=MappingProxyType(dict(overrides or {})))
     xpus = top.number("xpus", kind=int, minimum=1)
-    if kind == "dgx":
+    if kind in ("dgx", "cxl_pool"):
         devices = _devices(top, catalog)
         dgx = _dgx(top.sub("node"), top.sub("fabric"))
+        pool = _pool(top.sub("pool")) if kind == "cxl_pool" else None
         top.done()
-        return PlatformSpec(name=name, source=str(path), xpus=xpus, coherent=False, devices=devices,
+        return PlatformSpec(name=name, source=str(path), xpus=xpus, coherent=pool is not None, devices=devices,
                             catalog=MappingProxyType(catalog), server=None, network=None, cxl=None,
-                            links=MappingProxyType(links), routes=routes, dgx=dgx,
+                            links=MappingProxyType(links), routes=routes, dgx=dgx, pool=pool,
+                            overrides=MappingProxyType(dict(overrides or {})))
+    if kind == "superchip":
+        devices = _devices(top, catalog)
+        superchip = _superchip(top.sub("node"), top.sub("fabric"), _cpu_catalog(top, path.parent))
+        top.done()
+        return PlatformSpec(name=name, source=str(path), xpus=xpus, coherent=True, devices=devices,
+                            catalog=MappingProxyType(catalog), server=None, network=None, cxl=None,
+                            links=MappingProxyType(links), routes=routes, superchip=superchip,
                             overrides=MappingProxyType(dict(overrides or {})))
     coherent = top.flag("coherent")
     devices = _devices(top, catalog)
@@ -325,6 +420,23 @@ def _catalog(top: Fields, base: Path) -> dict[str, Device]:
             catalog[device_name] = device
             origin[device_name] = str(file)
     return catalog
+
+
+def _cpu_catalog(top: Fields, base: Path) -> dict[str, CpuDevice]:
+    """The host CPUs of the built-in catalog and of the spec's device_catalog files (their ``cpus:``); the
+    files' own problems are reported by _catalog."""
+    files = top.data.get("device_catalog") or []
+    cpus = load_cpu_catalog(BUILTIN_CATALOG)
+    for file in [files] if isinstance(files, str) else files if isinstance(files, list) else []:
+        file_path = Path(str(file))
+        if not file_path.is_absolute() and (base / file_path).is_file():
+            file_path = base / file_path
+        try:
+            cpus.update({name: cpu for name, cpu in load_cpu_catalog(resolve_spec(file_path, "platforms")).items()
+                         if name not in cpus})
+        except ConfigError:
+            continue
+    return cpus
 
 
 def _devices(top: Fields, catalog: Mapping[str, Device]) -> tuple[str, ...]:
@@ -409,8 +521,49 @@ def _dgx(node: Fields, fabric: Fields) -> DgxSpec | None:
         return None
 
 
-def _links(fields: Fields, names: tuple[str, ...], optional: bool = False) -> dict[str, LinkSpec]:
-    """The link classes `names` (each required unless `optional`); hbm's bandwidth may be left to the device."""
+def _superchip(node: Fields, fabric: Fields, cpus: Mapping[str, CpuDevice]) -> SuperchipSpec | None:
+    from hcsim.config import _suggest  # one suggestion format for the whole code base
+
+    values = dict(
+        superchips=node.number("superchips", kind=int, minimum=1, maximum=MAX_COMPONENTS),
+        gpus_per_superchip=node.number("gpus_per_superchip", kind=int, minimum=1, maximum=MAX_COMPONENTS),
+        nvlink=node.choice("nvlink", NVLINK_LAYOUTS),
+        nic_attach=node.choice("nic_attach", NIC_ATTACH),
+    )
+    cpu_name = node.string("cpu")
+    cpu = cpus.get(cpu_name) if cpu_name is not None else None
+    if cpu_name is not None and cpu is None:
+        node.problems.append(f"{node.path('cpu')}: unknown CPU {brief(cpu_name)}{_suggest(cpu_name, cpus)}; known: "
+                             f"{', '.join(sorted(cpus)) or 'none'} (the cpus: of platforms/devices.yaml and of "
+                             f"device_catalog files)")
+    node.check_unknown()
+    topology = fabric.choice("topology", FABRIC_TOPOLOGIES)
+    radix = fabric.number("switch_radix", kind=int, minimum=4)
+    fabric.check_unknown()
+    if None in values.values() or None in (cpu, topology, radix):
+        return None
+    try:
+        return SuperchipSpec(cpu=cpu, fabric=FabricSpec(topology=topology, switch_radix=radix), **values)
+    except ConfigError as err:
+        node.problems.append(f"{node.where.rsplit(': ', 1)[0]}: {err}")
+        return None
+
+
+def _pool(fields: Fields) -> PoolSpec | None:
+    values = dict(
+        hosts=fields.number("hosts", kind=int, minimum=1, maximum=MAX_COMPONENTS),
+        capacity_per_host=fields.quantity("capacity_per_host", "size"),
+        device_ports=fields.number("device_ports", kind=int, minimum=1, maximum=MAX_COMPONENTS),
+        cpu_ports=fields.number("cpu_ports", kind=int, minimum=1, maximum=MAX_COMPONENTS),
+    )
+    fields.check_unknown()
+    return None if None in values.values() else PoolSpec(**values)
+
+
+def _links(fields: Fields, names: tuple[str, ...], optional: bool = False,
+           device_bandwidth: tuple[str, ...] = ("hbm",)) -> dict[str, LinkSpec]:
+    """The link classes `names` (each required unless `optional`); the bandwidth of those in `device_bandwidth`
+    may be left to the device (hbm: the XPU's memory bandwidth; a superchip's dram: its CPU's)."""
     links = {}
     for name in names:
         if not fields.has(name):
@@ -419,10 +572,11 @@ def _links(fields: Fields, names: tuple[str, ...], optional: bool = False) -> di
             fields.problems.append(f"{fields.path(name)}: is required (bandwidth and latency of this link class)")
             continue
         sub = fields.sub(name)
-        bandwidth = sub.quantity("bandwidth", "bandwidth", default=None if name == "hbm" else ...)
+        own = name in device_bandwidth
+        bandwidth = sub.quantity("bandwidth", "bandwidth", default=None if own else ...)
         latency = sub.quantity("latency", "time")
         sub.check_unknown()
-        if latency is not None and (bandwidth is not None or (name == "hbm" and not sub.has("bandwidth"))):
+        if latency is not None and (bandwidth is not None or (own and not sub.has("bandwidth"))):
             links[name] = LinkSpec(name=name, bandwidth=bandwidth, latency=latency)
     if optional:  # an explicit topology: its links are in topology.links
         for name in sorted(set(map(str, fields.data)) & set(TABLE5_LINKS) - {"hbm"}):

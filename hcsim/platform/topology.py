@@ -16,6 +16,9 @@ Node attributes (``kind`` first)
     kind : "switch" | "xpu" | "cpu" | "memory" | "nic"
     server, rack : optional str / int, where the node sits (ring order, traces,
         and the compiler's grouping of hosts into SimGrid zones).
+    server_only : optional bool, a transit node that forwards only traffic from
+        or to its own ``server`` (as NICs do; a pooled-CXL switch:
+        :mod:`hcsim.platform.routes`).
     transit : optional bool, whether routes may pass *through* the node.
         Default: switches, NICs and CPUs forward (a CPU's root complex joins
         its PCIe switch, UPI and DRAM); XPUs and memories are endpoints only.
@@ -42,7 +45,8 @@ Node attributes (``kind`` first)
 Edge attributes
     bandwidth : B/s per direction; latency : s (> 0: SimGrid's CM02 starves
     flows that share a link with a zero-latency route);
-    kind : "pcie" | "upi" | "xpu_link" | "eth" | "ib" (InfiniBand) | "cxl" | "hbm" | "dram".
+    kind : "pcie" | "upi" | "xpu_link" | "eth" | "ib" (InfiniBand) | "cxl" | "hbm" | "dram" |
+        "c2c" (NVLink-C2C: a superchip's GPU to its CPU, cache coherent).
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ __all__ = [
 ]
 
 NODE_KINDS = ("switch", "xpu", "cpu", "memory", "nic")
-LINK_KINDS = ("pcie", "upi", "xpu_link", "eth", "ib", "cxl", "hbm", "dram")
+LINK_KINDS = ("pcie", "upi", "xpu_link", "eth", "ib", "cxl", "hbm", "dram", "c2c")
 HOST_KINDS = ("xpu", "cpu", "memory")  # become SimGrid hosts; the others only carry links
 ENDPOINT_KINDS = ("xpu", "memory")  # routes do not cross these unless the node says transit=True
 MEMORY_ROLES = ("hbm", "dram", "cxl_type3", "cxl_type2")

@@ -85,6 +85,7 @@ def prepare(scenario: Scenario) -> Prepared:
     from hcsim.limits import collector_paused
     from hcsim.workload import build_training_graph, load_workload_spec, place_memory, validate_workload
     from hcsim.workload.hybrid import build_hybrid_graph, place_hybrid_memory
+    from hcsim.workload.placement import check_shared_memory
     from hcsim.workload.layout import ParallelLayout
     from hcsim.workload.sources import is_graph_source
 
@@ -142,6 +143,7 @@ def prepare(scenario: Scenario) -> Prepared:
     capacities = {x: nodes[nodes[x]["local_memory"]]["capacity"] for x in xpus}
     extended = {x: nodes[nodes[x]["extended_memory"]]["capacity"] if nodes[x]["extended_memory"] else 0.0
                 for x in xpus}
+    offload = None
     if from_graph:
         placement = None
     elif parallelism:
@@ -152,6 +154,9 @@ def prepare(scenario: Scenario) -> Prepared:
                                  dict(zip(xpus, split)) if split else None)
     if placement is not None:
         check_local_memory(scenario, platform_spec, graph, placement, layout)
+        check_shared_memory(placement.inventory, {x: (nodes[x]["extended_memory"], extended[x]) for x in xpus
+                                                  if nodes[x]["extended_memory"]},
+                            offload if parallelism else None)
     pairs = host_pairs(graph, workload)
     return Prepared(scenario, graph, workload, placement, xpus, pairs, coherent, platform_spec, order)
 

@@ -37,7 +37,7 @@ from hcsim.units import format_quantity
 from hcsim.workload.spec import WorkloadSpec
 
 __all__ = ["StateBytes", "XpuMemory", "CapacityPlacement", "Placement", "training_state", "place_memory",
-           "out_of_memory"]
+           "out_of_memory", "check_shared_memory"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -220,6 +220,57 @@ def place_memory(graph: nx.DiGraph, capacities: dict[str, float], spec: Workload
                      inventory={x: records[capacities[x], batch_of[x]] for x in xpus})
 
 
+def check_shared_memory(inventory: dict[str, XpuMemory], extended: dict[str, tuple[str, float]],
+                        offload: dict[str, tuple[str, float]] | None = None) -> None:
+    """Refuse a placement whose XPUs put more in one shared memory than it holds: a CPU's DRAM under several
+    XPUs, a superchip's Grace memory under its GPUs, a CXL pool under several hosts is one capacity.
+
+    Parameters
+    ----------
+    inventory : what each XPU holds (:attr:`Placement.inventory`); ``spilled - offloaded`` bytes go to its
+        extended memory, ``offloaded`` bytes to its offload memory.
+    extended : XPU -> (extended memory node, its capacity in bytes), for the XPUs that have one.
+    offload : XPU -> (offload memory node, capacity in bytes) where the run offloads state (may be the
+        extended memory: offload to a CXL pool), else None.
+
+    Raises
+    ------
+    WorkloadError
+        naming the first memory (in name order) that overflows, its capacity, what its XPUs put there, and
+        the fixes.
+
+    >>> one = XpuMemory(parameters=0, gradients=0, optimizer=0, activations=3e12, local=1e12, spilled=2e12)
+    >>> check_shared_memory({"x0": one, "x1": one}, {"x0": ("pool0.mem", 5e12), "x1": ("pool0.mem", 5e12)})
+    >>> check_shared_memory({"x0": one, "x1": one}, {"x0": ("pool0.mem", 3e12), "x1": ("pool0.mem", 3e12)})
+    Traceback (most recent call last):
+    ...
+    hcsim.errors.WorkloadError: memory 'pool0.mem' is shared by 2 XPUs (x0, x1) and holds 3 TB, less than the 4 TB they spill or offload to it (2 TB on x0). Fix: a larger memory (a CXL pool: pool.capacity_per_host), fewer XPUs sharing it, more tp or pp, ZeRO, recomputation, or a smaller batch
+    """
+    used: dict[str, float] = {}
+    capacity: dict[str, float] = {}
+    users: dict[str, list[str]] = {}
+    for x in inventory:  # in placement order
+        held = inventory[x]
+        for node_capacity, size in ((extended.get(x), held.spilled - held.offloaded),
+                                    ((offload or {}).get(x), held.offloaded)):
+            if node_capacity is None or not size > 0:
+                continue
+            node, capacity[node] = node_capacity
+            used[node] = used.get(node, 0.0) + size
+            users.setdefault(node, []).append(x)
+    for node in sorted(used):
+        if used[node] > capacity[node] * (1 + 1e-12):
+            members = users[node]
+            biggest = max(members, key=lambda x: inventory[x].spilled)
+            raise WorkloadError(
+                f"memory {node!r} is shared by {len(members)} XPUs ({', '.join(members[:4])}"
+                f"{', ...' if len(members) > 4 else ''}) and holds {format_quantity(capacity[node], 'B')}, less "
+                f"than the {format_quantity(used[node], 'B')} they spill or offload to it "
+                f"({format_quantity(inventory[biggest].spilled, 'B')} on {biggest}). Fix: a larger memory (a CXL "
+                f"pool: pool.capacity_per_host), fewer XPUs sharing it, more tp or pp, ZeRO, recomputation, or a "
+                f"smaller batch")
+
+
 def out_of_memory(stage: int, need: float, capacity: float, device: str) -> str | None:
     """hcsim's one memory rule: None when an XPU of pipeline `stage` holds its `need` bytes of training state in
     its `capacity` bytes of local memory, else what does not fit, as a training framework would report it.
@@ -228,13 +279,14 @@ def out_of_memory(stage: int, need: float, capacity: float, device: str) -> str 
     stops with this text when a stage does not fit and the platform does not spill (scenario key ``spill``),
     and spills the rest to extended memory otherwise (module docstring).
 
+    Both in GB (1e9 B, one unit family; an 80 GiB H100 holds 85.9 GB):
+
     >>> out_of_memory(0, 137.8e9, 80 * 2**30, "H100")
-    'stage 0 needs 137.8 GB per XPU, each H100 holds 80 GiB'
+    'stage 0 needs 137.8 GB per XPU, each H100 holds 85.9 GB'
     >>> out_of_memory(1, 60e9, 80 * 2**30, "H100") is None
     True
     """
     if need <= capacity:
         return None
-    held = f"{capacity / 2**30:g} GiB" if capacity % 2**30 == 0 else f"{capacity / 1e9:.1f} GB"
-    return f"stage {stage} needs {need / 1e9:.1f} GB per XPU, each {device} holds {held}"
+    return f"stage {stage} needs {need / 1e9:.1f} GB per XPU, each {device} holds {capacity / 1e9:.1f} GB"
 
