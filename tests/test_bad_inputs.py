@@ -354,10 +354,10 @@ CLI_CASES = {
     # issue 26: state beyond HBM on a DGX cluster is out of memory, as Megatron-LM or PyTorch would say
     "spill-dgx-out-of-memory": (SIM + ["--set", "platform=dgx-h100", "--set", "workload=llama3-8b", "--set", "xpus=16",
                                        "--set", "global_batch=32", "--set", "tp=2"], r"scenario 'default'",
-                                r"out of memory: stage 0 needs [0-9.]+ GB per XPU, each H100 holds 80 GiB .*DGX "
+                                r"out of memory: stage 0 needs [0-9.]+ GB per XPU, each H100 holds 85\.9 GB .*DGX "
                                 r"cluster.*Fix: offload .*ZeRO .*pipeline stages .*recompute.*--set spill=allow$"),
     "spill-error-on-paper": (SIM + ["--set", "xpus=2", "--set", "spill=error"], r"scenario 'default'",
-                             r"stage 0 needs [0-9.]+ GB per XPU, each H100 holds 80 GiB .*; spill: error\. Fix:"),
+                             r"stage 0 needs [0-9.]+ GB per XPU, each H100 holds 85\.9 GB .*; spill: error\. Fix:"),
     "simulate-out-a-file": (SIM + ["--out", "afile"], r"--out afile", r"give a folder"),
     "simulate-out-under-a-file": (SIM + ["--out", "afile/sub"], r"--out afile/sub", r"give a writable folder"),
     # 4. platform specs
@@ -647,7 +647,7 @@ CLI_CASES_29.update({
                           r"memory, a smaller batch, or recomputation"),
     "show-out-of-memory-no-spill": (["workload", "show", "llama2-13b", "--platform", "dgx-h100"],
                                     r"^--platform dgx-h100: .*out of memory: stage 0 needs 362\.7 GB per XPU, each H100 "
-                                    r"holds 80 GiB", r"Fix: offload .*ZeRO.*here --zero, --pp, --recompute and "
+                                    r"holds 85\.9 GB", r"Fix: offload .*ZeRO.*here --zero, --pp, --recompute and "
                                     r"--micro-batch"),
     "show-device-and-platform": (["workload", "show", "llama2-13b", "--device", "A100", "--platform", "dgx-h100"],
                                  r"--device A100, --platform dgx-h100", r"own devices; give one of them"),
@@ -987,7 +987,7 @@ def test_run_here_keeps_the_result_when_writing_fails_at_the_end(monkeypatch, tm
     from hcsim.run.prepare import Prepared
     from hcsim.run.scenario import Scenario
 
-    def disk_full(out, result, outcome, platform, workload=None):
+    def disk_full(out, result, outcome, platform, workload=None, xpus=None):
         raise OSError(28, "No space left on device", str(out / "result.json"))
 
     monkeypatch.setattr(simulation, "prepare", lambda scenario: Prepared(

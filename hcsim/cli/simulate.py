@@ -194,6 +194,16 @@ def _memory_lines(result: dict) -> list[str]:
     return lines
 
 
+def _compute_line(result: dict) -> list[str]:
+    """How compute was timed: the compute model (and its factors file), the kernel inventory, the precision recipe."""
+    if "compute_model" not in result:
+        return []
+    model = ("peak model (FLOPs / peak FLOP/s)" if result["compute_model"] == "peak" else
+             f"roofline model ({result['compute_factors']})")
+    kernels = f"; kernels {result['kernels']}" if result.get("kernels") else ""
+    return [f"  compute          {model}{kernels}; {result['precision_recipe']}"]
+
+
 def summary(result: dict) -> str:
     """A short human-readable report of a result record."""
     if result.get("kind") == "serving":
@@ -204,6 +214,7 @@ def summary(result: dict) -> str:
         f"hcsim {result['scenario']}: {devices} on {inputs['platform']} "
         f"({'coherent' if result['coherent'] else 'not coherent'}), workload {inputs['workload']}"
         + (f", precision {result['precision']}" if result.get("precision") else ""),
+        *_compute_line(result),
         f"  iteration time   {format_quantity(result['iteration_time_s'], 's')}"
         f"  (iterations: {', '.join(format_quantity(t, 's') for t in result['iteration_times_s'])})",
         f"  throughput       {result['batches_per_s']:.3f} batches/s, {result['samples_per_s']:.3f} samples/s"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import networkx as nx
 
-from hcsim.platform.topology import _natural
+from hcsim.platform.topology import natural_key
 
 __all__ = ["representative_part", "draw_platform", "read_link_loads"]
 
@@ -44,7 +44,7 @@ def representative_part(graph: nx.Graph, max_racks: int = 2, max_servers: int = 
         if d.get("server") is not None:
             servers[d.get("rack")].add(d["server"])
     kept_racks = set(racks[:max_racks])
-    kept_servers = {s for r in kept_racks for s in sorted(servers[r], key=_natural)[:max_servers]}
+    kept_servers = {s for r in kept_racks for s in sorted(servers[r], key=natural_key)[:max_servers]}
     most = max((len(s) for s in servers.values()), default=0)
     if len(racks) <= max_racks and most <= max_servers:
         return graph, ""
@@ -199,8 +199,8 @@ def _rows(graph: nx.Graph) -> dict[int, list[str]]:
 def _layout(graph: nx.Graph):
     position, labels = {}, {}
     for row, members in _rows(graph).items():
-        members.sort(key=lambda n: (graph.nodes[n].get("rack", -1), _natural(str(graph.nodes[n].get("server", ""))),
-                                    _natural(n)))
+        members.sort(key=lambda n: (graph.nodes[n].get("rack", -1), natural_key(str(graph.nodes[n].get("server", ""))),
+                                    natural_key(n)))
         for i, node in enumerate(members):
             position[node] = ((i + 0.5) / len(members), row)
             server = str(graph.nodes[node].get("server"))

@@ -61,7 +61,7 @@ from hcsim.platform.devices import PRECISIONS
 
 __all__ = [
     "NODE_KINDS", "LINK_KINDS", "HOST_KINDS", "MEMORY_ROLES", "add_link", "add_xpu", "add_memory",
-    "xpus", "validate_topology", "host_nodes", "is_transit",
+    "xpus", "validate_topology", "host_nodes", "is_transit", "natural_key",
 ]
 
 NODE_KINDS = ("switch", "xpu", "cpu", "memory", "nic")
@@ -108,14 +108,18 @@ def is_transit(data: dict) -> bool:
 
 def _placement_key(graph: nx.Graph, node: str):
     data = graph.nodes[node]
-    return (data.get("rack", 0), _natural(str(data.get("server", ""))), _natural(node))
+    return (data.get("rack", 0), natural_key(str(data.get("server", ""))), natural_key(node))
 
 
-def _natural(name: str):
-    """Sort key that puts xpu2 before xpu10."""
+def natural_key(name: str) -> list:
+    """Sort key that puts xpu2 before xpu10 (numbers in a name compared as numbers).
+
+    >>> sorted(["xpu10", "xpu2", "xpu1"], key=natural_key)
+    ['xpu1', 'xpu2', 'xpu10']
+    """
     import re
 
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(name))]
 
 
 def validate_topology(graph: nx.Graph, catalog=None) -> None:

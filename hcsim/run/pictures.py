@@ -5,73 +5,138 @@ Matplotlib is imported inside each function, so a run that draws nothing never l
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
-__all__ = ["plot_xpu_times", "plot_kv_occupancy"]
+__all__ = ["plot_xpu_times", "plot_kv_occupancy", "xpu_classes"]
 
-_PARTS = (("compute_s", "compute", "#1f4e9c"), ("memory_stall_s", "memory stall", "#e08e0b"),
-          ("exposed_comm_s", "exposed communication", "#c0392b"), ("idle_s", "idle (waiting)", "#bbbbbb"))
+# The segments of a bar: the iteration split the summary prints (hcsim.run.results), in its order.
+_SEGMENTS = (("compute_s", "compute", "#1f4e9c"), ("memory_stall_s", "memory stall", "#e08e0b"),
+             ("comm_tp_s", "comm tp", "#c0392b"), ("comm_cp_s", "comm cp", "#e74c3c"),
+             ("comm_pp_s", "comm pp", "#8e44ad"), ("comm_dp_s", "comm dp", "#d35400"),
+             ("comm_ep_s", "comm ep", "#16a085"), ("comm_offload_s", "comm offload", "#7f8c8d"),
+             ("comm_other_s", "comm other", "#a0522d"), ("idle_bubble_s", "bubble", "#cccccc"),
+             ("idle_peers_s", "waiting for peers", "#8c8c8c"))
+DIFFERS = 0.01  # an XPU differs from its class when a part of its split is off the class median by > 1 % of the iteration
+PER_XPU_MOST = 32  # the per-XPU panel is drawn up to this many XPUs (when some differ), else only the ones that differ
+MARKED_PER_CLASS = 3  # beyond PER_XPU_MOST, the XPUs of a class that differ most, drawn under its bar
 
 
-def plot_xpu_times(rows: list[dict[str, Any]], path: Path, title: str = "", most: int = 64) -> Path:
-    """Stacked bars of where each XPU's iteration goes (rows of ``xpus.csv``); write `path` (PNG).
+def plot_xpu_times(rows: list[dict[str, Any]], path: Path, title: str = "") -> Path:
+    """Where the iteration goes (rows of ``xpus.csv``), per pipeline stage and device type; write `path` (PNG).
 
-    Up to `most` XPUs get a bar each; beyond, one bar per class of XPUs that follow the same
-    representative (labelled "xpu0 +7": the representative and how many follow it), and if still more,
-    per device type its XPU with the least idle time, the mean over its XPUs and its XPU with the most.
+    One stacked bar per class (a pipeline stage's XPUs of one device type): the mean over its XPUs of the
+    split the summary prints (compute, memory stall, exposed communication per kind, pipeline bubble,
+    waiting for peers), labelled with its XPU count and how many of them differ from it (:func:`xpu_classes`).
+    XPUs that differ are drawn too: with up to PER_XPU_MOST XPUs, every XPU in a panel of its own (only when
+    some differ: alike XPUs say nothing their class bar does not), beyond, under their class bar the
+    MARKED_PER_CLASS that differ most. The dashed line is the iteration time. The classes and the marks keep
+    the picture the same size at 1,024 XPUs as at 64.
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    bars = _xpu_bars(rows, most)
+    classes, differing = xpu_classes(rows)
+    period = max((r["iteration_time_s"] for r in rows), default=0.0)
+    few = len(rows) <= PER_XPU_MOST and any(differing.values())
+    bars = []
+    for key, members in classes.items():
+        bars.append((_class_label(key, members, differing[key], len(classes)), _mean(members), False))
+        if not few:
+            shown = differing[key][:MARKED_PER_CLASS]
+            bars += [(f"{r['xpu']} differs", r, True) for r in shown]
+    per_xpu = [(f"{r['xpu']} ({_place(r)})", r, any(r is d for d in differing[_key(r)])) for r in rows] if few else []
+    used = [seg for seg in _SEGMENTS if any(bar[seg[0]] for _, bar, _ in bars + per_xpu)] or list(_SEGMENTS[:1])
+    heights = [len(bars)] + ([len(per_xpu)] if per_xpu else [])
     with plt.rc_context({"font.family": "serif", "font.size": 9, "axes.spines.top": False,
                          "axes.spines.right": False}):
-        figure, ax = plt.subplots(figsize=(7.5, 1.2 + 0.22 * len(bars)))
-        positions = list(range(len(bars)))[::-1]
-        left = [0.0] * len(bars)
-        for key, name, colour in _PARTS:
-            widths = [bar[key] for _, bar in bars]
-            ax.barh(positions, widths, left=left, color=colour, label=name, height=0.75)
-            left = [a + b for a, b in zip(left, widths)]
-        ax.set_ylim(-0.6, len(bars) - 0.4)  # no empty band above the first bar and below the last
-        ax.set_yticks(positions)
-        ax.set_yticklabels([label for label, _ in bars], fontsize=7 if len(bars) > 24 else 8)
-        ax.set_xlabel("Seconds per iteration")
-        ax.legend(fontsize=7, frameon=False, ncol=4, loc="lower left", bbox_to_anchor=(0.0, 1.0))
+        figure, axes = plt.subplots(len(heights), 1, figsize=(8.0, 1.5 + 0.24 * sum(heights) + 0.4 * len(heights)),
+                                    gridspec_kw={"height_ratios": [h + 1 for h in heights]}, squeeze=False)
+        _draw_bars(axes[0][0], bars, used, period)
+        axes[0][0].set_title("per pipeline stage and device type (mean over its XPUs)", fontsize=8, loc="left")
+        if per_xpu:
+            _draw_bars(axes[1][0], per_xpu, used, period)
+            axes[1][0].set_title("per XPU (bold: differs from its class)", fontsize=8, loc="left")
+        axes[-1][0].set_xlabel("Seconds per iteration (dashed: the iteration time)")
+        handles = [plt.Rectangle((0, 0), 1, 1, color=colour) for _, _, colour in used]
+        lines = (len(used) - 1) // 6 + 1  # legend rows of at most 6 entries, filled evenly
+        figure.legend(handles, [name for _, name, _ in used], fontsize=7, frameon=False, ncol=-(-len(used) // lines),
+                      loc="upper center", bbox_to_anchor=(0.5, 0.995 - 0.25 / figure.get_figheight()))
         if title:
-            ax.set_title(title, fontsize=9, pad=18)
-        figure.tight_layout()
+            figure.suptitle(title, fontsize=9, y=0.999, va="top")
+        figure.tight_layout(rect=(0, 0, 1, 1 - (0.2 + 0.17 * lines) / figure.get_figheight()))
         path.parent.mkdir(parents=True, exist_ok=True)
         figure.savefig(path, dpi=150)
         plt.close(figure)
     return path
 
 
-def _xpu_bars(rows: list[dict[str, Any]], most: int) -> list[tuple[str, dict[str, Any]]]:
-    """(label, row) per bar: every XPU, or per class, or per device type its least idle, mean and most idle."""
-    if len(rows) <= most:
-        return [(f"{r['xpu']} ({r['device']}" + (f", follows {r['representative']})" if r["representative"] != r["xpu"]
-                                                 else ")"), r) for r in rows]
-    classes: dict[str, list[dict[str, Any]]] = {}
+def xpu_classes(rows: list[dict[str, Any]]) -> tuple[dict[tuple, list[dict]], dict[tuple, list[dict]]]:
+    """The classes of `rows` (``xpus.csv`` rows) by (stage, device), in stage then device order, and per
+    class its XPUs that differ from it: off its typical XPU (the median of each part, which a few outliers
+    do not move) by more than DIFFERS of the iteration in some part of the split, the most different first.
+
+    >>> row = dict.fromkeys([seg for seg, _, _ in _SEGMENTS], 0.0)
+    >>> rows = [dict(row, xpu=f"xpu{i}", stage=0, device="H100", compute_s=1.0 + (i == 3), iteration_time_s=2.0)
+    ...         for i in range(8)]
+    >>> classes, differing = xpu_classes(rows)
+    >>> [len(m) for m in classes.values()], [r["xpu"] for r in differing[(0, "H100")]]
+    ([8], ['xpu3'])
+    """
+    classes: dict[tuple, list[dict]] = {}
     for row in rows:
-        classes.setdefault(row["representative"], []).append(row)
-    if len(classes) <= most:
-        return [(f"{rep} +{len(members) - 1} ({members[0]['device']})", next(r for r in members if r["xpu"] == rep)
-                 if any(r["xpu"] == rep for r in members) else members[0]) for rep, members in classes.items()]
-    bars = []
-    by_device: dict[str, list[dict[str, Any]]] = {}
-    for row in rows:
-        by_device.setdefault(row["device"], []).append(row)
-    for device, members in by_device.items():
-        least = min(members, key=lambda r: r["idle_s"])
-        mean = {key: sum(r[key] for r in members) / len(members) for key, _, _ in _PARTS}
-        bars += [(f"{least['xpu']} ({device}, least idle)", least), (f"mean of {len(members)} {device}", mean),
-                 (f"{max(members, key=lambda r: r['idle_s'])['xpu']} ({device}, most idle)",
-                  max(members, key=lambda r: r["idle_s"]))]
-    return bars
+        classes.setdefault(_key(row), []).append(row)
+    classes = dict(sorted(classes.items(), key=lambda item: (-1 if item[0][0] is None else item[0][0], item[0][1])))
+    differing = {}
+    for key, members in classes.items():
+        typical = {seg: statistics.median(r[seg] for r in members) for seg, _, _ in _SEGMENTS}
+        tolerance = DIFFERS * max(r["iteration_time_s"] for r in members)
+        off = [(max(abs(r[seg] - typical[seg]) for seg, _, _ in _SEGMENTS), r) for r in members]
+        differing[key] = [r for d, r in sorted(off, key=lambda item: -item[0]) if d > tolerance]
+    return classes, differing
+
+
+def _key(row: dict[str, Any]) -> tuple:
+    stage = row.get("stage")
+    return (None if stage in (None, "") else int(stage), str(row.get("device")))
+
+
+def _mean(members: list[dict[str, Any]]) -> dict[str, float]:
+    return {seg: sum(r[seg] for r in members) / len(members) for seg, _, _ in _SEGMENTS}
+
+
+def _place(row: dict[str, Any]) -> str:
+    stage = row.get("stage")
+    return str(row["device"]) + ("" if stage in (None, "") else f", stage {stage}")
+
+
+def _class_label(key: tuple, members: list[dict], differing: list[dict], classes: int) -> str:
+    stage, device = key
+    name = device if stage is None else f"stage {stage}, {device}"
+    note = f", {len(differing)} differ" if differing else (", alike" if len(members) > 1 else "")
+    return f"{name} ({len(members)} XPU{'s' if len(members) > 1 else ''}{note})"
+
+
+def _draw_bars(ax, bars: list[tuple[str, dict, bool]], used, period: float) -> None:
+    """Horizontal stacked bars, the first at the top; a marked bar is thinner, its label bold."""
+    positions = list(range(len(bars)))[::-1]
+    left = [0.0] * len(bars)
+    heights = [0.45 if marked else 0.75 for _, _, marked in bars]
+    for key, _, colour in used:
+        widths = [bar[key] for _, bar, _ in bars]
+        ax.barh(positions, widths, left=left, color=colour, height=heights)
+        left = [a + b for a, b in zip(left, widths)]
+    if period > 0:
+        ax.axvline(period, color="black", linestyle="--", linewidth=0.7)
+    ax.set_ylim(-0.6, len(bars) - 0.4)
+    ax.set_yticks(positions)
+    ax.set_yticklabels([label for label, _, _ in bars], fontsize=7 if len(bars) > 24 else 8)
+    for tick, (_, _, marked) in zip(ax.get_yticklabels(), bars):
+        if marked:
+            tick.set_fontweight("bold")
 
 
 def plot_kv_occupancy(result: dict[str, Any], path: Path) -> Path:

@@ -74,8 +74,9 @@ def clear_outputs(out: Path) -> None:
         (out / name).unlink(missing_ok=True)
 
 
-def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float) -> dict[str, Any]:
-    """The result record of a run: throughput, breakdown, counts, provenance."""
+def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float, compute_model=None) -> dict[str, Any]:
+    """The result record of a run: throughput, breakdown, counts, provenance. `compute_model`: the roofline
+    ComputeModel the run timed its kernels with (None: the peak model)."""
     ends = outcome.iteration_ends
     times = [b - a for a, b in zip([0.0] + ends, ends)]
     steady = times[1:] if len(times) > 1 else times
@@ -91,6 +92,7 @@ def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float) -> dic
         "devices": _device_counts(prepared),
         "coherent": prepared.coherent,
         "precision": graph.get("precision", "fp32"),
+        **_compute_used(scenario, graph, compute_model),
         **_cxl_link(prepared.platform_spec),
         "iteration_times_s": times,
         "iteration_time_s": iteration_time,
@@ -117,6 +119,18 @@ def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float) -> dic
         "versions": {"hcsim": __version__, "source": _source_digest(), "simgrid": _simgrid_version(),
                      "python": host_platform.python_version()},
     }
+
+
+def _compute_used(scenario, graph, model) -> dict[str, Any]:
+    """How the run timed its compute: ``compute_model`` (peak, or roofline when `model` is a ComputeModel),
+    ``compute_factors`` (the roofline's factors file, as the scenario names it; None under peak, which reads
+    none), ``kernels`` (the workload's kernel inventory, training.kernels; None for a graph workload) and
+    ``precision_recipe`` (what its precision keeps in which format)."""
+    from hcsim.workload.model import PRECISION_RECIPES
+
+    return {"compute_model": "peak" if model is None else "roofline",
+            "compute_factors": None if model is None else scenario.compute_factors or "platforms/compute-model.yaml",
+            "kernels": graph.get("kernels"), "precision_recipe": PRECISION_RECIPES.get(graph.get("precision", "fp32"))}
 
 
 def throughput(platform: nx.Graph, workload: nx.DiGraph, xpus: list[str], iteration_time: float) -> dict[str, float]:
@@ -323,19 +337,32 @@ def _csv_text(rows: list[dict], columns) -> str:
     return table.getvalue()
 
 
-def write_outputs(out: Path, result: dict, outcome, platform: nx.Graph, workload: nx.DiGraph | None = None) -> None:
-    """result.json, links.csv (every loaded link direction), xpus.csv and xpus.png (where each XPU's
-    iteration goes), and with a trace: trace.csv and trace.json (Perfetto) in `out`."""
+def write_outputs(out: Path, result: dict, outcome, platform: nx.Graph, workload: nx.DiGraph | None = None,
+                  xpus: list[str] | None = None) -> None:
+    """result.json, links.csv (every loaded link direction), xpus.csv (where each XPU sits and where its
+    iteration goes) and xpus.png (that, per pipeline stage and device type), and with a trace: trace.csv and
+    trace.json (Perfetto) in `out`. `xpus`: the run's XPUs in topology order, as the layout places them
+    (default: the platform's XPUs that ran, in that order)."""
+    from hcsim.platform.topology import xpus as platform_xpus
     from hcsim.run.pictures import plot_xpu_times
 
     clear_outputs(out)
     rows = link_loads(platform, outcome.link_bytes, outcome.iteration_ends[-1])
     atomic_write(out / "links.csv", _csv_text(rows, LINK_COLUMNS))
-    xpus = xpu_rows(platform, per_xpu_times(outcome.xpu_times), outcome.representatives, result["iteration_time_s"])
-    atomic_write(out / "xpus.csv", _csv_text(xpus, XPU_COLUMNS))
+    times = per_xpu_times(outcome.xpu_times)
+    graph = workload.graph if workload is not None else {}
+    layout = None
+    if graph.get("layout"):
+        from hcsim.workload.layout import ParallelLayout
+
+        ran = xpus if xpus is not None else [x for x in platform_xpus(platform) if x in times]
+        layout = ParallelLayout(ran, graph["layout"]["sizes"], graph["layout"]["order"])
+    table = xpu_rows(platform, times, outcome.representatives, result["iteration_time_s"], layout,
+                     (graph.get("parallelism") or {}).get("virtual_stages", 1), result["scenario"])
+    atomic_write(out / "xpus.csv", _csv_text(table, XPU_COLUMNS))
     first, last = result["measured_iterations"].split("..")
     measured = f"iteration {last}" if first == last else f"mean of iterations {first} to {last}"
-    plot_xpu_times(xpus, out / "xpus.png", title=f"{result['scenario']}: where each XPU's iteration goes ({measured})")
+    plot_xpu_times(table, out / "xpus.png", title=f"{result['scenario']}: where the iteration goes ({measured})")
     trace = outcome.trace
     if trace is not None:
         writers = (("trace.csv", trace.write_csv), ("trace.json", lambda p: trace.write_perfetto(p, platform, workload)))

@@ -31,6 +31,14 @@ the measured window). Their parts (:data:`SPLIT_PARTS`):
     its peers to arrive; they add up to idle_s;
 ``recompute_s``
     the part of compute_s that recomputes activations.
+
+Where each XPU sits (:func:`xpu_rows`, the first columns of ``xpus.csv``, :data:`XPU_PLACE_COLUMNS`):
+``job`` the job the XPU trains (one per run: the scenario's name); ``device``, ``server``, ``rack`` from the
+platform; ``stage`` its pipeline stage (0-based), ``chunks`` the model chunks (virtual stages, numbered
+0 .. pp x virtual_stages - 1 from the first layers) it holds, joined with ``+`` (stage s holds s, pp + s, ...);
+``tp_rank``, ``cp_rank``, ``pp_rank``, ``dp_rank``, ``ep_rank`` its coordinate on each parallel axis
+(hcsim.workload.layout); ``representative`` the XPU whose simulation it follows (itself when simulated).
+A graph workload (a .json graph, a Chakra trace) has no layout: its stage, chunks and ranks are blank.
 """
 
 from __future__ import annotations
@@ -47,7 +55,8 @@ from hcsim.errors import HcsimError
 from hcsim.run.scenario import Scenario
 
 __all__ = ["XpuTimes", "DEVICE_COLUMNS", "MEMORY_COLUMNS", "TIME_PARTS", "SPLIT_PARTS", "COMM_KINDS", "rows_for", "spec_columns", "per_xpu_times", "pace_setters",
-           "scenario_columns", "scenario_column", "column_unit", "resolve_scenario", "csv_cell", "xpu_rows", "XPU_COLUMNS"]
+           "scenario_columns", "scenario_column", "column_unit", "resolve_scenario", "csv_cell", "xpu_rows", "XPU_COLUMNS",
+           "XPU_PLACE_COLUMNS", "RANK_COLUMNS"]
 
 TIME_PARTS = ("compute_s", "memory_stall_s", "exposed_comm_s", "idle_s")
 SPLIT_PARTS = (*(f"comm_{kind}_s" for kind in COMM_KINDS), "idle_bubble_s", "idle_peers_s", "recompute_s")
@@ -59,7 +68,9 @@ SPLIT_PARTS = (*(f"comm_{kind}_s" for kind in COMM_KINDS), "idle_bubble_s", "idl
 MEMORY_COLUMNS = ("state_per_xpu_bytes", "spilled_per_xpu_bytes", "offloaded_per_xpu_bytes")
 DEVICE_COLUMNS = ("device", "device_xpus", *TIME_PARTS, "least_idle_xpu", "least_idle_s", *SPLIT_PARTS,
                   *MEMORY_COLUMNS)
-XPU_COLUMNS = ("xpu", "device", "server", "rack", "representative", *TIME_PARTS, *SPLIT_PARTS, "iteration_time_s")
+RANK_COLUMNS = ("tp_rank", "cp_rank", "pp_rank", "dp_rank", "ep_rank")
+XPU_PLACE_COLUMNS = ("xpu", "job", "device", "server", "rack", "stage", "chunks", *RANK_COLUMNS, "representative")
+XPU_COLUMNS = (*XPU_PLACE_COLUMNS, *TIME_PARTS, *SPLIT_PARTS, "iteration_time_s")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,17 +140,28 @@ def pace_setters(times: Mapping[str, XpuTimes], device_of: Mapping[str, str]) ->
     return {device: {"xpu": xpu, "idle_s": idle} for device, (idle, xpu) in sorted(best.items())}
 
 
-def xpu_rows(platform, times: Mapping[str, XpuTimes], representative: Mapping[str, str], period: float
-             ) -> list[dict[str, Any]]:
-    """The rows of ``xpus.csv`` (columns XPU_COLUMNS), in the order of `times`.
+def xpu_rows(platform, times: Mapping[str, XpuTimes], representative: Mapping[str, str], period: float,
+             layout=None, virtual_stages: int = 1, job: str | None = None) -> list[dict[str, Any]]:
+    """The rows of ``xpus.csv`` (columns XPU_COLUMNS), sorted by XPU number (xpu2 before xpu10).
 
     ``representative`` maps a follower to the XPU whose simulation it follows (a simulated XPU is its
-    own); `period` is the iteration time (s)."""
+    own); `period` is the iteration time (s); `layout` (a :class:`~hcsim.workload.layout.ParallelLayout`
+    over the run's XPUs, None for a graph workload) gives each XPU its stage and ranks, with
+    `virtual_stages` model chunks per stage; `job` names the job (module docstring)."""
+    from hcsim.platform.topology import natural_key
+
     rows = []
-    for xpu, row in times.items():
+    for xpu in sorted(times, key=natural_key):
         node = platform.nodes[xpu]
-        rows.append({"xpu": xpu, "device": node.get("device"), "server": node.get("server"), "rack": node.get("rack"),
-                     "representative": representative.get(xpu, xpu), **row.as_dict(), "iteration_time_s": period})
+        place: dict[str, Any] = {"xpu": xpu, "job": job, "device": node.get("device"), "server": node.get("server"),
+                                 "rack": node.get("rack")}
+        if layout is not None:
+            ranks = layout.coordinates(xpu)
+            stages = layout.sizes["pp"]
+            place.update(stage=ranks["pp"], chunks=csv_cell([ranks["pp"] + c * stages for c in range(virtual_stages)]),
+                         **{f"{axis}_rank": ranks[axis] for axis in ("tp", "cp", "pp", "dp", "ep")})
+        rows.append({**place, "representative": representative.get(xpu, xpu), **times[xpu].as_dict(),
+                     "iteration_time_s": period})
     return rows
 
 

@@ -20,13 +20,20 @@ from hcsim.workload.graph import PRECISIONS
 
 __all__ = ["Affine", "LayerCost", "DecoderTable", "ModelShape", "ElementSizes", "element_sizes",
            "generate_decoder_table", "activation_bytes", "MLP_TYPES", "NORM_TYPES", "POSITION_TYPES", "OPTIMIZERS",
-           "RECOMPUTATION"]
+           "RECOMPUTATION", "PRECISION_RECIPES"]
 
 MLP_TYPES = ("gelu", "swiglu")
 NORM_TYPES = ("layernorm", "rmsnorm")
 POSITION_TYPES = ("none", "learned", "rope")
 OPTIMIZERS = ("adam", "sgd")
 RECOMPUTATION = ("none", "selective", "full")
+# What each training precision keeps in which format (element_sizes gives the bytes): named in a run's result.
+PRECISION_RECIPES = {
+    "fp32": "fp32 throughout",
+    "fp16": "fp16 mixed precision (fp32 master weights)",
+    "bf16": "bf16 mixed precision (fp32 master weights)",
+    "fp8": "fp8 GEMMs (Transformer Engine), bf16 elsewhere, fp32 master weights",
+}
 
 
 @dataclass(frozen=True, slots=True)
