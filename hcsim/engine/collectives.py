@@ -54,10 +54,13 @@ all_reduce         hierarchical        2(g-1)α + 2(g-1)/g·S/B + 2(m-1)α + 2(m
                                        the phases: :class:`HierarchicalAllReduce`)
 all_reduce         halving_doubling    2·log2(n)·α + 2(n-1)/n·S/B (n a power of two)
 all_reduce         double_binary_tree  2(D+C-1)(α + S/(C·B)), n = 2^(D+1) - 1, C chunks
+all_reduce         coherent_memory     4α + 2(n-1)/n·S/B (n > 1; :class:`CoherentMemoryAllReduce`)
 reduce_scatter     ring                (n-1)α + (n-1)/n·S/B
 reduce_scatter     halving_doubling    log2(n)·α + (n-1)/n·S/B
+reduce_scatter     coherent_memory     2α + (n-1)/n·S/B (n > 1)
 all_gather         ring                (n-1)α + (n-1)/n·S/B
 all_gather         halving_doubling    log2(n)·α + (n-1)/n·S/B
+all_gather         coherent_memory     2α + (n-1)/n·S/B (n > 1)
 all_to_all         pairwise            (n-1)α + (n-1)/n·S/B
 broadcast          ring (pipelined)    (n+C-2)(α + S/(C·B))
 broadcast          binomial_tree       ceil(log2 n)(α + S/B)
@@ -946,6 +949,65 @@ class DoubleBinaryTreeAllReduce(_Table):
         reproduces it. The step schedule is 4(n-1)·C transfers, linear in n.
         """
         return None
+
+
+# ---- through coherent shared memory -------------------------------------------------------------------------------
+
+
+class _CoherentMemory(_Table):
+    """Collectives by loads and stores in a coherent memory region the ranks share (NVLink load/store in an
+    NVLink domain, CXL 3.x shared memory): each rank's slice of the region is its own buffer, which every
+    peer reads in place; no rank forwards another's data, so a pass costs one latency whatever n is.
+
+    A pass is two steps: a flag step, in which every rank stores a ready flag (0 bytes) into every peer's
+    slice after a fence that makes its own writes visible, and waits for every peer's flag (a barrier:
+    one route latency α, the cost of the flag's store crossing the route; the fence is ordered before it
+    on the rank, as in NCCL's LL protocol and PyTorch's SymmetricMemory barrier, and adds no link time);
+    then a load step, in which every rank loads the bytes it needs from every peer's slice: a load of b
+    bytes from rank p moves b bytes p -> r, so it is scheduled as p's send (the same bytes on the same
+    links). Reduce-scatter: one pass, each rank loads its shard (S/n) from every peer and reduces it:
+    2α + (n-1)/n·S/B. All-gather: one pass, each rank loads every peer's shard (S/n of the gathered S):
+    2α + (n-1)/n·S/B. All-reduce: reduce-scatter then all-gather (two-shot), each pass behind its flags:
+    4α + 2(n-1)/n·S/B. On one switch each rank's link carries (n-1)·S/n each way per pass, all flows at
+    once, so the bandwidth term is the ring's and the latency term does not grow with n: for small
+    messages latency, not bandwidth, decides. The region lives in the ranks' own memories; a region on one
+    memory device (a CXL pool, a Grace's LPDDR5X) is not modelled by these schedules.
+    """
+
+    passes = 1
+
+    def build(self) -> None:
+        n = self.ranks
+        for p in range(self.passes if n > 1 else 0):
+            for r in range(n):
+                for peer in range(n):
+                    if peer != r:
+                        self.send(2 * p, r, peer, 0.0)  # the flag: a store into the peer's slice
+            for r in range(n):
+                for peer in range(n):
+                    if peer != r:
+                        self.send(2 * p + 1, peer, r, self.size / n)  # r loads its S/n from peer's slice
+
+
+@register
+class CoherentMemoryAllReduce(_CoherentMemory):
+    """Two-shot all-reduce by loads from coherent shared memory: 4α + 2(n-1)/n·S/B."""
+
+    name, collective, passes = "coherent_memory", "all_reduce", 2
+
+
+@register
+class CoherentMemoryReduceScatter(_CoherentMemory):
+    """Reduce-scatter by loads from coherent shared memory: 2α + (n-1)/n·S/B."""
+
+    name, collective = "coherent_memory", "reduce_scatter"
+
+
+@register
+class CoherentMemoryAllGather(_CoherentMemory):
+    """All-gather by loads from coherent shared memory: 2α + (n-1)/n·S/B."""
+
+    name, collective = "coherent_memory", "all_gather"
 
 
 # ---- all-to-all, broadcast, p2p ---------------------------------------------------------------------------------
