@@ -13,7 +13,7 @@ from hcsim.errors import ConfigError
 from hcsim.platform.devices import builtin_catalog
 from hcsim.run.scenario import Scenario
 from hcsim.run.report import RUN_OUTPUTS
-from hcsim.run.serving import _replica, _step_time, percentiles, simulate_serving
+from hcsim.run.serving import _platform, _StepCost, activation_workspace, percentiles, simulate_serving
 from hcsim.workload.model import ModelShape
 from hcsim.workload.serving import ServingSpec, kv_bytes_per_token, make_requests, step_kernels
 from hcsim.workload.transformer import model_parameters
@@ -59,54 +59,143 @@ def test_a_prefill_step_is_compute_bound_at_the_gemm_rate():
 
 
 def spec(**keys):
-    return ServingSpec(name="s", model=MODEL, **({"requests": 40, "prompt": (256, 1024), "output": (8, 64),
-                                                  "rate": 50.0, "max_batch": 16, "seed": 3} | keys))
+    return ServingSpec(name="s", **({"model": MODEL, "requests": 40, "prompt": (256, 1024), "output": (8, 64),
+                                                  "rate": 50.0, "max_num_seqs": 16, "seed": 3} | keys))
 
 
 def scenario(**keys):
     return Scenario(**({"platform": "paper-cxl", "xpus": 4, "tp": 2, "devices": ("H100",)} | keys))
 
 
-def test_continuous_batching_serves_every_request_once_and_in_order_of_time():
-    result = simulate_serving(scenario(), spec())
+def served_once(result, spec):
+    """Every request of `spec` served exactly once, with all its output tokens, in order of time."""
     rows = result["per_request"]
-    assert sorted(r["request"] for r in rows) == list(range(40))  # none lost, none twice (2 replicas)
-    assert result["output_tokens"] == sum(q.output for q in make_requests(spec()))
+    assert [r["request"] for r in rows] == list(range(spec.requests))
+    assert result["output_tokens"] == sum(q.output for q in make_requests(spec))
     for r in rows:
         assert r["arrival_s"] <= r["first_token_s"] <= r["finish_s"]
         assert r["tpot_s"] > 0
+
+
+def test_continuous_batching_serves_every_request_once_and_in_order_of_time():
+    result = simulate_serving(scenario(), spec())
+    served_once(result, spec())
     assert result["layout"] == {"tp": 2, "pp": 1, "dp": 2}
-    assert max(row[4] for row in result["occupancy"]) <= 16  # max_batch
+    assert max(row[4] for row in result["occupancy"]) <= 16  # max_num_seqs
     assert result["ttft_s"]["p50"] <= result["ttft_s"]["p90"] <= result["ttft_s"]["p99"]
 
 
-def test_the_same_inputs_give_the_same_run():
-    a, b = (simulate_serving(scenario(), spec()) for _ in range(2))
-    assert a["per_request"] == b["per_request"]
+def test_the_same_inputs_give_the_same_bytes():
+    a, b = (simulate_serving(scenario(), spec(shared_prefix=128, prefix_groups=3)) for _ in range(2))
+    a.pop("wall_time_s"), b.pop("wall_time_s")
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
 def test_a_spilled_kv_cache_is_read_in_place_over_cxl_or_copied_first_without_coherence():
     """The same step with part of its cache beyond HBM: the coherent read (beside the HBM reads) is never
-    slower than the copy over PCIe into HBM first (paper Fig. 3c against 3b)."""
+    slower than the copy over PCIe into HBM first (paper Fig. 3c against 3b); with nothing spilled, the same."""
     times = {}
     for coherent in (True, False):
-        replica, layout = _replica(scenario(coherent=coherent, xpus=2), spec())
-        replica = replace(replica, hbm_tokens=1000)
-        running = [{"request": q, "hbm": 500, "ext": q.prompt + q.output - 500, "made": 4}
-                   for q in make_requests(spec())[:8]]
-        times[coherent] = _step_time(spec(), replica, layout, [], running)
-        assert replica.coherent == coherent
+        platform, _ = _platform(scenario(coherent=coherent, xpus=2), spec())
+        assert platform.coherent == coherent
+        cost = _StepCost(spec(), platform)
+        spilled = cost.work(8, 8, (), 8, resident=4000, spilled=4000)
+        resident = cost.work(8, 8, (), 8, resident=4000, spilled=0)
+        times[coherent] = platform.step_time(spilled)
+        assert platform.step_time(resident) < times[coherent]
     assert times[True] < times[False]
-
-
-def test_percentiles_are_nearest_rank():
-    assert percentiles([5.0] * 99 + [100.0]) == {"mean": 5.95, "p50": 5.0, "p90": 5.0, "p99": 5.0}
 
 
 def test_a_request_bigger_than_the_cache_is_refused_by_name():
     with pytest.raises(ConfigError, match="request 0 needs a KV cache"):
         simulate_serving(scenario(platform="dgx-h100", xpus=1, tp=1),
-                         spec(requests=1, prompt=(10**7, 10**7), output=(2, 2)))
+                         spec(model=replace(MODEL, sequence=10**7), requests=1, prompt=(5 * 10**6,) * 2,
+                              output=(2, 2)))
+
+
+def test_the_token_budget_is_never_exceeded_and_long_prompts_are_chunked():
+    """A budget of 512 tokens per step with prompts of up to 1,024: every prompt still gets its first token, and
+    no step computes more than the budget (prefill chunks and decodes together)."""
+    small = spec(max_num_batched_tokens=512)
+    result = simulate_serving(scenario(), small)
+    served_once(result, small)
+    assert result["max_step_tokens"] <= 512
+    assert result["scheduler"]["chunked_prefill"] and result["scheduler"]["max_num_batched_tokens"] == 512
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_preemption_loses_no_request(mode):
+    """KV blocks for a few sequences only (a small share of HBM after the weights): requests are preempted, and
+    every one is still served once with all its tokens; recomputation costs time, swapping the copies."""
+    tight = spec(requests=60, rate=None, prompt=(800, 1000), output=(200, 300), max_num_seqs=64,
+                 gpu_memory_utilization=0.04, preemption=mode)
+    result = simulate_serving(scenario(xpus=1, tp=1, spill="error"), tight)
+    served_once(result, tight)
+    assert result["preemptions"] > 0
+    assert sum(r["preemptions"] for r in result["per_request"]) == result["preemptions"]
+    assert result["kv"]["peak_hbm_tokens"] <= result["kv"]["hbm_tokens_per_replica"]
+
+
+def test_prefix_caching_reuses_a_groups_prefix_blocks():
+    """Requests far apart in time, 4 groups sharing a 300-token prefix in blocks of 16: every request after the
+    first of its group hits the prefix's 18 full blocks (288 tokens), and none of the first ones does."""
+    apart = spec(requests=20, rate=0.5, prompt=(400, 1024), shared_prefix=300, prefix_groups=4)
+    result = simulate_serving(scenario(xpus=2), apart)
+    requests = make_requests(apart)
+    assert result["prefix_cache"]["hit_tokens"] == (20 - 4) * 288
+    assert result["prefix_cache"]["query_tokens"] == sum(q.prompt for q in requests)
+    without = simulate_serving(scenario(xpus=2), replace(apart, prefix_caching=False))
+    assert without["prefix_cache"]["hit_tokens"] == 0
+    later = [r["request"] for r in result["per_request"] if r["request"] >= 4]
+    for index in later:
+        assert result["per_request"][index]["ttft_s"] < without["per_request"][index]["ttft_s"]
+
+
+def test_a_requests_time_to_first_token_grows_with_its_prompt_token_by_token():
+    """One request alone: its time to first token never falls as the prompt grows by one token, and no token
+    adds more than a GEMM tile's worth (2 %; an unaligned token count is not cuBLAS's unaligned rate)."""
+    ttft = []
+    for prompt in range(2040, 2058):
+        one = spec(requests=1, rate=None, prompt=(prompt, prompt), output=(2, 2))
+        ttft.append(simulate_serving(scenario(xpus=1, tp=1), one)["ttft_s"]["p50"])
+    for shorter, longer in zip(ttft, ttft[1:]):
+        assert shorter <= longer < 1.02 * shorter
+
+
+def test_past_its_capacity_a_replica_queues_and_time_to_first_token_grows_without_bound():
+    """The replica's capacity C (requests/s) from a batch served at once. Arrivals at C/2: time to first token
+    stays put when twice as many requests come; at 2C: the queue grows with every request, and so does it."""
+    batch = spec(requests=200, rate=None, max_num_seqs=64, prompt=(256, 512), output=(32, 64))
+    capacity = simulate_serving(scenario(xpus=1, tp=1), batch)["requests_per_s"]
+
+    def ttft(rate, requests):
+        load = replace(batch, rate=rate, requests=requests)
+        return simulate_serving(scenario(xpus=1, tp=1), load)["ttft_s"]["mean"]
+
+    assert ttft(capacity / 2, 400) < 1.5 * ttft(capacity / 2, 200)
+    assert ttft(2 * capacity, 400) > 1.8 * ttft(2 * capacity, 200)
+
+
+def test_vllm_v0_prefills_first_whole_prompts_in_blocks_of_16_and_256_sequences():
+    v0 = spec(scheduler="vllm-v0", max_num_seqs=None)
+    result = simulate_serving(scenario(), v0)
+    served_once(result, v0)
+    assert {k: result["scheduler"][k] for k in ("block_size", "max_num_seqs", "chunked_prefill", "prefix_caching",
+                                                "preemption")} == {"block_size": 16, "max_num_seqs": 256,
+                                                                   "chunked_prefill": False, "prefix_caching": False,
+                                                                   "preemption": "recompute"}
+    assert result["max_step_tokens"] <= result["scheduler"]["max_num_batched_tokens"] == MODEL.sequence
+
+
+def test_the_kv_blocks_are_the_memory_left_after_weights_and_activations():
+    platform, config = _platform(scenario(xpus=1, tp=1), spec())
+    free = 80 * 2**30 * 0.9 - model_parameters(MODEL) * 2.0 - activation_workspace(spec(), 8192, 16, 1)
+    assert platform.hbm_blocks == int(free / (kv_bytes_per_token(MODEL) * 16))
+    assert (config.max_num_batched_tokens, config.block_size) == (8192, 16)  # vLLM V1 on an H100
+
+
+def test_percentiles_are_nearest_rank():
+    assert percentiles([5.0] * 99 + [100.0]) == {"mean": 5.95, "p50": 5.0, "p90": 5.0, "p99": 5.0}
 
 
 def test_hcsim_simulate_runs_a_serving_workload():

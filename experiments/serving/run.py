@@ -5,7 +5,7 @@ latency, against more HBM-only GPUs. At which load and CXL bandwidth does cohere
     .venv/bin/python experiments/serving/run.py --report-only   # redraw and rewrite from the CSV
 
 Each point is `hcsim simulate` of workloads/llama3-70b-serving.yaml (512 requests, prompts 2k-8k and outputs
-256-1k tokens, Poisson arrivals) with max_batch 1024, so HBM (1.67 M tokens of KV cache on 8 H100 after the
+256-1k tokens, Poisson arrivals) with max_num_seqs 1024, so HBM (1.67 M tokens of KV cache on 8 H100 after the
 weights) can overflow. Findings were written before the first run.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RATES = (2, 4, 8)  # requests per second
-BASE = {"workload": "llama3-70b-serving", "devices": ["H100"], "tp": 8, "workload_overrides": {"serving.max_batch": 1024}}
+BASE = {"workload": "llama3-70b-serving", "devices": ["H100"], "tp": 8, "workload_overrides": {"serving.max_num_seqs": 1024}}
 SYSTEMS = {  # label -> scenario keys
     "8 H100, HBM only": {"platform": "paper-cxl", "xpus": 8, "spill": "error"},
     "8 H100 + CXL 32 GB/s": {"platform": "paper-cxl", "xpus": 8, "cxl_bandwidth": "32GB/s"},

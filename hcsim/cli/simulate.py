@@ -142,15 +142,26 @@ def serving_summary(result: dict) -> str:
         return (f"p50 {format_quantity(p['p50'], 's')}, p90 {format_quantity(p['p90'], 's')}, "
                 f"p99 {format_quantity(p['p99'], 's')}")
 
-    layout, kv = result["layout"], result["kv"]
-    where = f", then {kv['extended_tokens_per_replica']:,} in {kv['spilled_to']}" if kv["spilled_to"] else ""
+    def rate(value):  # three significant digits however small: a spilled run's 0.00291 tokens/s is not 0
+        return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+    layout, kv, scheduler = result["layout"], result["kv"], result["scheduler"]
+    extended = kv["extended_tokens_per_replica"]
+    where = (f", then {'unbounded' if extended is None else f'{extended:,}'} in {kv['spilled_to']}"
+             if kv["spilled_to"] else "")
+    prefix = result["prefix_cache"]
     return "\n".join([
         f"hcsim {result['scenario']}: serving {result['model']} ({result['precision']}) on {result['xpus']} "
         f"{result['device']} of {result['platform']}, tp {layout['tp']} x pp {layout['pp']} x {layout['dp']} "
         f"replica{'s' if layout['dp'] > 1 else ''}",
+        f"  scheduler        {scheduler['name']}: {scheduler['max_num_batched_tokens']:,} tokens and "
+        f"{scheduler['max_num_seqs']:,} sequences per step, blocks of {scheduler['block_size']} tokens, "
+        f"{'chunked prefill' if scheduler['chunked_prefill'] else 'whole prompts'}, "
+        f"prefix caching {'on' if scheduler['prefix_caching'] else 'off'}, {scheduler['preemption']} on preemption",
         f"  requests         {result['requests']:,} in {format_quantity(result['makespan_s'], 's')} "
-        f"({result['requests_per_s']:.3g} per s, {result['steps']:,} steps)",
-        f"  throughput       {result['throughput_tokens_per_s']:,.0f} output tokens/s",
+        f"({rate(result['requests_per_s'])} per s, {result['steps']:,} steps, {result['preemptions']:,} "
+        f"preemptions, prefix cache hit rate {prefix['hit_rate']:.1%})",
+        f"  throughput       {rate(result['throughput_tokens_per_s'])} output tokens/s",
         f"  time to first    {spread('ttft_s')}",
         f"  per output token {spread('tpot_s')}",
         f"  end to end       {spread('e2e_s')}",

@@ -1,22 +1,44 @@
-"""Serving simulation: continuous batching of inference requests, the KV cache in HBM or extended memory.
+"""Serving simulation: a serving engine's scheduler over paged KV blocks, and each step's time.
 
 A scenario whose workload is a serving workload (:mod:`hcsim.workload.serving`) runs here instead of the
-training engine. The requests run on `dp` replicas of tp x pp XPUs (requests dealt to the replicas in turn);
-each replica runs steps one after another (iteration-level scheduling, as vLLM and Orca do): at the start of
-a step it admits waiting requests in arrival order while fewer than ``max_batch`` run and their whole KV cache
-(prompt + output tokens) fits; the step prefills the admitted prompts (their first output token comes at its
-end) and decodes one token of every other running sequence; a sequence leaves when its output is complete.
-Nothing is lost or taken twice: every request is admitted once and finishes once (a test checks it).
+training engine. The requests run on `dp` replicas of tp x pp XPUs (requests dealt to the replicas in turn),
+each with its own scheduler (:class:`_Scheduler`), as vLLM schedules (``serving.scheduler``):
 
-A step's time is the kernel model's (:mod:`hcsim.engine.compute_model`, the device's measured factors, with
-no host launch cost: serving engines replay decode steps as CUDA graphs) over the step's kernels on one TP
-rank, stage after stage, plus two TP all-reduces per layer (ring: 2(n-1)·(α + S/(n·B)) at the link kind's
-achieved bandwidth, plus its call latency) and a pipeline send per stage boundary. The KV cache fills HBM
-first (after the weights); beyond it, tokens go to the XPU's extended memory when spilling is allowed
-(``spill``): a CXL Type 3 expander on a coherent platform is read in place beside the HBM reads (the paper's
-Fig. 3c: the step waits for the slower), host DRAM without coherence is copied over PCIe into HBM first
-and then read (Fig. 3b). These are closed forms over the platform's links (the paper's topologies give
-every XPU a non-blocking path to its extended memory); SimGrid is not needed for a step of this fixed shape.
+- KV cache in blocks of ``block_size`` tokens. A replica's HBM holds ``gpu_memory_utilization`` of the GPU's
+  memory less the weights and the activation workspace of a step of ``max_num_batched_tokens`` tokens
+  (:func:`activation_workspace`; vLLM profiles it), in blocks; beyond them, when ``spill`` allows, blocks in the
+  XPU's extended memory (CXL Type 3 read in place on a coherent platform, host DRAM copied over PCIe first).
+  A block is taken when a sequence's tokens need it (admission while blocks are free, not a whole-output
+  reservation), HBM first.
+- vLLM V1 (the default): a token budget per step (``max_num_batched_tokens``) shared by running requests first
+  (a decode token each, or the next chunk of a prompt) and then waiting requests in arrival order (chunked
+  prefill: a prompt may be split over steps), at most ``max_num_seqs`` running; when a running request needs a
+  block and none is free, the last running request is preempted (``preemption: recompute``: its blocks freed,
+  recomputed from its prompt and the tokens it has made when it runs again; ``swap``: its blocks copied to host
+  memory over the host link and back when it resumes, up to ``swap_space``), and no waiting request is admitted
+  in that step. With prefix caching, a request whose prompt starts with a prefix group's blocks already
+  computed (``shared_prefix``) reuses them (the hit rate is reported); unreferenced cached blocks are evicted,
+  least recently released first, when blocks run out.
+- vLLM V0: a step with waiting prompts that fit (whole prompts, within the token budget, leaving 1 % of the
+  blocks free) runs only those prefills; otherwise every running request decodes.
+
+A request's first token comes at the end of the step that computes its last prompt token; it finishes when
+its output is complete. Every request is served once (a test checks it), none is lost to preemption.
+
+A step's time (:meth:`_Platform.step_time` over a :class:`StepWork`) is the kernel model's
+(:mod:`hcsim.engine.compute_model`, the device's measured factors, with no per-kernel launch cost: serving
+engines replay decode steps as CUDA graphs) over the step's kernels on one TP rank, layer after layer and stage
+after stage, plus its transfers as closed forms over the platform's links: two TP all-reduces per layer (ring:
+2(n-1)·(α + S/(n·B)) at the link kind's achieved bandwidth, plus its call latency), a pipeline send per stage
+boundary, the spilled KV read from extended memory (in place beside the HBM reads, the paper's Fig. 3c; or
+copied first, Fig. 3b), swap copies over the host link, and the host's ``step_overhead``. Replicas have
+private links here (a closed form per replica); :class:`StepWork` lists what the engine would need to run the
+step on shared links instead (compute per XPU and the bytes of each transfer).
+
+Speed: between events (an arrival that can be admitted, a request finishing, a block that cannot be had) a
+replica's steps are decodes of the same sequences, each reading one more token per sequence than the one
+before: their times are affine in the step number, checked at three points, and summed in closed form
+(:meth:`_Scheduler._decode_run`). Per-request state lives in arrays.
 
 Units: s, bytes, tokens.
 """
@@ -24,18 +46,23 @@ Units: s, bytes, tokens.
 from __future__ import annotations
 
 import math
-from collections import deque
+from array import array
+from collections import OrderedDict, deque
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import networkx as nx
-
 from hcsim.errors import ConfigError
 from hcsim.run.scenario import Scenario
-from hcsim.workload.serving import Request, ServingSpec, kv_bytes_per_token, make_requests, step_kernels
+from hcsim.workload.model import element_sizes
+from hcsim.workload.serving import (Request, SchedulerConfig, ServingSpec, attention_kernels, dense_kernels,
+                                    head_kernels, kv_bytes_per_token, make_requests, scheduler_config)
 
-__all__ = ["load_serving_spec", "serving_workload", "simulate_serving", "percentiles"]
+__all__ = ["load_serving_spec", "serving_workload", "simulate_serving", "percentiles", "StepWork",
+           "activation_workspace", "check_serving_scenario", "BYTES_PER_REQUEST", "MAX_SERVING_MEMORY"]
+
+BYTES_PER_REQUEST = 2_000  # B of this process's memory per request at the peak (benchmarks/serving_speed.py: ~1.2 KB)
+MAX_SERVING_MEMORY = 4 * 2**30  # B: a run whose estimate is above it is refused before it starts
 
 
 def serving_workload(scenario: Scenario) -> ServingSpec | None:
@@ -51,7 +78,8 @@ def serving_workload(scenario: Scenario) -> ServingSpec | None:
     except ConfigError:
         return None  # the training path says what is wrong with the name
     data = load_yaml(path)
-    return load_serving_spec(path, scenario.workload_overrides) if is_serving(data) else None
+    serving = is_serving(data) or (isinstance(data, dict) and "serving" in data and "training" not in data)
+    return load_serving_spec(path, scenario.workload_overrides) if serving else None
 
 
 def load_serving_spec(path, overrides=None) -> ServingSpec:
@@ -64,23 +92,523 @@ def load_serving_spec(path, overrides=None) -> ServingSpec:
     return serving_spec_from_dict(data, str(path), _shape)
 
 
+# scenario keys a serving run has no use for: key -> (the value that means "not asked for", what to do instead)
+_TRAINING_KEYS = {
+    "cp": (1, "serving splits no sequence over XPUs (cp is a training key); replicas come from xpus / (tp x pp)"),
+    "ep": (1, "serving models dense decoders (no expert parallelism)"),
+    "zero": (0, "ZeRO shards training state; a serving replica holds its weights"),
+    "offload": ("none", "offload moves training state; the KV cache spills by spill: allow"),
+    "recompute": (None, "activation recomputation is a training key"),
+    "global_batch": (None, "the requests come from the workload's serving: section"),
+    "micro_batch": (None, "the requests come from the workload's serving: section"),
+    "virtual_stages": (1, "interleaved pipeline schedules are training's"),
+    "sequence_parallel": (False, "sequence parallelism is a training key"),
+    "layer_split": (None, "serving splits the decoders evenly over pp stages"),
+    "collective": (None, "serving's TP all-reduces are rings (closed form)"),
+}
+
+
+def check_serving_scenario(scenario: Scenario, spec: ServingSpec) -> None:
+    """Refuse scenario keys a serving run would otherwise ignore (one ConfigError naming each, and the fix)."""
+    problems = []
+    for key, (unset, why) in _TRAINING_KEYS.items():
+        value = getattr(scenario, key, unset)
+        if value != unset:
+            problems.append(f"scenario {scenario.name!r}: {key}: {value!r} does not apply to serving workload "
+                            f"{spec.name!r} ({why}). Fix: leave {key} out")
+    if scenario.precision is not None and scenario.precision not in ("fp16", "bf16"):
+        problems.append(f"scenario {scenario.name!r}: precision: {scenario.precision!r}: serving runs fp16 or bf16 "
+                        f"(FP8 and FP32 serving are not modelled). Fix: precision=bf16, or leave it out")
+    if scenario.dp is not None and scenario.dp * scenario.tp * scenario.pp != scenario.xpus:
+        problems.append(f"scenario {scenario.name!r}: dp: {scenario.dp} is not xpus / (tp x pp) = {scenario.xpus} / "
+                        f"({scenario.tp} x {scenario.pp}); a serving run has one replica per tp x pp XPUs. "
+                        f"Fix: leave dp out")
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
-class _Replica:
-    """What one replica's steps need: the compute model and device, HBM bandwidth, KV capacities in tokens
-    (HBM, extended), the extended memory's path (bandwidth, latency) and whether it is read in place."""
+class StepWork:
+    """What one replica does in one step, as the engine would run it: `compute` seconds of kernels on each XPU
+    (one TP rank's, every stage in turn); `allreduces` TP all-reduces of `allreduce_bytes` each; `sends`
+    pipeline sends of `send_bytes` each; `spilled_bytes` of KV read per XPU from extended memory beside
+    `resident_bytes` read from HBM (the attention's KV reads), over `spilled_layers` layers; `swap_bytes`
+    copied between HBM and host memory per XPU; `host` seconds of host work before the step."""
+
+    compute: float
+    allreduces: int = 0
+    allreduce_bytes: float = 0.0
+    sends: int = 0
+    send_bytes: float = 0.0
+    spilled_bytes: float = 0.0
+    resident_bytes: float = 0.0
+    spilled_layers: int = 0
+    swap_bytes: float = 0.0
+    host: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Platform:
+    """One replica's side of the platform: the compute model and device, HBM bandwidth, KV blocks (HBM,
+    extended), the extended memory's path (bandwidth, latency) and whether it is read in place, the host link
+    for swapping, the TP all-reduce and pipeline send closed forms, and the layout."""
 
     model: Any
     device: str
     peak: float
     hbm_bandwidth: float
-    hbm_tokens: int
-    ext_tokens: int
+    memory_efficiency: float
+    hbm_blocks: int
+    ext_blocks: int
     ext_bandwidth: float
     ext_latency: float
     coherent: bool
     spilled_to: str | None
+    ext_unbounded: bool  # the platform gives the extended memory no capacity (ext_blocks: 2^50 B of them)
+    host_bandwidth: float
+    host_latency: float
     tp_time: Any  # bytes -> s of one TP all-reduce
     p2p_time: Any  # bytes -> s of one pipeline send
+    tp: int
+    pp: int
+    dp: int
+    token_bytes: float  # KV bytes of one token on one XPU (its layers, its heads)
+    weights: float
+    workspace: float
+
+    def step_time(self, work: StepWork) -> float:
+        """Seconds of a step (closed forms over this replica's private links; module docstring)."""
+        total = work.host + work.compute
+        if work.allreduces:
+            total += work.allreduces * self.tp_time(work.allreduce_bytes)
+        if work.sends:
+            total += work.sends * self.p2p_time(work.send_bytes)
+        if work.spilled_bytes:
+            remote = work.spilled_bytes / self.ext_bandwidth + work.spilled_layers * self.ext_latency
+            hbm = self.hbm_bandwidth * self.memory_efficiency
+            if self.coherent:  # read in place beside the HBM reads: the slower part sets the time
+                total += max(0.0, remote - work.resident_bytes / hbm)
+            else:  # copied into HBM first, then read from there
+                total += remote + work.spilled_bytes / hbm
+        if work.swap_bytes:
+            total += work.swap_bytes / self.host_bandwidth + self.host_latency
+        return total
+
+
+class _StepCost:
+    """A replica's step work from the step's make-up (tokens, decodes and their context, prefill chunks), the
+    token-count-dependent kernels timed once per count (a run's memo, not a module cache)."""
+
+    def __init__(self, spec: ServingSpec, platform: _Platform):
+        self.spec, self.platform = spec, platform
+        self.factors = platform.model.device(platform.device)
+        self.layers = spec.model.decoders
+        self._dense: dict[int, float] = {}
+        self._head: dict[int, float] = {}
+        e = element_sizes(spec.precision).activation
+        self.token_kv = 2.0 * spec.model.kv_hidden / platform.tp * e  # one layer's KV of a token on one XPU
+        self.hidden_bytes = spec.model.hidden * e  # one token's activations between layers
+
+    def _time(self, ops) -> float:
+        p = self.platform
+        return math.fsum(p.model.op_time(self.factors, op, p.peak, p.hbm_bandwidth) for op in ops)
+
+    def dense(self, tokens: int) -> float:
+        """Seconds of one layer's kernels other than attention over `tokens` tokens."""
+        found = self._dense.get(tokens)
+        if found is None:
+            found = self._dense[tokens] = self._time(dense_kernels(self.spec.model, tokens, self.platform.tp,
+                                                                    self.spec.precision))
+        return found
+
+    def head(self, sampled: int) -> float:
+        found = self._head.get(sampled)
+        if found is None:
+            found = self._head[sampled] = self._time(head_kernels(self.spec.model, sampled, self.platform.tp,
+                                                                   self.spec.precision))
+        return found
+
+    def work(self, tokens: int, sampled: int, chunks, decode: int, resident: float, spilled: float,
+             swap_bytes: float = 0.0) -> StepWork:
+        """The step's work: `tokens` through the GEMMs, `sampled` logits, prefill `chunks` ((new, cached) pairs),
+        `decode` decoding sequences whose KV reads are `resident` tokens in HBM and `spilled` beyond it."""
+        p, model = self.platform, self.spec.model
+        attention = 0.0
+        if chunks or decode:
+            attention = self._time(attention_kernels(model, chunks=chunks, decode=decode, context=resident,
+                                                     tp=p.tp, precision=self.spec.precision))
+        compute = self.layers * (self.dense(tokens) + attention) + self.head(sampled)
+        size = tokens * self.hidden_bytes
+        return StepWork(compute=compute, allreduces=2 * self.layers if p.tp > 1 else 0, allreduce_bytes=size,
+                        sends=p.pp - 1, send_bytes=size, spilled_bytes=spilled * self.token_kv * self.layers,
+                        resident_bytes=resident * self.token_kv * self.layers,
+                        spilled_layers=self.layers if spilled else 0, swap_bytes=swap_bytes,
+                        host=self.spec.step_overhead)
+
+
+class _Group:
+    """A prefix group's cached blocks (HBM and extended) and the requests referencing them."""
+
+    __slots__ = ("hbm", "ext", "refs")
+
+    def __init__(self):
+        self.hbm = self.ext = self.refs = 0
+
+
+class _Scheduler:
+    """One replica's serving engine (module docstring): waiting and running queues of request slots, per-slot
+    arrays (tokens computed, made, blocks held per tier, prefix blocks referenced), free blocks per tier, the
+    prefix cache, and the clock."""
+
+    def __init__(self, spec: ServingSpec, config: SchedulerConfig, platform: _Platform, cost: _StepCost,
+                 requests: list[Request]):
+        self.spec, self.config, self.platform, self.cost = spec, config, platform, cost
+        n = len(requests)
+        self.index = array("q", (q.index for q in requests))
+        self.arrival = array("d", (q.arrival for q in requests))
+        self.prompt = array("q", (q.prompt for q in requests))
+        self.output = array("q", (q.output for q in requests))
+        self.group = array("q", (q.group for q in requests))
+        self.computed, self.made = array("q", bytes(8 * n)), array("q", bytes(8 * n))
+        self.hbm, self.ext, self.hit = array("q", bytes(8 * n)), array("q", bytes(8 * n)), array("q", bytes(8 * n))
+        self.first, self.finish = array("d", bytes(8 * n)), array("d", bytes(8 * n))
+        self.preemptions, self.swapped = array("q", bytes(8 * n)), array("b", bytes(n))
+        self.free_hbm, self.free_ext = platform.hbm_blocks, platform.ext_blocks
+        self.total_blocks = platform.hbm_blocks + platform.ext_blocks
+        bs = config.block_size
+        self.prefix_blocks = spec.shared_prefix // bs if config.prefix_caching else 0
+        self.groups = [_Group() for _ in range(spec.prefix_groups)]
+        self.evictable: OrderedDict[int, None] = OrderedDict()  # groups with no references, least recent first
+        self.evictable_blocks = 0
+        self.waiting: deque[int] = deque(range(n))
+        self.running: list[int] = []
+        self.now, self.steps, self.swap_used = 0.0, 0, 0.0
+        self.hit_tokens = self.query_tokens = self.preempted = self.max_tokens = 0
+        self.trace_time, self.trace_hbm, self.trace_ext, self.trace_running = (array("d"), array("q"), array("q"),
+                                                                              array("q"))
+
+    # ---- blocks ------------------------------------------------------------------------------------------------
+
+    def _blocks(self, tokens: int) -> int:
+        return -(-tokens // self.config.block_size)
+
+    def _available(self) -> int:
+        """Blocks that can be had: free ones and unreferenced cached ones."""
+        return self.free_hbm + self.free_ext + self.evictable_blocks
+
+    def _hold(self, g: int) -> None:
+        """Group `g` gets a reference: its cached blocks are no longer evictable."""
+        group = self.groups[g]
+        if not group.refs:
+            self.evictable.pop(g, None)
+            self.evictable_blocks -= group.hbm + group.ext
+        group.refs += 1
+
+    def _allocate(self, i: int, tokens: int, watermark: bool = False) -> bool:
+        """Give slot `i` the blocks its first `tokens` tokens need (HBM first, then evicting unreferenced cached
+        prefixes, least recently released first, then extended memory); False, taking none, when they cannot all
+        be had (or, with `watermark`, not while leaving the scheduler's watermark of the blocks free)."""
+        need = self._blocks(tokens) - self.hit[i] - self.hbm[i] - self.ext[i]
+        if need <= 0:
+            return True
+        reserve = math.ceil(self.config.watermark * self.total_blocks) if watermark else 0
+        if need + reserve > self._available():
+            return False
+        while self.free_hbm + self.free_ext < need:
+            g, _ = self.evictable.popitem(last=False)
+            group = self.groups[g]
+            self.evictable_blocks -= group.hbm + group.ext
+            self.free_hbm, self.free_ext = self.free_hbm + group.hbm, self.free_ext + group.ext
+            group.hbm = group.ext = 0
+        from_hbm = min(need, self.free_hbm)
+        self.free_hbm -= from_hbm
+        self.free_ext -= need - from_hbm
+        self.hbm[i] += from_hbm
+        self.ext[i] += need - from_hbm
+        return True
+
+    def _release(self, i: int) -> None:
+        """Free slot `i`'s own blocks and drop its reference to its group's cached prefix."""
+        self.free_hbm += self.hbm[i]
+        self.free_ext += self.ext[i]
+        self.hbm[i] = self.ext[i] = 0
+        if self.hit[i]:
+            g = self.group[i]
+            group = self.groups[g]
+            group.refs -= 1
+            if not group.refs:
+                self.evictable[g] = None
+                self.evictable_blocks += group.hbm + group.ext
+            self.hit[i] = 0
+
+    def _prefix_hit(self, i: int) -> int:
+        """Reference slot `i`'s group's cached prefix blocks (at most all but the prompt's last token, which is
+        computed again for its logits); the tokens they hold."""
+        if not self.prefix_blocks or self.computed[i] or self.swapped[i]:
+            return 0
+        g = self.group[i]
+        group = self.groups[g]
+        cached = min(group.hbm + group.ext, (self.prompt[i] + self.made[i] - 1) // self.config.block_size)
+        if not cached:
+            return 0
+        self._hold(g)
+        self.hit[i] = cached
+        self.computed[i] = cached * self.config.block_size
+        return self.computed[i]
+
+    def _donate(self, i: int) -> None:
+        """Once slot `i` has computed its group's prefix blocks that are not cached yet, they become the group's
+        (its own blocks for those positions, HBM first)."""
+        group = self.groups[self.group[i]]
+        have = group.hbm + group.ext
+        full = min(self.prefix_blocks, self.computed[i] // self.config.block_size)
+        if full <= have or self.hit[i] != have:
+            return
+        extra = full - have
+        from_hbm = min(extra, self.hbm[i])
+        self.hbm[i] -= from_hbm
+        self.ext[i] -= extra - from_hbm
+        group.hbm += from_hbm
+        group.ext += extra - from_hbm
+        if not self.hit[i]:
+            self._hold(self.group[i])
+        self.hit[i] = full
+
+    def _preempt(self, i: int) -> float:
+        """Preempt slot `i` (back to the front of the waiting queue); the bytes swapped out per XPU."""
+        self.preempted += 1
+        self.preemptions[i] += 1
+        size = self.computed[i] * self.platform.token_bytes
+        swapped = 0.0
+        if self.config.preemption == "swap" and self.swap_used + size <= self.config.swap_space:
+            self.swapped[i] = 1
+            self.swap_used += size
+            swapped = size
+        else:
+            self.computed[i] = 0
+        self._release(i)
+        self.waiting.appendleft(i)
+        return swapped
+
+    # ---- steps -------------------------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        while self.waiting or self.running:
+            if not self.running and self.arrival[self.waiting[0]] > self.now:
+                self.now = self.arrival[self.waiting[0]]
+            if not self._decode_run():
+                self._step()
+
+    def _tokens(self, i: int) -> int:
+        return self.prompt[i] + self.made[i]
+
+    def _admit(self, budget: int, scheduled: list) -> tuple[int, float]:
+        """Admit waiting requests in arrival order while they fit; the budget left and the bytes swapped in."""
+        config, swap_in = self.config, 0.0
+        while self.waiting and budget > 0 and len(self.running) < config.max_num_seqs:
+            i = self.waiting[0]
+            if self.arrival[i] > self.now:
+                break
+            hit = self._prefix_hit(i)
+            new = self._tokens(i) - self.computed[i]
+            if (not config.chunked_prefill and new > budget) or not self._allocate(
+                    i, self.computed[i] + min(new, budget), watermark=config.watermark > 0):
+                if hit:
+                    self._release(i)
+                    self.computed[i] = 0
+                break
+            self.waiting.popleft()
+            self.query_tokens += self._tokens(i) if not self.swapped[i] else 0
+            self.hit_tokens += hit
+            if self.swapped[i]:
+                size = self.computed[i] * self.platform.token_bytes
+                self.swap_used -= size
+                swap_in += size
+                self.swapped[i] = 0
+            new = min(new, budget)
+            self.running.append(i)
+            scheduled.append((i, new))
+            budget -= new
+        return budget, swap_in
+
+    def _step(self) -> None:
+        """One step as the scheduler builds it, its time, and what it produces."""
+        config = self.config
+        scheduled: list[tuple[int, int]] = []
+        swap = 0.0
+        budget = config.max_num_batched_tokens
+        preempted = False
+        if config.prefill_first:  # V0: waiting prompts that fit run alone
+            budget, swap = self._admit(budget, scheduled)
+        if not scheduled:
+            index = 0
+            while index < len(self.running) and budget > 0:
+                i = self.running[index]
+                new = min(self._tokens(i) - self.computed[i], budget)
+                while not self._allocate(i, self.computed[i] + new):
+                    victim = self.running.pop()
+                    swap += self._preempt(victim)
+                    preempted = True
+                    if victim == i:
+                        break
+                else:
+                    scheduled.append((i, new))
+                    budget -= new
+                    index += 1
+                    continue
+                break
+            if not preempted and not config.prefill_first:
+                budget, swap_in = self._admit(budget, scheduled)
+                swap += swap_in
+        if not scheduled:
+            if preempted:  # every running request gave its blocks back: the next step admits again
+                return
+            i = self.waiting[0]
+            raise ConfigError(f"serving workload {self.spec.name!r}: request {self.index[i]} cannot be scheduled on "
+                              f"an idle replica: it needs {self._tokens(i):,} tokens of KV cache "
+                              f"({self._blocks(self._tokens(i)):,} blocks of {config.block_size}) and the replica has "
+                              f"{self.total_blocks:,} blocks, {config.watermark:.0%} of them kept free by the "
+                              f"{config.name} scheduler. Fix: shorter requests, more tp or pp, or extended memory "
+                              f"with spill: allow")
+        self._run_step(scheduled, swap)
+
+    def _run_step(self, scheduled: list[tuple[int, int]], swap: float) -> None:
+        bs, tokens, sampled, chunks, decode, resident, spilled = self.config.block_size, 0, 0, [], 0, 0, 0
+        for i, new in scheduled:
+            before, total = self.computed[i], self._tokens(i)
+            tokens += new
+            sampled += before + new >= total
+            ext_tokens = min(before, bs * (self.ext[i] + (self.groups[self.group[i]].ext if self.hit[i] else 0)))
+            spilled += ext_tokens
+            if new == 1 and before >= self.prompt[i]:
+                decode += 1
+                resident += before + 1 - ext_tokens
+            else:
+                chunks.append((new, before))
+        self.max_tokens = max(self.max_tokens, tokens)
+        work = self.cost.work(tokens, sampled, chunks, decode, resident, spilled, swap)
+        self.now += self.platform.step_time(work)
+        self.steps += 1
+        done = False
+        for i, new in scheduled:
+            self.computed[i] += new
+            if self.prefix_blocks:
+                self._donate(i)
+            if self.computed[i] >= self._tokens(i):
+                self.made[i] += 1
+                if self.made[i] == 1:
+                    self.first[i] = self.now
+                if self.made[i] >= self.output[i]:
+                    self.finish[i] = self.now
+                    self._release(i)
+                    done = True
+        if done:
+            self.running = [i for i in self.running if self.made[i] < self.output[i]]
+        self._record()
+
+    def _record(self) -> None:
+        bs = self.config.block_size
+        self.trace_time.append(self.now)
+        self.trace_hbm.append((self.platform.hbm_blocks - self.free_hbm) * bs)
+        self.trace_ext.append((self.platform.ext_blocks - self.free_ext) * bs)
+        self.trace_running.append(len(self.running))
+
+    def _decode_run(self) -> bool:
+        """Run k >= 2 steps at once where they are decodes of the same running sequences with nothing else
+        possible (module docstring); False where not."""
+        running, config = self.running, self.config
+        n = len(running)
+        if not n or n > config.max_num_batched_tokens:
+            return False
+        remaining = min(self.output[i] - self.made[i] for i in running) - 1  # steps before the first finish
+        if remaining < 2 or any(self.computed[i] != self._tokens(i) - 1 or not self.made[i] for i in running):
+            return False
+        if self.waiting and self.arrival[self.waiting[0]] <= self.now and self._admissible(n):
+            return False  # the next step admits a request: not a plain decode
+        # the steps for which HBM has a block for every new token (the spilled part stays as it is)
+        bs = config.block_size
+
+        def blocks_for(k):
+            return sum(max(0, self._blocks(self.computed[i] + k) - self.hit[i] - self.hbm[i] - self.ext[i])
+                       for i in running)
+
+        k = remaining
+        if blocks_for(k) > self.free_hbm:
+            low, high = 0, k
+            while low < high:
+                mid = (low + high + 1) // 2
+                low, high = (mid, high) if blocks_for(mid) <= self.free_hbm else (low, mid - 1)
+            k = low
+        if k < 2:
+            return False
+        resident = spilled = 0
+        for i in running:
+            ext_tokens = min(self.computed[i], bs * (self.ext[i] + (self.groups[self.group[i]].ext if self.hit[i]
+                                                                     else 0)))
+            spilled += ext_tokens
+            resident += self.computed[i] + 1 - ext_tokens
+
+        def step(j):  # seconds of the j-th decode from now
+            return self.platform.step_time(self.cost.work(n, n, (), n, resident + j * n, spilled))
+
+        first, second = step(0), step(1)
+        slope = second - first
+        if self.waiting and self.arrival[self.waiting[0]] > self.now and n < config.max_num_seqs:
+            due = self.arrival[self.waiting[0]] - self.now  # stop after the step in which it arrives
+
+            def elapsed(j):
+                return j * first + slope * j * (j - 1) / 2
+
+            low, high = 1, k
+            while low < high:  # the first step ending at or after the arrival (elapsed grows: steps take time)
+                mid = (low + high) // 2
+                low, high = (low, mid) if elapsed(mid) >= due else (mid + 1, high)
+            k = low
+        if k < 2:
+            return False
+        last = step(k - 1)
+        if abs(last - (first + (k - 1) * slope)) > 1e-9 * last:  # not affine over the run: one step at a time
+            return False
+        self.now += k * first + slope * k * (k - 1) / 2
+        self.steps += k
+        self.max_tokens = max(self.max_tokens, n)
+        for i in running:
+            self.computed[i] += k
+            self.made[i] += k
+            self._allocate(i, self.computed[i])
+        self._record()
+        return True
+
+    def _admissible(self, decodes: int) -> bool:
+        """Whether the waiting queue's head (arrived) would be admitted in a step beside `decodes` decodes. What
+        holds it back (sequences, the budget, blocks) does not ease while those sequences decode."""
+        config, i = self.config, self.waiting[0]
+        if len(self.running) >= config.max_num_seqs:
+            return False
+        budget = config.max_num_batched_tokens - (0 if config.prefill_first else decodes)
+        if budget <= 0:
+            return False
+        group = self.groups[self.group[i]]
+        cached = 0
+        if self.prefix_blocks and not self.computed[i] and not self.swapped[i]:
+            cached = min(group.hbm + group.ext, (self._tokens(i) - 1) // config.block_size)
+        computed = self.computed[i] if self.swapped[i] else cached * config.block_size
+        new = self._tokens(i) - computed
+        if not config.chunked_prefill and new > budget:
+            return False
+        need = self._blocks(computed + min(new, budget)) - cached
+        reserve = math.ceil(config.watermark * self.total_blocks) if config.watermark else 0
+        return need + reserve <= self._available()
+
+    def records(self) -> list[dict]:
+        rows = []
+        for i in range(len(self.index)):
+            first, finish, out = self.first[i], self.finish[i], self.output[i]
+            rows.append({"request": self.index[i], "arrival_s": self.arrival[i], "prompt": self.prompt[i],
+                         "output": out, "first_token_s": first, "finish_s": finish,
+                         "ttft_s": first - self.arrival[i], "tpot_s": (finish - first) / (out - 1),
+                         "preemptions": self.preemptions[i]})
+        return rows
 
 
 def simulate_serving(scenario: Scenario, spec: ServingSpec) -> dict[str, Any]:
@@ -88,35 +616,69 @@ def simulate_serving(scenario: Scenario, spec: ServingSpec) -> dict[str, Any]:
     import time
 
     wall = time.perf_counter()
-    replica, layout = _replica(scenario, spec)
+    check_serving_scenario(scenario, spec)
+    if scenario.precision is not None:
+        spec = replace(spec, precision=scenario.precision)
+    estimate = spec.requests * BYTES_PER_REQUEST
+    if estimate > MAX_SERVING_MEMORY:
+        raise ConfigError(f"serving workload {spec.name!r}: {spec.requests:,} requests would take about "
+                          f"{estimate / 2**30:.1f} GiB ({BYTES_PER_REQUEST:,} B per request), more than the "
+                          f"{MAX_SERVING_MEMORY / 2**30:.0f} GiB a serving run may use (hcsim.run.serving). "
+                          f"Fix: fewer requests per run")
+    platform, config = _platform(scenario, spec)
+    cost = _StepCost(spec, platform)
     requests = make_requests(spec)
-    dp = layout["dp"]
-    records, occupancy, steps = [], [], 0
-    for r in range(dp):
-        mine = [q for q in requests if q.index % dp == r]
-        done, trace, count = _run_replica(spec, replica, layout, mine)
-        records += done
-        occupancy += [(r, *row) for row in trace]
-        steps += count
+    longest = max(requests, key=lambda q: q.prompt + q.output)
+    blocks = -(-(longest.prompt + longest.output) // config.block_size)
+    if blocks > platform.hbm_blocks + platform.ext_blocks:  # (an unbounded extended memory holds any)
+        bs = config.block_size
+        raise ConfigError(f"serving workload {spec.name!r}: request {longest.index} needs a KV cache of "
+                          f"{longest.prompt + longest.output:,} tokens; one replica holds "
+                          f"{platform.hbm_blocks * bs:,} in HBM and {platform.ext_blocks * bs:,} in extended memory. "
+                          f"Fix: shorter requests, more tp or pp, or extended memory with spill: allow")
+    records, occupancy = [], []
+    steps = preempted = hits = queries = most = 0
+    for r in range(platform.dp):
+        scheduler = _Scheduler(spec, config, platform, cost, requests[r::platform.dp])
+        scheduler.run()
+        records += scheduler.records()
+        occupancy += [(r, t, h, e, n) for t, h, e, n in zip(scheduler.trace_time, scheduler.trace_hbm,
+                                                             scheduler.trace_ext, scheduler.trace_running)]
+        steps += scheduler.steps
+        preempted += scheduler.preempted
+        hits += scheduler.hit_tokens
+        queries += scheduler.query_tokens
+        most = max(most, scheduler.max_tokens)
     records.sort(key=lambda row: row["request"])
-    if len(records) != len(requests) or sorted(row["request"] for row in records) != list(range(len(requests))):
-        raise RuntimeError("serving: a request was lost or served twice (a bug)")
+    if [row["request"] for row in records] != list(range(len(requests))) or any(
+            not row["finish_s"] >= row["first_token_s"] >= row["arrival_s"] for row in records):
+        raise RuntimeError("serving: a request was lost, served twice or not finished (a bug)")
     makespan = max(row["finish_s"] for row in records)
     tokens = sum(row["output"] for row in records)
+    bs = config.block_size
     return {
         "kind": "serving", "scenario": scenario.name, "platform": scenario.platform, "workload": spec.name,
-        "model": spec.model.name, "precision": spec.precision, "xpus": scenario.xpus, "device": replica.device,
-        "layout": layout, "requests": len(records), "output_tokens": tokens, "makespan_s": makespan,
+        "model": spec.model.name, "precision": spec.precision, "xpus": scenario.xpus, "device": platform.device,
+        "layout": {"tp": platform.tp, "pp": platform.pp, "dp": platform.dp},
+        "scheduler": {"name": config.name, "max_num_seqs": config.max_num_seqs,
+                      "max_num_batched_tokens": config.max_num_batched_tokens, "block_size": bs,
+                      "chunked_prefill": config.chunked_prefill, "prefix_caching": config.prefix_caching,
+                      "preemption": config.preemption, "gpu_memory_utilization": config.gpu_memory_utilization,
+                      "step_overhead_s": config.step_overhead},
+        "requests": len(records), "output_tokens": tokens, "makespan_s": makespan,
         "throughput_tokens_per_s": tokens / makespan, "requests_per_s": len(records) / makespan, "steps": steps,
+        "max_step_tokens": most, "preemptions": preempted,
+        "prefix_cache": {"hit_tokens": hits, "query_tokens": queries, "hit_rate": hits / queries if queries else 0.0},
         "ttft_s": percentiles([row["ttft_s"] for row in records]),
         "tpot_s": percentiles([row["tpot_s"] for row in records]),
         "e2e_s": percentiles([row["finish_s"] - row["arrival_s"] for row in records]),
         "kv": {"bytes_per_token": kv_bytes_per_token(spec.model, spec.precision),
-               "hbm_tokens_per_replica": replica.hbm_tokens, "extended_tokens_per_replica": replica.ext_tokens,
-               "spilled_to": replica.spilled_to,
+               "hbm_tokens_per_replica": platform.hbm_blocks * bs, "extended_tokens_per_replica": None if platform.ext_unbounded else platform.ext_blocks * bs,
+               "spilled_to": platform.spilled_to, "weights_bytes_per_xpu": platform.weights,
+               "workspace_bytes_per_xpu": platform.workspace,
                "peak_hbm_tokens": max((row[2] for row in occupancy), default=0),
                "peak_extended_tokens": max((row[3] for row in occupancy), default=0)},
-        "per_request": records, "occupancy": [list(row) for row in occupancy],
+        "per_request": records, "occupancy": occupancy,
         "wall_time_s": time.perf_counter() - wall,
     }
 
@@ -129,95 +691,22 @@ def percentiles(values: list[float]) -> dict[str, float]:
     """
     ordered = sorted(values)
     rank = {p: ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)] for p in (50, 90, 99)}
-    return {"mean": sum(ordered) / len(ordered), "p50": rank[50], "p90": rank[90], "p99": rank[99]}
+    return {"mean": math.fsum(ordered) / len(ordered), "p50": rank[50], "p90": rank[90], "p99": rank[99]}
 
 
-def _run_replica(spec: ServingSpec, replica: _Replica, layout: dict, requests: list[Request]):
-    """Continuous batching on one replica: its finished requests, its KV occupancy over time, its step count."""
-    waiting = deque(requests)
-    running: list[dict] = []
-    finished, trace = [], []
-    now, hbm_used, ext_used, steps = 0.0, 0, 0, 0
-    while waiting or running:
-        if not running and waiting[0].arrival > now:
-            now = waiting[0].arrival
-        admitted, prefill = [], 0
-        while waiting and waiting[0].arrival <= now and len(running) + len(admitted) < spec.max_batch \
-                and (not admitted or prefill + waiting[0].prompt <= spec.max_prefill_tokens):
-            need = waiting[0].prompt + waiting[0].output
-            prefill += waiting[0].prompt
-            in_hbm = min(need, replica.hbm_tokens - hbm_used)
-            if need - in_hbm > replica.ext_tokens - ext_used:
-                break  # its cache does not fit: it waits (first come, first served)
-            request = waiting.popleft()
-            hbm_used, ext_used = hbm_used + in_hbm, ext_used + need - in_hbm
-            admitted.append({"request": request, "hbm": in_hbm, "ext": need - in_hbm, "made": 0})
-        if not admitted and not running:
-            q = waiting[0]
-            raise ConfigError(f"serving workload {spec.name!r}: request {q.index} needs a KV cache of "
-                              f"{q.prompt + q.output:,} tokens; one replica holds {replica.hbm_tokens:,} in HBM and "
-                              f"{replica.ext_tokens:,} in extended memory. Fix: shorter requests, more tp or pp, "
-                              f"or extended memory with spill: allow")
-        now += _step_time(spec, replica, layout, admitted, running)
-        steps += 1
-        for row in admitted:
-            row["first"] = now
-        for row in running + admitted:
-            row["made"] += 1
-        still = []
-        for row in running + admitted:
-            request = row["request"]
-            if row["made"] < request.output:
-                still.append(row)
-                continue
-            hbm_used, ext_used = hbm_used - row["hbm"], ext_used - row["ext"]
-            finished.append({"request": request.index, "arrival_s": request.arrival, "prompt": request.prompt,
-                             "output": request.output, "first_token_s": row["first"], "finish_s": now,
-                             "ttft_s": row["first"] - request.arrival,
-                             "tpot_s": (now - row["first"]) / (request.output - 1)})
-        running = still
-        trace.append((now, hbm_used, ext_used, len(running)))
-    return finished, trace, steps
+def activation_workspace(spec: ServingSpec, tokens: int, sequences: int, tp: int) -> float:
+    """Bytes per XPU a step of `tokens` tokens and `sequences` sampled sequences needs beside weights and KV
+    (what vLLM's profiling forward pass measures, estimated): one layer's largest live tensors (its input,
+    residual and the MLP's widened intermediate over the tokens) and the FP32 logits of the sequences."""
+    from hcsim.workload.model import element_sizes
+
+    model, e = spec.model, element_sizes(spec.precision).activation
+    widen = 2 if model.mlp == "swiglu" else 1
+    return tokens * (2 * model.hidden + (widen + 1) * model.ffn / tp) * e + sequences * model.vocabulary / tp * 4.0
 
 
-def _step_time(spec: ServingSpec, replica: _Replica, layout: dict, admitted: list[dict], running: list[dict]) -> float:
-    """Seconds of one step: each stage's kernels on one TP rank (the KV read from HBM; the spilled part from
-    extended memory, in place or copied first), its TP all-reduces, the pipeline sends."""
-    tp, pp, model = layout["tp"], layout["pp"], spec.model
-    prompts = [row["request"].prompt for row in admitted]
-    context = hbm_context = 0.0
-    for row in running:  # the tokens cached so far, spilled last
-        cached = row["request"].prompt + row["made"]
-        context += cached
-        hbm_context += min(cached, row["hbm"])
-    spilled = context - hbm_context
-    tokens = sum(prompts) + len(running)
-    total = 0.0
-    per_stage = model.decoders // pp
-    for stage in range(pp):
-        layers = per_stage + (model.decoders % pp if stage == pp - 1 else 0)
-        kernels, _ = step_kernels(model, prompts=prompts, decode=len(running), context=hbm_context, tp=tp,
-                                  layers=layers, head=stage == pp - 1, precision=spec.precision)
-        total += replica.model.time(tuple(kernels), replica.device, replica.peak, replica.hbm_bandwidth)
-        if spilled:
-            kv_bytes = spilled * 2.0 * model.kv_hidden / tp * 2.0 * layers  # the spilled cache of these layers
-            remote = kv_bytes / replica.ext_bandwidth + layers * replica.ext_latency
-            factors = replica.model.device(replica.device)
-            if replica.coherent:  # read in place beside the HBM reads: the slower part sets the time
-                local = hbm_context * 2.0 * model.kv_hidden / tp * 2.0 * layers / (
-                    replica.hbm_bandwidth * factors.memory_efficiency)
-                total += max(0.0, remote - local)
-            else:  # copied into HBM first, then read from there
-                total += remote + kv_bytes / (replica.hbm_bandwidth * factors.memory_efficiency)
-        if tp > 1:
-            total += 2 * layers * replica.tp_time(tokens * model.hidden * 2.0)
-        if stage < pp - 1:
-            total += replica.p2p_time(tokens * model.hidden * 2.0)
-    return total
-
-
-def _replica(scenario: Scenario, spec: ServingSpec) -> tuple[_Replica, dict]:
-    """The platform side of the run: one replica's XPUs, memories and paths, and the layout (tp, pp, dp)."""
+def _platform(scenario: Scenario, spec: ServingSpec) -> tuple[_Platform, SchedulerConfig]:
+    """The platform side of the run: one replica's XPUs, memories and paths, and the scheduler's knobs."""
     from hcsim.config import resolve_spec
     from hcsim.engine.compute_model import load_compute_model
     from hcsim.platform import build_platform, load_platform_spec
@@ -225,6 +714,7 @@ def _replica(scenario: Scenario, spec: ServingSpec) -> tuple[_Replica, dict]:
     from hcsim.platform.routes import route_bandwidth, route_latency, shortest_routes
     from hcsim.platform.topology import xpus as platform_xpus
     from hcsim.run.prepare import spill_policy
+    from hcsim.workload.transformer import model_parameters
 
     base = Path(scenario.base)
     platform_spec = load_platform_spec(resolve_spec(scenario.platform, "platforms", base),
@@ -244,56 +734,76 @@ def _replica(scenario: Scenario, spec: ServingSpec) -> tuple[_Replica, dict]:
             raise ConfigError(f"scenario {scenario.name!r}: tp {tp} does not divide the model's {key} ({value})")
     if pp > model.decoders:
         raise ConfigError(f"scenario {scenario.name!r}: pp {pp} is more than the model's {model.decoders} decoders")
-    layout = {"tp": tp, "pp": pp, "dp": scenario.xpus // (tp * pp)}
     nodes = graph.nodes
     x0 = xpus[0]
     device = nodes[x0]["device"]
+    others = sorted({nodes[x]["device"] for x in xpus} - {device})
+    if others:
+        raise ConfigError(f"scenario {scenario.name!r}: the XPUs are {device} and {', '.join(others)}; a serving run "
+                          f"models replicas of one device. Fix: devices=[{device}] (one device type)")
     factors_path = resolve_spec(scenario.compute_factors, "platforms", base) if scenario.compute_factors else None
     compute = load_compute_model(factors_path)
     factors = compute.device(device)
     compute = replace(compute, devices={device: replace(factors, launch=0.0, backward_launch=0.0)})
+    config = scheduler_config(spec, device, nodes[nodes[x0]["local_memory"]]["capacity"])
     hbm = nodes[x0]["local_memory"]
     hbm_bandwidth = graph.edges[x0, hbm]["bandwidth"]
-    per_token = kv_bytes_per_token(model, spec.precision) / (tp * pp)  # one XPU's share of a token's cache
-    from hcsim.workload.transformer import model_parameters
-
+    token_bytes = kv_bytes_per_token(model, spec.precision) / (tp * pp)  # one XPU's share of a token's cache
+    block_bytes = token_bytes * config.block_size
     weights = model_parameters(model) * 2.0 / (tp * pp)
-    free = nodes[hbm]["capacity"] - weights
-    if free <= 0:
-        raise ConfigError(f"scenario {scenario.name!r}: the weights of {model.name} need "
-                          f"{weights / 1e9:.1f} GB per XPU at tp {tp} x pp {pp}, more than a {device}'s HBM; "
-                          f"fix: more tp or pp")
-    ext, coherent, ext_tokens, ext_bandwidth, ext_latency = nodes[x0].get("extended_memory"), False, 0, 1.0, 0.0
+    workspace = activation_workspace(spec, config.max_num_batched_tokens, config.max_num_seqs, tp)
+    capacity = nodes[hbm]["capacity"]
+    free = capacity * config.gpu_memory_utilization - weights - workspace
+    if free < block_bytes:
+        raise ConfigError(f"scenario {scenario.name!r}: {config.gpu_memory_utilization:g} of a {device}'s "
+                          f"{capacity / 2**30:.1f} GiB holds the weights of {model.name} ({weights / 2**30:.1f} GiB per "
+                          f"XPU at tp {tp} x pp {pp}) and a step's activations ({workspace / 2**30:.2f} GiB) with no "
+                          f"room for a KV block. Fix: more tp or pp, a smaller max_num_batched_tokens, or a larger "
+                          f"serving.gpu_memory_utilization")
+    ext, coherent, ext_blocks, ext_bandwidth, ext_latency = nodes[x0].get("extended_memory"), False, 0, 1.0, 0.0
+    ext_unbounded = False
     spilled_to = None
     if ext and spill_policy(scenario, platform_spec) == "allow":
         sharing = sum(1 for x in xpus if nodes[x].get("extended_memory") == ext)
-        capacity = nodes[ext]["capacity"]
-        capacity = capacity if math.isfinite(capacity) else 2**50
-        ext_tokens = int(capacity / sharing / per_token)
+        size = nodes[ext]["capacity"]
+        ext_unbounded = not math.isfinite(size)
+        ext_blocks = int((2**50 if ext_unbounded else size) / sharing / block_bytes)
         route = shortest_routes(graph, ext, [x0])[x0]
         ext_bandwidth, ext_latency = route_bandwidth(graph, route), route_latency(graph, route)
         coherent = nodes[ext].get("role") == "cxl_type3" and bool(graph.graph.get("coherent"))
         spilled_to = nodes[ext].get("role")
+    host_bandwidth, host_latency = 1.0, 0.0
+    if config.preemption == "swap":
+        drams = sorted(n for n, data in nodes(data=True) if data.get("role") == "dram"
+                       and data.get("server") == nodes[x0].get("server"))
+        if not drams:
+            raise ConfigError(f"scenario {scenario.name!r}: serving.preemption: swap needs host memory beside the "
+                              f"XPUs, and platform {scenario.platform!r} has none on {x0}'s server. Fix: "
+                              f"preemption: recompute")
+        route = shortest_routes(graph, drams[0], [x0])[x0]
+        host_bandwidth, host_latency = route_bandwidth(graph, route), route_latency(graph, route)
     peers = xpus[:tp * pp]
     routes = shortest_routes(graph, peers[0], peers[1:2] + peers[tp:tp + 1]) if len(peers) > 1 else {}
 
     def link_time(route, size, collective_steps, ranks):
         if not route:
             return 0.0
-        kinds = [graph.edges[a, b]["kind"] for a, b in zip(route, route[1:])]
         slowest = min(zip(route, route[1:]), key=lambda e: graph.edges[e]["bandwidth"])
-        link = compute.link(graph.edges[slowest]["kind"] if kinds else "default")
+        link = compute.link(graph.edges[slowest]["kind"])
         bandwidth = route_bandwidth(graph, route) * link.bandwidth_factor
         return collective_steps * (route_latency(graph, route) + size / ranks / bandwidth) + link.call_latency
 
     tp_route = routes.get(peers[1]) if tp > 1 else None
     pp_route = routes.get(peers[tp]) if pp > 1 else None
-    replica = _Replica(model=compute, device=device, peak=peak_flops(nodes[x0], spec.precision),
-                       hbm_bandwidth=hbm_bandwidth, hbm_tokens=int(free / per_token), ext_tokens=ext_tokens,
-                       ext_bandwidth=ext_bandwidth, ext_latency=ext_latency, coherent=coherent, spilled_to=spilled_to,
-                       tp_time=lambda size: link_time(tp_route, size, 2 * (tp - 1), tp),
-                       p2p_time=lambda size: link_time(pp_route, size, 1, 1))
-    return replica, layout
+    platform = _Platform(model=compute, device=device, peak=peak_flops(nodes[x0], spec.precision),
+                         hbm_bandwidth=hbm_bandwidth, memory_efficiency=factors.memory_efficiency,
+                         hbm_blocks=int(free / block_bytes), ext_blocks=ext_blocks, ext_bandwidth=ext_bandwidth,
+                         ext_latency=ext_latency, coherent=coherent, spilled_to=spilled_to, ext_unbounded=ext_unbounded,
+                         host_bandwidth=host_bandwidth, host_latency=host_latency,
+                         tp_time=lambda size: link_time(tp_route, size, 2 * (tp - 1), tp),
+                         p2p_time=lambda size: link_time(pp_route, size, 1, 1), tp=tp, pp=pp,
+                         dp=scenario.xpus // (tp * pp), token_bytes=token_bytes, weights=weights, workspace=workspace)
+    return platform, config
 
 
 def write_serving_outputs(out: Path, result: dict) -> None:

@@ -1,16 +1,19 @@
-"""Inference serving workloads: a model, a request mix, and the kernels of one serving step (pure).
+"""Inference serving workloads: a model, a request mix, the scheduler's knobs, and the kernels of one serving
+step (pure).
 
 A serving workload (``kind: serving`` in a workload YAML) names a decoder model and its requests: how many,
 their prompt and output lengths (fixed, or uniform between two bounds), when they arrive (Poisson at
-``rate`` requests per second, or all at once: a fixed batch) and the most sequences decoded together
-(``max_batch``); the run's random numbers come from ``seed`` alone, so the same inputs give the same run.
+``rate`` requests per second, or all at once: a fixed batch), a prompt prefix shared within groups of requests
+(``shared_prefix``, ``prefix_groups``), and the serving engine's scheduler (``scheduler``: ``vllm-v1``, the
+default, or ``vllm-v0``) with vLLM's knobs under their vLLM names (:class:`ServingSpec`); the run's random
+numbers come from ``seed`` alone, so the same inputs give the same run.
 
 The KV cache of one token is layers x 2 (K and V) x kv_heads x head_dim x bytes per element
-(:func:`kv_bytes_per_token`). One serving step (:func:`step_kernels`) runs, on one rank of a TP group and
-for the layers of one pipeline stage, the prefill of the prompts admitted in that step (their GEMMs over
-every prompt token, causal flash attention per prompt, their KV written) and one decode token of every
-running sequence (GEMMs over the batch, attention reading each sequence's KV cache), the norms, residual
-adds and activations as memory-bound kernels, and (last stage) the logits GEMM.
+(:func:`kv_bytes_per_token`). One serving step runs, on one rank of a TP group and for the layers of one
+pipeline stage (:func:`layer_kernels`, :func:`head_kernels`), prefill chunks (their GEMMs over every token,
+causal flash attention over the chunk's keys, their KV written) and one decode token of every decoding
+sequence (GEMMs over the batch, attention reading each sequence's KV cache), the norms, residual adds and
+activations as memory-bound kernels, and (last stage) the logits of the sequences that get a token.
 
 Units: bytes, FLOP, seconds, tokens, requests.
 """
@@ -26,16 +29,47 @@ from hcsim.errors import ConfigError
 from hcsim.workload.model import ModelShape, element_sizes
 from hcsim.workload.ops import Op, _gemm, _memory
 
-__all__ = ["ServingSpec", "Request", "kv_bytes_per_token", "make_requests", "step_kernels", "is_serving",
-           "serving_spec_from_dict"]
+__all__ = ["ServingSpec", "SchedulerConfig", "SCHEDULERS", "Request", "kv_bytes_per_token", "make_requests",
+           "scheduler_config", "dense_kernels", "attention_kernels", "layer_kernels", "head_kernels", "step_kernels", "is_serving", "serving_spec_from_dict",
+           "MAX_SERVING_REQUESTS"]
+
+MAX_SERVING_REQUESTS = 1_000_000  # requests of one serving run (hcsim.run.serving keeps about 1 KB per request)
+
+
+# The schedulers of the serving engines published measurements were taken with: vLLM V1 (the default engine
+# since vLLM 0.8: vllm/v1/core/sched/scheduler.py) and vLLM V0 (vllm/core/scheduler.py). What each does:
+# prefill_first: a step with waiting prompts that fit runs only prefills (V0); otherwise decodes and prefill
+# chunks share the token budget, running requests first (V1). chunked_prefill: a prompt may be split over steps.
+# watermark: the fraction of the KV blocks a new request must leave free (V0's block manager: 0.01).
+SCHEDULERS: dict[str, dict] = {
+    "vllm-v1": {"prefill_first": False, "chunked_prefill": True, "prefix_caching": True, "preemption": "recompute",
+                "block_size": 16, "watermark": 0.0},
+    "vllm-v0": {"prefill_first": True, "chunked_prefill": False, "prefix_caching": False, "preemption": "recompute",
+                "block_size": 16, "watermark": 0.01, "max_num_seqs": 256},
+}
+PREEMPTION_MODES = ("recompute", "swap")
+BLOCK_SIZES = (8, 16, 32, 64, 128)  # what vLLM's CUDA attention backends take
+# Host time per step that the GPU waits for (scheduling, input preparation, sampling's bookkeeping; decode
+# replays a CUDA graph, so no per-kernel launches): an assumption of its order of magnitude, not a measurement
+# here. Srivatsa et al. (2024, "Can scheduling overhead dominate LLM inference performance?",
+# mlsys.wuklab.io/posts/scheduling_overhead) profiled vLLM's per-step host work as a large share of small
+# models' decode steps. Measure yours (nsys, or vLLM's detailed traces) and set serving.step_overhead.
+STEP_OVERHEAD = 0.5e-3  # s
+SWAP_SPACE = 4 * 2**30  # B of host memory per GPU for swapped KV blocks (vLLM's swap_space default, 4 GiB)
+GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of the GPU's memory it may use
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServingSpec:
     """A serving workload: `requests` requests with prompt and output lengths in [low, high] (tokens), arriving
-    at `rate` per second (None: all at t = 0), at most `max_batch` sequences in flight and at most
-    `max_prefill_tokens` prompt tokens prefilled in one step (vLLM's max_num_batched_tokens; a longer prompt
-    goes alone)."""
+    at `rate` per second (None: all at t = 0); the first `shared_prefix` tokens of each prompt are the same for
+    every request of one of `prefix_groups` groups (a system prompt: what prefix caching reuses); and the
+    serving engine's scheduler (`scheduler`, one of SCHEDULERS) with its knobs, None where the scheduler's
+    preset (or vLLM's device-dependent default) decides: `max_num_seqs` sequences and `max_num_batched_tokens`
+    tokens per step at most, KV blocks of `block_size` tokens in `gpu_memory_utilization` of the GPU's memory,
+    `preemption` (recompute | swap, with `swap_space` bytes of host memory per GPU), `prefix_caching`,
+    `chunked_prefill`, and `step_overhead` seconds of host time per step. `written`: the serving keys the file
+    gave, when read from one (a message then says which values are defaults)."""
 
     name: str
     model: ModelShape
@@ -44,42 +78,159 @@ class ServingSpec:
     prompt: tuple[int, int] = (512, 512)
     output: tuple[int, int] = (128, 128)
     rate: float | None = None
-    max_batch: int = 256
-    max_prefill_tokens: int = 8192
+    shared_prefix: int = 0
+    prefix_groups: int = 1
+    scheduler: str = "vllm-v1"
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    block_size: int | None = None
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
+    preemption: str | None = None
+    swap_space: float = SWAP_SPACE
+    prefix_caching: bool | None = None
+    chunked_prefill: bool | None = None
+    step_overhead: float = STEP_OVERHEAD
     seed: int = 0
     description: str = ""
     source: str = ""
+    written: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         where = f"serving workload {self.name!r}"
-        if isinstance(self.requests, bool) or not isinstance(self.requests, int) or not 1 <= self.requests <= 10**6:
-            raise ConfigError(f"{where}: requests must be an integer from 1 to 1,000,000, got {self.requests!r}")
+
+        def given(key):  # the value as the message shows it: the file's, or the default's
+            value = getattr(self, key)
+            shown = list(value) if isinstance(value, tuple) else value
+            if self.written is None or key in self.written:
+                return f"{shown!r}"
+            return f"{shown!r} (the default; the file gives no serving.{key})"
+
+        def integer(key, low, high=None):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low or (high and value > high):
+                bound = f"from {low:,} to {high:,}" if high else f">= {low}"
+                raise ConfigError(f"{where}: serving.{key} must be an integer {bound}, got {given(key)}")
+
+        integer("requests", 1, MAX_SERVING_REQUESTS)
         for key in ("prompt", "output"):
             low, high = getattr(self, key)
-            if not (isinstance(low, int) and isinstance(high, int) and 1 <= low <= high <= 10**7):
-                raise ConfigError(f"{where}: {key} must be a length or [low, high] with 1 <= low <= high <= 10^7 "
-                                  f"tokens, got {[low, high]}")
+            if not (isinstance(low, int) and isinstance(high, int) and 1 <= low <= high):
+                raise ConfigError(f"{where}: serving.{key} must be a length or [low, high] with 1 <= low <= high "
+                                  f"tokens, got {given(key)}")
         if self.output[0] < 2:
-            raise ConfigError(f"{where}: output must be at least 2 tokens (a time per output token needs two)")
-        if self.rate is not None and not 0 < self.rate <= 1e6:
-            raise ConfigError(f"{where}: rate must be > 0 and <= 1e6 requests per second, or absent (a fixed "
-                              f"batch), got {self.rate!r}")
-        for key in ("max_batch", "max_prefill_tokens"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{where}: {key} must be an integer >= 1, got {value!r}")
+            raise ConfigError(f"{where}: serving.output must be at least 2 tokens (a time per output token needs "
+                              f"two), got {given('output')}")
+        longest = self.prompt[1] + self.output[1]
+        if longest > self.model.sequence:
+            raise ConfigError(f"{where}: a request of prompt {given('prompt')} and output {given('output')} tokens "
+                              f"can reach {longest:,} tokens, beyond the model's sequence of {self.model.sequence:,} "
+                              f"(model.sequence: its context length). Fix: shorter prompts or outputs (prompt + output "
+                              f"<= {self.model.sequence:,}), or a model with a longer context")
+        if self.rate is not None and (isinstance(self.rate, bool) or not 0 < self.rate <= 1e6):
+            raise ConfigError(f"{where}: serving.rate must be > 0 and <= 1e6 requests per second, or absent (a fixed "
+                              f"batch), got {given('rate')}")
+        integer("prefix_groups", 1)
+        integer("shared_prefix", 0)
+        if self.shared_prefix >= self.prompt[0]:
+            raise ConfigError(f"{where}: serving.shared_prefix {self.shared_prefix:,} must be shorter than the "
+                              f"shortest prompt ({self.prompt[0]:,} tokens): a prompt is its prefix and more")
+        if self.scheduler not in SCHEDULERS:
+            raise ConfigError(f"{where}: serving.scheduler {given('scheduler')} is not one of {', '.join(SCHEDULERS)}")
+        for key in ("max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, key) is not None:
+                integer(key, 1)
+        if self.block_size is not None and self.block_size not in BLOCK_SIZES:
+            raise ConfigError(f"{where}: serving.block_size must be one of {', '.join(map(str, BLOCK_SIZES))} "
+                              f"tokens (vLLM's CUDA backends), got {given('block_size')}")
+        if isinstance(self.gpu_memory_utilization, bool) or not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(f"{where}: serving.gpu_memory_utilization must be in (0, 1], got "
+                              f"{given('gpu_memory_utilization')}")
+        if self.preemption is not None and self.preemption not in PREEMPTION_MODES:
+            raise ConfigError(f"{where}: serving.preemption {given('preemption')} is not one of "
+                              f"{', '.join(PREEMPTION_MODES)}")
+        if not 0 <= self.swap_space <= 1e15:
+            raise ConfigError(f"{where}: serving.swap_space must be >= 0 B, got {given('swap_space')}")
+        if not 0 <= self.step_overhead <= 1:
+            raise ConfigError(f"{where}: serving.step_overhead must be from 0 to 1 s, got {given('step_overhead')}")
         if self.precision not in ("fp16", "bf16"):
-            raise ConfigError(f"{where}: precision must be fp16 or bf16 for serving, got {self.precision!r}")
+            raise ConfigError(f"{where}: precision must be fp16 or bf16 for serving (FP8 and FP32 serving are not "
+                              f"modelled), got {self.precision!r}")
+        if self.model.experts > 1:
+            raise ConfigError(f"{where}: the model has {self.model.experts} experts; serving models dense decoders "
+                              f"only (mixture-of-experts serving is issue 36's). Fix: experts: 1")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulerConfig:
+    """A serving scheduler with every knob resolved (:func:`scheduler_config`): token budget and sequences per
+    step, KV block size in tokens, the V0/V1 rules (SCHEDULERS), preemption mode, host swap bytes per GPU, host
+    seconds per step."""
+
+    name: str
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int
+    prefill_first: bool
+    chunked_prefill: bool
+    prefix_caching: bool
+    preemption: str
+    watermark: float
+    swap_space: float
+    step_overhead: float
+    gpu_memory_utilization: float
+
+
+def scheduler_config(spec: ServingSpec, device: str, memory: float) -> SchedulerConfig:
+    """The scheduler `spec` asks for on a GPU named `device` with `memory` bytes: its keys over its preset, and
+    where neither gives them, vLLM's defaults: V1's OpenAI server takes 8,192 tokens and 1,024 sequences per step
+    on GPUs of 70 GiB or more other than the A100, 2,048 and 256 elsewhere (vllm/engine/arg_utils.py); V0
+    without chunked prefill takes the longest sequence (max(max_model_len, 2048) tokens).
+
+    >>> m = ModelShape(name="m", decoders=2, hidden=64, heads=4, ffn=256, sequence=4096)
+    >>> c = scheduler_config(ServingSpec(name="s", model=m), "H100", 80 * 2**30)
+    >>> (c.max_num_batched_tokens, c.max_num_seqs, c.block_size, c.chunked_prefill)
+    (8192, 1024, 16, True)
+    """
+    preset = SCHEDULERS[spec.scheduler]
+    chunked = preset["chunked_prefill"] if spec.chunked_prefill is None else spec.chunked_prefill
+    large = memory >= 70 * 2**30 and "A100" not in device.upper()
+    seqs = spec.max_num_seqs or preset.get("max_num_seqs") or (1024 if large else 256)
+    if spec.max_num_batched_tokens is not None:
+        budget = spec.max_num_batched_tokens
+    elif not chunked:
+        budget = max(spec.model.sequence, 2048)
+    else:
+        budget = 8192 if large else 2048
+    where = f"serving workload {spec.name!r}"
+    if budget < seqs:
+        raise ConfigError(f"{where}: serving.max_num_batched_tokens {budget:,} is less than max_num_seqs {seqs:,} "
+                          f"(every running sequence needs a token of the budget, as vLLM requires). Fix: raise "
+                          f"max_num_batched_tokens or lower max_num_seqs")
+    longest = spec.prompt[1] + spec.output[1]
+    if not chunked and budget < longest:
+        raise ConfigError(f"{where}: without chunked prefill a prompt (and its recomputation after a preemption) "
+                          f"runs in one step, so serving.max_num_batched_tokens {budget:,} must hold the longest "
+                          f"request, {longest:,} tokens. Fix: max_num_batched_tokens >= {longest:,}, or "
+                          f"chunked_prefill: true")
+    return SchedulerConfig(
+        name=spec.scheduler, max_num_seqs=seqs, max_num_batched_tokens=budget,
+        block_size=spec.block_size or preset["block_size"], prefill_first=preset["prefill_first"],
+        chunked_prefill=chunked,
+        prefix_caching=preset["prefix_caching"] if spec.prefix_caching is None else spec.prefix_caching,
+        preemption=spec.preemption or preset["preemption"], watermark=preset["watermark"],
+        swap_space=spec.swap_space, step_overhead=spec.step_overhead,
+        gpu_memory_utilization=spec.gpu_memory_utilization)
 
 
 @dataclass(frozen=True, slots=True)
 class Request:
-    """One request: its index, arrival time (s), prompt and output lengths (tokens)."""
+    """One request: its index, arrival time (s), prompt and output lengths (tokens), and its prefix group."""
 
     index: int
     arrival: float
     prompt: int
     output: int
+    group: int = 0
 
 
 def kv_bytes_per_token(model: ModelShape, precision: str = "bf16") -> float:
@@ -93,49 +244,84 @@ def kv_bytes_per_token(model: ModelShape, precision: str = "bf16") -> float:
 
 
 def make_requests(spec: ServingSpec) -> list[Request]:
-    """The requests of `spec` in arrival order, from its seed alone (the same spec gives the same requests)."""
+    """The requests of `spec` in arrival order, from its seed alone (the same spec gives the same requests);
+    request i is in prefix group i mod prefix_groups."""
     rng = random.Random(spec.seed)
     now, requests = 0.0, []
     for index in range(spec.requests):
         if spec.rate is not None:
             now += rng.expovariate(spec.rate)
-        requests.append(Request(index, now, rng.randint(*spec.prompt), rng.randint(*spec.output)))
+        requests.append(Request(index, now, rng.randint(*spec.prompt), rng.randint(*spec.output),
+                                index % spec.prefix_groups))
     return requests
 
 
-def step_kernels(model: ModelShape, *, prompts: list[int], decode: int, context: float, tp: int = 1,
-                 layers: int | None = None, head: bool = True, precision: str = "bf16") -> tuple[list[Op], float]:
-    """The kernels of one serving step on one TP rank over `layers` decoder layers (default: all), and the
-    bytes of KV cache they read.
-
-    prompts : the prompt lengths prefilled in this step; decode : sequences decoding one token;
-    context : their KV-cache tokens in all (each decode token's attention reads its sequence's cache);
-    head : the step includes the logits GEMM (the last pipeline stage). The attention of a decode token is a
-    memory-bound kernel reading its cache; a prompt's is a causal flash attention kernel."""
-    e = element_sizes(precision).activation
-    h, kv, f, d = model.hidden, model.kv_hidden, model.ffn, model.hidden // model.heads
-    layers = model.decoders if layers is None else layers
-    tokens = sum(prompts) + decode
+def dense_kernels(model: ModelShape, tokens: int, tp: int = 1, precision: str = "bf16") -> list[Op]:
+    """One decoder layer's kernels other than attention over `tokens` tokens on one TP rank: the norms, the
+    GEMMs (the token count is their m), the residual adds and the activation."""
     if tokens < 1:
         raise ConfigError(f"serving step of {model.name!r}: needs at least one token to prefill or decode, got none")
+    e = element_sizes(precision).activation
+    h, kv, f = model.hidden, model.kv_hidden, model.ffn
     widen = 2 if model.mlp == "swiglu" else 1
-    kv_read = context * 2.0 * kv / tp * e  # one layer's cache of the decoding sequences
-    kernels: list[Op] = []
-    for layer in range(layers):
-        kernels += [_memory("norm_attn", 2 * tokens * h * e),
-                    _gemm("qkv", tokens, (h + 2 * kv) // tp, h, e)]
-        for p in prompts:  # causal: the kernel skips the masked half
-            kernels.append(Op("flash_attention", "attention", 2.0 * p * p * h / tp, 4.0 * p * h / tp * e, p,
-                              model.heads // tp, d))
-        if decode:
-            kernels.append(Op("decode_attention", "memory", 4.0 * context * h / tp, kv_read + 2 * decode * h / tp * e))
-        kernels += [_gemm("proj", tokens, h, h // tp, e), _memory("add_attn", 3 * tokens * h * e),
-                    _memory("norm_mlp", 2 * tokens * h * e), _gemm("up", tokens, widen * f // tp, h, e),
-                    _memory("activation", (widen + 1) * tokens * f / tp * e), _gemm("down", tokens, h, f // tp, e),
-                    _memory("add_mlp", 3 * tokens * h * e)]
-    if head:
-        kernels.append(_gemm("logits", len(prompts) + decode, -(-model.vocabulary // tp) or 1, h, e))
-    return kernels, kv_read * layers
+    return [_memory("norm_attn", 2 * tokens * h * e), _gemm("qkv", tokens, (h + 2 * kv) // tp, h, e),
+            _gemm("proj", tokens, h, h // tp, e), _memory("add_attn", 3 * tokens * h * e),
+            _memory("norm_mlp", 2 * tokens * h * e), _gemm("up", tokens, widen * f // tp, h, e),
+            _memory("activation", (widen + 1) * tokens * f / tp * e), _gemm("down", tokens, h, f // tp, e),
+            _memory("add_mlp", 3 * tokens * h * e)]
+
+
+def attention_kernels(model: ModelShape, *, chunks=(), decode: int = 0, context: float = 0.0, tp: int = 1,
+                      precision: str = "bf16") -> list[Op]:
+    """One decoder layer's attention kernels on one TP rank: a causal flash attention kernel per prefill chunk
+    ((new, cached) tokens: 4·new·(cached + new/2)·h FLOP over its cached + new keys, the masked half skipped)
+    and one memory-bound kernel for the `decode` decoding sequences reading their `context` cached tokens."""
+    e = element_sizes(precision).activation
+    h, kv, d = model.hidden, model.kv_hidden, model.hidden // model.heads
+    kernels = []
+    for new, cached in chunks:
+        keys = cached + new
+        kernels.append(Op("flash_attention", "attention", 2.0 * new * (2 * cached + new) * h / tp,
+                          (2.0 * new * h + 2.0 * keys * kv) / tp * e, keys, model.heads // tp, d))
+    if decode:
+        kernels.append(Op("decode_attention", "memory", 4.0 * context * h / tp,
+                          context * 2.0 * kv / tp * e + 2 * decode * h / tp * e))
+    return kernels
+
+
+def layer_kernels(model: ModelShape, *, chunks=(), decode: int = 0, context: float = 0.0, tp: int = 1,
+                  precision: str = "bf16") -> list[Op]:
+    """The kernels of one decoder layer in one serving step on one TP rank, in launch order.
+
+    chunks : (new, cached) token pairs: prefill chunks, each computing `new` tokens of a sequence whose first
+    `cached` tokens are already in the KV cache (a whole prompt is (prompt, 0)); decode : sequences decoding one
+    token; context : their KV-cache tokens in all (:func:`dense_kernels`, :func:`attention_kernels`)."""
+    dense = dense_kernels(model, sum(new for new, _ in chunks) + decode, tp, precision)
+    return dense[:2] + attention_kernels(model, chunks=chunks, decode=decode, context=context, tp=tp,
+                                         precision=precision) + dense[2:]
+
+
+def head_kernels(model: ModelShape, sampled: int, tp: int = 1, precision: str = "bf16") -> list[Op]:
+    """The logits GEMM of the `sampled` sequences that get a token this step (the last pipeline stage; none when
+    the step only prefills chunks that do not finish their prompt)."""
+    if not sampled:
+        return []
+    e = element_sizes(precision).activation
+    return [_gemm("logits", sampled, -(-model.vocabulary // tp) or 1, model.hidden, e)]
+
+
+def step_kernels(model: ModelShape, *, prompts=(), decode: int, context: float, tp: int = 1,
+                 layers: int | None = None, head: bool = True, precision: str = "bf16", chunks=()
+                 ) -> tuple[list[Op], float]:
+    """The kernels of one serving step on one TP rank over `layers` decoder layers (default: all), and the
+    bytes of KV cache the decodes read: :func:`layer_kernels` per layer (`prompts`: whole prompts prefilled,
+    besides the `chunks`), then (`head`) the logits of every decoding sequence and of every prompt."""
+    e = element_sizes(precision).activation
+    chunks = [(p, 0) for p in prompts] + list(chunks)
+    layers = model.decoders if layers is None else layers
+    one = layer_kernels(model, chunks=chunks, decode=decode, context=context, tp=tp, precision=precision)
+    kernels = one * layers + (head_kernels(model, len(chunks) + decode, tp, precision) if head else [])
+    return kernels, context * 2.0 * model.kv_hidden / tp * e * layers
 
 
 def is_serving(data) -> bool:
@@ -143,11 +329,19 @@ def is_serving(data) -> bool:
     return isinstance(data, dict) and data.get("kind") == "serving"
 
 
+RENAMED = {"max_batch": "max_num_seqs", "max_prefill_tokens": "max_num_batched_tokens"}  # vLLM's names
+
+
 def serving_spec_from_dict(data: dict, where: str, shape_of) -> ServingSpec:
     """A ServingSpec from parsed YAML (`shape_of(fields)` reads its model section); one ConfigError listing every
-    problem, each naming its key."""
+    problem, each naming its key; an unknown key under ``serving:`` is one of them, with the valid keys."""
     top = Fields(data, f"{where}: ")
-    top.choice("kind", ("serving",))
+    if isinstance(data, dict) and data.get("kind") != "serving":
+        top.problems.append(f"{where}: kind: {data.get('kind')!r} beside a serving: section; a serving workload is "
+                            f"kind: serving (a training workload has a training: section, not serving:)")
+        top.seen.add("kind")
+    else:
+        top.choice("kind", ("serving",))
     name = top.string("name", Path(where).stem)
     shape = shape_of(top.sub("model"), name)
     serving = top.sub("serving")
@@ -161,17 +355,32 @@ def serving_spec_from_dict(data: dict, where: str, shape_of) -> ServingSpec:
         serving.problems.append(f"{serving.path(key)}: expected a length in tokens or [low, high], got {value!r}")
         return default
 
-    serving.seen.update(("prompt", "output"))
-    values = dict(requests=serving.number("requests", 64, kind=int, minimum=1),
+    for old, new in RENAMED.items():
+        if serving.has(old):
+            serving.seen.add(old)
+            serving.problems.append(f"{serving.path(old)}: renamed {new} (vLLM's name for it)")
+    values = dict(requests=serving.number("requests", 64, kind=int, minimum=1, maximum=MAX_SERVING_REQUESTS),
                   prompt=lengths("prompt", (512, 512)), output=lengths("output", (128, 128)),
-                  rate=serving.number("rate", None), max_batch=serving.number("max_batch", 256, kind=int, minimum=1),
-                  max_prefill_tokens=serving.number("max_prefill_tokens", 8192, kind=int, minimum=1),
-                  seed=serving.number("seed", 0, kind=int, minimum=0))
+                  rate=None if serving.raw("rate") is None else serving.number("rate", None), seed=serving.number("seed", 0, kind=int, minimum=0),
+                  shared_prefix=serving.number("shared_prefix", 0, kind=int, minimum=0),
+                  prefix_groups=serving.number("prefix_groups", 1, kind=int, minimum=1),
+                  scheduler=serving.choice("scheduler", tuple(SCHEDULERS), "vllm-v1"),
+                  max_num_seqs=serving.number("max_num_seqs", None, kind=int, minimum=1),
+                  max_num_batched_tokens=serving.number("max_num_batched_tokens", None, kind=int, minimum=1),
+                  block_size=serving.number("block_size", None, kind=int, minimum=1),
+                  gpu_memory_utilization=serving.number("gpu_memory_utilization", GPU_MEMORY_UTILIZATION),
+                  preemption=serving.choice("preemption", PREEMPTION_MODES, None),
+                  swap_space=serving.quantity("swap_space", "size", SWAP_SPACE, positive=False),
+                  prefix_caching=serving.flag("prefix_caching", None),
+                  chunked_prefill=serving.flag("chunked_prefill", None),
+                  step_overhead=serving.quantity("step_overhead", "time", STEP_OVERHEAD, positive=False))
+    written = frozenset(key for key in (serving.data if isinstance(serving.data, dict) else {}) if key in values)
     precision = top.choice("precision", ("fp16", "bf16"), "bf16")
     description = top.string("description", "")
+    serving.check_unknown()
     top.done()
     try:
         return ServingSpec(name=name, model=shape, precision=precision, description=description, source=where,
-                           **values)
+                           written=written, **values)
     except ConfigError as err:
         raise ConfigError(f"{where}: {err}") from None
