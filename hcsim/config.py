@@ -59,7 +59,12 @@ def resolve_spec(name: str | Path, folder: str, base: Path | None = None) -> Pat
         except OSError:  # a name too long for the file system, a path through a file
             continue
     for candidate in candidates[:1]:
-        if candidate.exists():
+        try:
+            there = candidate.exists()
+        except OSError as err:  # a name longer than the file system allows, say
+            raise ConfigError(f"{brief(name)}: cannot be a file here ({err.strerror}); give a YAML file or a "
+                              f"built-in {folder} spec name") from None
+        if there:
             raise ConfigError(f"{name}: not a regular file (a folder, device or pipe); give a YAML file")
     builtin = sorted(p.stem for p in (REPO_ROOT / folder).glob("*.yaml") if p.stem not in _NOT_SPECS.get(folder, ()))
     raise ConfigError(f"{name}: no such file, nor a built-in {folder} spec; built-in ones: {', '.join(builtin)}")
@@ -439,9 +444,16 @@ def check_output_file(path: str | Path, what: str = "-o", suffixes: Iterable[str
             raise ConfigError(f"{what} {path}: unknown file type {path.suffix or '(none)'!r}; "
                               f"give a name ending in one of {', '.join(suffixes)}")
     folder = path.parent
-    if path.is_dir():
-        raise ConfigError(f"{what} {path}: is a folder; give a file name")
-    if not folder.is_dir():
+    if "\0" in str(path):
+        raise ConfigError(f"{what} {brief(str(path))}: holds a NUL character; give a file name without one")
+    try:
+        folder_there = folder.is_dir()
+        if path.is_dir():
+            raise ConfigError(f"{what} {path}: is a folder; give a file name")
+    except OSError as err:  # a name longer than the file system allows
+        raise ConfigError(f"{what} {brief(str(path))}: cannot be a file here ({err.strerror}); give a shorter "
+                          f"path") from None
+    if not folder_there:
         state = "lies under a file" if any(p.is_file() for p in folder.parents) or folder.is_file() else "does not exist"
         raise ConfigError(f"{what} {path}: the folder {folder} {state}; give a path in an existing folder")
     if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):

@@ -41,8 +41,9 @@ def run(args) -> int:
 
     from hcsim.study.calibrate import SMS, error_table, factors_yaml, fit_device, model_errors, read_kernels
     from hcsim.config import check_output_file
-    from hcsim.errors import ConfigError
+    from hcsim.errors import ConfigError, OutputError
     from hcsim.platform.devices import builtin_catalog, load_catalog
+    from hcsim.run.report import atomic_write
 
     out = check_output_file(args.output, "-o", suffixes=(".yaml", ".yml"))
     catalog = {**builtin_catalog(), **(load_catalog(args.device_catalog) if args.device_catalog else {})}
@@ -72,6 +73,12 @@ def run(args) -> int:
     sources = [p.name for p in args.kernels]
     text = yaml.safe_dump({"devices": {args.device: factors_yaml(calibration, sources)}}, sort_keys=False,
                           width=110, default_flow_style=None)
-    out.write_text(f"# hcsim calibrate {' '.join(map(str, args.kernels))} --device {args.device}\n{text}")
+    text = f"# hcsim calibrate {' '.join(map(str, args.kernels))} --device {args.device}\n{text}"
+    try:
+        atomic_write(out, text)
+    except OSError as err:  # the folder went away or refuses files (/proc): keep the fit, on the terminal
+        print(text, end="")
+        raise OutputError(f"-o {out}: could not write the factors ({err.strerror or err}); they are printed above: "
+                          f"save them to a writable path, or run again with -o in a writable folder") from None
     print(f"wrote {out}")
     return 0

@@ -30,12 +30,14 @@ only place that turns them into times. Units: s, FLOP/s, B/s.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, field
+from difflib import get_close_matches
 from pathlib import Path
 
 from hcsim.config import REPO_ROOT, Fields, load_yaml
 from hcsim.workload.ops import BACKWARD_SUFFIXES, BANDWIDTH_KINDS, DROPOUT, OP_KINDS
-from hcsim.errors import ConfigError
+from hcsim.errors import ConfigError, brief
 
 __all__ = ["DeviceFactors", "LinkFactors", "ComputeModel", "load_compute_model", "BUILTIN_FACTORS", "COMPUTE_MODELS"]
 
@@ -285,7 +287,7 @@ class ComputeModel:
         return finished
 
 
-def load_compute_model(path: str | Path | None = None) -> ComputeModel:
+def load_compute_model(path: str | Path | None = None, devices: Collection[str] | None = None) -> ComputeModel:
     """Read roofline factors from YAML: the built-in ``platforms/compute-model.yaml``, with the devices and
     link kinds of `path` (a user's file, e.g. from ``hcsim calibrate``) over it.
 
@@ -293,22 +295,42 @@ def load_compute_model(path: str | Path | None = None) -> ComputeModel:
     memory_efficiency, attention: {flash_forward_efficiency, flash_backward_efficiency} or {table: [[head_dim,
     sequence, forward, backward], ...]}, kernel_overhead, launch}}`` and ``links: {KIND or default:
     {bandwidth_factor, call_latency}}``; each value may carry its ``source`` beside it (``source_*`` keys are
-    documentation and ignored)."""
+    documentation and ignored).
+
+    `path` must give factors (a file with neither ``devices`` nor ``links`` is refused), and with `devices`
+    (the device names a run can have: the catalog's and its platform's) each device it names must be one of
+    them, so a misspelt or lower-case name is an error rather than factors that go unused."""
     builtin = _read_factors(BUILTIN_FACTORS)
     if path is None or Path(path).resolve() == BUILTIN_FACTORS.resolve():
         return builtin
-    mine = _read_factors(Path(path))
+    mine = _read_factors(Path(path), devices)
     return ComputeModel(devices={**builtin.devices, **mine.devices}, links={**builtin.links, **mine.links},
                         source=f"{path} (over {BUILTIN_FACTORS.name})")
 
 
-def _read_factors(path: Path) -> ComputeModel:
+def _read_factors(path: Path, known: Collection[str] | None = None) -> ComputeModel:
+    """The factors of one file; `known`: the device names it may give (None: any), for a user's file."""
     top = Fields(load_yaml(path), f"{path}: ")
     devices: dict[str, DeviceFactors] = {}
     entries = top.raw("devices", {})
     if not isinstance(entries, dict):
         top.problems.append(f"{path}: devices: expected a mapping of device name to factors")
         entries = {}
+    link_entries = top.raw("links") or {}
+    if not isinstance(link_entries, dict):
+        top.problems.append(f"{path}: links: expected a mapping of link kind (or default) to {{bandwidth_factor, "
+                            f"call_latency}}, got {brief(link_entries)}")
+        link_entries = {}
+    if not entries and not link_entries and not top.problems:
+        top.problems.append(f"{path}: gives no factors: expected devices: {{NAME: {{gemm, memory_efficiency, "
+                            f"attention, kernel_overhead, ...}}}} and/or links: {{KIND: {{bandwidth_factor, "
+                            f"call_latency}}}}, as in platforms/compute-model.yaml (hcsim calibrate writes one)")
+    for name in entries if known is not None else ():
+        if str(name) not in known:
+            same = [k for k in known if k.lower() == str(name).lower()] or get_close_matches(str(name), known, 1)
+            top.problems.append(f"{path}: devices.{name}: no device of that name (names are case-sensitive)"
+                                + (f"; did you mean {same[0]!r}" if same else "")
+                                + f"; the devices of this run's catalog and platform: {', '.join(sorted(known))}")
     for name, data in entries.items():
         fields = Fields(data, f"{path}: devices.{name}", top.problems)
         gemm, attention = fields.sub("gemm"), fields.sub("attention")
@@ -318,6 +340,11 @@ def _read_factors(path: Path) -> ComputeModel:
             top.problems.append(f"{path}: devices.{name}.attention.table: expected a list of [head_dim, sequence, "
                                 f"forward efficiency, backward efficiency] rows")
             table = ()
+        for i, row in enumerate(table):
+            if len(row) != 4 or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+                                        for x in row):
+                top.problems.append(f"{path}: devices.{name}.attention.table[{i}]: expected 4 numbers [head_dim, "
+                                    f"sequence, forward efficiency, backward efficiency], got {brief(row)}")
         attention.seen.add("table")
         values = dict(
             provenance=fields.choice("provenance", PROVENANCES, "literature"),
@@ -350,7 +377,7 @@ def _read_factors(path: Path) -> ComputeModel:
             except ConfigError as err:
                 top.problems.append(f"{path}: {err}")
     links: dict[str, LinkFactors] = {}
-    for kind, data in (top.raw("links") or {}).items():
+    for kind, data in link_entries.items():
         fields = Fields(data, f"{path}: links.{kind}", top.problems)
         factor = fields.number("bandwidth_factor")
         latency = fields.quantity("call_latency", "time", positive=False)

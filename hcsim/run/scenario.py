@@ -172,7 +172,13 @@ class Scenario:
         try:
             resolve_spec(self.compute_factors, "platforms", Path(self.base))
         except ConfigError:
-            raise ConfigError(f"scenario {name!r}: compute_factors: {brief(self.compute_factors)}: no such file "
+            path = Path(self.compute_factors)
+            try:
+                there = (path if path.is_absolute() else Path(self.base) / path).exists()
+            except OSError:  # a name too long for the file system
+                there = False
+            problem = "not a regular file (a folder, device or pipe)" if there else "no such file"
+            raise ConfigError(f"scenario {name!r}: compute_factors: {brief(self.compute_factors)}: {problem} "
                               f"(relative paths are read from {self.base}); give a roofline factors YAML, as "
                               f"platforms/compute-model.yaml or the output of hcsim calibrate") from None
 

@@ -24,6 +24,7 @@ Everything is per kernel; no whole training step enters a fit. Units: s, B, FLOP
 from __future__ import annotations
 
 import csv
+import io
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -89,21 +90,22 @@ NEEDS = {"gemm": ("shape", "m n k"), "gemm_bf16": ("shape", "m n k"), "gemm_fp8_
 def read_kernels(paths) -> list[KernelRow]:
     """Rows of one or more kernel CSVs (both layouts of the shared files); ConfigError naming the file,
     line and column of a bad value."""
+    from hcsim.config import read_text
+
     rows: list[KernelRow] = []
     for path in map(Path, paths):
+        text = read_text(path, 64 * 2**20, "a kernel CSV")  # a regular UTF-8 file; a spreadsheet's BOM dropped
+        reader = csv.DictReader(io.StringIO(text, newline=""))  # CRLF line ends read as they are
         try:
-            with open(path, newline="", encoding="utf-8") as handle:
-                reader = csv.DictReader(handle)
-                missing = REQUIRED - set(reader.fieldnames or ())
-                if missing:
-                    raise ConfigError(f"{path}: missing column(s) {', '.join(sorted(missing))}; a kernel CSV has "
-                                      f"kind, m, n, k, batch, dtype, seconds, flops, bytes (benchmarks/gpu_kernels.py)")
-                for line, data in enumerate(reader, start=2):
-                    rows.append(_row(data, f"{path}:{line}"))
-        except OSError as err:
-            raise ConfigError(f"{path}: cannot read the kernel CSV ({err.strerror or err})") from None
-        except UnicodeDecodeError:
-            raise ConfigError(f"{path}: not a UTF-8 text CSV") from None
+            missing = REQUIRED - {(name or "").strip() for name in reader.fieldnames or ()}
+            if missing:
+                raise ConfigError(f"{path}: missing column(s) {', '.join(sorted(missing))}; a kernel CSV has "
+                                  f"kind, m, n, k, batch, dtype, seconds, flops, bytes (benchmarks/gpu_kernels.py)")
+            for line, data in enumerate(reader, start=2):
+                rows.append(_row({(k or "").strip(): v for k, v in data.items()}, f"{path}:{line}"))
+        except csv.Error as err:  # a cell beyond the csv module's field limit (131,072 characters), a stray NUL
+            raise ConfigError(f"{path}:{reader.line_num + 1}: not a CSV row hcsim reads ({err}); a kernel CSV holds "
+                              f"short cells: kind, m, n, k, batch, dtype, seconds, flops, bytes") from None
     if not rows:
         raise ConfigError(f"{', '.join(map(str, paths))}: no kernel rows")
     return rows

@@ -265,6 +265,9 @@ def _text_of(raw: Any) -> Any:
     return _text(raw) if isinstance(raw, (list, tuple)) else raw
 
 
+MAX_NAME_BYTES = 200  # an experiment's name names its files (NAME.csv.partial, .NAME.lock): within 255 bytes
+
+
 def load_experiment(path: str | Path) -> Experiment:
     """Read an experiment YAML; every problem of the file is reported at once.
 
@@ -282,9 +285,10 @@ def load_experiment(path: str | Path) -> Experiment:
                           "to lists of values), see hcsim/study/sweep.py or experiments/paper/fig8.yaml")
     fields = Fields(data, f"{path}: ")
     name = fields.string("name", path.stem)
-    if isinstance(name, str) and (not name.strip() or "/" in name or name.startswith(".")):
-        fields.problems.append(f"{fields.path('name')}: {name!r} cannot name the result files; "
-                               "use letters, digits, '-' and '_'")
+    if isinstance(name, str) and (not name.strip() or "/" in name or "\0" in name or name.startswith(".")
+                                  or len(name.encode()) > MAX_NAME_BYTES):
+        fields.problems.append(f"{fields.path('name')}: {brief(name)} cannot name the result files; "
+                               f"use letters, digits, '-' and '_', at most {MAX_NAME_BYTES} bytes")
         name = path.stem
     description = fields.string("description", "")
     notes = fields.string("notes", "")

@@ -1,0 +1,149 @@
+"""Bad input on the surfaces of the last wave outside serving: compute factors files, calibrate, sweep names, long
+paths, validate's runs CSV. Each ends in one message naming the file, the key or column and what would be valid
+(hcsim.errors' template), exit 2 from the CLI, no traceback.
+
+Nothing here runs a simulation but the cases that say so."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hcsim.cli import main
+from hcsim.config import REPO_ROOT, check_output_file, resolve_spec
+from hcsim.engine.compute_model import load_compute_model
+from hcsim.errors import MESSAGE_TEMPLATE, ConfigError
+
+MEASURED = sorted((REPO_ROOT / "experiments" / "calibration" / "measurements").glob("h100-sxm-80gb-kernels*.csv"))
+LONG = "x" * 300  # beyond the 255 bytes a file name may have
+
+
+def check_message(message: str) -> None:
+    """One message of hcsim.errors' template: every line "WHERE: PROBLEM" (or indented under one)."""
+    assert message and "Traceback" not in message, message
+    for line in message.splitlines():
+        assert line.startswith("  ") or MESSAGE_TEMPLATE.match(line), f"not 'WHERE: PROBLEM': {line!r}"
+
+
+def refused(argv: list[str], capsys) -> str:
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("hcsim: error: "), err
+    message = err.removeprefix("hcsim: error: ").rstrip("\n")
+    check_message(message)
+    return message
+
+
+# --- compute factors files -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, where, valid", [
+    ("", r"mine\.yaml: gives no factors", r"expected devices: .*and/or links: .*platforms/compute-model\.yaml"),
+    ("devices: {}\nlinks: {}\n", r"mine\.yaml: gives no factors", r"hcsim calibrate writes one"),
+    ("links: [1, 2]\n", r"mine\.yaml: links: expected a mapping", r"bandwidth_factor, call_latency\}, got \[1, 2\]"),
+    ("devices:\n  H100:\n    attention:\n      table: [[128, 4096, 0.6, 0.5], [128, fast, 0.6, 0.5]]\n",
+     r"mine\.yaml: devices\.H100\.attention\.table\[1\]", r"expected 4 numbers \[head_dim, sequence"),
+])
+def test_a_factors_file_that_gives_nothing_or_a_wrong_shape_is_refused(tmp_path, text, where, valid):
+    path = tmp_path / "mine.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_compute_model(path)
+    check_message(str(info.value))
+    assert re.search(where, str(info.value)) and re.search(valid, str(info.value)), str(info.value)
+
+
+@pytest.mark.parametrize("name, suggestion", [("h100", "did you mean 'H100'"), ("H10O", "did you mean 'H100'"),
+                                              ("Quantum", "the devices of this run's catalog and platform: A100, .*H100")])
+def test_a_factors_entry_for_a_device_the_run_cannot_have_is_refused(tmp_path, name, suggestion):
+    """Before, a lower-case 'h100' entry went unused and the built-in H100 factors timed the run without a word."""
+    text = (REPO_ROOT / "platforms" / "compute-model.yaml").read_text()
+    path = tmp_path / "mine.yaml"
+    path.write_text(text.replace("\n  H100:\n", f"\n  {name}:\n", 1))
+    from hcsim.platform.devices import builtin_catalog
+
+    with pytest.raises(ConfigError) as info:
+        load_compute_model(path, set(builtin_catalog()))
+    check_message(str(info.value))
+    assert re.fullmatch(rf".*mine\.yaml: devices\.{name}: no device of that name \(names are case-sensitive\); "
+                        rf"{suggestion}.*", str(info.value)), str(info.value)
+    assert name in load_compute_model(path).devices  # without the run's devices (calibrate's own file): read
+
+
+@pytest.mark.parametrize("given, problem", [("/dev/null", "not a regular file"), (".", "not a regular file"),
+                                            (LONG, "no such file"), ("nowhere.yaml", "no such file")])
+def test_compute_factors_that_is_no_file_says_what_it_is(given, problem):
+    from hcsim.run.scenario import load_scenario
+
+    with pytest.raises(ConfigError) as info:
+        load_scenario(None, {"compute_factors": given})
+    check_message(str(info.value))
+    assert f"compute_factors: " in str(info.value) and problem in str(info.value), str(info.value)
+    assert "give a roofline factors YAML" in str(info.value)
+
+
+# --- calibrate --------------------------------------------------------------------------------------------------
+
+def test_calibrate_to_a_path_it_cannot_write_keeps_the_fit(tmp_path):
+    """The fit takes its time: when -o cannot be written after it, the factors are printed, not lost."""
+    done = subprocess.run([sys.executable, "-m", "hcsim.cli", "calibrate", *map(str, MEASURED), "--device", "H100",
+                           "-o", "/proc/hcsim-factors.yaml"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert re.match(r"hcsim: error: -o /proc/hcsim-factors\.yaml: could not write the factors \(.*\); they are "
+                    r"printed above", done.stderr), done.stderr
+    assert "devices:\n  H100:\n" in done.stdout
+
+
+@pytest.mark.parametrize("output, problem", [(f"{LONG}.yaml", r"cannot be a file here \(File name too long\)"),
+                                             ("a\0b.yaml", "holds a NUL character")])
+def test_calibrate_output_that_cannot_be_a_file_is_refused_before_the_fit(output, problem):
+    with pytest.raises(ConfigError, match=rf"^-o .*{problem}"):
+        check_output_file(output, "-o", suffixes=(".yaml",))
+
+
+def test_a_kernel_csv_saved_by_a_spreadsheet_is_read_as_it_is(tmp_path):
+    from hcsim.study.calibrate import read_kernels
+
+    text = MEASURED[0].read_text()
+    path = tmp_path / "bom.csv"
+    path.write_bytes(b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode())
+    assert [r.seconds for r in read_kernels([path])] == [r.seconds for r in read_kernels([MEASURED[0]])]
+
+
+@pytest.mark.parametrize("content, where, problem", [
+    ("kind,m,n,k,batch,dtype,seconds,flops,bytes\ngemm,1,1,1,1,bf16,1e-5,1,1\ngemm," + "9" * 200_000 + "\n",
+     r"long\.csv:3", r"field larger than field limit"),
+])
+def test_a_kernel_csv_cell_beyond_the_csv_limit_names_the_line(tmp_path, capsys, content, where, problem):
+    (tmp_path / "long.csv").write_text(content)
+    message = refused(["calibrate", str(tmp_path / "long.csv"), "--device", "H100", "-o", str(tmp_path / "f.yaml")],
+                      capsys)
+    assert re.search(where, message) and re.search(problem, message), message
+
+
+@pytest.mark.parametrize("given, problem", [("/dev/null", "not a regular file"), (".", "is a folder")])
+def test_a_kernel_csv_that_is_no_file_says_what_it_is(tmp_path, capsys, given, problem):
+    message = refused(["calibrate", given, "--device", "H100", "-o", str(tmp_path / "f.yaml")], capsys)
+    assert problem in message and "a kernel CSV" in message, message
+
+
+# --- sweep names and long paths -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ['"a\\0b"', "n" * 300])
+def test_a_sweep_name_that_cannot_name_files_is_refused(tmp_path, capsys, name):
+    path = tmp_path / "exp.yaml"
+    path.write_text(f"name: {name}\nbase: {{xpus: 2, iterations: 1}}\naxes: {{cxl_latency: [200ns, 1us]}}\n")
+    message = refused(["sweep", str(path), "--out", str(tmp_path / "out")], capsys)
+    assert re.search(r"exp\.yaml: name: .* cannot name the result files; use letters, digits, '-' and '_', at most "
+                     r"200 bytes", message), message
+
+
+@pytest.mark.parametrize("folder", ["workloads", "platforms"])
+def test_a_spec_path_too_long_for_the_file_system_is_one_message(folder):
+    with pytest.raises(ConfigError, match=rf"cannot be a file here \(File name too long\); give a YAML file or a "
+                                          rf"built-in {folder} spec name"):
+        resolve_spec(LONG, folder, Path("."))
