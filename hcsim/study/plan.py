@@ -46,9 +46,10 @@ import networkx as nx
 from hcsim.errors import ConfigError
 from hcsim.platform.devices import peak_flops
 from hcsim.platform.routes import RouteSearch, route_bandwidth, route_latency
-from hcsim.workload.hybrid import BlockCost, Parallelism, block_costs, in_flight, stage_layers
+from hcsim.workload.hybrid import BlockCost, Parallelism, block_costs, block_kernels, in_flight, stage_layers
+from hcsim.workload.ops import BlockOps
 from hcsim.workload.layout import ParallelLayout
-from hcsim.workload.memory import stage_memory
+from hcsim.workload.memory import framework_reserve, stage_memory
 from hcsim.workload.placement import out_of_memory
 from hcsim.workload.schedules import stage_order
 from hcsim.workload.spec import WorkloadSpec
@@ -56,7 +57,7 @@ from hcsim.workload.split import largest_remainder
 from hcsim.workload.transformer import decoder_layer, embedding, lm_head
 from hcsim.workload.zero import ZERO_STAGES, optimizer_step_bytes
 
-__all__ = ["Candidate", "candidates", "fits", "stage_needs", "zero2_twins", "estimate", "rank_correlation",
+__all__ = ["Candidate", "candidates", "fits", "stage_needs", "zero2_twins", "estimate", "rank_correlation", "Search",
            "MIN_RANKED_FOR_CORRELATION"]
 
 MICRO_BATCHES = (1, 2, 4, 8)
@@ -192,10 +193,17 @@ class _Cluster:
 
     def slowest(self, stage: int, precision: str, members: frozenset[str] | None = None) -> tuple[float, float]:
         """(peak FLOP/s, HBM B/s) of the stage's slowest XPU (of those in `members`, when given)."""
+        peak, bandwidth, _ = self.slowest_device(stage, precision, members)
+        return peak, bandwidth
+
+    def slowest_device(self, stage: int, precision: str, members: frozenset[str] | None = None
+                       ) -> tuple[float, float, str]:
+        """(peak FLOP/s, HBM B/s, device name) of the stage's slowest XPU (of `members`, when given)."""
         nodes = self.platform.nodes
         xpus = [x for x in self.layout.stage_xpus(stage) if members is None or x in members]
         xpu = min(xpus, key=lambda x: peak_flops(nodes[x], precision))
-        return peak_flops(nodes[xpu], precision), self.platform.edges[nodes[xpu]["local_memory"], xpu]["bandwidth"]
+        return (peak_flops(nodes[xpu], precision), self.platform.edges[nodes[xpu]["local_memory"], xpu]["bandwidth"],
+                nodes[xpu]["device"])
 
     def known(self) -> dict:
         """The route search, routes and rings of this platform, kept while the platform lives."""
@@ -244,7 +252,8 @@ def fits(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus: lis
 
     A stage's XPU holds :func:`~hcsim.workload.memory.stage_memory` (model state sharded over its DP group by
     the ZeRO stage, activations of the micro-batches in flight) and with ZeRO-3 two gathered units (the one
-    running and the next: twice the largest unit's weights), as the engine places them."""
+    running and the next: twice the largest unit's weights), as the engine places them, plus the process's
+    own :func:`~hcsim.workload.memory.framework_reserve`, as the simulation's out-of-memory rule counts it."""
     nodes = platform.nodes
     for stage, need, smallest in stage_needs(spec, candidate, platform, xpus):
         shortfall = out_of_memory(stage, need, nodes[nodes[smallest]["local_memory"]]["capacity"],
@@ -267,11 +276,13 @@ def stage_needs(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xp
         first, last = stage == 0, stage == par.pp - 1
         most = max(par.batch_split) if par.batch_split else par.micro_batches  # the replica that holds most
         flight = _in_flight(par.schedule, par.pp, most, stage, par.virtual_stages)
-        need = stage_memory(spec.model, layers=sum(layers[stage]), first=first, last=last, in_flight=flight,
-                            micro_batch=par.micro_batch, sequence=spec.model.sequence // par.cp, tp=par.tp,
-                            sequence_parallel=par.sequence_parallel,
-                            precision=spec.precision, attention=spec.attention, optimizer=spec.optimizer,
-                            recompute=par.recompute, dp=par.dp, zero_stage=par.zero).total
+        memory = stage_memory(spec.model, layers=sum(layers[stage]), first=first, last=last, in_flight=flight,
+                              micro_batch=par.micro_batch, sequence=spec.model.sequence // par.cp, tp=par.tp,
+                              sequence_parallel=par.sequence_parallel,
+                              precision=spec.precision, attention=spec.attention, optimizer=spec.optimizer,
+                              recompute=par.recompute, dp=par.optimizer_shards, zero_stage=par.zero,
+                              gradient=spec.main_gradient)
+        need = memory.total + framework_reserve(memory.activations)  # the CUDA context, workspaces, allocator
         if par.zero == 3 and par.dp > 1:
             need += 2 * max(_unit_parameters(spec, par.tp, first, last)) * spec.sizes.weight
         smallest = min(layout.stage_xpus(stage), key=lambda x: nodes[nodes[x]["local_memory"]]["capacity"])
@@ -297,8 +308,13 @@ def _unit_parameters(spec: WorkloadSpec, tp: int, first: bool, last: bool) -> li
     return units
 
 
-def estimate(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus: list[str]) -> float:
-    """Iteration time (s) of `candidate` by the closed forms of the module docstring (no contention)."""
+def estimate(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus: list[str],
+             kernel_model=None) -> float:
+    """Iteration time (s) of `candidate` by the closed forms of the module docstring (no contention).
+
+    `kernel_model`: the :class:`hcsim.engine.compute_model.ComputeModel` the simulations time kernels with
+    (None: they run the peak model); a block is then its kernels' time on the stage's slowest device, as the
+    engine times it, instead of max(FLOP / peak, bytes / bandwidth)."""
     par = candidate.parallelism
     cluster = _Cluster(platform, cluster_layout(xpus, par))
     attn, mlp = block_costs(spec, par.micro_batch, par.tp, par.sequence_parallel, cp=par.cp)
@@ -309,6 +325,9 @@ def estimate(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus:
     allreduce = _ring(par.tp, 2, activation, *cluster.ring("tp"))
     dp_latency, dp_bandwidth = cluster.ring("dp")
     decoder = attn.parameters + mlp.parameters  # per TP rank
+    if kernel_model is not None:
+        attn_ops, mlp_ops = block_kernels(spec, par.micro_batch, par.tp, par.sequence_parallel, cp=par.cp)
+        attn, mlp = _Timed(attn, attn_ops, kernel_model), _Timed(mlp, mlp_ops, kernel_model)
     gather = _ring(par.dp, 1, decoder * sizes.weight, dp_latency, dp_bandwidth) if par.zero == 3 else 0.0
     decoder_costs = _DecoderCosts(attn, mlp, allreduce, gather, activation)
     pipeline = max(_pipeline(spec, par, cluster, layers, decoder_costs, m, members)
@@ -360,12 +379,12 @@ def _pipeline(spec: WorkloadSpec, par: Parallelism, cluster: "_Cluster", layers,
     zero_bubble = par.schedule == "zb-h1"
     tau, forward, backward_input, weight = [], [], [], []
     for stage in range(par.pp):
-        peak, bandwidth = cluster.slowest(stage, spec.precision, members)
+        on = cluster.slowest_device(stage, spec.precision, members)
         decoders = sum(layers[stage])
-        f = sum(_time(b.fwd_flops, b.fwd_bytes, peak, bandwidth) + allreduce for b in (attn, mlp))
-        b_in = sum(_time(b.input_grad_flops, b.bwd_bytes / 2, peak, bandwidth) + allreduce for b in (attn, mlp)) \
-            + _recompute(par.recompute, (attn, mlp), peak, bandwidth, allreduce)
-        w = sum(_time(b.weight_grad_flops, b.bwd_bytes / 2, peak, bandwidth) for b in (attn, mlp))
+        f = sum(_forward(b, *on) + allreduce for b in (attn, mlp))
+        b_in = sum(_input_grad(b, *on) + allreduce for b in (attn, mlp)) \
+            + _recompute(par.recompute, (attn, mlp), on, allreduce)
+        w = sum(_weight_grad(b, *on) for b in (attn, mlp))
         # ZeRO-3: a decoder's forward and its backward (with the weight gradients unless ZB-H1 defers them)
         # wait for the gather of its weights, one decoder ahead: each paces at max(its time, the gather)
         backward_unit = b_in + (0.0 if zero_bubble else w)
@@ -404,11 +423,48 @@ def _time(flops: float, size: float, peak: float, bandwidth: float) -> float:
     return max(flops / peak, size / bandwidth)
 
 
-def _recompute(mode: str, blocks: tuple[BlockCost, ...], peak: float, bandwidth: float, allreduce: float) -> float:
+@dataclass(frozen=True)
+class _Timed:
+    """A block whose passes are timed by their kernels (the kernel model), as the engine times its vertices."""
+
+    cost: BlockCost
+    ops: BlockOps
+    model: object  # a hcsim.engine.compute_model.ComputeModel
+
+    def seconds(self, ops, peak: float, bandwidth: float, device: str) -> float:
+        return self.model.time(ops, device, peak, bandwidth) if ops else 0.0
+
+
+def _forward(block, peak: float, bandwidth: float, device: str) -> float:
+    if isinstance(block, _Timed) and block.ops.forward:
+        return block.seconds(block.ops.forward, peak, bandwidth, device)
+    block = getattr(block, "cost", block)
+    return _time(block.fwd_flops, block.fwd_bytes, peak, bandwidth)
+
+
+def _weight_grad(block, peak: float, bandwidth: float, device: str) -> float:
+    if isinstance(block, _Timed) and block.ops.backward:
+        return block.seconds(tuple(op for op in block.ops.backward if op.name.endswith(".wgrad")), peak, bandwidth,
+                             device)
+    block = getattr(block, "cost", block)
+    return _time(block.weight_grad_flops, block.bwd_bytes / 2, peak, bandwidth)
+
+
+def _input_grad(block, peak: float, bandwidth: float, device: str) -> float:
+    """The backward pass but its weight-gradient GEMMs (what ZB-H1 keeps on the critical path)."""
+    if isinstance(block, _Timed) and block.ops.backward:
+        return block.seconds(tuple(op for op in block.ops.backward if not op.name.endswith(".wgrad")), peak,
+                             bandwidth, device)
+    block = getattr(block, "cost", block)
+    return _time(block.input_grad_flops, block.bwd_bytes / 2, peak, bandwidth)
+
+
+def _recompute(mode: str, blocks, on: tuple[float, float, str], allreduce: float) -> float:
     if mode == "full":
-        return sum(_time(b.fwd_flops, b.fwd_bytes, peak, bandwidth) + allreduce for b in blocks)
+        return sum(_forward(b, *on) + allreduce for b in blocks)
     if mode == "selective":
-        return sum(b.core_flops / peak for b in blocks)
+        return sum(b.seconds(b.ops.core, *on) if isinstance(b, _Timed) and b.ops.core else
+                   getattr(b, "cost", b).core_flops / on[0] for b in blocks)
     return 0.0
 
 
@@ -435,3 +491,91 @@ def rank_correlation(first: list[float], second: list[float]) -> float:
     cov = sum((x - mean_a) * (y - mean_b) for x, y in zip(a, b))
     norm = math.sqrt(sum((x - mean_a) ** 2 for x in a) * sum((y - mean_b) ** 2 for y in b))
     return cov / norm if norm else 1.0
+
+
+class Search:
+    """Which candidates to simulate, in what order, and when more simulation cannot change the pick.
+
+    The closed-form estimate is right about a plan's compute and off by a factor that depends on its shape
+    (pipeline schedule, tp, pp, cp: the contention, the overlap and the bubble the closed forms leave out),
+    so candidates are simulated best-corrected-estimate first, each estimate scaled by the median simulated /
+    estimated ratio seen so far among plans of its shape (else of its schedule, else of every plan). The best
+    plan of every shape whose corrected estimate is within `explore` of the best simulated time is simulated
+    too (a shape's factor is unknown until one of its plans has run), and the search is over when no plan left
+    is within `margin` of it: then, unless the estimates misjudge a plan by more than the margin beyond its
+    shape's factor, simulating the rest cannot change the pick.
+
+    Pure: estimates in, candidates out; the caller simulates them and :meth:`record` s the times.
+
+    >>> estimates = {"a": 1.0, "b": 1.1, "c": 2.0}
+    >>> search = Search(estimates, shape=lambda c: c)  # every plan its own shape
+    >>> search.next(2)
+    ['a', 'b']
+    >>> search.record("a", 1.5); search.record("b", 1.2)
+    >>> search.next(2), search.finished()  # c: 2.0 x the median factor 1.295 is far from 1.2
+    ([], 'no plan left is within 5% of the best simulated (1.2 s)')
+    """
+
+    def __init__(self, estimates: dict, shape=None, margin: float = 0.05, explore: float = 0.25):
+        self.estimates = estimates
+        self.shape = shape or _shape
+        self.margin, self.explore = margin, explore
+        self.simulated: dict = {}  # candidate -> simulated s (None: failed)
+        self._order = {c: i for i, c in enumerate(sorted(estimates, key=lambda c: estimates[c]))}
+
+    def record(self, candidate, seconds: float | None) -> None:
+        """The simulated iteration time of `candidate` (None: its simulation failed)."""
+        self.simulated[candidate] = seconds
+
+    def best(self) -> float | None:
+        times = [s for s in self.simulated.values() if s is not None]
+        return min(times) if times else None
+
+    def corrected(self, candidate) -> float:
+        """`candidate`'s estimate times the median factor of the plans of its shape (or schedule, or all)."""
+        shape = self.shape(candidate)
+        for level in (shape, shape[:1] if isinstance(shape, tuple) else None, None):
+            ratios = sorted(s / self.estimates[c] for c, s in self.simulated.items()
+                            if s is not None and (level is None or self._level(c, level) == level))
+            if ratios:
+                middle = len(ratios) // 2
+                factor = ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
+                return self.estimates[candidate] * factor
+        return self.estimates[candidate]
+
+    def _level(self, candidate, level):
+        shape = self.shape(candidate)
+        return shape[:len(level)] if isinstance(level, tuple) and isinstance(shape, tuple) else shape
+
+    def next(self, count: int) -> list:
+        """Up to `count` candidates to simulate next: unexplored shapes' best plans that may win first, then the
+        best corrected estimates that may win; [] when :meth:`finished`."""
+        left = sorted((c for c in self.estimates if c not in self.simulated),
+                      key=lambda c: (self.corrected(c), self._order[c]))
+        best = self.best()
+        if best is None:
+            return left[:count]
+        seen = {self.shape(c) for c in self.simulated}
+        firsts, shapes = [], set()
+        for c in left:
+            if self.shape(c) not in seen and self.shape(c) not in shapes:
+                shapes.add(self.shape(c))
+                if self.corrected(c) <= best * (1 + self.explore):
+                    firsts.append(c)
+        close = [c for c in left if self.corrected(c) <= best * (1 + self.margin) and c not in firsts]
+        return (firsts + close)[:count]
+
+    def finished(self) -> str | None:
+        """Why simulating more cannot change the pick (None: it may)."""
+        if len(self.simulated) == len(self.estimates):
+            return "every fitting plan simulated"
+        if self.best() is not None and not self.next(1):
+            return (f"no plan left is within {self.margin:.0%} of the best simulated "
+                    f"({self.best():.4g} s)")
+        return None
+
+
+def _shape(candidate: Candidate) -> tuple:
+    """What the estimate's error depends on most: the schedule first (the bubble), then tp, pp and cp."""
+    par = candidate.parallelism
+    return (par.schedule, par.tp, par.pp, par.cp)
