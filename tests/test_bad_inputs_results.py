@@ -147,3 +147,64 @@ def test_a_spec_path_too_long_for_the_file_system_is_one_message(folder):
     with pytest.raises(ConfigError, match=rf"cannot be a file here \(File name too long\); give a YAML file or a "
                                           rf"built-in {folder} spec name"):
         resolve_spec(LONG, folder, Path("."))
+
+
+# --- validate's runs CSV: its cells and keys, each row checked before the first simulation ----------------------
+
+HEADER = "name,layers,hidden,heads,vocabulary,sequence,gpus,tp,pp,micro_batch,global_batch,recompute,measured,unit"
+ROW = "r1,2,256,4,1024,128,2,2,1,1,2,full,1.0,s"
+SELENE = str(REPO_ROOT / "experiments" / "validation" / "selene.yaml")
+
+
+@pytest.mark.parametrize("columns, cells, options, where, problem", [
+    (",schedule", ",sideways", [], r"runs\.csv:2: schedule", r"'sideways' is not one of gpipe, 1f1b"),
+    (",zero", ",5", [], r"runs\.csv:2: zero", r"expected a ZeRO stage 0, 1, 2 or 3, got '5'"),
+    (",precision", ",fp4", [], r"runs\.csv:2: precision", r"'fp4' is not one of fp32, fp16, bf16, fp8"),
+    (",kernels", ",cudnn", [], r"runs\.csv:2: kernels", r"is not one of megatron, pytorch-eager, torch-compile"),
+    (",set", ",offload=cpu;colour=red", [], r"runs\.csv:2: set: colour: unknown key", r"valid keys: .*offload"),
+    (",set", ",offload", [], r"runs\.csv:2: set: 'offload'", r"expected KEY=VALUE .*separate several with ';'"),
+    (",set", ",tp=4", [], r"runs\.csv:2: set: tp", r"given in its own column too; keep one"),
+    (",set", ",zero=9", [], r"runs\.csv:2: set: zero", r"9 is not one of 0, 1, 2, 3"),
+    (",set", ",platform_overrides.links.xpu_link.bandwidth=5", [], r"runs\.csv:2: selene\.yaml: "
+     r"links\.xpu_link\.bandwidth", r"has no unit; write it with one"),
+    (",workload", ",llama3-70b-serving", [], r"runs\.csv:2: workload llama3-70b-serving: a serving workload",
+     r"run a serving workload with hcsim simulate"),
+    ("", "", ["--set", "workload=llama3-70b-serving"], r"--set workload: workload llama3-70b-serving: a serving "
+     r"workload", r"run a serving workload with hcsim simulate"),
+    (",source", "," + "s" * 200_000, [], r"runs\.csv:2", r"field larger than field limit"),
+])
+def test_a_bad_runs_csv_cell_names_the_row_and_the_column(tmp_path, capsys, columns, cells, options, where, problem):
+    (tmp_path / "runs.csv").write_text(f"{HEADER}{columns}\n{ROW}{cells}\n")
+    message = refused(["validate", str(tmp_path / "runs.csv"), "--platform", SELENE, *options,
+                       "--out", str(tmp_path / "out")], capsys)
+    assert re.search(where, message) and re.search(problem, message), message
+    assert not (tmp_path / "out").exists()  # refused before the first simulation
+
+
+def test_every_bad_row_is_listed_before_any_row_runs(tmp_path, capsys):
+    (tmp_path / "runs.csv").write_text(f"{HEADER},set,platform\n{ROW},colour=red,{SELENE}\n"
+                                       f"{ROW.replace('r1', 'r2')},,\n")
+    message = refused(["validate", str(tmp_path / "runs.csv"), "--out", str(tmp_path / "out")], capsys)
+    assert re.match(r".*runs\.csv: invalid \(2 problems\):", message), message
+    assert re.search(r"runs\.csv:2: set: colour: unknown key", message)
+    assert re.search(r"runs\.csv:3: platform: empty, and no --platform given", message)
+
+
+# --- sweep: every point's specs read before the first point runs ------------------------------------------------
+
+@pytest.mark.parametrize("axes, where, problem", [
+    ("platform_overrides.links.pcie.bandwidth: [128GB/s, 64]",
+     r"exp\.yaml: point 1 \(platform_overrides\.links\.pcie\.bandwidth=64\): paper-cxl\.yaml: links\.pcie\.bandwidth",
+     r"64 has no unit"),
+    ("workload: [llama2-13b, llama3-70b-serving]", r"exp\.yaml: point 1 \(workload=llama3-70b-serving\): workload "
+     r"llama3-70b-serving: a serving workload", r"hcsim sweep runs training workloads.*hcsim simulate"),
+])
+def test_a_sweep_point_whose_spec_fails_is_refused_before_any_point_runs(tmp_path, capsys, monkeypatch, axes, where,
+                                                                          problem):
+    def tripwire(*args, **kwargs):
+        raise AssertionError("a bad point reached the engine")
+
+    monkeypatch.setattr("hcsim.study.sweep.run_point", tripwire)
+    (tmp_path / "exp.yaml").write_text(f"name: exp\nbase: {{xpus: 8, iterations: 1}}\naxes:\n  {axes}\n")
+    message = refused(["sweep", str(tmp_path / "exp.yaml"), "--out", str(tmp_path / "out")], capsys)
+    assert re.search(where, message) and re.search(problem, message), message

@@ -280,12 +280,15 @@ class Scenario:
 SCENARIO_KEYS = tuple(f.name for f in dataclasses.fields(Scenario) if f.name != "base")
 
 
-def load_scenario(path: str | Path | None = None, settings: list[str] | Mapping[str, Any] | None = None) -> Scenario:
+def load_scenario(path: str | Path | None = None, settings: list[str] | Mapping[str, Any] | None = None,
+                  origin: str | Mapping[str, str] = "--set ") -> Scenario:
     """Read a scenario YAML (or the built-in default when `path` is None), then apply `settings`.
 
     `settings` are ``key=value`` strings (values in YAML syntax: ``xpus=256``,
     ``cxl_bandwidth=256GB/s``, ``devices=[H100,A100]``,
-    ``platform_overrides.links.pcie.latency=300ns``) or a mapping.
+    ``platform_overrides.links.pcie.latency=300ns``) or a mapping; a problem with one of them is blamed on
+    `origin` + its key (``--set xpus``; a runs CSV's ``runs.csv:3: xpus``), or on ``origin[key]`` + its key
+    when `origin` maps keys to where each was written.
     """
     if path is not None and not isinstance(path, (str, Path)):
         raise ConfigError(f"scenario: expected a YAML file path or None, got {brief(path)}")
@@ -299,7 +302,8 @@ def load_scenario(path: str | Path | None = None, settings: list[str] | Mapping[
     data = apply_settings(data, settings if settings is not None else [], where)
     base = str(Path(path).resolve().parent) if path else "."
     # a value --set gave is blamed on --set, not on the file; overrides merge both, so they keep the file's name
-    origins = dict.fromkeys(given - {"platform_overrides", "workload_overrides"}, "--set ")
+    origins = {key: origin.get(key, "--set ") if isinstance(origin, Mapping) else origin
+               for key in given - {"platform_overrides", "workload_overrides"}}
     return _from_mapping(data, where, base, origins)
 
 

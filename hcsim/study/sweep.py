@@ -222,11 +222,59 @@ class Experiment:
                         labels[column] = inputs[column] if column in inputs else _text_of(settings.get(key))
             points.append(Point(index=index, key=scenario.digest(), labels=labels, scenario=scenario, inputs=inputs))
         _check_graph_sources(points, self.path or self.name)
+        problems = check_specs([(f"{self.path or self.name}: point {p.index} ({_describe(p.labels)})", p.scenario)
+                                for p in points], "sweep")
+        if problems:
+            from hcsim.errors import invalid
+
+            raise ConfigError(problems[0] if len(problems) == 1 else invalid(str(self.path or self.name),
+                                                                              problems[:20]))
         keys = [p.key for p in points]
         if len(set(keys)) != len(keys):
             raise ConfigError(f"{self.path or self.name}: axes: two points make the same scenario; "
                               "remove the repeated axis values")
         return points
+
+
+def check_specs(scenarios: Sequence[tuple[str, Scenario]], command: str) -> list[str]:
+    """The problems of the platform and workload specs of `scenarios` ((where, scenario) pairs), each distinct
+    spec and settings read once, before any of them runs: a value that only the spec reader checks (a bare
+    number for a bandwidth in platform_overrides, a model key) fails here, not when its point runs. A serving
+    workload (``kind: serving``) is refused: `command` (sweep, validate) compares training iterations."""
+    problems, seen = [], {}
+    for where, scenario in scenarios:
+        for kind, name, settings in (("platform", scenario.platform, scenario.platform_settings()),
+                                     ("workload", scenario.workload, scenario.workload_settings())):
+            key = (kind, name, scenario.base, json.dumps(settings, sort_keys=True, default=str))
+            if key not in seen:
+                seen[key] = _spec_problem(kind, name, settings, Path(scenario.base), command)
+            if seen[key]:
+                problems.append(f"{where}: {seen[key]}")
+    return problems
+
+
+def _spec_problem(kind: str, name: str, settings: dict[str, Any], base: Path, command: str) -> str | None:
+    """What is wrong with one platform or workload spec under `settings`, or None."""
+    from hcsim.config import load_yaml, resolve_spec
+    from hcsim.platform import load_platform_spec
+    from hcsim.workload import load_workload_spec
+    from hcsim.workload.serving import is_serving
+    from hcsim.workload.sources import is_graph_source
+
+    if kind == "workload" and is_graph_source(name):
+        return None  # _check_graph_sources reads those
+    try:
+        path = resolve_spec(name, f"{kind}s", base)
+        if kind == "platform":
+            load_platform_spec(path, settings)
+        elif is_serving(load_yaml(path)):
+            return (f"workload {name}: a serving workload (kind: serving); hcsim {command} runs training workloads "
+                    f"and compares their iterations: run a serving workload with hcsim simulate")
+        else:
+            load_workload_spec(path, settings)
+    except HcsimError as err:
+        return str(err)
+    return None
 
 
 def _check_graph_sources(points: list[Point], where: object) -> None:

@@ -1,8 +1,10 @@
 """Validation against measured training runs: `hcsim validate RUNS.csv --platform SPEC`.
 
 A RUNS file is a CSV with one measured run per row (:data:`COLUMNS`). Each row
-becomes a scenario on the given platform (the model shape overriding a base
-workload, ``gpt-megatron`` unless the row names another), simulated in a fresh
+becomes a scenario on its platform (its ``platform`` cell, else --platform; the model
+shape and kinds overriding a base workload, ``gpt-megatron`` unless the row names
+another; its ``set`` cell any other scenario key). Every row's cells, keys and specs
+are checked before the first simulation (:func:`check_rows`). Each is simulated in a fresh
 process (one SimGrid engine per process). The result table has the measured and
 simulated iteration times and the signed error (simulated - measured) /
 measured; rows that cannot be simulated keep their reason. Throughputs are
@@ -31,7 +33,7 @@ from typing import Any
 
 from hcsim.errors import ConfigError, HcsimError, brief
 
-__all__ = ["COLUMNS", "UNITS", "RunRow", "read_runs", "row_scenario", "validate", "summarize_rows", "write_report",
+__all__ = ["COLUMNS", "UNITS", "RunRow", "read_runs", "row_scenario", "check_rows", "validate", "summarize_rows", "write_report",
            "measured_seconds", "DEFAULT_SETTINGS"]
 
 # column -> meaning; `name`, `gpus`, `measured` and `unit` are required, the rest optional
@@ -47,6 +49,12 @@ COLUMNS = {
     "global_batch": "samples per iteration", "recompute": "none | selective | full",
     "schedule": "gpipe | 1f1b | interleaved | zb-h1", "virtual_stages": "chunks per stage (interleaved)",
     "sequence_parallel": "true | false", "attention": "standard | flash",
+    "cp": "context-parallel size", "ep": "expert-parallel size", "zero": "ZeRO stage 0-3",
+    "precision": "fp32 | fp16 | bf16 | fp8 (FP8: Transformer Engine's recipe; default: the workload's)",
+    "kv_heads": "key/value heads (grouped-query attention; default: heads)", "mlp": "gelu | swiglu",
+    "norm": "layernorm | rmsnorm", "kernels": "kernel inventory: megatron | pytorch-eager | torch-compile",
+    "platform": "platform spec of this run (built-in name, or path relative to the CSV; default: --platform)",
+    "set": "any other scenario keys of this run: KEY=VALUE;KEY=VALUE (e.g. offload=cpu;cp_algorithm=all_to_all)",
     "measured": "the measured value", "unit": "s | ms | samples/s | tokens/s | tflops/gpu",
     "source": "where the measurement comes from",
 }
@@ -62,7 +70,24 @@ DEFAULT_SETTINGS = {"compute_model": "roofline", "iterations": 1, "xpu_sampling"
 _SHAPE = {"layers": "model.decoders", "hidden": "model.hidden", "heads": "model.heads", "ffn": "model.ffn",
           "vocabulary": "model.vocabulary", "sequence": "model.sequence"}
 _INTS = ("layers", "hidden", "heads", "ffn", "vocabulary", "sequence", "gpus", "tp", "pp", "dp", "micro_batch",
-         "global_batch", "virtual_stages")
+         "global_batch", "virtual_stages", "cp", "ep", "kv_heads")
+# the scenario keys a cell gives as it is, and the workload spec keys (workload_overrides) a cell sets
+_SCENARIO_CELLS = ("tp", "pp", "dp", "micro_batch", "global_batch", "recompute", "schedule", "virtual_stages",
+                   "sequence_parallel", "cp", "ep", "zero", "precision")
+_WORKLOAD_CELLS = {"kv_heads": "model.kv_heads", "mlp": "model.mlp", "norm": "model.norm",
+                   "kernels": "training.kernels", "attention": "training.attention"}
+
+
+def _choices() -> dict[str, tuple[str, ...]]:
+    """The columns whose cell is one word of a list, and the list."""
+    from hcsim.workload.graph import PRECISIONS
+    from hcsim.workload.model import MLP_TYPES, NORM_TYPES, RECOMPUTATION
+    from hcsim.workload.ops import KERNEL_INVENTORIES
+    from hcsim.workload.schedules import SCHEDULES
+    from hcsim.workload.transformer import ATTENTION
+
+    return {"precision": PRECISIONS, "mlp": MLP_TYPES, "norm": NORM_TYPES, "kernels": KERNEL_INVENTORIES,
+            "recompute": RECOMPUTATION, "schedule": SCHEDULES, "attention": ATTENTION}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,10 +96,15 @@ class RunRow:
 
     line: int
     cells: dict[str, str]
+    where: str = ""  # FILE:LINE of the row in its CSV (comment lines counted), for messages; default "line N"
 
     @property
     def name(self) -> str:
         return self.cells.get("name", "") or f"line {self.line}"
+
+    @property
+    def place(self) -> str:
+        return self.where or f"line {self.line}"
 
     def value(self, key: str) -> Any:
         """The cell `key` typed (int, bool, str), None when empty; ConfigError naming the line and column."""
@@ -89,6 +119,15 @@ class RunRow:
             if number < 1:
                 raise ConfigError(f"line {self.line}: {key}: must be an integer >= 1, got {brief(text)}")
             return number
+        if key == "zero":
+            if text not in ("0", "1", "2", "3"):
+                raise ConfigError(f"line {self.line}: zero: expected a ZeRO stage 0, 1, 2 or 3, got {brief(text)}")
+            return int(text)
+        choices = _choices().get(key)
+        if choices is not None and text not in choices:
+            raise ConfigError(f"line {self.line}: {key}: {brief(text)} is not one of {', '.join(choices)}")
+        if key == "set":
+            return _set_cell(text, self.line)
         if key == "sequence_parallel":
             if text.lower() not in ("true", "false", "yes", "no", "1", "0"):
                 raise ConfigError(f"line {self.line}: sequence_parallel: expected true or false, got {brief(text)}")
@@ -102,6 +141,24 @@ class RunRow:
                 raise ConfigError(f"line {self.line}: measured: must be a finite number > 0, got {brief(text)}")
             return value
         return text
+
+
+def _set_cell(text: str, line: int) -> dict[str, Any]:
+    """A ``set`` cell, ``KEY=VALUE;KEY=VALUE``, as scenario settings (values read as YAML, as --set reads them)."""
+    from hcsim.config import parse_yaml
+
+    settings: dict[str, Any] = {}
+    for item in text.split(";"):
+        if not item.strip():
+            continue
+        key, sep, value = (part.strip() for part in item.partition("="))
+        if not sep or not key:
+            raise ConfigError(f"line {line}: set: {brief(item.strip())}: expected KEY=VALUE (a scenario key, e.g. "
+                              f"offload=cpu); separate several with ';'")
+        if key in settings:
+            raise ConfigError(f"line {line}: set: {key}: given twice; keep one")
+        settings[key] = parse_yaml(value, f"line {line}: set: {key}") if value else ""
+    return settings
 
 
 def read_runs(path: str | Path) -> list[RunRow]:
@@ -130,7 +187,16 @@ def read_runs(path: str | Path) -> list[RunRow]:
             + ([f"missing columns {', '.join(missing)}"] if missing else []))
             + f". Columns: {', '.join(COLUMNS)}")
     rows, problems, names = [], [], {}
-    for number, record in enumerate(reader, start=2):
+    records = enumerate(reader, start=2)
+    while True:
+        try:
+            number, record = next(records)
+        except StopIteration:
+            break
+        except csv.Error as err:  # a cell beyond the csv module's field limit (131,072 characters), a stray NUL
+            physical = numbered[min(reader.line_num, len(numbered) - 1)][0]
+            problems.append(f"{path}:{physical}: not a CSV row hcsim reads ({err}); each cell holds one short value")
+            break
         physical = numbered[min(reader.line_num, len(numbered)) - 1][0]  # the file's own line, comments counted
         if None in record:
             problems.append(f"{path}:{physical}: {len(header) + len(record[None])} cells, the header has "
@@ -139,13 +205,13 @@ def read_runs(path: str | Path) -> list[RunRow]:
         cells = {k.strip(): (v or "").strip() for k, v in record.items() if k}
         if not any(cells.values()):
             continue
-        row = RunRow(line=number, cells=cells)
+        row = RunRow(line=number, cells=cells, where=f"{path}:{physical}")
         name = cells.get("name", "")
         if name and name in names:
             problems.append(f"{path}:{physical}: name: {brief(name)} is also the name of line {names[name]}; "
                             f"give each run its own name")
         names.setdefault(name, physical)
-        for key in [*_INTS, "sequence_parallel"]:
+        for key in [*_INTS, "sequence_parallel", "zero", *_choices(), "set"]:
             try:
                 row.value(key)
             except ConfigError as err:
@@ -197,36 +263,93 @@ def measured_seconds(row: RunRow) -> float:
     return flops / (value * 1e12 * gpus)
 
 
-def row_scenario(row: RunRow, platform: str, settings: dict[str, Any] | None = None, base: str = "."):
-    """The scenario that simulates `row` on `platform`; ConfigError naming what is missing or wrong."""
-    from hcsim.run.scenario import load_scenario
-
-    values: dict[str, Any] = {"name": row.name, "platform": platform, "workload": row.value("workload") or "gpt-megatron",
+def _row_settings(row: RunRow, platform: str | None, settings: dict[str, Any] | None
+                  ) -> tuple[dict[str, Any], dict[str, str]]:
+    """The scenario settings of `row` (its cells over DEFAULT_SETTINGS, then --set `settings`, then its ``set``
+    column) and where each key was written, for messages (:func:`hcsim.run.scenario.load_scenario`'s origin)."""
+    place = row.place
+    values: dict[str, Any] = {"name": row.name, "workload": row.value("workload") or "gpt-megatron",
                               **DEFAULT_SETTINGS}
+    origin = {"workload": f"{place}: "} if row.value("workload") else {}
+    platform = row.value("platform") or platform
+    if platform is None:
+        raise ConfigError(f"{place}: platform: empty, and no --platform given; name the platform the run ran on "
+                          f"(a built-in name or a spec path) in the column or with --platform")
+    values["platform"] = platform
+    if row.value("platform"):
+        origin["platform"] = f"{place}: "
     gpus = row.value("gpus")
     if gpus is None:
-        raise ConfigError(f"line {row.line}: gpus: empty")
+        raise ConfigError(f"{place}: gpus: empty")
     values["xpus"] = gpus
-    for key in ("tp", "pp", "dp", "micro_batch", "global_batch", "recompute", "schedule", "virtual_stages",
-                "sequence_parallel"):
+    origin["xpus"] = f"{place}: gpus as "
+    for key in _SCENARIO_CELLS:
         if row.value(key) is not None:
-            values[key] = row.value(key)
-    if row.value("micro_batch") is None:
-        raise ConfigError(f"line {row.line}: micro_batch: not given (the simulated pipeline depends on it)")
+            values[key], origin[key] = row.value(key), f"{place}: "
     overrides = {path: row.value(key) for key, path in _SHAPE.items() if row.value(key) is not None}
     if row.value("hidden") is not None and row.value("ffn") is None:
         overrides["model.ffn"] = 4 * row.value("hidden")
-    if row.value("attention"):
-        overrides["training.attention"] = row.value("attention")
+    overrides.update({path: row.value(key) for key, path in _WORKLOAD_CELLS.items() if row.value(key) is not None})
     overrides["model.name"] = row.name
     values["workload_overrides"] = overrides
     if row.value("gpu"):
-        values["devices"] = [row.value("gpu")]
-    values.update(settings or {})
-    scenario = load_scenario(None, values)
+        values["devices"], origin["devices"] = [row.value("gpu")], f"{place}: gpu as "
+    for key, value in (settings or {}).items():
+        values[key] = value
+        origin.pop(str(key).partition(".")[0], None)  # --set's, blamed on --set
+    for key, value in (row.value("set") or {}).items():
+        head = str(key).partition(".")[0]
+        if head in values and head in origin:
+            raise ConfigError(f"{place}: set: {key}: given in its own column too; keep one")
+        if head in ("platform_overrides", "workload_overrides") and "." in str(key):
+            values[head] = {**values.get(head, {}), str(key).partition(".")[2]: value}
+        else:
+            values[key] = value
+        origin[head] = f"{place}: set: "
+    return values, origin
+
+
+def row_scenario(row: RunRow, platform: str | None, settings: dict[str, Any] | None = None, base: str = "."):
+    """The scenario that simulates `row` on its platform (its ``platform`` cell, else `platform`); ConfigError
+    naming the row (FILE:LINE) and the column of what is missing or wrong."""
     from dataclasses import replace
 
+    from hcsim.run.scenario import load_scenario
+
+    values, origin = _row_settings(row, platform, settings)
+    if row.value("micro_batch") is None and "micro_batch" not in values:
+        raise ConfigError(f"{row.place}: micro_batch: not given (the simulated pipeline depends on it)")
+    scenario = load_scenario(None, values, origin)
     return replace(scenario, base=base)
+
+
+def check_rows(runs: list[RunRow], platform: str | None, settings: dict[str, Any] | None = None, base: str = ".",
+               where: str = "runs") -> None:
+    """Check every row's keys and specs before any row is simulated: its settings make a scenario, its platform
+    and workload specs load with its values (each distinct one read once), and the workload is a training one.
+
+    Raises
+    ------
+    ConfigError
+        listing every row's problem (under `where`, the runs file), each naming the row (FILE:LINE) and the
+        column or key.
+    """
+    from dataclasses import replace
+
+    from hcsim.errors import invalid
+    from hcsim.run.scenario import load_scenario
+    from hcsim.study.sweep import check_specs
+
+    problems, scenarios = [], []
+    for row in runs:
+        try:
+            values, origin = _row_settings(row, platform, settings)
+            scenarios.append((row.place, replace(load_scenario(None, values, origin), base=base)))
+        except ConfigError as err:
+            problems.append(str(err))
+    problems += check_specs(scenarios, "validate")
+    if problems:
+        raise ConfigError(problems[0] if len(problems) == 1 else invalid(where, problems[:20]))
 
 
 class _TooLarge(HcsimError):
