@@ -16,7 +16,7 @@ CASES = {
     "tp-pp-dp recompute": ["--set=platform=dgx-h100", "--set=xpus=16", "--set=tp=2", "--set=pp=2",
                            "--set=global_batch=16", "--set=recompute=full"],
     "mixed devices, data parallel": ["--set=platform=paper-cxl", "--set=xpus=16", "--set=devices=[H100,A100]",
-                                     "--set=global_batch=16", "--set=precision=fp16"],
+                                     "--set=global_batch=16", "--set=precision=fp16", "--set=compute_model=peak"],
     "zero-3 interleaved": ["--set=platform=dgx-h100", "--set=xpus=8", "--set=pp=2", "--set=dp=4", "--set=zero=3",
                            "--set=schedule=interleaved", "--set=virtual_stages=2", "--set=global_batch=16"],
 }

@@ -16,9 +16,11 @@ import networkx as nx
 from hcsim.engine.api import host_pairs
 from hcsim.errors import ConfigError, TopologyError, brief
 from hcsim.run.scenario import Scenario
+from hcsim.run.stragglers import apply_stragglers
 
 __all__ = ["Prepared", "prepare", "batch_split", "layer_split", "offload_memory", "spill_policy", "check_local_memory",
-           "check_algorithm", "graph_workload", "rank_order", "compute_model", "traced_xpus"]
+           "check_algorithm", "graph_workload", "rank_order", "compute_model", "resolve_compute_model",
+           "platform_devices", "traced_xpus"]
 
 log = logging.getLogger(__name__)
 
@@ -119,10 +121,12 @@ def prepare(scenario: Scenario) -> Prepared:
 
         hybrid = scenario.hybrid or workload_spec.inventory.needs_hybrid_graph
         layers = layer_split(scenario, workload_spec, layout, graph) if hybrid else None
-        parallelism = _parallelism(scenario, workload_spec, layout, layers=layers) if hybrid else None
+        kernels = resolve_compute_model(scenario, platform_spec, workload_spec) == "roofline"
+        parallelism = _parallelism(scenario, workload_spec, layout, layers=layers, megatron_comm=kernels) \
+            if hybrid else None
         split = batch_split(scenario, workload_spec, layout, graph, parallelism)
         if parallelism and split:
-            parallelism = _parallelism(scenario, workload_spec, layout, split, layers)
+            parallelism = _parallelism(scenario, workload_spec, layout, split, layers, megatron_comm=kernels)
         check_run_cost(workload_spec, scenario.xpus, scenario.iterations, f"scenario {scenario.name!r}",
                        parallelism.micro_batches if parallelism else 1, scenario.pp,
                        sum(c for c, _ in parallelism.replica_classes()) if parallelism else len(set(split or (1,))))
@@ -153,10 +157,12 @@ def prepare(scenario: Scenario) -> Prepared:
         placement = place_memory(workload, capacities, workload_spec, extended,
                                  dict(zip(xpus, split)) if split else None)
     if placement is not None:
-        check_local_memory(scenario, platform_spec, graph, placement, layout)
+        check_local_memory(scenario, platform_spec, graph, placement, layout,
+                           workload_spec.kernels if not from_graph else "megatron")
         check_shared_memory(placement.inventory, {x: (nodes[x]["extended_memory"], extended[x]) for x in xpus
                                                   if nodes[x]["extended_memory"]},
                             offload if parallelism else None)
+    apply_stragglers(scenario, graph, xpus)  # each straggler's slowdown on its node (hcsim.run.stragglers)
     pairs = host_pairs(graph, workload)
     return Prepared(scenario, graph, workload, placement, xpus, pairs, coherent, platform_spec, order)
 
@@ -201,12 +207,15 @@ def spill_policy(scenario: Scenario, platform_spec) -> str:
     return scenario.spill or platform_spec.spill
 
 
-def check_local_memory(scenario: Scenario, platform_spec, platform: nx.Graph, placement, layout) -> None:
+def check_local_memory(scenario: Scenario, platform_spec, platform: nx.Graph, placement, layout,
+                       kernels: str = "megatron") -> None:
     """Stop a run that would spill on a platform that does not spill, as the training framework would.
 
     The rule is :func:`hcsim.workload.placement.out_of_memory` (``hcsim plan``'s too), applied to each XPU's
-    inventory: its training state less what offload keeps away must fit its local memory. Where
-    :func:`spill_policy` says ``allow``, the rest spills to extended memory instead (the paper's model).
+    inventory: its training state less what offload keeps away, plus what the training process holds beside
+    it (:func:`hcsim.workload.memory.framework_reserve` for the `kernels` inventory: the CUDA context,
+    workspaces, the allocator's reserve), must fit its local memory. Where :func:`spill_policy` says
+    ``allow``, the rest spills to extended memory instead (the paper's model, which reserves nothing).
 
     Raises
     ------
@@ -214,19 +223,24 @@ def check_local_memory(scenario: Scenario, platform_spec, platform: nx.Graph, pl
         naming the first pipeline stage that does not fit, its bytes per XPU by kind, the device and its
         capacity, and the remedies.
     """
+    from hcsim.workload.memory import framework_reserve
     from hcsim.workload.placement import out_of_memory
 
     policy = spill_policy(scenario, platform_spec)
     if policy == "allow":
         return
     nodes = platform.nodes
+
+    def need(held) -> float:
+        return held.need + framework_reserve(held.activations, kernels)
+
     worst: dict[int, tuple[float, str]] = {}  # stage -> (bytes beyond local memory, its XPU) of its worst XPU
     for x, held in placement.inventory.items():
         capacity = nodes[nodes[x]["local_memory"]]["capacity"]
         stage = layout.stage(x)
-        if out_of_memory(stage, held.need, capacity, nodes[x]["device"]) and \
-                held.need - capacity > worst.get(stage, (0.0, ""))[0]:
-            worst[stage] = (held.need - capacity, x)
+        if out_of_memory(stage, need(held), capacity, nodes[x]["device"]) and \
+                need(held) - capacity > worst.get(stage, (0.0, ""))[0]:
+            worst[stage] = (need(held) - capacity, x)
     if not worst:
         return
     stage = min(worst)
@@ -234,7 +248,8 @@ def check_local_memory(scenario: Scenario, platform_spec, platform: nx.Graph, pl
     held = placement.inventory[x]
     parts = ", ".join(f"{kind} {value / 1e9:.1f} GB" for kind, value in (
         ("parameters", held.parameters), ("gradients", held.gradients), ("optimizer", held.optimizer),
-        ("activations", held.activations)) if value) \
+        ("activations", held.activations), ("CUDA context, workspaces and allocator reserve",
+                                            framework_reserve(held.activations, kernels))) if value) \
         + (f", less {held.offloaded / 1e9:.1f} GB offloaded" if held.offloaded else "")
     others = sorted(worst)[1:]
     also = f"; stage{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} neither" if others else ""
@@ -243,7 +258,7 @@ def check_local_memory(scenario: Scenario, platform_spec, platform: nx.Graph, pl
            f"spill to host memory")
     raise ConfigError(
         f"scenario {scenario.name!r}: out of memory: "
-        f"{out_of_memory(stage, held.need, nodes[nodes[x]['local_memory']]['capacity'], nodes[x]['device'])} "
+        f"{out_of_memory(stage, need(held), nodes[nodes[x]['local_memory']]['capacity'], nodes[x]['device'])} "
         f"({parts}){also}; {why}. Fix: offload (offload=cpu), ZeRO (zero=1, 2 or 3), more pipeline stages (pp), "
         f"recomputation (recompute=full), a smaller micro_batch, or allow spilling to extended memory with "
         f"--set spill=allow")
@@ -347,9 +362,10 @@ def layer_split(scenario: Scenario, spec, layout, platform: nx.Graph) -> tuple[i
 
 
 def _parallelism(scenario: Scenario, spec, layout, split: tuple[int, ...] | None = None,
-                 layers: tuple[int, ...] | None = None):
+                 layers: tuple[int, ...] | None = None, megatron_comm: bool = False):
     """The scenario's hybrid parallelism over `layout`, defaults filled from the workload spec; `split`: the
-    resolved batch_split (micro-batches per DP replica); `layers`: the resolved layer_split."""
+    resolved batch_split (micro-batches per DP replica); `layers`: the resolved layer_split; `megatron_comm`:
+    Megatron-LM's communication (the kernel model's runs, :func:`resolve_compute_model`)."""
     from hcsim.workload.hybrid import Parallelism
 
     try:
@@ -359,7 +375,7 @@ def _parallelism(scenario: Scenario, spec, layout, split: tuple[int, ...] | None
                                      sequence_parallel=scenario.sequence_parallel, layer_split=layers,
                                      zero=scenario.zero, offload=scenario.offload,
                                      offload_state=scenario.offload_state, moe_skew=scenario.moe_skew,
-                                     batch_split=split, megatron_comm=scenario.compute_model == "roofline",
+                                     batch_split=split, megatron_comm=megatron_comm,
                                      cp_algorithm=scenario.cp_algorithm)
     except ConfigError as err:
         raise ConfigError(f"scenario {scenario.name!r}: {err}") from err
@@ -418,27 +434,93 @@ def rank_order(platform: nx.Graph, xpus: list[str], scenario: Scenario, run_xpus
     return [x for x in order if x in members]
 
 
+def resolve_compute_model(scenario: Scenario, platform_spec=None, workload_spec=None) -> str:
+    """The compute model a run of `scenario` uses: ``peak`` or ``roofline`` (the kernel model).
+
+    ``compute_model`` when the scenario names it. Left out (None, the default), the kernel model wherever it
+    can time the run: the workload is a workload spec whose graph lists kernels (the hybrid-parallel graph:
+    tp, pp, cp, ep, a batch, recomputation, ZeRO or offload, or a framework's kernel inventory,
+    ``training.kernels``) and every device the platform names has kernel factors (``compute_factors``, over
+    ``platforms/compute-model.yaml``: measured, calibrated, or literature ones, with the warning of
+    :func:`compute_model`); else the paper's peak model (the paper's data-parallel graph, a graph file or a
+    trace, a device without factors). `platform_spec` and `workload_spec`: the checked specs when the caller
+    has them (read from the scenario otherwise); a spec that cannot be read leaves peak.
+
+    >>> resolve_compute_model(Scenario(xpus=8))  # the paper's data-parallel graph
+    'peak'
+    >>> resolve_compute_model(Scenario(platform="dgx-h100", workload="llama3-8b", xpus=8, tp=8))
+    'roofline'
+    >>> resolve_compute_model(Scenario(platform="dgx-h100", workload="llama3-8b", xpus=8, tp=8, devices=["B200"]))
+    'peak'
+    """
+    if scenario.compute_model is not None:
+        return scenario.compute_model
+    from hcsim.config import resolve_spec
+    from hcsim.engine.compute_model import load_compute_model
+    from hcsim.errors import HcsimError
+    from hcsim.platform import load_platform_spec
+    from hcsim.workload import load_workload_spec
+    from hcsim.workload.sources import is_graph_source
+
+    if is_graph_source(scenario.workload):
+        return "peak"
+    base = Path(scenario.base)
+    try:
+        if workload_spec is None:
+            workload_spec = load_workload_spec(resolve_spec(scenario.workload, "workloads", base),
+                                               scenario.workload_settings())
+        if not (scenario.hybrid or workload_spec.inventory.needs_hybrid_graph):
+            return "peak"
+        if platform_spec is None:
+            platform_spec = load_platform_spec(resolve_spec(scenario.platform, "platforms", base),
+                                               scenario.platform_settings())
+        factors = resolve_spec(scenario.compute_factors, "platforms", base) if scenario.compute_factors else None
+        known = load_compute_model(factors).devices
+    except HcsimError:
+        return "peak"
+    devices = platform_devices(platform_spec)
+    return "roofline" if devices and devices <= known.keys() else "peak"
+
+
+def platform_devices(spec) -> set[str]:
+    """The device names a checked platform spec puts on its XPUs: its ``devices`` list, or the devices of an
+    explicit topology's XPU nodes."""
+    if spec.devices:
+        return set(spec.devices)
+    nodes = spec.topology.nodes if spec.topology is not None else ()
+    return {node.attributes["device"] for node in nodes if node.attributes.get("device")}
+
+
 def compute_model(scenario: Scenario, workload: nx.DiGraph, platform: nx.Graph | None = None):
-    """The scenario's roofline ComputeModel, or None for ``compute_model: peak``.
+    """The scenario's roofline ComputeModel, or None where the run uses the peak model
+    (:func:`resolve_compute_model`).
 
     A workload of PyTorch's kernels (training.kernels: pytorch-eager or torch-compile) is always timed by its
     kernels: the peak model knows nothing of them. Raises ConfigError when roofline is asked of a graph without
     op-level costs, or when a device of `platform` has no factors; warns, naming them, when its devices'
     factors are literature values."""
-    from hcsim.workload.ops import INVENTORIES
-
-    if scenario.compute_model == "peak" and not INVENTORIES[workload.graph.get("kernels", "megatron")].needs_kernel_model:
-        return None
     from hcsim.config import resolve_spec
     from hcsim.engine.compute_model import load_compute_model
+    from hcsim.platform.devices import builtin_catalog
+    from hcsim.workload.ops import INVENTORIES
 
+    path = resolve_spec(scenario.compute_factors, "platforms", Path(scenario.base)) if scenario.compute_factors else None
+    run_devices = {d for _, d in (platform.nodes(data="device") if platform is not None else ()) if d}
+    known = set(builtin_catalog()) | run_devices  # the devices a factors file may name
+    if resolve_compute_model(scenario) == "peak" and not INVENTORIES[workload.graph.get("kernels", "megatron")].needs_kernel_model:
+        if path is not None:  # checked all the same (a bad file is an error), and said to go unread
+            load_compute_model(path, known)
+            log.warning("compute_factors: %s is not read: this run uses the peak model (compute_model: %s), which "
+                        "times FLOPs at peak FLOP/s and reads no kernel factors; set compute_model: roofline to time "
+                        "its kernels with them, or leave compute_factors out", path,
+                        scenario.compute_model or "peak, as resolved for this run")
+        return None
     if not any(ops for _, ops in workload.nodes(data="ops")):
         raise ConfigError(f"scenario {scenario.name!r}: compute_model: roofline times the kernels (ops) of compute "
                           f"vertices, which only the hybrid-parallel graph has; fix: set tp, pp, micro_batch or "
                           f"global_batch, or compute_model: peak")
-    path = resolve_spec(scenario.compute_factors, "platforms", Path(scenario.base)) if scenario.compute_factors else None
-    model = load_compute_model(path)
-    devices = sorted({d for _, d in (platform.nodes(data="device") if platform is not None else ()) if d})
+    model = load_compute_model(path, known)
+    devices = sorted(run_devices)
     unmeasured = [model.device(d).name for d in devices if model.device(d).provenance == "literature"]
     if unmeasured:
         log.warning("compute_model: roofline: the kernel factors of %s are literature figures, not measured "

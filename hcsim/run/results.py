@@ -214,7 +214,8 @@ def resolve_scenario(scenario: Scenario) -> dict[str, Any]:
     """Column -> value of every scenario field, defaults replaced by what they resolve to, as CSV cells.
 
     A field left to the platform or workload spec (None: devices, coherent, CXL bandwidth and latency, spill,
-    collective, graph fidelity, precision) takes the spec's value; if the specs cannot be read (a point that
+    collective, graph fidelity, precision) takes the spec's value, compute_model the one the run uses
+    (:func:`hcsim.run.prepare.resolve_compute_model`); if the specs cannot be read (a point that
     fails), fields keep their own values. A cell holds a number, a word, or nothing (None, a blank cell: a
     value that does not exist, such as the CXL latency of a platform without CXL, or the algorithm's own
     default chunk count): never "none", prose or JSON. Lists are joined with ``+`` (``H100+A100``,
@@ -260,8 +261,11 @@ def _spec_values(scenario: Scenario) -> dict[str, Any]:
     from hcsim.workload import load_workload_spec
 
     base = Path(scenario.base)
+    from hcsim.run.prepare import resolve_compute_model
+
     values: dict[str, Any] = {"trace_iterations": list(range(1, scenario.iterations + 1)),
-                              "compute_factors": "platforms/compute-model.yaml"}  # the built-in roofline factors
+                              "compute_factors": "platforms/compute-model.yaml",  # the built-in roofline factors
+                              "compute_model": resolve_compute_model(scenario)}  # None: roofline where it can time
     try:
         platform = load_platform_spec(resolve_spec(scenario.platform, "platforms", base), scenario.platform_settings())
     except HcsimError:

@@ -18,6 +18,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,8 +27,8 @@ from typing import Any, ClassVar
 from hcsim.config import Fields, load_yaml, parse_settings, resolve_spec
 from hcsim.engine.api import COLLECTIVE_MODELS, ENGINES, LOCAL_ACCESSES, LOCAL_COLLECTIVES, XPU_SAMPLINGS
 from hcsim.errors import ConfigError, brief
-from hcsim.params import (Choice, Constraint, Either, Flag, Integer, Integers, Number, Optional, StringMapping, Text,
-                          Texts, check_params)
+from hcsim.params import (Choice, Constraint, Either, Flag, Integer, Integers, Number, NumberMapping, Optional,
+                          StringMapping, Text, Texts, check_params)
 from hcsim.engine.compute_model import COMPUTE_MODELS
 from hcsim.workload.context import CP_ALGORITHMS
 from hcsim.workload.graph import PRECISIONS
@@ -56,8 +57,9 @@ class Scenario:
     name: str = "default"  # a label, recorded in the result
     platform: str = "paper-cxl"  # platform spec: built-in name or path
     workload: str = "llama2-13b"  # workload spec (built-in name or YAML path), a graph .json or chakra:PREFIX
-    precision: str | None = None  # fp32 | fp16 | bf16 (FP16/BF16: mixed precision, FP32 master weights and Adam
-    # state): the training precision, overriding the workload's training.precision; None: the workload's
+    precision: str | None = None  # fp32 | fp16 | bf16 | fp8 (FP16/BF16: mixed precision, FP32 master weights and
+    # Adam state; FP8: Transformer Engine's FP8 GEMMs, BF16 elsewhere): the training precision, overriding the
+    # workload's training.precision; None: the workload's
     xpus: int = 64  # XPUs that train (the first ones of the platform, rack by rack)
     devices: tuple[str, ...] | None = None  # device per rack, cycling; None: the platform spec's
     coherent: bool | None = None  # CXL fabric and coherent memory access; None: the platform spec's
@@ -105,12 +107,19 @@ class Scenario:
     cp: int = 1  # context-parallel group size: each rank holds sequence / cp tokens (dp = xpus / (tp x cp x ep x pp))
     cp_algorithm: str = "ring"  # ring (K/V blocks passed around the CP group, beside the attention) | all_to_all
     moe_skew: float = 1.0  # most loaded expert rank's tokens / the mean (1: balanced routing)
-    compute_model: str = "peak"  # peak (FLOPs / peak FLOP/s: the paper's) | roofline (hcsim.engine.compute_model)
+    compute_model: str | None = None  # peak (FLOPs / peak FLOP/s: the paper's) | roofline (the kernel model,
+    # hcsim.engine.compute_model); None: roofline where the run's graph lists kernels (tp, pp, cp, a batch or a
+    # framework's kernels) and every device of the platform has kernel factors, else peak (resolve_compute_model)
     compute_factors: str | None = None  # roofline factors YAML; None: platforms/compute-model.yaml
     trace_xpus: int | str | tuple[str, ...] = "per-stage"  # with an output folder: per-stage (the first XPU of
     # each pipeline stage and device type), per-device (the first XPU of each device type), per-class (each
     # class's representative, with xpu_sampling: representative), a list of XPU names, or the first N (0: none)
     trace_iterations: tuple[int, ...] | None = None  # None: every iteration
+    stragglers: dict[str, float] = field(default_factory=dict)  # XPU name -> slowdown factor > 0: its compute
+    # takes that many times as long ({xpu3: 1.5}; docs/stragglers.md); wins over straggler_spread where it names one
+    straggler_spread: float = 0.0  # every XPU of the run slowed by 1 + |N(0, spread)| (half-normal), drawn with
+    # random.Random(seed) in topology order; 0: none
+    seed: int = 0  # the seed of the run's random draws (straggler_spread): the same seed, the same factors
     base: str = "."  # folder that relative spec paths are relative to
 
     _constraints: ClassVar[dict[str, Constraint]] = {
@@ -129,7 +138,7 @@ class Scenario:
         "local_access": Choice(LOCAL_ACCESSES),
         "xpu_sampling": Choice(XPU_SAMPLINGS),
         "local_collectives": Choice(LOCAL_COLLECTIVES), "engine": Choice(ENGINES),
-        "compute_model": Choice(COMPUTE_MODELS),
+        "compute_model": Optional(Choice(COMPUTE_MODELS), "roofline where the devices have kernel factors, else peak"),
         "compute_factors": Optional(Text(), "platforms/compute-model.yaml"),
         "granularity": Optional(Choice(GRANULARITIES), "the workload spec's"),
         "iterations": Integer(minimum=1),
@@ -144,6 +153,8 @@ class Scenario:
         "trace_xpus": Either((Integer(minimum=0), Choice(TRACE_CHOICES), Texts("XPU names"))),
         "trace_iterations": Optional(Integers(minimum=1), "every iteration"),
         "cp": Integer(minimum=1), "cp_algorithm": Choice(CP_ALGORITHMS),
+        "stragglers": NumberMapping("XPU names", positive=True), "straggler_spread": Number(minimum=0),
+        "seed": Integer(),
         "base": Text(),
     }
 
@@ -151,6 +162,8 @@ class Scenario:
         for key in ("devices", "ring_order", "trace_iterations", "layer_split", "batch_split"):
             if isinstance(getattr(self, key), list):
                 object.__setattr__(self, key, tuple(getattr(self, key)))
+        if isinstance(self.stragglers, Mapping) and not isinstance(self.stragglers, dict):
+            object.__setattr__(self, "stragglers", dict(self.stragglers))
         name = self.name if isinstance(self.name, str) else "?"
         check_params(self._constraints, self, f"scenario {name!r}")
         if self.trace_iterations and max(self.trace_iterations) > self.iterations:
@@ -271,11 +284,17 @@ class Scenario:
 
     def digest(self) -> str:
         """A hash of the inputs, recorded with results: of the keys set to other than their default, so a key
-        added to hcsim with a default leaves every earlier digest (and sweep point key) unchanged."""
-        defaults = Scenario(name=self.name).to_dict()
+        added to hcsim with a default leaves every earlier digest (and sweep point key) unchanged. A key whose
+        default changed (:data:`FORMER_DEFAULTS`) is compared with its former default: a scenario that names
+        that value keeps its earlier digest, and one left to the new default gets a digest of its own."""
+        defaults = Scenario(name=self.name).to_dict() | FORMER_DEFAULTS
         data = {k: v for k, v in self.to_dict().items() if k != "base" and v != defaults[k]}
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
+
+# key -> its default before the default changed: compute_model was peak until it became None (the kernel model
+# wherever the devices have factors); committed results that name peak keep their sweep point keys
+FORMER_DEFAULTS = {"compute_model": "peak"}
 
 SCENARIO_KEYS = tuple(f.name for f in dataclasses.fields(Scenario) if f.name != "base")
 
@@ -313,7 +332,7 @@ def apply_settings(data: dict, settings: list[str] | Mapping[str, Any], where: s
     items = parse_settings(settings)
     for key, value in items.items():
         head, _, rest = str(key).partition(".")
-        if rest and head in ("platform_overrides", "workload_overrides"):
+        if rest and head in ("platform_overrides", "workload_overrides", "stragglers"):
             current = data.get(head)
             data[head] = {**(current if isinstance(current, dict) else {}), rest: value}
         else:
@@ -407,7 +426,7 @@ def _from_mapping(data: dict, where: str, base: str, origins: dict[str, str] | N
         state = None
     values["offload_state"] = tuple(state) if state else default.offload_state
     values["spill"] = fields.choice("spill", SPILLS, None)
-    values["compute_model"] = fields.choice("compute_model", COMPUTE_MODELS, default.compute_model)
+    values["compute_model"] = fields.choice("compute_model", COMPUTE_MODELS, None)
     values["compute_factors"] = fields.string("compute_factors", None)
     iterations = fields.raw("trace_iterations")
     if iterations is not None and not (isinstance(iterations, list) and iterations
@@ -416,6 +435,14 @@ def _from_mapping(data: dict, where: str, base: str, origins: dict[str, str] | N
                                f"got {brief(iterations)}")
         iterations = None
     values["trace_iterations"] = tuple(iterations) if isinstance(iterations, list) else None
+    values["stragglers"] = _stragglers(fields)
+    values["straggler_spread"] = fields.number("straggler_spread", default.straggler_spread, minimum=0)
+    if values["straggler_spread"] is not None and not math.isfinite(values["straggler_spread"]):
+        fields.problems.append(f"{fields.path('straggler_spread')}: expected a finite number >= 0 (the standard "
+                               f"deviation of the slowdowns, 0.05: about 4% slower on average), got "
+                               f"{brief(values['straggler_spread'])}")
+        values["straggler_spread"] = default.straggler_spread
+    values["seed"] = fields.number("seed", default.seed, kind=int)
     for key in ("platform_overrides", "workload_overrides"):
         value = fields.raw(key) or {}
         if not isinstance(value, dict):
@@ -427,6 +454,27 @@ def _from_mapping(data: dict, where: str, base: str, origins: dict[str, str] | N
         return Scenario(**values)
     except ConfigError as err:
         raise ConfigError(str(err).replace(f"scenario {values['name']!r}: ", f"{where}: ", 1)) from None
+
+
+def _stragglers(fields: Fields) -> dict[str, float]:
+    """XPU name -> slowdown factor: finite numbers > 0 (the names are checked against the run's XPUs in
+    :func:`hcsim.run.stragglers.straggler_factors`)."""
+    value = fields.raw("stragglers")
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        fields.problems.append(f"{fields.path('stragglers')}: expected a mapping of XPU names to slowdown factors "
+                               f"(e.g. {{xpu3: 1.5}}: xpu3's compute takes 1.5x as long), got {brief(value)}")
+        return {}
+    factors = {}
+    for name, factor in value.items():
+        if not (isinstance(factor, (int, float)) and not isinstance(factor, bool) and math.isfinite(factor)
+                and factor > 0):
+            fields.problems.append(f"{fields.path('stragglers')}.{name}: expected a slowdown factor, a finite number "
+                                   f"> 0 (1.5: its compute takes 1.5x as long), got {brief(factor)}")
+            continue
+        factors[str(name)] = float(factor)
+    return factors
 
 
 def _collective(fields: Fields) -> str | None:
