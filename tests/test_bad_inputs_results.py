@@ -82,7 +82,7 @@ def test_compute_factors_that_is_no_file_says_what_it_is(given, problem):
     with pytest.raises(ConfigError) as info:
         load_scenario(None, {"compute_factors": given})
     check_message(str(info.value))
-    assert f"compute_factors: " in str(info.value) and problem in str(info.value), str(info.value)
+    assert "compute_factors: " in str(info.value) and problem in str(info.value), str(info.value)
     assert "give a roofline factors YAML" in str(info.value)
 
 
@@ -208,3 +208,37 @@ def test_a_sweep_point_whose_spec_fails_is_refused_before_any_point_runs(tmp_pat
     (tmp_path / "exp.yaml").write_text(f"name: exp\nbase: {{xpus: 8, iterations: 1}}\naxes:\n  {axes}\n")
     message = refused(["sweep", str(tmp_path / "exp.yaml"), "--out", str(tmp_path / "out")], capsys)
     assert re.search(where, message) and re.search(problem, message), message
+
+
+# --- output paths, help and lists -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv", [["simulate", "--out", ""], ["sweep", "exp.yaml", "--out", ""],
+                                  ["validate", "runs.csv", "--out", ""], ["plan", "llama3-8b", "--out", " "],
+                                  ["platform", "draw", "paper-cxl", "-o", ""], ["calibrate", "k.csv", "--device",
+                                                                                 "H100", "-o", ""]])
+def test_an_empty_output_path_is_refused_not_read_as_the_current_folder(tmp_path, monkeypatch, capsys, argv):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert re.search(r"error: argument (--out|-o/--output): an empty path; give a folder or file name",
+                     capsys.readouterr().err)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_simulate_help_lists_every_precision(capsys):
+    from hcsim.workload.graph import PRECISIONS
+
+    with pytest.raises(SystemExit):
+        main(["simulate", "--help"])
+    entry = capsys.readouterr().out.split("\n  precision (default", 1)[1].split("\n  xpus", 1)[0]
+    assert " | ".join(PRECISIONS) in " ".join(entry.split())
+    assert " | ".join(PRECISIONS) in (REPO_ROOT / "docs" / "workloads.md").read_text()
+
+
+def test_list_algorithms_gives_each_description_to_the_end_of_its_sentence(capsys):
+    assert main(["list", "algorithms"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) > 10
+    for line in lines:
+        assert line.rstrip().endswith((".", ")")), f"cut mid-sentence: {line!r}"

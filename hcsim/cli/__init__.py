@@ -20,7 +20,17 @@ try:
 except ImportError as _error:  # a folder named hcsim shadows the package: say so, not "cannot import name"
     raise shadowed_package(_error) from _error
 
-__all__ = ["main"]
+__all__ = ["main", "path_arg"]
+
+
+def path_arg(text: str):
+    """An output path option's value (--out, -o): an empty one is refused, not read as the current folder."""
+    from pathlib import Path
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path; give a folder or file name (leave the option out for its "
+                                         "default)")
+    return Path(text)
 
 SUBCOMMANDS = ("simulate", "platform", "workload", "sweep", "plan", "validate", "calibrate", "catalog")
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from hcsim.cli import path_arg
+
 __all__ = ["register"]
 
 
@@ -32,7 +34,7 @@ def register(subparsers) -> None:
                              "V100, B200)")
     parser.add_argument("--device-catalog", type=Path, default=None,
                         help="a device YAML (platforms/devices.yaml's shape) that defines --device")
-    parser.add_argument("-o", "--output", type=Path, required=True, help="compute-model YAML to write")
+    parser.add_argument("-o", "--output", type=path_arg, required=True, help="compute-model YAML to write")
     parser.set_defaults(run=run)
 
 

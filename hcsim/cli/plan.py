@@ -16,6 +16,7 @@ from pathlib import Path
 
 from hcsim.cli.sweep import add_execution_options, check_execution_options
 from hcsim.errors import ConfigError
+from hcsim.cli import path_arg
 
 __all__ = ["register"]
 
@@ -40,7 +41,7 @@ def register(subparsers) -> None:
     add_execution_options(parser, "simulations", "its plan is listed as failed")
     parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                         help="any scenario key, e.g. precision=fp32 (repeatable)")
-    parser.add_argument("--out", default=None, help="folder for plan.csv and plan.png; each finished simulation is "
+    parser.add_argument("--out", type=path_arg, default=None, help="folder for plan.csv and plan.png; each finished simulation is "
                         "kept in OUT/plan.journal.jsonl until they are written, so a killed plan loses none")
     parser.add_argument("--resume", action="store_true",
                         help="after a killed plan: keep its finished simulations (OUT/plan.journal.jsonl), simulate "

@@ -6,6 +6,7 @@ import logging
 import math
 import time
 
+from hcsim.cli import path_arg
 from hcsim.platform.devices import PRECISIONS
 from hcsim.errors import ConfigError, OutputError
 from hcsim.units import format_quantity
@@ -33,7 +34,7 @@ def register(subparsers) -> None:
     show.set_defaults(run=_show)
     compile_ = actions.add_parser("compile", help="write the SimGrid platform XML")
     common(compile_)
-    compile_.add_argument("-o", "--output", required=True, metavar="FILE.xml",
+    compile_.add_argument("-o", "--output", type=path_arg, required=True, metavar="FILE.xml",
                           help="the SimGrid 4.1 platform XML to write (hosts, links, zones and routes)")
     compile_.add_argument("--pairs", choices=("data-parallel", "all-xpus"), default="data-parallel",
                           help="host pairs to emit routes for (default: data-parallel, each XPU with its memories "
@@ -44,7 +45,7 @@ def register(subparsers) -> None:
     draw = actions.add_parser("draw", help="draw the platform (a representative part of large ones), names and, "
                               "given a run's links.csv, link loads")
     common(draw)
-    draw.add_argument("-o", "--output", required=True, metavar="FILE.png",
+    draw.add_argument("-o", "--output", type=path_arg, required=True, metavar="FILE.png",
                       help="the drawing; its format follows the suffix (.png, .svg or .pdf), one file")
     draw.add_argument("--loads", metavar="LINKS.csv",
                       help="links.csv of a run (hcsim simulate --out DIR): links drawn by their mean utilization. "

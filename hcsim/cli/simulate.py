@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from hcsim.cli import path_arg
 from hcsim.units import format_percent, format_quantity
 
 __all__ = ["register"]
@@ -27,7 +28,7 @@ def register(subparsers) -> None:
     parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                         help="override a scenario key, e.g. xpus=256, cxl_latency=1us, coherent=false (repeatable)")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    parser.add_argument("--out", type=Path, help="folder for result.json, links.csv, xpus.csv, xpus.png and the traces "
+    parser.add_argument("--out", type=path_arg, help="folder for result.json, links.csv, xpus.csv, xpus.png and the traces "
                         "(refused if it holds an earlier run's results, unless --overwrite)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the earlier run's results in --out (all of them: none is left beside the new)")

@@ -7,6 +7,8 @@ import sys
 import threading
 from pathlib import Path
 
+from hcsim.cli import path_arg
+
 __all__ = ["register"]
 
 
@@ -27,7 +29,7 @@ def register(subparsers) -> None:
     parser.add_argument("--resume", action="store_true", help="keep the rows already in the CSV, run the others")
     parser.add_argument("--retry-errors", action="store_true", help="with --resume, run failed points again")
     parser.add_argument("--overwrite", action="store_true", help="start over, replacing an existing CSV")
-    parser.add_argument("--out", type=Path, default=Path("results"), help="folder of the outputs (default: results)")
+    parser.add_argument("--out", type=path_arg, default=Path("results"), help="folder of the outputs (default: results)")
     parser.add_argument("--report-only", action="store_true", help="run nothing: redraw the plots and summary from the CSV")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(run=run)

@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from hcsim.cli import path_arg
+
 __all__ = ["register"]
 
 
@@ -37,7 +39,7 @@ def register(subparsers) -> None:
     parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                         help="a scenario key for every row, e.g. compute_model=peak or compute_factors=my.yaml "
                              "(repeatable)")
-    parser.add_argument("--out", type=Path, default=Path("validation"),
+    parser.add_argument("--out", type=path_arg, default=Path("validation"),
                         help="folder for validation.csv, .md, .png, .svg (default: ./validation)")
     parser.add_argument("--jobs", type=int, default=1, help="rows simulated at once (default 1)")
     parser.add_argument("--resume", action="store_true",

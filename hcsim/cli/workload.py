@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from hcsim.cli import path_arg
 from hcsim.errors import ConfigError, HcsimError, OutputError
 from hcsim.units import format_quantity
 
@@ -53,7 +54,7 @@ def register(subparsers) -> None:
     export = actions.add_parser("export", help="write the training graph as networkx node-link JSON")
     export.add_argument("spec", metavar="SPEC", help=f"a workload YAML file or a built-in name ({builtin})")
     export.add_argument("--xpus", type=int, required=True, help="data-parallel XPUs, named xpu0 .. xpu{N-1}")
-    export.add_argument("-o", "--output", required=True, help="JSON file to write")
+    export.add_argument("-o", "--output", type=path_arg, required=True, help="JSON file to write")
     export.add_argument("--device", default=None,
                         help="place memory for this device (sets each vertex's spilled_xpus); without it the graph "
                              "spills nothing, and a warning says so")
@@ -67,7 +68,7 @@ def register(subparsers) -> None:
                     "itself with workload: chakra:PREFIX). Sizes are bytes, times microseconds; ASTRA-sim's "
                     "network 'GB/s' is 2^30 B/s (GiB/s in hcsim), hcsim's GB/s is 1e9 B/s.")
     chakra.add_argument("prefix", metavar="PREFIX", help="path prefix of the rank files (chakra:PREFIX also accepted)")
-    chakra.add_argument("-o", "--output", required=True, help="JSON file to write")
+    chakra.add_argument("-o", "--output", type=path_arg, required=True, help="JSON file to write")
     chakra.add_argument("--groups", default=None,
                         help="communicator groups JSON {pg_name: [ranks]} (default: PREFIX.groups.json if present)")
     chakra.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "bf16"),

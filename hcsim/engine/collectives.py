@@ -317,8 +317,15 @@ def algorithms() -> dict[str, list[str]]:
 
 
 def algorithm_summaries() -> dict[tuple[str, str], str]:
-    """(collective, name) -> the first line of each registered algorithm's docstring."""
-    return {key: ((cls.__doc__ or "").strip().splitlines() or [""])[0] for key, cls in sorted(_REGISTRY.items())}
+    """(collective, name) -> the first sentence of each registered algorithm's docstring, whole (its first
+    paragraph up to a full stop before a capital letter, its lines joined)."""
+    import re
+
+    def first_sentence(doc: str | None) -> str:
+        paragraph = " ".join(line.strip() for line in (doc or "").strip().split("\n\n")[0].splitlines())
+        return re.split(r"(?<=\.)\s+(?=[A-Z`])", paragraph)[0]
+
+    return {key: first_sentence(cls.__doc__) for key, cls in sorted(_REGISTRY.items())}
 
 
 def server_groups(platform, xpus: Sequence[str]) -> list[list[int]]:
