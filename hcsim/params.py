@@ -22,7 +22,7 @@ from typing import Any
 from hcsim.errors import ConfigError, brief
 
 __all__ = ["Constraint", "Integer", "Number", "Choice", "Text", "Flag", "Texts", "Integers", "Either", "Optional",
-           "StringMapping", "check_params"]
+           "StringMapping", "NumberMapping", "check_params"]
 
 
 class Constraint:
@@ -57,17 +57,19 @@ class Integer(Constraint):
 
 @dataclass(frozen=True)
 class Number(Constraint):
-    """A finite int or float (not a bool); `positive`: > 0."""
+    """A finite int or float (not a bool); `positive`: > 0; `minimum`: >= it."""
 
     positive: bool = False
     unit: str = ""
+    minimum: float | None = None
 
     def describe(self) -> str:
-        return f"a finite number{' > 0' if self.positive else ''}{f' in {self.unit}' if self.unit else ''}"
+        bound = " > 0" if self.positive else f" >= {self.minimum:g}" if self.minimum is not None else ""
+        return f"a finite number{bound}{f' in {self.unit}' if self.unit else ''}"
 
     def accepts(self, value: Any) -> bool:
         return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-                and (not self.positive or value > 0))
+                and (not self.positive or value > 0) and (self.minimum is None or value >= self.minimum))
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,21 @@ class StringMapping(Constraint):
 
     def accepts(self, value: Any) -> bool:
         return isinstance(value, Mapping) and all(Text().accepts(k) for k in value)
+
+
+@dataclass(frozen=True)
+class NumberMapping(Constraint):
+    """A dict of non-empty strings (`what`) to finite numbers (not bools); `positive`: each > 0."""
+
+    what: str = "names"
+    positive: bool = False
+
+    def describe(self) -> str:
+        return f"a mapping of {self.what} to finite numbers{' > 0' if self.positive else ''}"
+
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, Mapping) and all(Text().accepts(k) and Number(self.positive).accepts(v)
+                                                  for k, v in value.items())
 
 
 @dataclass(frozen=True)

@@ -442,16 +442,8 @@ class Executor:
         node = self.nodes[xpu]
         start = self.backend.now()
         local = node["local_memory"]
-        size, speed = data["memory_bytes"], peak_flops(node, self.precision)
-        duration = data.get("duration")  # a measured time replaces FLOPs / FLOP/s, on any device
-        flops = data["flops"] if duration is None else duration * speed
-        compute_time = flops / speed
-        model = self.options.compute_model
-        if model is not None and duration is None and data.get("ops") and node["kind"] == "xpu":  # roofline
-            # FP8 training runs all but its GEMMs in BF16: the kernel model takes the BF16 peak (hcsim.workload.ops)
-            kernel_peak = peak_flops(node, "bf16") if self.precision == "fp8" else speed
-            compute_time = model.time(data["ops"], node["device"], kernel_peak, self._path(local, xpu)[1])
-            flops = compute_time * speed
+        size = data["memory_bytes"]
+        flops, compute_time = self.compute_cost(xpu, data)
         tracing = self.trace is not None and self.trace.wants(xpu, run)
 
         def finish():
@@ -512,6 +504,30 @@ class Executor:
         else:
             compute_beside(memory, finish)
 
+    def compute_cost(self, xpu: str, data: dict) -> tuple[float, float]:
+        """(FLOPs the host executes, compute time in s) of compute vertex `data` (its attributes) on `xpu`.
+
+        The time is FLOPs / peak FLOP/s at the run's precision, the vertex's measured ``duration`` (on any
+        device), or the kernel model's (roofline), times the XPU's ``slowdown`` (a straggler's factor,
+        :mod:`hcsim.platform.topology`; not on an offloaded CPU step or a move, which are not its compute);
+        the FLOPs are what takes that time at the host's speed (SimGrid's host speed is the peak FLOP/s,
+        :mod:`hcsim.platform.compile`). The one rule of both engines (:mod:`hcsim.engine.core.workload`)."""
+        node = self.nodes[xpu]
+        speed = peak_flops(node, self.precision)
+        duration = data.get("duration")  # a measured time replaces FLOPs / FLOP/s, on any device
+        flops = data["flops"] if duration is None else duration * speed
+        compute_time = flops / speed
+        model = self.options.compute_model
+        if model is not None and duration is None and data.get("ops") and node["kind"] == "xpu":  # roofline
+            # FP8 training runs all but its GEMMs in BF16: the kernel model takes the BF16 peak (hcsim.workload.ops)
+            kernel_peak = peak_flops(node, "bf16") if self.precision == "fp8" else speed
+            compute_time = model.time(data["ops"], node["device"], kernel_peak, self._path(node["local_memory"], xpu)[1])
+            flops = compute_time * speed
+        slowdown = node.get("slowdown", 1.0)
+        if slowdown != 1.0 and data.get("host") != "cpu" and not data.get("move"):
+            flops, compute_time = flops * slowdown, compute_time * slowdown
+        return flops, compute_time
+
     def _count_reads(self, vertex: _Vertex, xpu: str, form: tuple[str | None, str]) -> None:
         """Add the memory bytes this instance moves (analytic reads and representative XPUs' followers
         included) to the link-load accounting."""
@@ -560,7 +576,7 @@ class Executor:
     def _representatives(self) -> dict[str, str]:
         """Follower XPU -> its representative: the first XPU of each class of alike XPUs.
 
-        Alike: same device and speed, the same compute vertices, the same memory paths and spilled
+        Alike: same device, speed and slowdown (a straggler's), the same compute vertices, the same memory paths and spilled
         vertices, and the same collective paths in and out (so an XPU whose incoming ring transfer
         shares its memory link is not represented by one whose transfer arrives over the XPU switch).
         An XPU whose memory traffic could slow other traffic down, or be slowed down by it
@@ -593,7 +609,7 @@ class Executor:
             paths = tuple(self._path(node[key], xpu) if (node[key], xpu) in self.routes else None
                           for key in ("local_memory", "extended_memory"))
             runs = tuple((xpu in pos, xpu in spilled) for pos, spilled in placements)
-            key = (node["device"], peak_flops(node, self.precision), paths, tuple(sorted(traffic[xpu])), runs,
+            key = (node["device"], peak_flops(node, self.precision), node.get("slowdown", 1.0), paths, tuple(sorted(traffic[xpu])), runs,
                    xpu if xpu in shared else None)
             rep = first.setdefault(key, xpu)
             if rep != xpu:

@@ -35,7 +35,11 @@ Node attributes (``kind`` first)
          local_memory : name of its HBM memory node;
          extended_memory : name of the memory node it spills to, or None;
          host_memory : optional, the DRAM of the CPU it is attached to (CPU
-         offload copies there, and an offloaded optimizer step runs on the DRAM's owner).
+         offload copies there, and an offloaded optimizer step runs on the DRAM's owner);
+         slowdown : optional float > 0, a straggler's factor: its compute takes
+         this many times as long (FLOPs / peak, a measured duration or a kernel
+         time alike; :meth:`hcsim.engine.executor.Executor.compute_cost`);
+         absent: 1 (the scenario keys stragglers and straggler_spread set it).
     cpu: flops : FLOP/s (0 when it only hosts memory and PCIe).
     memory: capacity : bytes (math.inf for unbounded);
             role : "hbm" | "dram" | "cxl_type3" | "cxl_type2";

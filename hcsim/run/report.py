@@ -27,6 +27,7 @@ try:
 except ImportError as _error:  # a folder named hcsim shadows the package: say so, not "cannot import name"
     raise shadowed_package(_error) from _error
 from hcsim.run.prepare import Prepared, spill_policy
+from hcsim.run.stragglers import straggler_report
 from hcsim.run.results import (SPLIT_PARTS, TIME_PARTS, XPU_COLUMNS, XpuTimes, pace_setters, per_xpu_times,
                                resolve_scenario, xpu_rows)
 
@@ -101,6 +102,7 @@ def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float, comput
         "breakdown": _breakdown(prepared, per_xpu),
         "stages": _stage_breakdown(prepared, per_xpu),
         "pace": pace_setters(per_xpu, _device_of(prepared)),
+        **straggler_report(prepared.platform, prepared.xpus, per_xpu),
         "memory": _memory(prepared),
         "spill": spill_policy(scenario, prepared.platform_spec) if prepared.platform_spec is not None else None,
         **_batch_split_report(prepared),

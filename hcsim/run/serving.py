@@ -105,6 +105,8 @@ _TRAINING_KEYS = {
     "sequence_parallel": (False, "sequence parallelism is a training key"),
     "layer_split": (None, "serving splits the decoders evenly over pp stages"),
     "collective": (None, "serving's TP all-reduces are rings (closed form)"),
+    "stragglers": ({}, "a serving step is a closed form over one replica's XPUs, all alike: no stragglers"),
+    "straggler_spread": (0.0, "a serving step is a closed form over one replica's XPUs, all alike: no stragglers"),
 }
 
 

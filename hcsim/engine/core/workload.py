@@ -89,17 +89,14 @@ def build_arrays(executor, hosts: dict[str, int]) -> dict[str, array]:
     Alike vertices (one per layer and micro-batch: the same XPUs, sizes and groups) have the same units: the
     u_ arrays are tables of rows, each distinct set of units' rows made once (`cache`), and each vertex names
     its first row in them (v_xrow, v_rrow, v_crow, v_grow)."""
-    from hcsim.platform.devices import peak_flops
-
     a = {name: array(code) for name, code in ARRAY_TYPES}
     for name in ("v_units", "v_succs", "b_units", "p_phases", "ph_transfers", "t_feeds", "q_sequences", "rl_steps",
                  "st_sends"):
         a[name].append(0)
-    precision = executor.precision
     analytic_access = executor.options.local_access == "analytic"
     plans: dict[tuple, int] = {}
     step_plans: dict[tuple, tuple[int, object]] = {}
-    xpu_cache: dict = {}  # XPU -> (FLOP/s, its local memory); alike compute vertices -> their compute row
+    xpu_cache: dict = {}  # alike compute vertices -> their compute row
     edge_buckets: dict[tuple, int] = {}
     cache: dict = {}  # ("xpu", xpus id) / ("required", ...) / ("groups", algorithms id) -> a row, keyed objects
 
@@ -133,8 +130,7 @@ def build_arrays(executor, hosts: dict[str, int]) -> dict[str, array]:
         else:
             v_rrow.append(_requirements(executor, vertex, cache, u_required))
         if compute:
-            v_crow.append(_compute_units(a, executor, vertex, hosts, peak_flops, precision, analytic_access,
-                                         xpu_cache))
+            v_crow.append(_compute_units(a, executor, vertex, hosts, analytic_access, xpu_cache))
             v_grow.append(-1)
             v_group0.append(-1)
         else:
@@ -168,7 +164,7 @@ def _requirements(executor, vertex, cache, table) -> int:
     return cache[key][0]
 
 
-def _compute_units(a, executor, vertex, hosts, peak_flops, precision, analytic_access, xpu_cache) -> int:
+def _compute_units(a, executor, vertex, hosts, analytic_access, xpu_cache) -> int:
     """executor._start_compute's choices per unit: a copy first (spilled data without coherence), then the
     execution and the read side by side, or the longer of the two alone (local data, local_access analytic);
     the vertex's first row in the compute columns, added on first use (alike vertices share them)."""
@@ -193,18 +189,8 @@ def _compute_units(a, executor, vertex, hosts, peak_flops, precision, analytic_a
 
     flops_out, read_out, src_out, time_out, copy_out, copy_src_out, peer_out = [], [], [], [], [], [], []
     for xpu in vertex.xpus:
-        known = xpu_cache.get(xpu)
-        if known is None:
-            node = nodes[xpu]
-            known = xpu_cache[xpu] = (peak_flops(node, precision), node["local_memory"])
-        speed, local = known
-        flops = data["flops"] if duration is None else duration * speed
-        compute_time = flops / speed
-        if model is not None and duration is None and data.get("ops") and nodes[xpu]["kind"] == "xpu":  # roofline
-            # FP8 training runs all but its GEMMs in BF16: the kernel model takes the BF16 peak (executor.py)
-            kernel_peak = peak_flops(nodes[xpu], "bf16") if precision == "fp8" else speed
-            compute_time = model.time(data["ops"], nodes[xpu]["device"], kernel_peak, executor._path(local, xpu)[1])
-            flops = compute_time * speed
+        local = nodes[xpu]["local_memory"]
+        flops, compute_time = executor.compute_cost(xpu, data)  # the executor's rule, a straggler's slowdown in it
         if cpu_step or move or xpu in spilled:
             copy_from, memory = memory_form(nodes, data, xpu, executor.options.coherent)
         else:
