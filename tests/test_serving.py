@@ -2,6 +2,7 @@
 batching that loses or duplicates no request."""
 
 import json
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -13,7 +14,8 @@ from hcsim.errors import ConfigError
 from hcsim.platform.devices import builtin_catalog
 from hcsim.run.scenario import Scenario
 from hcsim.run.report import RUN_OUTPUTS
-from hcsim.run.serving import _platform, _StepCost, activation_workspace, percentiles, simulate_serving
+from hcsim.run.serving import (_platform, _StepCost, activation_workspace, load_serving_spec, percentiles,
+                               simulate_serving)
 from hcsim.workload.model import ModelShape
 from hcsim.workload.serving import ServingSpec, kv_bytes_per_token, make_requests, step_kernels
 from hcsim.workload.transformer import model_parameters
@@ -231,3 +233,62 @@ def test_out_holds_one_runs_results_whether_it_trained_or_served(tmp_path):
         written = {p.name for p in out.iterdir()}
         assert written == outputs, written
         assert f"wrote {out}/" + ", ".join(sorted(outputs, key=RUN_OUTPUTS.index)) in done.stdout
+
+
+SERVE = ["--set=workload=llama3-70b-serving", "--set=platform=paper-cxl", "--set=xpus=16", "--set=tp=8",
+         "--set=devices=[H100]"]
+
+
+@pytest.mark.parametrize("settings, expected", [
+    (["--set=cp=2"], r"cp: 2 does not apply to serving"),
+    (["--set=ep=2"], r"ep: 2 does not apply to serving"),
+    (["--set=zero=1"], r"zero: 1 does not apply"),
+    (["--set=offload=cpu"], r"offload: 'cpu' does not apply"),
+    (["--set=recompute=full"], r"recompute: 'full' does not apply"),
+    (["--set=global_batch=64"], r"global_batch: 64 does not apply"),
+    (["--set=micro_batch=2"], r"micro_batch: 2 does not apply"),
+    (["--set=dp=3"], r"dp: 3 is not xpus / \(tp x pp\)"),
+    (["--set=precision=fp8"], r"precision: 'fp8': serving runs fp16 or bf16"),
+    (["--set=workload_overrides={serving.output: 200000}"], r"can reach 208,192 tokens, beyond the model's sequence"),
+    (["--set=workload_overrides={serving.requests: 1000001}"], r"serving.requests: must be <= 1,000,000"),
+    (["--set=workload_overrides={serving.bogus: 1}"], r"serving.bogus: unknown key; valid keys: block_size, "),
+    (["--set=workload_overrides={serving.max_batch: 4}"], r"serving.max_batch: renamed max_num_seqs"),
+    (["--set=workload_overrides={serving.block_size: 7}"], r"block_size must be one of 8, 16, 32, 64, 128"),
+    (["--set=workload_overrides={serving.max_num_batched_tokens: 100}"], r"less than max_num_seqs 256"),
+    (["--set=workload_overrides={serving.gpu_memory_utilization: 0.2}"], r"no room for a KV block"),
+])
+def test_bad_serving_input_ends_in_one_message_naming_the_key(settings, expected):
+    """Each ends with exit 2 and one message that names the key and what would be valid: no traceback, no hang,
+    nothing served silently."""
+    done = subprocess.run([sys.executable, "-m", "hcsim.cli", "simulate", *SERVE, *settings], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert re.search(expected, done.stderr), done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_a_default_the_file_did_not_write_is_called_a_default(tmp_path):
+    """A model too short for the built-in prompt and output (512 + 128 tokens): the message says those lengths are
+    the defaults, not values the file gave."""
+    path = tmp_path / "short.yaml"
+    path.write_text("kind: serving\nmodel: {decoders: 2, hidden: 512, heads: 8, ffn: 1024, sequence: 600}\n"
+                    "serving: {requests: 2}\n")
+    with pytest.raises(ConfigError, match=r"prompt \[512, 512\] \(the default; the file gives no serving.prompt\)"):
+        load_serving_spec(path)
+
+
+def test_a_run_that_preempts_over_and_over_stops_with_what_it_did():
+    """Outputs far longer than the KV cache holds for the sequences admitted: recomputation after recomputation;
+    the run stops with a message, not after hours."""
+    thrash = spec(model=replace(MODEL, sequence=40_000), requests=40, rate=None, prompt=(1000, 1000),
+                  output=(15_000, 15_000), max_num_seqs=40, gpu_memory_utilization=0.04, max_num_batched_tokens=512)
+    with pytest.raises(ConfigError, match=r"preemptions recomputed .* tokens.*Fix: fewer sequences at once"):
+        simulate_serving(scenario(xpus=1, tp=1, spill="error"), thrash)
+
+
+def test_the_summary_keeps_three_digits_of_a_small_throughput():
+    from hcsim.cli.simulate import serving_summary
+
+    result = simulate_serving(scenario(), spec(requests=4))
+    result["throughput_tokens_per_s"] = 0.0029123
+    assert "throughput       0.00291 output tokens/s" in serving_summary(result)

@@ -216,6 +216,17 @@ def _compute_line(result: dict) -> list[str]:
     return [f"  compute          {model}{kernels}; {result['precision_recipe']}"]
 
 
+def _straggler_line(result: dict) -> list[str]:
+    """The slowest XPU, its factor, and what it costs (hcsim.run.stragglers.straggler_report), if any is slowed."""
+    if "stragglers" not in result:
+        return []
+    s = result["stragglers"]
+    return [f"  straggler        {s['xpu']} x{s['factor']:.3g} ({s['count']} of {result['xpus']} XPUs slowed): "
+            f"+{format_quantity(s['extra_compute_s'], 's')} of its own compute per iteration; its peers waited "
+            f"{format_quantity(s['peers_idle_s'], 's')} per iteration in collectives (mean; it waited "
+            f"{format_quantity(s['own_idle_s'], 's')})"]
+
+
 def summary(result: dict) -> str:
     """A short human-readable report of a result record."""
     if result.get("kind") == "serving":
@@ -262,6 +273,7 @@ def summary(result: dict) -> str:
     others = ", ".join(f"{d} {format_quantity(p['idle_s'], 's')}" for d, p in pace.items() if d != setter)
     lines.append(f"  pace set by      {setter} ({pace[setter]['xpu']}, idle {format_quantity(pace[setter]['idle_s'], 's')}"
                  f" per iteration{'; least idle of the other types: ' + others if others else ''})")
+    lines.extend(_straggler_line(result))
     busiest = sorted(((rows[0]["utilization"], kind, rows[0]["link"]) for kind, rows in result["links"].items()),
                      reverse=True)
     lines.append("  busiest links    " + "   ".join(f"{kind} {link} {format_percent(u)}" for u, kind, link in busiest[:3]))

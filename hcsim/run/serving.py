@@ -46,6 +46,7 @@ Units: s, bytes, tokens.
 from __future__ import annotations
 
 import math
+import os
 from array import array
 from collections import OrderedDict, deque
 from dataclasses import dataclass, replace
@@ -59,10 +60,15 @@ from hcsim.workload.serving import (Request, SchedulerConfig, ServingSpec, atten
                                     head_kernels, kv_bytes_per_token, make_requests, scheduler_config)
 
 __all__ = ["load_serving_spec", "serving_workload", "simulate_serving", "percentiles", "StepWork",
-           "activation_workspace", "check_serving_scenario", "BYTES_PER_REQUEST", "MAX_SERVING_MEMORY"]
+           "activation_workspace", "check_serving_scenario", "BYTES_PER_REQUEST", "MAX_SERVING_MEMORY",
+           "EVENTS_PER_REQUEST"]
 
 BYTES_PER_REQUEST = 2_000  # B of this process's memory per request at the peak (benchmarks/serving_speed.py: ~1.2 KB)
 MAX_SERVING_MEMORY = 4 * 2**30  # B: a run whose estimate is above it is refused before it starts
+# A replica's scheduling events (steps, decode runs) at most, per prompt chunk and per request (4 each: an
+# arrival, a first token, a finish, a block boundary), beyond 10,000: a run that passes it is preempting and
+# recomputing over and over (outputs far longer than the KV cache holds for max_num_seqs sequences).
+EVENTS_PER_REQUEST = 10
 
 
 def serving_workload(scenario: Scenario) -> ServingSpec | None:
@@ -285,7 +291,7 @@ class _Scheduler:
         self.waiting: deque[int] = deque(range(n))
         self.running: list[int] = []
         self.now, self.steps, self.swap_used = 0.0, 0, 0.0
-        self.hit_tokens = self.query_tokens = self.preempted = self.max_tokens = 0
+        self.hit_tokens = self.query_tokens = self.preempted = self.max_tokens = self.recomputed = 0
         self.trace_time, self.trace_hbm, self.trace_ext, self.trace_running = (array("d"), array("q"), array("q"),
                                                                               array("q"))
 
@@ -387,6 +393,7 @@ class _Scheduler:
             self.swap_used += size
             swapped = size
         else:
+            self.recomputed += self.computed[i]
             self.computed[i] = 0
         self._release(i)
         self.waiting.appendleft(i)
@@ -394,12 +401,26 @@ class _Scheduler:
 
     # ---- steps -------------------------------------------------------------------------------------------------
 
-    def run(self) -> None:
+    def run(self, limit: int) -> None:
+        """Serve every request; ConfigError after `limit` scheduling events (steps or decode runs), which only
+        preemptions that recompute over and over reach (the run would not end in reasonable time)."""
+        events = 0
         while self.waiting or self.running:
             if not self.running and self.arrival[self.waiting[0]] > self.now:
                 self.now = self.arrival[self.waiting[0]]
             if not self._decode_run():
                 self._step()
+            events += 1
+            if events > limit and not os.environ.get("HCSIM_NO_LIMITS"):  # hcsim.limits' switch
+                longest = max(p + o for p, o in zip(self.prompt, self.output))
+                raise ConfigError(
+                    f"serving workload {self.spec.name!r}: a replica stopped after {events:,} scheduling steps, more "
+                    f"than the {limit:,} its {len(self.index):,} requests need (10 per prompt chunk and request: "
+                    f"hcsim.run.serving.EVENTS_PER_REQUEST): {self.preempted:,} preemptions recomputed "
+                    f"{self.recomputed:,} tokens, the KV cache of {self.platform.hbm_blocks * self.config.block_size:,}"
+                    f" tokens in HBM thrashing between requests of up to {longest:,} tokens. Fix: fewer sequences at "
+                    f"once (serving.max_num_seqs), shorter requests, or more KV memory (more tp or pp, extended memory "
+                    f"with spill: allow), or set HCSIM_NO_LIMITS=1 to run it anyway")
 
     def _tokens(self, i: int) -> int:
         return self.prompt[i] + self.made[i]
@@ -641,8 +662,10 @@ def simulate_serving(scenario: Scenario, spec: ServingSpec) -> dict[str, Any]:
     records, occupancy = [], []
     steps = preempted = hits = queries = most = 0
     for r in range(platform.dp):
-        scheduler = _Scheduler(spec, config, platform, cost, requests[r::platform.dp])
-        scheduler.run()
+        mine = requests[r::platform.dp]
+        chunks = sum(-(-q.prompt // config.max_num_batched_tokens) for q in mine)
+        scheduler = _Scheduler(spec, config, platform, cost, mine)
+        scheduler.run(EVENTS_PER_REQUEST * (chunks + 4 * len(mine)) + 10_000)
         records += scheduler.records()
         occupancy += [(r, t, h, e, n) for t, h, e, n in zip(scheduler.trace_time, scheduler.trace_hbm,
                                                              scheduler.trace_ext, scheduler.trace_running)]
@@ -787,13 +810,15 @@ def _platform(scenario: Scenario, spec: ServingSpec) -> tuple[_Platform, Schedul
     peers = xpus[:tp * pp]
     routes = shortest_routes(graph, peers[0], peers[1:2] + peers[tp:tp + 1]) if len(peers) > 1 else {}
 
-    def link_time(route, size, collective_steps, ranks):
+    def link_time(route, collective_steps, ranks):
+        """bytes -> s over `route`: `collective_steps` of (latency + bytes / ranks at the achieved bandwidth)."""
         if not route:
-            return 0.0
+            return lambda size: 0.0
         slowest = min(zip(route, route[1:]), key=lambda e: graph.edges[e]["bandwidth"])
         link = compute.link(graph.edges[slowest]["kind"])
-        bandwidth = route_bandwidth(graph, route) * link.bandwidth_factor
-        return collective_steps * (route_latency(graph, route) + size / ranks / bandwidth) + link.call_latency
+        rate = route_bandwidth(graph, route) * link.bandwidth_factor * ranks
+        fixed = collective_steps * route_latency(graph, route) + link.call_latency
+        return lambda size: fixed + collective_steps * size / rate
 
     tp_route = routes.get(peers[1]) if tp > 1 else None
     pp_route = routes.get(peers[tp]) if pp > 1 else None
@@ -802,8 +827,7 @@ def _platform(scenario: Scenario, spec: ServingSpec) -> tuple[_Platform, Schedul
                          hbm_blocks=int(free / block_bytes), ext_blocks=ext_blocks, ext_bandwidth=ext_bandwidth,
                          ext_latency=ext_latency, coherent=coherent, spilled_to=spilled_to, ext_unbounded=ext_unbounded,
                          host_bandwidth=host_bandwidth, host_latency=host_latency,
-                         tp_time=lambda size: link_time(tp_route, size, 2 * (tp - 1), tp),
-                         p2p_time=lambda size: link_time(pp_route, size, 1, 1), tp=tp, pp=pp,
+                         tp_time=link_time(tp_route, 2 * (tp - 1), tp), p2p_time=link_time(pp_route, 1, 1), tp=tp, pp=pp,
                          dp=scenario.xpus // (tp * pp), token_bytes=token_bytes, weights=weights, workspace=workspace)
     return platform, config
 

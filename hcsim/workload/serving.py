@@ -157,7 +157,7 @@ class ServingSpec:
                               f"modelled), got {self.precision!r}")
         if self.model.experts > 1:
             raise ConfigError(f"{where}: the model has {self.model.experts} experts; serving models dense decoders "
-                              f"only (mixture-of-experts serving is issue 36's). Fix: experts: 1")
+                              f"only (mixture-of-experts serving is not modelled yet). Fix: a dense model (experts: 1)")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -201,7 +201,7 @@ def scheduler_config(spec: ServingSpec, device: str, memory: float) -> Scheduler
         budget = max(spec.model.sequence, 2048)
     else:
         budget = 8192 if large else 2048
-    where = f"serving workload {spec.name!r}"
+    where = f"{spec.source + ': ' if spec.source else ''}serving workload {spec.name!r}"
     if budget < seqs:
         raise ConfigError(f"{where}: serving.max_num_batched_tokens {budget:,} is less than max_num_seqs {seqs:,} "
                           f"(every running sequence needs a token of the budget, as vLLM requires). Fix: raise "
@@ -348,6 +348,8 @@ def serving_spec_from_dict(data: dict, where: str, shape_of) -> ServingSpec:
 
     def lengths(key, default):
         value = serving.raw(key, default)
+        if not serving.has(key):
+            return default
         if isinstance(value, int) and not isinstance(value, bool):
             return (value, value)
         if isinstance(value, list) and len(value) == 2:
