@@ -242,3 +242,35 @@ def test_list_algorithms_gives_each_description_to_the_end_of_its_sentence(capsy
     assert len(lines) > 10
     for line in lines:
         assert line.rstrip().endswith((".", ")")), f"cut mid-sentence: {line!r}"
+
+
+# --- a factors file where the run reads it, and where it does not (these two run a small simulation) ------------
+
+def hcsim(*args):
+    return subprocess.run([sys.executable, "-m", "hcsim.cli", *args], capture_output=True, text=True, timeout=600)
+
+
+def test_a_factors_file_the_peak_model_does_not_read_is_said_and_still_checked(tmp_path):
+    import json
+
+    factors = tmp_path / "mine.yaml"
+    factors.write_text((REPO_ROOT / "platforms" / "compute-model.yaml").read_text())
+    done = hcsim("simulate", "--set=xpus=8", "--set=iterations=1", "--set=compute_model=peak",
+                 f"--set=compute_factors={factors}", "--json")
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"compute_factors: .*mine\.yaml is not read: this run uses the peak model", done.stderr)
+    assert json.loads(done.stdout)["compute_model"] == "peak" and json.loads(done.stdout)["compute_factors"] is None
+    factors.write_text("devices:\n  H100: {memory_efficiency: 2}\n")  # unread, but wrong: an error all the same
+    done = hcsim("simulate", "--set=xpus=8", "--set=iterations=1", "--set=compute_model=peak",
+                 f"--set=compute_factors={factors}")
+    assert done.returncode == 2 and "mine.yaml: devices.H100" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_lower_case_device_in_a_factors_file_stops_the_run_instead_of_going_unused(tmp_path):
+    factors = tmp_path / "mine.yaml"
+    factors.write_text((REPO_ROOT / "platforms" / "compute-model.yaml").read_text().replace("\n  H100:\n", "\n  h100:\n"))
+    done = hcsim("simulate", "--set=platform=dgx-h100", "--set=workload=llama3-8b", "--set=xpus=8", "--set=tp=8",
+                 "--set=compute_model=roofline", f"--set=compute_factors={factors}")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert re.search(r"mine\.yaml: devices\.h100: no device of that name \(names are case-sensitive\); did you mean "
+                     r"'H100'", done.stderr), done.stderr
