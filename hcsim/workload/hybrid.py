@@ -156,6 +156,16 @@ class Parallelism:
         return self.offload != "none" and state in self.offload_state
 
     @property
+    def optimizer_shards(self) -> int:
+        """Ranks the optimizer state (and with ZeRO 2-3 more) is sharded over: dp x cp for Megatron-LM's
+        distributed optimizer (zero 1: megatron/core/optimizer builds it on the data-parallel group with the
+        context-parallel ranks, get_data_parallel_group(with_context_parallel=True)), dp for ZeRO 2-3, 1
+        without ZeRO."""
+        if self.zero == 0:
+            return 1
+        return self.dp * (self.cp if self.zero == 1 and self.ep == 1 else 1)
+
+    @property
     def replicas(self) -> int:
         """Ranks that see different data: dp x ep (expert-parallel ranks split the batch too)."""
         return self.dp * self.ep
@@ -472,8 +482,8 @@ class _Builder:
 
         `previous`: each replica class's last pass; `last_of_chunk`: per chunk, each class's last backward of
         it (a replica's members of a gradient collective arrive when their own backward is done)."""
-        par, spec, sizes = self.par, self.spec, self.spec.sizes
-        shard = 1.0 / par.dp if par.zero >= 1 else 1.0
+        par, spec, sizes = self.par, self.spec, self.spec.main_sizes
+        shard = 1.0 / par.optimizer_shards
         parameters = sum(self.chunk_parameters(stage, c) for c in range(par.virtual_stages))
         # the transformer costs never fold the state into the backward pass, so the step reads and writes it
         per_parameter = optimizer_step_bytes(sizes, spec.optimizer_bytes_per_parameter) if spec.inventory.fused \
@@ -520,8 +530,9 @@ class _Builder:
         if on_cpu:
             end = self.add_move(f"s{stage}.offload.weights", xpus, stage, "in", [opt],
                                 parameters * shard * sizes.weight)
-        if par.zero in (1, 2) and par.dp > 1:
-            name = add_comm(self.graph, f"s{stage}.weights.all_gather", groups=self.groups("dp", stage),
+        if par.zero in (1, 2) and par.optimizer_shards > 1:
+            name = add_comm(self.graph, f"s{stage}.weights.all_gather",
+                            groups=self.groups("replicas" if par.optimizer_shards > par.dp else "dp", stage),
                             collective="all_gather", bytes=parameters * sizes.weight, algorithm=self.ring())
             self.graph.nodes[name].update(phase="zero", stage=stage)
             add_dependency(self.graph, end, name)
@@ -842,7 +853,8 @@ def place_hybrid_memory(graph: nx.DiGraph, spec: WorkloadSpec, par: Parallelism,
     keywords = dict(micro_batch=par.micro_batch, sequence=spec.model.sequence // par.cp, tp=par.tp,
                     sequence_parallel=par.sequence_parallel, ep=par.ep,
                     precision=spec.precision, attention=spec.attention, optimizer=spec.optimizer,
-                    recompute=par.recompute, dp=par.dp, zero_stage=par.zero, kernels=spec.kernels)
+                    recompute=par.recompute, dp=par.optimizer_shards, zero_stage=par.zero, kernels=spec.kernels,
+                    gradient=spec.main_gradient)
 
     def away(m) -> float:
         """Bytes of a StageMemory that offload keeps out of HBM."""

@@ -37,7 +37,7 @@ from hcsim.workload.transformer import decoder_layer, embedding, lm_head
 __all__ = ["ZERO_STAGES", "SCHEDULES", "ZeroState", "state_bytes_per_parameter", "zero_state",
            "zero_bytes_per_parameter", "distributed_optimizer_bytes_per_parameter", "zero_traffic_elements",
            "layer_activation_bytes", "output_activation_bytes", "in_flight_microbatches", "StageMemory",
-           "stage_memory"]
+           "stage_memory", "framework_reserve", "CUDA_WORKSPACES", "ALLOCATOR_RESERVE"]
 
 ZERO_STAGES = (0, 1, 2, 3)
 
@@ -79,7 +79,8 @@ def _check_stage(stage: int) -> None:
 
 
 def zero_state(parameters: float, dp: int, stage: int, *, precision: str = "bf16",
-               optimizer: str = "adam") -> ZeroState:
+               optimizer: str = "adam", gradient: float | None = None,
+               fp8_parameters: float | None = None) -> ZeroState:
     """Model-state bytes per XPU for Ψ = `parameters` over N_d = `dp` ranks with ZeRO `stage`.
 
     Rajbhandari et al. 2020 (ZeRO), §5 and Fig. 1: stage 1 shards the
@@ -88,6 +89,11 @@ def zero_state(parameters: float, dp: int, stage: int, *, precision: str = "bf16
     optimizer state per parameter: stage 0 (w + g + K)Ψ; 1 (w + g)Ψ + KΨ/N_d;
     2 wΨ + (g + K)Ψ/N_d; 3 (w + g + K)Ψ/N_d. Mixed precision with Adam
     (w = g = 2, K = 12): 16Ψ, 4Ψ + 12Ψ/N_d, 2Ψ + 14Ψ/N_d, 16Ψ/N_d.
+
+    `gradient`: bytes per gradient element (None: the precision's; 4 for Megatron-LM's FP32 main gradients,
+    which make stages 0 and 1 Megatron-LM's 18Ψ and (6 + 12/N_d)Ψ, megatron/training/theoretical_memory_usage.py).
+    `fp8_parameters`: the parameters Transformer Engine keeps FP8 copies of (the FP8 GEMMs' weights; None: all
+    of them), held (and sharded) as the weights are.
     """
     _check_degree("dp", dp)
     _check_stage(stage)
@@ -97,8 +103,9 @@ def zero_state(parameters: float, dp: int, stage: int, *, precision: str = "bf16
     shard = [1.0, 1.0, 1.0]  # weights, gradients, optimizer: fraction held
     for index in range(stage):  # stage 1 shards index 2, stage 2 also 1, stage 3 also 0
         shard[2 - index] = 1.0 / dp
-    return ZeroState(weights=(sizes.weight + sizes.fp8_copies) * parameters * shard[0],
-                     gradients=sizes.gradient * parameters * shard[1],
+    copies = parameters if fp8_parameters is None else fp8_parameters
+    return ZeroState(weights=(sizes.weight * parameters + sizes.fp8_copies * copies) * shard[0],
+                     gradients=(sizes.gradient if gradient is None else gradient) * parameters * shard[1],
                      optimizer=sizes.optimizer * parameters * shard[2])
 
 
@@ -254,22 +261,32 @@ class StageMemory:
 def stage_memory(shape: ModelShape, *, layers: int, first: bool, last: bool, in_flight: float, micro_batch: int = 1,
                  sequence: int | None = None, tp: int = 1, sequence_parallel: bool = False, ep: int = 1,
                  precision: str = "bf16", attention: str = "standard", optimizer: str = "adam",
-                 recompute: str = "none", dp: int = 1, zero_stage: int = 0, kernels: str = "megatron") -> StageMemory:
+                 recompute: str = "none", dp: int = 1, zero_stage: int = 0, kernels: str = "megatron",
+                 gradient: float | None = None) -> StageMemory:
     """Memory of one XPU of a pipeline stage holding `layers` decoder layers.
 
     Parameters: the layers' (per tensor-parallel rank), plus the embedding on
     the `first` stage and the output layer on the `last` (a tied output layer
     on a last stage that is not also the first keeps a copy, as in
-    Megatron-LM); model state by :func:`zero_state` over `dp` ranks;
-    activations = `in_flight` (:func:`in_flight_microbatches`) x (the layers'
+    Megatron-LM); model state by :func:`zero_state` over the `dp` ranks the
+    optimizer state is sharded over (Megatron-LM's distributed optimizer: the
+    data-parallel group with the context-parallel ranks, dp x cp), with
+    `gradient` bytes per gradient element (None: the precision's;
+    :attr:`hcsim.workload.spec.WorkloadSpec.main_gradient`) and, in FP8, the
+    FP8 weight and its transpose that Transformer Engine caches over a step's
+    micro-batches for the weights of its FP8 GEMMs only (the embedding and the
+    output layer stay BF16); activations = `in_flight`
+    (:func:`in_flight_microbatches`) x (the layers'
     :meth:`~hcsim.workload.transformer.Block.activation_bytes` for `recompute`,
     plus the embedding's and the head's where they are). Other keywords as
     :func:`hcsim.workload.transformer.decoder_layer`.
 
-    Not counted: the working set of the layer being recomputed or
-    back-propagated, communication buffers, fragmentation; experts are
-    sharded over the same `dp` ranks as the rest. `kernels` other than
-    "megatron": :func:`eager_memory` (a whole model on one data-parallel rank).
+    Not counted here: the working set of the layer being recomputed or
+    back-propagated, communication buffers, the CUDA context and the
+    allocator's reserve (:func:`framework_reserve` adds the last ones where
+    out of memory is decided); experts are sharded over the same `dp` ranks
+    as the rest. `kernels` other than "megatron": :func:`eager_memory` (a
+    whole model on one data-parallel rank).
     """
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 0:
         raise ConfigError(f"layers: must be an integer >= 0, got {layers!r}")
@@ -288,9 +305,11 @@ def stage_memory(shape: ModelShape, *, layers: int, first: bool, last: bool, in_
     if last:
         blocks.append((lm_head(shape, tied_copy=not first, **keywords), 1))
     parameters = sum(block.parameters * count for block, count in blocks)
+    fp8 = sum(op.parameters * count for block, count in blocks for op in block.ops if op.kernel == "gemm8")
     activations = sum(block.activation_bytes(recompute) * count for block, count in blocks)
     return StageMemory(parameters=parameters, activations=in_flight * activations,
-                       state=zero_state(parameters, dp, zero_stage, precision=precision, optimizer=optimizer))
+                       state=zero_state(parameters, dp, zero_stage, precision=precision, optimizer=optimizer,
+                                        gradient=gradient, fp8_parameters=fp8))
 
 
 CUBLAS_WORKSPACE = 32 * 2**20  # PyTorch's default cuBLAS workspace on Hopper (CUBLAS_WORKSPACE_CONFIG :4096:8)
@@ -332,3 +351,28 @@ def eager_memory(shape: ModelShape, *, layers: int, micro_batch: int, in_flight:
                        state=ZeroState(weights=4.0 * parameters + (copies if at_backward else 0.0) + CUBLAS_WORKSPACE
                                        + CUDA_CONTEXT,
                                        gradients=0.0 if at_backward else gradients, optimizer=8.0 * parameters))
+
+
+# What a Megatron-LM process holds beside its training state, where out of memory is decided (framework_reserve):
+CUDA_WORKSPACES = 2 * 32 * 2**20  # cuBLAS's workspace (32 MiB on Hopper, CUBLAS_WORKSPACE_CONFIG :4096:8) and
+# Transformer Engine's own cuBLASLt workspace (32 MiB on Hopper: transformer_engine/pytorch/module/base.py,
+# get_cublas_workspace_size_bytes)
+ALLOCATOR_RESERVE = 0.05  # of the activations: "buffer for optimizer and miscellaneous temporaries (5% overhead)",
+# Megatron-LM's compute_activation_memory_without_sp (megatron/training/theoretical_memory_usage.py)
+
+
+def framework_reserve(activations: float, kernels: str = "megatron") -> float:
+    """Bytes a Megatron-LM process holds on an XPU beyond the state :func:`stage_memory` counts, with
+    `activations` bytes of activations: the CUDA context (:data:`CUDA_CONTEXT`, measured), the cuBLAS and
+    Transformer Engine workspaces (:data:`CUDA_WORKSPACES`) and the caching allocator's temporaries
+    (:data:`ALLOCATOR_RESERVE` of the activations, Megatron-LM's own allowance); 0 for a PyTorch inventory
+    (`kernels` not fused), whose :func:`eager_memory` already holds the context and the workspace.
+
+    >>> round(framework_reserve(0.0) / 2**30, 4)  # the context and two 32 MiB workspaces
+    0.8125
+    >>> framework_reserve(20e9) - framework_reserve(0.0) == 0.05 * 20e9
+    True
+    """
+    if not INVENTORIES[kernels].fused:
+        return 0.0
+    return CUDA_CONTEXT + CUDA_WORKSPACES + ALLOCATOR_RESERVE * activations

@@ -9,7 +9,7 @@ the graph granularity. See ``workloads/llama2-13b.yaml`` for every key.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,11 @@ class WorkloadSpec:
     46 B for Megatron-LM, 28 B for fused AdamW);
     recomputation : "none" | "selective" | "full" (activations kept);
     attention : "standard" | "flash" (FlashAttention-style fused core; hybrid-parallel graphs);
+    grad_reduce_in_fp32 : the gradients accumulated and reduced in FP32 (4 B each, Megatron-LM's main_grad
+    buffer) rather than in the weights' 16 bits; None: true in BF16 (Megatron-LM's arguments.py turns on
+    accumulate_allreduce_grads_in_fp32 for --bf16 unless --grad-reduce-in-bf16), false in FP8 (NeMo's FP8
+    recipes set grad_reduce_in_fp32 False) and FP16 (Megatron-LM's default); FP32 training has 4 B gradients
+    either way (:attr:`main_gradient`);
     kernels : the framework whose kernels the roofline model times, "megatron" | "pytorch-eager" |
     "torch-compile" (:mod:`hcsim.workload.ops`; memory per XPU follows the same inventory);
     bucket : gradient all-reduce granularity "layer" | "decoder" | "model";
@@ -69,6 +74,7 @@ class WorkloadSpec:
     optimizer_bytes_per_parameter: float = 0.0
     recomputation: str = "none"
     attention: str = "standard"
+    grad_reduce_in_fp32: bool | None = None
     kernels: str = "megatron"
     bucket: str = "decoder"
     algorithm: str = "ring"
@@ -117,9 +123,29 @@ class WorkloadSpec:
                     "Fix: set costs: shape to derive the costs from the model shape")
 
     @property
+    def main_gradient(self) -> float:
+        """Bytes of each gradient element as accumulated and reduced: 4 with ``grad_reduce_in_fp32``, else the
+        precision's own (:func:`~hcsim.workload.model.element_sizes`).
+
+        >>> spec = load_workload_spec("llama3-8b")
+        >>> [replace(spec, precision=p).main_gradient for p in ("fp32", "bf16", "fp16", "fp8")]
+        [4.0, 4.0, 2.0, 2.0]
+        """
+        fp32 = self.grad_reduce_in_fp32
+        if fp32 is None:
+            fp32 = self.precision in ("fp32", "bf16")
+        return 4.0 if fp32 else element_sizes(self.precision, self.optimizer).gradient
+
+    @property
     def sizes(self) -> ElementSizes:
-        """Bytes per element for this precision and optimizer."""
+        """Bytes per element for this precision and optimizer (the paper's data-parallel graph's)."""
         return element_sizes(self.precision, self.optimizer)
+
+    @property
+    def main_sizes(self) -> ElementSizes:
+        """:attr:`sizes` with the gradients as the framework accumulates and reduces them (:attr:`main_gradient`):
+        what the hybrid-parallel graph's gradient collectives move and its optimizer step reads."""
+        return replace(self.sizes, gradient=self.main_gradient)
 
     def decoder_table(self) -> DecoderTable:
         """The per-layer costs of one decoder block (the table, or generated from the shape)."""
@@ -190,6 +216,7 @@ def parse_workload_spec(data: Any, where: str = "workload") -> WorkloadSpec:
         optimizer_bytes_per_parameter=training.quantity("optimizer_bytes_per_parameter", "size", 0.0, positive=False),
         recomputation=training.choice("recomputation", RECOMPUTATION, "none"),
         attention=training.choice("attention", ATTENTION, "standard"),
+        grad_reduce_in_fp32=training.flag("grad_reduce_in_fp32", None),
         kernels=kernels,
     )
     training.check_unknown()

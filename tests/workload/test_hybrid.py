@@ -9,7 +9,7 @@ from hcsim.workload.layout import ParallelLayout
 from hcsim.workload.schedules import stage_order
 
 GPT = {"model.decoders": 8, "model.hidden": 64, "model.heads": 4, "model.ffn": 256, "model.sequence": 32,
-       "model.vocabulary": 1000, "training.precision": "fp16"}
+       "model.vocabulary": 1000, "training.precision": "fp16", "training.attention": "standard"}
 
 
 def build(par: Parallelism, **shape):
