@@ -2,9 +2,10 @@
 
 Each point runs ``hcsim simulate`` of the built-in workload ``llama3-70b-serving`` (Llama 3.1 70B, prompts
 2k-8k and outputs 256-1k tokens, Poisson arrivals) with ``serving.requests`` set to the point's count, in a
-fresh process (the peak resident memory is that process's, ``ru_maxrss``). Default layout: 8 replicas of tp 8
-on 64 H100 of paper-cxl, the arrival rate scaled with the replicas (4 requests/s per replica: each replica
-busy, as the built-in workload's 4/s keeps one). Quote the figures with the machine line (cores, load
+fresh process (the peak resident memory is that process's, ``ru_maxrss``; cpu s: its user and system time,
+what the run costs on a shared machine). Default layout: 8 replicas of tp 8
+on 64 H100 of paper-cxl at the built-in workload's 4 requests/s in all (``--rate-per-replica 4``: each replica
+past its capacity, the queue growing). Quote the figures with the machine line (cores, load
 average): the machine may be shared.
 
     .venv/bin/python benchmarks/serving_speed.py                          # 10,000 and 100,000 requests
@@ -34,8 +35,8 @@ if __name__ == "__main__":
     scenario = load_scenario(None, settings)
     result = simulate_serving(scenario, serving_workload(scenario))
     wall = time.perf_counter() - wall
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({"wall_s": wall, "peak_bytes": peak, "steps": result["steps"],
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    print(json.dumps({"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_bytes": usage.ru_maxrss * 1024, "steps": result["steps"],
                       "makespan_s": result["makespan_s"], "preemptions": result["preemptions"]}))
 """
 
@@ -44,11 +45,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--replicas", type=int, default=8)
-    parser.add_argument("--rate-per-replica", type=float, default=4.0, help="requests/s per replica")
+    parser.add_argument("--rate-per-replica", type=float, default=0.5, help="requests/s per replica")
     args = parser.parse_args()
     load = os.getloadavg()
     print(f"machine: {os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-    print(f"{'requests':>9} {'replicas':>8} {'wall s':>8} {'requests/s':>11} {'peak MiB':>9} {'B/request':>10} "
+    print(f"{'requests':>9} {'replicas':>8} {'wall s':>8} {'cpu s':>7} {'requests/s':>11} {'peak MiB':>9} {'B/request':>10} "
           f"{'steps':>11} {'simulated s':>12} {'preemptions':>11}")
     for count in args.requests:
         start = time.perf_counter()
@@ -58,7 +59,7 @@ def main() -> int:
             print(f"{count:>9} failed after {time.perf_counter() - start:.1f} s: {done.stderr.strip()[-500:]}")
             continue
         row = json.loads(done.stdout.strip().splitlines()[-1])
-        print(f"{count:>9,} {args.replicas:>8} {row['wall_s']:>8.1f} {count / row['wall_s']:>11,.0f} "
+        print(f"{count:>9,} {args.replicas:>8} {row['wall_s']:>8.1f} {row['cpu_s']:>7.1f} {count / row['wall_s']:>11,.0f} "
               f"{row['peak_bytes'] / 2**20:>9,.0f} {row['peak_bytes'] / count:>10,.0f} {row['steps']:>11,} "
               f"{row['makespan_s']:>12,.0f} {row['preemptions']:>11,}")
     return 0

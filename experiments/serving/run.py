@@ -1,12 +1,13 @@
 """Llama 3 70B serving on 8 H100 with the KV cache spilling to CXL memory: coherent or not, CXL bandwidth and
 latency, against more HBM-only GPUs. At which load and CXL bandwidth does coherent KV offload match adding GPUs?
 
-    .venv/bin/python experiments/serving/run.py                 # results/serving.{csv,md,png}, ~5 min on 2 cores
+    .venv/bin/python experiments/serving/run.py                 # results/serving.{csv,md,png}, ~1 min on 2 cores
     .venv/bin/python experiments/serving/run.py --report-only   # redraw and rewrite from the CSV
 
 Each point is `hcsim simulate` of workloads/llama3-70b-serving.yaml (512 requests, prompts 2k-8k and outputs
-256-1k tokens, Poisson arrivals) with max_num_seqs 1024, so HBM (1.67 M tokens of KV cache on 8 H100 after the
-weights) can overflow. Findings were written before the first run.
+256-1k tokens, Poisson arrivals; vLLM V1's scheduler) with max_num_seqs 1024, so HBM (1.45 M tokens of KV blocks
+on 8 H100 after the weights and activations, at vLLM's 0.9 of the memory) can overflow. Findings were written
+before the first run.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ FINDINGS = [  # written before the first run
      < t["8 H100 + CXL 512 GB/s", 8]["tokens"]),
 ]
 COLUMNS = ("system", "rate", "tokens_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p99_s",
-           "peak_hbm_tokens", "peak_extended_tokens", "spilled_to")
+           "peak_hbm_tokens", "peak_extended_tokens", "preemptions", "spilled_to")
 
 
 def main() -> int:
@@ -65,7 +66,7 @@ def main() -> int:
                    "tpot_p50_s": result["tpot_s"]["p50"], "tpot_p99_s": result["tpot_s"]["p99"],
                    "e2e_p99_s": result["e2e_s"]["p99"], "peak_hbm_tokens": result["kv"]["peak_hbm_tokens"],
                    "peak_extended_tokens": result["kv"]["peak_extended_tokens"],
-                   "spilled_to": result["kv"]["spilled_to"] or ""}
+                   "preemptions": result["preemptions"], "spilled_to": result["kv"]["spilled_to"] or ""}
             rows.append(row)
             print(f"{label:<36} {rate:>2}/s {row['tokens_per_s']:>8,.0f} tok/s  ttft p99 {row['ttft_p99_s']:7.2f} s  "
                   f"tpot p99 {row['tpot_p99_s'] * 1e3:7.1f} ms  spilled {row['peak_extended_tokens']:,}", file=sys.stderr)
