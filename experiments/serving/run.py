@@ -105,11 +105,13 @@ def _plot(rows, path: Path) -> None:
     with plt.rc_context({"font.family": "serif", "font.size": 9, "axes.spines.top": False,
                          "axes.spines.right": False}):
         figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-        for label in SYSTEMS:
-            mine = [row for row in rows if row["system"] == label]
+        for n, label in enumerate(SYSTEMS):  # a marker each, and the latency variant dashed with open markers:
+            mine = [row for row in rows if row["system"] == label]  # lines that coincide stay visible
             rates = [row["rate"] for row in mine]
-            left.plot(rates, [row["tokens_per_s"] for row in mine], marker="o", label=label)
-            right.plot(rates, [row["tpot_p99_s"] * 1e3 for row in mine], marker="o", label=label)
+            style = {"marker": "osD^vPX"[n % 7], "label": label, "markersize": 9 - n % 7,
+                     "linestyle": "--" if "us" in label else "-", "fillstyle": "none" if "us" in label else "full"}
+            left.plot(rates, [row["tokens_per_s"] for row in mine], **style)
+            right.plot(rates, [row["tpot_p99_s"] * 1e3 for row in mine], **style)
         left.set(xlabel="Arrival rate (requests/s)", ylabel="Output tokens per second", title="Throughput")
         right.set(xlabel="Arrival rate (requests/s)", ylabel="p99 time per output token (ms)",
                   title="Latency per output token (p99)", yscale="log")
