@@ -9,6 +9,7 @@ compute would start beside the first's all-reduce.) Simulations run in fresh pro
 
 from __future__ import annotations
 
+import csv
 import math
 
 import pytest
@@ -87,7 +88,7 @@ def test_a_scenario_reports_the_straggler_and_its_cost(tmp_path):
     save_workload(skeleton_graph([f"xpu{i}" for i in range(n)], F, S), path)
     base = dict(platform="paper-traditional", workload=str(path), xpus=n, iterations=1)
     plain = simulate(Scenario(**base))
-    slow = simulate(Scenario(**base, stragglers={"xpu3": k}, straggler_spread=0.0))
+    slow = simulate(Scenario(**base, stragglers={"xpu3": k}, straggler_spread=0.0), out=tmp_path / "run")
     assert "stragglers" not in plain
     assert close(plain["iteration_time_s"], F / PEAK + ring(n))
     assert close(slow["iteration_time_s"] - plain["iteration_time_s"], (k - 1) * F / PEAK)
@@ -101,6 +102,9 @@ def test_a_scenario_reports_the_straggler_and_its_cost(tmp_path):
 
     line = next(line for line in summary(slow).splitlines() if "straggler" in line)
     assert "xpu3 x2" in line and "1 of 4 XPUs" in line
+    with open(tmp_path / "run" / "xpus.csv", newline="") as table:
+        assert {row["xpu"]: float(row["slowdown"]) for row in csv.DictReader(table)} == \
+            {"xpu0": 1.0, "xpu1": 1.0, "xpu2": 1.0, "xpu3": k}
 
 
 def test_the_spread_is_seeded_half_normal_and_named_factors_win():

@@ -69,7 +69,8 @@ MEMORY_COLUMNS = ("state_per_xpu_bytes", "spilled_per_xpu_bytes", "offloaded_per
 DEVICE_COLUMNS = ("device", "device_xpus", *TIME_PARTS, "least_idle_xpu", "least_idle_s", *SPLIT_PARTS,
                   *MEMORY_COLUMNS)
 RANK_COLUMNS = ("tp_rank", "cp_rank", "pp_rank", "dp_rank", "ep_rank")
-XPU_PLACE_COLUMNS = ("xpu", "job", "device", "server", "rack", "stage", "chunks", *RANK_COLUMNS, "representative")
+XPU_PLACE_COLUMNS = ("xpu", "job", "device", "slowdown", "server", "rack", "stage", "chunks", *RANK_COLUMNS,
+                     "representative")
 XPU_COLUMNS = (*XPU_PLACE_COLUMNS, *TIME_PARTS, *SPLIT_PARTS, "iteration_time_s")
 
 
@@ -153,7 +154,8 @@ def xpu_rows(platform, times: Mapping[str, XpuTimes], representative: Mapping[st
     rows = []
     for xpu in sorted(times, key=natural_key):
         node = platform.nodes[xpu]
-        place: dict[str, Any] = {"xpu": xpu, "job": job, "device": node.get("device"), "server": node.get("server"),
+        place: dict[str, Any] = {"xpu": xpu, "job": job, "device": node.get("device"),
+                                 "slowdown": node.get("slowdown", 1.0), "server": node.get("server"),
                                  "rack": node.get("rack")}
         if layout is not None:
             ranks = layout.coordinates(xpu)
