@@ -274,3 +274,13 @@ def test_a_lower_case_device_in_a_factors_file_stops_the_run_instead_of_going_un
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert re.search(r"mine\.yaml: devices\.h100: no device of that name \(names are case-sensitive\); did you mean "
                      r"'H100'", done.stderr), done.stderr
+
+
+@pytest.mark.parametrize("base, axes, where", [
+    ("{iterations: 1}", "xpus: [8, 0]", r"exp\.yaml: point 1 \(xpus=0\): xpus: must be >= 1, got 0"),
+    ("{iterations: 0}", "xpus: [8]", r"exp\.yaml: point 0 \(xpus=8\): base\.iterations: must be >= 1, got 0"),
+])
+def test_a_sweep_value_is_blamed_on_the_axis_or_the_base_that_gave_it_not_on_set(tmp_path, capsys, base, axes, where):
+    (tmp_path / "exp.yaml").write_text(f"name: exp\nbase: {base}\naxes:\n  {axes}\n")
+    message = refused(["sweep", str(tmp_path / "exp.yaml"), "--out", str(tmp_path / "out")], capsys)
+    assert re.search(where, message) and "--set" not in message, message

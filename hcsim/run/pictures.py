@@ -49,7 +49,9 @@ def plot_xpu_times(rows: list[dict[str, Any]], path: Path, title: str = "") -> P
             shown = differing[key][:MARKED_PER_CLASS]
             bars += [(f"{r['xpu']} differs", r, True) for r in shown]
     per_xpu = [(f"{r['xpu']} ({_place(r)})", r, any(r is d for d in differing[_key(r)])) for r in rows] if few else []
-    used = [seg for seg in _SEGMENTS if any(bar[seg[0]] for _, bar, _ in bars + per_xpu)] or list(_SEGMENTS[:1])
+    visible = 1e-4 * period  # a part too small to see (clock noise) gets no legend entry
+    used = [seg for seg in _SEGMENTS if any(bar[seg[0]] > visible for _, bar, _ in bars + per_xpu)] \
+        or list(_SEGMENTS[:1])
     heights = [len(bars)] + ([len(per_xpu)] if per_xpu else [])
     with plt.rc_context({"font.family": "serif", "font.size": 9, "axes.spines.top": False,
                          "axes.spines.right": False}):
@@ -67,7 +69,7 @@ def plot_xpu_times(rows: list[dict[str, Any]], path: Path, title: str = "") -> P
                       loc="upper center", bbox_to_anchor=(0.5, 0.995 - 0.25 / figure.get_figheight()))
         if title:
             figure.suptitle(title, fontsize=9, y=0.999, va="top")
-        figure.tight_layout(rect=(0, 0, 1, 1 - (0.2 + 0.17 * lines) / figure.get_figheight()))
+        figure.tight_layout(rect=(0, 0, 1, 1 - (0.08 + 0.17 * lines) / figure.get_figheight()))
         path.parent.mkdir(parents=True, exist_ok=True)
         figure.savefig(path, dpi=150)
         plt.close(figure)
@@ -116,7 +118,8 @@ def _place(row: dict[str, Any]) -> str:
 def _class_label(key: tuple, members: list[dict], differing: list[dict], classes: int) -> str:
     stage, device = key
     name = device if stage is None else f"stage {stage}, {device}"
-    note = f", {len(differing)} differ" if differing else (", alike" if len(members) > 1 else "")
+    note = (f", {len(differing)} differ{'s' if len(differing) == 1 else ''}" if differing else
+            ", alike" if len(members) > 1 else "")
     return f"{name} ({len(members)} XPU{'s' if len(members) > 1 else ''}{note})"
 
 

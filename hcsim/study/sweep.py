@@ -203,14 +203,16 @@ class Experiment:
         points = []
         for index, combination in enumerate(itertools.product(*(axis.values for axis in self.axes))):
             settings = dict(self.base)
+            origin = {str(key).partition(".")[0]: "base." for key in self.base}  # where a key's value was written
             labels: dict[str, Any] = {}
             for axis, value in zip(self.axes, combination):
                 settings.update(axis.settings(value))
+                origin.update({str(key).partition(".")[0]: "" for key in axis.settings(value)})  # the point's own
                 labels[axis.name] = axis.label(value)
             where = f"{self.path or self.name}: point {index} ({_describe(labels)})"
             try:
                 data = apply_settings({}, {**settings, "name": self.name}, where)
-                scenario = load_scenario(self.base_scenario, data)
+                scenario = load_scenario(self.base_scenario, data, {**origin, "name": ""})
             except ConfigError as err:
                 raise ConfigError(f"{where}: {err}") from err
             inputs = resolve_scenario(scenario)
