@@ -256,6 +256,9 @@ SERVE = ["--set=workload=llama3-70b-serving", "--set=platform=paper-cxl", "--set
     (["--set=workload_overrides={serving.block_size: 7}"], r"block_size must be one of 8, 16, 32, 64, 128"),
     (["--set=workload_overrides={serving.max_num_batched_tokens: 100}"], r"less than max_num_seqs 256"),
     (["--set=workload_overrides={serving.gpu_memory_utilization: 0.2}"], r"no room for a KV block"),
+    (["--set=workload_overrides={kind: inference}"], r"kind: 'inference' beside a serving: section; a serving "
+                                                      r"workload is kind: serving"),
+    (["--set=workload_overrides={serving.step_overhead: 0.001}"], r"serving.step_overhead: 0.001 has no unit"),
 ])
 def test_bad_serving_input_ends_in_one_message_naming_the_key(settings, expected):
     """Each ends with exit 2 and one message that names the key and what would be valid: no traceback, no hang,

@@ -221,20 +221,20 @@ class _StepCost:
         p = self.platform
         return math.fsum(p.model.op_time(self.factors, op, p.peak, p.hbm_bandwidth) for op in ops)
 
-    def dense(self, tokens: int) -> float:
-        """Seconds of one layer's kernels other than attention over `tokens` tokens."""
-        found = self._dense.get(tokens)
+    def _timed(self, table: dict, count: int, kernels) -> float:
+        """Seconds of `kernels(model, count, tp, precision)`, timed once per count (`table`)."""
+        found = table.get(count)
         if found is None:
-            found = self._dense[tokens] = self._time(dense_kernels(self.spec.model, tokens, self.platform.tp,
-                                                                    self.spec.precision))
+            found = table[count] = self._time(kernels(self.spec.model, count, self.platform.tp, self.spec.precision))
         return found
 
+    def dense(self, tokens: int) -> float:
+        """Seconds of one layer's kernels other than attention over `tokens` tokens."""
+        return self._timed(self._dense, tokens, dense_kernels)
+
     def head(self, sampled: int) -> float:
-        found = self._head.get(sampled)
-        if found is None:
-            found = self._head[sampled] = self._time(head_kernels(self.spec.model, sampled, self.platform.tp,
-                                                                   self.spec.precision))
-        return found
+        """Seconds of the logits of `sampled` sequences."""
+        return self._timed(self._head, sampled, head_kernels)
 
     def work(self, tokens: int, sampled: int, chunks, decode: int, resident: float, spilled: float,
              swap_bytes: float = 0.0) -> StepWork:
