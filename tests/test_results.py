@@ -37,13 +37,13 @@ def test_every_scenario_field_has_a_column_with_its_unit():
 @pytest.mark.parametrize("settings", [{}, {"platform": "paper-traditional", "devices": ["H100", "A100"]},
                                       {"xpu_fidelity": "representative", "trace_xpus": ["xpu1"]}])
 def test_the_resolved_scenario_holds_numbers_words_or_nothing(settings):
-    """Blank (None) only where nothing exists (no overrides, the algorithm's own chunk count, no CXL link);
-    never "none", prose or JSON."""
+    """Blank (None) only where nothing exists (no overrides or stragglers, the algorithm's own chunk count, no
+    CXL link); never "none", prose or JSON."""
     values = resolve_scenario(load_scenario(None, settings))
     assert list(values) == scenario_columns()
     blank = {k for k, v in values.items() if v is None}
-    assert blank <= {"platform_overrides", "workload_overrides", "collective_chunks", "cxl_bandwidth_Bps",
-                     "cxl_latency_s"}, values
+    assert blank <= {"platform_overrides", "workload_overrides", "stragglers", "collective_chunks",
+                     "cxl_bandwidth_Bps", "cxl_latency_s"}, values
     for key, value in values.items():  # a word ("none" is recompute's or offload's choice), never a phrase
         assert not isinstance(value, str) or (" " not in value and not value.startswith(("[", "{"))), (key, value)
     for key in ("cxl_bandwidth_Bps", "cxl_latency_s", "collective_chunks", "dp", "micro_batch", "global_batch"):
