@@ -187,6 +187,10 @@ def test_vllm_v0_prefills_first_whole_prompts_in_blocks_of_16_and_256_sequences(
                                                                    "chunked_prefill": False, "prefix_caching": False,
                                                                    "preemption": "recompute"}
     assert result["max_step_tokens"] <= result["scheduler"]["max_num_batched_tokens"] == MODEL.sequence
+    kinds = result["steps_by_kind"]
+    assert kinds["mixed"] == 0 and kinds["prefill"] > 0 and sum(kinds.values()) == result["steps"]
+    v1 = simulate_serving(scenario(), spec())["steps_by_kind"]
+    assert v1["mixed"] > 0  # V1 runs prefill chunks beside the decodes
 
 
 def test_the_kv_blocks_are_the_memory_left_after_weights_and_activations():

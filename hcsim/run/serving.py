@@ -292,6 +292,7 @@ class _Scheduler:
         self.running: list[int] = []
         self.now, self.steps, self.swap_used = 0.0, 0, 0.0
         self.hit_tokens = self.query_tokens = self.preempted = self.max_tokens = self.recomputed = 0
+        self.kinds = {"prefill": 0, "mixed": 0, "decode": 0}  # steps of prefill chunks only, both, decodes only
         self.trace_time, self.trace_hbm, self.trace_ext, self.trace_running = (array("d"), array("q"), array("q"),
                                                                               array("q"))
 
@@ -531,6 +532,7 @@ class _Scheduler:
         work = self.cost.work(tokens, sampled, chunks, decode, resident, spilled, swap)
         now = self.now = self.now + self.platform.step_time(work)
         self.steps += 1
+        self.kinds["mixed" if chunks and decode else "prefill" if chunks else "decode"] += 1
         done = False
         for i, new in scheduled:
             computed[i] += new
@@ -613,6 +615,7 @@ class _Scheduler:
             return False
         self.now += k * first + slope * k * (k - 1) / 2
         self.steps += k
+        self.kinds["decode"] += k
         self.max_tokens = max(self.max_tokens, n)
         for i in running:
             self.computed[i] += k
@@ -680,6 +683,7 @@ def simulate_serving(scenario: Scenario, spec: ServingSpec) -> dict[str, Any]:
                           f"Fix: shorter requests, more tp or pp, or extended memory with spill: allow")
     records, occupancy = [], []
     steps = preempted = hits = queries = most = 0
+    kinds = {"prefill": 0, "mixed": 0, "decode": 0}
     for r in range(platform.dp):
         mine = requests[r::platform.dp]
         chunks = sum(-(-q.prompt // config.max_num_batched_tokens) for q in mine)
@@ -693,6 +697,7 @@ def simulate_serving(scenario: Scenario, spec: ServingSpec) -> dict[str, Any]:
         hits += scheduler.hit_tokens
         queries += scheduler.query_tokens
         most = max(most, scheduler.max_tokens)
+        kinds = {kind: kinds[kind] + scheduler.kinds[kind] for kind in kinds}
     records.sort(key=lambda row: row["request"])
     if [row["request"] for row in records] != list(range(len(requests))) or any(
             not row["finish_s"] >= row["first_token_s"] >= row["arrival_s"] for row in records):
@@ -711,7 +716,7 @@ def simulate_serving(scenario: Scenario, spec: ServingSpec) -> dict[str, Any]:
                       "step_overhead_s": config.step_overhead},
         "requests": len(records), "output_tokens": tokens, "makespan_s": makespan,
         "throughput_tokens_per_s": tokens / makespan, "requests_per_s": len(records) / makespan, "steps": steps,
-        "max_step_tokens": most, "preemptions": preempted,
+        "steps_by_kind": kinds, "max_step_tokens": most, "preemptions": preempted,
         "prefix_cache": {"hit_tokens": hits, "query_tokens": queries, "hit_rate": hits / queries if queries else 0.0},
         "ttft_s": percentiles([row["ttft_s"] for row in records]),
         "tpot_s": percentiles([row["tpot_s"] for row in records]),
