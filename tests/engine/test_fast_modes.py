@@ -24,7 +24,7 @@ from hcsim.run.scenario import Scenario
 from hcsim.run.simulation import simulate
 
 PLATFORMS = ["dgx-a100", "dgx-h100", "paper-cxl", "paper-traditional"]  # every built-in platform
-SMALL = {"model.decoders": 2}
+SMALL = {"model.decoders": 2, "training.attention": "standard"}  # the s x s scores make batch 12 spill
 ALLOW_SPILL = {"spill": "allow"} if "spill" in Scenario.__dataclass_fields__ else {}  # DGX: out of memory by default
 
 
@@ -90,7 +90,10 @@ def test_a_link_above_its_bandwidth_is_an_internal_error():
 
 @pytest.fixture(scope="module")
 def local_collectives():
-    return _run_all({(platform, memory, mode): _scenario(platform, memory, "hybrid", local_collectives=mode)
+    # the peak model, whose collectives the closed forms are exact for (the kernel model's NCCL rings and call
+    # latencies leave the analytic form 1.6e-10 slower on dgx-a100)
+    return _run_all({(platform, memory, mode): _scenario(platform, memory, "hybrid", local_collectives=mode,
+                                                         compute_model="peak")
                      for platform in PLATFORMS for memory in ("fits", "spills") for mode in ("simulated", "analytic")})
 
 

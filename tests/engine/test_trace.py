@@ -16,7 +16,7 @@ from hcsim.engine import trace as trace_module
 from hcsim.engine.trace import TraceRecorder, pack_lanes
 
 HYBRID = ["--set", "workload=llama2-13b-shape", "--set", "xpus=16", "--set", "tp=2", "--set", "pp=2",
-          "--set", "global_batch=8", "--set", "micro_batch=1"]
+          "--set", "global_batch=8", "--set", "micro_batch=1", "--set", "compute_model=peak"]  # written for it
 RUNS = {
     "data parallel": ["--set", "xpus=8", "--set", "iterations=2"],
     "tp2 pp2 1f1b": [*HYBRID, "--set", "iterations=2"],
