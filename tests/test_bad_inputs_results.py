@@ -74,6 +74,23 @@ def test_a_factors_entry_for_a_device_the_run_cannot_have_is_refused(tmp_path, n
     assert name in load_compute_model(path).devices  # without the run's devices (calibrate's own file): read
 
 
+def test_an_implausibly_low_efficiency_is_said_where_a_run_reads_it(tmp_path, caplog):
+    """An efficiency of 1e-6 is a valid fraction but a million-fold slowdown (5.4e5 s an iteration): a warning."""
+    path = tmp_path / "mine.yaml"
+    path.write_text("devices:\n  H100:\n    gemm: {max_efficiency: 0.7, half_dimension: 100}\n"
+                    "    memory_efficiency: 0.000001\n"
+                    "    attention: {flash_forward_efficiency: 0.5, flash_backward_efficiency: 0.4}\n"
+                    "    kernel_overhead: 2us\n")
+    with caplog.at_level("WARNING"):
+        load_compute_model(path)
+    assert not caplog.records  # calibrate and the default's resolution read it too: said where a run does
+    with caplog.at_level("WARNING"):
+        load_compute_model(path, {"H100"})
+    [record] = caplog.records
+    assert re.search(r"mine\.yaml: devices\.H100: memory_efficiency 1e-06 of the GPU's peak: below 0\.01, its kernels "
+                     r"would run 1e\+06x slower", record.getMessage()), record.getMessage()
+
+
 @pytest.mark.parametrize("given, problem", [("/dev/null", "not a regular file"), (".", "not a regular file"),
                                             (LONG, "no such file"), ("nowhere.yaml", "no such file")])
 def test_compute_factors_that_is_no_file_says_what_it_is(given, problem):

@@ -29,6 +29,7 @@ only place that turns them into times. Units: s, FLOP/s, B/s.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -41,7 +42,13 @@ from hcsim.errors import ConfigError, brief
 
 __all__ = ["DeviceFactors", "LinkFactors", "ComputeModel", "load_compute_model", "BUILTIN_FACTORS", "COMPUTE_MODELS"]
 
+log = logging.getLogger(__name__)
+
 COMPUTE_MODELS = ("peak", "roofline")
+# the fractions of peak a device's factors give; one below IMPLAUSIBLE is said (a warning) when a user's file gives it
+EFFICIENCIES = ("gemm_max_efficiency", "memory_efficiency", "reduction_efficiency", "mixed_efficiency",
+                "strided_efficiency", "flash_forward_efficiency", "flash_backward_efficiency")
+IMPLAUSIBLE = 0.01
 BUILTIN_FACTORS = REPO_ROOT / "platforms" / "compute-model.yaml"
 
 
@@ -304,6 +311,13 @@ def load_compute_model(path: str | Path | None = None, devices: Collection[str] 
     if path is None or Path(path).resolve() == BUILTIN_FACTORS.resolve():
         return builtin
     mine = _read_factors(Path(path), devices)
+    for factors in mine.devices.values() if devices is not None else ():  # said once, where a run reads it
+        low = {key: getattr(factors, key) for key in EFFICIENCIES if 0 < getattr(factors, key) < IMPLAUSIBLE}
+        if low:
+            log.warning("%s: devices.%s: %s of the GPU's peak: below %g, its kernels would run %.3gx slower than its "
+                        "datasheet (measured GPUs reach 0.3 to 0.9); efficiencies are fractions (0.7 for 70 %%)", path,
+                        factors.name, ", ".join(f"{key} {value:g}" for key, value in low.items()), IMPLAUSIBLE,
+                        1 / min(low.values()))
     return ComputeModel(devices={**builtin.devices, **mine.devices}, links={**builtin.links, **mine.links},
                         source=f"{path} (over {BUILTIN_FACTORS.name})")
 
