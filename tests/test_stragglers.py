@@ -186,3 +186,30 @@ def test_serving_refuses_stragglers():
         check_serving_scenario(scenario, serving_workload(scenario))
     check(str(caught.value), "stragglers: {'xpu0': 2.0} does not apply to serving workload",
           "straggler_spread: 0.1 does not apply", "Fix: leave straggler_spread out")
+
+
+def test_kernel_model_times_scale_on_a_hybrid_run():
+    """tp 2 x pp 2 x dp 2 on a DGX H100 timed by the kernel model: the straggler's compute is its DP twin's
+    (the same stage and TP rank, the same kernels) times its factor, and both engines give the same run."""
+    from hcsim.run.prepare import compute_model
+    from hcsim.workload.layout import ParallelLayout
+
+    scenario = Scenario(platform="dgx-h100", workload="llama3-8b", xpus=8, tp=2, pp=2, micro_batch=1,
+                        global_batch=4, precision="bf16", recompute="full", compute_model="roofline",
+                        workload_overrides={"model.decoders": 4}, stragglers={"xpu1": 1.5})
+    prepared = prepare(scenario)
+    model = compute_model(scenario, prepared.workload, prepared.platform)
+    assert model is not None
+    runs = [simulate_graphs(prepared.platform, prepared.workload, RunOptions(engine=engine, compute_model=model))
+            for engine in ("python", "core")]
+    assert runs[1]["iteration_ends"] == pytest.approx(runs[0]["iteration_ends"], rel=1e-9)
+    layout = prepared.workload.graph["layout"]
+    ranks = ParallelLayout(prepared.xpus, layout["sizes"], layout["order"]).coordinates
+
+    def role(x):
+        return {axis: rank for axis, rank in ranks(x).items() if axis != "dp"}
+
+    twin = next(x for x in prepared.xpus if x != "xpu1" and role(x) == role("xpu1"))
+    for run in runs:
+        times = run["xpu_times"]
+        assert times["xpu1"]["compute_s"] == pytest.approx(1.5 * times[twin]["compute_s"], rel=1e-9)
