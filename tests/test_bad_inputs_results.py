@@ -115,6 +115,18 @@ def test_calibrate_to_a_path_it_cannot_write_keeps_the_fit(tmp_path):
     assert "devices:\n  H100:\n" in done.stdout
 
 
+def test_calibrate_says_which_rows_it_does_not_model(tmp_path):
+    """A row of a kind hcsim does not model is neither fitted nor checked: the command says so, with the count."""
+    mystery = tmp_path / "mystery.csv"
+    mystery.write_text("kind,m,n,k,batch,dtype,seconds,flops,bytes\nmystery_kernel,0,0,0,1,bf16,1e-5,0,1024\n"
+                       "mystery_kernel,0,0,0,1,bf16,2e-5,0,2048\n")
+    done = subprocess.run([sys.executable, "-m", "hcsim.cli", "calibrate", *map(str, MEASURED), str(mystery),
+                           "--device", "H100", "-o", str(tmp_path / "f.yaml")], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "  not modelled, so not used: mystery_kernel (2 rows)\n" in done.stdout
+
+
 @pytest.mark.parametrize("output, problem", [(f"{LONG}.yaml", r"cannot be a file here \(File name too long\)"),
                                              ("a\0b.yaml", "holds a NUL character")])
 def test_calibrate_output_that_cannot_be_a_file_is_refused_before_the_fit(output, problem):

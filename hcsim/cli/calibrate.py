@@ -70,8 +70,16 @@ def run(args) -> int:
           f"{factors.launch * 1e6:.1f} us forward, {factors.backward_launch * 1e6:.1f} us backward; "
           f"{len(factors.attention_table)} attention points")
     print(f"  {'kind':<28} {'rows':>5} {'mean |error|':>13} {'max |error|':>12}")
-    for kind, count, mean, worst in error_table(model_errors(rows, calibration, peak, device.memory_bandwidth)):
+    errors = model_errors(rows, calibration, peak, device.memory_bandwidth)
+    for kind, count, mean, worst in error_table(errors):
         print(f"  {kind:<28} {count:>5} {mean:>13.1%} {worst:>12.1%}")
+    unknown: dict[str, int] = {}
+    for row, error in errors:
+        if error is None:
+            unknown[row.kind] = unknown.get(row.kind, 0) + 1
+    if unknown:  # rows of a kind hcsim does not model: neither fitted nor checked, and said so
+        print("  not modelled, so not used: " + ", ".join(f"{kind or '(no kind)'} ({count} row{'s' if count > 1 else ''})"
+                                                          for kind, count in sorted(unknown.items())))
     sources = [p.name for p in args.kernels]
     text = yaml.safe_dump({"devices": {args.device: factors_yaml(calibration, sources)}}, sort_keys=False,
                           width=110, default_flow_style=None)
