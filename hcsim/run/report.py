@@ -358,7 +358,10 @@ def write_outputs(out: Path, result: dict, outcome, platform: nx.Graph, workload
         from hcsim.workload.layout import ParallelLayout
 
         ran = xpus if xpus is not None else [x for x in platform_xpus(platform) if x in times]
-        layout = ParallelLayout(ran, graph["layout"]["sizes"], graph["layout"]["order"])
+        try:
+            layout = ParallelLayout(ran, graph["layout"]["sizes"], graph["layout"]["order"])
+        except (ConfigError, KeyError, TypeError):  # a graph file's own layout that does not cover its XPUs:
+            layout = None  # no stage and ranks to give, and the run's results are kept
     table = xpu_rows(platform, times, outcome.representatives, result["iteration_time_s"], layout,
                      (graph.get("parallelism") or {}).get("virtual_stages", 1), result["scenario"])
     atomic_write(out / "xpus.csv", _csv_text(table, XPU_COLUMNS))
