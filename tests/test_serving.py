@@ -299,3 +299,36 @@ def test_the_summary_keeps_three_digits_of_a_small_throughput():
     result = simulate_serving(scenario(), spec(requests=4))
     result["throughput_tokens_per_s"] = 0.0029123
     assert "throughput       0.00291 output tokens/s" in serving_summary(result)
+
+
+def test_random_workloads_keep_every_invariant():
+    """Thirty random mixes of scheduler, budget, sequences, block size, memory, preemption mode, prefixes and
+    spill (seeded): every request served once with all its tokens, no step over the budget or the sequences, HBM
+    never over its blocks, and at the end no block held but the cached prefixes."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(30):
+        low, high = sorted(rng.randint(300, 3000) for _ in range(2))
+        short, long = sorted(rng.randint(2, 2000) for _ in range(2))
+        keys = dict(requests=rng.randint(1, 60), prompt=(low, high), output=(short, long),
+                    rate=rng.choice([None, 1.0, 20.0, 300.0]), max_num_seqs=rng.choice([1, 4, 32]),
+                    scheduler=rng.choice(["vllm-v1", "vllm-v0"]), block_size=rng.choice([8, 16, 64]),
+                    gpu_memory_utilization=rng.choice([0.04, 0.05, 0.9]), preemption=rng.choice(["recompute", "swap"]),
+                    shared_prefix=rng.choice([0, 100, 290]), prefix_groups=rng.randint(1, 5),
+                    prefix_caching=rng.choice([None, True, False]), seed=rng.randint(0, 99),
+                    max_num_batched_tokens=rng.choice([None, 256, 2048]))
+        if keys["scheduler"] == "vllm-v0" and keys["max_num_batched_tokens"]:
+            keys["max_num_batched_tokens"] = max(keys["max_num_batched_tokens"], high + long)
+        where = scenario(xpus=rng.choice([1, 2]), tp=1, spill=rng.choice(["error", "allow"]))
+        mix = spec(**keys)
+        result = simulate_serving(where, mix)
+        served_once(result, mix)
+        scheduler, bs = result["scheduler"], result["scheduler"]["block_size"]
+        assert result["max_step_tokens"] <= scheduler["max_num_batched_tokens"]
+        assert max(row[4] for row in result["occupancy"]) <= scheduler["max_num_seqs"]
+        assert result["kv"]["peak_hbm_tokens"] <= result["kv"]["hbm_tokens_per_replica"]
+        cached = (mix.shared_prefix // bs) * bs * mix.prefix_groups if scheduler["prefix_caching"] else 0
+        for replica in range(where.xpus):
+            rows = [row for row in result["occupancy"] if row[0] == replica]
+            assert not rows or (rows[-1][2] + rows[-1][3] <= cached and rows[-1][4] == 0)
