@@ -53,7 +53,9 @@ BLOCK_SIZES = (8, 16, 32, 64, 128)  # what vLLM's CUDA attention backends take
 # replays a CUDA graph, so no per-kernel launches): an assumption of its order of magnitude, not a measurement
 # here. Srivatsa et al. (2024, "Can scheduling overhead dominate LLM inference performance?",
 # mlsys.wuklab.io/posts/scheduling_overhead) profiled vLLM's per-step host work as a large share of small
-# models' decode steps. Measure yours (nsys, or vLLM's detailed traces) and set serving.step_overhead.
+# models' decode steps; SGLang's v0.4 notes (lmsys.org/blog/2024-12-04-sglang-v0-4) say an unoptimised engine
+# can spend up to half its time on it. Schedulers that overlap it with the GPU (SGLang v0.4, TensorRT-LLM's
+# overlap scheduler) hide it: step_overhead 0. Measure yours (nsys) and set serving.step_overhead.
 STEP_OVERHEAD = 0.5e-3  # s
 SWAP_SPACE = 4 * 2**30  # B of host memory per GPU for swapped KV blocks (vLLM's swap_space default, 4 GiB)
 GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of the GPU's memory it may use
