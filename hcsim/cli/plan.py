@@ -8,15 +8,17 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
+import math
 import re
 import sys
+import time
 from collections import Counter
 from functools import lru_cache
 from pathlib import Path
 
+from hcsim.cli import path_arg
 from hcsim.cli.sweep import add_execution_options, check_execution_options
 from hcsim.errors import ConfigError
-from hcsim.cli import path_arg
 
 __all__ = ["register"]
 
@@ -37,7 +39,13 @@ def register(subparsers) -> None:
     parser.add_argument("--xpus", type=int, required=True, help="XPUs to train on (the platform's first ones)")
     parser.add_argument("--global-batch", type=int, required=True, help="samples per iteration")
     parser.add_argument("--devices", default=None, help="device per rack, comma-separated, cycling (H100,A100)")
-    parser.add_argument("--top", type=int, default=10, help="plans to simulate (default 10)")
+    parser.add_argument("--time", type=float, default=300.0, metavar="SECONDS",
+                        help="simulate plans for at most this long (default 300): best corrected estimates first, "
+                             "until no plan left can beat the best simulated (hcsim.study.plan.Search)")
+    parser.add_argument("--all", action="store_true", help="simulate every fitting plan, whatever --time says (to "
+                        "check the search against the exhaustive best: benchmarks/plan_search.py)")
+    parser.add_argument("--top", type=int, default=None, help="simulate at most this many plans (default: as many "
+                        "as --time allows)")
     add_execution_options(parser, "simulations", "its plan is listed as failed")
     parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                         help="any scenario key, e.g. precision=fp32 (repeatable)")
@@ -55,8 +63,10 @@ def run(args) -> int:
     from hcsim.limits import MAX_GLOBAL_BATCH, check_limit
     from hcsim.study.sweep import check_resume
 
-    if args.top < 1:
-        raise ConfigError(f"--top: must be >= 1, got {args.top}")
+    if args.top is not None and args.top < 1:
+        raise ConfigError(f"--top: must be >= 1, got {args.top}; leave it out to simulate as many as --time allows")
+    if not 0 < args.time < float("inf"):
+        raise ConfigError(f"--time: must be > 0 seconds (the time simulations may take), got {args.time:g}")
     if args.global_batch < 1:
         raise ConfigError(f"--global-batch: must be an integer >= 1 (samples per iteration), got {args.global_batch}")
     check_limit(args.global_batch, MAX_GLOBAL_BATCH, "the global batch", f"--global-batch {args.global_batch}",
@@ -84,7 +94,8 @@ def run(args) -> int:
 def _plan(args, journal) -> None:
     """hcsim plan once its options are checked; `journal` (with --out) keeps each finished simulation."""
     from hcsim.run.scenario import load_scenario
-    from hcsim.study.plan import MIN_RANKED_FOR_CORRELATION, candidates, estimate, fits, rank_correlation, zero2_twins
+    from hcsim.study.plan import (MIN_RANKED_FOR_CORRELATION, Search, candidates, estimate, fits, rank_correlation,
+                                  zero2_twins)
 
     devices = [d.strip() for d in args.devices.split(",")] if args.devices else None
     base = {"platform": args.platform, "workload": args.model, "xpus": args.xpus, **SIMULATION}
@@ -116,11 +127,15 @@ def _plan(args, journal) -> None:
         fitting = [c for c in fitting if c not in twins]
         print(f"  {len(twins)} fitting at ZeRO stage 2 not ranked: the same plan fits at stage 1, which runs the "
               f"same communication and step (stage 2 saves memory only)")
-    estimates = {c: estimate(spec, c, platform, xpus) for c in found}
+    model = _kernel_model(scenario, fitting[0])
+    estimates = {c: estimate(spec, c, platform, xpus, model) for c in found}
     order = sorted(fitting, key=lambda c: estimates[c])
-    ranked = [(estimates[c], c) for c in order[: args.top]]
-    results = _simulate(scenario, ranked, args.jobs, args.executor, args.timeout, journal)
-    rows = _rows(ranked, results, args.global_batch)
+    every = dict(margin=math.inf, explore=math.inf) if args.all else {}
+    found_results = _search(scenario, Search({c: estimates[c] for c in fitting}, **every), args, journal)
+    ranked = [(estimates[c], c) for c in order if c in found_results]
+    rank_of = {c: i for i, c in enumerate(order, 1)}
+    results = [found_results[c] for _, c in ranked]
+    rows = _rows(ranked, results, args.global_batch, rank_of)
     print(_table(rows))
     done = [r for r in rows if r["simulated_s"] is not None]
     if len(done) >= MIN_RANKED_FOR_CORRELATION:
@@ -130,13 +145,13 @@ def _plan(args, journal) -> None:
     else:
         print(f"rank correlation of estimated and simulated times: not meaningful with {len(done)} simulated "
               f"plan{'s' if len(done) != 1 else ''} (it needs {MIN_RANKED_FOR_CORRELATION}; simulate more with "
-              f"--top)")
+              f"--time)")
     if args.out:
         table = _candidate_rows(scenario, spec, platform, xpus, found, reasons, twins, order, estimates, rows)
         title = (f"{spec.model.name} on {len(xpus)} XPUs ({_cluster_words(platform, xpus)}, {args.platform}), "
                  f"global batch {args.global_batch}")
         try:
-            _write(Path(args.out), scenario, ranked, rows, table, title)
+            _write(Path(args.out), scenario, ranked, rows, table, title, rank_of)
         except OSError as err:
             from hcsim.errors import OutputError
 
@@ -256,6 +271,32 @@ def _kind(reason: str) -> str:
                   "a pipeline stage needs more than its XPUs' local memory", reason)
 
 
+def _search(scenario, search, args, journal) -> dict:
+    """Simulate the plans `search` proposes, `--jobs` at a time, until it is finished, `--top` plans have run or
+    the next batch would pass `--time`; says how many ran and why it stopped. Returns candidate -> result."""
+    results: dict = {}
+    start, batches = time.perf_counter(), []
+    while not (reason := search.finished()):
+        if args.top is not None and len(results) >= args.top:
+            reason = f"--top {args.top} reached"
+            break
+        elapsed = time.perf_counter() - start
+        if batches and elapsed + max(batches) > args.time and not args.all:
+            reason = f"--time {args.time:g} s spent"
+            break
+        batch = search.next(args.top - len(results) if args.top is not None and args.top - len(results) < args.jobs
+                            else args.jobs)
+        began = time.perf_counter()
+        for candidate, result in zip(batch, _simulate(scenario, [(search.estimates[c], c) for c in batch], args.jobs,
+                                                      args.executor, args.timeout, journal)):
+            results[candidate] = result
+            search.record(candidate, None if "error" in result else result["iteration_time_s"])
+        batches.append(time.perf_counter() - began)
+    print(f"simulated {len(results)} of {len(search.estimates)} fitting plans in {time.perf_counter() - start:.0f} s "
+          f"({reason})")
+    return results
+
+
 def _simulate(scenario, ranked, jobs: int, executor: str, timeout: float | None, journal=None) -> list[dict]:
     """Simulate each ranked candidate in a process of its own, on the sweep's executor; results in order. With a
     :class:`~hcsim.study.journal.Journal`, each result is recorded there as it ends, and a candidate whose
@@ -286,6 +327,21 @@ def _simulate(scenario, ranked, jobs: int, executor: str, timeout: float | None,
     return results
 
 
+def _kernel_model(scenario, candidate):
+    """The ComputeModel the plan's simulations time their kernels with (every candidate runs the hybrid graph
+    with the same compute model), None where they run the peak model: the estimate times blocks the same way."""
+    from dataclasses import replace
+
+    from hcsim.config import resolve_spec
+    from hcsim.engine.compute_model import load_compute_model
+    from hcsim.run.prepare import resolve_compute_model
+
+    if resolve_compute_model(replace(scenario, **_typed(candidate.settings()))) != "roofline":
+        return None
+    factors = scenario.compute_factors
+    return load_compute_model(resolve_spec(factors, "platforms", Path(scenario.base)) if factors else None)
+
+
 def _cost(candidate) -> float:
     """A rough relative simulation time: m micro-batches (the vertices are m x the model's decoders x a few),
     twice as many with ZeRO-3's gathers. (Measured on LLaMA2-70B, 256 XPUs, load 4.5: 25-28 s at m 8-32,
@@ -298,11 +354,11 @@ def _typed(settings: dict) -> dict:
     return {k: tuple(v) if isinstance(v, list) else v for k, v in settings.items()}
 
 
-def _rows(ranked, results, global_batch: int) -> list[dict]:
+def _rows(ranked, results, global_batch: int, rank_of: dict) -> list[dict]:
     """The simulated plans, fastest first: rank (by the estimate), plan, estimate, simulated results."""
     rows = []
-    for rank, ((estimated, candidate), result) in enumerate(zip(ranked, results), 1):
-        row = {"rank": rank, "plan": candidate.label(), "estimated_s": estimated, "simulated_s": None,
+    for (estimated, candidate), result in zip(ranked, results):
+        row = {"rank": rank_of[candidate], "plan": candidate.label(), "estimated_s": estimated, "simulated_s": None,
                "samples_per_s": None, "mfu": None, "memory_gb": None, "bottleneck": "",
                "error": result.get("error", ""), "simulation_wall_s": result.get("wall_time_s")}
         if "error" not in result:
@@ -400,7 +456,7 @@ def scenario_yaml(scenario, settings: dict, name: str) -> str:
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
 
 
-def _write(out: Path, scenario, ranked, rows: list[dict], table: list[dict], title: str) -> None:
+def _write(out: Path, scenario, ranked, rows: list[dict], table: list[dict], title: str, rank_of: dict) -> None:
     """plan.csv (every candidate), plan.png (the simulated ones) and scenarios/rank-NNN.yaml (one per simulated
     plan); scenarios of an earlier plan in `out` are removed first, so none is left beside these."""
     from hcsim.run.report import atomic_write
@@ -411,7 +467,8 @@ def _write(out: Path, scenario, ranked, rows: list[dict], table: list[dict], tit
     folder.mkdir(exist_ok=True)
     for old in folder.glob("rank-*.yaml"):
         old.unlink()
-    for rank, (_, candidate) in enumerate(ranked, 1):
+    for _, candidate in ranked:
+        rank = rank_of[candidate]
         head = f"# hcsim plan, rank {rank} by the closed-form estimate: {candidate.label()}\n"
         atomic_write(folder / f"rank-{rank:03d}.yaml",
                      head + scenario_yaml(scenario, candidate.settings(), f"plan-rank-{rank}"))
