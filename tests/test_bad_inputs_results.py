@@ -154,6 +154,27 @@ def test_a_kernel_csv_cell_beyond_the_csv_limit_names_the_line(tmp_path, capsys,
     assert re.search(where, message) and re.search(problem, message), message
 
 
+def test_an_attention_row_with_next_to_no_flops_is_refused_not_fitted(tmp_path):
+    """Found by tests/test_fuzz.py: flops 1.2e-38 fitted an efficiency of 1e-49 of peak, and timing it divided by
+    zero; a row below MIN_EFFICIENCY of peak names its line instead."""
+    from hcsim.platform.devices import builtin_catalog
+    from hcsim.study.calibrate import MIN_EFFICIENCY, SMS, fit_device, read_kernels
+
+    lines = MEASURED[0].read_text().splitlines()
+    columns = lines[0].split(",")
+    number = next(i for i, line in enumerate(lines) if line.startswith("attn_fwd,"))
+    cells = lines[number].split(",")
+    cells[columns.index("flops")] = "1.175494351e-38"
+    lines[number] = ",".join(cells)
+    path = tmp_path / "k.csv"
+    path.write_text("\n".join(lines) + "\n")
+    h100 = builtin_catalog()["H100"]
+    with pytest.raises(ConfigError, match=rf"k\.csv:{number + 1}: attention row gives an efficiency of .* outside "
+                                          rf"\[{MIN_EFFICIENCY:g}, 1\]: check its seconds and flops"):
+        fit_device(read_kernels([path, *MEASURED[1:]]), name="H100", peak=h100.peaks["bf16"],
+                   memory_bandwidth=h100.memory_bandwidth, sms=SMS["H100"])
+
+
 @pytest.mark.parametrize("given, problem", [("/dev/null", "not a regular file"), (".", "is a folder")])
 def test_a_kernel_csv_that_is_no_file_says_what_it_is(tmp_path, capsys, given, problem):
     message = refused(["calibrate", given, "--device", "H100", "-o", str(tmp_path / "f.yaml")], capsys)

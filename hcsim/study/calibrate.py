@@ -35,6 +35,7 @@ from hcsim.errors import ConfigError
 __all__ = ["KernelRow", "Calibration", "read_kernels", "fit_device", "factors_yaml", "model_errors", "error_table",
            "MEMORY_KINDS", "SMS"]
 
+MIN_EFFICIENCY = 1e-6  # the least fraction of peak a fitted kernel may run at: below, a row's flops or seconds are wrong
 MEMORY_KINDS = ("copy", "add", "add_bf16", "silu_bf16", "cast_bf16_to_fp32", "cast_fp32_to_bf16")
 MIXED_KINDS = ("add_fp32_bf16", "mul_bf16_fp32")  # elementwise over two dtypes (benchmarks/gpu_kernels.py)
 STRIDED_KINDS = ("copy_transposed_bf16",)
@@ -294,9 +295,10 @@ def _attention_table(rows, calibration: Calibration, peak: float) -> tuple:
             continue
         busy = r.seconds - calibration.sync - (factors.backward_launch if r.kind == "attn_bwd" else factors.launch)
         efficiency = r.flops / (busy * peak) if busy > 0 else None
-        if efficiency is None or not 0 < efficiency <= 1:
+        if efficiency is None or not MIN_EFFICIENCY <= efficiency <= 1:  # 1e-49 of peak is no measurement
             raise ConfigError(f"{r.where}: attention row gives an efficiency of {efficiency} of the peak "
-                              f"{peak:.4g} FLOP/s: check its seconds and flops (causal FLOPs, as the shared files)")
+                              f"{peak:.4g} FLOP/s, outside [{MIN_EFFICIENCY:g}, 1]: check its seconds and flops "
+                              f"(causal FLOPs, as the shared files)")
         found.setdefault((float(r.k), float(r.m)), [None, None])[r.kind == "attn_bwd"] = efficiency
     return tuple((d, s, fwd, bwd) for (d, s), (fwd, bwd) in sorted(found.items()) if None not in (fwd, bwd))
 
