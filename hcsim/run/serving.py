@@ -323,7 +323,7 @@ class _Scheduler:
         reserve = math.ceil(self.config.watermark * self.total_blocks) if watermark else 0
         if need + reserve > self._available():
             return False
-        while self.free_hbm + self.free_ext < need:
+        while self.free_hbm < need and self.evictable:  # cached blocks in HBM make room before extended memory
             g, _ = self.evictable.popitem(last=False)
             group = self.groups[g]
             self.evictable_blocks -= group.hbm + group.ext
