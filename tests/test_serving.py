@@ -164,6 +164,20 @@ def test_a_requests_time_to_first_token_grows_with_its_prompt_token_by_token():
         assert shorter <= longer < 1.02 * shorter
 
 
+def test_the_built_in_workloads_2049_token_prompt_takes_about_as_long_as_2048():
+    """The issue's case: Llama 3 70B on 8 H100, one request; 2,049 tokens were charged cuBLAS's unaligned rate
+    (383 ms against 77 ms). Now one token more costs at most a GEMM tile's worth."""
+    from hcsim.config import resolve_spec
+
+    path = resolve_spec("llama3-70b-serving", "workloads")
+    ttft = {}
+    for prompt in (2048, 2049):
+        one = load_serving_spec(path, {"serving.requests": 1, "serving.rate": None, "serving.prompt": prompt,
+                                       "serving.output": 2})
+        ttft[prompt] = simulate_serving(scenario(xpus=8, tp=8), one)["ttft_s"]["p50"]
+    assert ttft[2048] <= ttft[2049] < 1.03 * ttft[2048]
+
+
 def test_past_its_capacity_a_replica_queues_and_time_to_first_token_grows_without_bound():
     """The replica's capacity C (requests/s) from a batch served at once. Arrivals at C/2: time to first token
     stays put when twice as many requests come; at 2C: the queue grows with every request, and so does it."""
