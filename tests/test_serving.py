@@ -346,3 +346,12 @@ def test_random_workloads_keep_every_invariant():
         for replica in range(where.xpus):
             rows = [row for row in result["occupancy"] if row[0] == replica]
             assert not rows or (rows[-1][2] + rows[-1][3] <= cached and rows[-1][4] == 0)
+
+
+def test_a_run_too_big_for_memory_is_refused_before_it_starts_with_its_estimate(monkeypatch):
+    import hcsim.run.serving as serving
+
+    monkeypatch.setattr(serving, "MAX_SERVING_MEMORY", 1e6)  # 1 MB: 600 requests at about 2 kB each pass it
+    with pytest.raises(ConfigError, match=r"600 requests would take about 1.2 MB \(2,000 B per request\), more "
+                                          r"than the 1 MB"):
+        simulate_serving(scenario(), spec(requests=600))

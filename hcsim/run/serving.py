@@ -55,6 +55,7 @@ from typing import Any
 
 from hcsim.errors import ConfigError
 from hcsim.run.scenario import Scenario
+from hcsim.units import format_quantity
 from hcsim.workload.model import element_sizes
 from hcsim.workload.serving import (Request, SchedulerConfig, ServingSpec, attention_kernels, dense_kernels,
                                     head_kernels, kv_bytes_per_token, make_requests, scheduler_config)
@@ -64,7 +65,7 @@ __all__ = ["load_serving_spec", "serving_workload", "simulate_serving", "percent
            "EVENTS_PER_REQUEST"]
 
 BYTES_PER_REQUEST = 2_000  # B of this process's memory per request at the peak (benchmarks/serving_speed.py: ~1.2 KB)
-MAX_SERVING_MEMORY = 4 * 2**30  # B: a run whose estimate is above it is refused before it starts
+MAX_SERVING_MEMORY = 4e9  # B: a run whose estimate is above it is refused before it starts
 # A replica's scheduling events (steps, decode runs) at most, per prompt chunk and per request (4 each: an
 # arrival, a first token, a finish, a block boundary), beyond 10,000: a run that passes it is preempting and
 # recomputing over and over (outputs far longer than the KV cache holds for max_num_seqs sequences).
@@ -666,8 +667,8 @@ def simulate_serving(scenario: Scenario, spec: ServingSpec) -> dict[str, Any]:
     estimate = spec.requests * BYTES_PER_REQUEST
     if estimate > MAX_SERVING_MEMORY:
         raise ConfigError(f"serving workload {spec.name!r}: {spec.requests:,} requests would take about "
-                          f"{estimate / 2**30:.1f} GiB ({BYTES_PER_REQUEST:,} B per request), more than the "
-                          f"{MAX_SERVING_MEMORY / 2**30:.0f} GiB a serving run may use (hcsim.run.serving). "
+                          f"{format_quantity(estimate, 'B')} ({BYTES_PER_REQUEST:,} B per request), more than the "
+                          f"{format_quantity(MAX_SERVING_MEMORY, 'B')} a serving run may use (hcsim.run.serving). "
                           f"Fix: fewer requests per run")
     platform, config = _platform(scenario, spec)
     cost = _StepCost(spec, platform)
@@ -804,9 +805,9 @@ def _platform(scenario: Scenario, spec: ServingSpec) -> tuple[_Platform, Schedul
     free = capacity * config.gpu_memory_utilization - weights - workspace
     if free < block_bytes:
         raise ConfigError(f"scenario {scenario.name!r}: {config.gpu_memory_utilization:g} of a {device}'s "
-                          f"{capacity / 2**30:.1f} GiB holds the weights of {model.name} ({weights / 2**30:.1f} GiB per "
-                          f"XPU at tp {tp} x pp {pp}) and a step's activations ({workspace / 2**30:.2f} GiB) with no "
-                          f"room for a KV block. Fix: more tp or pp, a smaller max_num_batched_tokens, or a larger "
+                          f"{format_quantity(capacity, 'B')} holds the weights of {model.name} "
+                          f"({format_quantity(weights, 'B')} per XPU at tp {tp} x pp {pp}) and a step's activations "
+                          f"({format_quantity(workspace, 'B')}) with no room for a KV block. Fix: more tp or pp, a smaller max_num_batched_tokens, or a larger "
                           f"serving.gpu_memory_utilization")
     ext, coherent, ext_blocks, ext_bandwidth, ext_latency = nodes[x0].get("extended_memory"), False, 0, 1.0, 0.0
     ext_unbounded = False
