@@ -11,7 +11,8 @@ from hcsim.errors import ConfigError
 from hcsim.platform.devices import builtin_catalog
 from hcsim.workload.memory import zero_state
 from hcsim.workload.model import ModelShape, element_sizes
-from hcsim.workload.ops import Op, megatron_ops, optimizer_step_ops
+from hcsim.workload import load_workload_spec
+from hcsim.workload.ops import FP8_RECIPES, Op, megatron_ops, optimizer_step_ops
 from hcsim.workload.spec import WorkloadSpec
 from hcsim.workload.transformer import decoder_layer, lm_head
 
@@ -53,14 +54,15 @@ def test_an_fp8_layer_runs_its_gemms_in_fp8_with_casts_and_keeps_fp8_inputs():
     kernels = megatron_ops(fp8.ops)
     gemms = [k for k in kernels.forward if k.kind.startswith("gemm")]
     assert gemms and all(k.kind == "gemm8" for k in gemms)
-    casts = [k for k in kernels.forward if k.name.endswith(".cast_fp8")]
+    casts = [k for k in kernels.forward if k.name.endswith(".cast_transpose_fp8")]
     assert len(casts) == len(gemms)
     assert all(k.kind == "gemm8" for k in kernels.backward if k.name.endswith(("dgrad", "wgrad")))
     assert [k.kind for k in megatron_ops(lm_head(SHAPE, precision="fp8").ops).forward if k.name == "logits"] == ["gemm"]
     assert fp8.forward.flops == bf16.forward.flops
     assert fp8.activation_bytes() < bf16.activation_bytes()
     cast = optimizer_step_ops(1e6, "fp8")
-    assert [k.name for k in cast] == ["optimizer", "fp8_weight_cast"] and cast[1].bytes == 4e6
+    assert [k.name for k in cast] == ["optimizer", "fp8_weights.cast_transpose_fp8", "fp8_scale_update"]
+    assert cast[1].bytes == 4e6  # BF16 read, FP8 weight and transpose written, once a step
 
 
 def test_fp8_is_refused_for_a_pytorch_autocast_inventory():
@@ -86,3 +88,60 @@ def test_an_fp8_step_on_h100_is_faster_than_bf16_and_an_a100_refuses_it():
     assert times["fp8"] < times["bf16"] < 2 * times["fp8"]
     refused = simulate("--set=platform=dgx-a100", "--set=precision=fp8")
     assert refused.returncode == 2 and "fp8" in refused.stderr and "A100" in refused.stderr
+
+
+@pytest.mark.parametrize("recipe", FP8_RECIPES)
+def test_each_fp8_gemm_quantizes_its_input_and_its_output_gradient_as_the_recipe_says(recipe):
+    """Transformer Engine on Hopper: before each FP8 GEMM the BF16 input is cast to FP8 with its transpose in one
+    fused kernel (2 B read, 1 + 1 B written per element of the m x k input), before its backward GEMMs the output
+    gradient likewise (m x n); current scaling first reads each tensor once more for its amax."""
+    layer = decoder_layer(SHAPE, micro_batch=1, tp=1, precision="fp8", attention="flash")
+    kernels = megatron_ops(layer.ops, recipe)
+    amax = recipe == "current"
+    for op in layer.ops:
+        if op.kernel != "gemm8":
+            continue
+        m, n, k, batch = op.shape
+        i = next(i for i, x in enumerate(kernels.forward) if x.name == op.name)
+        ahead = kernels.forward[i - 1 - amax:i]
+        assert [x.name for x in ahead] == [f"{op.name}.amax"] * amax + [f"{op.name}.cast_transpose_fp8"]
+        assert ahead[-1].bytes == 4.0 * m * k * batch and (not amax or ahead[0].bytes == 2.0 * m * k * batch)
+        j = next(j for j, x in enumerate(kernels.backward) if x.name == f"{op.name}.dgrad")
+        behind = kernels.backward[j - 1 - amax:j]
+        assert [x.name for x in behind] == [f"{op.name}.bwd.amax"] * amax + [f"{op.name}.bwd.cast_transpose_fp8"]
+        assert behind[-1].bytes == 4.0 * m * n * batch
+    assert not [x for x in kernels.backward if "transpose_fp8" in x.name and ".bwd." not in x.name]
+
+
+def test_current_scaling_adds_an_amax_pass_and_delayed_scaling_a_scale_update_per_step():
+    delayed, current = (optimizer_step_ops(1e6, "fp8", fp8_recipe=r) for r in FP8_RECIPES)
+    assert [k.name for k in current] == ["optimizer", "fp8_weights.amax", "fp8_weights.cast_transpose_fp8"]
+    assert current[1].kind == "reduction" and current[1].bytes == 2e6
+    assert delayed[-1].name == "fp8_scale_update" and delayed[-1].bytes == 0.0  # a launch, its bytes negligible
+    f = MODEL.device("H100")
+    layer = decoder_layer(SHAPE, micro_batch=1, tp=1, precision="fp8", attention="flash")
+    times = {r: sum(MODEL.op_time(f, k, H100.peaks["bf16"], H100.memory_bandwidth)
+                    for k in megatron_ops(layer.ops, r).forward) for r in FP8_RECIPES}
+    assert times["delayed"] < times["current"]
+
+
+def test_the_recipe_is_a_workload_key_and_a_bad_one_is_refused_by_name():
+    spec = load_workload_spec("llama3-8b", {"training.precision": "fp8", "training.fp8_recipe": "current"})
+    assert spec.fp8_recipe == "current" and load_workload_spec("llama3-8b").fp8_recipe == "delayed"
+    with pytest.raises(ConfigError, match=r"fp8_recipe.*'mxfp8'.*delayed, current"):
+        load_workload_spec("llama3-8b", {"training.fp8_recipe": "mxfp8"})
+
+
+def test_the_weights_are_quantized_whole_once_a_step_whatever_the_optimizer_shards():
+    """Megatron-LM's distributed optimizer updates a shard, all-gathers the BF16 weights, and Transformer Engine
+    casts every FP8 GEMM weight of the rank on the step's first micro-batch (not the embedding or output layer)."""
+    from hcsim.workload.hybrid import Parallelism, build_hybrid_graph
+    from hcsim.workload.layout import ParallelLayout
+
+    spec = load_workload_spec("llama3-8b", {"training.precision": "fp8", "model.decoders": 2, "model.sequence": 512})
+    par = Parallelism(tp=1, pp=1, dp=2, micro_batch=1, global_batch=4, zero=1)
+    graph = build_hybrid_graph(spec, par, ParallelLayout(["x0", "x1"], {"tp": 1, "pp": 1, "dp": 2}))
+    ops = next(d["ops"] for _, d in graph.nodes(data=True) if d.get("phase") == "optimizer")
+    layer = decoder_layer(spec.model, micro_batch=1, sequence=512, precision="fp8", attention="flash")
+    fp8 = 2 * sum(op.parameters for op in layer.ops if op.kernel == "gemm8")
+    assert next(k for k in ops if k.name == "fp8_weights.cast_transpose_fp8").bytes == 4.0 * fp8

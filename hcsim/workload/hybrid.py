@@ -270,8 +270,8 @@ def block_kernels(spec: WorkloadSpec, micro_batch: int, tp: int, sequence_parall
     FLOPs / peak FLOP/s."""
     layer = cp_layer(spec, micro_batch, tp, sequence_parallel, ep, cp)
     split = next(i for i, op in enumerate(layer.ops) if op.name == "norm_mlp")
-    mlp = BlockOps(forward=(), backward=()) if spec.model.moe else megatron_ops(layer.ops[split:])
-    return megatron_ops(layer.ops[:split]), mlp
+    mlp = BlockOps(forward=(), backward=()) if spec.model.moe else megatron_ops(layer.ops[split:], spec.fp8_recipe)
+    return megatron_ops(layer.ops[:split], spec.fp8_recipe), mlp
 
 
 def expert_costs(spec: WorkloadSpec, micro_batch: int, tp: int, sequence_parallel: bool = False, ep: int = 1,
@@ -365,7 +365,8 @@ class _Builder:
             self.head_ops = eager_head_ops(model, par.micro_batch, compiled)[0]
             self.embedding_ops = eager_embedding_ops(model, par.micro_batch, compiled)
         else:
-            self.head_ops, self.embedding_ops = megatron_ops(self.head.ops), megatron_ops(self.embedding.ops)
+            self.head_ops = megatron_ops(self.head.ops, spec.fp8_recipe)
+            self.embedding_ops = megatron_ops(self.embedding.ops, spec.fp8_recipe)
         self.graph = new_workload(spec.name, precision=spec.precision,
                                   samples_per_iteration=par.global_batch // par.replicas,
                                   layout=self.layout.to_dict(), global_samples=par.global_batch,
@@ -493,7 +494,8 @@ class _Builder:
                           memory_bytes=per_parameter * parameters * shard)
         self.graph.nodes[opt].update(phase="optimizer", stage=stage,
                                      ops=optimizer_step_ops(parameters * shard, spec.precision, spec.kernels,
-                                                              spec.optimizer_bytes_per_parameter))
+                                                              spec.optimizer_bytes_per_parameter, spec.fp8_recipe,
+                                                              self.fp8_weights(stage)))
         on_cpu = par.offloads("optimizer") and par.offload == "cpu"
         if par.offloads("optimizer"):
             self.graph.nodes[opt].update(offload=par.offload, **({"host": "cpu"} if on_cpu else
@@ -564,6 +566,15 @@ class _Builder:
                 add_dependency(self.graph, units[k - 2][1], name)
             gathers.append(name)
         add_dependency(self.graph, optimizer, gathers[0], skip_first_iteration=True)
+
+    def fp8_weights(self, stage: int) -> float:
+        """Weights of the stage's FP8 GEMMs on one TP rank (its decoders' linear layers; 0 unless FP8): what
+        Transformer Engine quantizes once a step, whole on every rank whatever the optimizer's sharding."""
+        if self.spec.precision != "fp8" or not self.spec.inventory.fused:
+            return 0.0
+        par = self.par
+        layer = cp_layer(self.spec, par.micro_batch, par.tp, par.sequence_parallel, par.ep, par.cp)
+        return sum(self.layers[stage]) * sum(op.parameters for op in layer.ops if op.kernel == "gemm8")
 
     def chunk_parameters(self, stage: int, chunk: int, kind: str = "all") -> float:
         """Parameters of one chunk on one TP rank (with the embedding's on the first, the head's on the last);

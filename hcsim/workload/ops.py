@@ -41,7 +41,7 @@ from hcsim.workload.transformer import ATTENTION as ATTENTION_KINDS
 
 __all__ = ["Op", "OP_KINDS", "GEMM_KINDS", "ATTENTION_KINDS", "BlockOps", "megatron_ops", "optimizer_ops",
            "KERNEL_INVENTORIES", "KernelInventory", "INVENTORIES", "checkpoint_recompute", "eager_layer_ops", "eager_embedding_ops", "eager_head_ops", "optimizer_step_ops",
-           "OPTIMIZER_TRAFFIC", "ops_flops"]
+           "OPTIMIZER_TRAFFIC", "ops_flops", "FP8_RECIPES", "fp8_quantize"]
 
 # gemm_unaligned: a BF16 GEMM with a dimension that is not a multiple of 8 elements, which cuBLAS runs on kernels
 # without 16-byte aligned loads (a framework that does not pad: GPT-2's vocabulary of 50257 in Hugging Face;
@@ -123,14 +123,41 @@ class BlockOps:
     core: tuple[Op, ...] = ()
 
 
-def megatron_ops(ops) -> BlockOps:
+# Transformer Engine's FP8 scaling recipes (workload key training.fp8_recipe): "delayed" (DelayedScaling, TE's and
+# NeMo's default: each tensor's scale comes from the amax history of earlier steps, the amax is recorded by the
+# cast kernel itself) or "current" (Float8CurrentScaling: each tensor's amax is computed first, in a pass of its
+# own over the tensor, then the cast uses it)
+FP8_RECIPES = ("delayed", "current")
+
+
+def fp8_quantize(name: str, elements: float, recipe: str = "delayed") -> list[Op]:
+    """The kernels Transformer Engine runs to quantize a BF16 tensor of `elements` for FP8 GEMMs on Hopper: one
+    fused cast-transpose (reads the BF16 tensor, writes its FP8 copy and the FP8 transpose the other GEMM of the
+    pair needs: 2 + 1 + 1 B per element; cast_transpose_fused, or a quantizer with rowwise and columnwise usage),
+    preceded under current scaling by the amax pass (a reduction reading the tensor: 2 B per element).
+
+    >>> [(k.name, k.bytes) for k in fp8_quantize("qkv", 10)]
+    [('qkv.cast_transpose_fp8', 40.0)]
+    >>> [(k.name, k.kind, k.bytes) for k in fp8_quantize("qkv", 10, "current")]
+    [('qkv.amax', 'reduction', 20.0), ('qkv.cast_transpose_fp8', 'memory', 40.0)]
+    """
+    if recipe not in FP8_RECIPES:
+        raise ConfigError(f"fp8_recipe: {recipe!r} is not one of {', '.join(FP8_RECIPES)}")
+    cast = _memory(f"{name}.cast_transpose_fp8", elements * (HALF + 2.0))
+    return [_memory(f"{name}.amax", elements * HALF, "reduction"), cast] if recipe == "current" else [cast]
+
+
+def megatron_ops(ops, fp8_recipe: str = "delayed") -> BlockOps:
     """The kernels Megatron-LM launches for transformer ops (:class:`hcsim.workload.transformer.Op`, one block on
     one TP rank, in forward order): each op's passes run as its `kernel` kind with its FLOPs and bytes, so the
     kernels of a pass add up to the block's work. A GEMM's backward is its input-gradient GEMM (m x n by
     n x k) and its weight-gradient GEMM (k x m by m x n); the unfused attention core's batched GEMMs have two
     input gradients each; a memory-bound op one backward kernel. Megatron's fused bias-dropout-add runs a
     dropout and the residual add after it as one kernel moving the bytes of the larger (the dropout's output
-    stays in registers). `core`: the attention core's forward kernels (what selective recomputation redoes)."""
+    stays in registers). `core`: the attention core's forward kernels (what selective recomputation redoes).
+    An FP8 GEMM (``gemm8``) quantizes its input before the forward GEMM and its output gradient before the
+    backward ones, each in :func:`fp8_quantize`'s kernels for `fp8_recipe` (the weight is quantized once a
+    step: :func:`optimizer_step_ops`)."""
     forward, backward, core = [], [], []
     for op in ops:
         m, n, k, batch = op.shape
@@ -149,11 +176,10 @@ def megatron_ops(ops) -> BlockOps:
         else:
             ahead = [_memory(op.name, op.forward.bytes, op.kernel)] if op.forward.bytes else []
             behind = [_memory(f"{op.name}.bwd", op.backward.bytes, op.kernel)] if op.backward.bytes else []
-        if op.kernel == "gemm8":  # Transformer Engine's casts: the input to FP8 (with its amax) before the GEMM;
-            # backward, the output gradient to FP8 and the input's FP8 transpose for the weight gradient
-            ahead.insert(0, _memory(f"{op.name}.cast_fp8", m * k * batch * (HALF + 1.0)))
-            behind[:0] = [_memory(f"{op.name}.cast_fp8.bwd", m * n * batch * (HALF + 1.0)),
-                          _memory(f"{op.name}.transpose_fp8.bwd", m * k * batch * 2.0)]
+        if op.kernel == "gemm8":  # Transformer Engine's quantization: the input (FP8 and its transpose, for the
+            # weight gradient) before the GEMM; backward, the output gradient (for dgrad and, transposed, wgrad)
+            ahead[:0] = fp8_quantize(op.name, m * k * batch, fp8_recipe)
+            behind[:0] = fp8_quantize(f"{op.name}.bwd", m * n * batch, fp8_recipe)
         if forward and op.name.startswith("residual") and forward[-1].name.startswith("dropout"):
             ahead = [_fused((forward.pop(), *ahead))[0]._replace(name=f"bias_dropout_add_{op.name}")]
             behind = [_fused((*behind, backward.pop(0)))[0]._replace(name=f"bias_dropout_add_{op.name}.bwd")]
@@ -471,15 +497,22 @@ def _cross_entropy(k: _Kernels, tokens: int, vocabulary: int) -> None:
     k.memory("nll_loss", tokens * 12, (logits * 4,))
 
 
-def optimizer_step_ops(parameters: float, precision: str, kernels: str = "megatron", per_parameter: float = 0.0
-                       ) -> tuple[Op, ...]:
+def optimizer_step_ops(parameters: float, precision: str, kernels: str = "megatron", per_parameter: float = 0.0,
+                       fp8_recipe: str = "delayed", fp8_weights: float | None = None) -> tuple[Op, ...]:
     """The optimizer step of `kernels`: Megatron-LM's (OPTIMIZER_TRAFFIC) or fused AdamW over FP32 parameters
     (ADAMW_FUSED_TRAFFIC); `per_parameter` bytes instead when the workload gives them
-    (``training.optimizer_bytes_per_parameter`` > 0)."""
+    (``training.optimizer_bytes_per_parameter`` > 0). In FP8 also the weights' quantization, once a step (the
+    FP8 weight and its transpose Transformer Engine caches over the step's micro-batches: :func:`fp8_quantize`
+    for `fp8_recipe`, of `fp8_weights` elements, the FP8 GEMMs' weights the rank holds, or `parameters` when
+    None), and under delayed scaling the update of every FP8 tensor's scale from its amax history
+    (one small multi-tensor kernel, ``fp8_scale_update``: its launch and overhead, the histories' bytes
+    negligible)."""
     if per_parameter > 0:
         return (_memory("optimizer", parameters * per_parameter),)
-    if INVENTORIES[kernels].fused and precision == "fp8":  # and the FP8 weights and their transposes, cast once a step
-        return optimizer_ops(parameters, precision) + (_memory("fp8_weight_cast", parameters * (HALF + 2.0)),)
+    if INVENTORIES[kernels].fused and precision == "fp8":
+        weights = fp8_quantize("fp8_weights", parameters if fp8_weights is None else fp8_weights, fp8_recipe)
+        update = [_memory("fp8_scale_update", 0.0)] if fp8_recipe == "delayed" else []
+        return optimizer_ops(parameters, precision) + tuple(weights + update)
     if INVENTORIES[kernels].fused:
         return optimizer_ops(parameters, precision)
     return (_memory("adamw_fused", parameters * ADAMW_FUSED_TRAFFIC),)

@@ -18,7 +18,7 @@ from hcsim.config import Fields, apply_overrides, load_yaml, resolve_spec
 from hcsim.errors import ConfigError, brief
 from hcsim.units import parse_quantity
 from hcsim.workload.graph import PRECISIONS
-from hcsim.workload.ops import INVENTORIES, KERNEL_INVENTORIES, KernelInventory
+from hcsim.workload.ops import FP8_RECIPES, INVENTORIES, KERNEL_INVENTORIES, KernelInventory
 from hcsim.workload.transformer import ATTENTION
 from hcsim.workload.model import (MLP_TYPES, NORM_TYPES, OPTIMIZERS, POSITION_TYPES, RECOMPUTATION, Affine, DecoderTable,
                                   ElementSizes, LayerCost, ModelShape, activation_bytes, element_sizes,
@@ -53,6 +53,8 @@ class WorkloadSpec:
     accumulate_allreduce_grads_in_fp32 for --bf16 unless --grad-reduce-in-bf16), false in FP8 (NeMo's FP8
     recipes set grad_reduce_in_fp32 False) and FP16 (Megatron-LM's default); FP32 training has 4 B gradients
     either way (:attr:`main_gradient`);
+    fp8_recipe : Transformer Engine's FP8 scaling, "delayed" (DelayedScaling, the default) | "current"
+    (Float8CurrentScaling): which quantization kernels an FP8 GEMM runs (:data:`hcsim.workload.ops.FP8_RECIPES`);
     kernels : the framework whose kernels the roofline model times, "megatron" | "pytorch-eager" |
     "torch-compile" (:mod:`hcsim.workload.ops`; memory per XPU follows the same inventory);
     bucket : gradient all-reduce granularity "layer" | "decoder" | "model";
@@ -75,6 +77,7 @@ class WorkloadSpec:
     recomputation: str = "none"
     attention: str = "standard"
     grad_reduce_in_fp32: bool | None = None
+    fp8_recipe: str = "delayed"
     kernels: str = "megatron"
     bucket: str = "decoder"
     algorithm: str = "ring"
@@ -92,6 +95,7 @@ class WorkloadSpec:
     def __post_init__(self) -> None:
         checks = [("costs", COST_SOURCES), ("precision", PRECISIONS), ("optimizer", OPTIMIZERS),
                   ("recomputation", RECOMPUTATION), ("attention", ATTENTION), ("kernels", KERNEL_INVENTORIES),
+                  ("fp8_recipe", FP8_RECIPES),
                   ("bucket", BUCKETS),
                   ("granularity", GRANULARITIES)]
         for key, options in checks:
@@ -217,6 +221,7 @@ def parse_workload_spec(data: Any, where: str = "workload") -> WorkloadSpec:
         recomputation=training.choice("recomputation", RECOMPUTATION, "none"),
         attention=training.choice("attention", ATTENTION, "standard"),
         grad_reduce_in_fp32=training.flag("grad_reduce_in_fp32", None),
+        fp8_recipe=training.choice("fp8_recipe", FP8_RECIPES, "delayed"),
         kernels=kernels,
     )
     training.check_unknown()
