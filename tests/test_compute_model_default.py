@@ -16,7 +16,7 @@ from hcsim.platform.devices import builtin_catalog
 from hcsim.run.prepare import prepare, resolve_compute_model
 from hcsim.run.results import resolve_scenario
 from hcsim.run.scenario import Scenario, load_scenario
-from hcsim.study.sweep import load_experiment
+from hcsim.study.experiment import load_experiment
 
 DGX = dict(platform="dgx-h100", workload="llama3-8b", xpus=8)
 
@@ -104,3 +104,19 @@ def test_every_committed_experiment_names_its_compute_model_and_keeps_its_point_
     by_key = {p.key: p for p in points}
     for row in rows:
         assert row["compute_model"] == by_key[row["point"]].inputs["compute_model"]
+
+
+@pytest.mark.parametrize("name", ["llama2-7b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3-405b", "gpt3-175b"])
+def test_the_megatron_era_workloads_run_flash_attention_and_take_context_parallelism(name):
+    from hcsim.workload import load_workload_spec
+
+    assert load_workload_spec(name).attention == "flash" and load_workload_spec("mixtral-8x7b").attention == "flash"
+    scenario = Scenario(platform="dgx-h100", workload=name, xpus=8, tp=2, cp=2, micro_batch=1, recompute="full",
+                        spill="allow", workload_overrides={"model.decoders": 2, "model.sequence": 4096})
+    assert prepare(scenario).workload.graph["layout"]["sizes"]["cp"] == 2  # (cp with experts: not modelled)
+
+
+def test_the_validation_workload_keeps_the_standard_attention_its_rows_measured():
+    from hcsim.workload import load_workload_spec
+
+    assert load_workload_spec("gpt-megatron").attention == "standard"
