@@ -355,3 +355,14 @@ def test_a_run_too_big_for_memory_is_refused_before_it_starts_with_its_estimate(
     with pytest.raises(ConfigError, match=r"600 requests would take about 1.2 MB \(2,000 B per request\), more "
                                           r"than the 1 MB"):
         simulate_serving(scenario(), spec(requests=600))
+
+
+def test_progress_counts_every_request_once():
+    told = []
+
+    def progress(total):
+        told.append(total)
+        return told.append
+
+    simulate_serving(scenario(), spec(requests=40), progress)
+    assert told[0] == 40 and sum(told[1:]) == 40 and min(told[1:]) >= 0

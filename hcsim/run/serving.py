@@ -403,11 +403,16 @@ class _Scheduler:
 
     # ---- steps -------------------------------------------------------------------------------------------------
 
-    def run(self, limit: int) -> None:
+    def run(self, limit: int, update=None) -> None:
         """Serve every request; ConfigError after `limit` scheduling events (steps or decode runs), which only
-        preemptions that recompute over and over reach (the run would not end in reasonable time)."""
-        events = 0
+        preemptions that recompute over and over reach (the run would not end in reasonable time). `update`, if
+        given, receives how many more requests have finished, now and then."""
+        events = reported = 0
         while self.waiting or self.running:
+            if update is not None and not events % 4096:
+                finished = len(self.index) - len(self.waiting) - len(self.running)
+                update(finished - reported)
+                reported = finished
             if not self.running and self.arrival[self.waiting[0]] > self.now:
                 self.now = self.arrival[self.waiting[0]]
             if not self._decode_run():
@@ -423,6 +428,8 @@ class _Scheduler:
                     f" tokens in HBM thrashing between requests of up to {longest:,} tokens. Fix: fewer sequences at "
                     f"once (serving.max_num_seqs), shorter requests, or more KV memory (more tp or pp, extended memory "
                     f"with spill: allow), or set HCSIM_NO_LIMITS=1 to run it anyway")
+        if update is not None:
+            update(len(self.index) - reported)
 
     def _tokens(self, i: int) -> int:
         return self.prompt[i] + self.made[i]
@@ -656,8 +663,9 @@ class _Scheduler:
         return rows
 
 
-def simulate_serving(scenario: Scenario, spec: ServingSpec) -> dict[str, Any]:
-    """Run `spec` on the scenario's platform (module docstring); the result record."""
+def simulate_serving(scenario: Scenario, spec: ServingSpec, progress=None) -> dict[str, Any]:
+    """Run `spec` on the scenario's platform (module docstring); the result record. `progress`, if given, is
+    called with the number of requests and returns a callable that receives how many more have finished."""
     import time
 
     wall = time.perf_counter()
@@ -682,13 +690,14 @@ def simulate_serving(scenario: Scenario, spec: ServingSpec) -> dict[str, Any]:
                           f"{platform.hbm_blocks * bs:,} in HBM and {platform.ext_blocks * bs:,} in extended memory. "
                           f"Fix: shorter requests, more tp or pp, or extended memory with spill: allow")
     records, occupancy = [], []
+    update = progress(spec.requests) if progress else None
     steps = preempted = hits = queries = most = 0
     kinds = {"prefill": 0, "mixed": 0, "decode": 0}
     for r in range(platform.dp):
         mine = requests[r::platform.dp]
         chunks = sum(-(-q.prompt // config.max_num_batched_tokens) for q in mine)
         scheduler = _Scheduler(spec, config, platform, cost, mine)
-        scheduler.run(EVENTS_PER_REQUEST * (chunks + 4 * len(mine)) + 10_000)
+        scheduler.run(EVENTS_PER_REQUEST * (chunks + 4 * len(mine)) + 10_000, update)
         records += scheduler.records()
         occupancy += [(r, t, h, e, n) for t, h, e, n in zip(scheduler.trace_time, scheduler.trace_hbm,
                                                              scheduler.trace_ext, scheduler.trace_running)]

@@ -76,7 +76,7 @@ def run_here(scenario: Scenario, out: Path | None = None, progress=None, check=N
 
     serving = serving_workload(scenario)
     if serving is not None:  # an inference workload: continuous batching (hcsim.run.serving), no training graph
-        result = simulate_serving(scenario, serving)
+        result = simulate_serving(scenario, serving, progress)
         if out is not None:
             write_serving_outputs(Path(out), result)
         return result
