@@ -254,7 +254,7 @@ def test_a_sweep_point_whose_spec_fails_is_refused_before_any_point_runs(tmp_pat
     def tripwire(*args, **kwargs):
         raise AssertionError("a bad point reached the engine")
 
-    monkeypatch.setattr("hcsim.study.sweep.run_point", tripwire)
+    monkeypatch.setattr("hcsim.study.points.run_point", tripwire)
     (tmp_path / "exp.yaml").write_text(f"name: exp\nbase: {{xpus: 8, iterations: 1}}\naxes:\n  {axes}\n")
     message = refused(["sweep", str(tmp_path / "exp.yaml"), "--out", str(tmp_path / "out")], capsys)
     assert re.search(where, message) and re.search(problem, message), message

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from hcsim.study.findings import evaluate
-from hcsim.study.sweep import Axis, load_experiment, read_results, run_sweep
+from hcsim.study.experiment import Axis, load_experiment
+from hcsim.study.store import read_results
+from hcsim.study.sweep import run_sweep
 
 PAPER = Path(__file__).resolve().parents[1] / "experiments" / "paper"
 SMALL_RACKS = {"rack.servers": 1}  # 8 XPUs per rack (paper: 128)

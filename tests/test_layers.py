@@ -1,6 +1,7 @@
 """The package's layers: imports flow one way (STYLE.md rule 1) and no modules import each other in a circle.
 
-Every ``import`` counts, at module level or inside a function: a late import still ties two modules together.
+Every ``import`` counts, at module level or inside a function: a late import still ties two modules together;
+only those under ``if TYPE_CHECKING:`` (for annotations, never run) do not.
 """
 
 import ast
@@ -25,11 +26,20 @@ def import_graph() -> nx.DiGraph:
     graph = nx.DiGraph()
     for path in sorted(ROOT.rglob("*.py")):
         graph.add_node(_module(path))
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in _runtime_nodes(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else []
             graph.add_edges_from((_module(path), name) for name in names if name.startswith("hcsim."))
     return graph
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node but those under ``if TYPE_CHECKING:`` (imports for annotations only, never run)."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue
+        yield node
+        yield from _runtime_nodes(node)
 
 
 def _layer(module: str) -> int:

@@ -257,7 +257,7 @@ def test_zero_2_twins_of_a_fitting_zero_1_plan_are_not_ranked():
 
 def test_plan_simulations_run_on_the_sweep_s_executor_and_come_back_in_order():
     from hcsim.run.scenario import load_scenario
-    from hcsim.study.sweep import run_points
+    from hcsim.study.points import run_points
 
     scenarios = [load_scenario(None, {"xpus": n, "iterations": 1, "platform_overrides": {"rack.servers": 1}})
                  for n in (4, 2, 8)]
@@ -289,7 +289,7 @@ def test_plan_simulates_on_a_dask_cluster(tmp_path):
 def test_simulations_go_longest_first_and_come_back_in_rank_order(monkeypatch):
     """More micro-batches (and ZeRO-3's gathers, x2) make a longer simulation: submitted first, so that two jobs
     do not end on a long one; each result still lands on its own plan."""
-    import hcsim.study.sweep
+    import hcsim.study.points
     from hcsim.cli.plan import _simulate
     from hcsim.run.scenario import load_scenario
 
@@ -302,7 +302,7 @@ def test_simulations_go_longest_first_and_come_back_in_rank_order(monkeypatch):
         for index in reversed(range(len(points))):  # finishing in any order
             yield index, {"global_batch": points[index].global_batch, "zero": points[index].zero}
 
-    monkeypatch.setattr(hcsim.study.sweep, "run_points", run_points)
+    monkeypatch.setattr(hcsim.study.points, "run_points", run_points)
     results = _simulate(load_scenario(None, {}), [(1.0, Candidate(parallelism=p)) for p in plans], 2, "local", None)
     assert submitted == [8, 12, 8, 4]  # m = 4 x 2 (ZeRO-3), 6, 4, 2
     assert [(r["global_batch"], r["zero"]) for r in results] == [(p.global_batch, p.zero) for p in plans]

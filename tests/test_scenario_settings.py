@@ -12,7 +12,7 @@ from hcsim.engine.api import RunOptions
 from hcsim.errors import ConfigError
 from hcsim.platform import build_platform, load_platform_spec
 from hcsim.run.scenario import RENAMED_KEYS, Scenario, load_scenario
-from hcsim.study.sweep import load_experiment
+from hcsim.study.experiment import load_experiment
 from hcsim.workload import load_workload_spec
 
 TINY_PLATFORM = """

@@ -21,7 +21,10 @@ import hcsim
 from hcsim.errors import ConfigError
 from hcsim.run.results import SPLIT_PARTS
 from hcsim.study.findings import evaluate
-from hcsim.study.sweep import columns, load_experiment, read_results, run_sweep, write_report
+from hcsim.study.experiment import load_experiment
+from hcsim.study.store import columns, read_results
+from hcsim.study.summary import write_report
+from hcsim.study.sweep import run_sweep
 
 TINY = """
 name: tiny
@@ -214,7 +217,7 @@ def test_point_keys_that_look_like_numbers_stay_text_and_every_point_is_reported
 
 
 def test_a_mixed_point_has_one_row_per_device_type_never_their_mean(tmp_path):
-    from hcsim.study.sweep import result_rows
+    from hcsim.study.store import result_rows
 
     experiment = load_experiment(write(tmp_path, "name: m\naxes: {devices: [[H100, A100]]}\n"))
     point = experiment.points()[0]
@@ -234,7 +237,7 @@ def test_a_mixed_point_has_one_row_per_device_type_never_their_mean(tmp_path):
 
 
 def test_columns_are_typed_as_a_whole():
-    from hcsim.study.sweep import _column_kind
+    from hcsim.study.store import _column_kind
 
     assert _column_kind("level", ["1", "2.5", ""]) == "number"
     assert _column_kind("level", ["1", "1e999"]) == "text"  # inf is no value an axis takes
@@ -363,7 +366,7 @@ def _as_written_before_issue_28(table: list[list[str]]) -> list[list[str]]:
     """A CSV of `table` as hcsim wrote it before issue 28: no result columns added since (mfu, tokens, the
     time split, memory per XPU), no column per override key, mappings and lists as JSON, "none" and prose
     where nothing exists."""
-    from hcsim.study.sweep import ADDED_RESULT_COLUMNS
+    from hcsim.study.store import ADDED_RESULT_COLUMNS
 
     header = table[0]
     keep = [i for i, c in enumerate(header) if c not in ADDED_RESULT_COLUMNS and not c.startswith("platform_overrides.")]
@@ -507,13 +510,13 @@ def fake_python(tmp_path, monkeypatch):
         script = tmp_path / "python"
         script.write_text(f"#!/bin/sh\n{body}\n")
         script.chmod(0o755)
-        monkeypatch.setattr("hcsim.study.sweep.sys.executable", str(script))
+        monkeypatch.setattr("hcsim.study.points.sys.executable", str(script))
     return install
 
 
 def test_a_point_whose_process_crashes_is_an_error_naming_the_signal(fake_python):
     from hcsim.run.scenario import Scenario
-    from hcsim.study.sweep import run_point
+    from hcsim.study.points import run_point
 
     fake_python('echo "terminate called after throwing an instance of xbt::Exception" >&2; kill -SEGV $$')
     result = run_point(Scenario(xpus=2))
@@ -523,7 +526,7 @@ def test_a_point_whose_process_crashes_is_an_error_naming_the_signal(fake_python
 
 def test_a_point_that_runs_too_long_is_killed_and_recorded(fake_python):
     from hcsim.run.scenario import Scenario
-    from hcsim.study.sweep import run_point
+    from hcsim.study.points import run_point
 
     fake_python("exec sleep 30")
     started = time.monotonic()
@@ -534,7 +537,7 @@ def test_a_point_that_runs_too_long_is_killed_and_recorded(fake_python):
 def test_a_running_point_reports_how_far_it_is(fake_python):
     """The progress bar moves during a point: its process writes the fraction done, run_point passes it on."""
     from hcsim.run.scenario import Scenario
-    from hcsim.study.sweep import run_point
+    from hcsim.study.points import run_point
 
     fake_python('echo 0.25 > "$(dirname "$4")/progress"; sleep 1.5; echo 0.5 > "$(dirname "$4")/progress"; sleep 1.5')
     seen = []

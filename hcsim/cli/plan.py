@@ -61,7 +61,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from hcsim.limits import MAX_GLOBAL_BATCH, check_limit
-    from hcsim.study.sweep import check_resume
+    from hcsim.study.store import check_resume
 
     if args.top is not None and args.top < 1:
         raise ConfigError(f"--top: must be >= 1, got {args.top}; leave it out to simulate as many as --time allows")
@@ -305,7 +305,7 @@ def _simulate(scenario, ranked, jobs: int, executor: str, timeout: float | None,
 
     from tqdm import tqdm
 
-    from hcsim.study.sweep import run_points
+    from hcsim.study.points import run_points
 
     order = sorted(range(len(ranked)), key=lambda i: -_cost(ranked[i][1]))  # longest first: a short tail
     points = [replace(scenario, **_typed(ranked[i][1].settings())) for i in order]

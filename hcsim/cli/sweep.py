@@ -46,7 +46,7 @@ def add_execution_options(parser: argparse.ArgumentParser, runs: str, on_timeout
 def check_execution_options(args: argparse.Namespace) -> None:
     """ConfigError unless --jobs, --executor and --timeout are valid."""
     from hcsim.errors import ConfigError
-    from hcsim.study.sweep import check_executor
+    from hcsim.study.points import check_executor
 
     if args.jobs < 1:
         raise ConfigError(f"--jobs: must be >= 1, got {args.jobs}")
@@ -57,7 +57,9 @@ def check_execution_options(args: argparse.Namespace) -> None:
 
 def run(args) -> int:
     from hcsim.errors import ConfigError
-    from hcsim.study.sweep import load_experiment, run_sweep, write_report
+    from hcsim.study.experiment import load_experiment
+    from hcsim.study.summary import write_report
+    from hcsim.study.sweep import run_sweep
 
     check_execution_options(args)
     experiment = load_experiment(args.experiment)

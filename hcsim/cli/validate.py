@@ -112,7 +112,7 @@ def _platform_name(platform: str) -> str:
 def _check_options(args) -> None:
     """Options wrong for every row: refused before any row runs, not reported once per row."""
     from hcsim.errors import ConfigError
-    from hcsim.study.sweep import check_resume
+    from hcsim.study.store import check_resume
 
     if args.jobs < 1:
         raise ConfigError(f"--jobs: must be an integer >= 1 (rows simulated at once), got {args.jobs}")
@@ -128,7 +128,7 @@ def _check_settings(settings: dict, platform: str | None) -> None:
     from hcsim.errors import ConfigError
     from hcsim.platform import load_platform_spec
     from hcsim.run.scenario import load_scenario
-    from hcsim.study.sweep import check_specs
+    from hcsim.study.experiment import check_specs
 
     scenario = load_scenario(None, {**settings, **({"platform": platform} if platform else {})})
     if platform is not None:

@@ -1,7 +1,7 @@
 """What a run reports per XPU and per device type, and the resolved inputs it records.
 
 Pure functions over plain data (no SimGrid, no matplotlib): the simulation
-(`hcsim.run.report`), the sweep's CSV (`hcsim.study.sweep`) and ``xpus.csv`` are
+(`hcsim.run.report`), the sweep's CSV (`hcsim.study.store`) and ``xpus.csv`` are
 built on them, so every output says the same thing.
 
 Where an iteration goes, per XPU (:func:`per_xpu_times`), in seconds per

@@ -1,6 +1,11 @@
 """Many simulations: sweeps over scenario keys, their findings and plots, plans, validation against measurements.
 
-- :mod:`hcsim.study.sweep`: an experiment file's points, run each in a fresh process, and their reports;
+- :mod:`hcsim.study.experiment`: an experiment file: a base scenario, axes, plots, findings; its points;
+- :mod:`hcsim.study.points`: running simulations, each in a fresh process, on local processes or a Dask cluster;
+- :mod:`hcsim.study.store`: a sweep's results CSV (its columns, appending rows whole, reading them back) and the
+  folder lock it shares with the journal;
+- :mod:`hcsim.study.sweep`: the runner: every point of an experiment, its rows in the CSV;
+- :mod:`hcsim.study.summary`: a sweep's report (plots, findings, the markdown summary);
 - :mod:`hcsim.study.findings`: the checks an experiment states about its results;
 - :mod:`hcsim.study.plotting`: the pictures of sweeps and plans;
 - :mod:`hcsim.study.plan`: the ways to train a model on a cluster, ranked by closed forms;

@@ -1,8 +1,8 @@
 """The journal of a study's finished simulations, so that a killed ``hcsim plan`` or ``hcsim validate`` resumes.
 
 Each simulation's result is appended to ``OUT/NAME.journal.jsonl`` as soon as it finishes, one JSON line
-``{"key": ..., "result": ...}`` written whole (:func:`hcsim.study.sweep.append_whole`, as a sweep appends its
-rows), while the folder is locked (:class:`hcsim.study.sweep.FolderLock`). The key is the digest of the
+``{"key": ..., "result": ...}`` written whole (:func:`hcsim.study.store.append_whole`, as a sweep appends its
+rows), while the folder is locked (:class:`hcsim.study.store.FolderLock`). The key is the digest of the
 simulated scenario (:meth:`hcsim.run.scenario.Scenario.digest`), so a resumed run matches what it finished
 whatever order it ran in. Once the report is written the journal is removed; a journal left behind is an
 interrupted run: ``--resume`` runs only what it lacks, ``--overwrite`` starts over, neither is refused.
@@ -44,7 +44,7 @@ class Journal:
     """
 
     def __init__(self, out: Path, name: str, what: str, *, resume: bool = False, overwrite: bool = False):
-        from hcsim.study.sweep import check_resume
+        from hcsim.study.store import check_resume
 
         check_resume(resume, overwrite, f"the finished simulations in {name}.journal.jsonl")
         self.path = Path(out) / f"{name}.journal.jsonl"
@@ -56,7 +56,7 @@ class Journal:
         self._fd: int | None = None
 
     def __enter__(self) -> "Journal":
-        from hcsim.study.sweep import FolderLock
+        from hcsim.study.store import FolderLock
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = FolderLock(self.path, self.what)
@@ -105,7 +105,7 @@ class Journal:
 
     def record(self, key: str, result: dict[str, Any]) -> None:
         """Append one finished simulation (its scenario's digest and its result), whole."""
-        from hcsim.study.sweep import append_whole
+        from hcsim.study.store import append_whole
 
         append_whole(self._fd, (json.dumps({"key": key, "result": result}, default=str) + "\n").encode(), self.path)
         self.done[key] = result

@@ -338,7 +338,7 @@ def check_rows(runs: list[RunRow], platform: str | None, settings: dict[str, Any
 
     from hcsim.errors import invalid
     from hcsim.run.scenario import load_scenario
-    from hcsim.study.sweep import check_specs
+    from hcsim.study.experiment import check_specs
 
     problems, scenarios = [], []
     for row in runs:
