@@ -28,7 +28,7 @@ __all__ = list(_PUBLIC)
 def __getattr__(name: str):
     if name in _PUBLIC:
         return getattr(importlib.import_module(_PUBLIC[name]), name)
-    raise AttributeError(f"module 'hcsim' has no attribute {name!r}")
+    raise AttributeError(f"hcsim.{name}: no such name; hcsim gives {', '.join(_PUBLIC)} (the rest: import its module)")
 
 
 def __dir__() -> list[str]:

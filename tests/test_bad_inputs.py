@@ -226,7 +226,7 @@ def nothing_runs(monkeypatch, workspace):
         raise AssertionError("a bad input reached the engine")
 
     monkeypatch.setattr("hcsim.engine.api.run", tripwire)
-    monkeypatch.setattr("hcsim.study.sweep.run_point", tripwire)
+    monkeypatch.setattr("hcsim.study.points.run_point", tripwire)
     monkeypatch.delenv("HCSIM_NO_LIMITS", raising=False)
     monkeypatch.chdir(workspace)
 
@@ -311,9 +311,9 @@ CLI_CASES = {
     "devices-nested": (SIM + ["--set", "devices=[[H100]]"], r"devices", r"a device name or a list"),
     "devices-unknown": (SIM + ["--set", "devices=[H900]"], r"devices\[0\]", r"known: A100"),
     "platform-missing": (SIM + ["--set", "platform=nowhere"], r"nowhere",
-                         r"built-in ones: dgx-a100, dgx-h100, paper-cxl, paper-traditional$"),
+                         r"built-in ones: cxl-pool, dgx-a100, dgx-h100, gb200-nvl72, gh200, paper-cxl, paper-traditional$"),
     "platform-is-the-catalog": (SIM + ["--set", "platform=devices"], r"devices",
-                                r"built-in ones: dgx-a100, dgx-h100, paper-cxl, paper-traditional$"),
+                                r"built-in ones: cxl-pool, dgx-a100, dgx-h100, gb200-nvl72, gh200, paper-cxl, paper-traditional$"),
     "workload-missing": (SIM + ["--set", "workload=nowhere"], r"nowhere", r"built-in ones: gpt-megatron, gpt2-hf, gpt3-175b"),
     "iterations-too-many": (SIM + ["--set", "iterations=10000000"], r"scenario 'default'",
                             r"beyond the limit of 200,000,000 .*HCSIM_NO_LIMITS"),
@@ -362,7 +362,7 @@ CLI_CASES = {
     "simulate-out-under-a-file": (SIM + ["--out", "afile/sub"], r"--out afile/sub", r"give a writable folder"),
     # 4. platform specs
     "platform-dev-zero": (["platform", "show", "/dev/zero"], r"/dev/zero", r"not a regular file"),
-    "platform-missing-show": (["platform", "show", "nowhere"], r"nowhere", r"built-in ones: dgx-a100, dgx-h100, paper-cxl, paper-traditional$"),
+    "platform-missing-show": (["platform", "show", "nowhere"], r"nowhere", r"built-in ones: cxl-pool, dgx-a100, dgx-h100, gb200-nvl72, gh200, paper-cxl, paper-traditional$"),
     "platform-catalog-show": (["platform", "show", "devices"], r"devices", r"paper-cxl, paper-traditional$"),
     "platform-devices-nested": (["platform", "show", "paper-cxl", "--set", "devices=[[H100]]"], r"devices\[0\]",
                                 r"expected a device name.*known: A100"),
@@ -485,7 +485,7 @@ CLI_CASES_29 = {
     "validate-set-unknown": (VALIDATE + ["runs.csv", "--set", "bogus=1"], r"bogus",
                              r"unknown key; valid keys: .*global_batch.*xpus"),
     "validate-platform-missing": (["validate", "runs.csv", "--platform", "nosuch"], r"nosuch",
-                                  r"built-in ones: dgx-a100"),
+                                  r"built-in ones: cxl-pool, dgx-a100"),
     "validate-extra-cell": (VALIDATE + ["runs-extra-cell.csv"], r"runs-extra-cell\.csv:3",
                             r"6 cells, the header has 5.*remove the extra"),
     "validate-duplicate-name": (VALIDATE + ["runs-duplicate.csv"], r"runs-duplicate\.csv:3: name",
@@ -620,7 +620,7 @@ CLI_CASES_29.update({
     "plan-out-a-file": (["plan", "llama2-7b", "--xpus", "8", "--global-batch", "8", "--out", "afile"], r"--out afile",
                         r"give a folder"),
     "plan-platform-unknown": (["plan", "llama2-7b", "--xpus", "8", "--global-batch", "8", "--platform", "nosuch"],
-                              r"nosuch", r"built-in ones: dgx-a100"),
+                              r"nosuch", r"built-in ones: cxl-pool, dgx-a100"),
     "plan-jobs-zero": (["plan", "llama2-7b", "--xpus", "8", "--global-batch", "8", "--jobs", "0"], r"--jobs", r">= 1"),
     "plan-set-unknown": (["plan", "llama2-7b", "--xpus", "8", "--global-batch", "8", "--set", "bogus=1"], r"bogus",
                          r"unknown key; valid keys: .*global_batch.*xpus"),
@@ -794,7 +794,7 @@ def test_the_lock_is_released_and_removed_after_a_sweep(workspace, capsys):
 def test_point_folders_of_a_killed_sweep_are_removed_and_live_ones_kept(tmp_path, monkeypatch):
     import tempfile
 
-    from hcsim.study.sweep import POINT_FOLDER_PREFIX, _remove_stale_point_folders
+    from hcsim.study.points import POINT_FOLDER_PREFIX, _remove_stale_point_folders
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
@@ -816,7 +816,8 @@ def _api_cases():
     from hcsim.run.prepare import prepare
     from hcsim.run.scenario import Scenario, load_scenario
     from hcsim.run.simulation import simulate, simulate_graphs
-    from hcsim.study.sweep import load_experiment, run_sweep
+    from hcsim.study.experiment import load_experiment
+    from hcsim.study.sweep import run_sweep
     from hcsim.study.validate import RunRow, measured_seconds
     from hcsim.workload import load_workload, load_workload_spec
 
@@ -955,7 +956,9 @@ def _raised_messages():
             if not (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and node.exc.args):
                 continue
             name = getattr(node.exc.func, "id", getattr(node.exc.func, "attr", ""))
-            if not name.endswith("Error") or name in ("AssertionError", "OSError", "NotImplementedError"):
+            # argparse puts the WHERE ("argument --out: ") before an ArgumentTypeError's text itself
+            if not name.endswith("Error") or name in ("AssertionError", "OSError", "NotImplementedError",
+                                                      "ArgumentTypeError"):
                 continue
             text = node.exc.args[0]
             if isinstance(text, (ast.JoinedStr, ast.Constant)):
@@ -998,7 +1001,7 @@ def test_run_here_keeps_the_result_when_writing_fails_at_the_end(monkeypatch, tm
 
     monkeypatch.setattr(simulation, "prepare", lambda scenario: Prepared(
         scenario, None, None, None, [], set(), True))
-    monkeypatch.setattr(simulation, "execute", lambda *args: "outcome")
+    monkeypatch.setattr(simulation.api, "run", lambda *args: "outcome")
     monkeypatch.setattr(simulation, "compute_model", lambda *args: None)  # the stub run has no workload graph
     monkeypatch.setattr(simulation, "traced_xpus", lambda *args: None)
     monkeypatch.setattr(simulation, "summarize", lambda *args: {"iteration_time_s": 1.0})
