@@ -366,3 +366,21 @@ def test_progress_counts_every_request_once():
 
     simulate_serving(scenario(), spec(requests=40), progress)
     assert told[0] == 40 and sum(told[1:]) == 40 and min(told[1:]) >= 0
+
+
+def test_the_steps_whose_decodes_are_counted_together_give_the_same_run(monkeypatch):
+    """A step whose running requests all decode a token from HBM is counted in one pass (_decodes_fit); walking
+    them one by one gives the same bytes, prefix caching and preemption included."""
+    import hcsim.run.serving as serving
+
+    mixes = [spec(requests=45, rate=rate, prompt=(2051, 2546), output=(1392, 1426), max_num_seqs=32, block_size=bs,
+                  gpu_memory_utilization=0.05, shared_prefix=290, prefix_groups=groups, seed=8)
+             for rate, bs, groups in ((None, 8, 2), (300.0, 64, 1), (20.0, 16, 3))]
+    runs = []
+    for fast in (True, False):
+        monkeypatch.setattr(serving._Scheduler, "_fast", fast)
+        for mix in mixes:
+            result = simulate_serving(scenario(xpus=1, tp=1, spill="error"), mix)
+            result.pop("wall_time_s")
+            runs.append(json.dumps(result, sort_keys=True))
+    assert runs[:3] == runs[3:]

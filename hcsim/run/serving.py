@@ -309,8 +309,8 @@ class _Scheduler:
     def _hold(self, g: int) -> None:
         """Group `g` gets a reference: its cached blocks are no longer evictable."""
         group = self.groups[g]
-        if not group.refs:
-            self.evictable.pop(g, None)
+        if g in self.evictable:
+            del self.evictable[g]
             self.evictable_blocks -= group.hbm + group.ext
         group.refs += 1
 
@@ -472,6 +472,12 @@ class _Scheduler:
         preempted = False
         if config.prefill_first:  # V0: waiting prompts that fit run alone
             budget, swap = self._admit(budget, scheduled)
+        if not scheduled and self._decodes_fit(budget):  # every running request decodes a token from HBM
+            decodes = list(self.running)
+            if not config.prefill_first:
+                swap += self._admit(budget - len(decodes), scheduled)[1]
+            self._run_step(scheduled, swap, decodes)
+            return
         if not scheduled:
             index, running, computed, prompt, made = 0, self.running, self.computed, self.prompt, self.made
             bs, hit, hbm, ext = config.block_size, self.hit, self.hbm, self.ext
@@ -516,12 +522,35 @@ class _Scheduler:
                               f"with spill: allow")
         self._run_step(scheduled, swap)
 
-    def _run_step(self, scheduled: list[tuple[int, int]], swap: float) -> None:
-        """Time the `scheduled` (slot, tokens) entries' step and advance them: a token for each that has computed
-        all it knows, the first token's and the finish's times, blocks freed at the finish."""
+    def _decodes_fit(self, budget: int) -> bool:
+        """Whether every running request decodes its next token this step with no preemption, no block beyond
+        HBM and no spilled read (then the step's decodes are counted together); if so, their new blocks taken."""
+        running, computed, prompt, made = self.running, self.computed, self.prompt, self.made
+        if not running or len(running) > budget or self.free_ext != self.platform.ext_blocks or not self._fast:
+            return False
+        if not all(made[i] and computed[i] == prompt[i] + made[i] - 1 for i in running):
+            return False
+        bs, hit, hbm, ext = self.config.block_size, self.hit, self.hbm, self.ext
+        short = [i for i in running if -(-(computed[i] + 1) // bs) > hit[i] + hbm[i] + ext[i]]
+        if len(short) > self.free_hbm:
+            return False
+        for i in short:  # one block each: the token starts it
+            hbm[i] += 1
+        self.free_hbm -= len(short)
+        return True
+
+    _fast = True  # (tests turn the path of _decodes_fit off to check it gives the same run)
+
+    def _run_step(self, scheduled: list[tuple[int, int]], swap: float, decodes=()) -> None:
+        """Time the step of the `scheduled` (slot, tokens) entries and of the `decodes` (slots decoding a token
+        from HBM, :meth:`_decodes_fit`) and advance them: a token for each that has computed all it knows, the
+        first token's and the finish's times, blocks freed at the finish."""
         bs, tokens, sampled, chunks, decode, resident, spilled = self.config.block_size, 0, 0, [], 0, 0, 0
         computed, prompt, made, output, ext, hit = (self.computed, self.prompt, self.made, self.output, self.ext,
                                                     self.hit)
+        if decodes:
+            n = len(decodes)
+            tokens, sampled, decode, resident = n, n, n, sum(computed[i] for i in decodes) + n
         for i, new in scheduled:  # (the loops are written out: a step of 1,024 sequences runs them 1,024 times)
             before = computed[i]
             tokens += new
@@ -542,6 +571,15 @@ class _Scheduler:
         self.steps += 1
         self.kinds["mixed" if chunks and decode else "prefill" if chunks else "decode"] += 1
         done = False
+        for i in decodes:
+            computed[i] += 1
+            made[i] += 1
+            if self.prefix_blocks:  # its prefix blocks become its group's if the group's were evicted
+                self._donate(i)
+            if made[i] >= output[i]:
+                self.finish[i] = now
+                self._release(i)
+                done = True
         for i, new in scheduled:
             computed[i] += new
             if self.prefix_blocks:
