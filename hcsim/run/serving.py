@@ -610,17 +610,17 @@ class _Scheduler:
         n = len(running)
         if not n or n > config.max_num_batched_tokens:
             return False
-        remaining = min(self.output[i] - self.made[i] for i in running) - 1  # steps before the first finish
-        if remaining < 2 or any(self.computed[i] != self._tokens(i) - 1 or not self.made[i] for i in running):
+        computed, made, prompt, output = self.computed, self.made, self.prompt, self.output
+        remaining = min([output[i] - made[i] for i in running]) - 1  # steps before the first finish
+        if remaining < 2 or not all([made[i] and computed[i] == prompt[i] + made[i] - 1 for i in running]):
             return False
         if self.waiting and self.arrival[self.waiting[0]] <= self.now and self._admissible(n):
             return False  # the next step admits a request: not a plain decode
         # the steps for which HBM has a block for every new token (the spilled part stays as it is)
-        bs = config.block_size
+        bs, hit, hbm, ext = config.block_size, self.hit, self.hbm, self.ext
 
         def blocks_for(k):
-            return sum(max(0, self._blocks(self.computed[i] + k) - self.hit[i] - self.hbm[i] - self.ext[i])
-                       for i in running)
+            return sum([max(0, -(-(computed[i] + k) // bs) - hit[i] - hbm[i] - ext[i]) for i in running])
 
         k = remaining
         if blocks_for(k) > self.free_hbm:
@@ -632,11 +632,13 @@ class _Scheduler:
         if k < 2:
             return False
         resident = spilled = 0
-        for i in running:
-            ext_tokens = min(self.computed[i], bs * (self.ext[i] + (self.groups[self.group[i]].ext if self.hit[i]
-                                                                     else 0)))
-            spilled += ext_tokens
-            resident += self.computed[i] + 1 - ext_tokens
+        if self.free_ext == self.platform.ext_blocks:  # nothing beyond HBM
+            resident = sum([computed[i] for i in running]) + n
+        else:
+            for i in running:
+                ext_tokens = min(computed[i], bs * (ext[i] + (self.groups[self.group[i]].ext if hit[i] else 0)))
+                spilled += ext_tokens
+                resident += computed[i] + 1 - ext_tokens
 
         def step(j):  # seconds of the j-th decode from now
             return self.platform.step_time(self.cost.work(n, n, (), n, resident + j * n, spilled))
@@ -662,10 +664,15 @@ class _Scheduler:
         self.steps += k
         self.kinds["decode"] += k
         self.max_tokens = max(self.max_tokens, n)
-        for i in running:
-            self.computed[i] += k
-            self.made[i] += k
-            self._allocate(i, self.computed[i])
+        taken = 0
+        for i in running:  # the blocks of their k new tokens, from HBM (blocks_for made sure it has them)
+            computed[i] += k
+            made[i] += k
+            need = -(-computed[i] // bs) - hit[i] - hbm[i] - ext[i]
+            if need > 0:
+                hbm[i] += need
+                taken += need
+        self.free_hbm -= taken
         self._record()
         return True
 
