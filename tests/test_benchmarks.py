@@ -56,3 +56,10 @@ def test_gpu_kernels_writes_what_hcsim_calibrate_reads(tmp_path):
                           capture_output=True, text=True, timeout=600)
     if done.returncode != 0:  # no PyTorch, or no GPU: one clear line
         assert done.returncode == 2 and "gpu_kernels: " in done.stderr
+
+
+def test_serving_speed_prints_a_row_per_request_count():
+    out = run(str(BENCHMARKS / "serving_speed.py"), "--requests", "50", "100", "--replicas", "1")
+    rows = [line.split() for line in out.splitlines()]
+    assert [r[0] for r in rows if r and r[0].replace(",", "").isdigit()] == ["50", "100"]
+    assert "peak MiB" in out and "machine:" in out
