@@ -28,7 +28,7 @@ from hcsim.errors import brief
 from hcsim.run.results import DEVICE_COLUMNS, column_unit, rows_for, spec_columns
 from hcsim.study.findings import selected
 
-__all__ = ["plot_experiment", "plot_rows", "plot_plans", "check_plot", "PLOT_KEYS"]
+__all__ = ["plot_experiment", "plot_rows", "default_title", "plot_plans", "check_plot", "PLOT_KEYS"]
 
 PLOT_KEYS = ("x", "y", "series", "panels", "kind", "logx", "logy", "where", "title", "xlabel", "ylabel",
              "name", "labels", "legend", "legend_loc")
@@ -44,6 +44,8 @@ _LABELS = {
     "cxl_latency_s": "CXL_link latency (µs)",
     "exposed_comm_s": "Exposed communication per iteration (s)",
     "idle_s": "Idle (waiting for peers) per iteration (s)",
+    "idle_peers_s": "Waiting for peers per iteration (s)",
+    "idle_bubble_s": "Pipeline bubble per iteration (s)",
     "memory_stall_s": "Memory stall per iteration (s)",
     "compute_s": "Compute per iteration (s)",
     "busiest_link_utilization": "Busiest link, mean utilization",
@@ -106,8 +108,32 @@ def plot_experiment(experiment, rows: list[dict[str, Any]], out: Path) -> list[P
     order = {c: list(dict.fromkeys(p.labels[c] for p in points)) for c in experiment.axis_columns()}
     for i, spec in enumerate(experiment.plots):
         stem = spec.get("name") or (experiment.name if i == 0 else f"{experiment.name}-{i + 1}")
-        files += plot_rows(rows, spec, Path(out) / stem, order)
+        files += plot_rows(rows, {**spec, "title": spec.get("title") or default_title(experiment.name, spec)},
+                           Path(out) / stem, order)
     return files
+
+
+def default_title(name: str, spec: dict[str, Any]) -> str:
+    """The title of a plot spec without one: the experiment's name and what the plot draws against what.
+
+    >>> default_title("allreduce-training", {"x": "algorithm", "y": "iteration_time_s", "series": "xpus"})
+    'allreduce-training: iteration time (s) by algorithm and xpus'
+    >>> default_title("fig8", {"x": "xpus", "y": "batches_per_s", "panels": "coherent"})
+    'fig8: performance (batch/s) by scale (number of XPUs), panels: coherent'
+    """
+    spec = spec_columns(spec, _SPEC_COLUMNS)
+    series = [spec["series"]] if isinstance(spec.get("series"), str) else list(spec.get("series") or [])
+
+    def label(axis: str) -> str:
+        text = spec.get(f"{axis}label") or _LABELS.get(spec[axis], spec[axis])
+        return text[:1].lower() + text[1:] if text[1:2].islower() else text
+
+    text = f"{name}: {label('y')} by {label('x')}"
+    if series:
+        text += " and " + ", ".join(s.rsplit(".", 1)[-1] for s in series)
+    if spec.get("panels"):
+        text += f", panels: {spec['panels'].rsplit('.', 1)[-1]}"
+    return text
 
 
 def plot_rows(rows: list[dict[str, Any]], spec: dict[str, Any], stem: Path,
@@ -129,10 +155,12 @@ def plot_rows(rows: list[dict[str, Any]], spec: dict[str, Any], stem: Path,
     if spec["y"] in DEVICE_COLUMNS and "device" not in series and len({r.get("device") for r in rows}) > 1:
         series.append("device")  # a per-device quantity: one line per device type, never their mean
     panel_key = spec.get("panels")
-    panels = _values(rows, panel_key, spec) if panel_key else [None]
+    panels = (_values(rows, panel_key, spec) if panel_key else []) or [None]  # no row ok: one empty panel
+    bar = spec.get("kind", "line") == "bar"
     with plt.rc_context({"font.family": "serif", "font.size": 10, "axes.grid": True, "grid.alpha": 0.3,
                          "svg.hashsalt": "hcsim", "axes.spines.top": False, "axes.spines.right": False}):
-        width = min(4.2 * len(panels), 14)
+        per_panel = max(4.2, 0.95 * len(_values(rows, spec["x"], spec))) if bar else 4.2  # room for each category
+        width = min(per_panel * len(panels), 16)
         figure, axes = plt.subplots(1, len(panels), figsize=(max(width, 5.2), 3.8), squeeze=False, sharey=True)
         for ax, panel in zip(axes[0], panels):
             chosen = [r for r in rows if panel_key is None or r[panel_key] == panel]
@@ -145,10 +173,20 @@ def plot_rows(rows: list[dict[str, Any]], spec: dict[str, Any], stem: Path,
             ax.set_xlabel(_axis_label(spec, "x"))
         axes[0][0].set_ylabel(_axis_label(spec, "y"))
         handles, labels = axes[0][0].get_legend_handles_labels()
+        legend = None
         if handles and spec.get("legend", True):
-            axes[0][-1].legend(handles, labels, fontsize=8, frameon=False, loc=spec.get("legend_loc", "best"))
+            legend = axes[0][-1].legend(handles, labels, fontsize=8, frameon=False,
+                                        loc=spec.get("legend_loc", "best"))
         if spec.get("title"):
             figure.suptitle(spec["title"], fontsize=11)
+        figure.tight_layout()
+        if legend is not None and "legend_loc" not in spec and _covers(legend, axes[0][-1]):
+            _legend_outside(figure, axes[0][-1], handles, labels)
+        if bar:
+            for ax in axes[0]:
+                _stand_up_crowded_ticks(figure, ax)
+        if spec.get("title"):
+            _fit_title(figure)
         figure.tight_layout()
         stem.parent.mkdir(parents=True, exist_ok=True)
         files = [stem.with_suffix(".png"), stem.with_suffix(".svg")]
@@ -156,6 +194,63 @@ def plot_rows(rows: list[dict[str, Any]], spec: dict[str, Any], stem: Path,
         figure.savefig(files[1], metadata={"Date": None})
         plt.close(figure)
     return files
+
+
+def _covers(legend, ax) -> bool:
+    """Whether `legend` lies over a line, a marker, a bar or a bar's label of `ax` (matplotlib's "best" place
+    can still cover one when every place does)."""
+    renderer = ax.figure.canvas.get_renderer()
+    box = legend.get_window_extent(renderer).padded(2)
+    for line in ax.get_lines():
+        path = line.get_transform().transform_path(line.get_path())
+        if len(path.vertices) > 1 and path.intersects_bbox(box, filled=False):
+            return True
+        if any(box.contains(x, y) for x, y in path.vertices):
+            return True
+    # a bar or a bar's value label
+    return any(box.overlaps(artist.get_window_extent(renderer)) for artist in [*ax.patches, *ax.texts])
+
+
+def _legend_outside(figure, ax, handles, labels) -> None:
+    """Move the legend of `ax` right of the axes, widening the figure by the legend's width."""
+    legend = ax.legend(handles, labels, fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                       borderaxespad=0.0)
+    renderer = figure.canvas.get_renderer()
+    figure.set_figwidth(figure.get_figwidth() + legend.get_window_extent(renderer).width / figure.dpi)
+    figure.tight_layout()
+
+
+def _stand_up_crowded_ticks(figure, ax) -> None:
+    """When two neighbouring x tick labels of `ax` would run into each other, break the labels at every
+    '_', '+' and space, and if they still would, stand them upright."""
+    renderer = figure.canvas.get_renderer()
+
+    def crowded() -> bool:
+        boxes = [t.get_window_extent(renderer) for t in ax.get_xticklabels() if t.get_text()]
+        return any(a.x1 + 2 > b.x0 for a, b in zip(boxes, boxes[1:]))
+
+    if not crowded():
+        return
+    for tick in ax.get_xticklabels():
+        tick.set_text(_wrap(tick.get_text().replace("\n", " "), width=1))
+    ax.set_xticks(ax.get_xticks(), [t.get_text() for t in ax.get_xticklabels()])
+    if crowded():
+        ax.set_xticks(ax.get_xticks(), [t.get_text().replace("\n", " ") for t in ax.get_xticklabels()],
+                      rotation=90)
+
+
+def _fit_title(figure) -> None:
+    """Wrap the figure's title onto more lines until it is narrower than the figure."""
+    import textwrap
+
+    title = figure._suptitle
+    text = title.get_text().replace("\n", " ")
+    renderer = figure.canvas.get_renderer()
+    room = 0.96 * figure.bbox.width
+    width = len(text)
+    while title.get_window_extent(renderer).width > room and width > 10:
+        width = int(width * min(0.95, room / title.get_window_extent(renderer).width))
+        title.set_text(textwrap.fill(text, width, break_on_hyphens=False))
 
 
 def _axis_label(spec: dict[str, Any], axis: str) -> str:
@@ -205,13 +300,17 @@ def _lines(ax, rows, spec, series) -> None:
     seconds = _values(rows, series[1], spec) if len(series) > 1 else [None]
     combos = list(dict.fromkeys(tuple(r[k] for k in series) for r in rows))
     combos.sort(key=lambda c: [_values(rows, k, spec).index(v) for k, v in zip(series, c)])
-    for combo in combos:
-        chosen = sorted((r for r in rows if tuple(r[k] for k in series) == combo), key=lambda r: r[x])
+    points = {combo: sorted(((r[x] * scale, r[y]) for r in rows if tuple(r[k] for k in series) == combo))
+              for combo in combos}
+    for i, combo in enumerate(combos):
         colour = firsts.index(combo[0]) if series else 0
         dash = seconds.index(combo[1]) if len(series) > 1 else 0
-        ax.plot([r[x] * scale for r in chosen], [r[y] for r in chosen], label=_series_label(spec, series, combo),
-                color=_COLOURS[colour % len(_COLOURS)], linestyle=_DASHES[dash % len(_DASHES)],
-                marker=_MARKERS[colour % len(_MARKERS)], markersize=4, linewidth=1.4)
+        # a line that later ones would hide (same points) is drawn wider, so it shows around them
+        under = sum(_same_line(points[combo], points[later]) for later in combos[i + 1:])
+        ax.plot([p[0] for p in points[combo]], [p[1] for p in points[combo]],
+                label=_series_label(spec, series, combo), color=_COLOURS[colour % len(_COLOURS)],
+                linestyle=_DASHES[dash % len(_DASHES)], marker=_MARKERS[colour % len(_MARKERS)],
+                markersize=4 + 2.5 * under, linewidth=1.4 + 1.8 * under, zorder=2 - 0.01 * under)
     if spec.get("logx"):
         ax.set_xscale("log", base=2 if x == "xpus" else 10)
     if spec.get("logy"):
@@ -221,6 +320,16 @@ def _lines(ax, rows, spec, series) -> None:
         ax.set_xticks(xs)
         ax.set_xticklabels([f"{v:g}" for v in xs], rotation=0 if len(xs) <= 7 else 45)
         ax.minorticks_off()
+
+
+def _same_line(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> bool:
+    """Whether two lines' points coincide on a plot (x equal, y within 0.5 %): one would hide the other.
+
+    >>> _same_line([(1, 2.0), (2, 3.0)], [(1, 2.001), (2, 3.0)]), _same_line([(1, 2.0)], [(1, 2.5)])
+    (True, False)
+    """
+    return len(a) == len(b) and all(xa == xb and abs(ya - yb) <= 0.005 * max(abs(ya), abs(yb), 1e-300)
+                                    for (xa, ya), (xb, yb) in zip(a, b))
 
 
 def _log_y(ax) -> None:
@@ -234,10 +343,10 @@ def _log_y(ax) -> None:
 
 
 def _wrap(name: str, width: int = 12) -> str:
-    """`name` on lines of about `width` characters, broken after an underscore or at a space, never
-    inside a word: halving_doubling -> halving_ / doubling."""
+    """`name` on lines of about `width` characters, broken after an underscore or a '+' or at a space, never
+    inside a word: halving_doubling -> halving_ / doubling, H100+A100 proportional -> H100+A100 / proportional."""
     lines = [""]
-    for piece in re.split(r"(?<=[_ ])", name):
+    for piece in re.split(r"(?<=[_ +])", name):
         if lines[-1] and len(lines[-1] + piece.rstrip()) > width:
             lines.append("")
         lines[-1] += piece
@@ -263,7 +372,8 @@ def _bars(ax, rows, spec, series) -> None:
                      rotation=90 if crowded else 0)
     ax.margins(y=0.18)  # room above the tallest bar for its label
     ax.set_xticks(range(len(categories)))
-    ax.set_xticklabels([_wrap(str(c)) for c in categories], fontsize=8)
+    named = x in (spec.get("labels") or {})  # categories given legend text by the spec's labels read as it
+    ax.set_xticklabels([_wrap(_legend_text(spec, x, c) if named else str(c)) for c in categories], fontsize=8)
     if spec.get("logy"):
         _log_y(ax)
 

@@ -1,0 +1,95 @@
+"""Sweep plots read at any size: the title fits the figure, tick labels do not run into each other, the legend
+covers no line, a line hidden under another shows, and a plot without a title gets one (issue 38)."""
+
+from types import SimpleNamespace
+
+import pytest
+
+matplotlib = pytest.importorskip("matplotlib")
+matplotlib.use("Agg")
+
+from hcsim.study.plotting import default_title, plot_experiment, plot_rows  # noqa: E402
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """The figures plot_rows draws, kept open after it saves them."""
+    import matplotlib.pyplot as plt
+
+    kept = []
+    monkeypatch.setattr(plt, "close", lambda figure=None: kept.append(figure))
+    yield kept
+    for figure in kept:
+        figure.clf()
+
+
+def _row(**values):
+    return {"status": "ok", **values}
+
+
+def test_a_long_title_is_wrapped_inside_the_figure(tmp_path, figures):
+    rows = [_row(plan=p, coherent=c, samples_per_s=1.0 + i) for i, p in enumerate(["a", "b"]) for c in (True, False)]
+    title = "LLaMA2-13B on 128 H100 + 128 A100: how to train a mixed cluster, and a good deal more words besides"
+    plot_rows(rows, {"x": "plan", "y": "samples_per_s", "series": "coherent", "kind": "bar", "title": title},
+              tmp_path / "p")
+    figure = figures[0]
+    box = figure._suptitle.get_window_extent(figure.canvas.get_renderer())
+    assert box.x0 >= 0 and box.x1 <= figure.bbox.width, (box, figure.bbox.width)
+    assert "\n" in figure._suptitle.get_text()
+
+
+def test_crowded_bar_labels_do_not_run_into_each_other(tmp_path, figures):
+    systems = ["H100", "A100", "V100", "H100+A100 even", "H100+A100 proportional", "H100+V100 even",
+               "H100+V100 proportional", "H100+A100+V100 proportional"]
+    rows = [_row(system=s, xpus=n, coherent=c, samples_per_s=10.0 + i)
+            for i, s in enumerate(systems) for n in (256, 1024) for c in (True, False)]
+    plot_rows(rows, {"x": "system", "y": "samples_per_s", "series": "xpus", "panels": "coherent", "kind": "bar",
+                     "title": "t"}, tmp_path / "p")
+    figure = figures[0]
+    renderer = figure.canvas.get_renderer()
+    for ax in figure.axes:
+        boxes = [t.get_window_extent(renderer) for t in ax.get_xticklabels() if t.get_text()]
+        assert len(boxes) == len(systems)
+        assert all(a.x1 <= b.x0 for a, b in zip(boxes, boxes[1:])), [(b.x0, b.x1) for b in boxes]
+
+
+def test_the_legend_covers_no_line(tmp_path, figures):
+    # Fig. 8 per XPU: lines along the top, the middle and the bottom leave "best" no free corner
+    rows = [_row(xpus=n, devices=d, coherent=c, batches_per_s_per_xpu=y)
+            for d, c, ys in (("H100", True, [0.17, 0.17, 0.17, 0.17, 0.17]),
+                             ("H100", False, [0.09, 0.085, 0.08, 0.078, 0.073]),
+                             ("H100+A100", True, [0.17, 0.168, 0.06, 0.06, 0.06]),
+                             ("H100+A100", False, [0.086, 0.085, 0.05, 0.05, 0.05]),
+                             ("H100+V100", True, [0.17, 0.168, 0.048, 0.048, 0.048]),
+                             ("H100+V100", False, [0.086, 0.085, 0.042, 0.042, 0.042]))
+            for n, y in zip((64, 128, 256, 512, 1024), ys)]
+    plot_rows(rows, {"x": "xpus", "y": "batches_per_s_per_xpu", "series": ["devices", "coherent"], "logx": True,
+                     "title": "t"}, tmp_path / "p")
+    figure = figures[0]
+    (ax,) = figure.axes
+    renderer = figure.canvas.get_renderer()
+    legend = ax.get_legend().get_window_extent(renderer)
+    for line in ax.get_lines():
+        path = line.get_transform().transform_path(line.get_path())
+        assert not path.intersects_bbox(legend, filled=False), line.get_label()
+    assert legend.x1 <= figure.bbox.width + 1  # moved beside the axes, inside the figure
+
+
+def test_a_line_hidden_under_a_later_one_is_drawn_wider(tmp_path, figures):
+    rows = [_row(cxl_bandwidth_Bps=b, level=level, batches_per_s=y)
+            for level, ys in (("layer", [4.3, 11.1]), ("representative", [4.3, 11.1]), ("decoder", [4.4, 13.4]))
+            for b, y in zip((32e9, 128e9), ys)]
+    plot_rows(rows, {"x": "cxl_bandwidth", "y": "batches_per_s", "series": "level", "title": "t"}, tmp_path / "p")
+    widths = {line.get_label(): line.get_linewidth() for line in figures[0].axes[0].get_lines()}
+    assert widths["level = layer"] > widths["level = representative"] == widths["level = decoder"]
+
+
+def test_a_plot_without_a_title_is_titled_from_the_experiment(tmp_path, figures):
+    experiment = SimpleNamespace(name="allreduce-training", plots=[{"x": "collective", "y": "iteration_time_s",
+                                                                    "series": "xpus", "kind": "bar"}],
+                                 points=lambda: [], axis_columns=lambda: [])
+    rows = [_row(collective=c, xpus=n, iteration_time_s=1.0) for c in ("ring", "tree") for n in (64, 256)]
+    plot_experiment(experiment, rows, tmp_path)
+    assert figures[0]._suptitle.get_text() == "allreduce-training: iteration time (s) by collective and xpus"
+    assert default_title("x", {"x": "xpus", "y": "idle_s"}) == "x: idle (waiting for peers) per iteration (s) by " \
+                                                              "scale (number of XPUs)"
