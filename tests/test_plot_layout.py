@@ -93,3 +93,18 @@ def test_a_plot_without_a_title_is_titled_from_the_experiment(tmp_path, figures)
     assert figures[0]._suptitle.get_text() == "allreduce-training: iteration time (s) by collective and xpus"
     assert default_title("x", {"x": "xpus", "y": "idle_s"}) == "x: idle (waiting for peers) per iteration (s) by " \
                                                               "scale (number of XPUs)"
+
+
+def test_the_kv_legend_lies_outside_the_axes_the_capacity_line_crosses(tmp_path, figures):
+    from hcsim.run.pictures import plot_kv_occupancy
+
+    occupancy = [(0, t, min(100.0 * t, 1000.0), max(0.0, 100.0 * t - 1000.0), t) for t in range(20)]
+    result = {"occupancy": occupancy, "kv": {"spilled_to": "cxl_type3", "hbm_tokens_per_replica": 1000.0},
+              "scenario": "s", "model": "m", "xpus": 8, "device": "H100"}
+    plot_kv_occupancy(result, tmp_path / "kv.png")
+    figure = figures[0]
+    ax = figure.axes[0]
+    renderer = figure.canvas.get_renderer()
+    legend = ax.get_legend().get_window_extent(renderer)
+    assert legend.y1 <= ax.get_window_extent(renderer).y0, "the legend lies over the plot"
+    assert legend.y0 >= 0 and legend.x0 >= 0 and legend.x1 <= figure.bbox.width

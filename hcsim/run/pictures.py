@@ -165,7 +165,10 @@ def plot_kv_occupancy(result: dict[str, Any], path: Path) -> Path:
         running.set_ylabel("Sequences running", color="#c0392b")
         ax.set_xlabel("Time (s)")
         ax.set_ylabel("KV cache (tokens)")
-        ax.legend(fontsize=7, frameon=False, loc="upper left")
+        # under the axes, in one row: inside, the capacity line or the running sequences would cross it
+        handles, labels = ax.get_legend_handles_labels()
+        ax.legend(handles + running.get_lines(), labels + ["sequences running (right axis)"], fontsize=7,
+                  frameon=False, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.2))
         ax.set_title(f"{result['scenario']}: {result['model']} on {result['xpus']} {result['device']}, "
                      f"KV cache of replica 0", fontsize=9)
         figure.tight_layout()
