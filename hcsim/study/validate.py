@@ -510,6 +510,11 @@ def _plot(records: list[dict[str, Any]], stem: Path, title: str) -> list[Path]:
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
+    box = ax.get_window_extent(fig.canvas.get_renderer())
+    for note in ax.texts:  # a name that would run past the right edge is written left of its point
+        if note.get_window_extent(fig.canvas.get_renderer()).x1 > box.x1:
+            note.xyann = (-3, 3)
+            note.set_horizontalalignment("right")
     paths = [stem.with_suffix(".png"), stem.with_suffix(".svg")]
     for path in paths:
         fig.savefig(path, **({"metadata": {"Date": None}} if path.suffix == ".svg" else {"dpi": 150}))
