@@ -93,7 +93,7 @@ def draw_platform(graph: nx.Graph, path: str | Path, *, max_racks: int = 2, max_
         nx.draw_networkx_edges(part, position, ax=axes, edgelist=[(u, v) for u, v, _ in edges],
                                edge_color=edge_colours, width=0.6, alpha=0.6)
     else:
-        _draw_loads(part, position, axes, figure, loads)
+        busiest = _draw_loads(part, position, axes, figure, loads)
     nx.draw_networkx_nodes(part, position, ax=axes, node_color=colours, node_size=60, linewidths=0.3,
                            edgecolors="black")
     _draw_names(part, position, labels, axes)
@@ -109,6 +109,8 @@ def draw_platform(graph: nx.Graph, path: str | Path, *, max_racks: int = 2, max_
     axes.set_title(title + (f"\n{note}" if note else ""), fontsize=10)
     axes.axis("off")
     figure.tight_layout()
+    if loads is not None:
+        _label_loads(axes, figure, position, busiest)  # after the layout: placed where no name or label is
     figure.savefig(path, dpi=dpi)
     plt.close(figure)
     return note
@@ -122,12 +124,14 @@ def _draw_names(graph: nx.Graph, position: dict, labels: dict, axes) -> None:
         for node in members:
             x, y = position[node]
             axes.text(x, y + 0.18, labels[node], fontsize=4 if crowded else 5, rotation=90 if crowded else 0,
-                      ha="center", va="bottom")
+                      ha="center", va="bottom", zorder=4,  # over the links, which would run through it
+                      bbox={"boxstyle": "square,pad=0.05", "fc": "white", "ec": "none", "alpha": 0.75})
 
 
 def _draw_loads(graph: nx.Graph, position: dict, axes, figure, loads: dict[tuple[str, str], float],
-                labelled: int = 8) -> None:
-    """Links as wide as they are busy, coloured by utilization, the `labelled` busiest labelled."""
+                labelled: int = 8) -> list[tuple[tuple[str, str], float]]:
+    """Links as wide as they are busy, coloured by utilization; return the `labelled` busiest links and their
+    utilization, labelled by :func:`_label_loads` once the figure is laid out."""
     import matplotlib.pyplot as plt
     from matplotlib.colors import Normalize
 
@@ -139,14 +143,36 @@ def _draw_loads(graph: nx.Graph, position: dict, axes, figure, loads: dict[tuple
     nx.draw_networkx_edges(graph, position, ax=axes, edgelist=edges, width=[0.4 + 4 * b / norm.vmax for b in busy],
                            edge_color=[colormap(norm(b)) if b > 0 else "#dddddd" for b in busy])
     busiest = sorted((i for i, b in enumerate(busy) if b > 0), key=lambda i: -busy[i])[:labelled]
-    for i in busiest:
-        (x1, y1), (x2, y2) = position[edges[i][0]], position[edges[i][1]]
-        axes.text(0.6 * x1 + 0.4 * x2, 0.6 * y1 + 0.4 * y2, format_percent(busy[i]), fontsize=5, ha="center",
-                  va="center", bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8})
     mappable = plt.cm.ScalarMappable(norm=norm, cmap=colormap)
     bar = figure.colorbar(mappable, ax=axes, fraction=0.02, pad=0.01, location="left")
     bar.set_label("mean link utilization", fontsize=7)
     bar.ax.yaxis.set_major_formatter(lambda value, _: format_percent(value))
+    return [(edges[i], busy[i]) for i in busiest]
+
+
+def _label_loads(axes, figure, position: dict, busiest: list[tuple[tuple[str, str], float]]) -> None:
+    """Each busy link's utilization on the link, at the first point along it (from the middle outwards) where
+    the label overlaps no node, no node name and no other label; a link with no such point goes unlabelled."""
+    from hcsim.units import format_percent
+
+    from matplotlib.transforms import Bbox
+
+    renderer = figure.canvas.get_renderer()
+    taken = [text.get_window_extent(renderer) for text in axes.texts]
+    radius = 5 * figure.dpi / 72  # a node's marker (node_size 60 points^2: about 8 points across), with a margin
+    taken += [Bbox.from_bounds(x - radius, y - radius, 2 * radius, 2 * radius)
+              for x, y in axes.transData.transform(list(position.values()))]
+    for (u, v), busy in busiest:
+        (x1, y1), (x2, y2) = position[u], position[v]
+        for t in (0.5, 0.4, 0.6, 0.3, 0.7, 0.2, 0.8):
+            label = axes.text(x1 + t * (x2 - x1), y1 + t * (y2 - y1), format_percent(busy), fontsize=5,
+                              ha="center", va="center", zorder=5,
+                              bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.85})
+            box = label.get_window_extent(renderer).padded(1)
+            if not any(box.overlaps(other) for other in taken):
+                taken.append(box)
+                break
+            label.remove()
 
 
 def read_link_loads(path: str | Path) -> dict[tuple[str, str], float]:

@@ -77,3 +77,25 @@ def test_draw_rejects_a_file_that_is_no_links_csv(tmp_path, capsys):
     assert main(["platform", "draw", "paper-cxl", "--xpus", "16", "-o", str(tmp_path / "p.png"),
                  "--loads", str(loads)]) == 2
     assert "not a links.csv of hcsim simulate --out" in capsys.readouterr().err
+
+
+def test_draw_loads_labels_overlap_no_name_node_or_other_label(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    kept = []
+    monkeypatch.setattr(plt, "close", lambda figure=None: kept.append(figure))
+    rows = [f"r0.cxl1.0,xpu{i},cxl,1.28e11,1e12,{0.62 if i in (0, 8) else 0.49}" for i in range(16)]
+    loads = tmp_path / "links.csv"
+    loads.write_text("source,target,kind,bandwidth_Bps,bytes,utilization\n" + "\n".join(rows) + "\n")
+    assert main(["platform", "draw", "paper-cxl", "--xpus", "64", "-o", str(tmp_path / "p.png"),
+                 "--loads", str(loads)]) == 0
+    figure = kept[0]
+    axes = figure.axes[0]
+    renderer = figure.canvas.get_renderer()
+    texts = [(t.get_text(), t.get_window_extent(renderer)) for t in axes.texts]
+    labels = [(text, box) for text, box in texts if text.endswith("%")]
+    assert labels  # the busiest links are labelled
+    for text, box in labels:
+        clash = [other for other, b in texts if b is not box and box.overlaps(b)]
+        assert not clash, f"{text} overlaps {clash}"
+    figure.clf()
