@@ -404,6 +404,19 @@ class Executor:
         if len(self.iteration_ends) == 1:
             self.first_iteration = {x: self._times(x, now) for x in self.clocks}
 
+    def _before_window(self, xpu: str, start: float, compute: float, stall: float, recompute: bool) -> None:
+        """A compute instance ending now that began before the measured window (the first iteration's end):
+        its compute and stall are counted in proportion to its time on each side, the part before the window
+        given to the first iteration (core/executor.cpp: WorkloadRun::before_window)."""
+        if not self.iteration_ends or start >= self.iteration_ends[0]:
+            return
+        now = self.backend.now()
+        share = (self.iteration_ends[0] - start) / (now - start)
+        busy, comm, idle, first_compute, first_stall, parts = self.first_iteration[xpu]
+        parts = {**parts, "recompute": parts["recompute"] + (compute * share if recompute else 0.0)}
+        self.first_iteration[xpu] = (busy, comm, idle, first_compute + compute * share, first_stall + stall * share,
+                                     parts)
+
     def _times(self, xpu: str, now: float) -> tuple[float, float, float, float, float, dict[str, float]]:
         clock = self.clocks[xpu]
         clock.advance(now)
@@ -426,7 +439,7 @@ class Executor:
                 first = self.first_iteration[xpu]
                 busy, comm, idle, compute = busy - first[0], comm - first[1], idle - first[2], compute - first[3]
                 parts = {key: value - first[5].get(key, 0.0) for key, value in parts.items()}
-            compute = min(compute, busy)  # an instance open across the window's start counts where it ends
+            compute = min(compute, busy)  # instances overlapping on one XPU: compute no longer than busy
             table[xpu] = {"compute_s": compute / measured, "memory_stall_s": (busy - compute) / measured,
                           "comm_s": comm / measured, "idle_s": idle / measured,
                           "idle_peers_s": parts["idle_peers"] / measured,
@@ -454,6 +467,7 @@ class Executor:
             busy[1] += stall
             if vertex.recompute:
                 busy[2] += compute_time
+            self._before_window(xpu, start, compute_time, stall, vertex.recompute)
             self._complete(vertex, rank, run, start)
             if self.representative:
                 self._release_followers(vertex, xpu, run, compute_time, stall, elapsed)
@@ -696,6 +710,7 @@ class Executor:
             busy[1] += stall
             if vertex.recompute:
                 busy[2] += compute
+            self._before_window(vertex.xpus[rank], start, compute, stall, vertex.recompute)
             self._complete(vertex, rank, run, start)
         self.draining = False
 

@@ -213,3 +213,26 @@ def test_auto_runs_the_core_unless_the_run_uses_what_it_lacks():
     assert results["auto"]["engine"] == run_engine(RunOptions())
     assert results["python"]["engine"] == "python"
     assert results["auto"]["iteration_ends"] == pytest.approx(results["python"]["iteration_ends"], rel=1e-9)
+
+
+def test_an_instance_across_the_window_start_counts_its_time_inside_the_window():
+    """xpu0's vertex takes 2 s (1 s compute beside 2 s of reads: 1 s stall) every iteration, xpu1's 3 s:
+    iteration 1 ends at 3 s, in the middle of xpu0's second instance (2 s to 4 s). Inside the window
+    (3 s to 6 s) that instance has half its compute and half its stall, then xpu0 waits 2 s; both engines
+    (the rule was: counted whole where it ends, compute 1 s and no stall)."""
+    from hcsim.platform.builders import single_switch as build
+
+    platform = build(2, H100)
+    hbm = next(d["bandwidth"] for _, _, d in platform.edges(data=True) if d.get("kind") == "hbm")
+    g = new_workload("window")
+    add_compute(g, "a", xpus=["xpu0"], flops=SECOND, memory_bytes=2 * hbm, start=True)
+    add_compute(g, "b", xpus=["xpu1"], flops=3 * SECOND, start=True)
+    add_dependency(g, "a", "a", skip_first_iteration=True, wait="xpu")
+    add_dependency(g, "b", "b", skip_first_iteration=True, wait="xpu")
+    python, core_run = both(platform, g, iterations=2, local_access="simulated")
+    assert_same(python, core_run)
+    assert python["iteration_ends"] == pytest.approx([3.0, 6.0], rel=1e-6)
+    times = python["xpu_times"]["xpu0"]
+    assert times["compute_s"] == pytest.approx(0.5, rel=1e-6)
+    assert times["memory_stall_s"] == pytest.approx(0.5, rel=1e-6)
+    assert times["idle_s"] == pytest.approx(2.0, rel=1e-6)

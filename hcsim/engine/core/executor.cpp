@@ -218,6 +218,21 @@ private:
       try_start(unit);
   }
 
+  /* executor._before_window: a compute unit ending now that began before the measured window (the first
+     iteration's end) has its compute and stall counted in proportion to its time on each side, the part before
+     the window given to the first iteration's record. */
+  void before_window(std::size_t x, double begin, double compute, double stall, bool recompute)
+  {
+    if (ends_ == 0 || begin >= out_.iteration_ends[0])
+      return;
+    double share = (out_.iteration_ends[0] - begin) / (now() - begin);
+    double* first = out_.first + x * CLOCK_FIELDS;
+    first[4] += compute * share;
+    first[5] += stall * share;
+    if (recompute)
+      first[6] += compute * share;
+  }
+
   void iteration_ended(double t)
   {
     out_.iteration_ends[ends_++] = t;
@@ -279,10 +294,12 @@ private:
       double elapsed = now() - begin;
       double compute = w_.u_compute_s[c];
       Clock& clock = clocks_[xpu(unit)];
+      double stall = std::max(0.0, elapsed - compute);
       clock.compute += compute;
-      clock.stall += std::max(0.0, elapsed - compute);
+      clock.stall += stall;
       if (w_.v_flags[vertex] & RECOMPUTE)
         clock.recompute += compute;
+      before_window(xpu(unit), begin, compute, stall, w_.v_flags[vertex] & RECOMPUTE);
       complete(vertex, unit, run, begin);
     };
     if (w_.v_flags[vertex] & MOVE) {  // an offload copy: u_copy bytes, nothing computed
