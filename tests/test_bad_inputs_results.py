@@ -334,3 +334,17 @@ def test_a_sweep_value_is_blamed_on_the_axis_or_the_base_that_gave_it_not_on_set
     (tmp_path / "exp.yaml").write_text(f"name: exp\nbase: {base}\naxes:\n  {axes}\n")
     message = refused(["sweep", str(tmp_path / "exp.yaml"), "--out", str(tmp_path / "out")], capsys)
     assert re.search(where, message) and "--set" not in message, message
+
+
+@pytest.mark.parametrize("setting", [["--set", "workload_overrides.serving.rate=null"],
+                                     ["--set", "workload_overrides={serving.rate: null}"]])
+def test_serving_rate_null_as_an_override_sends_every_request_at_once(tmp_path, capsys, setting):
+    """The workload file may leave `serving.rate` out (a batch arriving at once); `null` says the same from
+    the command line, over the file's rate."""
+    out = tmp_path / "run"
+    assert main(["simulate", "--set", "workload=llama3-70b-serving", "--set", "platform=paper-cxl", "--set", "xpus=8",
+                 "--set", "tp=8", "--set", "devices=[H100]", *setting,
+                 "--set", "workload_overrides.serving.requests=8", "--out", str(out)]) == 0
+    lines = (out / "requests.csv").read_text().splitlines()
+    assert lines[0].split(",")[1] == "arrival_s" and len(lines) == 9
+    assert {line.split(",")[1] for line in lines[1:]} == {"0.0"}  # the file's rate, 4 per second, is replaced
