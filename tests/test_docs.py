@@ -120,9 +120,12 @@ def site(tmp_path_factory):
         pytest.skip("mkdocs is not installed: pip install -e '.[test]' installs it (mkdocs-material)")
     out = tmp_path_factory.mktemp("site")
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    # from another folder: the site builds from wherever -f is given (the README snippet's base path, the hooks
+    # and the API pages' source are found beside mkdocs.yml, not in the current folder)
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file",
                            str(ROOT / "mkdocs.yml"), "--site-dir", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+                          cwd=tmp_path_factory.mktemp("elsewhere"), env=env, capture_output=True, text=True,
+                          timeout=600)
     assert done.returncode == 0, f"mkdocs build --strict failed:\n{done.stdout[-4000:]}\n{done.stderr[-6000:]}"
     return out
 
