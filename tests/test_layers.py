@@ -75,3 +75,17 @@ def test_the_layer_check_sees_a_back_arrow():
     assert _layer("hcsim.engine.trace") < _layer("hcsim.run.results")
     assert _layer("hcsim.units") < _layer("hcsim.platform.spec") == _layer("hcsim.workload.graph")
     assert ("hcsim.engine.api", "hcsim.engine.options") in import_graph().edges
+
+
+def test_no_test_module_imports_another():
+    """Shared graphs, runs and checks live in helper modules (tests/engine/cases.py, fake_backend.py), so a test
+    module runs alone and its tests are collected once."""
+    tests = Path(__file__).parent
+    names = {path.stem for path in tests.rglob("test_*.py")}
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            imported = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            found += [f"{path.relative_to(tests)} imports {name}" for name in imported if name.split(".")[-1] in names]
+    assert not found, "; ".join(found)

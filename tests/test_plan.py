@@ -25,8 +25,7 @@ from hcsim.workload.split import largest_remainder
 
 sys.path.insert(0, str(Path(__file__).parent / "engine"))
 from fake_backend import FakeBackend, routes_for  # noqa: E402
-from test_hybrid_schedules import FAST, iteration_time, spec as tiny_spec  # noqa: E402
-from test_zero_offload import SHAPE as ZERO_SHAPE  # noqa: E402
+from cases import FAST, ZERO_SHAPE, hybrid_spec as tiny_spec, iteration_time  # noqa: E402
 from hcsim.platform.builders import single_switch  # noqa: E402
 from hcsim.study.plan import Candidate  # noqa: E402
 

@@ -8,7 +8,7 @@ import pytest
 
 from hcsim.engine.collectives import get_algorithm
 from hcsim.platform.builders import single_switch
-from test_collectives import A, B, H100, _durations  # tests/engine is on sys.path
+from cases import A, B, H100, _durations  # tests/engine is on sys.path
 
 SIZES = (1e3, 1e6, 1e9)
 

@@ -21,11 +21,10 @@ from hcsim.platform.builders import single_switch
 from hcsim.platform.devices import builtin_catalog
 from hcsim.platform.topology import add_link, add_xpu
 from hcsim.run.simulation import simulate_graphs
-from hcsim.workload import add_comm, add_compute, add_dependency, new_workload
+from hcsim.workload import add_comm, new_workload
+from cases import A, B, _durations  # tests/engine is on sys.path
 
 H100 = builtin_catalog()["H100"]
-B, LINK_LAT = 900e9, 100e-9  # single_switch defaults (Table 5 XPU_link)
-A = 2 * LINK_LAT  # α: XPU -> switch -> XPU
 SIZES = (1e6, 3.3e8)
 
 
@@ -79,32 +78,6 @@ CASES = [  # collective, algorithm, closed form, group sizes
     ("p2p", "direct", lambda n, s, c=None: A + s / B, (2,)),
 ]
 HIERARCHICAL = [(4, 2), (2, 4), (4, 4)]  # (ranks per server, servers)
-
-
-def _chain(graph, group, items, barrier_xpu):
-    """Add collectives `items` [(name, collective, algorithm, bytes[, chunks])] on `group`, each behind a
-    barrier."""
-    previous = add_compute(graph, "b0", xpus=[barrier_xpu], flops=0.0, start=True)
-    for index, (name, collective, algorithm, size, *chunks) in enumerate(items, start=1):
-        add_comm(graph, name, xpus=group, bytes=size, collective=collective, algorithm=algorithm,
-                 chunks=chunks[0] if chunks else None)
-        add_dependency(graph, previous, name, wait="all")
-        previous = add_compute(graph, f"b{index}", xpus=[barrier_xpu], flops=0.0)
-        add_dependency(graph, name, previous, wait="all")
-
-
-def _durations(platform, group, items, barrier_xpu, fidelity):
-    """Simulate `items` chained on `group` in one process; {name: seconds}."""
-    graph = new_workload("collectives")
-    _chain(graph, group, items, barrier_xpu)
-    result = simulate_graphs(platform, graph, RunOptions(collective_model=fidelity,
-                                                         trace_xpus=frozenset(group) | {barrier_xpu}))
-    spans: dict[str, list[float]] = {}
-    for _, _, name, kind, start, end in result["vertices"]:
-        if kind == "comm":
-            span = spans.setdefault(name, [math.inf, -math.inf])
-            span[0], span[1] = min(span[0], start), max(span[1], end)
-    return {name: end - start for name, (start, end) in spans.items()}
 
 
 def _closed_form_table():

@@ -11,7 +11,7 @@ from hcsim.engine.compute_model import ComputeModel, DeviceFactors, load_compute
 from hcsim.errors import ConfigError
 from hcsim.workload import add_comm, add_compute, add_dependency, new_workload
 from hcsim.workload.ops import Op
-from test_executor_rules import H100, run  # tests/engine is on sys.path
+from cases import H100, run  # tests/engine is on sys.path
 
 MODEL = load_compute_model()
 

@@ -10,7 +10,6 @@ import dataclasses
 
 import pytest
 
-from hcsim.engine import core
 from hcsim.engine.api import RunOptions
 from hcsim.errors import ConfigError
 from hcsim.platform.builders import single_switch
@@ -18,34 +17,12 @@ from hcsim.run.prepare import compute_model, prepare
 from hcsim.run.scenario import Scenario
 from hcsim.run.simulation import simulate_graphs
 from hcsim.workload import add_comm, add_compute, add_dependency, new_workload
-from test_executor_rules import H100, SECOND, TINY, pipeline_graph, wait_graph  # tests/engine is on sys.path
-
-def close(a: float, b: float, scale: float = 0.0) -> bool:
-    return a == pytest.approx(b, rel=1e-9, abs=1e-9 * scale)
+from cases import H100, SECOND, TINY, assert_same, close, pipeline_graph, wait_graph  # tests/engine is on sys.path
 
 
 def both(platform, workload, **options) -> tuple[dict, dict]:
     runs = [simulate_graphs(platform, workload, RunOptions(engine=engine, **options)) for engine in ("python", "core")]
     return runs[0], runs[1]
-
-
-def assert_same(python: dict, core_run: dict) -> None:
-    assert len(core_run["iteration_ends"]) == len(python["iteration_ends"])
-    assert all(close(c, p) for c, p in zip(core_run["iteration_ends"], python["iteration_ends"]))
-    assert core_run["activities"] == python["activities"]
-    assert core_run["collective_fidelity"] == python["collective_fidelity"]
-    # a clock's parts add up to the iteration time: each to 1e-9 of it (a part of a few microseconds in a
-    # 15 s iteration differs by 2e-11 s in the hand-built pipeline: SimGrid's arithmetic on executions)
-    ends = python["iteration_ends"]
-    period = ends[-1] - ends[-2] if len(ends) > 1 else ends[-1]
-    assert core_run["xpu_times"].keys() == python["xpu_times"].keys()
-    for xpu, times in python["xpu_times"].items():
-        mine = core_run["xpu_times"][xpu]
-        assert mine.keys() == times.keys(), xpu
-        bad = {key: (value, mine[key]) for key, value in times.items() if not close(mine[key], value, period)}
-        assert not bad, (xpu, bad)
-    assert core_run["link_bytes"].keys() == python["link_bytes"].keys()
-    assert all(close(core_run["link_bytes"][link], size) for link, size in python["link_bytes"].items())
 
 
 def scenario_case(**settings) -> tuple:
@@ -131,7 +108,6 @@ def p2p_graph():
     add_dependency(g, "act", "recv")
     add_dependency(g, "recv", "send", skip_first_iteration=True, wait="all")
     return g
-
 
 
 HAND_BUILT = {"rules": (rules_graph, 3), "p2p": (p2p_graph, 2), "wait": (wait_graph, 2),

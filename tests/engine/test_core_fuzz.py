@@ -12,15 +12,13 @@ import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
-from hcsim.engine import core
 from hcsim.engine.collectives import algorithms
 from hcsim.engine.api import RunOptions
 from hcsim.errors import HcsimError
 from hcsim.platform.builders import single_switch
 from hcsim.run.simulation import simulate_graphs
 from hcsim.workload import add_comm, add_compute, add_dependency, new_workload
-from test_core_executor import assert_same  # tests/engine is on sys.path
-from test_executor_rules import H100, SECOND
+from cases import H100, SECOND, assert_same  # tests/engine is on sys.path
 
 ALGORITHMS = tuple(algorithms()["all_reduce"])
 

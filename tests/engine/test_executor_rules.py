@@ -10,29 +10,8 @@ from collections import defaultdict
 
 import pytest
 
-from hcsim.engine.executor import Executor
-from hcsim.engine.api import RunOptions
-from hcsim.platform.builders import single_switch
-from hcsim.platform.devices import builtin_catalog
 from hcsim.workload import add_comm, add_compute, add_dependency, new_workload, validate_workload
-from hcsim.workload.layout import ParallelLayout
-from fake_backend import FakeBackend, routes_for  # tests/engine is on sys.path (pytest rootdir-less import)
-
-H100 = builtin_catalog()["H100"]
-SECOND = H100.fp32_flops  # FLOP that take 1 s
-TINY = 8.0  # bytes: a collective of these costs microseconds
-
-
-def run(graph, n, **options):
-    """Run `graph` on `n` XPUs of one switch; (iteration ends, {(run, xpu, vertex): (start, end)}, result)."""
-    platform = single_switch(n, H100)
-    validate_workload(graph, [f"xpu{i}" for i in range(n)])
-    routes = routes_for(platform, graph)
-    xpus = frozenset(f"xpu{i}" for i in range(n))
-    options = RunOptions(trace_xpus=xpus, **options)
-    result = Executor(platform, graph, routes, FakeBackend(platform, routes), options).run()
-    spans = {(run_, xpu, name): (start, end) for run_, xpu, name, _, start, end in result.trace.vertices}
-    return result.iteration_ends, spans, result
+from cases import M, P, SECOND, TINY, T_B, T_F, one_f_one_b, pipeline_graph, run, wait_graph
 
 
 def test_per_xpu_group_and_barrier_edges():
@@ -90,19 +69,6 @@ def test_start_vertices_alone_start_and_back_edges_hold_from_iteration_two():
         validate_workload(g)
 
 
-def wait_graph():
-    """xpu0 and xpu1 compute 1 s, xpu0 2 s more, then an all-reduce of 1 GB between them."""
-    g = new_workload("wait")
-    add_compute(g, "c", xpus=["xpu0", "xpu1"], flops=SECOND, start=True)
-    add_compute(g, "slow", xpus=["xpu0"], flops=2 * SECOND)
-    add_comm(g, "r", xpus=["xpu0", "xpu1"], bytes=1e9, collective="all_reduce", algorithm="ring")
-    add_dependency(g, "c", "slow")
-    add_dependency(g, "slow", "r", wait="group")
-    add_dependency(g, "c", "r")
-    add_dependency(g, "r", "c", skip_first_iteration=True)
-    return g
-
-
 def test_time_per_xpu_adds_up_to_the_iteration_time():
     """xpu1 computes 1 s, xpu0 3 s, then a tiny all-reduce: xpu1 idles ~2 s waiting for its peer."""
     ends, _, result = run(wait_graph(), 2, iterations=3)
@@ -123,51 +89,6 @@ def test_time_per_xpu_adds_up_to_the_iteration_time():
 
 
 # ---- a hand-built PP 2 x TP 2 x DP 2 graph, 4 micro-batches, 1F1B ----------------------------------------
-
-P, M = 2, 4
-T_F, T_B = 1.0, 2.0
-
-
-def one_f_one_b(stage: int) -> list[str]:
-    """The 1F1B order of one stage: p - stage - 1 warm-up forwards, then one forward one backward."""
-    warmup = min(P - stage - 1, M)
-    order = [f"F{j}" for j in range(warmup)]
-    for j in range(M - warmup):
-        order += [f"F{warmup + j}", f"B{j}"]
-    return order + [f"B{j}" for j in range(M - warmup, M)]
-
-
-def pipeline_graph():
-    layout = ParallelLayout([f"xpu{i}" for i in range(8)], {"tp": 2, "pp": 2, "dp": 2})
-    g = new_workload("pp2-tp2-dp2", layout=layout.to_dict())
-
-    def name(stage, op):
-        return f"s{stage}.{op}"
-
-    for stage in range(P):
-        xpus = layout.stage_xpus(stage)
-        tp = tuple(grp for grp in layout.groups("tp") if grp[0] in xpus)
-        order = one_f_one_b(stage)
-        for op in order:
-            seconds = T_F if op[0] == "F" else T_B
-            add_compute(g, name(stage, op), xpus=xpus, flops=seconds * SECOND, start=op == order[0])
-            add_comm(g, name(stage, op + ".tp"), groups=tp, bytes=TINY, collective="all_reduce", algorithm="ring")
-            add_dependency(g, name(stage, op), name(stage, op + ".tp"))
-        for before, after in zip(order, order[1:]):
-            add_dependency(g, name(stage, before + ".tp"), name(stage, after))
-        dp = tuple(grp for grp in layout.groups("dp") if grp[0] in xpus)
-        add_comm(g, name(stage, "grads"), groups=dp, bytes=TINY, collective="all_reduce", algorithm="ring")
-        add_dependency(g, name(stage, order[-1] + ".tp"), name(stage, "grads"))
-        add_dependency(g, name(stage, "grads"), name(stage, order[0]), skip_first_iteration=True)
-    first, second = layout.stage_xpus(0), layout.stage_xpus(1)
-    for j in range(M):  # activations forward, their gradients backward, between matching (tp, dp) ranks
-        add_comm(g, f"act{j}", pairs=list(zip(first, second)), bytes=TINY, collective="p2p")
-        add_dependency(g, name(0, f"F{j}.tp"), f"act{j}", wait="group")
-        add_dependency(g, f"act{j}", name(1, f"F{j}"))
-        add_comm(g, f"grad{j}", pairs=list(zip(second, first)), bytes=TINY, collective="p2p")
-        add_dependency(g, name(1, f"B{j}.tp"), f"grad{j}", wait="group")
-        add_dependency(g, f"grad{j}", name(0, f"B{j}"))
-    return layout, g
 
 
 @pytest.fixture(scope="module")

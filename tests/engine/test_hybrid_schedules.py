@@ -13,40 +13,9 @@ import sys
 
 import pytest
 
-from hcsim.engine.executor import Executor
-from hcsim.engine.api import RunOptions
-from hcsim.platform.builders import single_switch
-from hcsim.platform.devices import Device
-from hcsim.workload import load_workload_spec, validate_workload
-from hcsim.workload.hybrid import Parallelism, block_costs, build_hybrid_graph
-from hcsim.workload.layout import ParallelLayout
+from hcsim.workload.hybrid import Parallelism, block_costs
 from hcsim.workload.schedules import stage_order
-from fake_backend import FakeBackend, routes_for  # tests/engine is on sys.path (pytest rootdir-less import)
-
-FAST = Device(name="fast", fp32_flops=1e12, fp16_flops=1e12, memory=1e15, memory_bandwidth=1e20)
-SHAPE = {"model.decoders": 8, "model.hidden": 64, "model.heads": 4, "model.ffn": 256, "model.sequence": 32,
-         "model.vocabulary": 0, "training.precision": "fp16", "training.optimizer_flops_per_parameter": 0}
-
-
-def spec():
-    return load_workload_spec("gpt3-175b", SHAPE)
-
-
-def run(par: Parallelism, trace: bool = False):
-    """(platform, graph, RunResult) of two iterations of `par` on the fast platform, on the fake kernel."""
-    n = par.tp * par.pp * par.dp
-    platform = single_switch(n, FAST, xpu_link_bandwidth=1e18, xpu_link_latency=1e-15, hbm_latency=1e-15)
-    xpus = [f"xpu{i}" for i in range(n)]
-    graph = build_hybrid_graph(spec(), par, ParallelLayout(xpus, {"tp": par.tp, "pp": par.pp, "dp": par.dp}))
-    validate_workload(graph, xpus)
-    routes = routes_for(platform, graph)
-    options = RunOptions(iterations=2, trace_xpus=frozenset(xpus) if trace else None)
-    return platform, graph, Executor(platform, graph, routes, FakeBackend(platform, routes, "fp16"), options).run()
-
-
-def iteration_time(par: Parallelism) -> float:
-    ends = run(par)[2].iteration_ends
-    return ends[1] - ends[0]
+from cases import hybrid_run as run, hybrid_spec as spec, iteration_time
 
 
 def pass_times(p: int, micro_batch: int = 1, tp: int = 1) -> tuple[float, float, float]:

@@ -19,11 +19,10 @@ from hcsim.run.simulation import simulate_graphs
 from hcsim.workload import load_workload_spec, validate_workload
 from hcsim.workload.hybrid import Parallelism, build_hybrid_graph
 from hcsim.workload.layout import ParallelLayout
+from cases import ZERO_SHAPE as SHAPE
 from fake_backend import FakeBackend, routes_for  # tests/engine is on sys.path (pytest rootdir-less import)
 
 FAST = Device(name="fast", fp32_flops=1e12, fp16_flops=1e12, memory=1e15, memory_bandwidth=1e20)
-SHAPE = {"model.decoders": 8, "model.hidden": 64, "model.heads": 4, "model.ffn": 256, "model.sequence": 32,
-         "model.vocabulary": 0, "training.precision": "fp16"}  # no embedding or head: decoders only
 
 
 @pytest.mark.parametrize("bandwidth", [1e11, 1e12])
