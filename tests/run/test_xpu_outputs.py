@@ -17,7 +17,7 @@ import pytest
 from hcsim.run.pictures import plot_xpu_times, xpu_classes
 from hcsim.run.results import RANK_COLUMNS, SPLIT_PARTS, TIME_PARTS, XPU_COLUMNS, XpuTimes, xpu_rows
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # 16 H100 of two DGX nodes: tp 2 x pp 2 x dp 4, interleaved over 2 chunks per stage (4 decoders: 1 per chunk)
 PIPELINE = ["--set=platform=dgx-h100", "--set=workload=llama3-8b", "--set=workload_overrides={model.decoders: 4}",
             "--set=xpus=16", "--set=tp=2", "--set=pp=2", "--set=micro_batch=1", "--set=global_batch=16",

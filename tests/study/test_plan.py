@@ -23,7 +23,7 @@ from hcsim.workload.layout import ParallelLayout
 from hcsim.workload.memory import stage_memory
 from hcsim.workload.split import largest_remainder
 
-sys.path.insert(0, str(Path(__file__).parent / "engine"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "engine"))
 from fake_backend import FakeBackend, routes_for  # noqa: E402
 from cases import FAST, ZERO_SHAPE, hybrid_spec as tiny_spec, iteration_time  # noqa: E402
 from hcsim.platform.builders import single_switch  # noqa: E402

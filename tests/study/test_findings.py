@@ -18,7 +18,7 @@ from hcsim.study.experiment import Axis, load_experiment
 from hcsim.study.store import read_results
 from hcsim.study.sweep import run_sweep
 
-PAPER = Path(__file__).resolve().parents[1] / "experiments" / "paper"
+PAPER = Path(__file__).resolve().parents[2] / "experiments" / "paper"
 SMALL_RACKS = {"rack.servers": 1}  # 8 XPUs per rack (paper: 128)
 
 
