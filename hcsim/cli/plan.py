@@ -30,10 +30,11 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "plan", help="find the best parallel configuration of a model on a cluster",
         description="Enumerate tp x pp x dp x micro-batch x schedule x recomputation x ZeRO stage (and layer "
-                    "and batch splits on mixed clusters), drop what does not fit in memory, rank the rest with closed forms, simulate the "
-                    "best with contention and print them ranked by simulated throughput.",
+                    "and batch splits on mixed clusters), drop what does not fit in memory, rank the rest with closed forms, simulate "
+                    "the most promising with contention (best corrected estimate first, until no plan left can "
+                    "beat the best simulated, or --time) and print them ranked by simulated throughput.",
         epilog="example: hcsim plan llama2-70b --platform paper-cxl --xpus 256 --global-batch 256 "
-               "--devices H100,A100 --top 10 --jobs 2 --out plans/")
+               "--devices H100,A100 --time 600 --jobs 2 --out plans/")
     parser.add_argument("model", metavar="MODEL", help="a workload spec (workloads/*.yaml) or its path")
     parser.add_argument("--platform", default="paper-cxl", help="platform spec (default paper-cxl)")
     parser.add_argument("--xpus", type=int, required=True, help="XPUs to train on (the platform's first ones)")
