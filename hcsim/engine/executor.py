@@ -23,7 +23,6 @@ import math
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
-from typing import ClassVar
 
 import networkx as nx
 
@@ -31,7 +30,6 @@ from hcsim.engine.options import COMM_KIND, RunOptions, RunResult
 from hcsim.engine.backend import Backend
 from hcsim.engine.collectives import FlowPhase, get_algorithm, server_groups
 from hcsim.engine.trace import TraceRecorder
-from hcsim.params import Choice, Constraint, Flag, Integer, check_params
 from hcsim.platform.devices import peak_flops
 from hcsim.platform.routes import route_bandwidth, route_latency
 from hcsim.workload.graph import first_iteration_order

@@ -44,7 +44,6 @@ A graph workload (a .json graph, a Chakra trace) has no layout: its stage, chunk
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path

@@ -784,7 +784,6 @@ class _Builder:
                 (s, c), (t, d) = (q % p, q // p), ((q + 1) % p, (q + 1) // p)
                 pairs_fwd = list(zip(self.class_xpus(s, k), self.class_xpus(t, k)))
                 pairs_bwd = [(dst, src) for src, dst in pairs_fwd]
-                first = self.first
                 for j in range(count):
                     forward, backward = (Op("F", j, c), Op("F", j, d)), (Op("B", j, d), Op("B", j, c))
                     self.transfer(f"p2p{tag}.q{q}.mb{j}.act", pairs_fwd, (s, k, forward[0]), (t, k, forward[1]))

@@ -424,7 +424,7 @@ def xpu_times(xpus: list[str], first: array, last: array, ends: list[float], fie
 
     for x, xpu in enumerate(xpus):
         now = last[x * fields:(x + 1) * fields]
-        busy, comm, idle, compute, stall = now[0], now[1], now[2], now[4], now[5]
+        busy, comm, idle, compute = now[0], now[1], now[2], now[4]
         parts = parts_of(now)
         if len(ends) > 1:
             before = first[x * fields:(x + 1) * fields]
