@@ -35,6 +35,7 @@ Pure: specs and graphs in, plain data out; no SimGrid.
 from __future__ import annotations
 
 import math
+import statistics
 import weakref
 from collections import Counter
 from dataclasses import dataclass, replace
@@ -531,27 +532,35 @@ class Search:
         times = [s for s in self.simulated.values() if s is not None]
         return min(times) if times else None
 
-    def corrected(self, candidate) -> float:
-        """`candidate`'s estimate times the median factor of the plans of its shape (or schedule, or all)."""
-        shape = self.shape(candidate)
-        for level in (shape, shape[:1] if isinstance(shape, tuple) else None, None):
-            ratios = sorted(s / self.estimates[c] for c, s in self.simulated.items()
-                            if s is not None and (level is None or self._level(c, level) == level))
-            if ratios:
-                middle = len(ratios) // 2
-                factor = ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
-                return self.estimates[candidate] * factor
+    def corrected(self, candidate, factors: dict | None = None) -> float:
+        """`candidate`'s estimate times the median factor of the plans of its shape (or schedule, or all);
+        `factors`: :meth:`factors`, when the caller corrects many candidates at once."""
+        factors = self.factors() if factors is None else factors
+        for level in self._levels(candidate):
+            if level in factors:
+                return self.estimates[candidate] * factors[level]
         return self.estimates[candidate]
 
-    def _level(self, candidate, level):
+    def factors(self) -> dict:
+        """The median simulated / estimated factor of the simulated plans at each level they share: their
+        shape, its first element (the schedule) and all of them (the level None)."""
+        ratios: dict = {}
+        for c, seconds in self.simulated.items():
+            if seconds is not None:
+                for level in self._levels(c):
+                    ratios.setdefault(level, []).append(seconds / self.estimates[c])
+        return {level: statistics.median(values) for level, values in ratios.items()}
+
+    def _levels(self, candidate) -> tuple:
         shape = self.shape(candidate)
-        return shape[:len(level)] if isinstance(level, tuple) and isinstance(shape, tuple) else shape
+        return (shape, ("schedule", shape[0]), None) if isinstance(shape, tuple) else (shape, None)
 
     def next(self, count: int) -> list:
         """Up to `count` candidates to simulate next: unexplored shapes' best plans that may win first, then the
         best corrected estimates that may win; [] when :meth:`finished`."""
-        left = sorted((c for c in self.estimates if c not in self.simulated),
-                      key=lambda c: (self.corrected(c), self._order[c]))
+        factors = self.factors()
+        corrected = {c: self.corrected(c, factors) for c in self.estimates if c not in self.simulated}
+        left = sorted(corrected, key=lambda c: (corrected[c], self._order[c]))
         best = self.best()
         if best is None:
             return left[:count]
@@ -560,9 +569,10 @@ class Search:
         for c in left:
             if self.shape(c) not in seen and self.shape(c) not in shapes:
                 shapes.add(self.shape(c))
-                if self.corrected(c) <= best * (1 + self.explore):
+                if corrected[c] <= best * (1 + self.explore):
                     firsts.append(c)
-        close = [c for c in left if self.corrected(c) <= best * (1 + self.margin) and c not in firsts]
+        chosen = set(firsts)
+        close = [c for c in left if corrected[c] <= best * (1 + self.margin) and c not in chosen]
         return (firsts + close)[:count]
 
     def finished(self) -> str | None:
