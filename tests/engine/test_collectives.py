@@ -392,7 +392,6 @@ def test_defaults_and_server_groups():
     assert server_groups(platform, [f"xpu{i}" for i in range(16)]) == [list(range(8)), list(range(8, 16))]
 
 
-@register
 class _StarBroadcast(Algorithm):
     """A user's algorithm, registered without touching the engine: rank 0 sends S to every rank at once.
 
@@ -410,8 +409,13 @@ class _StarBroadcast(Algorithm):
         return Step(sends=(), recvs=(0,))
 
 
-def test_a_user_algorithm_runs_by_name():
-    assert get_algorithm("broadcast", "test_star", 3, 1.0).name == "test_star"  # registered, this process
+def test_a_user_algorithm_runs_by_name(monkeypatch):
+    import hcsim.engine.collectives as collectives
+
+    with monkeypatch.context() as patch:  # registered for this test only: `hcsim list algorithms` never sees it
+        patch.setattr(collectives, "_REGISTRY", dict(collectives._REGISTRY))
+        register(_StarBroadcast)
+        assert get_algorithm("broadcast", "test_star", 3, 1.0).name == "test_star"
     n, size = 5, 1e8
     platform = single_switch(n + 1, H100)
     seconds = _durations(platform, [f"xpu{i}" for i in range(n)], [("star", "broadcast", f"{__name__}:_StarBroadcast", size)],

@@ -5,6 +5,10 @@ An XPU's compute_s is its FLOPs at its peak, so with n_r units (micro-batches or
 replica r computes n_r·w/s_r (plus, in the paper's graph, the optimizer step's FLOPs / s_r). Even splits
 leave the A100 computing s_H100 / s_A100 = 3.44 times as long; proportional ones (largest remainders)
 leave each replica within one unit's time of the ideal, so two replicas within w/s_H100 + w/s_A100.
+
+One iteration each: the measured window then holds all of an iteration's work. With two, the window is the
+second iteration [end of the first, end of the second] and counts the time inside it: the faster replica's
+second iteration starts before the slower one ends the first, so part of its work falls before the window.
 """
 
 import json
@@ -22,8 +26,8 @@ CATALOG = builtin_catalog()
 PEAK = {d: CATALOG[d].peaks["fp32"] for d in ("H100", "A100")}
 MIXED = ["xpus=16", "devices=[H100,A100]", "platform_overrides.rack.servers=1", "xpu_sampling=representative"]
 HYBRID = ["workload=llama2-7b", "precision=fp32", "workload_overrides.model.decoders=4", "tp=8", "global_batch=16",
-          "iterations=2", "compute_model=peak"]  # the peak model: compute in proportion to peak FLOP/s
-PAPER = ["workload_overrides.training.batch_per_xpu=4", "workload_overrides.model.decoders=4", "iterations=2",
+          "iterations=1", "compute_model=peak"]  # the peak model: compute in proportion to peak FLOP/s
+PAPER = ["workload_overrides.training.batch_per_xpu=4", "workload_overrides.model.decoders=4", "iterations=1",
          "collective_model=flow"]
 
 
