@@ -326,9 +326,9 @@ def estimate(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus:
     allreduce = _ring(par.tp, 2, activation, *cluster.ring("tp"))
     dp_latency, dp_bandwidth = cluster.ring("dp")
     decoder = attn.parameters + mlp.parameters  # per TP rank
-    if kernel_model is not None:
-        attn_ops, mlp_ops = block_kernels(spec, par.micro_batch, par.tp, par.sequence_parallel, cp=par.cp)
-        attn, mlp = _Timed(attn, attn_ops, kernel_model), _Timed(mlp, mlp_ops, kernel_model)
+    attn_ops, mlp_ops = (block_kernels(spec, par.micro_batch, par.tp, par.sequence_parallel, cp=par.cp)
+                         if kernel_model is not None else (None, None))
+    attn, mlp = _Block.of(attn, attn_ops, kernel_model), _Block.of(mlp, mlp_ops, kernel_model)
     gather = _ring(par.dp, 1, decoder * sizes.weight, dp_latency, dp_bandwidth) if par.zero == 3 else 0.0
     decoder_costs = _DecoderCosts(attn, mlp, allreduce, gather, activation)
     pipeline = max(_pipeline(spec, par, cluster, layers, decoder_costs, m, members)
@@ -364,8 +364,8 @@ class _DecoderCosts:
     """A decoder's costs per micro-batch on one TP rank: its two blocks, the TP all-reduce after each block
     (s), the ZeRO-3 gather of its weights (s; 0 without ZeRO-3) and the activation a stage sends on (bytes)."""
 
-    attn: BlockCost
-    mlp: BlockCost
+    attn: "_Block"
+    mlp: "_Block"
     allreduce: float
     gather: float
     activation: float
@@ -382,10 +382,10 @@ def _pipeline(spec: WorkloadSpec, par: Parallelism, cluster: "_Cluster", layers,
     for stage in range(par.pp):
         on = cluster.slowest_device(stage, spec.precision, members)
         decoders = sum(layers[stage])
-        f = sum(_forward(b, *on) + allreduce for b in (attn, mlp))
-        b_in = sum(_input_grad(b, *on) + allreduce for b in (attn, mlp)) \
+        f = sum(b.forward(*on) + allreduce for b in (attn, mlp))
+        b_in = sum(b.input_grad(*on) + allreduce for b in (attn, mlp)) \
             + _recompute(par.recompute, (attn, mlp), on, allreduce)
-        w = sum(_weight_grad(b, *on) for b in (attn, mlp))
+        w = sum(b.weight_grad(*on) for b in (attn, mlp))
         # ZeRO-3: a decoder's forward and its backward (with the weight gradients unless ZB-H1 defers them)
         # wait for the gather of its weights, one decoder ahead: each paces at max(its time, the gather)
         backward_unit = b_in + (0.0 if zero_bubble else w)
@@ -425,47 +425,58 @@ def _time(flops: float, size: float, peak: float, bandwidth: float) -> float:
 
 
 @dataclass(frozen=True)
-class _Timed:
-    """A block whose passes are timed by their kernels (the kernel model), as the engine times its vertices."""
+class _Block:
+    """One block's passes timed as the simulations time them: by its kernels under the kernel model (a pass
+    with kernels), else max(FLOP / peak, bytes / bandwidth). The backward kernels are split once, here, into
+    the weight-gradient GEMMs (what ZB-H1 defers) and the rest."""
 
     cost: BlockCost
-    ops: BlockOps
-    model: object  # a hcsim.engine.compute_model.ComputeModel
+    model: object = None  # a hcsim.engine.compute_model.ComputeModel, or None: the closed forms
+    forward_ops: tuple = ()
+    backward_ops: tuple = ()  # the backward pass but its weight gradients
+    weight_grad_ops: tuple = ()
+    core_ops: tuple = ()
+    timed_backward: bool = False  # the backward pass has kernels (either part may be empty)
 
-    def seconds(self, ops, peak: float, bandwidth: float, device: str) -> float:
+    @classmethod
+    def of(cls, cost: BlockCost, ops: BlockOps | None = None, model=None) -> "_Block":
+        if model is None or ops is None:
+            return cls(cost)
+        wgrad = tuple(op for op in ops.backward if op.name.endswith(".wgrad"))
+        rest = tuple(op for op in ops.backward if not op.name.endswith(".wgrad"))
+        return cls(cost, model, ops.forward, rest, wgrad, ops.core, bool(ops.backward))
+
+    def _kernels(self, ops, peak: float, bandwidth: float, device: str) -> float:
         return self.model.time(ops, device, peak, bandwidth) if ops else 0.0
 
+    def forward(self, peak: float, bandwidth: float, device: str) -> float:
+        if self.forward_ops:
+            return self._kernels(self.forward_ops, peak, bandwidth, device)
+        return _time(self.cost.fwd_flops, self.cost.fwd_bytes, peak, bandwidth)
 
-def _forward(block, peak: float, bandwidth: float, device: str) -> float:
-    if isinstance(block, _Timed) and block.ops.forward:
-        return block.seconds(block.ops.forward, peak, bandwidth, device)
-    block = getattr(block, "cost", block)
-    return _time(block.fwd_flops, block.fwd_bytes, peak, bandwidth)
+    def input_grad(self, peak: float, bandwidth: float, device: str) -> float:
+        """The backward pass but its weight-gradient GEMMs (what ZB-H1 keeps on the critical path)."""
+        if self.timed_backward:
+            return self._kernels(self.backward_ops, peak, bandwidth, device)
+        return _time(self.cost.input_grad_flops, self.cost.bwd_bytes / 2, peak, bandwidth)
 
+    def weight_grad(self, peak: float, bandwidth: float, device: str) -> float:
+        if self.timed_backward:
+            return self._kernels(self.weight_grad_ops, peak, bandwidth, device)
+        return _time(self.cost.weight_grad_flops, self.cost.bwd_bytes / 2, peak, bandwidth)
 
-def _weight_grad(block, peak: float, bandwidth: float, device: str) -> float:
-    if isinstance(block, _Timed) and block.ops.backward:
-        return block.seconds(tuple(op for op in block.ops.backward if op.name.endswith(".wgrad")), peak, bandwidth,
-                             device)
-    block = getattr(block, "cost", block)
-    return _time(block.weight_grad_flops, block.bwd_bytes / 2, peak, bandwidth)
-
-
-def _input_grad(block, peak: float, bandwidth: float, device: str) -> float:
-    """The backward pass but its weight-gradient GEMMs (what ZB-H1 keeps on the critical path)."""
-    if isinstance(block, _Timed) and block.ops.backward:
-        return block.seconds(tuple(op for op in block.ops.backward if not op.name.endswith(".wgrad")), peak,
-                             bandwidth, device)
-    block = getattr(block, "cost", block)
-    return _time(block.input_grad_flops, block.bwd_bytes / 2, peak, bandwidth)
+    def core(self, peak: float, bandwidth: float, device: str) -> float:
+        """The attention core's forward (what selective recomputation redoes)."""
+        if self.core_ops:
+            return self._kernels(self.core_ops, peak, bandwidth, device)
+        return self.cost.core_flops / peak
 
 
 def _recompute(mode: str, blocks, on: tuple[float, float, str], allreduce: float) -> float:
     if mode == "full":
-        return sum(_forward(b, *on) + allreduce for b in blocks)
+        return sum(b.forward(*on) + allreduce for b in blocks)
     if mode == "selective":
-        return sum(b.seconds(b.ops.core, *on) if isinstance(b, _Timed) and b.ops.core else
-                   getattr(b, "cost", b).core_flops / on[0] for b in blocks)
+        return sum(b.core(*on) for b in blocks)
     return 0.0
 
 
