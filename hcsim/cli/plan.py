@@ -285,8 +285,7 @@ def _search(scenario, search, args, journal) -> dict:
         if batches and elapsed + max(batches) > args.time and not args.all:
             reason = f"--time {args.time:g} s spent"
             break
-        batch = search.next(args.top - len(results) if args.top is not None and args.top - len(results) < args.jobs
-                            else args.jobs)
+        batch = search.next(args.jobs if args.top is None else min(args.jobs, args.top - len(results)))
         began = time.perf_counter()
         for candidate, result in zip(batch, _simulate(scenario, [(search.estimates[c], c) for c in batch], args.jobs,
                                                       args.executor, args.timeout, journal)):
@@ -333,14 +332,12 @@ def _kernel_model(scenario, candidate):
     with the same compute model), None where they run the peak model: the estimate times blocks the same way."""
     from dataclasses import replace
 
-    from hcsim.config import resolve_spec
     from hcsim.engine.compute_model import load_compute_model
-    from hcsim.run.prepare import resolve_compute_model
+    from hcsim.run.prepare import compute_factors_path, resolve_compute_model
 
     if resolve_compute_model(replace(scenario, **_typed(candidate.settings()))) != "roofline":
         return None
-    factors = scenario.compute_factors
-    return load_compute_model(resolve_spec(factors, "platforms", Path(scenario.base)) if factors else None)
+    return load_compute_model(compute_factors_path(scenario))
 
 
 def _cost(candidate) -> float:

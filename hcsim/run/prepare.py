@@ -474,8 +474,7 @@ def resolve_compute_model(scenario: Scenario, platform_spec=None, workload_spec=
         if platform_spec is None:
             platform_spec = load_platform_spec(resolve_spec(scenario.platform, "platforms", base),
                                                scenario.platform_settings())
-        factors = resolve_spec(scenario.compute_factors, "platforms", base) if scenario.compute_factors else None
-        known = load_compute_model(factors).devices
+        known = load_compute_model(compute_factors_path(scenario)).devices
     except HcsimError:
         return "peak"
     devices = platform_devices(platform_spec)
@@ -491,6 +490,15 @@ def platform_devices(spec) -> set[str]:
     return {node.attributes["device"] for node in nodes if node.attributes.get("device")}
 
 
+def compute_factors_path(scenario: Scenario) -> Path | None:
+    """The kernel factors file `scenario` names (``compute_factors``, resolved beside the scenario or among the
+    built-in platforms), or None for the built-in platforms/compute-model.yaml."""
+    from hcsim.config import resolve_spec
+
+    factors = scenario.compute_factors
+    return resolve_spec(factors, "platforms", Path(scenario.base)) if factors else None
+
+
 def compute_model(scenario: Scenario, workload: nx.DiGraph, platform: nx.Graph | None = None):
     """The scenario's roofline ComputeModel, or None where the run uses the peak model
     (:func:`resolve_compute_model`).
@@ -499,12 +507,11 @@ def compute_model(scenario: Scenario, workload: nx.DiGraph, platform: nx.Graph |
     kernels: the peak model knows nothing of them. Raises ConfigError when roofline is asked of a graph without
     op-level costs, or when a device of `platform` has no factors; warns, naming them, when its devices'
     factors are literature values."""
-    from hcsim.config import resolve_spec
     from hcsim.engine.compute_model import load_compute_model
     from hcsim.platform.devices import builtin_catalog
     from hcsim.workload.ops import INVENTORIES
 
-    path = resolve_spec(scenario.compute_factors, "platforms", Path(scenario.base)) if scenario.compute_factors else None
+    path = compute_factors_path(scenario)
     run_devices = {d for _, d in (platform.nodes(data="device") if platform is not None else ()) if d}
     known = set(builtin_catalog()) | run_devices  # the devices a factors file may name
     if resolve_compute_model(scenario) == "peak" and not INVENTORIES[workload.graph.get("kernels", "megatron")].needs_kernel_model:

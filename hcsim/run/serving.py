@@ -816,7 +816,7 @@ def _platform(scenario: Scenario, spec: ServingSpec) -> tuple[_Platform, Schedul
     from hcsim.platform.devices import peak_flops
     from hcsim.platform.routes import route_bandwidth, route_latency, shortest_routes
     from hcsim.platform.topology import xpus as platform_xpus
-    from hcsim.run.prepare import spill_policy
+    from hcsim.run.prepare import compute_factors_path, spill_policy
     from hcsim.workload.transformer import model_parameters
 
     base = Path(scenario.base)
@@ -844,8 +844,7 @@ def _platform(scenario: Scenario, spec: ServingSpec) -> tuple[_Platform, Schedul
     if others:
         raise ConfigError(f"scenario {scenario.name!r}: the XPUs are {device} and {', '.join(others)}; a serving run "
                           f"models replicas of one device. Fix: devices=[{device}] (one device type)")
-    factors_path = resolve_spec(scenario.compute_factors, "platforms", base) if scenario.compute_factors else None
-    compute = load_compute_model(factors_path)
+    compute = load_compute_model(compute_factors_path(scenario))
     factors = compute.device(device)
     compute = replace(compute, devices={device: replace(factors, launch=0.0, backward_launch=0.0)})
     config = scheduler_config(spec, device, nodes[nodes[x0]["local_memory"]]["capacity"])
