@@ -3,17 +3,14 @@ against what plain SimGrid sustains on the same kind of activities.
 
 Cases (each point runs in a fresh process):
 
-- ``layer``, ``layer+repr``, ``decoder``, ``decoder+repr``: LLaMA2-13B data parallel on the paper's
-  coherent topology, one iteration, through ``hcsim simulate`` (workload fidelity; +repr:
-  representative XPUs);
-- ``gpt3``, ``gpt3-all``: issue 15's GPT-3 175B case on paper-cxl A100 (BF16, tp 8 x pp 8, dp =
-  XPUs / 64, 96 micro-batches of 1 sequence per pipeline, 1F1B, full recomputation, flow collectives,
-  TP collectives analytic), representative XPUs or every XPU simulated; at 1024 XPUs it is the issue's
-  row (global batch 1536);
-- ``llama3``, ``llama3-all``: issue 15's Llama-3 405B case on paper-cxl H100, the spec raised to 16,384 XPUs
-  (128 racks; tp 8 x pp 16 with 7 + 14 x 8 + 7 layers, sequence parallelism, dp = XPUs / 128, 16
-  micro-batches per pipeline, 1F1B, full recomputation); at 16,384 XPUs it is the issue's row (global
-  batch 2048);
+- ``layer``, ``decoder``: LLaMA2-13B data parallel on the paper's coherent topology, one iteration,
+  through ``hcsim simulate`` (workload granularity);
+- ``gpt3``: GPT-3 175B on paper-cxl A100 (BF16, tp 8 x pp 8, dp = XPUs / 64, 96 micro-batches of 1
+  sequence per pipeline, 1F1B, full recomputation, flow collectives, TP collectives analytic); at 1024
+  XPUs the performance page's row (global batch 1536);
+- ``llama3``: Llama-3 405B on paper-cxl H100, the spec raised to the size asked (tp 8 x pp 16 with 7 + 14 x
+  8 + 7 layers, sequence parallelism, dp = XPUs / 128, 16 micro-batches per pipeline, 1F1B, full
+  recomputation); at 16,384 XPUs the performance page's row (global batch 2048);
 - ``vtrain``: issue 27's vTrain-size row, GPT-3 175B on DGX A100 (tp 8 x pp 32, dp = XPUs / 256, 768
   micro-batches of 1 sequence per pipeline, full recomputation, the roofline compute model, flow collectives,
   TP collectives analytic, every XPU simulated); at 512 XPUs it is the row (global batch 1536);
@@ -23,24 +20,23 @@ Cases (each point runs in a fresh process):
   switch, rings across servers, 40 layers of fixed compute and a 634 MB hierarchical all-reduce);
 - ``simgrid``: plain SimGrid, no hcsim engine: every XPU of a single switch alternates an execution
   and a transfer to its ring neighbour, each a pooled ExecTask / CommTask fired with
-  ``enqueue_firings`` and refired from its completion callback, as hcsim's backend
-  (hcsim/engine/backend.py) drives them. Its activities/s is the ceiling of a Task-driven engine;
-  the other cases print their ratio to it at the same number of XPUs (column /simgrid);
+  ``enqueue_firings`` and refired from its completion callback (SimGrid's Python API). Its activities/s is
+  the ceiling of a Task-driven engine in Python; the other cases print their ratio to it at the same number
+  of XPUs (column /simgrid);
 - ``simgrid-cpp``: the same activity mix on SimGrid's C++ S4U API, no Task and no Python in the loop:
   hcsim's engine core (hcsim/engine/core) runs the chains as plain s4u::Exec / s4u::Comm started from
   completion callbacks in maestro. Its activities/s is the ceiling of an engine on the C++ API (issue
   27); every case prints its ratio to it (column /C++). ``simgrid-cpp-actors``: the same chains, one
-  S4U actor per XPU with blocking waits, for the choice between the two. Both need the core built
-  (``make core``); without it they print ``skipped:`` and the reason.
+  S4U actor per XPU with blocking waits, for the choice between the two.
 
 Per case, the fitted exponent k of wall time ~ XPUs^k (least squares on logs) is printed. Quote the
 figures with the machine line (cores, memory, load average): the machine may be shared.
 
     .venv/bin/python benchmarks/engine_speed.py                    # every case at its default sizes
-    .venv/bin/python benchmarks/engine_speed.py --xpus 64 256 --case decoder layer+repr simgrid
-    .venv/bin/python benchmarks/engine_speed.py --case gpt3 --xpus 1024    # issue 15's GPT-3 row
-    .venv/bin/python benchmarks/engine_speed.py --case gpt3-all --xpus 1024 --engine core   # issue 27's row
-    .venv/bin/python benchmarks/engine_speed.py --case vtrain --engine core   # issue 27's vTrain row (512)
+    .venv/bin/python benchmarks/engine_speed.py --xpus 64 256 --case decoder layer simgrid
+    .venv/bin/python benchmarks/engine_speed.py --case gpt3 --xpus 1024      # the GPT-3 row
+    .venv/bin/python benchmarks/engine_speed.py --case vtrain                # the vTrain row (512)
+    .venv/bin/python benchmarks/engine_speed.py --case llama3 --xpus 16384   # the Llama-3 row
 """
 
 from __future__ import annotations
@@ -59,22 +55,18 @@ HERE = Path(__file__).resolve().parent
 
 LEVELS = {  # name: scenario settings
     "layer": ["granularity=layer"],
-    "layer+repr": ["granularity=layer", "xpu_sampling=representative"],
     "decoder": ["granularity=decoder"],
-    "decoder+repr": ["granularity=decoder", "xpu_sampling=representative"],
 }
 _HYBRID = ["micro_batch=1", "schedule=1f1b", "recompute=full", "collective_model=flow",
            "local_collectives=analytic", "iterations=1"]
 _GPT3 = ["workload=gpt3-175b", "workload_overrides={training.precision: bf16}", "devices=[A100]", "tp=8", "pp=8",
          *_HYBRID]
-_LLAMA3 = ["workload=llama3-405b", "devices=[H100]", "platform_overrides.xpus=16384", "tp=8", "pp=16",
+_LLAMA3 = ["workload=llama3-405b", "devices=[H100]", "tp=8", "pp=16",
            "sequence_parallel=true",
            f"layer_split=[7, {', '.join(['8'] * 14)}, 7]", *_HYBRID]
 HYBRID = {  # name: (XPUs per pipeline, micro-batches per pipeline, scenario settings)
-    "gpt3": (64, 96, [*_GPT3, "xpu_sampling=representative"]),
-    "gpt3-all": (64, 96, [*_GPT3, "xpu_sampling=all"]),
-    "llama3": (128, 16, [*_LLAMA3, "xpu_sampling=representative"]),
-    "llama3-all": (128, 16, [*_LLAMA3, "xpu_sampling=all"]),
+    "gpt3": (64, 96, _GPT3),
+    "llama3": (128, 16, _LLAMA3),
     "vtrain": (256, 768, ["workload=gpt3-175b", "platform=dgx-a100", "tp=8", "pp=32", "micro_batch=1",
                           "recompute=full", "compute_model=roofline", "local_collectives=analytic", "iterations=1",
                           "collective_model=flow"]),
@@ -83,8 +75,8 @@ MICRO_BATCH_CASE = "gpt3-mb"  # gpt3 on one pipeline (64 XPUs); its size is micr
 CPP_CASES = {"simgrid-cpp": "callbacks", "simgrid-cpp-actors": "actors"}  # case: the core's driver
 CASES = [*LEVELS, *HYBRID, MICRO_BATCH_CASE, "2d-hierarchical", "simgrid", *CPP_CASES]
 CEILINGS = ("simgrid-cpp", "simgrid")  # run first, for the ratios
-DEFAULT_SIZES = {"gpt3": [64, 256, 1024], "gpt3-all": [64, 256, 1024], "llama3": [1024, 4096, 16384],
-                 "llama3-all": [1024, 4096], "vtrain": [512], MICRO_BATCH_CASE: [12, 24, 48, 96]}
+DEFAULT_SIZES = {"gpt3": [64, 256, 1024], "llama3": [1024, 4096, 16384], "vtrain": [512],
+                 MICRO_BATCH_CASE: [12, 24, 48, 96]}
 
 
 def scenario_settings(case: str, size: int) -> list[str]:
@@ -97,7 +89,8 @@ def scenario_settings(case: str, size: int) -> list[str]:
     per, micro_batches, settings = HYBRID[case]
     if size % per:
         raise SystemExit(f"--xpus: case {case} needs a multiple of {per} XPUs, not {size}")
-    return [f"xpus={size}", f"global_batch={micro_batches * size // per}", *settings]
+    raised = [f"platform_overrides.xpus={size}"] if case == "llama3" else []  # the spec raised to the size
+    return [f"xpus={size}", f"global_batch={micro_batches * size // per}", *raised, *settings]
 
 
 def _child(command: list[str], timeout: float) -> dict:
@@ -114,17 +107,11 @@ def _child(command: list[str], timeout: float) -> dict:
     return record
 
 
-def run_point(case: str, xpus: int, iterations: int, timeout: float, firings: int,
-              engine: str | None = None) -> dict:
-    """One point in a fresh process: process_s, run_s (the simulation proper), activities, peak_rss_mb; a
-    simulate case with `engine` set (None: the scenario's default)."""
+def run_point(case: str, xpus: int, iterations: int, timeout: float, firings: int) -> dict:
+    """One point in a fresh process: process_s, run_s (the simulation proper), activities, peak_rss_mb."""
     if case == "simgrid":
         return _child([sys.executable, __file__, "--simgrid-point", str(xpus), "--firings", str(firings)], timeout)
     if case in CPP_CASES:
-        from hcsim.engine import core
-
-        if not core.available():
-            return {"skipped": core.unavailable_reason()}
         return _child([sys.executable, __file__, "--simgrid-cpp-point", str(xpus), "--firings", str(firings),
                        "--driver", CPP_CASES[case]], timeout)
     if case == "2d-hierarchical":
@@ -135,8 +122,6 @@ def run_point(case: str, xpus: int, iterations: int, timeout: float, firings: in
     command = [sys.executable, "-m", "hcsim.cli", "simulate", "--json", "--set", f"iterations={iterations}"]
     for setting in scenario_settings(case, xpus):
         command += ["--set", setting]
-    if engine is not None:
-        command += ["--set", f"engine={engine}"]
     r = _child(command, timeout)
     if "error" not in r:
         r["run_s"] = r["wall_time_s"] - r["setup_time_s"]  # compile, load, run: what follows building the graphs
@@ -161,13 +146,12 @@ def _ring_platform(xpus: int) -> tuple[Path, list[str], float, float]:
 
 def simgrid_point(xpus: int, firings: int) -> dict:
     """Plain SimGrid: `xpus` chains (execution, transfer to the ring neighbour, ...), `firings` Task firings."""
-    from hcsim.engine.backend import SIMGRID_CONFIG
     from hcsim.engine.simgrid_loader import load
 
     xml, names, flops, size = _ring_platform(xpus)
     sg = load()
     engine = sg.Engine(["bench", "--log=root.thres:warning", "--log=xbt_cfg.thres:warning"])
-    for setting in SIMGRID_CONFIG:
+    for setting in ("network/model:CM02", "network/TCP-gamma:0", "network/crosstraffic:0"):  # the core's
         engine.set_config(setting)
     engine.load_platform(str(xml))
     xml.unlink()
@@ -257,8 +241,6 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=900, help="seconds per point")
     parser.add_argument("--firings", type=int, default=200_000, help="Task firings of each simgrid point")
-    parser.add_argument("--engine", choices=["python", "core"],
-                        help="the engine of the simulate cases (default: the scenario's); core needs `make core`")
     parser.add_argument("--simgrid-point", type=int, help=argparse.SUPPRESS)  # run one simgrid point here
     parser.add_argument("--simgrid-cpp-point", type=int, help=argparse.SUPPRESS)  # one simgrid-cpp point here
     parser.add_argument("--driver", default="callbacks", help=argparse.SUPPRESS)
@@ -270,8 +252,7 @@ def main() -> None:
         print(json.dumps(simgrid_cpp_point(args.simgrid_cpp_point, args.firings, args.driver)))
         return
     print(machine())
-    print(f"{args.iterations} iteration(s) (hybrid cases: 1); run = compile + load + simulate"
-          + (f"; engine: {args.engine}" if args.engine else ""))
+    print(f"{args.iterations} iteration(s) (hybrid cases: 1); run = compile + load + simulate")
     # the ceilings first, for the ratios
     cases = sorted(args.case, key=lambda c: CEILINGS.index(c) if c in CEILINGS else len(CEILINGS))
     ceiling: dict[int, float] = {}  # simgrid's activities/s by XPUs
@@ -285,10 +266,7 @@ def main() -> None:
         else:
             sizes = args.xpus or DEFAULT_SIZES.get(case, [64, 256, 1024, 4096])
         for xpus in sizes:
-            r = run_point(case, xpus, args.iterations, args.timeout, args.firings, args.engine)
-            if "skipped" in r:
-                print(f"{case:<18} {xpus:>5}  skipped: {r['skipped']}", flush=True)
-                continue
+            r = run_point(case, xpus, args.iterations, args.timeout, args.firings)
             if "error" in r:
                 print(f"{case:<18} {xpus:>5}  failed: {r['error']}", flush=True)
                 continue

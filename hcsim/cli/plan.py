@@ -22,7 +22,7 @@ from hcsim.errors import ConfigError
 
 __all__ = ["register"]
 
-SIMULATION = {"collective_model": "flow", "local_collectives": "analytic", "xpu_sampling": "all",
+SIMULATION = {"collective_model": "flow", "local_collectives": "analytic",
               "iterations": 1}
 
 

@@ -277,7 +277,7 @@ def summary(result: dict) -> str:
     busiest = sorted(((rows[0]["utilization"], kind, rows[0]["link"]) for kind, rows in result["links"].items()),
                      reverse=True)
     lines.append("  busiest links    " + "   ".join(f"{kind} {link} {format_percent(u)}" for u, kind, link in busiest[:3]))
-    engine = {"core": " on the C++ core", "python": " on the Python executor"}.get(result.get("engine"), "")
+    engine = " on the C++ core" if result.get("engine") == "core" else ""
     lines.append(f"  simulated {result['activities']:,} activities{engine} in {result['wall_time_s']:.2f} s wall "
                  f"({result['activities'] / max(result['wall_time_s'], 1e-9):,.0f}/s), peak {result['peak_rss_mb']:.0f} MB")
     return "\n".join(lines)

@@ -11,8 +11,9 @@ module, as ASTRA-sim's layers reach the network through ``AstraNetworkAPI.hh``:
   the C++ core: ``hcsim/engine/core/workload.hpp``) and which vertex kinds count as which
   (:data:`COMM_KIND`).
 
-The rules that run a workload live behind :func:`run`: the C++ core (:mod:`hcsim.engine.core.workload`)
-where it is built and covers the run, else the Python executor (:mod:`hcsim.engine.executor`).
+The rules that run a workload live behind :func:`run`, once: those that follow from the graph and the
+platform in :mod:`hcsim.engine.rules`, the run's in the C++ core (``hcsim/engine/core/executor.cpp``), which
+:mod:`hcsim.engine.core.workload` feeds.
 """
 
 from __future__ import annotations
@@ -21,30 +22,18 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hcsim.engine.options import (COLLECTIVE_MODELS, COMM_KIND, COMM_KINDS, ENGINES, LOCAL_ACCESSES,
-                                  LOCAL_COLLECTIVES, XPU_SAMPLINGS, RunOptions, RunResult)
+from hcsim.engine.options import (COLLECTIVE_MODELS, COMM_KIND, COMM_KINDS, LOCAL_ACCESSES, LOCAL_COLLECTIVES,
+                                  RunOptions, RunResult)
 
 if TYPE_CHECKING:
     import networkx as nx
 
-__all__ = ["RunOptions", "RunResult", "run", "run_engine", "host_pairs", "COMM_KINDS", "COMM_KIND", "COLLECTIVE_MODELS",
-           "XPU_SAMPLINGS", "LOCAL_ACCESSES", "LOCAL_COLLECTIVES", "ENGINES"]
+__all__ = ["RunOptions", "RunResult", "run", "host_pairs", "COMM_KINDS", "COMM_KIND", "COLLECTIVE_MODELS",
+           "LOCAL_ACCESSES", "LOCAL_COLLECTIVES"]
 
 
-def run_engine(options: RunOptions) -> str:
-    """The engine `options` run on: ``core`` or ``python`` as asked; for ``auto`` the C++ core when it is built
-    and the options use nothing it refuses (representative XPUs, and so traces per class), else Python (and a
-    workload the core refuses, run() runs on Python too)."""
-    if options.engine != "auto":
-        return options.engine
-    from hcsim.engine import core
-    from hcsim.engine.core.workload import unsupported_options
-
-    return "core" if not unsupported_options(options) and core.available() else "python"
-
-
-def run(platform: nx.Graph, workload: nx.DiGraph, options: RunOptions, pairs=None, progress=None,
-        order=None) -> RunResult:
+def run(platform: nx.Graph, workload: nx.DiGraph, options: RunOptions, pairs=None, order=None,
+        progress=None) -> RunResult:
     """Compile `platform` for the host pairs `workload` uses and run `workload` on it (once per process).
 
     Parameters
@@ -55,20 +44,19 @@ def run(platform: nx.Graph, workload: nx.DiGraph, options: RunOptions, pairs=Non
         How to run.
     pairs
         The (source, destination) host pairs to compile routes for; default: those `workload` uses.
-    progress
-        Called with how many more vertex runs have completed (the Python executor only).
     order
         `workload`'s vertices in the order validate_workload returned them (else computed here).
+    progress
+        Called now and then during the run with how many more vertex runs have completed.
 
     Raises
     ------
     ConfigError
-        if ``engine: core`` is asked for and the core cannot run the workload (it says what it lacks).
+        if the engine core is not built (it says what to install).
     SimulationError
-        if SimGrid fails.
+        if SimGrid fails, or a vertex never completes every iteration.
     """
-    from hcsim.engine.backend import SimgridBackend
-    from hcsim.engine.executor import Executor
+    from hcsim.engine.core.workload import run_workload
     from hcsim.platform import compile_platform
 
     compiled = compile_platform(platform, pairs if pairs is not None else host_pairs(platform, workload),
@@ -76,22 +64,13 @@ def run(platform: nx.Graph, workload: nx.DiGraph, options: RunOptions, pairs=Non
     with tempfile.TemporaryDirectory(prefix="hcsim-") as folder:
         xml = Path(folder) / "platform.xml"
         xml.write_text(compiled.xml)
-        if run_engine(options) == "core":  # the executor's rules in C++; it refuses what it lacks
-            from hcsim.engine.core.workload import Unsupported, run_workload
-
-            try:
-                return run_workload(platform, workload, compiled.routes, xml, options, order)
-            except Unsupported:
-                if options.engine == "core":
-                    raise  # asked for by name; under auto, the Python executor runs it
-        backend = SimgridBackend(xml)
-    return Executor(platform, workload, compiled.routes, backend, options, progress, order).run()
+        return run_workload(platform, workload, compiled.routes, xml, options, order, progress)
 
 
 def host_pairs(platform: nx.Graph, workload: nx.DiGraph) -> set[tuple[str, str]]:
     """The ordered host pairs a run transfers between: memory reads and collective traffic."""
     from hcsim.engine.collectives import get_algorithm, server_groups
-    from hcsim.engine.executor import form_transfers, memory_form
+    from hcsim.engine.rules import form_transfers, memory_form
 
     nodes = dict(platform.nodes(data=True))  # a plain dict is faster per look-up
     pairs: set[tuple[str, str]] = set()

@@ -12,7 +12,7 @@ from typing import ClassVar
 from hcsim.params import Choice, Constraint, Flag, Integer, check_params
 
 __all__ = ["RunOptions", "RunResult", "COMM_KINDS", "COMM_KIND", "COLLECTIVE_MODELS",
-           "XPU_SAMPLINGS", "LOCAL_ACCESSES", "LOCAL_COLLECTIVES", "ENGINES"]
+           "LOCAL_ACCESSES", "LOCAL_COLLECTIVES"]
 
 # The kinds exposed communication is split by, in the breakdown, the trace's tracks and the core's clocks
 COMM_KINDS = ("tp", "cp", "pp", "dp", "ep", "offload", "other")
@@ -20,17 +20,13 @@ COMM_KINDS = ("tp", "cp", "pp", "dp", "ep", "offload", "other")
 COMM_KIND = {"tp": "tp", "cp": "cp", "p2p": "pp", "allreduce": "dp", "zero": "dp", "ep": "ep", "offload": "offload"}
 
 COLLECTIVE_MODELS = ("step", "flow", "auto")  # RunOptions.collective_model
-XPU_SAMPLINGS = ("all", "representative")  # RunOptions.xpu_sampling
 LOCAL_ACCESSES = ("analytic", "simulated")  # RunOptions.local_access
 LOCAL_COLLECTIVES = ("simulated", "analytic")  # RunOptions.local_collectives
-ENGINES = ("auto", "python", "core")  # RunOptions.engine: this executor, its rules in C++ (hcsim.engine.core.workload),
-# or auto: the core where it is built and the run uses none of what it refuses (representative XPUs), else this
-
 
 
 @dataclass(frozen=True, kw_only=True)
 class RunOptions:
-    """How to run: iterations, coherence, the collective model, XPU sampling and tracing.
+    """How to run: iterations, coherence, the collective and compute models, and tracing.
 
     Each option's constraint is declared once (``_constraints``) and checked
     when the options are built: a misspelled choice raises ConfigError.
@@ -46,12 +42,6 @@ class RunOptions:
     # of the two; exact when the XPU runs one compute vertex at a time (its HBM link is private).
     # "simulated": both activities, always.
     local_access: str = "analytic"
-    # "all": every XPU's computation and memory traffic is simulated. "representative": XPUs alike
-    # (same device, same memory paths, same spilled vertices) follow one representative in
-    # lockstep: an instance of a follower ends when it is ready and its representative's same
-    # run has ended; collectives still run over every XPU. It drops the followers' memory traffic
-    # from the links it shares with collectives (a named fidelity level: tests bound the error).
-    xpu_sampling: str = "all"
     # "analytic": a collective whose group sits in one server is one delay, its flow phases' closed form on
     # uncontended routes (no transfer is simulated; its bytes still load the links); exact when nothing
     # else uses those links meanwhile, as with tensor parallelism on a server's XPU switch.
@@ -59,17 +49,13 @@ class RunOptions:
     # None: the peak model (FLOPs / FLOP/s, transfers at line rate); a ComputeModel: the roofline
     # model of hcsim.engine.compute_model for compute vertices with ops and for collectives
     compute_model: object | None = None
-    trace_xpus: frozenset[str] | str | None = None  # None: trace nothing; "per-class": each class's representative
+    trace_xpus: frozenset[str] | None = None  # None: trace nothing
     trace_iterations: frozenset[int] | None = None  # None: every iteration
-    # "python": this executor; "core": the same rules on SimGrid's C++ API (hcsim.engine.core.workload), for
-    # the workloads it supports (it refuses the others with a ConfigError naming what it lacks); "auto": the
-    # core where it runs the options (run_engine), else this executor -- the two agree to 1e-9 (tests/engine)
-    engine: str = "auto"
 
     _constraints: ClassVar[dict[str, Constraint]] = {
         "iterations": Integer(minimum=1), "coherent": Flag(), "collective_model": Choice(COLLECTIVE_MODELS),
-        "step_limit": Integer(minimum=1), "local_access": Choice(LOCAL_ACCESSES), "xpu_sampling": Choice(XPU_SAMPLINGS),
-        "local_collectives": Choice(LOCAL_COLLECTIVES), "engine": Choice(ENGINES),
+        "step_limit": Integer(minimum=1), "local_access": Choice(LOCAL_ACCESSES),
+        "local_collectives": Choice(LOCAL_COLLECTIVES),
     }
 
     def __post_init__(self) -> None:
@@ -87,6 +73,9 @@ class RunResult:
     trace: object | None = None  # a hcsim.engine.trace.TraceRecorder
     collective_fidelity: dict[str, str] = field(default_factory=dict)
     link_bytes: dict[tuple[str, str], float] = field(default_factory=dict)  # (u, v) link direction -> bytes
-    xpu_times: dict[str, dict[str, float]] = field(default_factory=dict)  # Executor.xpu_times()
-    representatives: dict[str, str] = field(default_factory=dict)  # follower XPU -> its representative
-    engine: str = "python"  # the engine that ran: python | core
+    # xpu -> seconds per measured iteration (2.. when there are several, else 1): compute_s, memory_stall_s,
+    # comm_s and idle_s, which add up to the iteration time; comm_KIND_s per kind of COMM_KINDS (they add up
+    # to comm_s); idle_peers_s (waiting in a collective for its peers) and idle_bubble_s (the rest of idle_s);
+    # recompute_s (the part of compute_s that recomputes activations)
+    xpu_times: dict[str, dict[str, float]] = field(default_factory=dict)
+    engine: str = "core"  # the engine that ran (the C++ core on SimGrid's S4U API)

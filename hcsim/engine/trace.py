@@ -32,11 +32,6 @@ microseconds on a grid of 1/1024 us (about a nanosecond): such values are
 exact in binary, so a viewer that adds ``ts + dur`` (catapult) or truncates
 each to integer nanoseconds (Perfetto's JSON importer) finds a slice ending
 no later than the next one on its track begins.
-
-With representative XPUs a traced follower runs no memory traffic of its own:
-its representative is recorded too, and the follower's memory track shows the
-representative's reads and copies (which it follows in lockstep) from the
-follower's own memories.
 """
 
 from __future__ import annotations
@@ -88,27 +83,14 @@ def _natural(name: str) -> tuple:
 class TraceRecorder:
     """Collects the events of the XPUs in `xpus` (and `iterations`, when given)."""
 
-    def __init__(self, xpus: frozenset[str] | str, iterations: frozenset[int] | None = None):
-        """`xpus`: the XPUs to trace, or "per-class": the representative of each class of alike XPUs."""
-        self.per_class = xpus == "per-class"
-        self.xpus = frozenset() if self.per_class else xpus
+    def __init__(self, xpus: frozenset[str], iterations: frozenset[int] | None = None):
+        self.xpus = xpus
         self.iterations = iterations
-        self.recorded = set(self.xpus)  # the traced XPUs and the representatives they follow
-        self.followers: dict[str, str] = {}  # traced follower -> its representative
         self.vertices: list[tuple[int, str, str, str, float, float]] = []
         self.transfers: list[tuple[int, str, str, str, float, float, float]] = []
 
-    def follow(self, representative: dict[str, str], xpus: list[str]) -> None:
-        """Record also the representatives of the traced followers (`representative`: follower -> the XPU
-        it follows; `xpus`: every XPU of the run)."""
-        if self.per_class:
-            self.xpus = frozenset(x for x in xpus if x not in representative)
-            self.recorded = set(self.xpus)
-        self.followers = {x: r for x, r in representative.items() if x in self.xpus}
-        self.recorded.update(self.followers.values())
-
     def wants(self, xpu: str, run: int) -> bool:
-        return xpu in self.recorded and (self.iterations is None or run in self.iterations)
+        return xpu in self.xpus and (self.iterations is None or run in self.iterations)
 
     def vertex(self, run: int, xpu: str, name: str, kind: str, start: float, end: float) -> None:
         if self.wants(xpu, run):
@@ -157,27 +139,20 @@ class TraceRecorder:
                 track = f"comm {kind_of.setdefault(name, COMM_KIND.get(data.get('phase'), 'other'))}"
                 args.update(bytes=data.get("bytes", 0.0), collective=data.get("collective"))
             add(xpu, track, start, end, {"name": name, "cat": kind, "args": args})
-        followed_by: dict[str, list[str]] = {}
-        for follower, rep in sorted(self.followers.items()):
-            followed_by.setdefault(rep, []).append(follower)
         nodes = platform.nodes
         for run, src, dst, label, size, start, end in self.transfers:
             memory = nodes[src].get("kind") == "memory"
             xpu = dst if memory else src
-            shown = [(xpu, src, {})] if xpu in self.xpus else []
-            if memory:  # followers: the representative's read, from their own memories of the same role
-                roles = {nodes[xpu][k]: k for k in ("local_memory", "extended_memory") if nodes[xpu].get(k)}
-                shown += [(f, nodes[f][roles[src]], {"follows": xpu}) for f in followed_by.get(xpu, ())
-                          if src in roles]
-            for owner, source, extra in shown:
-                if memory:
-                    track, args = "memory", {"src": source, "dst": owner}
-                else:
-                    kind = kind_of.get(label) or COMM_KIND.get(vertex_data[label].get("phase") if label in vertex_data
-                                                               else None, "other")
-                    track, args = f"sends {kind}", {"src": source, "dst": dst}
-                add(owner, track, start, end, {"name": label, "cat": "memory-traffic" if memory else "network",
-                                               "args": {"iteration": run, **args, "bytes": size, **extra}})
+            if xpu not in self.xpus:
+                continue
+            if memory:
+                track, args = "memory", {"src": src, "dst": xpu}
+            else:
+                kind = kind_of.get(label) or COMM_KIND.get(vertex_data[label].get("phase") if label in vertex_data
+                                                           else None, "other")
+                track, args = f"sends {kind}", {"src": src, "dst": dst}
+            add(xpu, track, start, end, {"name": label, "cat": "memory-traffic" if memory else "network",
+                                         "args": {"iteration": run, **args, "bytes": size}})
         return self._layout(slices, platform, stage_of)
 
     @staticmethod

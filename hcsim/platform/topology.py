@@ -38,7 +38,7 @@ Node attributes (``kind`` first)
          offload copies there, and an offloaded optimizer step runs on the DRAM's owner);
          slowdown : optional float > 0, a straggler's factor: its compute takes
          this many times as long (FLOPs / peak, a measured duration or a kernel
-         time alike; :meth:`hcsim.engine.executor.Executor.compute_cost`);
+         time alike; :meth:`hcsim.engine.rules.WorkloadRules.compute_cost`);
          absent: 1 (the scenario keys stragglers and straggler_spread set it).
     cpu: flops : FLOP/s (0 when it only hosts memory and PCIe).
     memory: capacity : bytes (math.inf for unbounded);

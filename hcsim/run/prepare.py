@@ -536,8 +536,8 @@ def compute_model(scenario: Scenario, workload: nx.DiGraph, platform: nx.Graph |
     return model
 
 
-def traced_xpus(prepared: Prepared) -> frozenset[str] | str | None:
-    """The XPUs scenario.trace_xpus asks to trace (None: none; "per-class": decided by the executor).
+def traced_xpus(prepared: Prepared) -> frozenset[str] | None:
+    """The XPUs scenario.trace_xpus asks to trace (None: none).
 
     Raises
     ------
@@ -545,8 +545,6 @@ def traced_xpus(prepared: Prepared) -> frozenset[str] | str | None:
         if a named XPU is not one of the run's.
     """
     wanted = prepared.scenario.trace_xpus
-    if wanted == "per-class":
-        return wanted
     if wanted in ("per-device", "per-stage"):
         stage = _stage_of(prepared) if wanted == "per-stage" else {}
         first: dict[tuple, str] = {}

@@ -362,7 +362,7 @@ def write_outputs(out: Path, result: dict, outcome, platform: nx.Graph, workload
             layout = ParallelLayout(ran, graph["layout"]["sizes"], graph["layout"]["order"])
         except (ConfigError, KeyError, TypeError):  # a graph file's own layout that does not cover its XPUs:
             layout = None  # no stage and ranks to give, and the run's results are kept
-    table = xpu_rows(platform, times, outcome.representatives, result["iteration_time_s"], layout,
+    table = xpu_rows(platform, times, result["iteration_time_s"], layout,
                      (graph.get("parallelism") or {}).get("virtual_stages", 1), result["scenario"])
     atomic_write(out / "xpus.csv", _csv_text(table, XPU_COLUMNS))
     first, last = result["measured_iterations"].split("..")

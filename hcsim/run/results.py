@@ -37,7 +37,7 @@ Where each XPU sits (:func:`xpu_rows`, the first columns of ``xpus.csv``, :data:
 platform; ``stage`` its pipeline stage (0-based), ``chunks`` the model chunks (virtual stages, numbered
 0 .. pp x virtual_stages - 1 from the first layers) it holds, joined with ``+`` (stage s holds s, pp + s, ...);
 ``tp_rank``, ``cp_rank``, ``pp_rank``, ``dp_rank``, ``ep_rank`` its coordinate on each parallel axis
-(hcsim.workload.layout); ``representative`` the XPU whose simulation it follows (itself when simulated).
+(hcsim.workload.layout).
 A graph workload (a .json graph, a Chakra trace) has no layout: its stage, chunks and ranks are blank.
 """
 
@@ -68,8 +68,7 @@ MEMORY_COLUMNS = ("state_per_xpu_bytes", "spilled_per_xpu_bytes", "offloaded_per
 DEVICE_COLUMNS = ("device", "device_xpus", *TIME_PARTS, "least_idle_xpu", "least_idle_s", *SPLIT_PARTS,
                   *MEMORY_COLUMNS)
 RANK_COLUMNS = ("tp_rank", "cp_rank", "pp_rank", "dp_rank", "ep_rank")
-XPU_PLACE_COLUMNS = ("xpu", "job", "device", "slowdown", "server", "rack", "stage", "chunks", *RANK_COLUMNS,
-                     "representative")
+XPU_PLACE_COLUMNS = ("xpu", "job", "device", "slowdown", "server", "rack", "stage", "chunks", *RANK_COLUMNS)
 XPU_COLUMNS = (*XPU_PLACE_COLUMNS, *TIME_PARTS, *SPLIT_PARTS, "iteration_time_s")
 
 
@@ -140,12 +139,11 @@ def pace_setters(times: Mapping[str, XpuTimes], device_of: Mapping[str, str]) ->
     return {device: {"xpu": xpu, "idle_s": idle} for device, (idle, xpu) in sorted(best.items())}
 
 
-def xpu_rows(platform, times: Mapping[str, XpuTimes], representative: Mapping[str, str], period: float,
-             layout=None, virtual_stages: int = 1, job: str | None = None) -> list[dict[str, Any]]:
+def xpu_rows(platform, times: Mapping[str, XpuTimes], period: float, layout=None, virtual_stages: int = 1,
+             job: str | None = None) -> list[dict[str, Any]]:
     """The rows of ``xpus.csv`` (columns XPU_COLUMNS), sorted by XPU number (xpu2 before xpu10).
 
-    ``representative`` maps a follower to the XPU whose simulation it follows (a simulated XPU is its
-    own); `period` is the iteration time (s); `layout` (a :class:`~hcsim.workload.layout.ParallelLayout`
+    `period` is the iteration time (s); `layout` (a :class:`~hcsim.workload.layout.ParallelLayout`
     over the run's XPUs, None for a graph workload) gives each XPU its stage and ranks, with
     `virtual_stages` model chunks per stage; `job` names the job (module docstring)."""
     from hcsim.platform.topology import natural_key
@@ -161,7 +159,7 @@ def xpu_rows(platform, times: Mapping[str, XpuTimes], representative: Mapping[st
             stages = layout.sizes["pp"]
             place.update(stage=ranks["pp"], chunks=csv_cell([ranks["pp"] + c * stages for c in range(virtual_stages)]),
                          **{f"{axis}_rank": ranks[axis] for axis in ("tp", "cp", "pp", "dp", "ep")})
-        rows.append({**place, "representative": representative.get(xpu, xpu), **times[xpu].as_dict(),
+        rows.append({**place, **times[xpu].as_dict(),
                      "iteration_time_s": period})
     return rows
 

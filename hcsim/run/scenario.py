@@ -8,8 +8,10 @@ the platform's own 128 GB/s and 200 ns.
 Each key's constraint is declared once (``Scenario._constraints``) and
 checked when a Scenario is built, from YAML or from Python. Renamed keys
 (:data:`RENAMED_KEYS`: ``fidelity`` is now ``granularity``,
-``collective_fidelity`` is ``collective_model``, ``xpu_fidelity`` is
-``xpu_sampling``) are still read from YAML and ``--set``, with a warning.
+``collective_fidelity`` is ``collective_model``) are still read from YAML and
+``--set``, with a warning; retired keys (:data:`RETIRED_KEYS`: ``engine``,
+``xpu_sampling``) are read where they name what every run now does, with a
+warning, and refused with the reason otherwise.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from hcsim.config import Fields, load_yaml, parse_settings, resolve_spec
-from hcsim.engine.api import COLLECTIVE_MODELS, ENGINES, LOCAL_ACCESSES, LOCAL_COLLECTIVES, XPU_SAMPLINGS
+from hcsim.engine.api import COLLECTIVE_MODELS, LOCAL_ACCESSES, LOCAL_COLLECTIVES
 from hcsim.errors import ConfigError, brief
 from hcsim.params import (Choice, Constraint, Either, Flag, Integer, Integers, Number, NumberMapping, Optional,
                           StringMapping, Text, Texts, check_params)
@@ -37,16 +39,23 @@ from hcsim.workload.schedules import SCHEDULES, check_pipeline
 from hcsim.workload.split import BATCH_SPLITS
 from hcsim.workload.zero import OFFLOAD_STATES, OFFLOAD_TARGETS, ZERO_STAGES
 
-__all__ = ["Scenario", "load_scenario", "apply_settings", "SCENARIO_KEYS", "RENAMED_KEYS", "COLLECTIVE_MODELS",
-           "XPU_SAMPLINGS", "LOCAL_ACCESSES", "LOCAL_COLLECTIVES", "GRANULARITIES", "RING_ORDERS", "SPILLS"]
+__all__ = ["Scenario", "load_scenario", "apply_settings", "SCENARIO_KEYS", "RENAMED_KEYS", "RETIRED_KEYS",
+           "COLLECTIVE_MODELS", "LOCAL_ACCESSES", "LOCAL_COLLECTIVES", "GRANULARITIES", "RING_ORDERS", "SPILLS"]
 
 log = logging.getLogger(__name__)
 
 GRANULARITIES = ("layer", "decoder")
 RING_ORDERS = ("topology", "interleaved")
 # Old key -> new key: read with a warning, so older scenario and experiment files keep working.
-RENAMED_KEYS = {"fidelity": "granularity", "collective_fidelity": "collective_model", "xpu_fidelity": "xpu_sampling"}
-TRACE_CHOICES = ("per-stage", "per-device", "per-class")
+RENAMED_KEYS = {"fidelity": "granularity", "collective_fidelity": "collective_model"}
+# Retired key -> (the values that name what every run now does: read with a warning; why the others are gone)
+RETIRED_KEYS = {
+    "engine": (("auto", "core"), "every run is on the C++ engine core, which holds the executor's rules once"),
+    "xpu_sampling": (("all",), "every XPU is simulated; representative XPUs were retired, as every XPU on the "
+                               "C++ core ran 4-6x faster than representatives did, with the same iteration times"),
+    "xpu_fidelity": (("all",), "every XPU is simulated; representative XPUs were retired"),
+}
+TRACE_CHOICES = ("per-stage", "per-device")
 SPILLS = ("error", "allow")  # what a stage whose state does not fit in local memory does (Scenario.spill)
 
 
@@ -73,9 +82,7 @@ class Scenario:
     collective_model: str = "auto"  # step (every transfer) | flow (phases) | auto (step up to step_limit ranks)
     step_limit: int = 64  # auto: step-exact collectives up to this many ranks, flow above
     local_access: str = "analytic"  # analytic | simulated: see hcsim.engine.api.RunOptions
-    xpu_sampling: str = "all"  # all | representative: see hcsim.engine.api.RunOptions
     local_collectives: str = "simulated"  # simulated | analytic: see hcsim.engine.api.RunOptions
-    engine: str = "auto"  # auto | python | core (the executor's rules in C++: docs/engine-core.md); see RunOptions
     granularity: str | None = None  # workload graph: layer | decoder vertices; None: the workload spec's
     iterations: int = 2  # the first fills the pipeline; results average the later ones
     platform_overrides: dict[str, Any] = field(default_factory=dict)  # any key of the platform spec, dotted
@@ -112,8 +119,8 @@ class Scenario:
     # framework's kernels) and every device of the platform has kernel factors, else peak (resolve_compute_model)
     compute_factors: str | None = None  # roofline factors YAML; None: platforms/compute-model.yaml
     trace_xpus: int | str | tuple[str, ...] = "per-stage"  # with an output folder: per-stage (the first XPU of
-    # each pipeline stage and device type), per-device (the first XPU of each device type), per-class (each
-    # class's representative, with xpu_sampling: representative), a list of XPU names, or the first N (0: none)
+    # each pipeline stage and device type), per-device (the first XPU of each device type), a list of XPU names,
+    # or the first N (0: none)
     trace_iterations: tuple[int, ...] | None = None  # None: every iteration
     stragglers: dict[str, float] = field(default_factory=dict)  # XPU name -> slowdown factor > 0: its compute
     # takes that many times as long ({xpu3: 1.5}; docs/stragglers.md); wins over straggler_spread where it names one
@@ -136,8 +143,7 @@ class Scenario:
         "collective_model": Choice(COLLECTIVE_MODELS),
         "step_limit": Integer(minimum=1),
         "local_access": Choice(LOCAL_ACCESSES),
-        "xpu_sampling": Choice(XPU_SAMPLINGS),
-        "local_collectives": Choice(LOCAL_COLLECTIVES), "engine": Choice(ENGINES),
+        "local_collectives": Choice(LOCAL_COLLECTIVES),
         "compute_model": Optional(Choice(COMPUTE_MODELS), "roofline where the devices have kernel factors, else peak"),
         "compute_factors": Optional(Text(), "platforms/compute-model.yaml"),
         "granularity": Optional(Choice(GRANULARITIES), "the workload spec's"),
@@ -176,10 +182,6 @@ class Scenario:
                 raise ConfigError(f"scenario {name!r}: {err}") from None
         if isinstance(self.compute_factors, str) and isinstance(self.base, str):
             self._check_compute_factors(name)
-        if self.trace_xpus == "per-class" and self.xpu_sampling != "representative":
-            raise ConfigError(f"scenario {name!r}: trace_xpus: per-class traces the representative of each "
-                              "class of alike XPUs, which only xpu_sampling: representative forms; fix: set "
-                              "xpu_sampling: representative, or trace_xpus: per-device")
 
     def _check_compute_factors(self, name: str) -> None:
         try:
@@ -344,8 +346,20 @@ _warned: set[str] = set()
 
 
 def renamed(data: dict, where: str) -> dict:
-    """`data` with renamed keys (:data:`RENAMED_KEYS`) under their new names; a warning once per old key."""
+    """`data` with renamed keys (:data:`RENAMED_KEYS`) under their new names and retired keys
+    (:data:`RETIRED_KEYS`) that name what every run does left out, a warning once per old key; a retired key with
+    any other value is a ConfigError saying why it went."""
     data = dict(data)
+    for old, (kept, why) in RETIRED_KEYS.items():
+        if old not in data:
+            continue
+        value = data.pop(old)
+        if not (isinstance(value, str) and value in kept):
+            raise ConfigError(f"{where}{old}: {brief(value)} is no longer available: {why}. Fix: remove the "
+                              f"{old} key")
+        if old not in _warned:
+            _warned.add(old)
+            log.warning("%s%s: retired (%s); remove the key", where, old, why)
     for old, new in RENAMED_KEYS.items():
         if old not in data:
             continue
@@ -384,14 +398,13 @@ def _from_mapping(data: dict, where: str, base: str, origins: dict[str, str] | N
     values["collective"] = _collective(fields)
     values["collective_chunks"] = fields.number("collective_chunks", None, kind=int, minimum=1)
     values["ring_order"] = _ring_order(fields)
-    for key in ("collective_model", "local_access", "xpu_sampling"):
+    for key in ("collective_model", "local_access"):
         values[key] = fields.choice(key, c[key].options, getattr(default, key))
     values["granularity"] = fields.choice("granularity", GRANULARITIES, None) if fields.raw("granularity") is not None else None
     values["step_limit"] = fields.number("step_limit", default.step_limit, kind=int, minimum=1)
     values["local_collectives"] = fields.choice("local_collectives", LOCAL_COLLECTIVES,
                                                 default.local_collectives)
     values["iterations"] = fields.number("iterations", default.iterations, kind=int, minimum=1)
-    values["engine"] = fields.choice("engine", ENGINES, default.engine)
     values["trace_xpus"] = _trace_xpus(fields, default.trace_xpus)
     values["cp_algorithm"] = fields.choice("cp_algorithm", CP_ALGORITHMS, default.cp_algorithm)
     for key in ("tp", "pp", "virtual_stages", "ep", "cp"):

@@ -35,7 +35,7 @@ def _execute_child(platform, workload, options) -> dict[str, Any]:
     return {"iteration_ends": outcome.iteration_ends, "activities": outcome.activities, "engine": outcome.engine,
             "busy": outcome.busy,
             "collective_fidelity": outcome.collective_fidelity, "link_bytes": outcome.link_bytes,
-            "xpu_times": outcome.xpu_times, "representatives": outcome.representatives,
+            "xpu_times": outcome.xpu_times,
             "vertices": trace.vertices if trace else [], "transfers": trace.transfers if trace else [],
             "wall_time_s": time.perf_counter() - wall, "peak_rss_mb": _peak_rss_mb()}
 
@@ -45,7 +45,7 @@ def simulate_graphs(platform: nx.Graph, workload: nx.DiGraph, options=None) -> d
 
     Returns ``iteration_ends`` (s), ``activities``, ``busy`` (xpu -> [compute s,
     memory stall s]), ``xpu_times`` (xpu -> compute_s, memory_stall_s, comm_s, idle_s
-    per measured iteration), ``representatives`` (follower -> representative XPU),
+    per measured iteration),
     ``collective_fidelity`` (vertex -> step | flow), ``link_bytes`` ((u, v) -> bytes),
     the traced ``vertices`` and ``transfers``, ``wall_time_s`` (the worker's compile
     and run) and ``peak_rss_mb`` (the worker's peak memory, MB).
@@ -87,13 +87,12 @@ def run_here(scenario: Scenario, out: Path | None = None, progress=None, check=N
     traced = traced_xpus(prepared) if out is not None else None
     options = api.RunOptions(iterations=scenario.iterations, coherent=prepared.coherent,
                          collective_model=scenario.collective_model, step_limit=scenario.step_limit,
-                         local_access=scenario.local_access, xpu_sampling=scenario.xpu_sampling,
-                         local_collectives=scenario.local_collectives, engine=scenario.engine,
+                         local_access=scenario.local_access, local_collectives=scenario.local_collectives,
                          compute_model=compute_model(scenario, prepared.workload, prepared.platform),
                          trace_xpus=traced,
                          trace_iterations=frozenset(scenario.trace_iterations) if scenario.trace_iterations else None)
     update = progress(total_runs(prepared.workload, scenario.iterations)) if progress else None
-    outcome = api.run(prepared.platform, prepared.workload, options, prepared.pairs, update, prepared.order)
+    outcome = api.run(prepared.platform, prepared.workload, options, prepared.pairs, prepared.order, update)
     result = summarize(prepared, outcome, setup_s, time.perf_counter() - wall, options.compute_model)
     if out is not None:
         try:

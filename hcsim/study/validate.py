@@ -63,9 +63,9 @@ MEASURED_SECONDS = (1e-6, 1e7)  # a measured iteration: 1 us to about four month
 UNITS = ("s", "ms", "samples/s", "tokens/s", "tflops/gpu")
 # Scenario settings every row gets unless --set says otherwise: the roofline model, one iteration (a
 # Megatron iteration ends in a synchronous optimizer step, so iteration 1 is the steady state), every XPU
-# simulated (on the engine core, engine: auto), and tensor-parallel collectives inside a DGX node as closed
+# simulated (on the engine core), and tensor-parallel collectives inside a DGX node as closed
 # forms (exact there: nothing else crosses the NVSwitch meanwhile).
-DEFAULT_SETTINGS = {"compute_model": "roofline", "iterations": 1, "xpu_sampling": "all",
+DEFAULT_SETTINGS = {"compute_model": "roofline", "iterations": 1,
                     "collective_model": "flow", "local_collectives": "analytic"}
 _SHAPE = {"layers": "model.decoders", "hidden": "model.hidden", "heads": "model.heads", "ffn": "model.ffn",
           "vocabulary": "model.vocabulary", "sequence": "model.sequence"}

@@ -279,6 +279,17 @@ def _vertex_problems(name, data, known, missing_by_group) -> list[str]:
                             f"{', '.join(map(repr, sorted(strays)[:5]))}")
     else:
         problems += _comm_problems(name, data)
+        groups = data.get("groups") or ()
+        key = ("members", id(xpus), id(groups))  # vertices share both tuples: check each distinct pair once
+        if key not in missing_by_group:
+            members = _members(tuple(map(tuple, groups))) if groups else ()
+            missing_by_group[key] = (xpus, groups, tuple(xpus) != members and members)
+        members = missing_by_group[key][2]
+        if members:
+            problems.append(f"vertex {name!r}: xpus must be its groups' members in group order "
+                            f"({', '.join(members[:8])}{', ...' if len(members) > 8 else ''}), got "
+                            f"{', '.join(tuple(xpus)[:8])}{', ...' if len(xpus) > 8 else ''}; leave xpus out: "
+                            f"it follows from groups")
     return problems
 
 

@@ -1,19 +1,19 @@
-"""hcsim's engine core on SimGrid's S4U C++ API (issue 27), first step: activity graphs.
+"""hcsim's engine core on SimGrid's S4U C++ API: workload runs (:mod:`.workload`) and plain activity graphs.
 
 The C++ extension ``_core`` (sources beside this file, built by ``make`` through
 ``scripts/build_core.py``) runs an acyclic graph of plain SimGrid activities, given as flat arrays, and
 returns each activity's start and end time. Activity ``i`` is an execution of ``amount[i]`` FLOPs on
 host ``host[i]`` (:data:`EXEC`) or a transfer of ``amount[i]`` bytes from ``host[i]`` to ``peer[i]``
 (:data:`COMM`); it starts when every activity in ``preds[pred_offsets[i]:pred_offsets[i + 1]]`` has
-ended. The SimGrid set-up is the Python backend's (hcsim/engine/backend.py): CM02, TCP-gamma 0, no
-cross-traffic, root zone sealed, so the same activities take the same times on both.
+ended. The SimGrid set-up is the workload runs' (engine.cpp): CM02, TCP-gamma 0, no cross-traffic, root
+zone sealed, so the same activities take the same times in both.
 
 Two drivers: ``callbacks`` (the default: every activity starts from its last predecessor's completion
 callback in SimGrid's maestro, no actor) and ``actors`` (one S4U actor per chain of activities, blocking
 waits; chains only), measured side by side by ``benchmarks/engine_speed.py`` (case ``simgrid-cpp``).
 
-hcsim does not need the extension: without it, :func:`available` is False, :func:`unavailable_reason`
-says why, and everything else runs on the Python executor.
+Every run needs the extension (``make`` builds it); where it is not built or does not load,
+:func:`available` is False and :func:`unavailable_reason` says why, with the fix.
 
 As SimGrid allows one Engine per process, ever, :func:`run_here` may be called once per process;
 :func:`run_activities` runs in a fresh process and may be called any number of times.
@@ -170,7 +170,7 @@ def load():
     """
     module, reason = _load_or_reason()
     if module is None:
-        raise SimulationError(f"engine core: {reason}. hcsim's Python executor does not need it")
+        raise SimulationError(f"engine core: {reason}")
     return module
 
 

@@ -1,5 +1,5 @@
-/* The one SimGrid Engine of the process, set up as hcsim's Python backend sets up its own
-   (hcsim/engine/backend.py): same configuration, same platform XML, root zone sealed. */
+/* The one SimGrid Engine of the process: CM02 with TCP-gamma 0 and no cross-traffic, the compiled platform
+   XML, root zone sealed. */
 #include "core.hpp"
 
 #include <simgrid/s4u/Engine.hpp>
@@ -55,7 +55,7 @@ std::vector<sg4::Host*> start_engine(const std::string& platform_xml, const std:
     argv.push_back(argument.data());
   argv.push_back(nullptr);
   static int argc = static_cast<int>(arguments.size());
-  // Never deleted: the Engine lives as long as the process, as the Python backend's does.
+  // Never deleted: the Engine lives as long as the process (SimGrid allows one per process, ever).
   auto* engine = new sg4::Engine(&argc, argv.data());
   // CM02 with TCP-gamma 0 and no cross-traffic: one transfer alone costs latency + size / bandwidth
   // (paper eq. 2). Config is accepted only after the Engine exists and before the platform is loaded.

@@ -1,13 +1,17 @@
-/* hcsim.engine.executor's rules on plain s4u activities, driven by completion callbacks in maestro.
+/* The executor of paper Fig. 5 on plain s4u activities, driven by completion callbacks in maestro: the one
+   copy of its run rules (what follows from the graph and the platform alone comes in the arrays, from
+   hcsim/engine/rules.py through hcsim/engine/core/workload.py).
 
-   Read beside hcsim/engine/executor.py, the reference: each method below is named after the Python
-   method it mirrors and takes the same steps in the same order (Python's events at equal times happen
-   in the order SimGrid reports them, and so do these). The subset: compute units (an execution beside a
-   read of local memory, or the longer of the two when local access is analytic: the Python side decides
-   which per unit; a read of extended memory beside it, or a copy before it, where data spilled), collectives at the flow model (each lane's phases one after the other, a phase ending
-   by FlowPhase's rule), at the step model (each rank's lanes step by step) or analytic (one delay), per-XPU
-   clocks as executor._Clock keeps them. The roofline model's times and wire bytes come in the arrays; its
-   per-call latency is a delay after each rank's last transfer. */
+   A unit starts when its predecessors' completions for its next run have all arrived (notify, try_start);
+   a completion counts for the successors' units the arrays name, and ends an iteration when every unit has
+   run it. Events at equal times happen in the order SimGrid reports them. Compute units: an execution
+   beside a read of local memory, or the longer of the two when local access is analytic (the arrays say
+   which per unit); a read of extended memory beside it, or a copy before it, where data spilled; offload
+   CPU steps and moves. Collectives at the flow model (each lane's phases one after the other, a phase
+   ending by FlowPhase's rule), at the step model (each rank's lanes step by step) or analytic (one delay).
+   Per-XPU clocks split each XPU's time into compute, memory stall, exposed communication by kind and idle.
+   The kernel model's times and wire bytes come in the arrays; its per-call latency is a delay after each
+   rank's last transfer. */
 #include "workload.hpp"
 
 #include <simgrid/s4u/Comm.hpp>
@@ -35,14 +39,14 @@ double now()
   return sg4::Engine::get_clock();
 }
 
-/* executor._Clock: what one XPU is doing (open compute units and collectives) and its time so far. */
+/* What one XPU is doing (open compute units and collectives) and its time so far. */
 struct Clock {
   int computing = 0, communicating = 0, waiting = 0;
   double since = 0.0, busy = 0.0, comm = 0.0, idle = 0.0, idle_peers = 0.0;
   std::vector<std::uint8_t> open_kinds;
   double comm_by[COMM_KINDS] = {};
-  unsigned present = 0;  // the kinds comm_by holds a key for (Python's dict)
-  double compute = 0.0, stall = 0.0, recompute = 0.0;  // executor.busy
+  unsigned present = 0;  // the kinds comm_by holds a key for 
+  double compute = 0.0, stall = 0.0, recompute = 0.0;  // compute, memory stall, recompute s
 
   void advance(double t, int computing_ = 0, int communicating_ = 0, int kind = COMM_KINDS - 1, int waiting_ = 0)
   {
@@ -69,7 +73,7 @@ struct Clock {
       open_kinds.erase(std::find(open_kinds.begin(), open_kinds.end(), static_cast<std::uint8_t>(kind)));
   }
 
-  /* executor._times: advance to t, then busy, comm, idle, idle_peers, compute, stall, recompute, the kinds
+  /* Advance to t, then busy, comm, idle, idle_peers, compute, stall, recompute, the kinds
      present (a bit mask), comm_by per kind. */
   void record(double t, double* out)
   {
@@ -82,7 +86,7 @@ struct Clock {
 
 class WorkloadRun;
 
-/* executor._CollectiveRun at the flow and analytic models: one run of one group of a collective vertex. */
+/* A collective run at the flow and analytic models: one run of one group of a collective vertex. */
 struct CollectiveRun {
   std::int32_t group = 0, run = 0, vertex = 0;
   std::vector<double> start;
@@ -96,7 +100,7 @@ struct CollectiveRun {
     std::int64_t left = 0;
   };
   std::vector<Lane> lanes;
-  // the step model (executor._CollectiveRun._advance): per (rank, lane) its current step (NOT_READY before
+  // the step model (the collective run\'s advance): per (rank, lane) its current step (NOT_READY before
   // the rank is ready, DONE after its last), the sends of it still in flight; per rank its lanes still
   // running; per step of the plan the receives arrived
   std::vector<std::int64_t> step, sends_left;
@@ -198,6 +202,8 @@ private:
       out_.vertices->push_back({run, unit, start, t});
     if (++completed_in_run_[run] == static_cast<std::int64_t>(w_.units))
       iteration_ended(t);
+    if (out_.progress && ++completions_ % PROGRESS_EVERY == 0)
+      out_.progress(PROGRESS_EVERY);
     std::int64_t rank = unit - w_.v_units[vertex];
     for (std::int64_t e = w_.v_succs[vertex]; e < w_.v_succs[vertex + 1]; ++e) {
       std::int32_t target = run + w_.e_skip[e];
@@ -218,7 +224,7 @@ private:
       try_start(unit);
   }
 
-  /* executor._before_window: a compute unit ending now that began before the measured window (the first
+  /* A compute unit ending now that began before the measured window (the first
      iteration's end) has its compute and stall counted in proportion to its time on each side, the part before
      the window given to the first iteration's record. */
   void before_window(std::size_t x, double begin, double compute, double stall, bool recompute)
@@ -253,7 +259,7 @@ private:
     exec->add_ref(); // held until it ends (retire)
   }
 
-  /* A transfer; traced (executor._transfer) when `trace_xpu` is traced in `run`, labelled by `vertex` and
+  /* A transfer; traced when `trace_xpu` is traced in `run`, labelled by `vertex` and
      `label`. */
   void transfer(std::int32_t src, std::int32_t dst, double bytes, std::function<void()> then, std::int32_t run = 0,
                 std::int32_t trace_xpu = -1, std::int32_t vertex = 0, Label label = VERTEX)
@@ -283,7 +289,7 @@ private:
     retired_ = sg4::ActivityPtr(const_cast<sg4::Activity*>(&done), false);  // adopts the start's reference
   }
 
-  // ---- compute units (executor._start_compute, local memory) -------------------------------------------------
+  // ---- compute units -------------------------------------------------
 
   void start_compute(std::int32_t vertex, std::int64_t unit, std::int32_t run)
   {
@@ -328,7 +334,7 @@ private:
     compute_beside(unit, flops, read, finish, run, vertex);
   }
 
-  /* executor._start_compute's compute_beside: the execution and the read side by side (the Python side has
+  /* compute beside: the execution and the read side by side (the Python side has
      already chosen the longer one alone where local access is analytic). */
   template <typename Finish>
   void compute_beside(std::int64_t unit, double flops, double read, Finish finish, std::int32_t run, std::int32_t vertex)
@@ -354,7 +360,7 @@ private:
     transfer(w_.u_read_src[compute_row(unit)], xpu(unit), read, part, run, xpu(unit), vertex, READ);
   }
 
-  // ---- collectives (executor._rank_ready, _CollectiveRun) ------------------------------------------------------
+  // ---- collectives ------------------------------------------------------
 
   void rank_ready(std::int32_t vertex, std::int64_t unit, std::int32_t run)
   {
@@ -495,7 +501,7 @@ private:
     }, c.run, source, c.vertex);
   }
 
-  /* executor._CollectiveRun._finish: the roofline model's per-call latency after the rank's last transfer. */
+  /* the collective run\'s finish: the roofline model's per-call latency after the rank's last transfer. */
   void finish(std::int64_t key, std::int32_t rank)
   {
     double latency = w_.g_call_latency[collectives_[key]->group];
@@ -505,7 +511,7 @@ private:
       finish_rank(key, rank);
   }
 
-  /* executor._CollectiveRun._finished for one rank; the run is over when every rank is. */
+  /* the collective run\'s finished for one rank; the run is over when every rank is. */
   void finish_rank(std::int64_t key, std::int32_t rank)
   {
     CollectiveRun& c = *collectives_[key];
@@ -522,7 +528,7 @@ private:
   void start_flows(CollectiveRun& c, std::int64_t key)
   {
     std::int32_t plan = w_.g_plan[c.group];
-    std::vector<std::int32_t> lane_ids;  // in the order lanes first appear, as Python's dict
+    std::vector<std::int32_t> lane_ids;  // in the order lanes first appear
     for (std::int64_t p = w_.p_phases[plan]; p < w_.p_phases[plan + 1]; ++p) {
       if (w_.ph_transfers[p + 1] == w_.ph_transfers[p])
         continue;
@@ -543,10 +549,9 @@ private:
       next_phase(key, lane);
   }
 
-  /* Every rank finishes at once (executor._CollectiveRun: each rank's _finish in rank order). With a call
+  /* Every rank finishes at once (each rank's finish in rank order). With a call
      latency, the ranks' delays would all start now and last as long: one delay stands for them, and its end
-     finishes the ranks in rank order, as their delays' ends would. The count of activities stays the executor's
-     (one delay per rank), which the Python executor's comparison checks. */
+     finishes the ranks in rank order, as their delays' ends would. The count of activities stays one delay per rank. */
   void flows_done(std::int64_t key)
   {
     std::int32_t group = collectives_[key]->group;
@@ -604,7 +609,7 @@ private:
       next_phase(key, lane_number);
   }
 
-  /* executor.phase_time: how long a phase lasts by FlowPhase's rule, from its transfers' durations. */
+  /* How long a phase lasts by FlowPhase's rule, from its transfers' durations. */
   double phase_time(std::int64_t phase, const std::vector<double>& durations)
   {
     double k = w_.ph_steps[phase];
@@ -641,6 +646,7 @@ private:
   std::vector<std::uint8_t> running_;
   std::vector<std::int32_t> arrivals_;  // (unit, run) -> predecessor completions so far
   std::vector<std::int64_t> completed_in_run_;
+  std::int64_t completions_ = 0;  // unit completions over the run, for the progress callback
   std::vector<Clock> clocks_;
   std::vector<std::int32_t> unit_vertex_;
   std::unordered_map<std::int64_t, std::unique_ptr<CollectiveRun>> collectives_;  // (group, run)

@@ -2,7 +2,7 @@
 
    Buffers are anything with the buffer protocol (array.array, memoryview, NumPy arrays): one
    dimension, contiguous, of the item type each argument names. The GIL is released while SimGrid
-   runs; no Python object is touched inside the run. */
+   runs; no Python object is touched inside the run but by the progress callback, which takes the GIL. */
 #include "core.hpp"
 #include "workload.hpp"
 
@@ -116,7 +116,7 @@ void within(std::int64_t first, std::int64_t n, std::size_t rows, const char* na
 py::dict run_workload(const std::string& platform_xml, const std::vector<std::string>& host_names,
                       const py::dict& a, int iterations, std::size_t xpus, const py::buffer& iteration_ends,
                       const py::buffer& first, const py::buffer& last, const py::buffer& done_runs,
-                      const py::object& traced_xpus, const py::object& traced_runs)
+                      const py::object& traced_xpus, const py::object& traced_runs, const py::object& progress)
 {
   using namespace hcsim::core;
   if (iterations < 1)
@@ -212,6 +212,15 @@ py::dict run_workload(const std::string& platform_xml, const std::vector<std::st
     out.vertices = &vertex_events;
     out.transfers = &transfer_events;
   }
+  if (!progress.is_none())
+    out.progress = [&progress](std::int64_t runs) {
+      py::gil_scoped_acquire locked;
+      try {
+        progress(runs);
+      } catch (py::error_already_set& err) {  // a progress bar that fails does not stop the run
+        err.discard_as_unraisable("hcsim engine core progress callback");
+      }
+    };
   RunCounters counters;
   std::size_t ended = 0;
   {
@@ -246,7 +255,8 @@ PYBIND11_MODULE(_core, m)
   m.def("run_workload", &run_workload, py::arg("platform_xml"), py::arg("host_names"), py::arg("arrays"),
         py::arg("iterations"), py::arg("xpus"), py::arg("iteration_ends"), py::arg("first"), py::arg("last"),
         py::arg("done_runs"), py::arg("traced_xpus") = py::none(), py::arg("traced_runs") = py::none(),
-        "Run a workload graph's iterations by hcsim.engine.executor's rules (hcsim/engine/core/workload.py).");
+        py::arg("progress") = py::none(),
+        "Run a workload graph's iterations by the executor's rules (arrays: hcsim/engine/core/workload.py).");
   m.attr("clock_fields") = hcsim::core::CLOCK_FIELDS;
   m.def("simgrid_version", []() {
     int major = 0, minor = 0, patch = 0;

@@ -1,8 +1,8 @@
-/* The executor's rules in C++ (issue 27, second step): a workload graph as flat arrays.
+/* A workload graph as flat arrays, the engine core's input.
 
-   The Python side (hcsim/engine/core/workload.py) builds these from hcsim.engine.executor's own set-up, so
-   vertex order, groups, collective algorithms and flow phases are the Python executor's; the core applies
-   its rules (graph contract v2, the flow model's phase rule, the per-XPU clocks) to plain s4u activities.
+   The Python side (hcsim/engine/core/workload.py) lays these out from hcsim.engine.rules (vertex order,
+   required counts, groups, collective algorithms and flow phases, compute costs); the core applies the run
+   rules (graph contract v2, the flow model's phase rule, the per-XPU clocks) to plain s4u activities.
    All arrays are borrowed from Python buffers. Host numbers index the host names given with the run; the
    delay host is the last one. */
 #ifndef HCSIM_ENGINE_CORE_WORKLOAD_HPP
@@ -11,6 +11,7 @@
 #include "core.hpp"
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace hcsim::core {
@@ -122,7 +123,11 @@ struct WorkloadOutput {
   const std::uint8_t* traced_runs = nullptr;
   std::vector<VertexEvent>* vertices = nullptr;
   std::vector<TransferEvent>* transfers = nullptr;
+  // called with PROGRESS_EVERY after each PROGRESS_EVERY unit completions (empty: never)
+  std::function<void(std::int64_t)> progress;
 };
+
+constexpr std::int64_t PROGRESS_EVERY = 1 << 16;
 
 RunCounters run_workload(const WorkloadArrays& w, const std::vector<simgrid::s4u::Host*>& hosts,
                          WorkloadOutput out, std::size_t* iterations_ended);

@@ -1,20 +1,21 @@
-"""A workload graph run by the executor's rules in the C++ core (``engine: core``, issue 27's second step).
+"""A workload graph in the C++ core's input: flat arrays built from :class:`hcsim.engine.rules.WorkloadRules`.
 
-The Python executor (:class:`hcsim.engine.executor.Executor`) stays the reference: this module builds one
-without running it, so vertex order, wait rules, required counts, collective algorithms and their flow phases,
-closed forms and route latencies are the executor's own, and turns them into flat arrays for the core
-(``hcsim/engine/core/workload.hpp`` names each one). The core applies the executor's rules to plain s4u
-activities and returns iteration ends and per-XPU clocks; link bytes follow from the arrays (every unit runs
-every iteration). The result is the executor's :class:`RunResult`.
+The core (``executor.cpp``) applies the executor's run rules (paper Fig. 5) to plain S4U activities: when a
+unit starts, when it completes, what a completion releases, a collective's steps and flow phases, the
+per-XPU clocks. What follows from the graph and the platform alone (vertex order, required counts, which
+units a completion counts for, collective algorithms, fidelities and flow phases, analytic closed forms,
+compute costs and memory forms, wire bytes and route latencies) comes from the rules, once, and is laid out
+here as ``hcsim/engine/core/workload.hpp`` names each array (:data:`ARRAY_TYPES`; the layout test checks
+the three agree). The core returns iteration ends and per-XPU clocks; link bytes follow from the arrays
+(every unit runs every iteration).
 
-What the core runs (it refuses anything else with a ConfigError naming it, never another model): compute
-vertices at the peak model (FLOPs / FLOP/s, or a measured duration) or the roofline model (kernel times, wire
-bytes and call latencies from the executor's own methods) beside their memory reads in the forms of paper
+What the core runs: compute vertices at the peak model (FLOPs / FLOP/s, or a measured duration) or the
+kernel model (kernel times, wire bytes and call latencies) beside their memory reads in the forms of paper
 Fig. 3 (local, ``local_access`` analytic or simulated; spilled and read in place on a coherent system;
 spilled and copied first without coherence); offload (CPU steps on the host CPU beside their reads, moves
 between an XPU and its offload memory); collectives at the step and flow models and local collectives
 analytic; the graph contract v2 (waits xpu, group, all; skip_first_iteration edges); per-XPU clocks; traces
-(a TraceRecorder filled from the core's events, in the order they ended). Not yet: representative XPUs.
+(a TraceRecorder filled from the core's events, in the order they ended).
 """
 
 from __future__ import annotations
@@ -30,41 +31,10 @@ from hcsim.engine.options import COMM_KINDS
 from hcsim.errors import ConfigError, SimulationError
 from hcsim.limits import collector_paused
 
-__all__ = ["unsupported", "build_arrays", "run_workload"]
+__all__ = ["build_arrays", "run_workload"]
 
 START, RECOMPUTE, CPU_STEP, MOVE = 1, 2, 4, 8
 FLOW, ANALYTIC, STEP = 0, 1, 2
-
-
-class Unsupported(ConfigError):
-    """A run the core cannot do yet (engine: auto runs it on the Python executor instead)."""
-
-
-def unsupported_options(options) -> list[str]:
-    """What the core cannot run yet in a run's options (empty: none)."""
-    problems = []
-    if options.xpu_sampling != "all":
-        problems.append("representative XPUs (xpu_sampling: representative; set xpu_sampling: all)")
-    if options.trace_xpus == "per-class":
-        problems.append("traces per class (trace_xpus: per-class, which follows representative XPUs)")
-    return problems
-
-
-def unsupported(executor) -> list[str]:
-    """What the core cannot run yet in `executor`'s workload and options (empty: it can run them all)."""
-    problems = unsupported_options(executor.options)
-    uneven, checked = 0, {}  # (xpus, groups) ids -> listed group by group: alike vertices share both
-    for vertex in executor.vertices:
-        if vertex.kind != "compute":
-            key = (id(vertex.xpus), id(vertex.groups))
-            if key not in checked:
-                checked[key] = (vertex.xpus, vertex.groups, any(  # keep the keyed objects alive: ids stay unique
-                    tuple(vertex.xpus[first:first + len(group)]) != tuple(group)
-                    for first, group in zip(vertex.group_offsets, vertex.groups)))
-            uneven += checked[key][2]
-    if uneven:
-        problems.append(f"collective vertices whose units are not listed group by group ({uneven})")
-    return problems
 
 
 ARRAY_TYPES = (
@@ -82,8 +52,8 @@ _UNIT_ARRAYS = ("u_flops", "u_read", "u_read_src", "u_compute_s", "u_copy", "u_c
 _GROUP_ARRAYS = ("g_size", "g_mode", "g_seconds", "g_plan", "g_call_latency")
 
 
-def build_arrays(executor, hosts: dict[str, int]) -> dict[str, array]:
-    """The flat arrays of workload.hpp for `executor`'s vertices; `hosts` maps host names to numbers (the XPUs
+def build_arrays(rules, hosts: dict[str, int]) -> dict[str, array]:
+    """The flat arrays of workload.hpp for `rules`'s vertices; `hosts` maps host names to numbers (the XPUs
     first, in clock order; memory hosts are added as needed).
 
     Alike vertices (one per layer and micro-batch: the same XPUs, sizes and groups) have the same units: the
@@ -93,7 +63,7 @@ def build_arrays(executor, hosts: dict[str, int]) -> dict[str, array]:
     for name in ("v_units", "v_succs", "b_units", "p_phases", "ph_transfers", "t_feeds", "q_sequences", "rl_steps",
                  "st_sends"):
         a[name].append(0)
-    analytic_access = executor.options.local_access == "analytic"
+    analytic_access = rules.options.local_access == "analytic"
     plans: dict[tuple, int] = {}
     step_plans: dict[tuple, tuple[int, object]] = {}
     xpu_cache: dict = {}  # alike compute vertices -> their compute row
@@ -106,7 +76,7 @@ def build_arrays(executor, hosts: dict[str, int]) -> dict[str, array]:
                                                                      "v_group0"))
     u_xpu, u_required = a["u_xpu"], a["u_required"]
     e_succ, e_skip, e_same_rank, e_bucket_of = a["e_succ"], a["e_skip"], a["e_same_rank"], a["e_bucket_of"]
-    for vertex in executor.vertices:
+    for vertex in rules.vertices:
         data, xpus = vertex.data, vertex.xpus
         n = len(xpus)
         compute = vertex.kind == "compute"
@@ -121,35 +91,35 @@ def build_arrays(executor, hosts: dict[str, int]) -> dict[str, array]:
             cache[key] = (len(u_xpu), xpus)  # keep xpus alive: ids stay unique
             u_xpu.extend([hosts[xpu] for xpu in xpus])
         v_xrow.append(cache[key][0])
-        if vertex.required is not None:  # every unit needs the same (executor._uniform_requirement)
+        if vertex.required is not None:  # every unit needs the same (WorkloadRules.uniform_requirement)
             key = ("required", vertex.required, n)
             if key not in cache:
                 cache[key] = len(u_required) // 2
                 u_required.extend(vertex.required * n)
             v_rrow.append(cache[key])
         else:
-            v_rrow.append(_requirements(executor, vertex, cache, u_required))
+            v_rrow.append(_requirements(rules, vertex, cache, u_required))
         if compute:
-            v_crow.append(_compute_units(a, executor, vertex, hosts, analytic_access, xpu_cache))
+            v_crow.append(_compute_units(a, rules, vertex, hosts, analytic_access, xpu_cache))
             v_grow.append(-1)
             v_group0.append(-1)
         else:
             v_crow.append(-1)
             v_group0.append(len(a["g_first"]))
-            v_grow.append(_groups(a, executor, vertex, plans, step_plans, cache))
+            v_grow.append(_groups(a, rules, vertex, plans, step_plans, cache))
         for edge in vertex.succs:
             e_succ.append(edge.vertex.index)
             e_skip.append(edge.skip)
             e_same_rank.append(edge.same_rank)
-            e_bucket_of.append(-1 if edge.same_rank else _buckets(a, executor, vertex, edge, edge_buckets))
+            e_bucket_of.append(-1 if edge.same_rank else _buckets(a, rules, vertex, edge, edge_buckets))
         v_succs.append(len(e_succ))
     if not a["bucket_of"]:
         a["bucket_of"].append(-1)
     return a
 
 
-def _requirements(executor, vertex, cache, table) -> int:
-    """The row in `table` (u_required) where executor._required for each unit of `vertex` and runs 1 and 2 (run
+def _requirements(rules, vertex, cache, table) -> int:
+    """The row in `table` (u_required) where rules.required_count for each unit of `vertex` and runs 1 and 2 (run
     1, later runs per unit) begins, added on first use; shared by vertices whose XPUs, groups and predecessors'
     (skip, wait, XPUs, groups) are the same: it follows from them."""
     key = ("required", vertex.kind, id(vertex.xpus), id(getattr(vertex, "groups", None)),
@@ -160,21 +130,21 @@ def _requirements(executor, vertex, cache, table) -> int:
         cache[key] = (len(table) // 2, vertex.xpus, getattr(vertex, "groups", None),
                       [(edge.vertex.xpus, getattr(edge.vertex, "groups", None)) for edge in vertex.preds])
         for rank in range(len(vertex.xpus)):
-            table.extend((executor._required(vertex, rank, 1), executor._required(vertex, rank, 2)))
+            table.extend((rules.required_count(vertex, rank, 1), rules.required_count(vertex, rank, 2)))
     return cache[key][0]
 
 
-def _compute_units(a, executor, vertex, hosts, analytic_access, xpu_cache) -> int:
-    """executor._start_compute's choices per unit: a copy first (spilled data without coherence), then the
+def _compute_units(a, rules, vertex, hosts, analytic_access, xpu_cache) -> int:
+    """The memory form's activities per unit: a copy first (spilled data without coherence), then the
     execution and the read side by side, or the longer of the two alone (local data, local_access analytic);
     the vertex's first row in the compute columns, added on first use (alike vertices share them)."""
-    from hcsim.engine.executor import memory_form
+    from hcsim.engine.rules import memory_form
 
-    data, nodes = vertex.data, executor.nodes
+    data, nodes = vertex.data, rules.nodes
     size = data["memory_bytes"]
     spilled = data.get("spilled_xpus") or ()
     duration = data.get("duration")
-    model = executor.options.compute_model
+    model = rules.options.compute_model
     ops = data.get("ops")
     cpu_step, move = data.get("host") == "cpu", data.get("move")
     key = (id(vertex.xpus), id(spilled), data["flops"], size, duration, id(ops) if model is not None else None,
@@ -190,12 +160,12 @@ def _compute_units(a, executor, vertex, hosts, analytic_access, xpu_cache) -> in
     flops_out, read_out, src_out, time_out, copy_out, copy_src_out, peer_out = [], [], [], [], [], [], []
     for xpu in vertex.xpus:
         local = nodes[xpu]["local_memory"]
-        flops, compute_time = executor.compute_cost(xpu, data)  # the executor's rule, a straggler's slowdown in it
+        flops, compute_time = rules.compute_cost(xpu, data)  # the rules's rule, a straggler's slowdown in it
         if cpu_step or move or xpu in spilled:
-            copy_from, memory = memory_form(nodes, data, xpu, executor.options.coherent)
+            copy_from, memory = memory_form(nodes, data, xpu, rules.options.coherent)
         else:
             copy_from, memory = None, local
-        if cpu_step or move:  # executor._start_compute's offload branches
+        if cpu_step or move:  # offload: a CPU step beside its read, or a move
             cpu = nodes[memory]["owner"] if cpu_step else None
             flops_out.append(flops)
             read_out.append(size if cpu_step and size > 0 else 0.0)
@@ -208,7 +178,7 @@ def _compute_units(a, executor, vertex, hosts, analytic_access, xpu_cache) -> in
         read = size if size > 0 else 0.0
         run_flops = flops if flops > 0 else 0.0
         if memory == local and analytic_access and flops > 0 and size > 0:  # one activity, the longer of the two
-            if compute_time >= executor.access_time(local, xpu, size):
+            if compute_time >= rules.access_time(local, xpu, size):
                 read = 0.0
             else:
                 run_flops = 0.0
@@ -228,11 +198,11 @@ def _compute_units(a, executor, vertex, hosts, analytic_access, xpu_cache) -> in
     return row
 
 
-def _groups(a, executor, vertex, plans, step_plans, cache) -> int:
+def _groups(a, rules, vertex, plans, step_plans, cache) -> int:
     """A collective vertex's groups: first unit, size, and the flow phases (a plan shared by alike groups),
     the step schedule (shared by groups with the same algorithm) or the analytic closed form; returns its row
     in u_group (each unit's group after the vertex's first). Vertices that share their algorithms
-    (executor._prepare_collective: the same groups, collective and size) share these but for the numbers of
+    (WorkloadRules._prepare_collective: the same groups, collective and size) share these but for the numbers of
     their units and groups."""
     key = ("groups", id(vertex.algorithms))
     if key not in cache:
@@ -240,13 +210,13 @@ def _groups(a, executor, vertex, plans, step_plans, cache) -> int:
         for g, group in enumerate(vertex.groups):
             algorithm, fidelity, phases = vertex.algorithms[g]
             rows["g_size"].append(len(group))
-            rows["g_call_latency"].append(_call_latency(executor, algorithm, group))
+            rows["g_call_latency"].append(rules.call_latency(algorithm, group))
             if fidelity == "analytic":
                 mode, seconds, plan = ANALYTIC, phases[1], -1
             elif fidelity == "step":
-                mode, seconds, plan = STEP, 0.0, _step_plan(a, executor, algorithm, group, step_plans)
+                mode, seconds, plan = STEP, 0.0, _step_plan(a, rules, algorithm, group, step_plans)
             else:
-                mode, seconds, plan = FLOW, 0.0, _flow_plan(a, executor, phases, group, plans)
+                mode, seconds, plan = FLOW, 0.0, _flow_plan(a, rules, phases, group, plans)
             rows["g_mode"].append(mode)
             rows["g_seconds"].append(seconds)
             rows["g_plan"].append(plan)
@@ -260,7 +230,7 @@ def _groups(a, executor, vertex, plans, step_plans, cache) -> int:
     return row
 
 
-def _flow_plan(a, executor, phases, group, plans) -> int:
+def _flow_plan(a, rules, phases, group, plans) -> int:
     """The number of a group's flow plan (its phases: lanes, steps, transfers with wire bytes, route latency
     and feeds) in the plan arrays, added on first use; alike groups share it."""
     key = (id(phases), group)
@@ -273,8 +243,8 @@ def _flow_plan(a, executor, phases, group, plans) -> int:
                 src, dst = group[s], group[d]
                 a["t_src"].append(s)
                 a["t_dst"].append(d)
-                a["t_bytes"].append(executor.wire_bytes(src, dst, size))
-                a["t_latency"].append(executor.latency(src, dst))
+                a["t_bytes"].append(rules.wire_bytes(src, dst, size))
+                a["t_latency"].append(rules.latency(src, dst))
                 a["feed"].extend(phase.feeds[i] if phase.feeds else ())
                 a["t_feeds"].append(len(a["feed"]))
             a["ph_transfers"].append(len(a["t_src"]))
@@ -282,18 +252,11 @@ def _flow_plan(a, executor, phases, group, plans) -> int:
     return plans[key]
 
 
-def _call_latency(executor, algorithm, group) -> float:
-    """_CollectiveRun.call_latency: the roofline model's per-call latency of a group (0 at the peak model)."""
-    if executor.options.compute_model is None:
-        return 0.0
-    return max((executor.link_factors(group[s], group[d]).call_latency for s, d in algorithm.pairs()), default=0.0)
-
-
-def _step_plan(a, executor, algorithm, group, step_plans) -> int:
+def _step_plan(a, rules, algorithm, group, step_plans) -> int:
     """The number of `algorithm`'s step schedule in the step-plan arrays, added on first use: per rank and lane
     its steps, each with its sends (destination rank, wire bytes) and its receive count. Wire bytes depend on
     the group's links in the roofline model: a plan per group there, per algorithm at the peak model."""
-    key = (id(algorithm), group if executor.options.compute_model is not None else None)
+    key = (id(algorithm), group if rules.options.compute_model is not None else None)
     if key in step_plans:
         return step_plans[key][0]
     number = len(a["q_lanes"])
@@ -305,7 +268,7 @@ def _step_plan(a, executor, algorithm, group, step_plans) -> int:
                 step = algorithm.lane_step(rank, index, lane)
                 for dst, size in step.sends:
                     a["sd_dst"].append(dst)
-                    a["sd_bytes"].append(executor.wire_bytes(group[rank], group[dst], size))
+                    a["sd_bytes"].append(rules.wire_bytes(group[rank], group[dst], size))
                 a["st_sends"].append(len(a["sd_dst"]))
                 a["st_recvs"].append(len(step.recvs))
             a["rl_steps"].append(len(a["st_recvs"]))
@@ -313,9 +276,9 @@ def _step_plan(a, executor, algorithm, group, step_plans) -> int:
     return number
 
 
-def _buckets(a, executor, pred, edge, cache) -> int:
+def _buckets(a, rules, pred, edge, cache) -> int:
     """Where the edge's map from `pred`'s units to buckets of successor ranks begins in bucket_of: the units a
-    completion of each unit of `pred` counts for (executor._waiting_units), shared by alike edges."""
+    completion of each unit of `pred` counts for (rules.waiting_units), shared by alike edges."""
     succ = edge.vertex
     key = (id(pred.xpus), id(succ.xpus), edge.wait, id(getattr(pred, "groups", None)),
            id(getattr(succ, "groups", None)))
@@ -324,7 +287,7 @@ def _buckets(a, executor, pred, edge, cache) -> int:
     start = len(a["bucket_of"])
     seen: dict[tuple, int] = {}
     for xpu in pred.xpus:
-        units = tuple(executor._waiting_units(edge, pred, xpu))
+        units = tuple(rules.waiting_units(edge, pred, xpu))
         if not units:
             a["bucket_of"].append(-1)
             continue
@@ -337,23 +300,23 @@ def _buckets(a, executor, pred, edge, cache) -> int:
     return start
 
 
-def pair_bytes(executor) -> dict[tuple[str, str], float]:
+def pair_bytes(rules) -> dict[tuple[str, str], float]:
     """Bytes per (src, dst) host pair over the run: every unit runs every iteration, so they follow from the
-    graph (the executor counts them as they happen: the same sums, added in another order).
+    graph (the rules counts them as they happen: the same sums, added in another order).
 
     Alike vertices add the same (pair, bytes) list: each distinct one is made once. When every amount is a whole
     number of bytes and every sum stays below 2**53, each float sum is exact in any order, so the sums are
     made in integers from how often each list is added; otherwise they are added one by one in vertex order."""
-    iterations = executor.options.iterations
+    iterations = rules.options.iterations
     lists: dict[tuple, list] = {}  # key -> [(pair, bytes), ...], then a use count and the keyed objects
     used = []  # each vertex's list, in vertex order
-    for vertex in executor.vertices:
+    for vertex in rules.vertices:
         key = _traffic_key(vertex)
         if key is None:
             continue
         entry = lists.get(key)
         if entry is None:
-            entry = lists[key] = [_traffic(executor, vertex, iterations), 0, vertex.xpus, vertex.data]
+            entry = lists[key] = [_traffic(rules, vertex, iterations), 0, vertex.xpus, vertex.data]
         entry[1] += 1
         used.append(entry[0])
     totals: dict[tuple[str, str], int] = {}
@@ -385,11 +348,11 @@ def _traffic_key(vertex) -> tuple | None:
     return ("comm", id(vertex.groups), id(vertex.algorithms))
 
 
-def _traffic(executor, vertex, iterations) -> list[tuple[tuple[str, str], float]]:
-    """(pair, bytes over the run) for each transfer of one vertex run per iteration, in the executor's order."""
-    from hcsim.engine.executor import form_transfers, memory_form
+def _traffic(rules, vertex, iterations) -> list[tuple[tuple[str, str], float]]:
+    """(pair, bytes over the run) for each transfer of one vertex run per iteration, in the rules's order."""
+    from hcsim.engine.rules import form_transfers, memory_form
 
-    nodes, data, out = executor.nodes, vertex.data, []
+    nodes, data, out = rules.nodes, vertex.data, []
     if vertex.kind == "compute":
         size = data["memory_bytes"]
         spilled = data.get("spilled_xpus") or ()
@@ -398,7 +361,7 @@ def _traffic(executor, vertex, iterations) -> list[tuple[tuple[str, str], float]
             if not offload and xpu not in spilled:  # local: one read from its HBM (form_transfers)
                 out.append(((nodes[xpu]["local_memory"], xpu), size * iterations))
                 continue
-            form = memory_form(nodes, data, xpu, executor.options.coherent)
+            form = memory_form(nodes, data, xpu, rules.options.coherent)
             out += [(pair, size * iterations) for pair in form_transfers(nodes, data, xpu, form)]
         return out
     for group, (algorithm, fidelity, phases) in zip(vertex.groups, vertex.algorithms):
@@ -412,7 +375,7 @@ def _traffic(executor, vertex, iterations) -> list[tuple[tuple[str, str], float]
 
 
 def xpu_times(xpus: list[str], first: array, last: array, ends: list[float], fields: int) -> dict[str, dict]:
-    """Executor.xpu_times from the core's clock records (workload.hpp: Clock::record)."""
+    """Per XPU, seconds per measured iteration (RunResult.xpu_times) from the core's clock records (workload.hpp: Clock::record)."""
     measured = len(ends) - 1 if len(ends) > 1 else 1
     table = {}
 
@@ -441,96 +404,91 @@ def xpu_times(xpus: list[str], first: array, last: array, ends: list[float], fie
     return table
 
 
-def _fill_trace(trace, executor, counters: dict, hosts: list[str], arrays: dict) -> None:
-    """The core's traced events into `trace`, in the order they ended, as the executor records them."""
+def _fill_trace(trace, rules, counters: dict, hosts: list[str], arrays: dict) -> None:
+    """The core's traced events into `trace`, in the order they ended, as the rules records them."""
     unit_vertex = []
-    for vertex in executor.vertices:
+    for vertex in rules.vertices:
         unit_vertex += [vertex] * len(vertex.xpus)
     for run, unit, start, end in counters["vertices"]:
         vertex = unit_vertex[unit]
         trace.vertices.append((run, vertex.xpus[unit - vertex.offset], vertex.name, vertex.kind, start, end))
     suffix = ("", ".read", ".copy", ".move")
     for run, src, dst, index, label, size, start, end in counters["transfers"]:
-        trace.transfers.append((run, hosts[src], hosts[dst], executor.vertices[index].name + suffix[label], size,
+        trace.transfers.append((run, hosts[src], hosts[dst], rules.vertices[index].name + suffix[label], size,
                                 start, end))
 
 
 def run_workload(platform: nx.Graph, workload: nx.DiGraph, routes: dict, platform_xml: str | Path, options,
-                 order=None):
+                 order=None, progress=None):
     """Run `workload` on the compiled platform `platform_xml` in the core, in this process (once: SimGrid allows
-    one Engine per process); the executor's :class:`RunResult`. `order`: the vertices as validate_workload
-    returned them, if the caller has them (the Executor's own order otherwise).
+    one Engine per process); a :class:`RunResult`. `order`: the vertices as validate_workload returned them, if
+    the caller has them (computed here otherwise). `progress`, if given, is called now and then with how many
+    more vertex runs have completed (from the core, which holds no Python state meanwhile).
 
     Raises
     ------
     ConfigError
-        when the core is not built, or the workload or options use what it does not support yet (all named).
+        when the core is not built (it says what to install), or the arrays are malformed (a bug).
     SimulationError
         when some vertex never completes every iteration.
     """
     with collector_paused():  # the set-up's objects all stay alive; the core's run makes none
-        return _run_workload(platform, workload, routes, platform_xml, options, order)
+        return _run_workload(platform, workload, routes, platform_xml, options, order, progress)
 
 
-def _run_workload(platform, workload, routes, platform_xml, options, order=None):
+def _run_workload(platform, workload, routes, platform_xml, options, order, progress):
     from hcsim.engine import core
-    from hcsim.engine.executor import Executor, check_link_loads
     from hcsim.engine.options import RunResult
+    from hcsim.engine.rules import WorkloadRules, check_link_loads
 
     wall = time.perf_counter()
-    executor = Executor(platform, workload, routes, None, options, order=order)
-    executor.done_runs = executor.running = None  # the Python run's per-unit state: the core keeps its own
-    problems = unsupported(executor)
-    if problems:
-        raise Unsupported("engine: core does not support yet: " + "; ".join(problems)
-                          + ". Fix: change those settings, or set engine: python")
     if not core.available():
-        raise ConfigError(f"engine: core: {core.unavailable_reason()}; or set engine: python")
+        raise ConfigError(f"the engine core is not built: {core.unavailable_reason()}")
     module = core.load()
-    xpus = list(executor.busy)
+    rules = WorkloadRules(platform, workload, routes, options, order=order)
+    xpus = rules.xpus
     hosts = {x: i for i, x in enumerate(xpus)}
-    arrays = build_arrays(executor, hosts)
+    arrays = build_arrays(rules, hosts)
     iterations, fields = options.iterations, module.clock_fields
     ends = array("d", [0.0]) * iterations
     first, last = array("d", [0.0]) * (len(xpus) * fields), array("d", [0.0]) * (len(xpus) * fields)
-    done = array("i", [0]) * executor.total_instances
+    done = array("i", [0]) * rules.total_instances
     trace = traced_xpus = traced_runs = None
     if options.trace_xpus:
         from hcsim.engine.trace import TraceRecorder
 
         trace = TraceRecorder(options.trace_xpus, options.trace_iterations)
-        trace.follow({}, xpus)
-        traced_xpus = array("B", [x in trace.recorded for x in xpus])
+        traced_xpus = array("B", [x in trace.xpus for x in xpus])
         traced_runs = array("B", [0] + [options.trace_iterations is None or run in options.trace_iterations
                                         for run in range(1, iterations + 1)])
     try:
         counters = module.run_workload(str(platform_xml), list(hosts), arrays, iterations, len(xpus), ends, first,
-                                       last, done, traced_xpus, traced_runs)
+                                       last, done, traced_xpus, traced_runs, progress)
     except (ValueError, TypeError) as err:
         raise ConfigError(f"engine core: {err}") from err
     except RuntimeError as err:
         raise SimulationError(f"engine core: {err}") from err
     if done.count(iterations) < len(done):  # a unit short of the last run (count: C speed over every unit)
-        unfinished = [v.name for v in executor.vertices
+        unfinished = [v.name for v in rules.vertices
                       if any(d < iterations for d in done[v.offset:v.offset + len(v.xpus)])]
         raise SimulationError(f"the run stopped with vertices that never completed every iteration "
                               f"(a dependency that is never met): {', '.join(unfinished[:5])}")
     iteration_ends = list(ends[:counters["iterations_ended"]])
     link_bytes: dict[tuple[str, str], float] = defaultdict(float)
-    for pair, size in pair_bytes(executor).items():
+    for pair, size in pair_bytes(rules).items():
         route = routes[pair]
         for link in zip(route, route[1:]):
             link_bytes[link] += size
     link_bytes = dict(link_bytes)
     check_link_loads(platform, link_bytes, iteration_ends[-1] if iteration_ends else 0.0)
     if trace is not None:
-        _fill_trace(trace, executor, counters, list(hosts), arrays)
+        _fill_trace(trace, rules, counters, list(hosts), arrays)
     busy = {x: [last[i * fields + 4], last[i * fields + 5], last[i * fields + 6]] for i, x in enumerate(xpus)}
     result = RunResult(iteration_ends=iteration_ends, activities=counters["activities"], busy=busy,
-                       wall_time_s=time.perf_counter() - wall, trace=trace, collective_fidelity=executor.fidelity_used,
+                       wall_time_s=time.perf_counter() - wall, trace=trace, collective_fidelity=rules.fidelity_used,
                        link_bytes=link_bytes, xpu_times=xpu_times(xpus, first, last, iteration_ends, fields),
                        engine="core")
     result.core_counters = counters  # run_s, run_cpu_s, setup_s of the core (docs/engine-core.md's figures)
-    for vertex in executor.vertices:  # vertices and their edges refer to each other: freed now, not by the collector
+    for vertex in rules.vertices:  # vertices and their edges refer to each other: freed now, not by the collector
         vertex.preds = vertex.succs = None
     return result

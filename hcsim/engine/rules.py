@@ -1,0 +1,399 @@
+"""The executor's set-up rules for one workload graph on one platform: what the C++ core runs.
+
+The executor of paper Fig. 5 runs in the C++ core (``hcsim/engine/core/executor.cpp``): start vertices enter
+the running set; when a vertex instance completes, each successor instance whose dependencies are met for
+its next run starts. Compute instances are executions on their XPU (FLOPs / FLOP/s, paper eq. 1, or the
+vertex's measured ``duration``, or the kernel model's time) beside a memory access (a transfer from the
+memory where the data lives to the XPU, latency + size/bandwidth, paper eq. 2); communication instances are
+collective algorithms made of transfers (:mod:`hcsim.engine.collectives`).
+
+This module holds the rules that follow from the graph and the platform alone, each once, and
+:mod:`hcsim.engine.core.workload` turns them into the core's arrays: the vertices in a stable order with
+their units (one per XPU) and edges; how many predecessor completions each unit needs per run
+(:meth:`WorkloadRules.required_count`) and which units a completion counts for
+(:meth:`WorkloadRules.waiting_units`); each collective's algorithm, fidelity (step, flow, analytic) and flow
+phases; a compute unit's FLOPs and time (:meth:`WorkloadRules.compute_cost`) and memory form
+(:func:`memory_form`: paper Fig. 3: local data -> compute alongside the HBM access; spilled data on a
+coherent system -> compute alongside the access to extended memory, bound by the slower; spilled data
+without coherence -> copy from extended memory first, then compute alongside the HBM access); route
+latencies and the bytes a transfer takes link time for (:meth:`WorkloadRules.wire_bytes`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import networkx as nx
+
+from hcsim.engine.collectives import FlowPhase, get_algorithm, server_groups
+from hcsim.engine.options import COMM_KIND, RunOptions
+from hcsim.platform.devices import peak_flops
+from hcsim.platform.routes import route_bandwidth, route_latency
+from hcsim.workload.graph import first_iteration_order
+
+__all__ = ["WorkloadRules", "Vertex", "Edge", "memory_form", "form_transfers", "check_link_loads"]
+
+
+class Edge:
+    """One dependency as the executor follows it: the vertex at the other end, the skip flag, the wait rule."""
+
+    __slots__ = ("vertex", "skip", "wait", "same_rank")
+
+    def __init__(self, vertex: "Vertex", skip: int, wait: str, same_rank: bool):
+        self.vertex, self.skip, self.wait = vertex, skip, wait
+        self.same_rank = same_rank  # an xpu wait between vertices on the same XPUs: unit r waits for unit r
+
+
+class Vertex:
+    """A workload vertex and its units (one per XPU: a compute instance or a collective's member)."""
+
+    __slots__ = ("name", "index", "kind", "xpus", "pos", "data", "preds", "succs", "offset", "required", "groups",
+                 "group_of", "group_offsets", "algorithms", "group_counts", "on_xpu", "recompute", "comm_kind")
+
+    def __init__(self, name, index, data, pos, offset, xpus):
+        self.name, self.index, self.data = name, index, data
+        self.kind = data["kind"]
+        self.on_xpu = self.kind == "compute" and data.get("host") != "cpu"  # its instances keep their XPU busy
+        self.recompute = data.get("phase") == "recompute"
+        self.comm_kind = COMM_KIND.get(data.get("phase"), "other")  # of a communication vertex, for the breakdown
+        self.xpus = xpus  # data["xpus"], or an equal tuple: one per distinct value (caches key on its id)
+        self.pos = pos  # xpu -> unit index, shared by vertices with the same xpus
+        self.offset = offset
+        self.preds: list[Edge] = []
+        self.succs: list[Edge] = []
+        self.required = None  # (run 1, later runs) when every unit waits for the same count
+        self.group_counts: dict = {}  # (pred index, group) -> units of pred in the group (wait "group")
+
+    def group(self, unit: int) -> tuple[str, ...]:
+        """The group (XPU names) of a communication vertex's unit."""
+        return self.groups[self.group_of[unit]]
+
+    def group_span(self, unit: int) -> tuple[int, int]:
+        """The units [first, end) of the group of a communication vertex's unit."""
+        group = self.group_of[unit]
+        first = self.group_offsets[group]
+        return first, first + len(self.groups[group])
+
+
+class WorkloadRules:
+    """A workload graph's vertices, edges and collectives on a compiled platform, with the rules that follow
+    from them (module docstring); no run state: the core keeps its own."""
+
+    def __init__(self, platform: nx.Graph, workload: nx.DiGraph, routes: dict, options: RunOptions, order=None):
+        """`order`, if given, is `workload`'s vertices in :func:`_stable_order`'s order (validate_workload
+        returns it), not computed again."""
+        self.platform, self.workload, self.routes = platform, workload, routes
+        self.nodes = dict(platform.nodes(data=True))  # name -> attributes: a plain dict is faster per look-up
+        self.options = options
+        self.precision = workload.graph.get("precision", "fp32")
+        self.fidelity_used: dict[str, str] = {}  # collective vertex -> step | flow | analytic (joined by /)
+        self._algorithm_cache: dict = {}
+        # (collective, algorithm name, bytes, chunks, groups) -> a vertex's groups, group_of, group_offsets,
+        # algorithms and fidelities: read-only, shared by alike vertices
+        self._collective_cache: dict = {}
+        self._server_cache: dict = {}
+        self._closed_forms: dict = {}  # (algorithm id, group) -> ([(XPU pair, bytes)], seconds) of an analytic one
+        self._path_cache: dict[tuple[str, str], tuple[float, float]] = {}
+        self._link_factors: dict[tuple[str, str], object] = {}  # (src, dst) -> LinkFactors (roofline)
+        self.vertices = self._index_vertices(order)
+        self.total_instances = sum(len(v.xpus) for v in self.vertices)
+        # the XPUs that run units, in clock order: each distinct xpus tuple once, in vertex order
+        self.xpus: list[str] = list(dict.fromkeys(x for xpus in dict.fromkeys(v.xpus for v in self.vertices)
+                                                  for x in xpus))
+
+
+    def _index_vertices(self, order=None) -> list[Vertex]:
+        graph = self.workload
+        if order is None or len(order) != len(graph):
+            order = _stable_order(graph)
+        positions: dict[tuple, tuple] = {}  # xpus -> (the first equal tuple, xpu -> unit index), shared
+        vertices, by_name, offset = [], {}, 0
+        nodes = graph._node  # networkx's own attribute dicts: no view per vertex
+        for index, name in enumerate(order):
+            data = nodes[name]
+            shared = positions.get(data["xpus"])
+            if shared is None:
+                xpus = data["xpus"]
+                shared = positions[xpus] = (xpus, {x: i for i, x in enumerate(xpus)})
+            vertex = Vertex(name, index, data, shared[1], offset, shared[0])
+            offset += len(data["xpus"])
+            vertices.append(vertex)
+            by_name[name] = vertex
+        for u, edges in graph._succ.items():  # graph.edges(data=True), without its views
+            before = by_name[u]
+            for v, data in edges.items():
+                after = by_name[v]
+                skip = int(bool(data["skip_first_iteration"]))
+                same_rank = data["wait"] == "xpu" and before.pos is after.pos
+                after.preds.append(Edge(before, skip, data["wait"], same_rank))
+                before.succs.append(Edge(after, skip, data["wait"], same_rank))
+        for vertex in vertices:
+            if len(vertex.succs) > 1:
+                vertex.succs.sort(key=lambda edge: edge.vertex.index)
+            if vertex.kind == "comm":
+                self._prepare_collective(vertex)
+        for vertex in vertices:
+            vertex.required = self.uniform_requirement(vertex)
+        return vertices
+
+    def uniform_requirement(self, vertex: Vertex) -> tuple[int, int] | None:
+        """(run 1, later runs) predecessor completions, when every unit of `vertex` needs the same."""
+        counts = [0, 0]
+        for edge in vertex.preds:
+            pred = edge.vertex
+            if edge.wait == "all":
+                n = len(pred.xpus)
+            elif pred.pos is vertex.pos or pred.pos.keys() == vertex.pos.keys():
+                n = 1 if edge.wait == "xpu" else None
+                if edge.wait == "group":
+                    sizes = {len(g) for g in (vertex.groups if vertex.kind == "comm" else pred.groups)}
+                    n = sizes.pop() if len(sizes) == 1 else None
+            else:
+                n = None
+            if n is None:
+                return None
+            counts[1] += n
+            if not edge.skip:
+                counts[0] += n
+        return counts[0], counts[1]
+
+    def _prepare_collective(self, vertex: Vertex) -> None:
+        data = vertex.data
+        collective = data["collective"]
+        name = data.get("algorithm") or ("direct" if collective == "p2p" else None)
+        alike = (collective, name, data["bytes"], data.get("chunks"), data["groups"])
+        known = self._collective_cache.get(alike)
+        if known is not None:  # alike vertices (one per layer and micro-batch) share their groups' set-up
+            vertex.groups, vertex.group_of, vertex.group_offsets, vertex.algorithms, fidelity = known
+            self.fidelity_used[vertex.name] = fidelity
+            return
+        vertex.groups = data["groups"]
+        vertex.group_of, vertex.group_offsets, vertex.algorithms = [], [], []
+        fidelities = set()
+        for g, group in enumerate(vertex.groups):
+            vertex.group_offsets.append(len(vertex.group_of))
+            vertex.group_of += [g] * len(group)
+            servers, shape = self._servers(group)
+            key = (collective, name, len(group), data["bytes"], shape, data.get("chunks"))
+            if key not in self._algorithm_cache:  # alike groups share one algorithm and its flow phases
+                algorithm = get_algorithm(collective, name, len(group), data["bytes"], servers, data.get("chunks"))
+                fidelity = self.options.collective_model
+                if fidelity == "auto":
+                    fidelity = "step" if len(group) <= self.options.step_limit else "flow"
+                phases = algorithm.flow_phases() if fidelity == "flow" else None
+                if fidelity == "flow" and phases is None:  # no aggregated model: the step schedule stands in
+                    fidelity = "step"
+                self._algorithm_cache[key] = (algorithm, fidelity, phases)
+            algorithm, fidelity, phases = self._algorithm_cache[key]
+            if self.options.local_collectives == "analytic" and len(servers) == 1:
+                analytic = phases or algorithm.flow_phases()
+                if analytic is not None:  # one delay: the flow model's closed form on uncontended routes
+                    key = (id(algorithm), group)
+                    if key not in self._closed_forms:  # its traffic as (XPU pair, bytes), and its seconds
+                        traffic = [((group[s], group[d]), size)
+                                   for phase in analytic for (s, d), size in phase.transfers]
+                        self._closed_forms[key] = (traffic, self._closed_form(group, analytic))
+                    fidelity, phases = "analytic", self._closed_forms[key]
+            vertex.algorithms.append((algorithm, fidelity, phases))
+            fidelities.add(fidelity)
+        self.fidelity_used[vertex.name] = "/".join(sorted(fidelities))
+        self._collective_cache[alike] = (vertex.groups, vertex.group_of, vertex.group_offsets, vertex.algorithms,
+                                       self.fidelity_used[vertex.name])
+
+    def _servers(self, group: tuple[str, ...]) -> tuple[list[list[int]], tuple]:
+        """server_groups of a group and the same as a hashable key; groups are shared tuples, so each
+        distinct one is computed once."""
+        key = id(group)
+        if key not in self._server_cache:
+            servers = server_groups(self.platform, group)
+            self._server_cache[key] = (group, servers, tuple(map(tuple, servers)))  # keep group alive: ids stay unique
+        return self._server_cache[key][1:]
+
+    def _closed_form(self, group: tuple[str, ...], phases: list[FlowPhase]) -> float:
+        """Seconds a collective's flow phases take over `group` when no other traffic shares their links."""
+        lanes: dict[int, float] = defaultdict(float)
+        for phase in phases:
+            if phase.transfers:
+                pairs = [(group[s], group[d]) for (s, d), _ in phase.transfers]
+                durations = [self.access_time(src, dst, self.wire_bytes(src, dst, size))
+                             for (src, dst), (_, size) in zip(pairs, phase.transfers)]
+                lanes[phase.lane] += _phase_time(phase, durations, [self.latency(*pair) for pair in pairs])
+        return max(lanes.values(), default=0.0)
+
+    # ---- dependencies -------------------------------------------------------------------------------------
+
+    def required_count(self, vertex: Vertex, rank: int, run: int) -> int:
+        """How many predecessor completions unit `rank` of `vertex` needs for `run`."""
+        if vertex.required is not None:
+            return vertex.required[run > 1]
+        xpu = vertex.xpus[rank]
+        count = 0
+        for edge in vertex.preds:
+            if run == 1 and edge.skip:
+                continue
+            pred = edge.vertex
+            if edge.wait == "all":
+                count += len(pred.xpus)
+            elif edge.wait == "xpu":
+                count += xpu in pred.pos
+            elif vertex.kind == "comm":  # a collective member waits for pred's units in its group
+                count += self._group_count(vertex, pred, vertex.group_of[rank])
+            else:  # a compute waits for its XPU's whole group of pred
+                count += len(pred.group(pred.pos[xpu])) if xpu in pred.pos else 0
+        return count
+
+    def _group_count(self, vertex: Vertex, pred: Vertex, group: int) -> int:
+        key = (pred.index, group)
+        if key not in vertex.group_counts:
+            vertex.group_counts[key] = sum(x in pred.pos for x in vertex.groups[group])
+        return vertex.group_counts[key]
+
+    def waiting_units(self, edge: Edge, pred: Vertex, xpu: str):
+        """The units of edge.vertex that a completion of `pred`'s unit on `xpu` counts for."""
+        succ = edge.vertex
+        if edge.wait == "all":
+            return range(len(succ.xpus))
+        if edge.wait == "xpu":
+            return (succ.pos[xpu],) if xpu in succ.pos else ()
+        if succ.kind == "comm":
+            return range(*succ.group_span(succ.pos[xpu])) if xpu in succ.pos else ()
+        return [succ.pos[x] for x in pred.group(pred.pos[xpu]) if x in succ.pos]
+
+    # The methods below run once per unit and run: they read the clock once per event and follow a same-rank
+    # successor directly, on purpose (hot path), in the order of events the rules give.
+
+    def compute_cost(self, xpu: str, data: dict) -> tuple[float, float]:
+        """(FLOPs the host executes, compute time in s) of compute vertex `data` (its attributes) on `xpu`.
+
+        The time is FLOPs / peak FLOP/s at the run's precision, the vertex's measured ``duration`` (on any
+        device), or the kernel model's (roofline), times the XPU's ``slowdown`` (a straggler's factor,
+        :mod:`hcsim.platform.topology`; not on an offloaded CPU step or a move, which are not its compute);
+        the FLOPs are what takes that time at the host's speed (SimGrid's host speed is the peak FLOP/s,
+        :mod:`hcsim.platform.compile`)."""
+        node = self.nodes[xpu]
+        speed = peak_flops(node, self.precision)
+        duration = data.get("duration")  # a measured time replaces FLOPs / FLOP/s, on any device
+        flops = data["flops"] if duration is None else duration * speed
+        compute_time = flops / speed
+        model = self.options.compute_model
+        if model is not None and duration is None and data.get("ops") and node["kind"] == "xpu":  # roofline
+            # FP8 training runs all but its GEMMs in BF16: the kernel model takes the BF16 peak (hcsim.workload.ops)
+            kernel_peak = peak_flops(node, "bf16") if self.precision == "fp8" else speed
+            compute_time = model.time(data["ops"], node["device"], kernel_peak, self.path(node["local_memory"], xpu)[1])
+            flops = compute_time * speed
+        slowdown = node.get("slowdown", 1.0)
+        if slowdown != 1.0 and data.get("host") != "cpu" and not data.get("move"):
+            flops, compute_time = flops * slowdown, compute_time * slowdown
+        return flops, compute_time
+
+
+    def call_latency(self, algorithm, group: tuple[str, ...]) -> float:
+        """The kernel model's per-call latency of a collective over `group`: the largest of its transfers'
+        link kinds' (0 at the peak model), paid after a rank's last transfer."""
+        if self.options.compute_model is None:
+            return 0.0
+        return max((self.link_factors(group[s], group[d]).call_latency for s, d in algorithm.pairs()), default=0.0)
+
+    def latency(self, src: str, dst: str) -> float:
+        return self.path(src, dst)[0]
+
+    def wire_bytes(self, src: str, dst: str, size: float) -> float:
+        """The bytes a collective's transfer of `size` bytes src -> dst takes link time for: `size` in the peak
+        model, size / bandwidth_factor of its link kind in the roofline model (NCCL below line rate)."""
+        if self.options.compute_model is None:
+            return size
+        return size / self.link_factors(src, dst).bandwidth_factor
+
+    def link_factors(self, src: str, dst: str):
+        """The roofline LinkFactors of the route src -> dst: those of its bottleneck link's kind."""
+        key = (src, dst)
+        if key not in self._link_factors:
+            route = self.routes[key]
+            edges = self.platform.edges
+            slowest = min(zip(route, route[1:]), key=lambda link: edges[link]["bandwidth"])
+            self._link_factors[key] = self.options.compute_model.link(edges[slowest]["kind"])
+        return self._link_factors[key]
+
+    def access_time(self, src: str, dst: str, size: float) -> float:
+        """Latency + size / bottleneck bandwidth of an uncontended transfer, in s."""
+        latency, bandwidth = self.path(src, dst)
+        return latency + size / bandwidth
+
+    def path(self, src: str, dst: str) -> tuple[float, float]:
+        """(latency s, bottleneck B/s) of the compiled route src -> dst."""
+        key = (src, dst)
+        if key not in self._path_cache:
+            route = self.routes[key]
+            self._path_cache[key] = (route_latency(self.platform, route), route_bandwidth(self.platform, route))
+        return self._path_cache[key]
+
+
+
+def _phase_time(phase: FlowPhase, durations: list[float], latencies: list[float]) -> float:
+    """How long `phase` lasts by FlowPhase's rule, given its transfers' durations and route latencies (s): the
+    analytic closed form's; the core applies the same rule to measured durations (executor.cpp)."""
+    k = phase.steps
+    step, fill, last = [], [], []
+    for i in range(len(phase.transfers)):
+        alpha = latencies[i]
+        step.append(alpha + (durations[i] - alpha) / k)
+        feeds = phase.feeds[i] if phase.feeds else ()
+        fill.append(max((fill[f] + step[f] for f in feeds), default=0.0))
+        last.append(max(max((last[f] for f in feeds), default=0.0) + step[i], fill[i] + k * step[i]))
+    return max(last)
+
+
+def check_link_loads(platform: nx.Graph, link_bytes: dict[tuple[str, str], float], seconds: float) -> None:
+    """Raise RuntimeError (a bug, not a user's error) if a link direction carried more bytes than its bandwidth
+    allows in `seconds` of simulated time: a mean utilization above 100 % means some traffic was counted that
+    was never simulated, or simulated without its link."""
+    for (u, v), size in link_bytes.items():
+        edge = platform.edges[u, v]
+        capacity = edge["bandwidth"] * seconds
+        if size > capacity * (1 + 1e-9):
+            raise RuntimeError(f"internal error: link {u} -> {v} ({edge['kind']}, {edge['bandwidth']:.4g} B/s) carried "
+                               f"{size:.6g} B in {seconds:.6g} s of simulated time, {size / capacity:.1%} of what it "
+                               f"can carry: traffic was counted that was not simulated. This is a bug in hcsim; "
+                               f"please report it with the scenario")
+
+
+def memory_form(nodes, data: dict, xpu: str, coherent: bool) -> tuple[str | None, str]:
+    """Where `xpu`'s data for a compute vertex with attributes `data` is copied from first (None: not
+    copied) and where it is read from (`nodes`: the platform graph's nodes).
+
+    Offload (vertex attributes, hcsim.workload.graph): a step on the host CPU reads its CPU's DRAM; a
+    move copies between the XPU and its offload memory (the pair is (from, to)); data offloaded to the
+    CPU is copied from its DRAM first, whatever the platform's coherence (DRAM is not on the CXL fabric).
+    """
+    node = nodes[xpu]
+    if data.get("host") == "cpu":
+        return None, node["host_memory"]
+    move = data.get("move")
+    if move:
+        memory = node["host_memory"] if data.get("offload") == "cpu" else node["extended_memory"]
+        return (memory, xpu) if move == "in" else (xpu, memory)
+    if xpu not in data["spilled_xpus"]:
+        return None, node["local_memory"]
+    if data.get("offload") == "cpu":
+        return node["host_memory"], node["local_memory"]
+    if coherent:
+        return None, node["extended_memory"]  # read in place over the fabric
+    return node["extended_memory"], node["local_memory"]
+
+
+def form_transfers(nodes, data: dict, xpu: str, form: tuple[str | None, str]) -> list[tuple[str, str]]:
+    """The (src, dst) host pairs that move a compute instance's memory bytes in memory form `form`."""
+    copy_from, memory = form
+    if data.get("move"):
+        return [(copy_from, memory)]
+    if data.get("host") == "cpu":
+        return [(memory, nodes[memory]["owner"])]
+    return [(copy_from, xpu), (memory, xpu)] if copy_from is not None else [(memory, xpu)]
+
+
+def _stable_order(graph: nx.DiGraph) -> list:
+    """Vertices in a deterministic order: topological over first-iteration edges, ties by name."""
+    order = first_iteration_order(graph, stable=True)
+    if len(order) < len(graph):
+        raise nx.NetworkXUnfeasible("the first-iteration edges have a cycle")
+    return order
