@@ -219,22 +219,85 @@ def _existing(path: Path, header: list[str], points: Sequence[Point] = ()) -> di
         rows = [(1, header)] + [(line, lines.get(line, row)) for line, row in rows[1:]]
         atomic_write(path, "".join(_csv_line(row) for _, row in rows))
     status_column, counts_column = header.index("status"), header.index("device_counts")
+    by_key = {p.key: p for p in points}
     status, counts, expected = {}, defaultdict(int), {}
+    doubtful: dict[str, str] = {}  # point key -> why its rows are not trusted
+    unknown: list[tuple[int, str]] = []  # (line, why) of rows that are no point of this experiment
     for line, row in rows[1:]:
-        if len(row) != len(header) or row[status_column] not in ("ok", "error") or not row[0]:
+        key = row[0] if row else ""
+        whole = len(row) == len(header) and row[status_column] in ("ok", "error") and key
+        if not whole and not (key in by_key and points):
             raise ConfigError(f"{path}:{line}: not a row of this experiment ({len(row)} of {len(header)} columns, "
                               f"status {brief(row[status_column] if len(row) > status_column else None)}); fix or "
                               "delete that line, or run with --overwrite to start over")
-        key = row[0]
+        if points:
+            why = (_row_problem(dict(zip(header, row)), by_key[key]) if whole and key in by_key else
+                   f"{len(row)} of {len(header)} columns, status "
+                   f"{brief(row[status_column] if len(row) > status_column else None)}" if key in by_key else None)
+            if key not in by_key:
+                unknown.append((line, f"point {brief(key)} is no point of this experiment (a damaged key, or a point "
+                                      "the experiment no longer has)"))
+                continue
+            if why:
+                doubtful.setdefault(key, f"line {line}: {why}")
+                continue
         status[key] = row[status_column]
         counts[key] += 1
         if status[key] == "ok":
             expected[key] = len(row[counts_column].split(" + "))
-    torn = {k for k, n in expected.items() if counts[k] != n}  # a point's rows cut short by a power loss
+    if doubtful or unknown:
+        from hcsim.study.experiment import describe
+
+        _set_aside(path, header, rows, {line for line, _ in unknown}, set(doubtful))
+        aside = path.with_name(f"{path.stem}.dropped.csv")
+        reasons = [f"line {line}: {why}" for line, why in unknown]
+        reasons += [f"point {key} ({describe(by_key[key].labels)}), {why}" for key, why in doubtful.items()]
+        log.warning("%s: rows not trusted, moved to %s (%s): %s", path, aside.name,
+                    f"their {len(doubtful)} point{'s' if len(doubtful) != 1 else ''} run again" if doubtful
+                    else "no point of this experiment", "; ".join(reasons[:5])
+                    + (f"; and {len(reasons) - 5} more" if len(reasons) > 5 else ""))
+    torn = {k for k, n in expected.items() if counts[k] != n and k not in doubtful}  # cut short by a power loss
     if torn:
         log.warning("%s: dropped %d points with some of their device rows missing", path, len(torn))
         _drop_rows(path, torn)
-    return {k: v for k, v in status.items() if k not in torn}
+    return {k: v for k, v in status.items() if k not in torn and k not in doubtful}
+
+
+# the result cells an "ok" row must hold as finite numbers > 0 (a row with them blank or damaged is run again)
+TRUSTED_NUMBERS = ("iteration_time_s", "batches_per_s", "samples_per_s")
+
+
+def _row_problem(row: dict[str, str], point: Point) -> str | None:
+    """Why a whole row of `point` read back from its results CSV cannot be trusted, or None."""
+    for column, value in point.labels.items():
+        if column in row and row[column] != _today(column, "" if value is None else str(value)):
+            return f"{column} is {brief(row[column])}, the point's is {brief(value)}"
+    if row["status"] == "error":
+        return None if row["error"].strip() else "status error without its error"
+    if row["inputs_hash"].partition("+")[0] != point.key:
+        return f"inputs_hash {brief(row['inputs_hash'])} is not the point's {point.key}"
+    for column in TRUSTED_NUMBERS:
+        number = _number(row[column])
+        if number is None or number <= 0:
+            return f"{column} is {brief(row[column])}, not a number > 0"
+    if not row["device"] or not all(part.strip().partition(" ")[0].isdigit() and part.strip().partition(" ")[2]
+                                    for part in row["device_counts"].split(" + ")):
+        return f"device {brief(row['device'])}, device_counts {brief(row['device_counts'])}: not a device's row"
+    return None
+
+
+def _set_aside(path: Path, header: list[str], rows: list[tuple[int, list[str]]], lines: set[int],
+               keys: set[str]) -> None:
+    """Move the rows on `lines`, and every row of the points `keys`, from `path` to NAME.dropped.csv beside it
+    (appended; with the header when it starts it), so nothing read back is lost."""
+    from hcsim.run.report import atomic_write
+
+    moved = [row for line, row in rows[1:] if line in lines or (row and row[0] in keys)]
+    kept = [rows[0][1]] + [row for line, row in rows[1:] if not (line in lines or (row and row[0] in keys))]
+    aside = path.with_name(f"{path.stem}.dropped.csv")
+    text = aside.read_text() if aside.is_file() else _csv_line(header)
+    atomic_write(aside, text + "".join(_csv_line(row) for row in moved))
+    atomic_write(path, "".join(_csv_line(row) for row in kept))
 
 
 def _parse_csv(path: Path, text: str) -> list[tuple[int, list[str]]]:

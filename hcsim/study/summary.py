@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from hcsim.run.results import TIME_PARTS, column_unit, rows_for
-from hcsim.study.experiment import Experiment, describe
+from hcsim.errors import ConfigError
+from hcsim.study.experiment import Experiment, Point, describe
 from hcsim.study.store import columns, read_results
 
 __all__ = ["write_report"]
@@ -20,13 +21,58 @@ def write_report(experiment: Experiment, csv_path: Path, out: Path) -> list[Path
 
     points = experiment.points()
     rows = read_results(csv_path, columns(experiment, points), points)
-    keys = {p.key for p in points}
-    rows = [r for r in rows if r["point"] in keys]
+    check_current(experiment, csv_path, rows, points, out)
     outputs = plot_experiment(experiment, rows, out)
     findings = [evaluate(spec, rows, experiment.axis_columns()) for spec in experiment.findings]
     summary = out / f"{experiment.name}.md"
     atomic_write(summary, _summary(experiment, rows, findings, outputs, out))
     return [*outputs, summary]
+
+
+def check_current(experiment: Experiment, csv_path: Path, rows: list[dict[str, Any]], points: list[Point],
+                  out: Path) -> None:
+    """ConfigError naming `csv_path` and what differs unless its rows are those of the experiment's points:
+    one point key per point, none of another (a report of such a CSV would show numbers of other scenarios).
+
+    A point without rows was added to the experiment or not run yet; rows of a key that is no point are of a
+    point since removed, or changed (the same axis values, another scenario: the base or a spec edited)."""
+    keys = {p.key for p in points}
+    found = {r["point"]: r for r in rows}
+    missing = [p for p in points if p.key not in found]
+    stray = [r for k, r in found.items() if k not in keys]
+    axes = [c for c in experiment.axis_columns() if c in (rows[0] if rows else {})]
+
+    def labels(row: dict[str, Any]) -> str:
+        return describe({c: row[c] for c in axes}) or f"point {row['point']}"
+
+    def same(row: dict[str, Any], point: Point) -> bool:
+        return bool(axes) and all(str(row[c]) == str(point.labels.get(c)) or row[c] == point.labels.get(c)
+                                  for c in axes)
+
+    changed = [(r, p) for r in stray for p in missing if same(r, p)]
+    changed_rows, changed_points = {id(r) for r, _ in changed}, {p.key for _, p in changed}
+    removed = [r for r in stray if id(r) not in changed_rows]
+    added = [p for p in missing if p.key not in changed_points]
+    if not (added or removed or changed):
+        return
+
+    def listed(names: list[str]) -> str:
+        return "; ".join(names[:3]) + (f"; and {len(names) - 3} more" if len(names) > 3 else "")
+
+    parts = []
+    if added:
+        parts.append(f"{len(added)} point{'s' if len(added) > 1 else ''} without a row (added to the experiment, or "
+                     f"not run yet: {listed([describe(p.labels) or p.key for p in added])})")
+    if removed:
+        parts.append(f"rows of {len(removed)} point{'s' if len(removed) > 1 else ''} the experiment no longer has "
+                     f"({listed([labels(r) for r in removed])})")
+    if changed:
+        parts.append(f"{len(changed)} point{'s' if len(changed) > 1 else ''} changed (the same axis values, another "
+                     f"scenario: the base, a spec or a default edited since: {listed([labels(r) for r, _ in changed])})")
+    spec = experiment.path or f"{experiment.name}.yaml"
+    raise ConfigError(f"{csv_path}: its rows are not the points of {spec}: {', '.join(parts)}. Fix: hcsim sweep {spec} --out {out} --resume (runs the "
+                      "points without a row; rows of no point are moved to "
+                      f"{csv_path.stem}.dropped.csv), or --overwrite to start over")
 
 
 def _summary(experiment: Experiment, rows: list[dict[str, Any]], findings, figures: list[Path], out: Path) -> str:

@@ -9,7 +9,9 @@ own point, which is recorded with its error. Each finished point is appended
 to the CSV (:mod:`hcsim.study.store`) as one line, with one ``os.write`` on an ``O_APPEND`` descriptor
 followed by ``fsync``, so a killed sweep loses no finished point and never
 leaves half a row; ``resume`` skips the points already in the file, matched
-by their key (the hash of the point's full scenario). :mod:`hcsim.study.summary` writes the report.
+by their key (the hash of the point's full scenario), once each row is checked: a row of no point of the
+experiment, or one whose axis values, inputs hash or results do not hold, is moved to NAME.dropped.csv and
+its point run again. :mod:`hcsim.study.summary` writes the report.
 """
 
 from __future__ import annotations
@@ -103,6 +105,10 @@ def _run_locked(experiment, out, path, header, points, started_at, *, jobs, resu
     if overwrite and path.exists():
         path.unlink()
     done = _existing(path, header, points) if resume else {}
+    kept_errors = sum(status != "ok" for status in done.values())
+    if kept_errors and not retry_errors:
+        log.warning("%s: %d point%s recorded with an error kept (--retry-errors runs them again)", path, kept_errors,
+                    "s" if kept_errors > 1 else "")
     if retry_errors:
         failed = {k for k, status in done.items() if status != "ok"}
         if failed:

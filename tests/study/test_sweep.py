@@ -350,9 +350,11 @@ def test_a_csv_written_before_a_scenario_key_existed_is_reported_and_resumed_wit
     folder = tmp_path / "old"
     folder.mkdir()
     with open(folder / "tiny.csv", "w", newline="") as stream:
-        csv.writer(stream, lineterminator="\n").writerows(old[:-1])  # one point left to run
+        csv.writer(stream, lineterminator="\n").writerows(old)
     write_report(experiment, folder / "tiny.csv", folder)
     assert "tiny.md" in os.listdir(folder)
+    with open(folder / "tiny.csv", "w", newline="") as stream:
+        csv.writer(stream, lineterminator="\n").writerows(old[:-1])  # one point left to run
     again = run_sweep(experiment, folder, resume=True, report=False)
     assert (again.ran, again.skipped) == (1, 3)
     rows = read_results(folder / "tiny.csv")
