@@ -28,6 +28,7 @@ frozenset objects: one per distinct set, so a 4096-XPU graph stays small.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import networkx as nx
@@ -260,7 +261,7 @@ def check_shared_memory(inventory: dict[str, XpuMemory], extended: dict[str, tup
             users.setdefault(node, []).append(x)
     for node in sorted(used):
         if used[node] > capacity[node] * (1 + 1e-12):
-            members = users[node]
+            members = sorted(users[node], key=lambda x: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", x)])
             biggest = max(members, key=lambda x: inventory[x].spilled)
             raise WorkloadError(
                 f"memory {node!r} is shared by {len(members)} XPUs ({', '.join(members[:4])}"
