@@ -1,6 +1,6 @@
 """Collectives through coherent shared memory (coherent_memory): every rank's slice of a shared region is read
 in place by its peers behind flag barriers; simulated times against the closed forms, 1 KB to 1 GB, on both
-the step and the flow model, and on the engine core."""
+the step and the flow model."""
 
 import math
 
@@ -50,18 +50,3 @@ def test_small_messages_beat_the_ring_large_ones_tie():
     assert coherent_memory("all_reduce", n, 1e3) < 2 * (n - 1) * A / 5  # 4α against the ring's 30α
     ring = 2 * (n - 1) * A + 2 * (n - 1) / n * 1e9 / B
     assert math.isclose(coherent_memory("all_reduce", n, 1e9), ring, rel_tol=3e-3)  # 26α of 2.1 ms
-
-
-@pytest.mark.parametrize("fidelity", ["step", "flow"])
-def test_the_python_executor_agrees(fidelity):
-    """The tests above run on the engine core (engine auto); the Python executor runs the same schedules."""
-    from hcsim.engine.api import RunOptions
-    from hcsim.run.simulation import simulate_graphs
-    from hcsim.workload import add_comm, new_workload
-
-    n, size = 8, 1e6
-    graph = new_workload("one")
-    add_comm(graph, "ar", xpus=[f"xpu{i}" for i in range(n)], bytes=size, collective="all_reduce",
-             algorithm="coherent_memory", start=True)
-    result = simulate_graphs(single_switch(n, H100), graph, RunOptions(collective_model=fidelity, engine="python"))
-    assert math.isclose(result["iteration_ends"][0], coherent_memory("all_reduce", n, size), rel_tol=1e-6)

@@ -1,4 +1,4 @@
-"""The roofline compute model (hcsim.engine.compute_model): closed forms on the fake kernel, and the peak
+"""The roofline compute model (hcsim.engine.compute_model): closed forms through the engine on SimGrid, and the peak
 model untouched by op-level costs."""
 
 import math
@@ -21,7 +21,7 @@ def gemm(m, n, k):
 
 
 def one_vertex(ops, flops=1e12, size=0.0):
-    graph = new_workload("one", precision="fp32")  # the fake kernel runs at FP32 peak
+    graph = new_workload("one", precision="fp32")  # the host runs at its FP32 peak
     add_compute(graph, "v", xpus=["xpu0"], flops=flops, memory_bytes=size, start=True)
     graph.nodes["v"]["ops"] = tuple(ops)
     return graph
@@ -36,7 +36,7 @@ def test_gemm_efficiency_is_the_product_of_the_dimension_factors():
 
 
 def test_an_instance_takes_the_sum_of_its_kernels_rooflines_plus_their_overheads():
-    """With no host launch cost (the formula form, A100's factors on the fake kernel's H100 XPU)."""
+    """With no host launch cost (the formula form, A100's factors on an H100 XPU)."""
     f = replace(MODEL.device("A100"), name="H100")
     model = ComputeModel(devices={"H100": f}, links=MODEL.links)
     peak, bandwidth = H100.fp32_flops, H100.memory_bandwidth
