@@ -1,6 +1,7 @@
-"""batch_split on a two-device system, run by the executor on the fake kernel (closed forms, no SimGrid).
+"""batch_split on a two-device system, through the engine on SimGrid, against closed forms.
 
-A fast device of 1 TFLOP/s and a slow one of 0.25 TFLOP/s (speed ratio 4), memory of 1e20 B/s and links of
+A fast device of 1 GFLOP/s and a slow one of 0.25 GFLOP/s (speed ratio 4; slow enough that an iteration of the
+tiny model takes seconds, far above SimGrid's timing precision of 1e-9 s), memory of 1e20 B/s and links of
 1e18 B/s and 1e-15 s: every vertex is compute-bound and communication costs nothing measurable, so an XPU's
 compute time is its FLOPs / its speed and an iteration is the slowest replica's compute (plus its pipeline
 bubble).
@@ -13,18 +14,17 @@ less than one unit's time on each, w/s_r + w/s_q.
 
 import pytest
 
-from hcsim.engine.executor import Executor
 from hcsim.engine.api import RunOptions
 from hcsim.platform.builders import single_switch
 from hcsim.platform.devices import Device
+from hcsim.run.simulation import simulate_graphs
 from hcsim.workload import build_training_graph, load_workload_spec, validate_workload
 from hcsim.workload.hybrid import Parallelism, block_costs, build_hybrid_graph
 from hcsim.workload.layout import ParallelLayout
 from hcsim.workload.split import largest_remainder
-from fake_backend import FakeBackend, routes_for  # tests/engine is on sys.path (pytest rootdir-less import)
 
-FAST = Device(name="fast", fp32_flops=1e12, fp16_flops=1e12, memory=1e15, memory_bandwidth=1e20)
-SLOW = Device(name="slow", fp32_flops=0.25e12, fp16_flops=0.25e12, memory=1e15, memory_bandwidth=1e20)
+FAST = Device(name="fast", fp32_flops=1e9, fp16_flops=1e9, memory=1e15, memory_bandwidth=1e20)
+SLOW = Device(name="slow", fp32_flops=0.25e9, fp16_flops=0.25e9, memory=1e15, memory_bandwidth=1e20)
 SHAPE = {"model.decoders": 4, "model.hidden": 64, "model.heads": 4, "model.ffn": 256, "model.sequence": 32,
          "model.vocabulary": 0, "training.precision": "fp16", "training.optimizer_flops_per_parameter": 0}
 
@@ -43,9 +43,9 @@ def two_devices(n: int, slow: set[str]):
 
 
 def run(platform, graph, xpus):
+    """Two iterations of `graph`, in a fresh process: the result's plain data."""
     validate_workload(graph, xpus)
-    routes = routes_for(platform, graph)
-    return Executor(platform, graph, routes, FakeBackend(platform, routes, "fp16"), RunOptions(iterations=2)).run()
+    return simulate_graphs(platform, graph, RunOptions(iterations=2))
 
 
 def hybrid_run(par: Parallelism, slow: set[str]):
@@ -54,7 +54,7 @@ def hybrid_run(par: Parallelism, slow: set[str]):
     xpus = [f"xpu{i}" for i in range(n)]
     graph = build_hybrid_graph(spec(), par, ParallelLayout(xpus, {"tp": par.tp, "pp": par.pp, "dp": par.dp}))
     outcome = run(two_devices(n, slow), graph, xpus)
-    return outcome.iteration_ends[1] - outcome.iteration_ends[0], outcome.xpu_times
+    return outcome["iteration_ends"][1] - outcome["iteration_ends"][0], outcome["xpu_times"]
 
 
 def unit_flops(pp: int = 1, tp: int = 2) -> float:
@@ -63,7 +63,7 @@ def unit_flops(pp: int = 1, tp: int = 2) -> float:
     return 4 // pp * (attn.fwd_flops + attn.bwd_flops + mlp.fwd_flops + mlp.bwd_flops)
 
 
-SPEED = {"fast": 1e12, "slow": 0.25e12}
+SPEED = {"fast": FAST.fp16_flops, "slow": SLOW.fp16_flops}
 # tp 2 x dp 2 over 4 XPUs: replica 0 is xpu0 and xpu1 (fast), replica 1 xpu2 and xpu3 (slow)
 REPLICA = {"xpu0": "fast", "xpu1": "fast", "xpu2": "slow", "xpu3": "slow"}
 
@@ -134,10 +134,10 @@ def test_the_paper_s_graph_splits_samples_in_proportion_to_speed():
     split = largest_remainder(20, speeds)
     assert split == (8, 8, 2, 2)
     platform = two_devices(4, {"xpu2", "xpu3"})
-    even = run(platform, build_training_graph(workload, xpus), xpus).xpu_times
+    even = run(platform, build_training_graph(workload, xpus), xpus)["xpu_times"]
     assert even["xpu2"]["compute_s"] / even["xpu0"]["compute_s"] == pytest.approx(4.0, rel=1e-9)
     outcome = run(platform, build_training_graph(workload, xpus, batches=dict(zip(xpus, split))), xpus)
     ideal = 20 * w / sum(speeds)
     for x in xpus:
-        assert outcome.xpu_times[x]["compute_s"] == pytest.approx(ideal, rel=1e-9)
-    assert outcome.iteration_ends[1] - outcome.iteration_ends[0] == pytest.approx(ideal, rel=1e-6)
+        assert outcome["xpu_times"][x]["compute_s"] == pytest.approx(ideal, rel=1e-9)
+    assert outcome["iteration_ends"][1] - outcome["iteration_ends"][0] == pytest.approx(ideal, rel=1e-6)

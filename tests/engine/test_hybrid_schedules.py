@@ -1,5 +1,4 @@
-"""Pipeline schedules on uniform stages with nearly free communication (fake kernel: no SimGrid),
-and one contended end-to-end run on SimGrid.
+"""Pipeline schedules on uniform stages with nearly free communication, and one contended end-to-end run.
 
 A device of 1 TFLOP/s with 1e20 B/s memory makes every vertex compute-bound, and links of 1e18 B/s
 and 1e-15 s make collectives and p2p transfers cost nothing measurable, so an iteration takes exactly
@@ -13,6 +12,7 @@ import sys
 
 import pytest
 
+from hcsim.engine.trace import TraceRecorder
 from hcsim.workload.hybrid import Parallelism, block_costs
 from hcsim.workload.schedules import stage_order
 from cases import hybrid_run as run, hybrid_spec as spec, iteration_time
@@ -56,7 +56,9 @@ def test_zb_h1_bubble_is_below_1f1b_and_its_authors_bound(p, m):
 def test_the_perfetto_schedule_track_shows_each_stage_s_passes_in_schedule_order(tmp_path, schedule, v):
     par = Parallelism(pp=2, dp=2, global_batch=8, schedule=schedule, virtual_stages=v)
     platform, graph, result = run(par, trace=True)
-    result.trace.write_perfetto(tmp_path / "trace.json", platform, graph)
+    recorder = TraceRecorder(frozenset(x for x, kind in platform.nodes(data="kind") if kind == "xpu"))
+    recorder.vertices, recorder.transfers = list(result["vertices"]), list(result["transfers"])
+    recorder.write_perfetto(tmp_path / "trace.json", platform, graph)
     events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
     slices = defaultdict(list)  # (iteration, track name) -> its schedule slices
