@@ -34,10 +34,14 @@ log = logging.getLogger(__name__)
 POINT_FOLDER_PREFIX = "hcsim-point-"  # + the sweep's process id: /tmp/hcsim-point-PID-XXXX, one per running point
 
 
-def run_point(scenario: Scenario, timeout: float | None = None,
+def run_point(scenario: Scenario | tuple[Callable[..., dict[str, Any]], tuple], timeout: float | None = None,
               started: Callable[[subprocess.Popen], None] | None = None,
               progress: Callable[[float], None] | None = None) -> dict[str, Any]:
     """Run `scenario` in a fresh Python process and return its result record, or ``{"error": message}``.
+
+    `scenario` may also be a task ``(function, args)``: the child returns ``function(*args)`` (a module-level
+    function, returning a JSON mapping; ``hcsim validate``'s rows), with the same process, kill and death
+    rules. A child that dies (killed, crashed) gives ``{"error": "the simulation process died (...)"}``.
 
     This is what a sweep's executor runs (a local thread, or a Dask worker:
     the child is started with that worker's own Python). The child is killed
@@ -111,7 +115,11 @@ def _point_main(argv: Sequence[str]) -> int:
     from hcsim.run.simulation import run_here
 
     try:
-        result = run_here(scenario, progress=_progress_file(target.with_name("progress")))
+        if isinstance(scenario, tuple):  # a task: (function, args)
+            function, args = scenario
+            result = function(*args)
+        else:
+            result = run_here(scenario, progress=_progress_file(target.with_name("progress")))
     except HcsimError as err:
         result = {"error": str(err)}
     except Exception as err:  # a bug: record it and keep the traceback on stderr for the log
@@ -182,7 +190,7 @@ def check_executor(executor: str) -> None:
         raise ConfigError(f"--executor {brief(executor)}: expected 'local' or 'dask://HOST:PORT'")
 
 
-def run_points(scenarios: Sequence[Scenario], *, jobs: int = 1, executor: str = "local",
+def run_points(scenarios: Sequence[Scenario | tuple[Callable[..., dict[str, Any]], tuple]], *, jobs: int = 1, executor: str = "local",
                timeout: float | None = None, running: Callable[[int, float], None] | None = None
                ) -> Iterator[tuple[int, dict[str, Any]]]:
     """Run each scenario in a process of its own (:func:`run_point`) on `executor`, `jobs` at a time (local:

@@ -246,12 +246,11 @@ def _existing(path: Path, header: list[str], points: Sequence[Point] = ()) -> di
         if status[key] == "ok":
             expected[key] = len(row[counts_column].split(" + "))
     if doubtful or unknown:
-        from hcsim.study.experiment import describe
-
         _set_aside(path, header, rows, {line for line, _ in unknown}, set(doubtful))
         aside = path.with_name(f"{path.stem}.dropped.csv")
         reasons = [f"line {line}: {why}" for line, why in unknown]
-        reasons += [f"point {key} ({describe(by_key[key].labels)}), {why}" for key, why in doubtful.items()]
+        reasons += [f"point {key} ({', '.join(f'{c}={v}' for c, v in by_key[key].labels.items())}), {why}"
+                    for key, why in doubtful.items()]
         log.warning("%s: rows not trusted, moved to %s (%s): %s", path, aside.name,
                     f"their {len(doubtful)} point{'s' if len(doubtful) != 1 else ''} run again" if doubtful
                     else "no point of this experiment", "; ".join(reasons[:5])

@@ -22,16 +22,16 @@ says which); the summary reports them apart from the held-out rows.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import math
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from hcsim.errors import ConfigError, HcsimError, brief
+from hcsim.errors import ConfigError, HcsimError, SimulationError, brief
+from hcsim.study.points import run_points
 
 __all__ = ["COLUMNS", "UNITS", "RunRow", "read_runs", "row_scenario", "check_rows", "validate", "summarize_rows", "write_report",
            "measured_seconds", "DEFAULT_SETTINGS"]
@@ -390,23 +390,32 @@ def validate(runs: list[RunRow], platform: str, settings: dict[str, Any] | None 
         records.append(record)
         try:
             record["measured_s"] = measured_seconds(row)
-            work.append((record, row_scenario(row, platform, settings, base)))
+            work.append((record, row_scenario(row, platform, settings, base), row))
         except HcsimError as err:
             record["reason"] = str(err).splitlines()[0]
-    keys = [f"{scenario.digest()} max_runs {max_runs}" for _, scenario in work]  # --max-runs decides a row too
+    keys = [f"{scenario.digest()} max_runs {max_runs}" for _, scenario, _ in work]  # --max-runs decides a row too
     done = journal.done if journal is not None else {}
-    for (record, _), key in zip(work, keys):
+    for (record, _, _), key in zip(work, keys):
         if key in done:
             _apply(record, done[key], progress)
-    todo = [(record, scenario, key) for (record, scenario), key in zip(work, keys) if key not in done]
-    with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=get_context("spawn"), max_tasks_per_child=1) as pool:
-        futures = {pool.submit(_simulate_row, scenario, max_runs): (record, key) for record, scenario, key in todo}
-        for future in as_completed(futures):  # each recorded as it ends: a kill loses none that ended
-            record, key = futures[future]
-            outcome = future.result()
+    todo = [(record, scenario, key, row) for (record, scenario, row), key in zip(work, keys) if key not in done]
+    died = []  # (row, why): a row's process that died (killed, crashed) gives it no result
+    # each row in a process of its own (study.points: killed with this one, reaped when it ends, a death its row's)
+    with contextlib.closing(run_points([(_simulate_row, (scenario, max_runs)) for _, scenario, _, _ in todo],
+                                       jobs=max(1, jobs))) as finished:
+        for index, outcome in finished:  # each recorded as it ends: a kill loses none that ended
+            record, _, key, row = todo[index]
+            if "error" in outcome:  # no outcome of the row's own: not journaled, so --resume runs it again
+                died.append((row, outcome["error"]))
+                continue
             if journal is not None:
                 journal.record(key, outcome)
             _apply(record, outcome, progress)
+    if died:
+        kept = (f"the other rows' simulations are kept in {journal.path}: run again with --resume"
+                if journal is not None else "the other rows were simulated")
+        raise SimulationError("; ".join(f"{row.place} ({row.name}): {why}" for row, why in died[:3])
+                              + (f"; and {len(died) - 3} more rows" if len(died) > 3 else "") + f"; {kept}")
     return records
 
 

@@ -149,3 +149,87 @@ def test_a_second_process_into_the_same_folder_is_refused_while_the_first_runs(t
         with pytest.raises(ConfigError, match=r"validation\.journal\.jsonl: another validation is writing it"):
             with Journal(tmp_path, "validation", "validation"):
                 pass
+
+
+def _children(process: subprocess.Popen) -> list:
+    import psutil
+
+    try:
+        return psutil.Process(process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _cmdline(child) -> str:
+    import psutil
+
+    try:
+        return " ".join(child.cmdline())
+    except psutil.Error:
+        return ""
+
+
+def test_a_row_whose_process_is_killed_ends_validate_with_one_error_naming_it_and_no_zombie(tmp_path):
+    """SIGKILL of a row's simulation process (the OOM killer, a user): the other rows run and are journaled, the
+    command ends with one error naming the row, the dead process is reaped, and --resume runs only that row."""
+    import psutil
+
+    (tmp_path / "runs.csv").write_text(RUNS)
+    args = ["validate", "runs.csv", "--platform", SELENE, "--out", "out"]
+    journal = tmp_path / "out" / "validation.journal.jsonl"
+    process = subprocess.Popen([sys.executable, "-m", "hcsim.cli", *args], cwd=tmp_path, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    killed, seen = None, set()
+    try:
+        deadline = time.monotonic() + 120
+        while killed is None and time.monotonic() < deadline and process.poll() is None:
+            for child in _children(process):
+                seen.add(_cmdline(child))
+                if "hcsim.study.points" in _cmdline(child):
+                    child.kill()
+                    killed = child
+                    break
+            time.sleep(0.002)
+        assert killed is not None, "no row process seen"
+        while psutil.pid_exists(killed.pid):  # reaped while validate goes on with the other rows (~2 s)
+            assert process.poll() is None, f"row process {killed.pid} not reaped before validate ended"
+            time.sleep(0.01)
+        out, err = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert not any("resource_tracker" in line or "spawn_main" in line for line in seen), seen
+    assert process.returncode == 2 and "Traceback" not in err, err
+    errors = [line for line in err.splitlines() if line.startswith("hcsim: error: ")]
+    assert len(errors) == 1 and err.rstrip().endswith(errors[0]), err
+    assert errors[0] == ("hcsim: error: runs.csv:2 (r1): the simulation process died (signal SIGKILL); the other "
+                         "rows' simulations are kept in out/validation.journal.jsonl: run again with --resume")
+    kept = [json.loads(line) for line in journal.read_text().splitlines()]
+    assert len(kept) == 5 and not (tmp_path / "out" / "validation.csv").exists()  # every other row, no report
+    done = _hcsim(*args, "--resume", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "resuming: 5 finished simulations kept" in done.stderr
+    rows = list(csv.DictReader((tmp_path / "out" / "validation.csv").open()))
+    assert sorted(r["name"] for r in rows) == [f"r{i}" for i in range(1, 7)] and all(r["simulated_s"] for r in rows)
+
+
+def test_a_killed_validate_leaves_no_process_behind(tmp_path):
+    """SIGKILL of `hcsim validate` itself: its row processes die with it (no orphan, no resource tracker)."""
+    import psutil
+
+    (tmp_path / "runs.csv").write_text(RUNS)
+    process = subprocess.Popen([sys.executable, "-m", "hcsim.cli", "validate", "runs.csv", "--platform", SELENE,
+                                "--out", "out", "--jobs", "2"], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    children = []
+    deadline = time.monotonic() + 120
+    while not any("hcsim.study.points" in _cmdline(c) for c in children) and time.monotonic() < deadline:
+        assert process.poll() is None, "it ended before a row process started"
+        children = _children(process)
+        time.sleep(0.002)
+    children = _children(process)
+    process.kill()  # the parent only: no cleanup runs in it
+    process.wait()
+    _, alive = psutil.wait_procs(children, timeout=10)
+    assert children and not alive, [_cmdline(c) for c in alive]
