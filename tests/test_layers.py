@@ -78,7 +78,7 @@ def test_the_layer_check_sees_a_back_arrow():
 
 
 def test_no_test_module_imports_another():
-    """Shared graphs, runs and checks live in helper modules (tests/engine/cases.py, fake_backend.py), so a test
+    """Shared graphs, runs and checks live in helper modules (tests/engine/cases.py), so a test
     module runs alone and its tests are collected once."""
     tests = Path(__file__).parent
     names = {path.stem for path in tests.rglob("test_*.py")}

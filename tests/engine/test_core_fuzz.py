@@ -115,3 +115,22 @@ def test_a_tiny_coherent_ring_beside_p2p_sends():
         assert [spans[k, "xpu0", "v1"][1] - spans[k, "xpu0", "v1"][0] for k in (1, 2, 3)] == pytest.approx(
             [ring] * 3, abs=settle)
         assert result["iteration_ends"] == pytest.approx([(k + 1) * t0 + ring for k in (1, 2, 3)], abs=settle)
+
+
+@pytest.mark.xfail(strict=True, reason="found by the fuzzer: with two compute units at once on one XPU the clock "
+                                       "counts 0.875 s of compute in a 0.75 s iteration the XPU spends computing")
+def test_two_computes_at_once_on_one_xpu():
+    """Four vertices of 0.25 s on xpu0: v0, then v1 and v3 at once (each at half the XPU's FLOP/s: both end
+    0.5 s later), then v2; v0's next run waits for v3 only, so it shares the XPU with v2. Ends at 1.25, 2.25 and
+    3 s (the engine gives them); in the last iteration (2.25 s to 3 s) the XPU computes all the time: 0.75 s of
+    compute, no idle, parts that add up to the iteration."""
+    g = new_workload("two-at-once")
+    for i in range(4):
+        add_compute(g, f"v{i}", xpus=["xpu0"], flops=SECOND / 4, start=i == 0)
+    for before, after in (("v0", "v1"), ("v0", "v2"), ("v0", "v3"), ("v1", "v2")):
+        add_dependency(g, before, after)
+    add_dependency(g, "v3", "v0", skip_first_iteration=True)
+    result = outcome(1, g, "flow")
+    assert result["iteration_ends"] == pytest.approx([1.25, 2.25, 3.0], rel=1e-12)
+    times = result["xpu_times"]["xpu0"]
+    assert (times["compute_s"], times["idle_s"]) == pytest.approx((0.75, 0.0), abs=1e-12)
