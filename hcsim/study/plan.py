@@ -18,7 +18,9 @@ over N_d = dp ranks, for Ψ parameters of w and g bytes each:
 - stage 0: all-reduce 2(N_d - 1)α + 2(N_d - 1)/N_d·gΨ/B, then the step on Ψ;
 - stages 1-2: reduce-scatter (N_d - 1)α + (N_d - 1)/N_d·gΨ/B, the step on
   Ψ/N_d, all-gather (N_d - 1)α + (N_d - 1)/N_d·wΨ/B (the same bytes as the
-  all-reduce when w = g; stage 2 differs from 1 in memory only);
+  all-reduce when w = g; stage 2 differs from 1 in memory only); overlapped
+  with the next forward pass unit by unit (``training.overlap_param_gather``,
+  the default), only the first unit's gather shows;
 - stage 3: the reduce-scatter and the step on Ψ/N_d, no all-gather after it;
   instead every unit (a decoder, per micro-batch, in the forward and again in
   the backward pass) is preceded by an all-gather of its weights,
@@ -342,8 +344,9 @@ def estimate(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus:
             dp_latency, dp_bandwidth = cluster.ring("cp")
         gradients = _ring(par.dp * par.cp, 1 if par.zero else 2, max(parameters) * sizes.gradient, dp_latency,
                           dp_bandwidth)
-        if par.zero in (1, 2):
-            gradients += _ring(par.dp, 1, max(parameters) * sizes.weight, dp_latency, dp_bandwidth)
+        if par.zero in (1, 2):  # overlapped (the default) beside the next forward: only the first unit's shows
+            gathered = decoder if spec.overlap_param_gather else max(parameters)
+            gradients += _ring(par.dp, 1, gathered * sizes.weight, dp_latency, dp_bandwidth)
     shard = 1 / par.dp if par.zero else 1.0
     per_parameter = optimizer_step_bytes(sizes, spec.optimizer_bytes_per_parameter)
     optimizer = max(_time(spec.optimizer_flops_per_parameter * parameters[s] * shard,

@@ -349,6 +349,9 @@ class _Builder:
         self.expert_parameters = self.experts.parameters if self.experts else 0.0  # per TP rank, held
         self.dispatch = routed_elements(spec.model, par.micro_batch, par.tp) * spec.sizes.activation * par.moe_skew
         self.units: dict[int, list[tuple[str, str, float, str]]] = {}  # stage -> (first, last, params, tag)
+        # stage -> (chunk, unit label) -> (params, {replica class: (first, last) of its first forward use}), in
+        # the order class 0 first uses them: what an overlapped ZeRO 1-2 parameter gather feeds
+        self.first_uses: dict[int, dict[tuple[int, str], tuple[float, dict[int, tuple[str, str]]]]] = {}
         self.layers = stage_layers(spec, par)
         model = spec.model
         self.activation = par.micro_batch * model.sequence // par.cp * model.hidden * spec.sizes.activation
@@ -476,6 +479,14 @@ class _Builder:
             add_dependency(self.graph, end, head, skip_first_iteration=True)
         if par.zero == 3 and par.dp > 1:
             self.add_parameter_gathers(stage, end)
+        elif self.overlapped_param_gather:
+            self.add_overlapped_param_gathers(stage, end)
+
+    @property
+    def overlapped_param_gather(self) -> bool:
+        """ZeRO 1-2 over more than one rank with the updated weights gathered beside the next forward pass."""
+        par = self.par
+        return par.zero in (1, 2) and par.optimizer_shards > 1 and self.spec.overlap_param_gather
 
     def add_optimizer(self, stage: int, xpus, previous: list[str], last_of_chunk: dict[int, list[str]]) -> str:
         """The DP gradient collectives, the optimizer step (on its shard with ZeRO, on the host CPU or over
@@ -532,7 +543,7 @@ class _Builder:
         if on_cpu:
             end = self.add_move(f"s{stage}.offload.weights", xpus, stage, "in", [opt],
                                 parameters * shard * sizes.weight)
-        if par.zero in (1, 2) and par.optimizer_shards > 1:
+        if par.zero in (1, 2) and par.optimizer_shards > 1 and not self.overlapped_param_gather:
             name = add_comm(self.graph, f"s{stage}.weights.all_gather",
                             groups=self.groups("replicas" if par.optimizer_shards > par.dp else "dp", stage),
                             collective="all_gather", bytes=parameters * sizes.weight, algorithm=self.ring())
@@ -564,6 +575,31 @@ class _Builder:
                 add_dependency(self.graph, gathers[-1], name)
             if k >= 2:
                 add_dependency(self.graph, units[k - 2][1], name)
+            gathers.append(name)
+        add_dependency(self.graph, optimizer, gathers[0], skip_first_iteration=True)
+
+    def add_overlapped_param_gathers(self, stage: int, optimizer: str) -> None:
+        """ZeRO 1-2 with ``overlap_param_gather``: the updated weights all-gathered unit by unit (Megatron-LM's
+        buckets, here a decoder, the embedding or the head) at the start of the next iteration, after that
+        iteration's optimizer step (a skip_first_iteration edge: iteration 1 gathers too, as if just stepped),
+        one after another on one stream; the gather of unit i starts once unit i-2's first forward has ended
+        (Megatron's forward pre-hook of unit i-1 waits for its own gather and starts the next), and each
+        replica class's first forward of a unit waits for its gather."""
+        groups = self.groups("replicas" if self.par.optimizer_shards > self.par.dp else "dp", stage)
+        gathers: list[str] = []
+        uses = list(self.first_uses[stage].items())
+        for i, ((chunk, label), (parameters, firsts)) in enumerate(uses):
+            name = add_comm(self.graph, f"s{stage}.c{chunk}.{label}.param_gather", groups=groups,
+                            collective="all_gather", bytes=parameters * self.spec.sizes.weight,
+                            algorithm=self.ring(), start=not i)
+            self.graph.nodes[name].update(phase="zero", stage=stage)
+            for first, _ in firsts.values():
+                add_dependency(self.graph, name, first)
+            if i:
+                add_dependency(self.graph, gathers[-1], name)
+            if i >= 2:  # class 0's first forward of unit i-2 has ended
+                _, earlier = uses[i - 2][1]
+                add_dependency(self.graph, earlier[0][1], name)
             gathers.append(name)
         add_dependency(self.graph, optimizer, gathers[0], skip_first_iteration=True)
 
@@ -624,6 +660,9 @@ class _Builder:
 
         def unit(mark: int, parameters: float, label: str) -> None:
             units.append((chain[mark], chain[-1], parameters, f"{tag}.{label}"))
+            if op.kind == "F":
+                uses = self.first_uses.setdefault(stage, {}).setdefault((op.chunk, label), (parameters, {}))[1]
+                uses.setdefault(k, (chain[mark], chain[-1]))
 
         if op.kind == "F":
             if is_first:

@@ -53,6 +53,11 @@ class WorkloadSpec:
     accumulate_allreduce_grads_in_fp32 for --bf16 unless --grad-reduce-in-bf16), false in FP8 (NeMo's FP8
     recipes set grad_reduce_in_fp32 False) and FP16 (Megatron-LM's default); FP32 training has 4 B gradients
     either way (:attr:`main_gradient`);
+    overlap_param_gather : with ZeRO 1-2 (Megatron-LM's distributed optimizer), the updated weights are
+    all-gathered bucket by bucket beside the next iteration's forward pass, each bucket's gather started when
+    the layers before it start and waited for by its own layers (Megatron-LM's ``--overlap-param-gather``,
+    which its and NeMo's recipes turn on with the distributed optimizer; the default); false: one all-gather
+    after the optimizer step, exposed (Megatron-LM's bare default);
     fp8_recipe : Transformer Engine's FP8 scaling, "delayed" (DelayedScaling, the default) | "current"
     (Float8CurrentScaling): which quantization kernels an FP8 GEMM runs (:data:`hcsim.workload.ops.FP8_RECIPES`);
     kernels : the framework whose kernels the roofline model times, "megatron" | "pytorch-eager" |
@@ -77,6 +82,7 @@ class WorkloadSpec:
     recomputation: str = "none"
     attention: str = "standard"
     grad_reduce_in_fp32: bool | None = None
+    overlap_param_gather: bool = True
     fp8_recipe: str = "delayed"
     kernels: str = "megatron"
     bucket: str = "decoder"
@@ -221,6 +227,7 @@ def parse_workload_spec(data: Any, where: str = "workload") -> WorkloadSpec:
         recomputation=training.choice("recomputation", RECOMPUTATION, "none"),
         attention=training.choice("attention", ATTENTION, "standard"),
         grad_reduce_in_fp32=training.flag("grad_reduce_in_fp32", None),
+        overlap_param_gather=training.flag("overlap_param_gather", True),
         fp8_recipe=training.choice("fp8_recipe", FP8_RECIPES, "delayed"),
         kernels=kernels,
     )

@@ -18,8 +18,8 @@ GPT = {"model.decoders": 8, "model.hidden": 64, "model.heads": 4, "model.ffn": 2
        "model.vocabulary": 1000, "training.precision": "fp16"}
 
 
-def build(par: Parallelism):
-    spec = load_workload_spec("gpt3-175b", GPT)
+def build(par: Parallelism, **training):
+    spec = load_workload_spec("gpt3-175b", {**GPT, **{f"training.{k}": v for k, v in training.items()}})
     xpus = [f"x{i}" for i in range(par.tp * par.pp * par.dp)]
     layout = ParallelLayout(xpus, {"tp": par.tp, "pp": par.pp, "dp": par.dp})
     graph = build_hybrid_graph(spec, par, layout)
@@ -109,11 +109,45 @@ def test_zero3_gathers_run_one_layer_ahead():
 
 def test_stages_1_and_2_gather_the_updated_weights_after_the_optimizer():
     for zero in (1, 2):
-        _, _, graph = build(Parallelism(dp=2, global_batch=2, zero=zero))
+        _, _, graph = build(Parallelism(dp=2, global_batch=2, zero=zero), overlap_param_gather=False)
         gather = [n for n, d in graph.nodes(data=True) if d.get("phase") == "zero"]
         assert len(gather) == 1 and list(graph.predecessors(gather[0])) == ["s0.optimizer"]
         assert graph.nodes["s0.optimizer"]["flops"] == pytest.approx(
             build(Parallelism(dp=2, global_batch=2))[2].nodes["s0.optimizer"]["flops"] / 2)
+
+
+@pytest.mark.parametrize("schedule, virtual, classes", [("1f1b", 1, None), ("interleaved", 2, None),
+                                                       ("1f1b", 1, (6, 2))])
+def test_overlapped_param_gathers_feed_each_units_first_forward(schedule, virtual, classes):
+    """ZeRO-1 with overlap_param_gather (the default): per stage one all-gather per unit (decoder, embedding,
+    head), in the order the first replica class first runs them, together the bytes of the one gather after the
+    optimizer; each one precedes every replica class's first forward of its unit (and no other forward), the
+    first waits for the previous iteration's optimizer step, each later one for the one before it and, from the
+    third on, for the first forward of the unit two before it to end."""
+    par = Parallelism(pp=2, dp=2, global_batch=8, zero=1, schedule=schedule, virtual_stages=virtual,
+                      batch_split=classes)
+    _, _, graph = build(par)
+    _, _, plain = build(par, overlap_param_gather=False)
+    for stage in range(2):
+        gathers = [n for n, d in graph.nodes(data=True) if d.get("phase") == "zero" and d["stage"] == stage]
+        (single,) = [n for n, d in plain.nodes(data=True) if d.get("phase") == "zero" and d["stage"] == stage]
+        assert math.fsum(graph.nodes[g]["bytes"] for g in gathers) == pytest.approx(plain.nodes[single]["bytes"],
+                                                                                    rel=1e-12)
+        assert len(gathers) == 8 // 2 + 1  # the stage's decoders, and the embedding (stage 0) or the head
+        replicas = 1 if classes is None else 2
+        for k, gather in enumerate(gathers):
+            fed = list(graph.successors(gather))
+            computes = [v for v in fed if graph.nodes[v]["kind"] == "compute"]
+            assert len(computes) == replicas
+            assert all(graph.nodes[v]["step"] == "F" and graph.nodes[v]["micro_batch"] == 0 for v in computes)
+            before = [p for p in graph.predecessors(gather)]
+            if k == 0:
+                assert graph.nodes[gather]["start"]
+                assert before == [f"s{stage}.optimizer"]
+                assert graph.edges[before[0], gather]["skip_first_iteration"]
+            else:
+                assert gathers[k - 1] in before and not graph.edges[gathers[k - 1], gather]["skip_first_iteration"]
+                assert len(before) == (1 if k == 1 else 2)
 
 
 def test_cpu_offload_moves_the_gradient_shard_out_steps_on_the_cpu_and_moves_weights_in():
