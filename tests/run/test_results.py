@@ -35,7 +35,7 @@ def test_every_scenario_field_has_a_column_with_its_unit():
 
 
 @pytest.mark.parametrize("settings", [{}, {"platform": "paper-traditional", "devices": ["H100", "A100"]},
-                                      {"xpu_fidelity": "representative", "trace_xpus": ["xpu1"]}])
+                                      {"granularity": "decoder", "trace_xpus": ["xpu1"]}])
 def test_the_resolved_scenario_holds_numbers_words_or_nothing(settings):
     """Blank (None) only where nothing exists (no overrides or stragglers, the algorithm's own chunk count, no
     CXL link); never "none", prose or JSON."""

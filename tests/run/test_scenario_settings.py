@@ -4,6 +4,7 @@ default, and the four settings once all called "fidelity" under names of their o
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 
@@ -71,11 +72,9 @@ def test_setting_cxl_values_on_a_platform_without_cxl_links_says_why_it_fails(tm
 
 @pytest.mark.parametrize("make", [
     lambda: RunOptions(collective_model="flwo"),
-    lambda: RunOptions(xpu_sampling="representativ"),
     lambda: RunOptions(local_access="analytical"),
     lambda: RunOptions(step_limit=0),
     lambda: Scenario(collective_model="flwo"),
-    lambda: Scenario(xpu_sampling="some"),
     lambda: Scenario(granularity="op"),
     lambda: Scenario(local_access="x"),
 ])
@@ -85,7 +84,7 @@ def test_a_misspelled_choice_is_refused_from_python_as_from_yaml(make):
 
 
 def test_the_yaml_reader_and_the_dataclass_share_one_declaration_of_each_choice():
-    for key in ("collective_model", "local_access", "xpu_sampling"):
+    for key in ("collective_model", "local_access", "local_collectives"):
         assert Scenario._constraints[key] == RunOptions._constraints[key]
         for option in Scenario._constraints[key].options:
             assert getattr(load_scenario(None, {key: option}), key) == option
@@ -96,12 +95,30 @@ def test_the_old_names_still_work_with_a_warning(caplog):
 
     hcsim.run.scenario._warned.clear()
     with caplog.at_level(logging.WARNING):
-        scenario = load_scenario(None, {"fidelity": "decoder", "collective_fidelity": "flow",
-                                        "xpu_fidelity": "representative"})
-    assert (scenario.granularity, scenario.collective_model, scenario.xpu_sampling) == ("decoder", "flow",
-                                                                                        "representative")
+        scenario = load_scenario(None, {"fidelity": "decoder", "collective_fidelity": "flow", "xpu_fidelity": "all"})
+    assert (scenario.granularity, scenario.collective_model) == ("decoder", "flow")
     for old, new in RENAMED_KEYS.items():
         assert f"{old}: renamed {new}" in caplog.text
+    assert "xpu_fidelity: retired (every XPU is simulated" in caplog.text
+
+
+@pytest.mark.parametrize("key, value, why", [
+    ("xpu_sampling", "representative", "every XPU is simulated"),
+    ("xpu_fidelity", "representative", "every XPU is simulated"),
+    ("engine", "python", "every run is on the C++ engine core"),
+])
+def test_a_retired_key_naming_what_is_gone_is_refused_with_the_reason(key, value, why):
+    with pytest.raises(ConfigError, match=rf"{key}: '?{value}'? is no longer available: {re.escape(why)}.*remove the {key} key"):
+        load_scenario(None, {key: value})
+
+
+def test_a_retired_key_naming_what_every_run_does_is_read_with_a_warning(caplog):
+    import hcsim.run.scenario
+
+    hcsim.run.scenario._warned.clear()
+    with caplog.at_level(logging.WARNING):
+        assert load_scenario(None, {"xpu_sampling": "all", "engine": "core"}) == load_scenario(None, {})
+    assert "xpu_sampling: retired" in caplog.text and "engine: retired" in caplog.text
 
 
 def test_the_workload_specs_old_key_still_works(tmp_path, caplog):
@@ -114,7 +131,7 @@ def test_the_workload_specs_old_key_still_works(tmp_path, caplog):
 
 
 def test_an_experiment_with_the_old_keys_makes_the_same_points_as_with_the_new(tmp_path):
-    old = "name: x\nbase: {xpu_fidelity: representative}\naxes:\n  level: [{fidelity: layer}, {fidelity: decoder}]\n"
+    old = "name: x\nbase: {xpu_fidelity: all}\naxes:\n  level: [{fidelity: layer}, {fidelity: decoder}]\n"
     new = old.replace("xpu_fidelity", "xpu_sampling").replace("fidelity:", "granularity:")
     keys = []
     for text in (old, new):
