@@ -39,15 +39,14 @@ def close(actual: float, expected: float) -> bool:
     return math.isclose(actual, expected, rel_tol=1e-9, abs_tol=1e-15)
 
 
-@pytest.mark.parametrize("engine", ["python", "core"])
+@pytest.mark.parametrize("model", ["step", "flow"])
 @pytest.mark.parametrize("k", [1.5, 3.0])
-def test_a_straggler_lengthens_a_data_parallel_iteration_by_its_extra_compute(engine, k):
+def test_a_straggler_lengthens_a_data_parallel_iteration_by_its_extra_compute(model, k):
     n = 4
     platform = single_switch(n, H100)
     platform.nodes["xpu2"]["slowdown"] = k
     run = simulate_graphs(platform, skeleton_graph([f"xpu{i}" for i in range(n)], F, S),
-                          RunOptions(engine=engine))
-    assert run["engine"] == engine
+                          RunOptions(collective_model=model))
     assert close(run["iteration_ends"][0], k * F / PEAK + ring(n))
     times = run["xpu_times"]
     assert close(times["xpu2"]["compute_s"], k * F / PEAK)
@@ -57,27 +56,15 @@ def test_a_straggler_lengthens_a_data_parallel_iteration_by_its_extra_compute(en
         assert close(times[peer]["idle_peers_s"], (k - 1) * F / PEAK)
 
 
-@pytest.mark.parametrize("engine", ["python", "core"])
-def test_a_measured_duration_slows_down_too(engine):
+def test_a_measured_duration_slows_down_too():
     from hcsim.workload import add_compute, new_workload
 
     platform = single_switch(1, H100)
     platform.nodes["xpu0"]["slowdown"] = 2.5
     graph = new_workload("timed")
     add_compute(graph, "c", xpus=["xpu0"], flops=0.0, duration=0.1, start=True)
-    run = simulate_graphs(platform, graph, RunOptions(engine=engine))
+    run = simulate_graphs(platform, graph)
     assert close(run["iteration_ends"][0], 2.5 * 0.1)
-
-
-def test_representative_sampling_keeps_a_straggler_apart():
-    """A straggler is alike no other XPU: xpu_sampling: representative simulates it and gives the same times."""
-    n = 4
-    platform = single_switch(n, H100)
-    platform.nodes["xpu1"]["slowdown"] = 2.0
-    graph = skeleton_graph([f"xpu{i}" for i in range(n)], F, S)
-    sampled = simulate_graphs(platform, graph, RunOptions(engine="python", xpu_sampling="representative"))
-    assert "xpu1" not in sampled["representatives"]
-    assert close(sampled["iteration_ends"][0], 2.0 * F / PEAK + ring(n))
 
 
 def test_a_scenario_reports_the_straggler_and_its_cost(tmp_path):
@@ -190,7 +177,7 @@ def test_serving_refuses_stragglers():
 
 def test_kernel_model_times_scale_on_a_hybrid_run():
     """tp 2 x pp 2 x dp 2 on a DGX H100 timed by the kernel model: the straggler's compute is its DP twin's
-    (the same stage and TP rank, the same kernels) times its factor, and both engines give the same run."""
+    (the same stage and TP rank, the same kernels) times its factor."""
     from hcsim.run.prepare import compute_model
     from hcsim.workload.layout import ParallelLayout
 
@@ -200,9 +187,7 @@ def test_kernel_model_times_scale_on_a_hybrid_run():
     prepared = prepare(scenario)
     model = compute_model(scenario, prepared.workload, prepared.platform)
     assert model is not None
-    runs = [simulate_graphs(prepared.platform, prepared.workload, RunOptions(engine=engine, compute_model=model))
-            for engine in ("python", "core")]
-    assert runs[1]["iteration_ends"] == pytest.approx(runs[0]["iteration_ends"], rel=1e-9)
+    runs = [simulate_graphs(prepared.platform, prepared.workload, RunOptions(compute_model=model))]
     layout = prepared.workload.graph["layout"]
     ranks = ParallelLayout(prepared.xpus, layout["sizes"], layout["order"]).coordinates
 
