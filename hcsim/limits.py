@@ -31,8 +31,8 @@ __all__ = ["collector_paused", "PHYSICAL_RANGES", "check_range", "MAX_GLOBAL_BAT
            "check_run_cost", "check_limit"]
 
 MAX_GRAPH_VERTICES = 4_000_000  # Korthikanti's 1T rows: 2.0 M vertices, 2.3 GB peak on the engine core
-MAX_VERTEX_RUNS = 200_000_000
-MAX_PLATFORM_XPUS = 65_536
+MAX_VERTEX_RUNS = 500_000_000  # estimated for Llama-3 405B on 131,072 H100 (pp 16, 16 micro-batches a pipeline): 479 M
+MAX_PLATFORM_XPUS = 131_072
 MAX_ROUTE_PAIRS = 2_000_000
 MAX_COMPONENTS = 4096
 MAX_GLOBAL_BATCH = 10_000_000  # samples per iteration (the largest published runs use a few thousand)
