@@ -24,7 +24,7 @@ from hcsim.workload.split import largest_remainder
 
 CATALOG = builtin_catalog()
 PEAK = {d: CATALOG[d].peaks["fp32"] for d in ("H100", "A100")}
-MIXED = ["xpus=16", "devices=[H100,A100]", "platform_overrides.rack.servers=1", "xpu_sampling=representative"]
+MIXED = ["xpus=16", "devices=[H100,A100]", "platform_overrides.rack.servers=1"]
 HYBRID = ["workload=llama2-7b", "precision=fp32", "workload_overrides.model.decoders=4", "tp=8", "global_batch=16",
           "iterations=1", "compute_model=peak"]  # the peak model: compute in proportion to peak FLOP/s
 PAPER = ["workload_overrides.training.batch_per_xpu=4", "workload_overrides.model.decoders=4", "iterations=1",
