@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from hcsim.engine.executor import Executor
 from hcsim.engine.api import RunOptions
+from hcsim.run.simulation import simulate_graphs
 from hcsim.platform import build_platform, load_platform_spec
 from hcsim.platform.routes import route_bandwidth, route_latency
 from hcsim.platform.topology import xpus as platform_xpus
@@ -24,7 +24,6 @@ from hcsim.workload.memory import stage_memory
 from hcsim.workload.split import largest_remainder
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "engine"))
-from fake_backend import FakeBackend, routes_for  # noqa: E402
 from cases import FAST, ZERO_SHAPE, hybrid_spec as tiny_spec, iteration_time  # noqa: E402
 from hcsim.platform.builders import single_switch  # noqa: E402
 from hcsim.study.plan import Candidate  # noqa: E402
@@ -68,7 +67,7 @@ def test_what_does_not_fit_says_which_stage_and_how_much():
 
 @pytest.mark.parametrize("schedule, v", [("1f1b", 1), ("interleaved", 2)])
 def test_the_estimate_is_the_engine_s_time_without_contention(schedule, v):
-    """Uniform stages and nearly free communication (the fake kernel of test_hybrid_schedules): the closed
+    """Uniform stages and nearly free communication (the fast platform of test_hybrid_schedules): the closed
     form Σ τ + (m - 1)·max τ (bubble / v when interleaved) is what the executor's rules give."""
     par = Parallelism(pp=2, global_batch=8, schedule=schedule, virtual_stages=v)
     platform = single_switch(2, FAST, xpu_link_bandwidth=1e18, xpu_link_latency=1e-15, hbm_latency=1e-15)
@@ -78,7 +77,7 @@ def test_the_estimate_is_the_engine_s_time_without_contention(schedule, v):
 
 def _stage_compute(split: list[int] | None) -> list[float]:
     settings = ["xpus=16", "devices=[H100,A100]", "platform_overrides.rack.servers=1", "workload=llama2-7b",
-                "pp=2", "global_batch=4", "iterations=1", "xpu_sampling=representative", "tp=8",
+                "pp=2", "global_batch=4", "iterations=1", "tp=8",
                 "compute_model=peak"]  # compute in proportion to peak FLOP/s
     if split:
         settings.append(f"layer_split=[{split[0]},{split[1]}]")
@@ -225,9 +224,8 @@ def _zero_engine(zero: int, bandwidth: float) -> tuple[float, float]:
     par = Parallelism(dp=2, global_batch=4, zero=zero)
     graph = build_hybrid_graph(spec, par, ParallelLayout(xpus, {"dp": 2}))
     validate_workload(graph, xpus)
-    routes = routes_for(platform, graph)
-    ends = Executor(platform, graph, routes, FakeBackend(platform, routes, "fp16"), RunOptions(iterations=2)).run()
-    return estimate(spec, Candidate(parallelism=par), platform, xpus), ends.iteration_ends[1] - ends.iteration_ends[0]
+    ends = simulate_graphs(platform, graph, RunOptions(iterations=2))["iteration_ends"]
+    return estimate(spec, Candidate(parallelism=par), platform, xpus), ends[1] - ends[0]
 
 
 @pytest.mark.parametrize("bandwidth", [1e11, 1e10, 1e9])  # ZeRO-3 gathers hidden, half hidden, exposed
