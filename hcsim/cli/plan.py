@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import csv
 import io
@@ -40,8 +41,9 @@ def register(subparsers) -> None:
     parser.add_argument("--xpus", type=int, required=True, help="XPUs to train on (the platform's first ones)")
     parser.add_argument("--global-batch", type=int, required=True, help="samples per iteration")
     parser.add_argument("--devices", default=None, help="device per rack, comma-separated, cycling (H100,A100)")
-    parser.add_argument("--time", type=float, default=300.0, metavar="SECONDS",
-                        help="simulate plans for at most this long (default 300): best corrected estimates first, "
+    parser.add_argument("--time", type=_seconds, default=300.0, metavar="SECONDS",
+                        help="simulate plans for at most this long, in seconds or with a unit (default 300; 10min, "
+                             "1h): best corrected estimates first, "
                              "until no plan left can beat the best simulated (hcsim.study.plan.Search)")
     parser.add_argument("--all", action="store_true", help="simulate every fitting plan, whatever --time says (to "
                         "check the search against the exhaustive best: benchmarks/plan_search.py)")
@@ -58,6 +60,21 @@ def register(subparsers) -> None:
     parser.add_argument("--overwrite", action="store_true",
                         help="after a killed plan: discard its finished simulations and start over")
     parser.set_defaults(run=run)
+
+
+def _seconds(text: str) -> float:
+    """--time's value: seconds (300) or a duration with its unit (10min, 1h); checked > 0 by run."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    from hcsim.units import parse_quantity
+
+    try:
+        return parse_quantity(text, "time", "--time")
+    except ConfigError:
+        raise argparse.ArgumentTypeError(f"expected a time budget in seconds (300) or with its unit (10min, 1h), "
+                                         f"got {text!r}") from None
 
 
 def run(args) -> int:

@@ -49,7 +49,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from hcsim.config import Fields, apply_overrides, load_yaml, resolve_spec
+from hcsim.config import Fields, _suggest, apply_overrides, load_yaml, resolve_spec
 from hcsim.errors import ConfigError, brief
 from hcsim.limits import MAX_COMPONENTS
 from hcsim.platform.devices import BUILTIN_CATALOG, CpuDevice, Device, load_catalog, load_cpu_catalog
@@ -346,6 +346,10 @@ def load_platform_spec(name_or_path: str | Path, overrides: Mapping[str, object]
         raise ConfigError(f"{path}: a workload spec (it has model:), not a platform spec; give it as the "
                           f"workload (--set workload={path}), and a platform such as paper-cxl or dgx-h100")
     data = apply_overrides(raw, overrides or {}, where)
+    if isinstance(data, dict) and "kind" in data and data["kind"] not in SPEC_KINDS:
+        # each kind has keys of its own: the others' problems under another kind would be noise
+        raise ConfigError(f"{where}kind: {brief(data['kind'])} is not one of {', '.join(SPEC_KINDS)}"
+                          f"{_suggest(data['kind'], SPEC_KINDS)}; the rest of the spec is checked against its kind")
     top = Fields(data, where)
     name = top.string("name", path.stem)
     kind = top.choice("kind", SPEC_KINDS, default="paper")

@@ -109,6 +109,7 @@ def prepare(scenario: Scenario) -> Prepared:
         except ConfigError as err:
             raise scenario.blame(err, workload_path, "workload") from err
         check_algorithm(scenario, workload_spec, workload_path)
+        check_precision(scenario, workload_spec, graph, xpus)
         sizes = {"tp": scenario.tp, "pp": scenario.pp, "ep": scenario.ep, "cp": scenario.cp} \
             | ({"dp": scenario.dp} if scenario.dp else {})
         try:
@@ -165,6 +166,24 @@ def prepare(scenario: Scenario) -> Prepared:
     apply_stragglers(scenario, graph, xpus)  # each straggler's slowdown on its node (hcsim.run.stragglers)
     pairs = host_pairs(graph, workload)
     return Prepared(scenario, graph, workload, placement, xpus, pairs, coherent, platform_spec, order)
+
+
+def check_precision(scenario: Scenario, spec, platform: nx.Graph, xpus: list[str]) -> None:
+    """ConfigError naming the key unless every device type of the run has a peak at the workload's precision
+    (FP8 on an A100): said before the graph is built, not when the engine first times a kernel."""
+    from hcsim.platform.devices import peak_flops
+
+    seen = set()
+    for x in xpus:
+        node = platform.nodes[x]
+        if node.get("device") in seen:
+            continue
+        seen.add(node.get("device"))
+        try:
+            peak_flops(node, spec.precision)
+        except ConfigError as err:
+            given = "" if scenario.precision is not None else f" (the workload's, {spec.name})"
+            raise ConfigError(f"scenario {scenario.name!r}: precision: {spec.precision}{given}: {err}") from None
 
 
 def _cpu_flops_fix(scenario: Scenario, cpu: str) -> str:
