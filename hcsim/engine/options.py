@@ -79,3 +79,5 @@ class RunResult:
     # recompute_s (the part of compute_s that recomputes activations)
     xpu_times: dict[str, dict[str, float]] = field(default_factory=dict)
     engine: str = "core"  # the engine that ran (the C++ core on SimGrid's S4U API)
+    # per job (the workload graph's ``jobs``; one job otherwise), its own iteration ends (s)
+    job_iteration_ends: list[list[float]] = field(default_factory=list)

@@ -4,7 +4,8 @@
 
    A unit starts when its predecessors' completions for its next run have all arrived (notify, try_start);
    a completion counts for the successors' units the arrays name, and ends an iteration when every unit has
-   run it. Events at equal times happen in the order SimGrid reports them. Compute units: an execution
+   run it; with several jobs (v_job), a job's iteration when each of its units has, each job running its own
+   iterations (a job that is done stops; the others run on). Events at equal times happen in the order SimGrid reports them. Compute units: an execution
    beside a read of local memory, or the longer of the two when local access is analytic (the arrays say
    which per unit); a read of extended memory beside it, or a copy before it, where data spilled; offload
    CPU steps and moves. Collectives at the flow model (each lane's phases one after the other, a phase
@@ -113,12 +114,20 @@ class WorkloadRun {
 public:
   WorkloadRun(const WorkloadArrays& w, const std::vector<sg4::Host*>& hosts, WorkloadOutput out)
       : w_(w), hosts_(hosts), clock_host_(hosts.back()), out_(out), done_runs_(w.units, 0), running_(w.units, 0),
-        arrivals_(w.units * (w.iterations + 1), 0), completed_in_run_(w.iterations + 1, 0), clocks_(w.xpus),
-        unit_vertex_(w.units)
+        arrivals_(w.units * (w.iterations + 1), 0), completed_in_run_(w.iterations + 1, 0),
+        units_in_run_(w.iterations + 1, 0), job_units_(w.jobs, 0), completed_in_job_run_(w.jobs * (w.iterations + 1), 0),
+        clocks_(w.xpus), xpu_job_(w.xpus, 0), unit_vertex_(w.units)
   {
-    for (std::size_t v = 0; v < w.vertices; ++v)
-      for (std::int64_t u = w.v_units[v]; u < w.v_units[v + 1]; ++u)
+    for (std::size_t v = 0; v < w.vertices; ++v) {
+      job_units_[w.v_job[v]] += w.v_units[v + 1] - w.v_units[v];
+      for (std::int64_t u = w.v_units[v]; u < w.v_units[v + 1]; ++u) {
         unit_vertex_[u] = static_cast<std::int32_t>(v);
+        xpu_job_[xpu(u)] = w.v_job[v];
+      }
+    }
+    for (std::size_t j = 0; j < w.jobs; ++j)  // iteration k of the run: every unit of the jobs that run it
+      for (std::int32_t run = 1; run <= w.j_iterations[j]; ++run)
+        units_in_run_[run] += job_units_[j];
   }
 
   RunCounters run(std::size_t* iterations_ended)
@@ -132,9 +141,11 @@ public:
     counters.activities = activities_;
     std::copy(done_runs_.begin(), done_runs_.end(), out_.done_runs);
     *iterations_ended = ends_;
-    if (ends_ > 0)
-      for (std::size_t x = 0; x < w_.xpus; ++x)
-        clocks_[x].record(out_.iteration_ends[ends_ - 1], out_.last + x * CLOCK_FIELDS);
+    for (std::size_t x = 0; x < w_.xpus; ++x) {
+      std::int32_t job = xpu_job_[x];
+      if (out_.job_ended[job] > 0)
+        clocks_[x].record(job_end(job, out_.job_ended[job] - 1), out_.last + x * CLOCK_FIELDS);
+    }
     return counters;
   }
 
@@ -150,6 +161,8 @@ private:
     return w_.u_required[2 * row(w_.v_rrow, unit) + (run > 1)];
   }
   std::int32_t xpu(std::int64_t unit) const { return w_.u_xpu[row(w_.v_xrow, unit)]; }
+  std::int32_t iterations(std::int32_t vertex) const { return w_.j_iterations[w_.v_job[vertex]]; }
+  double job_end(std::int32_t job, std::int32_t index) const { return out_.job_ends[job * w_.iterations + index]; }
   std::int64_t compute_row(std::int64_t unit) const { return row(w_.v_crow, unit); }
   std::int32_t group_of(std::int64_t unit) const
   {
@@ -168,7 +181,7 @@ private:
     if (running_[unit])
       return;
     std::int32_t run = done_runs_[unit] + 1;
-    if (run > w_.iterations)
+    if (run > iterations(unit_vertex_[unit]))
       return;
     std::int64_t needed = required(unit, run);
     std::int32_t& arrived = arrivals_[unit * (w_.iterations + 1) + run];
@@ -200,14 +213,17 @@ private:
       clocks_[xpu(unit)].advance(t, -1);
     if (traced(xpu(unit), run))
       out_.vertices->push_back({run, unit, start, t});
-    if (++completed_in_run_[run] == static_cast<std::int64_t>(w_.units))
-      iteration_ended(t);
+    std::int32_t job = w_.v_job[vertex];
+    if (++completed_in_job_run_[job * (w_.iterations + 1) + run] == job_units_[job])
+      job_iteration_ended(job, t);
+    if (++completed_in_run_[run] == units_in_run_[run])
+      out_.iteration_ends[ends_++] = t;
     if (out_.progress && ++completions_ % PROGRESS_EVERY == 0)
       out_.progress(PROGRESS_EVERY);
     std::int64_t rank = unit - w_.v_units[vertex];
     for (std::int64_t e = w_.v_succs[vertex]; e < w_.v_succs[vertex + 1]; ++e) {
       std::int32_t target = run + w_.e_skip[e];
-      if (target > w_.iterations)
+      if (target > iterations(vertex))  // edges join units of one job
         continue;
       std::int64_t first = w_.v_units[w_.e_succ[e]];
       if (w_.e_same_rank[e]) {
@@ -220,7 +236,7 @@ private:
       for (std::int64_t b = w_.b_units[bucket]; b < w_.b_units[bucket + 1]; ++b)
         notify(first + w_.b_unit[b], target);
     }
-    if (run < w_.iterations)
+    if (run < iterations(vertex))
       try_start(unit);
   }
 
@@ -229,9 +245,10 @@ private:
      the window given to the first iteration's record. */
   void before_window(std::size_t x, double begin, double compute, double stall, bool recompute)
   {
-    if (ends_ == 0 || begin >= out_.iteration_ends[0])
+    std::int32_t job = xpu_job_[x];
+    if (out_.job_ended[job] == 0 || begin >= job_end(job, 0))
       return;
-    double share = (out_.iteration_ends[0] - begin) / (now() - begin);
+    double share = (job_end(job, 0) - begin) / (now() - begin);
     double* first = out_.first + x * CLOCK_FIELDS;
     first[4] += compute * share;
     first[5] += stall * share;
@@ -239,12 +256,13 @@ private:
       first[6] += compute * share;
   }
 
-  void iteration_ended(double t)
+  void job_iteration_ended(std::int32_t job, double t)
   {
-    out_.iteration_ends[ends_++] = t;
-    if (ends_ == 1)
+    out_.job_ends[job * w_.iterations + out_.job_ended[job]++] = t;
+    if (out_.job_ended[job] == 1)  // the job's measured window begins
       for (std::size_t x = 0; x < w_.xpus; ++x)
-        clocks_[x].record(t, out_.first + x * CLOCK_FIELDS);
+        if (xpu_job_[x] == job)
+          clocks_[x].record(t, out_.first + x * CLOCK_FIELDS);
   }
 
   // ---- activities ------------------------------------------------------------------------------------------
@@ -645,9 +663,11 @@ private:
   std::vector<std::int32_t> done_runs_;
   std::vector<std::uint8_t> running_;
   std::vector<std::int32_t> arrivals_;  // (unit, run) -> predecessor completions so far
-  std::vector<std::int64_t> completed_in_run_;
+  std::vector<std::int64_t> completed_in_run_, units_in_run_;  // per run: units that ran it, units that run it
+  std::vector<std::int64_t> job_units_, completed_in_job_run_;  // per job: its units; per (job, run): ran it
   std::int64_t completions_ = 0;  // unit completions over the run, for the progress callback
   std::vector<Clock> clocks_;
+  std::vector<std::int32_t> xpu_job_;
   std::vector<std::int32_t> unit_vertex_;
   std::unordered_map<std::int64_t, std::unique_ptr<CollectiveRun>> collectives_;  // (group, run)
   sg4::ActivityPtr retired_;

@@ -11,6 +11,7 @@
 
 #include <simgrid/version.h>
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -116,7 +117,8 @@ void within(std::int64_t first, std::int64_t n, std::size_t rows, const char* na
 py::dict run_workload(const std::string& platform_xml, const std::vector<std::string>& host_names,
                       const py::dict& a, int iterations, std::size_t xpus, const py::buffer& iteration_ends,
                       const py::buffer& first, const py::buffer& last, const py::buffer& done_runs,
-                      const py::object& traced_xpus, const py::object& traced_runs, const py::object& progress)
+                      const py::object& traced_xpus, const py::object& traced_runs, const py::object& progress,
+                      const py::object& job_ends, const py::object& job_ended)
 {
   using namespace hcsim::core;
   if (iterations < 1)
@@ -132,6 +134,22 @@ py::dict run_workload(const std::string& platform_xml, const std::vector<std::st
   w.v_units = field<std::int64_t>(a, "v_units", w.vertices + 1);
   w.v_succs = field<std::int64_t>(a, "v_succs", w.vertices + 1);
   w.units = static_cast<std::size_t>(w.v_units[w.vertices]);
+  w.jobs = length(a, "j_iterations");
+  w.v_job = field<std::int32_t>(a, "v_job", w.vertices);
+  w.j_iterations = field<std::int32_t>(a, "j_iterations", w.jobs);
+  std::int32_t most = 0;
+  for (std::size_t j = 0; j < w.jobs; ++j) {
+    if (w.j_iterations[j] < 1 || w.j_iterations[j] > iterations)
+      throw py::value_error("run_workload: j_iterations[" + std::to_string(j) + "]: " +
+                            std::to_string(w.j_iterations[j]) + " is not in 1.." + std::to_string(iterations));
+    most = std::max(most, w.j_iterations[j]);
+  }
+  if (w.jobs == 0 || most != iterations)
+    throw py::value_error("run_workload: iterations must be the most of j_iterations (" + std::to_string(most) + ")");
+  for (std::size_t v = 0; v < w.vertices; ++v)
+    if (w.v_job[v] < 0 || static_cast<std::size_t>(w.v_job[v]) >= w.jobs)
+      throw py::value_error("run_workload: v_job[" + std::to_string(v) + "]: " + std::to_string(w.v_job[v]) +
+                            " is not a job (0.." + std::to_string(w.jobs - 1) + ")");
   std::size_t edges = static_cast<std::size_t>(w.v_succs[w.vertices]);
   w.v_xrow = field<std::int64_t>(a, "v_xrow", w.vertices);
   w.v_rrow = field<std::int64_t>(a, "v_rrow", w.vertices);
@@ -204,6 +222,17 @@ py::dict run_workload(const std::string& platform_xml, const std::vector<std::st
                      view<double>(first, "first", xpus * CLOCK_FIELDS, true),
                      view<double>(last, "last", xpus * CLOCK_FIELDS, true),
                      view<std::int32_t>(done_runs, "done_runs", w.units, true)};
+  std::vector<double> own_job_ends;  // a caller that gives no job buffers (one job) gets them filled here
+  std::vector<std::int32_t> own_job_ended;
+  if (job_ends.is_none() || job_ended.is_none()) {
+    own_job_ends.assign(w.jobs * iterations, 0.0);
+    own_job_ended.assign(w.jobs, 0);
+    out.job_ends = own_job_ends.data();
+    out.job_ended = own_job_ended.data();
+  } else {
+    out.job_ends = view<double>(job_ends.cast<py::buffer>(), "job_ends", w.jobs * iterations, true);
+    out.job_ended = view<std::int32_t>(job_ended.cast<py::buffer>(), "job_ended", w.jobs, true);
+  }
   std::vector<VertexEvent> vertex_events;
   std::vector<TransferEvent> transfer_events;
   if (!traced_xpus.is_none()) {
@@ -255,7 +284,7 @@ PYBIND11_MODULE(_core, m)
   m.def("run_workload", &run_workload, py::arg("platform_xml"), py::arg("host_names"), py::arg("arrays"),
         py::arg("iterations"), py::arg("xpus"), py::arg("iteration_ends"), py::arg("first"), py::arg("last"),
         py::arg("done_runs"), py::arg("traced_xpus") = py::none(), py::arg("traced_runs") = py::none(),
-        py::arg("progress") = py::none(),
+        py::arg("progress") = py::none(), py::arg("job_ends") = py::none(), py::arg("job_ended") = py::none(),
         "Run a workload graph's iterations by the executor's rules (arrays: hcsim/engine/core/workload.py).");
   m.attr("clock_fields") = hcsim::core::CLOCK_FIELDS;
   m.def("simgrid_version", []() {

@@ -23,14 +23,18 @@ constexpr int COMM_KINDS = 7;  // hcsim.engine.api.COMM_KINDS, in its order
 constexpr int CLOCK_FIELDS = 8 + COMM_KINDS;  // see Clock::record
 
 struct WorkloadArrays {
-  std::int32_t iterations = 1;
-  std::size_t vertices = 0, units = 0, groups = 0, xpus = 0;
+  std::int32_t iterations = 1;  // the most of any job's
+  std::size_t vertices = 0, units = 0, groups = 0, xpus = 0, jobs = 1;
   // vertices (V): kind, START | RECOMPUTE, kind of communication (comm vertices), units and successor edges (CSR)
   const std::uint8_t* v_kind = nullptr;
   const std::uint8_t* v_flags = nullptr;
   const std::uint8_t* v_comm_kind = nullptr;
   const std::int64_t* v_units = nullptr;  // V + 1
   const std::int64_t* v_succs = nullptr;  // V + 1, into the edge arrays (sorted by successor)
+  // jobs (J, several jobs on one fabric): each vertex's job, each job's iterations; a job's units stop after its
+  // last iteration (the others run on), and each job's iteration ends are recorded on their own
+  const std::int32_t* v_job = nullptr;
+  const std::int32_t* j_iterations = nullptr;
   // units (U, numbered vertex by vertex: v_units): alike vertices (one per layer and micro-batch) share their
   // units' entries, so each u_ array is a table of rows and a vertex names its first row in it (unit r of
   // vertex v: row v_...row[v] + r). Per vertex: its row in u_xpu, in u_required, in the compute columns
@@ -111,14 +115,18 @@ struct TransferEvent {
   double bytes, start, end;
 };
 
-/* What a run writes back: iteration ends (iterations entries), per XPU the clock's fields at the end of
-   iteration 1 and at the last iteration's end (X * CLOCK_FIELDS each), done runs per unit (U); with
+/* What a run writes back: iteration ends (iterations entries; iteration k ends when every job that runs k has
+   ended it), per job its iteration ends (J * iterations, job j's from j * iterations) and how many ended (J),
+   per XPU the clock's fields at the end of its job's iteration 1 and its job's last iteration's end
+   (X * CLOCK_FIELDS each), done runs per unit (U); with
    `traced_xpus` (X flags) and `traced_runs` (iterations + 1 flags), the traced events. */
 struct WorkloadOutput {
   double* iteration_ends = nullptr;
   double* first = nullptr;
   double* last = nullptr;
   std::int32_t* done_runs = nullptr;
+  double* job_ends = nullptr;
+  std::int32_t* job_ended = nullptr;
   const std::uint8_t* traced_xpus = nullptr;  // null: trace nothing
   const std::uint8_t* traced_runs = nullptr;
   std::vector<VertexEvent>* vertices = nullptr;

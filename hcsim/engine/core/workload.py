@@ -38,7 +38,8 @@ FLOW, ANALYTIC, STEP = 0, 1, 2
 
 
 ARRAY_TYPES = (
-    ("v_kind", "B"), ("v_flags", "B"), ("v_comm_kind", "B"), ("v_units", "q"), ("v_succs", "q"), ("v_xrow", "q"),
+    ("v_kind", "B"), ("v_flags", "B"), ("v_comm_kind", "B"), ("v_units", "q"), ("v_succs", "q"), ("v_job", "i"),
+    ("j_iterations", "i"), ("v_xrow", "q"),
     ("v_rrow", "q"), ("v_crow", "q"), ("v_grow", "q"), ("v_group0", "q"),
     ("u_xpu", "i"), ("u_required", "q"), ("u_flops", "d"), ("u_read", "d"), ("u_read_src", "i"),
     ("u_compute_s", "d"), ("u_copy", "d"), ("u_copy_src", "i"), ("u_peer", "i"), ("u_group", "i"), ("e_succ", "i"),
@@ -72,6 +73,8 @@ def build_arrays(rules, hosts: dict[str, int]) -> dict[str, array]:
 
     v_kind, v_flags, v_comm_kind, v_units, v_succs = (a[name] for name in ("v_kind", "v_flags", "v_comm_kind",
                                                                            "v_units", "v_succs"))
+    a["j_iterations"].extend(job_iterations(rules.workload, rules.options.iterations))
+    v_job = a["v_job"]
     v_xrow, v_rrow, v_crow, v_grow, v_group0 = (a[name] for name in ("v_xrow", "v_rrow", "v_crow", "v_grow",
                                                                      "v_group0"))
     u_xpu, u_required = a["u_xpu"], a["u_required"]
@@ -85,6 +88,7 @@ def build_arrays(rules, hosts: dict[str, int]) -> dict[str, array]:
                        | (CPU_STEP if compute and data.get("host") == "cpu" else 0)
                        | (MOVE if compute and data.get("move") else 0))
         v_comm_kind.append(COMM_KINDS.index(vertex.comm_kind))
+        v_job.append(data.get("job", 0))
         v_units.append(vertex.offset + n)
         key = ("xpu", id(xpus))
         if key not in cache:
@@ -116,6 +120,13 @@ def build_arrays(rules, hosts: dict[str, int]) -> dict[str, array]:
     if not a["bucket_of"]:
         a["bucket_of"].append(-1)
     return a
+
+
+def job_iterations(workload: nx.DiGraph, iterations: int) -> list[int]:
+    """Each job's iterations: the workload graph's ``jobs`` (several jobs on one fabric, each vertex's ``job``
+    its index in it), else one job of `iterations`."""
+    jobs = workload.graph.get("jobs")
+    return [job["iterations"] for job in jobs] if jobs else [iterations]
 
 
 def _requirements(rules, vertex, cache, table) -> int:
@@ -307,13 +318,15 @@ def pair_bytes(rules) -> dict[tuple[str, str], float]:
     Alike vertices add the same (pair, bytes) list: each distinct one is made once. When every amount is a whole
     number of bytes and every sum stays below 2**53, each float sum is exact in any order, so the sums are
     made in integers from how often each list is added; otherwise they are added one by one in vertex order."""
-    iterations = rules.options.iterations
+    runs = job_iterations(rules.workload, rules.options.iterations)  # each vertex runs its job's iterations
     lists: dict[tuple, list] = {}  # key -> [(pair, bytes), ...], then a use count and the keyed objects
     used = []  # each vertex's list, in vertex order
     for vertex in rules.vertices:
         key = _traffic_key(vertex)
         if key is None:
             continue
+        iterations = runs[vertex.data.get("job", 0)]
+        key += (iterations,)
         entry = lists.get(key)
         if entry is None:
             entry = lists[key] = [_traffic(rules, vertex, iterations), 0, vertex.xpus, vertex.data]
@@ -374,9 +387,10 @@ def _traffic(rules, vertex, iterations) -> list[tuple[tuple[str, str], float]]:
     return out
 
 
-def xpu_times(xpus: list[str], first: array, last: array, ends: list[float], fields: int) -> dict[str, dict]:
-    """Per XPU, seconds per measured iteration (RunResult.xpu_times) from the core's clock records (workload.hpp: Clock::record)."""
-    measured = len(ends) - 1 if len(ends) > 1 else 1
+def xpu_times(xpus: list[str], first: array, last: array, ends: list[float], fields: int,
+              ended: dict[str, int] | None = None) -> dict[str, dict]:
+    """Per XPU, seconds per measured iteration (RunResult.xpu_times) from the core's clock records (workload.hpp:
+    Clock::record); `ended`: per XPU, the iterations its job ended (several jobs), else len(ends) for every XPU."""
     table = {}
 
     def parts_of(record):
@@ -386,10 +400,12 @@ def xpu_times(xpus: list[str], first: array, last: array, ends: list[float], fie
                 "recompute": record[6]}
 
     for x, xpu in enumerate(xpus):
+        count = len(ends) if ended is None else ended[xpu]
+        measured = count - 1 if count > 1 else 1
         now = last[x * fields:(x + 1) * fields]
         busy, comm, idle, compute = now[0], now[1], now[2], now[4]
         parts = parts_of(now)
-        if len(ends) > 1:
+        if count > 1:
             before = first[x * fields:(x + 1) * fields]
             past = parts_of(before)
             busy, comm, idle, compute = busy - before[0], comm - before[1], idle - before[2], compute - before[4]
@@ -450,7 +466,12 @@ def _run_workload(platform, workload, routes, platform_xml, options, order, prog
     hosts = {x: i for i, x in enumerate(xpus)}
     arrays = build_arrays(rules, hosts)
     iterations, fields = options.iterations, module.clock_fields
+    runs = arrays["j_iterations"]
+    if max(runs) != iterations:
+        raise ConfigError(f"engine core: the run's iterations ({iterations}) must be the most of its jobs' "
+                          f"({', '.join(map(str, runs))})")
     ends = array("d", [0.0]) * iterations
+    job_ends, job_ended = array("d", [0.0]) * (len(runs) * iterations), array("i", [0]) * len(runs)
     first, last = array("d", [0.0]) * (len(xpus) * fields), array("d", [0.0]) * (len(xpus) * fields)
     done = array("i", [0]) * rules.total_instances
     trace = traced_xpus = traced_runs = None
@@ -463,17 +484,26 @@ def _run_workload(platform, workload, routes, platform_xml, options, order, prog
                                         for run in range(1, iterations + 1)])
     try:
         counters = module.run_workload(str(platform_xml), list(hosts), arrays, iterations, len(xpus), ends, first,
-                                       last, done, traced_xpus, traced_runs, progress)
+                                       last, done, traced_xpus, traced_runs, progress, job_ends, job_ended)
     except (ValueError, TypeError) as err:
         raise ConfigError(f"engine core: {err}") from err
     except RuntimeError as err:
         raise SimulationError(f"engine core: {err}") from err
-    if done.count(iterations) < len(done):  # a unit short of the last run (count: C speed over every unit)
+    if done.count(iterations) < len(done) and (  # a unit short of its job's last run (count: C speed)
+            len(runs) == 1 or any(min(done[v.offset:v.offset + len(v.xpus)]) < runs[v.data.get("job", 0)]
+                                  for v in rules.vertices)):
         unfinished = [v.name for v in rules.vertices
-                      if any(d < iterations for d in done[v.offset:v.offset + len(v.xpus)])]
+                      if any(d < runs[v.data.get("job", 0)] for d in done[v.offset:v.offset + len(v.xpus)])]
         raise SimulationError(f"the run stopped with vertices that never completed every iteration "
                               f"(a dependency that is never met): {', '.join(unfinished[:5])}")
     iteration_ends = list(ends[:counters["iterations_ended"]])
+    per_job = [list(job_ends[j * iterations:j * iterations + job_ended[j]]) for j in range(len(runs))]
+    ended = None
+    if len(runs) > 1:  # each XPU's clocks measure its own job's iterations
+        ended = {}
+        for vertex in rules.vertices:
+            count = job_ended[vertex.data.get("job", 0)]
+            ended.update(dict.fromkeys(vertex.xpus, count))
     link_bytes: dict[tuple[str, str], float] = defaultdict(float)
     for pair, size in pair_bytes(rules).items():
         route = routes[pair]
@@ -486,8 +516,9 @@ def _run_workload(platform, workload, routes, platform_xml, options, order, prog
     busy = {x: [last[i * fields + 4], last[i * fields + 5], last[i * fields + 6]] for i, x in enumerate(xpus)}
     result = RunResult(iteration_ends=iteration_ends, activities=counters["activities"], busy=busy,
                        wall_time_s=time.perf_counter() - wall, trace=trace, collective_fidelity=rules.fidelity_used,
-                       link_bytes=link_bytes, xpu_times=xpu_times(xpus, first, last, iteration_ends, fields),
-                       engine="core")
+                       link_bytes=link_bytes, engine="core",
+                       xpu_times=xpu_times(xpus, first, last, iteration_ends, fields, ended),
+                       job_iteration_ends=per_job)
     result.core_counters = counters  # run_s, run_cpu_s, setup_s of the core (docs/engine-core.md's figures)
     for vertex in rules.vertices:  # vertices and their edges refer to each other: freed now, not by the collector
         vertex.preds = vertex.succs = None
