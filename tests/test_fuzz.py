@@ -130,6 +130,70 @@ def test_a_random_structured_platform_builds_or_raises_hcsims_error(tmp_path, mu
     own_error_or_nothing(action)
 
 
+COHERENT = {name: yaml.safe_load((REPO_ROOT / "platforms" / f"{name}.yaml").read_text())
+            for name in ("gh200", "gb200-nvl72", "cxl-pool")}
+
+
+@FUZZ
+@given(st.sampled_from(sorted(COHERENT)).flatmap(lambda name: st.tuples(st.just(name), _mutations(COHERENT[name]))),
+       st.integers(1, 80))
+def test_a_random_coherent_platform_builds_or_raises_hcsims_error(tmp_path, case, xpus):
+    """The superchip (gh200, gb200-nvl72) and pooled-CXL (cxl-pool) specs, mutated: built or refused."""
+    from hcsim.platform import build_platform, load_platform_spec
+
+    name, mutations = case
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(_apply(COHERENT[name], mutations)))
+
+    def action():
+        spec = load_platform_spec(path)
+        build_platform(spec, min(xpus, spec.xpus))
+
+    own_error_or_nothing(action)
+
+
+SERVING = yaml.safe_load((REPO_ROOT / "workloads" / "llama3-70b-serving.yaml").read_text())
+
+
+class _Scheduled(Exception):
+    """Raised where a serving run would start scheduling: everything before it (checks, platform, requests) ran."""
+
+
+@FUZZ
+@given(_mutations(SERVING), st.sampled_from(["paper-cxl", "dgx-h100", "cxl-pool", "gh200"]),
+       st.sampled_from([{}, {"tp": 8}, {"tp": 4, "pp": 2}, {"spill": "allow"}, {"precision": "fp16"}]))
+def test_a_random_serving_spec_is_ready_to_run_or_raises_hcsims_error(tmp_path, monkeypatch, mutations, platform,
+                                                                     keys):
+    """The serving workload (kind: serving), mutated, on each kind of platform: its checks, its platform side and
+    its requests made up to the first scheduling step, or hcsim's own error."""
+    from hcsim.run.scenario import load_scenario
+    from hcsim.run.serving import serving_workload, simulate_serving
+
+    def scheduled(*args, **kwargs):
+        raise _Scheduled
+
+    monkeypatch.setattr("hcsim.run.serving._Scheduler.run", scheduled)
+    path = tmp_path / "serving.yaml"
+    data = _apply(SERVING, mutations)
+    if isinstance(data, dict) and isinstance(data.get("serving"), dict):  # small runs: making 10^6 requests is
+        requests = data["serving"].get("requests")                         # seconds, not a property
+        if isinstance(requests, int) and not isinstance(requests, bool) and requests > 2000:
+            data["serving"]["requests"] = 2000
+    path.write_text(yaml.safe_dump(data))
+
+    def action():
+        scenario = load_scenario(None, {"workload": str(path), "platform": platform, "xpus": 8, **keys})
+        spec = serving_workload(scenario)
+        if spec is None:  # no longer a serving workload (kind or serving: mutated): the training path's to judge
+            return
+        try:
+            simulate_serving(scenario, spec)
+        except _Scheduled:
+            pass
+
+    own_error_or_nothing(action)
+
+
 NAMES = ["a", "b", "sw", "sw2", "pool", "cpu", "a.hbm", 3, None]
 nodes = st.fixed_dictionaries({"name": st.sampled_from(NAMES),
                                "kind": st.sampled_from(["xpu", "switch", "memory", "cpu", "nic", "rack", 1])},
