@@ -313,3 +313,20 @@ def test_a_time_budget_with_its_unit_is_read_in_seconds():
 
     assert (_seconds("300"), _seconds("10min"), _seconds("1h"), _seconds("90s"), _seconds("1e3")) == \
         (300.0, 600.0, 3600.0, 90.0, 1000.0)
+
+
+def test_an_fp8_recipe_given_for_a_run_that_is_not_fp8_is_said_once(monkeypatch, caplog):
+    """A recipe the run does not use (precision bf16) changes nothing: said, not ignored; once per process."""
+    import logging
+
+    import hcsim.workload.spec as spec
+
+    monkeypatch.setattr(spec, "_SAID", set())
+    with caplog.at_level(logging.WARNING, logger="hcsim.workload.spec"):
+        for _ in range(2):
+            spec.load_workload_spec("llama3-8b", {"training.fp8_recipe": "current", "training.precision": "bf16"})
+        spec.load_workload_spec("llama3-8b", {"training.fp8_recipe": "current", "training.precision": "fp8"})
+        spec.load_workload_spec("llama3-8b", {"training.precision": "bf16"})
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [f"{REPO_ROOT / 'workloads' / 'llama3-8b.yaml'}: training.fp8_recipe: 'current' applies to precision "
+                    "fp8; this run trains in bf16, so it has no effect (precision=fp8 uses it)"], said

@@ -207,6 +207,16 @@ def _renamed(data: Any, where: str) -> Any:
     return {("granularity" if key == "fidelity" else key): value for key, value in data.items()}
 
 
+_SAID: set[str] = set()
+
+
+def _say_once(message: str) -> None:
+    """A warning once per process (a planner reads its workload for every plan)."""
+    if message not in _SAID:
+        _SAID.add(message)
+        log.warning("%s", message)
+
+
 def parse_workload_spec(data: Any, where: str = "workload") -> WorkloadSpec:
     """Build a WorkloadSpec from parsed YAML; raise one ConfigError with every problem."""
     top = Fields(_renamed(data, f"{where}: "), f"{where}: ")
@@ -232,6 +242,9 @@ def parse_workload_spec(data: Any, where: str = "workload") -> WorkloadSpec:
         kernels=kernels,
     )
     training.check_unknown()
+    if training.has("fp8_recipe") and values["precision"] != "fp8" and values["precision"] in PRECISIONS:
+        _say_once(f"{where}: training.fp8_recipe: {values['fp8_recipe']!r} applies to precision fp8; this run trains "
+                  f"in {values['precision']}, so it has no effect (precision=fp8 uses it)")
     gradients = top.sub("gradients")
     values.update(bucket=gradients.choice("bucket", BUCKETS, "decoder"),
                   algorithm=gradients.string("algorithm", "ring"),
