@@ -332,7 +332,12 @@ def estimate(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus:
                          if kernel_model is not None else (None, None))
     attn, mlp = _Block.of(attn, attn_ops, kernel_model), _Block.of(mlp, mlp_ops, kernel_model)
     gather = _ring(par.dp, 1, decoder * sizes.weight, dp_latency, dp_bandwidth) if par.zero == 3 else 0.0
-    decoder_costs = _DecoderCosts(attn, mlp, allreduce, gather, activation)
+    overlapped = par.zero in (1, 2) and par.dp > 1 and spec.overlap_param_gather
+    first = embedding(spec.model, tp=par.tp, precision=spec.precision, attention=spec.attention).parameters \
+        if spec.model.vocabulary else decoder
+    first_gathers = (_ring(par.dp, 1, first * sizes.weight, dp_latency, dp_bandwidth),
+                     _ring(par.dp, 1, decoder * sizes.weight, dp_latency, dp_bandwidth)) if overlapped else None
+    decoder_costs = _DecoderCosts(attn, mlp, allreduce, gather, activation, first_gathers)
     pipeline = max(_pipeline(spec, par, cluster, layers, decoder_costs, m, members)
                    for m, members in _replica_classes(par, layout))
     p = par.pp
@@ -344,9 +349,8 @@ def estimate(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus:
             dp_latency, dp_bandwidth = cluster.ring("cp")
         gradients = _ring(par.dp * par.cp, 1 if par.zero else 2, max(parameters) * sizes.gradient, dp_latency,
                           dp_bandwidth)
-        if par.zero in (1, 2):  # overlapped (the default) beside the next forward: only the first unit's shows
-            gathered = decoder if spec.overlap_param_gather else max(parameters)
-            gradients += _ring(par.dp, 1, gathered * sizes.weight, dp_latency, dp_bandwidth)
+        if par.zero in (1, 2) and not spec.overlap_param_gather:  # after the step, exposed
+            gradients += _ring(par.dp, 1, max(parameters) * sizes.weight, dp_latency, dp_bandwidth)
     shard = 1 / par.dp if par.zero else 1.0
     per_parameter = optimizer_step_bytes(sizes, spec.optimizer_bytes_per_parameter)
     optimizer = max(_time(spec.optimizer_flops_per_parameter * parameters[s] * shard,
@@ -372,6 +376,8 @@ class _DecoderCosts:
     allreduce: float
     gather: float
     activation: float
+    # ZeRO 1-2 overlapped: the gathers (s) of the first unit and of a decoder before the first forward pass
+    first_gathers: tuple[float, float] | None = None
 
 
 def _pipeline(spec: WorkloadSpec, par: Parallelism, cluster: "_Cluster", layers, costs: _DecoderCosts, m: int,
@@ -414,6 +420,12 @@ def _pipeline(spec: WorkloadSpec, par: Parallelism, cluster: "_Cluster", layers,
         pipeline += 2 * (p - 1) * (latency + costs.activation / bandwidth)
     if gather:  # the iteration's first gather is exposed; its last decoder (stage 0's) waits for no next one
         pipeline += gather - (max(decoder_units[0], gather) - decoder_units[0])
+    if costs.first_gathers:  # ZeRO 1-2: stage 0's first forward waits for the first gather, then paces each
+        # decoder at max(its forward, a decoder's gather), the gathers one after another
+        first, per_decoder = costs.first_gathers
+        decoders = sum(layers[0])
+        f = forward[0] / decoders
+        pipeline += first + (decoders - (0 if spec.model.vocabulary else 1)) * (max(f, per_decoder) - f)
     return pipeline
 
 
