@@ -6,6 +6,7 @@ pairs to route listed; :mod:`hcsim.run.simulation` then runs the :class:`Prepare
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,8 @@ class Prepared:
     coherent: bool
     platform_spec: Any = None  # the checked PlatformSpec, for the resolved values a result records
     order: list | None = None  # the workload's vertices in the executor's order (validate_workload's)
+    jobs: list | None = None  # several jobs on one fabric: each job's Prepared (its scenario, its graph's
+    # attributes, placement and XPUs; hcsim.run.jobs); None: one job, this one
 
 
 def scenario_platform(scenario: Scenario, xpus_field: str) -> tuple[Any, nx.Graph, list[str]]:
@@ -83,6 +86,61 @@ def prepare(scenario: Scenario) -> Prepared:
         if `scenario` is not a Scenario, a spec is invalid, or the run would
         cost more than the documented limits (:mod:`hcsim.limits`).
     """
+    if not isinstance(scenario, Scenario):
+        raise ConfigError(f"scenario: expected a hcsim.run.scenario.Scenario (e.g. load_scenario() or Scenario(xpus=8)), "
+                          f"got {brief(scenario)}")
+    if scenario.jobs:
+        return prepare_jobs(scenario)
+    platform_spec, graph, xpus = scenario_platform(scenario, f"scenario {scenario.name!r}: xpus")
+    workload, xpus, placement, order, coherent = _prepare_workload(scenario, platform_spec, graph, xpus)
+    apply_stragglers(scenario, graph, xpus)  # each straggler's slowdown on its node (hcsim.run.stragglers)
+    pairs = host_pairs(graph, workload)
+    return Prepared(scenario, graph, workload, placement, xpus, pairs, coherent, platform_spec, order)
+
+
+def prepare_jobs(scenario: Scenario) -> Prepared:
+    """:func:`prepare` of a scenario with ``jobs`` (:mod:`hcsim.run.jobs`): each job's graph built and its memory
+    placed as alone on its XPUs, the graphs joined into one."""
+    from hcsim.limits import collector_paused
+    from hcsim.platform import build_platform
+    from hcsim.platform.topology import xpus as platform_xpus
+    from hcsim.run.jobs import assign_xpus, job_scenarios, join_graphs
+    from hcsim.workload.graph import first_iteration_order
+
+    scenarios = job_scenarios(scenario)
+    total = sum(s.xpus for s in scenarios)
+    platform_spec, graph, _ = scenario_platform(dataclasses.replace(scenario, xpus=1, jobs=None, jobs_alone=False),
+                                                f"scenario {scenario.name!r}: jobs")
+    named = [x for job in scenario.jobs if not isinstance(job["xpus"], int) for x in job["xpus"]]
+    numbers = [int(x[3:]) for x in named if x.startswith("xpu") and x[3:].isdigit()]
+    size = max([total, *(n + 1 for n in numbers)]) if len(numbers) == len(named) else platform_spec.xpus
+    if total > platform_spec.xpus:
+        raise ConfigError(f"scenario {scenario.name!r}: jobs: {total} XPUs asked for "
+                          f"({' + '.join(str(s.xpus) for s in scenarios)}), but platform {scenario.platform!r} has "
+                          f"{platform_spec.xpus}; valid: at most {platform_spec.xpus} in all")
+    graph = build_platform(platform_spec, min(size, platform_spec.xpus))
+    assigned = assign_xpus(scenario, platform_xpus(graph), platform_spec.xpus)
+    jobs, graphs = [], []
+    for job, xpus in zip(scenarios, assigned):
+        workload, xpus, placement, _, coherent = _prepare_workload(job, platform_spec, graph, xpus)
+        jobs.append(Prepared(job, graph, nx.DiGraph(**workload.graph), placement, xpus, set(), coherent,
+                             platform_spec))
+        graphs.append(workload)
+    with collector_paused():
+        workload = join_graphs(graphs, [s.name for s in scenarios], [s.iterations for s in scenarios])
+        for entry, job in zip(workload.graph["jobs"], jobs):
+            entry["xpus"] = job.xpus
+        del graphs
+        order = first_iteration_order(workload, stable=True)  # each job's graph was validated
+    xpus = [x for x in platform_xpus(graph) if x in {x for job in jobs for x in job.xpus}]
+    apply_stragglers(scenario, graph, xpus)
+    pairs = host_pairs(graph, workload)
+    return Prepared(scenario, graph, workload, None, xpus, pairs, jobs[0].coherent, platform_spec, order, jobs)
+
+
+def _prepare_workload(scenario: Scenario, platform_spec, graph: nx.Graph, xpus: list[str]):
+    """The workload graph of `scenario` on `xpus` of the platform `graph`, checked and its memory placed:
+    (workload, the XPUs it runs on, placement, the executor's vertex order, coherent)."""
     from hcsim.config import resolve_spec
     from hcsim.limits import collector_paused
     from hcsim.workload import build_training_graph, load_workload_spec, place_memory, validate_workload
@@ -93,11 +151,7 @@ def prepare(scenario: Scenario) -> Prepared:
 
     from hcsim.limits import check_run_cost
 
-    if not isinstance(scenario, Scenario):
-        raise ConfigError(f"scenario: expected a hcsim.run.scenario.Scenario (e.g. load_scenario() or Scenario(xpus=8)), "
-                          f"got {brief(scenario)}")
     base = Path(scenario.base)
-    platform_spec, graph, xpus = scenario_platform(scenario, f"scenario {scenario.name!r}: xpus")
     from_graph = is_graph_source(scenario.workload)
     parallelism = None
     if from_graph:  # a graph file or a Chakra trace: it names its own XPUs and memory placement
@@ -163,9 +217,7 @@ def prepare(scenario: Scenario) -> Prepared:
         check_shared_memory(placement.inventory, {x: (nodes[x]["extended_memory"], extended[x]) for x in xpus
                                                   if nodes[x]["extended_memory"]},
                             offload if parallelism else None)
-    apply_stragglers(scenario, graph, xpus)  # each straggler's slowdown on its node (hcsim.run.stragglers)
-    pairs = host_pairs(graph, workload)
-    return Prepared(scenario, graph, workload, placement, xpus, pairs, coherent, platform_spec, order)
+    return workload, xpus, placement, order, coherent
 
 
 def check_precision(scenario: Scenario, spec, platform: nx.Graph, xpus: list[str]) -> None:

@@ -28,8 +28,8 @@ except ImportError as _error:  # a folder named hcsim shadows the package: say s
     raise shadowed_package(_error) from _error
 from hcsim.run.prepare import Prepared, spill_policy
 from hcsim.run.stragglers import straggler_report
-from hcsim.run.results import (SPLIT_PARTS, TIME_PARTS, XPU_COLUMNS, XpuTimes, pace_setters, per_xpu_times,
-                               resolve_scenario, xpu_rows)
+from hcsim.run.results import (SPLIT_PARTS, TIME_PARTS, XPU_COLUMNS, XpuTimes, csv_cell, pace_setters,
+                               per_xpu_times, resolve_scenario, xpu_rows)
 
 __all__ = ["RUN_OUTPUTS", "BREAKDOWN", "LINK_COLUMNS", "check_results_folder", "clear_outputs", "summarize",
            "throughput", "link_loads", "write_outputs", "atomic_write"]
@@ -77,7 +77,10 @@ def clear_outputs(out: Path) -> None:
 
 def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float, compute_model=None) -> dict[str, Any]:
     """The result record of a run: throughput, breakdown, counts, provenance. `compute_model`: the roofline
-    ComputeModel the run timed its kernels with (None: the peak model)."""
+    ComputeModel the run timed its kernels with (None: the peak model). A run of several jobs: see
+    :func:`summarize_jobs`."""
+    if prepared.jobs:
+        return summarize_jobs(prepared, outcome, setup_s, wall_s, compute_model)
     ends = outcome.iteration_ends
     times = [b - a for a, b in zip([0.0] + ends, ends)]
     steady = times[1:] if len(times) > 1 else times
@@ -121,6 +124,74 @@ def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float, comput
         "versions": {"hcsim": __version__, "source": _source_digest(), "simgrid": _simgrid_version(),
                      "python": host_platform.python_version()},
     }
+
+
+# a job's record leaves out what belongs to the whole run (its links, counts, provenance: the run's record has them)
+_RUN_ONLY = ("coherent", "cxl_bandwidth", "cxl_latency", "links", "activities", "engine", "collective_fidelity",
+             "wall_time_s", "setup_time_s", "peak_rss_mb", "inputs", "inputs_resolved", "inputs_hash", "versions")
+
+
+def summarize_jobs(prepared: Prepared, outcome, setup_s: float, wall_s: float, compute_model=None) -> dict[str, Any]:
+    """The result record of a run of several jobs on one fabric (:mod:`hcsim.run.jobs`): the run's own keys (its
+    XPUs and devices, the iterations of the run, each ending when every job that runs it has ended it, the
+    breakdown per device type over every XPU, links, counts, provenance) and ``jobs``, per job its record as a
+    run of its own has it (iteration times, throughput, breakdown over its XPUs, stages, pace, memory), measured
+    over its own iterations, with its ``name``, ``workload`` and ``xpu_names``."""
+    from types import SimpleNamespace
+
+    jobs = []
+    for j, job in enumerate(prepared.jobs):
+        view = SimpleNamespace(iteration_ends=outcome.job_iteration_ends[j],
+                               xpu_times={x: outcome.xpu_times[x] for x in job.xpus}, link_bytes=outcome.link_bytes,
+                               activities=outcome.activities, engine=outcome.engine, collective_fidelity={})
+        record = summarize(job, view, setup_s, wall_s, compute_model)
+        jobs.append({"name": job.scenario.name, "workload": job.scenario.workload,
+                     "xpu_names": csv_cell(_spans(job.xpus)),
+                     **{k: v for k, v in record.items() if k not in _RUN_ONLY and k != "scenario"}})
+    ends = outcome.iteration_ends
+    times = [b - a for a, b in zip([0.0] + ends, ends)]
+    steady = times[1:] if len(times) > 1 else times
+    scenario = prepared.scenario
+    per_xpu = per_xpu_times(outcome.xpu_times)
+    return {
+        "scenario": scenario.name,
+        "xpus": len(prepared.xpus),
+        "devices": _device_counts(prepared),
+        "coherent": prepared.coherent,
+        **_cxl_link(prepared.platform_spec),
+        "iteration_times_s": times,
+        "iteration_time_s": sum(steady) / len(steady),
+        "measured_iterations": f"{2 if len(times) > 1 else 1}..{len(times)}",
+        "jobs": jobs,
+        "breakdown": _breakdown(prepared, per_xpu),
+        **straggler_report(prepared.platform, prepared.xpus, per_xpu),
+        "links": _busiest_links(prepared.platform, outcome.link_bytes, ends[-1]),
+        "activities": outcome.activities,
+        "engine": outcome.engine,
+        "collective_fidelity": sorted(set(outcome.collective_fidelity.values())),
+        "wall_time_s": wall_s,
+        "setup_time_s": setup_s,
+        "peak_rss_mb": _peak_rss_mb(),
+        "inputs": scenario.to_dict(),
+        "inputs_resolved": resolve_scenario(scenario),
+        "inputs_hash": scenario.digest(),
+        "layout": None,
+        "versions": {"hcsim": __version__, "source": _source_digest(), "simgrid": _simgrid_version(),
+                     "python": host_platform.python_version()},
+    }
+
+
+def _spans(xpus: list[str]) -> list[str]:
+    """XPU names as runs of consecutive numbers: xpu0..xpu7, xpu12 (names without a number as they are)."""
+    spans: list[list] = []
+    for x in xpus:
+        number = int(x[3:]) if x.startswith("xpu") and x[3:].isdigit() else None
+        if spans and number is not None and spans[-1][1] is not None and number == spans[-1][1] + 1:
+            spans[-1][1] = number
+            spans[-1][2] = x
+        else:
+            spans.append([x, number, x])
+    return [a if a == b else f"{a}..{b}" for a, _, b in spans]
 
 
 def _compute_used(scenario, graph, model) -> dict[str, Any]:
@@ -353,17 +424,17 @@ def write_outputs(out: Path, result: dict, outcome, platform: nx.Graph, workload
     atomic_write(out / "links.csv", _csv_text(rows, LINK_COLUMNS))
     times = per_xpu_times(outcome.xpu_times)
     graph = workload.graph if workload is not None else {}
-    layout = None
-    if graph.get("layout"):
-        from hcsim.workload.layout import ParallelLayout
+    if graph.get("jobs"):  # several jobs: each XPU's row names its job, with the job's layout and iteration time
+        from hcsim.platform.topology import natural_key
 
+        table = []
+        for job, record in zip(graph["jobs"], result["jobs"]):
+            table += _xpu_table(platform, {x: times[x] for x in job["xpus"]}, record["iteration_time_s"], job["graph"],
+                                job["xpus"], job["name"])
+        table.sort(key=lambda row: natural_key(row["xpu"]))
+    else:
         ran = xpus if xpus is not None else [x for x in platform_xpus(platform) if x in times]
-        try:
-            layout = ParallelLayout(ran, graph["layout"]["sizes"], graph["layout"]["order"])
-        except (ConfigError, KeyError, TypeError):  # a graph file's own layout that does not cover its XPUs:
-            layout = None  # no stage and ranks to give, and the run's results are kept
-    table = xpu_rows(platform, times, result["iteration_time_s"], layout,
-                     (graph.get("parallelism") or {}).get("virtual_stages", 1), result["scenario"])
+        table = _xpu_table(platform, times, result["iteration_time_s"], graph, ran, result["scenario"])
     atomic_write(out / "xpus.csv", _csv_text(table, XPU_COLUMNS))
     first, last = result["measured_iterations"].split("..")
     measured = f"iteration {last}" if first == last else f"mean of iterations {first} to {last}"
@@ -378,6 +449,19 @@ def write_outputs(out: Path, result: dict, outcome, platform: nx.Graph, workload
             os.replace(temporary, out / name)
         _warn_of_a_large_trace(out / "trace.json", sizes["trace.json"], trace, result)
     atomic_write(out / "result.json", json.dumps(result, indent=2) + "\n")
+
+
+def _xpu_table(platform: nx.Graph, times: dict, period: float, graph: dict, ran: list[str], job: str) -> list[dict]:
+    """xpus.csv's rows of one job: its XPUs `ran` (in layout order), the attributes of its workload graph."""
+    layout = None
+    if graph.get("layout"):
+        from hcsim.workload.layout import ParallelLayout
+
+        try:
+            layout = ParallelLayout(ran, graph["layout"]["sizes"], graph["layout"]["order"])
+        except (ConfigError, KeyError, TypeError):  # a graph file's own layout that does not cover its XPUs:
+            layout = None  # no stage and ranks to give, and the run's results are kept
+    return xpu_rows(platform, times, period, layout, (graph.get("parallelism") or {}).get("virtual_stages", 1), job)
 
 
 def _warn_of_a_large_trace(path: Path, size: int, trace, result: dict) -> None:

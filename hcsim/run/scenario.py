@@ -59,6 +59,16 @@ TRACE_CHOICES = ("per-stage", "per-device")
 SPILLS = ("error", "allow")  # what a stage whose state does not fit in local memory does (Scenario.spill)
 
 
+class Jobs(Constraint):
+    """A non-empty list of jobs, each a mapping (its keys and values: hcsim.run.jobs.check_jobs)."""
+
+    def describe(self) -> str:
+        return "a non-empty list of jobs, each a mapping of job keys (name, xpus, workload, tp, ...)"
+
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, (list, tuple)) and bool(value) and all(isinstance(job, Mapping) for job in value)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Scenario:
     """One simulation to run. Quantities in SI units (B/s, s). Lists given for tuple fields are made tuples."""
@@ -127,6 +137,10 @@ class Scenario:
     straggler_spread: float = 0.0  # every XPU of the run slowed by 1 + |N(0, spread)| (half-normal), drawn with
     # random.Random(seed) in topology order; 0: none
     seed: int = 0  # the seed of the run's random draws (straggler_spread): the same seed, the same factors
+    jobs: tuple[dict[str, Any], ...] | None = None  # several jobs on the one platform (docs/jobs.md): each a mapping
+    # of job keys (hcsim.run.jobs.JOB_KEYS: name; xpus, a count of the next free XPUs or a list of XPU names; its
+    # workload and parallelism), the scenario's value for each key it leaves out; None: one job, the scenario
+    jobs_alone: bool = False  # with jobs: also run each job alone on its XPUs, to report what sharing costs it
     base: str = "."  # folder that relative spec paths are relative to
 
     _constraints: ClassVar[dict[str, Constraint]] = {
@@ -161,6 +175,7 @@ class Scenario:
         "cp": Integer(minimum=1), "cp_algorithm": Choice(CP_ALGORITHMS),
         "stragglers": NumberMapping("XPU names", positive=True), "straggler_spread": Number(minimum=0),
         "seed": Integer(),
+        "jobs": Optional(Jobs(), "one job, the scenario"), "jobs_alone": Flag(),
         "base": Text(),
     }
 
@@ -182,6 +197,17 @@ class Scenario:
                 raise ConfigError(f"scenario {name!r}: {err}") from None
         if isinstance(self.compute_factors, str) and isinstance(self.base, str):
             self._check_compute_factors(name)
+        if self.jobs is not None:
+            from hcsim.run.jobs import check_jobs
+
+            if isinstance(self.jobs, list):
+                object.__setattr__(self, "jobs", tuple(self.jobs))
+            problems = check_jobs(self.jobs, f"scenario {name!r}: jobs")
+            if problems:
+                raise ConfigError("\n".join(problems))
+        elif self.jobs_alone is True:
+            raise ConfigError(f"scenario {name!r}: jobs_alone: applies to a scenario with jobs; this one runs one "
+                              f"job (no jobs key): remove jobs_alone, or list the jobs")
 
     def _check_compute_factors(self, name: str) -> None:
         try:
@@ -278,6 +304,8 @@ class Scenario:
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
+        if data["jobs"] is not None:
+            data["jobs"] = [{k: list(v) if isinstance(v, tuple) else v for k, v in job.items()} for job in data["jobs"]]
         for key in ("devices", "trace_iterations", "ring_order", "layer_split", "batch_split", "offload_state",
                     "trace_xpus"):
             if isinstance(data[key], tuple):
@@ -456,6 +484,18 @@ def _from_mapping(data: dict, where: str, base: str, origins: dict[str, str] | N
                                f"{brief(values['straggler_spread'])}")
         values["straggler_spread"] = default.straggler_spread
     values["seed"] = fields.number("seed", default.seed, kind=int)
+    values["jobs_alone"] = fields.flag("jobs_alone", False)
+    jobs = fields.raw("jobs")
+    if jobs is not None:
+        from hcsim.run.jobs import read_jobs
+
+        if "xpus" in data:
+            fields.problems.append(f"{fields.path('xpus')}: with jobs, each job names its XPUs (jobs[i].xpus); "
+                                   f"remove the top-level xpus")
+        try:
+            values["jobs"] = read_jobs(jobs, data, where, base, origins or {}, _from_mapping)
+        except ConfigError as err:
+            fields.problems += str(err).splitlines()
     for key in ("platform_overrides", "workload_overrides"):
         value = fields.raw(key) or {}
         if not isinstance(value, dict):

@@ -24,7 +24,10 @@ __all__ = ["run_here", "simulate", "simulate_graphs", "total_runs"]
 
 
 def total_runs(workload: nx.DiGraph, iterations: int) -> int:
-    """How many vertex runs a simulation of `iterations` iterations completes."""
+    """How many vertex runs a simulation of `iterations` iterations completes (several jobs: each its own)."""
+    jobs = workload.graph.get("jobs")
+    if jobs:
+        return sum(jobs[data["job"]]["iterations"] * len(data["xpus"]) for _, data in workload.nodes(data=True))
     return iterations * sum(len(xpus) for _, xpus in workload.nodes(data="xpus"))
 
 
@@ -85,15 +88,23 @@ def run_here(scenario: Scenario, out: Path | None = None, progress=None, check=N
         check(prepared)
     setup_s = time.perf_counter() - wall
     traced = traced_xpus(prepared) if out is not None else None
-    options = api.RunOptions(iterations=scenario.iterations, coherent=prepared.coherent,
+    jobs = prepared.jobs or []
+    model = compute_model(scenario, prepared.workload, prepared.platform) if not jobs else next(
+        (m for m in (compute_model(job.scenario, prepared.workload, prepared.platform) for job in jobs)
+         if m is not None), None)  # several jobs: the kernel model where any job's resolves to it
+    options = api.RunOptions(iterations=max([scenario.iterations] if not jobs else
+                                            [job.scenario.iterations for job in jobs]),
+                         coherent=prepared.coherent,
                          collective_model=scenario.collective_model, step_limit=scenario.step_limit,
                          local_access=scenario.local_access, local_collectives=scenario.local_collectives,
-                         compute_model=compute_model(scenario, prepared.workload, prepared.platform),
+                         compute_model=model,
                          trace_xpus=traced,
                          trace_iterations=frozenset(scenario.trace_iterations) if scenario.trace_iterations else None)
     update = progress(total_runs(prepared.workload, scenario.iterations)) if progress else None
     outcome = api.run(prepared.platform, prepared.workload, options, prepared.pairs, prepared.order, update)
     result = summarize(prepared, outcome, setup_s, time.perf_counter() - wall, options.compute_model)
+    if jobs and scenario.jobs_alone:
+        _add_alone(result, prepared, "peak" if model is None else "roofline")
     if out is not None:
         try:
             write_outputs(Path(out), result, outcome, prepared.platform, prepared.workload, prepared.xpus)
@@ -101,6 +112,18 @@ def run_here(scenario: Scenario, out: Path | None = None, progress=None, check=N
             raise OutputError(f"{err.filename or out}: could not write the outputs ({err.strerror or err}); the run "
                               "finished and its result is kept, but nothing more was saved", result) from None
     return result
+
+
+def _add_alone(result: dict, prepared, model: str) -> None:
+    """Each job of a run of several jobs run again alone on its XPUs of the same platform (a fresh process
+    each), its iteration time there in its record as ``alone_iteration_time_s`` and what sharing cost it,
+    ``slowdown`` (its iteration time in the run over alone's)."""
+    from hcsim.run.jobs import alone_scenario
+
+    for j, (job, record) in enumerate(zip(prepared.jobs, result["jobs"])):
+        alone = _in_fresh_process(_child, alone_scenario(prepared.scenario, j, job.xpus, model), None)
+        record["alone_iteration_time_s"] = alone["jobs"][0]["iteration_time_s"]
+        record["slowdown"] = record["iteration_time_s"] / record["alone_iteration_time_s"]
 
 
 def _child(scenario: Scenario, out: str | None, overwrite: bool = False) -> dict[str, Any]:
