@@ -271,14 +271,15 @@ class WorkloadRules:
         the FLOPs are what takes that time at the host's speed (SimGrid's host speed is the peak FLOP/s,
         :mod:`hcsim.platform.compile`)."""
         node = self.nodes[xpu]
-        speed = peak_flops(node, self.precision)
+        precision = data.get("precision", self.precision)  # a job's own, where jobs differ (hcsim.run.jobs)
+        speed = peak_flops(node, precision)
         duration = data.get("duration")  # a measured time replaces FLOPs / FLOP/s, on any device
         flops = data["flops"] if duration is None else duration * speed
         compute_time = flops / speed
         model = self.options.compute_model
         if model is not None and duration is None and data.get("ops") and node["kind"] == "xpu":  # roofline
             # FP8 training runs all but its GEMMs in BF16: the kernel model takes the BF16 peak (hcsim.workload.ops)
-            kernel_peak = peak_flops(node, "bf16") if self.precision == "fp8" else speed
+            kernel_peak = peak_flops(node, "bf16") if precision == "fp8" else speed
             compute_time = model.time(data["ops"], node["device"], kernel_peak, self.path(node["local_memory"], xpu)[1])
             flops = compute_time * speed
         slowdown = node.get("slowdown", 1.0)
