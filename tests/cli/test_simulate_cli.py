@@ -155,26 +155,6 @@ def test_interrupted_write_leaves_the_old_file(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["result.json"]
 
 
-@pytest.mark.parametrize("settings", [
-    [],
-    ["--set", "coherent=false"],
-    ["--set", "devices=[H100,V100]", "--set", "platform_overrides.rack.servers=1"],
-    ["--set", "collective_model=flow"],  # flows into server-boundary XPUs share their CXL link with reads
-])
-def test_representative_xpus_agree_with_all_xpus_within_one_percent(settings):
-    """Same time within 1 %, and the same bytes on the busiest links: followers' reads are counted too."""
-    results = {}
-    for level in ("all", "representative"):
-        done = hcsim("simulate", "--set", "xpus=16", "--set", "iterations=1", "--set", f"xpu_sampling={level}",
-                     *settings, "--json")
-        assert done.returncode == 0, done.stderr
-        results[level] = json.loads(done.stdout)
-    all_xpus, representative = results["all"], results["representative"]
-    assert representative["iteration_time_s"] == pytest.approx(all_xpus["iteration_time_s"], rel=0.01)
-    for kind, rows in all_xpus["links"].items():
-        assert representative["links"][kind][0]["bytes"] == pytest.approx(rows[0]["bytes"], rel=1e-12), kind
-
-
 def test_atomic_write_gives_a_plain_new_file_mode(tmp_path):
     import os
 
@@ -187,7 +167,7 @@ def test_atomic_write_gives_a_plain_new_file_mode(tmp_path):
 
 
 MIXED = ["--set", "xpus=16", "--set", "devices=[H100,A100]", "--set", "platform_overrides.rack.servers=1",
-         "--set", "granularity=decoder", "--set", "xpu_sampling=representative"]
+         "--set", "granularity=decoder"]
 
 
 @pytest.fixture(scope="module")
@@ -225,40 +205,35 @@ def test_xpus_csv_has_a_row_per_xpu_that_adds_up(mixed_run):
         parts = sum(float(row[p]) for p in ("compute_s", "memory_stall_s", "exposed_comm_s", "idle_s"))
         assert parts == pytest.approx(float(row["iteration_time_s"]), rel=1e-12)
         assert float(row["iteration_time_s"]) == result["iteration_time_s"]
-    followers = [r for r in rows if r["representative"] != r["xpu"]]
-    assert followers and all(rows[int(r["representative"][3:])]["device"] == r["device"] for r in followers)
     assert (out / "xpus.png").read_bytes().startswith(b"\x89PNG")
 
 
-def test_named_trace_xpus_are_traced_and_followers_get_their_memory_track(mixed_run):
+def test_named_trace_xpus_are_traced_with_their_memory_track(mixed_run):
     _, _, out = mixed_run
     with open(out / "trace.csv") as handle:
         assert {r["xpu"] for r in csv.DictReader(handle)} == {"xpu2", "xpu9"}
     events = json.loads((out / "trace.json").read_text())["traceEvents"]
     tracks = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
-    assert {"xpu2 compute", "xpu2 memory", "xpu9 compute", "xpu9 memory"} <= tracks  # they follow a representative
+    assert {"xpu2 compute", "xpu2 memory", "xpu9 compute", "xpu9 memory"} <= tracks
     memory = [e for e in events if e["ph"] == "X" and e["cat"] == "memory-traffic"]
     assert {e["args"]["dst"] for e in memory} == {"xpu2", "xpu9"}
     assert all(e["args"]["src"].startswith(e["args"]["dst"] + ".") for e in memory)  # from their own memories
 
 
-@pytest.mark.parametrize("value, traced", [("per-device", {"xpu0", "xpu8"}), ("per-class", None)])
-def test_trace_xpus_per_device_and_per_class(tmp_path, value, traced):
-    done = hcsim("simulate", *MIXED, "--set", "iterations=1", "--set", f"trace_xpus={value}", "--out", str(tmp_path))
+def test_trace_xpus_per_device(tmp_path):
+    done = hcsim("simulate", *MIXED, "--set", "iterations=1", "--set", "trace_xpus=per-device", "--out", str(tmp_path))
     assert done.returncode == 0, done.stderr
     with open(tmp_path / "trace.csv") as handle:
         names = {r["xpu"] for r in csv.DictReader(handle)}
-    with open(tmp_path / "xpus.csv") as handle:
-        classes = {r["representative"] for r in csv.DictReader(handle)}
-    assert names == (traced if traced is not None else classes)
-    assert {"xpu0", "xpu8"} <= names
+    assert names == {"xpu0", "xpu8"}  # the first H100 and the first A100
 
 
 def test_trace_xpus_errors_name_the_key():
     done = hcsim("simulate", "--set", "xpus=4", "--set", "trace_xpus=[xpu9]", "--out", "/tmp/hcsim-never-written")
     assert done.returncode == 2 and "trace_xpus: xpu9 is not among this run's XPUs" in done.stderr
-    done = hcsim("simulate", "--set", "trace_xpus=per-class")
-    assert done.returncode == 2 and "per-class" in done.stderr and "xpu_sampling: representative" in done.stderr
+    done = hcsim("simulate", "--set", "trace_xpus=per-class")  # representative XPUs' classes, retired
+    assert done.returncode == 2 and "trace_xpus" in done.stderr
+    assert "per-stage, per-device; got 'per-class'" in done.stderr
 
 
 def test_simulate_help_lists_every_scenario_key_with_its_default():
