@@ -21,12 +21,11 @@ RUNS = {
     "data parallel": ["--set", "xpus=8", "--set", "iterations=2"],
     "tp2 pp2 1f1b": [*HYBRID, "--set", "iterations=2"],
     "tp2 pp2 zb-h1, ZeRO-3": [*HYBRID, "--set", "schedule=zb-h1", "--set", "zero=3", "--set", "iterations=1"],
-    "interleaved, mixed, representative, cpu offload": [
+    "interleaved, mixed, cpu offload": [
         *HYBRID, "--set", "schedule=interleaved", "--set", "virtual_stages=2", "--set", "devices=[H100,A100]",
-        "--set", "platform_overrides.rack.servers=1", "--set", "xpu_sampling=representative", "--set", "zero=1",
+        "--set", "platform_overrides.rack.servers=1", "--set", "zero=1",
         "--set", "offload=cpu", "--set", "platform=paper-traditional",
-        "--set", "platform_overrides.server.cpu_flops=2TFLOPS", "--set", "iterations=1",
-        "--set", "trace_xpus=per-class"],
+        "--set", "platform_overrides.server.cpu_flops=2TFLOPS", "--set", "iterations=1"],
 }
 
 
@@ -117,8 +116,8 @@ def test_times_sit_on_a_grid_exact_in_binary():
 
 @pytest.mark.parametrize("settings, expected", [
     (HYBRID, {"xpu0", "xpu8"}),  # one per pipeline stage (tp 2 x dp 4 XPUs per stage)
-    (["--set", "xpus=16", "--set", "devices=[H100,A100]", "--set", "platform_overrides.rack.servers=1",
-      "--set", "xpu_sampling=representative"], {"xpu0", "xpu8"}),  # no pipeline: one per device type
+    (["--set", "xpus=16", "--set", "devices=[H100,A100]", "--set", "platform_overrides.rack.servers=1"],
+     {"xpu0", "xpu8"}),  # no pipeline: one per device type
 ])
 def test_the_default_traces_one_xpu_per_stage_and_device_type(tmp_path, settings, expected):
     done = hcsim("simulate", *settings, "--set", "iterations=1", "--out", str(tmp_path))
