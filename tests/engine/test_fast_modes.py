@@ -1,9 +1,7 @@
 """The fast modes against the exact level, on every built-in platform (README "Fidelity levels").
 
-- ``xpu_sampling: representative`` equals ``all`` (within 0.5 %; exact to 1e-9 almost everywhere) on every
-  platform, fitting and spilling, data parallel and hybrid: an XPU whose memory traffic shares a link that
-  other traffic needs is simulated, not followed;
-- no run reports a link above 100 %: a run that would is an internal error naming the link;
+- no run reports a link above 100 %, on every platform, fitting and spilling, data parallel and hybrid: a run
+  that would is an internal error naming the link;
 - ``local_collectives: analytic`` equals ``simulated`` where the server's links carry nothing else, and is
   never slower (it ignores contention) and within 0.1 % where they do;
 - ``granularity: decoder`` is never slower than ``layer`` and at least half its time where each XPU's memory
@@ -19,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import networkx as nx
 import pytest
 
-from hcsim.engine.executor import check_link_loads
+from hcsim.engine.rules import check_link_loads
 from hcsim.run.scenario import Scenario
 from hcsim.run.simulation import simulate
 
@@ -51,33 +49,22 @@ MATRIX = list(itertools.product(PLATFORMS, ["fits", "spills"], ["dp", "hybrid"])
 
 
 @pytest.fixture(scope="module")
-def sampled():
-    return _run_all({(*case, sampling): _scenario(*case, xpu_sampling=sampling)
-                     for case in MATRIX for sampling in ("all", "representative")})
+def every_platform():
+    return _run_all({case: _scenario(*case) for case in MATRIX})
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("platform, memory, layout", MATRIX)
-def test_representative_xpus_give_the_iteration_time_of_all_xpus(sampled, platform, memory, layout):
-    every, represented = sampled[platform, memory, layout, "all"], sampled[platform, memory, layout, "representative"]
-    spilled = max(row["spilled_bytes"] for row in every["memory"].values())
+def test_no_link_is_busier_than_its_bandwidth(every_platform, platform, memory, layout):
+    """Every XPU's memory traffic simulated and counted: no link above 100 % (issue 26: on a DGX two GPUs
+    spilling over one PCIe uplink, one GPU's traffic dropped, reported the uplink 187 % busy), and the
+    spilling cases spill."""
+    result = every_platform[platform, memory, layout]
+    spilled = max(row["spilled_bytes"] for row in result["memory"].values())
     assert spilled > 0 if memory == "spills" else spilled == 0
-    assert represented["iteration_time_s"] == pytest.approx(every["iteration_time_s"], rel=0.005)
-    # the same bytes on the busiest link of each kind: followers' memory traffic is counted too
-    for kind, rows in every["links"].items():
-        assert represented["links"][kind][0]["bytes"] == pytest.approx(rows[0]["bytes"], rel=1e-9), kind
-    for result in (every, represented):
-        assert all(row["utilization"] <= 1.0 for rows in result["links"].values() for row in rows)
-
-
-@pytest.mark.slow
-def test_two_gpus_spilling_over_one_pcie_uplink_are_both_simulated(sampled):
-    """Issue 26's case, small: on a DGX two GPUs share a PCIe uplink to the CPU's DRAM; followed, one GPU's
-    spill traffic was dropped and its neighbour ran twice as fast (the uplink reported 187 % busy)."""
-    every, represented = sampled["dgx-h100", "spills", "hybrid", "all"], sampled["dgx-h100", "spills", "hybrid",
-                                                                                   "representative"]
-    assert represented["iteration_time_s"] == pytest.approx(every["iteration_time_s"], rel=1e-9)
-    assert represented["links"]["pcie"][0]["utilization"] <= 1.0
+    assert all(0 <= row["utilization"] <= 1.0 for rows in result["links"].values() for row in rows)
+    if (platform, memory) == ("dgx-h100", "spills"):  # issue 26's case, small: the shared PCIe uplink carries both
+        assert result["links"]["pcie"][0]["utilization"] > 0
 
 
 def test_a_link_above_its_bandwidth_is_an_internal_error():
