@@ -148,17 +148,17 @@ def _simulate(tmp_path, *settings):
 
 @pytest.mark.parametrize("name, count", [("gh200", 8), ("gb200-nvl72", 144)])
 def test_superchips_simulate_every_xpu_on_the_engine_core(tmp_path, name, count):
-    done, result = _simulate(tmp_path, f"platform={name}", f"xpus={count}", "engine=core")
+    done, result = _simulate(tmp_path, f"platform={name}", f"xpus={count}")
     assert done.returncode == 0, done.stderr
     assert result["engine"] == "core" and result["coherent"] is True and result["xpus"] == count
     assert result["iteration_time_s"] > 0
 
 
 def test_a_cxl_pool_refuses_what_does_not_fit_naming_it_and_simulates_what_does(tmp_path):
-    done, _ = _simulate(tmp_path, "platform=cxl-pool", "xpus=16", "engine=core")
+    done, _ = _simulate(tmp_path, "platform=cxl-pool", "xpus=16")
     assert done.returncode == 2
     assert "memory 'pool0.mem' is shared by 16 XPUs" in done.stderr and "4.096 TB" in done.stderr
-    done, result = _simulate(tmp_path, "platform=cxl-pool", "xpus=16", "engine=core",
+    done, result = _simulate(tmp_path, "platform=cxl-pool", "xpus=16",
                              "platform_overrides.pool.capacity_per_host=1TB")
     assert done.returncode == 0, done.stderr
     assert result["engine"] == "core" and result["coherent"] is True
