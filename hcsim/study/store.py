@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from hcsim.errors import ConfigError, brief
 from hcsim.run.results import (DEVICE_COLUMNS, MEMORY_COLUMNS, SPLIT_PARTS, TIME_PARTS, csv_cell, scenario_column,
                                scenario_columns)
-from hcsim.run.scenario import Scenario
+from hcsim.run.scenario import RETIRED_KEYS, Scenario
 
 if TYPE_CHECKING:
     from hcsim.study.experiment import Experiment, Point
@@ -369,6 +369,7 @@ def upgrade_records(found: list[str], header: list[str], records: list[dict[str,
     platform_overrides or workload_overrides gets its value from the mapping the file wrote as JSON. Cells
     written as they were then become today's (:func:`_today`): "none" and prose blank, JSON lists joined
     with +, a mapping its keys. No number changes."""
+    found = [c for c in found if c not in RETIRED_COLUMNS]  # keys that went: every row now runs what they named
     if any(c not in header for c in found) or [c for c in header if c in found] != list(found):
         return None
     defaults = {scenario_column(f.name): csv_cell(f.default) for f in dataclasses.fields(Scenario)
@@ -394,6 +395,9 @@ def upgrade_records(found: list[str], header: list[str], records: list[dict[str,
                 row[c] = "" if value is None else str(csv_cell(value))
         upgraded.append(row)
     return upgraded
+
+
+RETIRED_COLUMNS = frozenset(RETIRED_KEYS)  # scenario keys retired (engine, xpu_sampling): dropped when read
 
 
 _NOTHING = {"cxl_bandwidth_Bps": "none", "cxl_latency_s": "none", "collective_chunks": "the algorithm's default",
