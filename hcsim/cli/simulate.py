@@ -231,12 +231,39 @@ def summary(result: dict) -> str:
     """A short human-readable report of a result record."""
     if result.get("kind") == "serving":
         return serving_summary(result)
+    if result.get("jobs"):
+        return _jobs_summary(result)
     inputs = result["inputs"]
     devices = " + ".join(f"{n} {d}" for d, n in result["devices"].items())
     lines = [
         f"hcsim {result['scenario']}: {devices} on {inputs['platform']} "
         f"({'coherent' if result['coherent'] else 'not coherent'}), workload {inputs['workload']}"
         + (f", precision {result['precision']}" if result.get("precision") else ""),
+        *_job_lines(result), *_run_lines(result)]
+    return "\n".join(lines)
+
+
+def _jobs_summary(result: dict) -> str:
+    """A run of several jobs on one fabric: the platform, one block per job (as a run of its own prints it, and
+    its iteration time alone when the run has it), then the run's links and counts."""
+    devices = " + ".join(f"{n} {d}" for d, n in result["devices"].items())
+    lines = [f"hcsim {result['scenario']}: {len(result['jobs'])} jobs on {devices} of {result['inputs']['platform']} "
+             f"({'coherent' if result['coherent'] else 'not coherent'}), sharing its links"]
+    for job in result["jobs"]:
+        job_devices = " + ".join(f"{n} {d}" for d, n in job["devices"].items())
+        lines.append(f"job {job['name']}: {job_devices} ({job['xpu_names']}), workload {job['workload']}"
+                     + (f", precision {job['precision']}" if job.get("precision") else ""))
+        lines += ["  " + line for line in _job_lines(job)]
+        if "alone_iteration_time_s" in job:
+            lines.append(f"    alone          {format_quantity(job['alone_iteration_time_s'], 's')} per iteration on "
+                         f"the same XPUs: sharing costs it {format_percent(job['slowdown'] - 1)} "
+                         f"(x{job['slowdown']:.4f})")
+    return "\n".join(lines + _run_lines(result))
+
+
+def _job_lines(result: dict) -> list[str]:
+    """The lines of one job: compute model, iteration time, throughput, where the time goes, memory, pace."""
+    lines = [
         *_compute_line(result),
         f"  iteration time   {format_quantity(result['iteration_time_s'], 's')}"
         f"  (iterations: {', '.join(format_quantity(t, 's') for t in result['iteration_times_s'])})",
@@ -274,10 +301,16 @@ def summary(result: dict) -> str:
     lines.append(f"  pace set by      {setter} ({pace[setter]['xpu']}, idle {format_quantity(pace[setter]['idle_s'], 's')}"
                  f" per iteration{'; least idle of the other types: ' + others if others else ''})")
     lines.extend(_straggler_line(result))
+    return lines
+
+
+def _run_lines(result: dict) -> list[str]:
+    """The run's busiest links and its counts."""
+    lines = []
     busiest = sorted(((rows[0]["utilization"], kind, rows[0]["link"]) for kind, rows in result["links"].items()),
                      reverse=True)
     lines.append("  busiest links    " + "   ".join(f"{kind} {link} {format_percent(u)}" for u, kind, link in busiest[:3]))
     engine = " on the C++ core" if result.get("engine") == "core" else ""
     lines.append(f"  simulated {result['activities']:,} activities{engine} in {result['wall_time_s']:.2f} s wall "
                  f"({result['activities'] / max(result['wall_time_s'], 1e-9):,.0f}/s), peak {result['peak_rss_mb']:.0f} MB")
-    return "\n".join(lines)
+    return lines

@@ -282,6 +282,8 @@ class WorkloadRules:
             kernel_peak = peak_flops(node, "bf16") if precision == "fp8" else speed
             compute_time = model.time(data["ops"], node["device"], kernel_peak, self.path(node["local_memory"], xpu)[1])
             flops = compute_time * speed
+        if precision != self.precision:  # the host runs at the graph's precision's peak (platform.compile)
+            flops = compute_time * peak_flops(node, self.precision)
         slowdown = node.get("slowdown", 1.0)
         if slowdown != 1.0 and data.get("host") != "cpu" and not data.get("move"):
             flops, compute_time = flops * slowdown, compute_time * slowdown

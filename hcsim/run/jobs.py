@@ -191,10 +191,10 @@ def join_graphs(graphs: list[nx.DiGraph], names: list[str], iterations: list[int
     return joined
 
 
-def alone_scenario(scenario: Scenario, index: int, xpus: list[str], compute_model: str) -> Scenario:
-    """Job `index` of `scenario` alone on the same platform and XPUs (`xpus`, its XPUs in the run), with the run's
-    compute model and the stragglers among its XPUs."""
+def alone_scenario(scenario: Scenario, index: int, xpus: list[str]) -> Scenario:
+    """Job `index` of `scenario` alone on the same platform and XPUs (`xpus`, its XPUs in the run), with the
+    stragglers among its XPUs."""
     job = {**scenario.jobs[index], "xpus": tuple(xpus)}
     stragglers = {x: f for x, f in scenario.stragglers.items() if x in set(xpus)}
-    return dataclasses.replace(scenario, jobs=(job,), jobs_alone=False, compute_model=compute_model,
-                               stragglers=stragglers, name=f"{scenario.name}:{job['name']}:alone")
+    return dataclasses.replace(scenario, jobs=(job,), jobs_alone=False, stragglers=stragglers,
+                               name=f"{scenario.name}:{job['name']}:alone")

@@ -108,6 +108,13 @@ def prepare_jobs(scenario: Scenario) -> Prepared:
     from hcsim.workload.graph import first_iteration_order
 
     scenarios = job_scenarios(scenario)
+    models = [resolve_compute_model(s) for s in scenarios]
+    if len(set(models)) > 1:
+        other = models.index(next(m for m in models if m != models[0]))
+        raise ConfigError(f"scenario {scenario.name!r}: jobs[{other}]: its compute model resolves to {models[other]} "
+                          f"and jobs[0]'s to {models[0]}, but one run times every job with one model (the roofline "
+                          f"model where a job's graph lists kernels: tp, pp, micro_batch, ...); fix: set compute_model: "
+                          f"peak (or roofline, where every job's graph lists kernels) at the top level")
     total = sum(s.xpus for s in scenarios)
     platform_spec, graph, _ = scenario_platform(dataclasses.replace(scenario, xpus=1, jobs=None, jobs_alone=False),
                                                 f"scenario {scenario.name!r}: jobs")

@@ -127,7 +127,7 @@ def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float, comput
 
 
 # a job's record leaves out what belongs to the whole run (its links, counts, provenance: the run's record has them)
-_RUN_ONLY = ("coherent", "cxl_bandwidth", "cxl_latency", "links", "activities", "engine", "collective_fidelity",
+_RUN_ONLY = ("cxl_bandwidth", "cxl_latency", "links", "activities", "engine", "collective_fidelity",
              "wall_time_s", "setup_time_s", "peak_rss_mb", "inputs", "inputs_resolved", "inputs_hash", "versions")
 
 

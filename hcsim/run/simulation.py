@@ -104,7 +104,7 @@ def run_here(scenario: Scenario, out: Path | None = None, progress=None, check=N
     outcome = api.run(prepared.platform, prepared.workload, options, prepared.pairs, prepared.order, update)
     result = summarize(prepared, outcome, setup_s, time.perf_counter() - wall, options.compute_model)
     if jobs and scenario.jobs_alone:
-        _add_alone(result, prepared, "peak" if model is None else "roofline")
+        _add_alone(result, prepared)
     if out is not None:
         try:
             write_outputs(Path(out), result, outcome, prepared.platform, prepared.workload, prepared.xpus)
@@ -114,14 +114,14 @@ def run_here(scenario: Scenario, out: Path | None = None, progress=None, check=N
     return result
 
 
-def _add_alone(result: dict, prepared, model: str) -> None:
+def _add_alone(result: dict, prepared) -> None:
     """Each job of a run of several jobs run again alone on its XPUs of the same platform (a fresh process
     each), its iteration time there in its record as ``alone_iteration_time_s`` and what sharing cost it,
     ``slowdown`` (its iteration time in the run over alone's)."""
     from hcsim.run.jobs import alone_scenario
 
     for j, (job, record) in enumerate(zip(prepared.jobs, result["jobs"])):
-        alone = _in_fresh_process(_child, alone_scenario(prepared.scenario, j, job.xpus, model), None)
+        alone = _in_fresh_process(_child, alone_scenario(prepared.scenario, j, job.xpus), None)
         record["alone_iteration_time_s"] = alone["jobs"][0]["iteration_time_s"]
         record["slowdown"] = record["iteration_time_s"] / record["alone_iteration_time_s"]
 
