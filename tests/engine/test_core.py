@@ -1,7 +1,9 @@
-"""The C++ engine core (hcsim/engine/core, issue 27's first step) against the Python path and closed forms.
+"""The C++ engine core (hcsim/engine/core, issue 27's first step): its activity drivers against the engine's
+workload executor and closed forms.
 
-The same activities through the core (plain s4u::Exec / s4u::Comm) and through hcsim's Python executor
-(SimGrid Tasks fired from Python callbacks) on the same compiled platform must take the same times.
+The same activities as a plain activity graph (s4u::Exec / s4u::Comm, `core.run_activities`) and as a workload
+run through the engine's front door (the executor's rules in the core) on the same compiled platform must take
+the same times.
 Every run is in a fresh process (one SimGrid Engine per process, ever). The core is the engine: where it is
 not built these tests fail, never skip (`make core` builds it and says what is missing).
 """
@@ -77,7 +79,7 @@ def core_graph(hosts):
     return builder.build()
 
 
-def test_the_core_gives_the_python_executors_times(tmp_path):
+def test_an_activity_graph_takes_the_times_of_the_same_workload_run(tmp_path):
     platform = build_platform(load_platform_spec("paper-cxl"), 16)
     workload = executor_workload()
     xml = tmp_path / "platform.xml"

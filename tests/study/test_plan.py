@@ -217,7 +217,7 @@ def test_rings_that_cross_one_link_share_its_bandwidth():
 
 def _zero_engine(zero: int, bandwidth: float) -> tuple[float, float]:
     """(estimated, engine) iteration time of the tiny model of test_zero_offload as dp 2, two micro-batches,
-    at ZeRO `zero`, on a switch of `bandwidth` B/s links (the fake kernel: no contention)."""
+    at ZeRO `zero`, on a switch of `bandwidth` B/s links, through the engine."""
     platform = single_switch(2, FAST, xpu_link_bandwidth=bandwidth, xpu_link_latency=1e-9, hbm_latency=1e-15)
     xpus = ["xpu0", "xpu1"]
     spec = load_workload_spec("gpt3-175b", ZERO_SHAPE)
