@@ -230,6 +230,8 @@ def resolve_scenario(scenario: Scenario) -> dict[str, Any]:
         value = getattr(scenario, f.name)
         if value is None:
             value = from_specs.get(f.name)
+        if f.name == "jobs" and value:  # several jobs: their names (result.json's inputs hold the rest)
+            value = [job["name"] for job in value]
         if isinstance(value, Mapping):
             values[scenario_column(f.name)] = csv_cell(sorted(value)) or None  # the keys; each has a column below
             overrides.update({f"{f.name}.{key}": csv_cell(v) for key, v in sorted(value.items())})

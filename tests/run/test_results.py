@@ -43,7 +43,7 @@ def test_the_resolved_scenario_holds_numbers_words_or_nothing(settings):
     assert list(values) == scenario_columns()
     blank = {k for k, v in values.items() if v is None}
     assert blank <= {"platform_overrides", "workload_overrides", "stragglers", "collective_chunks",
-                     "cxl_bandwidth_Bps", "cxl_latency_s"}, values
+                     "cxl_bandwidth_Bps", "cxl_latency_s", "jobs"}, values
     for key, value in values.items():  # a word ("none" is recompute's or offload's choice), never a phrase
         assert not isinstance(value, str) or (" " not in value and not value.startswith(("[", "{"))), (key, value)
     for key in ("cxl_bandwidth_Bps", "cxl_latency_s", "collective_chunks", "dp", "micro_batch", "global_batch"):

@@ -254,7 +254,7 @@ def test_every_row_records_the_whole_resolved_scenario(tiny_sweep):
         for column in scenario_columns():  # blank only where nothing exists: the algorithm's own chunk count,
             # mappings that name no key
             assert row[column] not in (None, "") or column in ("collective_chunks", "workload_overrides",
-                                                               "stragglers"), column
+                                                               "stragglers", "jobs"), column
         assert "xpu_sampling" not in row and row["platform"] == "paper-cxl" and row["collective"] == "ring"
         assert row["platform_overrides"] == "rack.servers" and row["platform_overrides.rack.servers"] == 1
         assert row["granularity"] == "decoder"
