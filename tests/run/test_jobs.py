@@ -113,3 +113,19 @@ def test_the_cli_says_what_is_wrong_without_a_traceback(tmp_path):
     done = subprocess.run([sys.executable, "-m", "hcsim.cli", "simulate", str(path)], capture_output=True, text=True)
     assert done.returncode == 2, done.stderr
     assert "jobs[0].platform: a platform key" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_job_that_is_done_stops_and_frees_its_links(shared, apart):
+    """Job b runs 2 iterations, job a 4: a's first two are as long as when both share the links throughout, its
+    last two as long as alone (each job's iteration ends recorded on their own, the run's iteration k ending
+    when every job that runs it has)."""
+    run = simulate(load_scenario(None, {**BASE, "jobs": [{"name": "a", "xpus": ["xpu0", "xpu8"], "iterations": 4},
+                                                         {"name": "b", "xpus": ["xpu1", "xpu9"]}]}))
+    a, b = run["jobs"]
+    assert len(a["iteration_times_s"]) == 4 and len(b["iteration_times_s"]) == 2
+    assert b["iteration_times_s"] == shared["jobs"][1]["iteration_times_s"]
+    assert a["iteration_times_s"][:2] == shared["jobs"][0]["iteration_times_s"]
+    alone = apart["jobs"][0]["alone_iteration_time_s"]
+    assert a["iteration_times_s"][2:] == pytest.approx([alone, alone], rel=1e-9)
+    assert run["iteration_times_s"] == a["iteration_times_s"]
+    assert a["iteration_time_s"] == pytest.approx(sum(a["iteration_times_s"][1:]) / 3, rel=1e-12)
