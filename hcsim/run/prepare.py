@@ -133,6 +133,7 @@ def prepare_jobs(scenario: Scenario) -> Prepared:
         jobs.append(Prepared(job, graph, nx.DiGraph(**workload.graph), placement, xpus, set(), coherent,
                              platform_spec))
         graphs.append(workload)
+    _check_jobs_memory(scenario, graph, jobs)
     with collector_paused():
         workload = join_graphs(graphs, [s.name for s in scenarios], [s.iterations for s in scenarios])
         for entry, job in zip(workload.graph["jobs"], jobs):
@@ -143,6 +144,28 @@ def prepare_jobs(scenario: Scenario) -> Prepared:
     apply_stragglers(scenario, graph, xpus)
     pairs = host_pairs(graph, workload)
     return Prepared(scenario, graph, workload, None, xpus, pairs, jobs[0].coherent, platform_spec, order, jobs)
+
+
+def _check_jobs_memory(scenario: Scenario, graph: nx.Graph, jobs: list[Prepared]) -> None:
+    """A memory several jobs' XPUs spill or offload to (a CPU's DRAM, a CXL pool) holds what all of them put
+    there: each job's placement was checked alone (:func:`hcsim.workload.placement.check_shared_memory`)."""
+    from hcsim.errors import WorkloadError
+    from hcsim.workload.placement import check_shared_memory
+
+    nodes = graph.nodes
+    inventory: dict = {}
+    offload: dict = {}
+    for job in jobs:
+        if job.placement is not None:
+            inventory.update(job.placement.inventory)
+            if job.scenario.hybrid:
+                offload.update(offload_memory(graph, job.xpus, job.scenario, job.coherent))
+    extended = {x: (nodes[x]["extended_memory"], nodes[nodes[x]["extended_memory"]]["capacity"]) for x in inventory
+                if nodes[x]["extended_memory"]}
+    try:
+        check_shared_memory(inventory, extended, offload or None)
+    except WorkloadError as err:
+        raise WorkloadError(f"scenario {scenario.name!r}: jobs: together, {err}") from None
 
 
 def _prepare_workload(scenario: Scenario, platform_spec, graph: nx.Graph, xpus: list[str]):
@@ -350,7 +373,8 @@ def offload_memory(platform: nx.Graph, xpus: list[str], scenario: Scenario, cohe
     ConfigError
         when the platform lacks that memory: ``cpu`` needs every XPU's host DRAM (``host_memory``) and a
         CPU with FLOP/s to run the optimizer step on; ``cxl`` needs a coherent platform whose XPUs' extended
-        memory is a CXL Type 3 expander.
+        memory is a CXL Type 3 expander; ``coherent`` one whose XPUs read their extended memory in place: a CXL
+        Type 3 expander, or a superchip's CPU memory over NVLink-C2C.
     """
     if scenario.offload == "none":
         return {}
@@ -369,13 +393,29 @@ def offload_memory(platform: nx.Graph, xpus: list[str], scenario: Scenario, cohe
                                   f"fix: {_cpu_flops_fix(scenario, cpu)}")
         else:
             memory = nodes[x].get("extended_memory")
-            if not coherent or memory is None or nodes[memory].get("role") != "cxl_type3":
-                raise ConfigError(f"{where}: needs a coherent platform whose XPUs have CXL Type 3 memory; "
-                                  f"{scenario.platform!r} (coherent: {coherent}) gives XPU {x!r} "
-                                  f"{'no extended memory' if memory is None else nodes[memory].get('role')}; "
-                                  f"valid: coherent: true on paper-cxl, or offload: cpu")
+            kind = _coherent_memory(platform, x, memory) if coherent and memory is not None else None
+            if kind is None or (scenario.offload == "cxl" and kind != "cxl_type3"):
+                given = 'no extended memory' if memory is None else f"{nodes[memory].get('role')} memory"
+                hint = " (offload: coherent reads it in place over NVLink-C2C)" if kind == "c2c" else ""
+                raise ConfigError(f"{where}: needs a coherent platform whose XPUs have CXL Type 3 memory"
+                                  f"{'' if scenario.offload == 'cxl' else ' or a superchip CPU memory'}; "
+                                  f"{scenario.platform!r} (coherent: {coherent}) gives XPU {x!r} {given}{hint}; "
+                                  f"valid: coherent: true on paper-cxl, cxl-pool, gh200 or gb200-nvl72, or "
+                                  f"offload: cpu")
         found[x] = (memory, nodes[memory]["capacity"])
     return found
+
+
+def _coherent_memory(platform: nx.Graph, xpu: str, memory: str) -> str | None:
+    """How `xpu` reads its extended memory `memory` in place: "cxl_type3" (a CXL expander), "c2c" (its superchip
+    CPU's memory, the CPU joined to the XPU by NVLink-C2C), or None (not coherently)."""
+    data = platform.nodes[memory]
+    if data.get("role") == "cxl_type3":
+        return "cxl_type3"
+    owner = data.get("owner")
+    if owner is not None and platform.has_edge(xpu, owner) and platform.edges[xpu, owner].get("kind") == "c2c":
+        return "c2c"
+    return None
 
 
 def batch_split(scenario: Scenario, spec, layout, platform: nx.Graph, parallelism) -> tuple[int, ...] | None:

@@ -129,3 +129,19 @@ def test_a_job_that_is_done_stops_and_frees_its_links(shared, apart):
     assert a["iteration_times_s"][2:] == pytest.approx([alone, alone], rel=1e-9)
     assert run["iteration_times_s"] == a["iteration_times_s"]
     assert a["iteration_time_s"] == pytest.approx(sum(a["iteration_times_s"][1:]) / 3, rel=1e-12)
+
+
+def test_a_memory_two_jobs_spill_to_holds_what_both_put_there():
+    """Each job spills 281 GB per XPU to its CPU's DRAM: one job fits a 400 GB DRAM, two jobs on one CPU's do not;
+    on two CPUs' they fit."""
+    from hcsim.errors import WorkloadError
+    from hcsim.run.prepare import prepare
+
+    def scenario(b):
+        return load_scenario(None, {**BASE, "platform_overrides": {"server.dram_capacity": "400GB"},
+                                    "jobs": [{"name": "a", "xpus": ["xpu0", "xpu8"]}, {"name": "b", "xpus": b}]})
+
+    with pytest.raises(WorkloadError, match=r"jobs: together, memory 'r0s0\.dram0' is shared by 2 XPUs \(xpu0, "
+                                            r"xpu1\) and holds 400 GB"):
+        prepare(scenario(["xpu1", "xpu9"]))
+    assert prepare(scenario(["xpu4", "xpu12"])).jobs[1].xpus == ["xpu4", "xpu12"]
