@@ -176,6 +176,10 @@ def check_specs(scenarios: Sequence[tuple[str, Scenario]], command: str) -> list
     workload (``kind: serving``) is refused: `command` (sweep, validate) compares training iterations."""
     problems, seen = [], {}
     for where, scenario in scenarios:
+        if scenario.jobs:  # several jobs on one fabric: a result per job, not one row per point
+            problems.append(f"{where}: jobs: hcsim {command} compares one job's iterations per point, and this "
+                            f"scenario runs {len(scenario.jobs)} jobs; run it with hcsim simulate (docs/jobs.md)")
+            continue
         for kind, name, settings in (("platform", scenario.platform, scenario.platform_settings()),
                                      ("workload", scenario.workload, scenario.workload_settings())):
             key = (kind, name, scenario.base, json.dumps(settings, sort_keys=True, default=str))

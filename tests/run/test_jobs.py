@@ -145,3 +145,14 @@ def test_a_memory_two_jobs_spill_to_holds_what_both_put_there():
                                             r"xpu1\) and holds 400 GB"):
         prepare(scenario(["xpu1", "xpu9"]))
     assert prepare(scenario(["xpu4", "xpu12"])).jobs[1].xpus == ["xpu4", "xpu12"]
+
+
+def test_a_sweep_refuses_a_scenario_with_jobs_before_any_point_runs(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("name: two\ndescription: two jobs\nbase:\n  platform: paper-traditional\n  jobs:\n"
+                    "    - {name: a, xpus: 2}\n    - {name: b, xpus: 2}\naxes:\n  iterations: [1, 2]\n")
+    done = subprocess.run([sys.executable, "-m", "hcsim.cli", "sweep", str(path), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True)
+    assert done.returncode == 2, done.stderr
+    assert "jobs: hcsim sweep compares one job's iterations per point" in done.stderr
+    assert "Traceback" not in done.stderr
