@@ -114,7 +114,8 @@ class Scenario:
     # proportional (to its slowest XPU's peak FLOP/s) or a list, one count per replica, of micro-batches
     # summing to global_batch / micro_batch (of samples summing to batch_per_xpu x xpus in the paper's graph)
     zero: int = 0  # ZeRO stage 0-3 over each DP group (1 = Megatron's distributed optimizer)
-    offload: str = "none"  # none | cpu (host DRAM, step on the CPU) | cxl (CXL Type 3, in place)
+    offload: str = "none"  # none | cpu (host DRAM, step on the CPU) | cxl (CXL Type 3, in place) | coherent (in
+    # place on CXL Type 3 or a superchip CPU's memory over NVLink-C2C)
     offload_state: tuple[str, ...] = ("optimizer",)  # what offload keeps out of HBM: optimizer, parameters, activations
     spill: str | None = None  # error | allow: a pipeline stage whose state does not fit its XPUs' local memory is
     # an out-of-memory error, or spills to their extended memory; None: the platform's (error on kind: dgx,

@@ -20,7 +20,7 @@ precision with Adam). What the graph runs per stage (:mod:`hcsim.workload.hybrid
   layers are held); the gradients are reduce-scattered; no gather after the
   optimizer: 3Ψ per rank for one micro-batch.
 
-Offload (``offload: cpu | cxl``, ``offload_state``: optimizer (default),
+Offload (``offload: cpu | cxl | coherent``, ``offload_state``: optimizer (default),
 parameters, activations) keeps that state out of HBM:
 
 - ``cpu`` (ZeRO-Offload, non-coherent): each chunk's gradient shard is copied
@@ -30,7 +30,10 @@ parameters, activations) keeps that state out of HBM:
   before each layer that reads them;
 - ``cxl`` (coherent, paper Fig. 3c): the state lives in the XPU's CXL Type 3
   expander and the optimizer step (and the layers, for parameters and
-  activations) read and update it in place over CXL beside their computation.
+  activations) read and update it in place over CXL beside their computation;
+- ``coherent``: the same in place on any memory the XPU reads coherently: a
+  CXL Type 3 expander, or its superchip CPU's memory over NVLink-C2C (GH200,
+  GB200: the Grace CPU's LPDDR5X).
 
 When the optimizer step is a vertex of its own (ZeRO >= 1 or offload), the
 backward pass no longer reads the optimizer state (Table 4 folds the update
@@ -50,7 +53,7 @@ __all__ = ["ZERO_STAGES", "OFFLOAD_TARGETS", "OFFLOAD_STATES", "zero_state_bytes
            "check_zero_offload"]
 
 ZERO_STAGES = (0, 1, 2, 3)
-OFFLOAD_TARGETS = ("none", "cpu", "cxl")
+OFFLOAD_TARGETS = ("none", "cpu", "cxl", "coherent")  # coherent: cxl's in-place reads, on any coherent memory
 OFFLOAD_STATES = ("optimizer", "parameters", "activations")
 
 
