@@ -35,7 +35,8 @@ def scenario_case(**settings) -> tuple:
 
 
 TINY_GPT = {"model.decoders": 4, "model.hidden": 256, "model.heads": 4, "model.ffn": 1024, "model.sequence": 128,
-            "model.vocabulary": 1000, "training.precision": "fp16"}
+            "model.vocabulary": 1000, "training.precision": "fp16",
+            "training.overlap_param_gather": False}  # ZeRO-2's gather after the step, as when recorded
 SCENARIOS = {
     # LLaMA2-13B data parallel, decoder vertices, ring all-reduce, spilled and read in place over CXL
     "dp-ring-paper-cxl": dict(platform="paper-cxl", xpus=8, granularity="decoder", iterations=3),
