@@ -122,10 +122,10 @@ def test_a_collective_waits_inside_for_a_late_peer():
 # ---- a hand-built PP 2 x TP 2 x DP 2 graph, 4 micro-batches, 1F1B ----------------------------------------
 
 
-@pytest.fixture(scope="module")
-def pipeline_run():
+@pytest.fixture(scope="module", params=["step", "flow"])
+def pipeline_run(request):
     layout, graph = pipeline_graph()
-    return layout, graph, run(graph, 8, iterations=2)
+    return layout, graph, run(graph, 8, iterations=2, collective_model=request.param)
 
 
 def test_the_pipeline_keeps_the_run_invariants(pipeline_run):
