@@ -10,7 +10,8 @@ Cases (each point runs in a fresh process):
   XPUs the performance page's row (global batch 1536);
 - ``llama3``: Llama-3 405B on paper-cxl H100, the spec raised to the size asked (tp 8 x pp 16 with 7 + 14 x
   8 + 7 layers, sequence parallelism, dp = XPUs / 128, 16 micro-batches per pipeline, 1F1B, full
-  recomputation); at 16,384 XPUs the performance page's row (global batch 2048);
+  recomputation); at 16,384 XPUs the performance page's row (global batch 2048); ``llama3-dgx``: the same
+  on a DGX-H100 fat tree of the size asked (at 131,072 XPUs: 16,384 nodes, dp 1,024);
 - ``vtrain``: issue 27's vTrain-size row, GPT-3 175B on DGX A100 (tp 8 x pp 32, dp = XPUs / 256, 768
   micro-batches of 1 sequence per pipeline, full recomputation, the roofline compute model, flow collectives,
   TP collectives analytic, every XPU simulated); at 512 XPUs it is the row (global batch 1536);
@@ -67,6 +68,7 @@ _LLAMA3 = ["workload=llama3-405b", "devices=[H100]", "tp=8", "pp=16",
 HYBRID = {  # name: (XPUs per pipeline, micro-batches per pipeline, scenario settings)
     "gpt3": (64, 96, _GPT3),
     "llama3": (128, 16, _LLAMA3),
+    "llama3-dgx": (128, 16, [*_LLAMA3, "platform=dgx-h100"]),
     "vtrain": (256, 768, ["workload=gpt3-175b", "platform=dgx-a100", "tp=8", "pp=32", "micro_batch=1",
                           "recompute=full", "compute_model=roofline", "local_collectives=analytic", "iterations=1",
                           "collective_model=flow"]),
@@ -75,8 +77,8 @@ MICRO_BATCH_CASE = "gpt3-mb"  # gpt3 on one pipeline (64 XPUs); its size is micr
 CPP_CASES = {"simgrid-cpp": "callbacks", "simgrid-cpp-actors": "actors"}  # case: the core's driver
 CASES = [*LEVELS, *HYBRID, MICRO_BATCH_CASE, "2d-hierarchical", "simgrid", *CPP_CASES]
 CEILINGS = ("simgrid-cpp", "simgrid")  # run first, for the ratios
-DEFAULT_SIZES = {"gpt3": [64, 256, 1024], "llama3": [1024, 4096, 16384], "vtrain": [512],
-                 MICRO_BATCH_CASE: [12, 24, 48, 96]}
+DEFAULT_SIZES = {"gpt3": [64, 256, 1024], "llama3": [1024, 4096, 16384], "llama3-dgx": [16384, 131072],
+                 "vtrain": [512], MICRO_BATCH_CASE: [12, 24, 48, 96]}
 
 
 def scenario_settings(case: str, size: int) -> list[str]:
@@ -89,7 +91,7 @@ def scenario_settings(case: str, size: int) -> list[str]:
     per, micro_batches, settings = HYBRID[case]
     if size % per:
         raise SystemExit(f"--xpus: case {case} needs a multiple of {per} XPUs, not {size}")
-    raised = [f"platform_overrides.xpus={size}"] if case == "llama3" else []  # the spec raised to the size
+    raised = [f"platform_overrides.xpus={size}"] if case.startswith("llama3") else []  # the spec at the size
     return [f"xpus={size}", f"global_batch={micro_batches * size // per}", *raised, *settings]
 
 
