@@ -51,8 +51,9 @@ RENAMED_KEYS = {"fidelity": "granularity", "collective_fidelity": "collective_mo
 # Retired key -> (the values that name what every run now does: read with a warning; why the others are gone)
 RETIRED_KEYS = {
     "engine": (("auto", "core"), "every run is on the C++ engine core, which holds the executor's rules once"),
-    "xpu_sampling": (("all",), "every XPU is simulated; representative XPUs were retired, as every XPU on the "
-                               "C++ core ran 4-6x faster than representatives did, with the same iteration times"),
+    "xpu_sampling": (("all",), "every XPU is simulated; representative XPUs were retired: every XPU on the C++ "
+                               "core ran 4-6x faster than representatives did, and representatives were not exact "
+                               "where alike-looking XPUs play different parts (up to 1.3 % off)"),
     "xpu_fidelity": (("all",), "every XPU is simulated; representative XPUs were retired"),
 }
 TRACE_CHOICES = ("per-stage", "per-device")
