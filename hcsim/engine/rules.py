@@ -277,7 +277,10 @@ class WorkloadRules:
         flops = data["flops"] if duration is None else duration * speed
         compute_time = flops / speed
         model = self.options.compute_model
-        if model is not None and duration is None and data.get("ops") and node["kind"] == "xpu":  # roofline
+        # the kernel model times GPU kernels: an offloaded optimizer step on the host CPU (host: cpu) runs its FLOPs
+        # at the CPU's speed beside its DRAM reads, as at the peak model
+        if model is not None and duration is None and data.get("ops") and node["kind"] == "xpu" \
+                and data.get("host") != "cpu":
             # FP8 training runs all but its GEMMs in BF16: the kernel model takes the BF16 peak (hcsim.workload.ops)
             kernel_peak = peak_flops(node, "bf16") if precision == "fp8" else speed
             compute_time = model.time(data["ops"], node["device"], kernel_peak, self.path(node["local_memory"], xpu)[1])

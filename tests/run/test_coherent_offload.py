@@ -46,3 +46,22 @@ def test_offload_cxl_on_a_superchip_names_coherent():
     with pytest.raises(ConfigError, match=r"offload: coherent: .*dgx-h100.*coherent: False"):
         prepare(load_scenario(None, ["platform=dgx-h100", "workload=llama3-8b", "xpus=8", "tp=4",
                                      "global_batch=8", "zero=1", "offload=coherent"]))
+
+
+def test_a_cpu_step_runs_at_the_cpu_s_speed_beside_its_dram_reads_under_the_kernel_model(tmp_path):
+    """offload: cpu's optimizer step on the Grace CPU: the kernel model times GPU kernels, not this step, which
+    takes max(FLOPs / the CPU's FLOP/s, latency + bytes / its DRAM bandwidth) under either compute model (it was
+    priced as the GPU's kernels and then run at the CPU's speed: 139x too slow)."""
+    import csv
+
+    settings = ["platform=gh200", "workload=llama3-8b", "xpus=8", "tp=4", "global_batch=8", "iterations=1",
+                "zero=1", "offload=cpu", "trace_xpus=[xpu0]", "compute_model=roofline"]
+    simulate(load_scenario(None, settings), out=tmp_path)
+    (row,) = [r for r in csv.DictReader(open(tmp_path / "trace.csv")) if r["vertex"] == "s0.optimizer"]
+    prepared = prepare(load_scenario(None, settings))
+    step, nodes = prepared.workload.nodes["s0.optimizer"], prepared.platform.nodes
+    memory = nodes["xpu0"]["host_memory"]
+    cpu = nodes[memory]["owner"]
+    dram = prepared.platform.edges[cpu, memory]
+    closed = max(step["flops"] / nodes[cpu]["flops"], dram["latency"] + step["memory_bytes"] / dram["bandwidth"])
+    assert float(row["end_s"]) - float(row["start_s"]) == pytest.approx(closed, rel=1e-9)
