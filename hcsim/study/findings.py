@@ -265,12 +265,20 @@ def _pairs(rows, axes, axis, first, second):
             yield group, a[0], b[0]
 
 
+def _ratio(a: float, b: float) -> float:
+    """a / b, where b may be 0 (a metric such as exposed dp communication with dp 1): 1 when both are, else
+    +-infinity with a's sign."""
+    if b:
+        return a / b
+    return 1.0 if a == 0 else math.copysign(math.inf, a)
+
+
 def _better(spec, rows, axes, metric):
     axis = spec["axis"]
     strict = spec.get("strict", True)
     ratios, failures = [], []
     for group, good, bad in _pairs(rows, axes, axis, _value(spec, "better", axis), _value(spec, "worse", axis)):
-        ratio = good[metric] / bad[metric]
+        ratio = _ratio(good[metric], bad[metric])
         ratios.append(ratio)
         if not (ratio > 1 if strict else ratio >= 1 - 1e-9):
             failures.append(f"{_name(group)}: {ratio:.4f}x")
@@ -286,7 +294,7 @@ def _close(spec, rows, axes, metric):
     errors, failures = [], []
     for group, reference, other in _pairs(rows, axes, axis, _value(spec, "reference", axis),
                                           _value(spec, "other", axis)):
-        error = other[metric] / reference[metric] - 1
+        error = _ratio(other[metric], reference[metric]) - 1
         errors.append(abs(error))
         if abs(error) > tolerance:
             failures.append(f"{_name(group)}: {error:+.2%}")

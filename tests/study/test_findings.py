@@ -92,3 +92,16 @@ def test_compared_values_of_a_quantity_axis_may_carry_units():
                       ["cxl_latency_s", "offload"])
     assert close.ok and "over 1 pairs" in close.detail
     assert better.ok and "2.01x" in better.detail
+
+
+def test_a_metric_that_is_zero_compares_without_dividing_by_it():
+    """A time that is 0 in a row (exposed dp communication with dp 1): equal zeros are 1x (not better, within any
+    tolerance), a positive value over a zero one is infinitely better: a verdict, never a ZeroDivisionError."""
+    rows = [{"status": "ok", "offload": offload, "batches_per_s": speed}
+            for offload, speed in (("none", 0.0), ("cpu", 0.0), ("cxl", 2.0))]
+    tie = evaluate({"check": "better", "axis": "offload", "better": "cpu", "worse": "none"}, rows, ["offload"])
+    close = evaluate({"check": "close", "axis": "offload", "reference": "none", "other": "cpu"}, rows, ["offload"])
+    beats = evaluate({"check": "better", "axis": "offload", "better": "cxl", "worse": "none"}, rows, ["offload"])
+    assert not tie.ok and "1x" in tie.detail
+    assert close.ok
+    assert beats.ok and "infx" in beats.detail
