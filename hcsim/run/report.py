@@ -110,7 +110,18 @@ def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float, comput
         "spill": spill_policy(scenario, prepared.platform_spec) if prepared.platform_spec is not None else None,
         **_batch_split_report(prepared),
         **_tp_across_servers(prepared),
-        "links": _busiest_links(prepared.platform, outcome.link_bytes, ends[-1]),
+        **_run_keys(prepared, outcome, setup_s, wall_s,
+                    scenario.digest() + (f"+{graph['source_digest']}" if "source_digest" in graph else ""),
+                    graph.get("layout")),
+    }
+
+
+def _run_keys(prepared: Prepared, outcome, setup_s: float, wall_s: float, inputs_hash: str, layout) -> dict[str, Any]:
+    """The keys of a result record that belong to the whole run: its busiest links, counts, times, inputs and
+    provenance (:data:`_RUN_ONLY`)."""
+    scenario = prepared.scenario
+    return {
+        "links": _busiest_links(prepared.platform, outcome.link_bytes, outcome.iteration_ends[-1]),
         "activities": outcome.activities,
         "engine": outcome.engine,
         "collective_fidelity": sorted(set(outcome.collective_fidelity.values())),
@@ -119,8 +130,8 @@ def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float, comput
         "peak_rss_mb": _peak_rss_mb(),
         "inputs": scenario.to_dict(),
         "inputs_resolved": resolve_scenario(scenario),
-        "inputs_hash": scenario.digest() + (f"+{graph['source_digest']}" if "source_digest" in graph else ""),
-        "layout": graph.get("layout"),
+        "inputs_hash": inputs_hash,
+        "layout": layout,
         "versions": {"hcsim": __version__, "source": _source_digest(), "simgrid": _simgrid_version(),
                      "python": host_platform.python_version()},
     }
@@ -165,19 +176,7 @@ def summarize_jobs(prepared: Prepared, outcome, setup_s: float, wall_s: float, c
         "jobs": jobs,
         "breakdown": _breakdown(prepared, per_xpu),
         **straggler_report(prepared.platform, prepared.xpus, per_xpu),
-        "links": _busiest_links(prepared.platform, outcome.link_bytes, ends[-1]),
-        "activities": outcome.activities,
-        "engine": outcome.engine,
-        "collective_fidelity": sorted(set(outcome.collective_fidelity.values())),
-        "wall_time_s": wall_s,
-        "setup_time_s": setup_s,
-        "peak_rss_mb": _peak_rss_mb(),
-        "inputs": scenario.to_dict(),
-        "inputs_resolved": resolve_scenario(scenario),
-        "inputs_hash": scenario.digest(),
-        "layout": None,
-        "versions": {"hcsim": __version__, "source": _source_digest(), "simgrid": _simgrid_version(),
-                     "python": host_platform.python_version()},
+        **_run_keys(prepared, outcome, setup_s, wall_s, scenario.digest(), None),
     }
 
 
