@@ -25,19 +25,26 @@ each with its own scheduler (:class:`_Scheduler`), as vLLM schedules (``serving.
 A request's first token comes at the end of the step that computes its last prompt token; it finishes when
 its output is complete. Every request is served once (a test checks it), none is lost to preemption.
 
-A step's time (:meth:`_Platform.step_time` over a :class:`StepWork`) is the kernel model's
+A step's work (:class:`StepWork`, from :class:`_StepCost`) is the kernel model's
 (:mod:`hcsim.engine.compute_model`, the device's measured factors, with no per-kernel launch cost: serving
 engines replay decode steps as CUDA graphs) over the step's kernels on one TP rank, layer after layer and stage
-after stage, plus its transfers as closed forms over the platform's links: two TP all-reduces per layer (ring:
-2(n-1)·(α + S/(n·B)) at the link kind's achieved bandwidth, plus its call latency), a pipeline send per stage
-boundary, the spilled KV read from extended memory (in place beside the HBM reads, the paper's Fig. 3c; or
-copied first, Fig. 3b), swap copies over the host link, and the host's ``step_overhead``. Replicas have
-private links here (a closed form per replica); :class:`StepWork` lists what the engine would need to run the
-step on shared links instead (compute per XPU and the bytes of each transfer).
+after stage, plus its transfers: two TP all-reduces per layer, a pipeline send per stage boundary, the spilled
+KV read from extended memory (in place beside the HBM reads, the paper's Fig. 3c; or copied first, Fig. 3b),
+swap copies over the host link, and the host's ``step_overhead``. The steps run on the engine core
+(:class:`_Engine`; ``hcsim/engine/core/steps.hpp``): every replica's loop in one SimGrid run, each step as
+activities on the platform (each XPU's compute, its spilled read or copy from its extended memory, its swap
+copy from its server's nearest DRAM, the all-reduces as one ring flow per rank, the send from stage to stage),
+so replicas whose transfers cross one link (a CXL switch port, a host's PCIe uplink, a NIC) share it. Alone
+on links of its own, a step takes the closed form's time (:meth:`_Platform.step_time`: ring all-reduces
+2(n-1)·(α + S/(n·B)) at the link kind's achieved bandwidth plus their call latency, and so on), which the
+tests hold the engine to; a phase of a step that nothing else can slow runs as one delay of that time.
 
-Speed: between events (an arrival that can be admitted, a request finishing, a block that cannot be had) a
-replica's steps are decodes of the same sequences, each reading one more token per sequence than the one
-before: their times are affine in the step number, checked at three points, and summed in closed form
+Each replica's scheduler is asked by the engine at the end of each step (:meth:`_Scheduler.advance`): it
+records that step's tokens, first tokens and finishes at the engine's time, and says what comes next. Between
+events (an arrival that can be admitted, a request finishing, a block that cannot be had) a replica's steps
+are decodes of the same sequences, each reading one more token per sequence than the one before: they go to
+the engine as one run of k steps whose compute grows by the same amount each step (checked at three points),
+each step simulated, the run ending early after the step in which the next request arrives
 (:meth:`_Scheduler._decode_run`). Per-request state lives in arrays.
 
 Units: s, bytes, tokens.
@@ -111,9 +118,9 @@ _TRAINING_KEYS = {
     "virtual_stages": (1, "interleaved pipeline schedules are training's"),
     "sequence_parallel": (False, "sequence parallelism is a training key"),
     "layer_split": (None, "serving splits the decoders evenly over pp stages"),
-    "collective": (None, "serving's TP all-reduces are rings (closed form)"),
-    "stragglers": ({}, "a serving step is a closed form over one replica's XPUs, all alike: no stragglers"),
-    "straggler_spread": (0.0, "a serving step is a closed form over one replica's XPUs, all alike: no stragglers"),
+    "collective": (None, "serving's TP all-reduces are rings, one flow per rank a step"),
+    "stragglers": ({}, "a serving replica's XPUs are of one device and run alike: no stragglers"),
+    "straggler_spread": (0.0, "a serving replica's XPUs are of one device and run alike: no stragglers"),
 }
 
 
@@ -138,11 +145,12 @@ def check_serving_scenario(scenario: Scenario, spec: ServingSpec) -> None:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepWork:
-    """What one replica does in one step, as the engine would run it: `compute` seconds of kernels on each XPU
-    (one TP rank's, every stage in turn); `allreduces` TP all-reduces of `allreduce_bytes` each; `sends`
-    pipeline sends of `send_bytes` each; `spilled_bytes` of KV read per XPU from extended memory beside
-    `resident_bytes` read from HBM (the attention's KV reads), over `spilled_layers` layers; `swap_bytes`
-    copied between HBM and host memory per XPU; `host` seconds of host work before the step."""
+    """What one replica does in one step (the engine runs it as :meth:`_Engine.encode` says): `compute` seconds
+    of kernels on each XPU (one TP rank's, every stage in turn); `allreduces` TP all-reduces of `allreduce_bytes`
+    each; `sends` pipeline sends of `send_bytes` each; `spilled_bytes` of KV read per XPU from extended memory
+    beside `resident_bytes` read from HBM (the attention's KV reads), over `spilled_layers` layers; `swap_bytes`
+    copied between HBM and host memory per XPU; `host` seconds of host work before the step; `head` seconds of
+    the logits, part of `compute`, on the last pipeline stage."""
 
     compute: float
     allreduces: int = 0
@@ -154,13 +162,15 @@ class StepWork:
     spilled_layers: int = 0
     swap_bytes: float = 0.0
     host: float = 0.0
+    head: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _Platform:
     """One replica's side of the platform: the compute model and device, HBM bandwidth, KV blocks (HBM,
     extended), the extended memory's path (bandwidth, latency) and whether it is read in place, the host link
-    for swapping, the TP all-reduce and pipeline send closed forms, and the layout."""
+    for swapping, the TP all-reduce and pipeline send closed forms, and the layout. :meth:`step_time` is the
+    closed form of a step alone on the replica's links: the tests' oracle for the engine's runs."""
 
     model: Any
     device: str
@@ -178,6 +188,8 @@ class _Platform:
     host_latency: float
     tp_time: Any  # bytes -> s of one TP all-reduce
     p2p_time: Any  # bytes -> s of one pipeline send
+    tp_link: tuple[float, float, float]  # the TP ring's (route latency s, achieved share of bandwidth, call latency s)
+    pp_link: tuple[float, float, float]  # a pipeline send's, the same
     tp: int
     pp: int
     dp: int
@@ -186,7 +198,7 @@ class _Platform:
     workspace: float
 
     def step_time(self, work: StepWork) -> float:
-        """Seconds of a step (closed forms over this replica's private links; module docstring)."""
+        """Seconds of a step alone on this replica's links (closed forms; module docstring)."""
         total = work.host + work.compute
         if work.allreduces:
             total += work.allreduces * self.tp_time(work.allreduce_bytes)
@@ -246,13 +258,130 @@ class _StepCost:
         if chunks or decode:
             attention = self._time(attention_kernels(model, chunks=chunks, decode=decode, context=resident,
                                                      tp=p.tp, precision=self.spec.precision))
-        compute = self.layers * (self.dense(tokens) + attention) + self.head(sampled)
+        head = self.head(sampled)
+        compute = self.layers * (self.dense(tokens) + attention) + head
         size = tokens * self.hidden_bytes
         return StepWork(compute=compute, allreduces=2 * self.layers if p.tp > 1 else 0, allreduce_bytes=size,
                         sends=p.pp - 1, send_bytes=size, spilled_bytes=spilled * self.token_kv * self.layers,
                         resident_bytes=resident * self.token_kv * self.layers,
                         spilled_layers=self.layers if spilled else 0, swap_bytes=swap_bytes,
-                        host=self.spec.step_overhead)
+                        host=self.spec.step_overhead, head=head)
+
+
+class _Engine:
+    """The run on the engine core (:mod:`hcsim.engine.core`, ``steps.hpp``): the replicas' XPUs (replica r: XPUs
+    r·tp·pp to (r+1)·tp·pp - 1, stage after stage), each XPU's extended memory (where KV blocks spill) and
+    host memory (the nearest DRAM of its server, where swapped blocks go), the platform compiled for the routes
+    between them, and each step's work as the core takes it (:meth:`encode`). Every replica runs in one
+    SimGrid run, so replicas whose reads, copies or flows cross one link share it."""
+
+    def __init__(self, spec: ServingSpec, config: SchedulerConfig, platform: _Platform, graph, xpus: list[str]):
+        from hcsim.platform.routes import RouteSearch, route_bandwidth, route_latency
+
+        self.platform, self.graph = platform, graph
+        p, nodes = platform, graph.nodes
+        hosts: dict[str, int] = {x: i for i, x in enumerate(xpus)}
+        x_ext, x_dram, pairs = array("i"), array("i"), set()
+        search, nearest = RouteSearch(graph), {}
+
+        def dram_of(x):  # the DRAM of x's server with the shortest route to x (least latency, then most bandwidth)
+            server = nodes[x].get("server")
+            if (server, x) not in nearest:
+                drams = sorted(n for n, data in nodes(data=True) if data.get("role") == "dram"
+                               and data.get("server") == server)
+                routes = {d: search(d, [x])[x] for d in drams}
+                nearest[server, x] = min(drams, key=lambda d: (route_latency(graph, routes[d]),
+                                                               -route_bandwidth(graph, routes[d]), d))
+            return nearest[server, x]
+
+        for x in xpus:
+            ext = nodes[x].get("extended_memory") if p.spilled_to is not None else None
+            dram = dram_of(x) if config.preemption == "swap" else None
+            for memory, column in ((ext, x_ext), (dram, x_dram)):
+                column.append(hosts.setdefault(memory, len(hosts)) if memory else -1)
+                if memory:
+                    pairs.add((memory, x))
+        size = p.tp * p.pp
+        for first in range(0, len(xpus), size):
+            group = xpus[first:first + size]
+            for stage in range(p.pp):
+                ring = group[stage * p.tp:(stage + 1) * p.tp]
+                if p.tp > 1:
+                    pairs.update(zip(ring, ring[1:] + ring[:1]))
+                if stage + 1 < p.pp:
+                    pairs.add((ring[0], group[(stage + 1) * p.tp]))
+        self.hosts, self.pairs = list(hosts), pairs
+        self.layout = {"r_tp": array("i", [p.tp]) * p.dp, "r_xpus": array("q", range(0, len(xpus) + 1, size)),
+                       "x_host": array("i", range(len(xpus))), "x_ext": x_ext, "x_dram": x_dram}
+        layers = spec.model.decoders
+        self.stage_layers = [layers // p.pp + (s < layers % p.pp) for s in range(p.pp)]
+        self.layers = layers
+        self.hbm = p.hbm_bandwidth * p.memory_efficiency
+        self.precision = spec.precision
+
+    def encode(self, k: int, until: float, work: StepWork, following: StepWork | None) -> tuple:
+        """The core's fields of a step (``steps.hpp``): the work of the closed form (:meth:`_Platform.step_time`)
+        as activities that, alone on the replica's links, take its time: host, swap, then per pipeline stage its
+        share of the layers (compute; the spilled KV read beside it after the stage's HBM reads would have led,
+        or copied first without coherence), its TP all-reduces as one ring flow per rank (count x 2(tp-1)/tp x
+        bytes over the achieved share of the bandwidth) and its pipeline send."""
+        p = self.platform
+        fields = [k, until, work.host, work.swap_bytes]
+        slope = following.compute - work.compute if following is not None else 0.0
+        resident_slope = following.resident_bytes - work.resident_bytes if following is not None else 0.0
+        body, last = work.compute - work.head, p.pp - 1
+        for stage, layers in enumerate(self.stage_layers):
+            share = layers / self.layers
+            compute = body * share + (work.head if stage == last else 0.0)
+            lead = lead_slope = spill = spill_pad = copy = copy_pad = ar = ar_pad = send = send_pad = 0.0
+            if work.spilled_bytes:
+                part, pad = work.spilled_bytes * share, (layers - 1) * p.ext_latency  # the flow crosses one latency
+                if p.coherent:
+                    spill, spill_pad = part, pad
+                    lead = compute - work.resident_bytes * share / self.hbm
+                    lead_slope = (slope - resident_slope / self.hbm) * share
+                else:
+                    copy, copy_pad = part, pad
+                    compute += part / self.hbm  # read from HBM once copied
+            if work.allreduces:
+                latency, achieved, call = p.tp_link
+                count, steps = work.allreduces * layers // self.layers, 2 * (p.tp - 1)
+                ar = count * steps * work.allreduce_bytes / (p.tp * achieved)
+                ar_pad = count * (steps * latency + call) - latency
+            if work.sends and stage < last:
+                latency, achieved, call = p.pp_link
+                send, send_pad = work.send_bytes / achieved, call
+            fields += (compute, slope * share, lead, lead_slope, spill, spill_pad, copy, copy_pad, ar, ar_pad, send,
+                       send_pad)
+        return tuple(fields)
+
+    def run(self, schedulers: list, analytic: bool = True) -> dict:
+        """Every replica's scheduler driven by the core until each has served its requests; the core's counters.
+        An error a scheduler raises (ConfigError) comes out as it is."""
+        import tempfile
+
+        from hcsim.engine import core
+        from hcsim.errors import HcsimError, SimulationError
+        from hcsim.platform import compile_platform
+
+        compiled = compile_platform(self.graph, self.pairs, self.precision)
+        encode = self.encode
+
+        def next_step(replica, now, done):
+            reply = schedulers[replica].advance(now, done)
+            if reply is None or reply.__class__ is float:
+                return reply
+            return encode(*reply)
+
+        with tempfile.TemporaryDirectory(prefix="hcsim-") as folder:
+            xml = Path(folder) / "platform.xml"
+            xml.write_text(compiled.xml)
+            try:
+                return core.load().run_steps(str(xml), self.hosts, self.layout, next_step, analytic)
+            except HcsimError:
+                raise
+            except (ValueError, TypeError, RuntimeError) as err:  # a bad step or layout: a bug, said as one
+                raise SimulationError(f"engine core: {err}") from err
 
 
 class _Group:
@@ -292,6 +421,8 @@ class _Scheduler:
         self.waiting: deque[int] = deque(range(n))
         self.running: list[int] = []
         self.now, self.steps, self.swap_used = 0.0, 0, 0.0
+        self._pending = None  # the step or run in flight on the engine: what it does when it ends
+        self.start(10_000)
         self.hit_tokens = self.query_tokens = self.preempted = self.max_tokens = self.recomputed = 0
         self.kinds = {"prefill": 0, "mixed": 0, "decode": 0}  # steps of prefill chunks only, both, decodes only
         self.trace_time, self.trace_hbm, self.trace_ext, self.trace_running = (array("d"), array("q"), array("q"),
@@ -403,33 +534,58 @@ class _Scheduler:
 
     # ---- steps -------------------------------------------------------------------------------------------------
 
-    def run(self, limit: int, update=None) -> None:
-        """Serve every request; ConfigError after `limit` scheduling events (steps or decode runs), which only
-        preemptions that recompute over and over reach (the run would not end in reasonable time). `update`, if
-        given, receives how many more requests have finished, now and then."""
-        events = reported = 0
+    def advance(self, now: float, done: int):
+        """The engine's question when this replica's step, run of decodes or idle time ends at `now` (`done`: the
+        steps of the run that ran): what they produced, at `now`, then what the replica does next: None (every
+        request served), a float (idle until then: no request to run before it arrives), or a step as
+        ``(k, until, work, following)``: the StepWork of a step, and for a run of k >= 2 decodes the StepWork of
+        the one after it (each further one as much more), ending early after the first step that ends at or
+        after `until` (s; inf: none). ConfigError after `limit` steps and runs (:meth:`start`), which only
+        preemptions that recompute over and over reach (the run would not end in reasonable time)."""
+        if self._pending:
+            self._finish(now, done)
+        elif now > self.now:  # (after idling: the arrival it waited for, exactly)
+            self.now = now
         while self.waiting or self.running:
-            if update is not None and not events % 4096:
+            if self.update is not None and not self.events % 4096:
                 finished = len(self.index) - len(self.waiting) - len(self.running)
-                update(finished - reported)
-                reported = finished
+                self.update(finished - self.reported)
+                self.reported = finished
             if not self.running and self.arrival[self.waiting[0]] > self.now:
                 self.now = self.arrival[self.waiting[0]]
-            if not self._decode_run():
-                self._step()
-            events += 1
-            if events > limit and not os.environ.get("HCSIM_NO_LIMITS"):  # hcsim.limits' switch
+                return self.now
+            self.events += 1
+            if self.events > self.limit and not os.environ.get("HCSIM_NO_LIMITS"):  # hcsim.limits' switch
                 longest = max(p + o for p, o in zip(self.prompt, self.output))
                 raise ConfigError(
-                    f"serving workload {self.spec.name!r}: a replica stopped after {events:,} scheduling steps, more "
-                    f"than the {limit:,} its {len(self.index):,} requests need (10 per prompt chunk and request: "
-                    f"hcsim.run.serving.EVENTS_PER_REQUEST): {self.preempted:,} preemptions recomputed "
+                    f"serving workload {self.spec.name!r}: a replica stopped after {self.events:,} scheduling steps, "
+                    f"more than the {self.limit:,} its {len(self.index):,} requests need (10 per prompt chunk and "
+                    f"request: hcsim.run.serving.EVENTS_PER_REQUEST): {self.preempted:,} preemptions recomputed "
                     f"{self.recomputed:,} tokens, the KV cache of {self.platform.hbm_blocks * self.config.block_size:,}"
                     f" tokens in HBM thrashing between requests of up to {longest:,} tokens. Fix: fewer sequences at "
                     f"once (serving.max_num_seqs), shorter requests, or more KV memory (more tp or pp, extended memory "
                     f"with spill: allow), or set HCSIM_NO_LIMITS=1 to run it anyway")
-        if update is not None:
-            update(len(self.index) - reported)
+            step = self._decode_run() or self._step()
+            if step is not None:
+                return step
+        if self.update is not None:
+            self.update(len(self.index) - self.reported)
+            self.update = None
+        return None
+
+    def start(self, limit: int, update=None) -> None:
+        """Before the first question: at most `limit` steps and runs; `update`, if given, receives how many more
+        requests have finished, now and then."""
+        self.limit, self.update, self.events, self.reported = limit, update, 0, 0
+
+    def _finish(self, now: float, done: int) -> None:
+        """The pending step's (or run's `done` steps') effects at `now`, when it ended."""
+        self.now = now
+        kind, self._pending = self._pending, None
+        if kind[0] == "run":
+            self._finish_run(done)
+        else:
+            self._finish_step(*kind[1:])
 
     def _tokens(self, i: int) -> int:
         return self.prompt[i] + self.made[i]
@@ -463,8 +619,9 @@ class _Scheduler:
             budget -= new
         return budget, swap_in
 
-    def _step(self) -> None:
-        """One step as the scheduler builds it, its time, and what it produces."""
+    def _step(self):
+        """One step as the scheduler builds it (its blocks taken, its preemptions done): what :meth:`advance`
+        returns for it, or None when it preempted every running request and has nothing to run."""
         config = self.config
         scheduled: list[tuple[int, int]] = []
         swap = 0.0
@@ -476,8 +633,7 @@ class _Scheduler:
             decodes = list(self.running)
             if not config.prefill_first:
                 swap += self._admit(budget - len(decodes), scheduled)[1]
-            self._run_step(scheduled, swap, decodes)
-            return
+            return self._plan_step(scheduled, swap, decodes)
         if not scheduled:
             index, running, computed, prompt, made = 0, self.running, self.computed, self.prompt, self.made
             bs, hit, hbm, ext = config.block_size, self.hit, self.hbm, self.ext
@@ -512,7 +668,7 @@ class _Scheduler:
                 swap += swap_in
         if not scheduled:
             if preempted:  # every running request gave its blocks back: the next step admits again
-                return
+                return None
             i = self.waiting[0]
             raise ConfigError(f"serving workload {self.spec.name!r}: request {self.index[i]} cannot be scheduled on "
                               f"an idle replica: it needs {self._tokens(i):,} tokens of KV cache "
@@ -520,7 +676,7 @@ class _Scheduler:
                               f"{self.total_blocks:,} blocks, {config.watermark:.0%} of them kept free by the "
                               f"{config.name} scheduler. Fix: shorter requests, more tp or pp, or extended memory "
                               f"with spill: allow")
-        self._run_step(scheduled, swap)
+        return self._plan_step(scheduled, swap)
 
     def _decodes_fit(self, budget: int) -> bool:
         """Whether every running request decodes its next token this step with no preemption, no block beyond
@@ -541,13 +697,11 @@ class _Scheduler:
 
     _fast = True  # (tests turn the path of _decodes_fit off to check it gives the same run)
 
-    def _run_step(self, scheduled: list[tuple[int, int]], swap: float, decodes=()) -> None:
-        """Time the step of the `scheduled` (slot, tokens) entries and of the `decodes` (slots decoding a token
-        from HBM, :meth:`_decodes_fit`) and advance them: a token for each that has computed all it knows, the
-        first token's and the finish's times, blocks freed at the finish."""
+    def _plan_step(self, scheduled: list[tuple[int, int]], swap: float, decodes=()):
+        """The work of the step of the `scheduled` (slot, tokens) entries and of the `decodes` (slots decoding a
+        token from HBM, :meth:`_decodes_fit`), pending until it ends (:meth:`_finish_step`)."""
         bs, tokens, sampled, chunks, decode, resident, spilled = self.config.block_size, 0, 0, [], 0, 0, 0
-        computed, prompt, made, output, ext, hit = (self.computed, self.prompt, self.made, self.output, self.ext,
-                                                    self.hit)
+        computed, prompt, made, ext, hit = self.computed, self.prompt, self.made, self.ext, self.hit
         if decodes:
             n = len(decodes)
             tokens, sampled, decode, resident = n, n, n, sum(computed[i] for i in decodes) + n
@@ -566,10 +720,16 @@ class _Scheduler:
                 chunks.append((new, before))
         if tokens > self.max_tokens:
             self.max_tokens = tokens
-        work = self.cost.work(tokens, sampled, chunks, decode, resident, spilled, swap)
-        now = self.now = self.now + self.platform.step_time(work)
-        self.steps += 1
         self.kinds["mixed" if chunks and decode else "prefill" if chunks else "decode"] += 1
+        self._pending = ("step", scheduled, decodes)
+        return 1, math.inf, self.cost.work(tokens, sampled, chunks, decode, resident, spilled, swap), None
+
+    def _finish_step(self, scheduled, decodes) -> None:
+        """The step's effects at its end (`now`): a token for each entry that has computed all it knows, the first
+        token's and the finish's times, blocks freed at the finish."""
+        computed, prompt, made, output = self.computed, self.prompt, self.made, self.output
+        now = self.now
+        self.steps += 1
         done = False
         for i in decodes:
             computed[i] += 1
@@ -603,9 +763,9 @@ class _Scheduler:
         self.trace_ext.append((self.platform.ext_blocks - self.free_ext) * bs)
         self.trace_running.append(len(self.running))
 
-    def _decode_run(self) -> bool:
-        """Run k >= 2 steps at once where they are decodes of the same running sequences with nothing else
-        possible (module docstring); False where not."""
+    def _decode_run(self):
+        """k >= 2 steps as one run where they are decodes of the same running sequences with nothing else possible
+        (module docstring): what :meth:`advance` returns for it; False where not."""
         running, config = self.running, self.config
         n = len(running)
         if not n or n > config.max_num_batched_tokens:
@@ -640,30 +800,27 @@ class _Scheduler:
                 spilled += ext_tokens
                 resident += computed[i] + 1 - ext_tokens
 
-        def step(j):  # seconds of the j-th decode from now
-            return self.platform.step_time(self.cost.work(n, n, (), n, resident + j * n, spilled))
-
-        first, second = step(0), step(1)
-        slope = second - first
-        if self.waiting and self.arrival[self.waiting[0]] > self.now and n < config.max_num_seqs:
-            due = self.arrival[self.waiting[0]] - self.now  # stop after the step in which it arrives
-
-            def elapsed(j):
-                return j * first + slope * j * (j - 1) / 2
-
-            low, high = 1, k
-            while low < high:  # the first step ending at or after the arrival (elapsed grows: steps take time)
-                mid = (low + high) // 2
-                low, high = (low, mid) if elapsed(mid) >= due else (mid + 1, high)
-            k = low
-        while k > 2 and abs(step(k - 1) - (first + (k - 1) * slope)) > 1e-9 * first:
-            k //= 2  # not affine over the run (a kink: the coherent read's max): a shorter run
+        cost = self.cost
+        work, following = cost.work(n, n, (), n, resident, spilled), cost.work(n, n, (), n, resident + n, spilled)
+        slope = following.compute - work.compute
+        while k > 2 and abs(cost.work(n, n, (), n, resident + (k - 1) * n, spilled).compute
+                            - (work.compute + (k - 1) * slope)) > 1e-9 * work.compute:
+            k //= 2  # the kernels' time is not affine in the context over the run (a roofline's kink): a shorter run
         if k < 2:
             return False
-        self.now += k * first + slope * k * (k - 1) / 2
+        until = math.inf
+        if self.waiting and self.arrival[self.waiting[0]] > self.now and n < config.max_num_seqs:
+            until = self.arrival[self.waiting[0]]  # stop after the step in which it arrives
+        self._pending = ("run",)
+        return k, until, work, following
+
+    def _finish_run(self, k: int) -> None:
+        """The effects of `k` decodes of every running sequence (:meth:`_decode_run`) at their end (`now`)."""
+        running, bs, hit, hbm, ext = self.running, self.config.block_size, self.hit, self.hbm, self.ext
+        computed, made = self.computed, self.made
         self.steps += k
         self.kinds["decode"] += k
-        self.max_tokens = max(self.max_tokens, n)
+        self.max_tokens = max(self.max_tokens, len(running))
         taken = 0
         for i in running:  # the blocks of their k new tokens, from HBM (blocks_for made sure it has them)
             computed[i] += k
@@ -674,7 +831,6 @@ class _Scheduler:
                 taken += need
         self.free_hbm -= taken
         self._record()
-        return True
 
     def _admissible(self, decodes: int) -> bool:
         """Whether the waiting queue's head (arrived) would be admitted in a step beside `decodes` decodes. What
@@ -708,41 +864,47 @@ class _Scheduler:
         return rows
 
 
-def simulate_serving(scenario: Scenario, spec: ServingSpec, progress=None) -> dict[str, Any]:
+def simulate_serving(scenario: Scenario, spec: ServingSpec, progress=None, *, private: str = "analytic"
+                     ) -> dict[str, Any]:
     """Run `spec` on the scenario's platform (module docstring); the result record. `progress`, if given, is
-    called with the number of requests and returns a callable that receives how many more have finished."""
+    called with the number of requests and returns a callable that receives how many more have finished.
+    `private`: ``analytic`` (a step's phase that no other transfer can slow is one delay of its time alone) or
+    ``simulated`` (every phase in full; the same times, more activities: for tests).
+
+    The steps run on the engine core, whose SimGrid Engine a process may make once: where this process has made
+    it already, the run goes to a fresh process (its progress then told at its end)."""
     import time
 
+    from hcsim.engine import core
+
     wall = time.perf_counter()
-    check_serving_scenario(scenario, spec)
-    if scenario.precision is not None:
-        spec = replace(spec, precision=scenario.precision)
-    estimate = spec.requests * BYTES_PER_REQUEST
-    if estimate > MAX_SERVING_MEMORY:
-        raise ConfigError(f"serving workload {spec.name!r}: {spec.requests:,} requests would take about "
-                          f"{format_quantity(estimate, 'B')} ({BYTES_PER_REQUEST:,} B per request), more than the "
-                          f"{format_quantity(MAX_SERVING_MEMORY, 'B')} a serving run may use (hcsim.run.serving). "
-                          f"Fix: fewer requests per run")
-    platform, config = _platform(scenario, spec)
+    if private not in ("analytic", "simulated"):
+        raise ConfigError(f"simulate_serving: private must be analytic or simulated, got {private!r}")
+    spec, platform, config, graph, xpus, requests = _checked(scenario, spec)
+    if not core.available():
+        raise ConfigError(f"the engine core is not built: {core.unavailable_reason()}")
+    if core.load().engine_started():
+        from hcsim.run.simulation import _in_fresh_process
+
+        result = _in_fresh_process(_serve_here, scenario, spec, private)
+        if progress:
+            progress(spec.requests)(spec.requests)
+        return result
     cost = _StepCost(spec, platform)
-    requests = make_requests(spec)
-    longest = max(requests, key=lambda q: q.prompt + q.output)
-    blocks = -(-(longest.prompt + longest.output) // config.block_size)
-    if blocks > platform.hbm_blocks + platform.ext_blocks:  # (an unbounded extended memory holds any)
-        bs = config.block_size
-        raise ConfigError(f"serving workload {spec.name!r}: request {longest.index} needs a KV cache of "
-                          f"{longest.prompt + longest.output:,} tokens; one replica holds "
-                          f"{platform.hbm_blocks * bs:,} in HBM and {platform.ext_blocks * bs:,} in extended memory. "
-                          f"Fix: shorter requests, more tp or pp, or extended memory with spill: allow")
-    records, occupancy = [], []
     update = progress(spec.requests) if progress else None
-    steps = preempted = hits = queries = most = 0
-    kinds = {"prefill": 0, "mixed": 0, "decode": 0}
+    schedulers = []
     for r in range(platform.dp):
         mine = requests[r::platform.dp]
         chunks = sum(-(-q.prompt // config.max_num_batched_tokens) for q in mine)
         scheduler = _Scheduler(spec, config, platform, cost, mine)
-        scheduler.run(EVENTS_PER_REQUEST * (chunks + 4 * len(mine)) + 10_000, update)
+        scheduler.start(EVENTS_PER_REQUEST * (chunks + 4 * len(mine)) + 10_000, update)
+        schedulers.append(scheduler)
+    engine = _Engine(spec, config, platform, graph, xpus)
+    counters = engine.run(schedulers, analytic=private == "analytic")
+    records, occupancy = [], []
+    steps = preempted = hits = queries = most = 0
+    kinds = {"prefill": 0, "mixed": 0, "decode": 0}
+    for r, scheduler in enumerate(schedulers):
         records += scheduler.records()
         occupancy += [(r, t, h, e, n) for t, h, e, n in zip(scheduler.trace_time, scheduler.trace_hbm,
                                                              scheduler.trace_ext, scheduler.trace_running)]
@@ -781,9 +943,39 @@ def simulate_serving(scenario: Scenario, spec: ServingSpec, progress=None) -> di
                "workspace_bytes_per_xpu": platform.workspace,
                "peak_hbm_tokens": max((row[2] for row in occupancy), default=0),
                "peak_extended_tokens": max((row[3] for row in occupancy), default=0)},
-        "per_request": records, "occupancy": occupancy,
+        "per_request": records, "occupancy": occupancy, "activities": counters["activities"],
         "wall_time_s": time.perf_counter() - wall,
     }
+
+
+def _serve_here(scenario: Scenario, spec: ServingSpec, private: str) -> dict[str, Any]:
+    """:func:`simulate_serving` in a fresh process (its SimGrid Engine)."""
+    return simulate_serving(scenario, spec, private=private)
+
+
+def _checked(scenario: Scenario, spec: ServingSpec):
+    """The run's inputs checked before anything runs: the spec at the scenario's precision, the platform side,
+    the scheduler, the platform graph, the run's XPUs and its requests; one ConfigError for what cannot run."""
+    check_serving_scenario(scenario, spec)
+    if scenario.precision is not None:
+        spec = replace(spec, precision=scenario.precision)
+    estimate = spec.requests * BYTES_PER_REQUEST
+    if estimate > MAX_SERVING_MEMORY:
+        raise ConfigError(f"serving workload {spec.name!r}: {spec.requests:,} requests would take about "
+                          f"{format_quantity(estimate, 'B')} ({BYTES_PER_REQUEST:,} B per request), more than the "
+                          f"{format_quantity(MAX_SERVING_MEMORY, 'B')} a serving run may use (hcsim.run.serving). "
+                          f"Fix: fewer requests per run")
+    platform, config, graph, xpus = _setup(scenario, spec)
+    requests = make_requests(spec)
+    longest = max(requests, key=lambda q: q.prompt + q.output)
+    blocks = -(-(longest.prompt + longest.output) // config.block_size)
+    if blocks > platform.hbm_blocks + platform.ext_blocks:  # (an unbounded extended memory holds any)
+        bs = config.block_size
+        raise ConfigError(f"serving workload {spec.name!r}: request {longest.index} needs a KV cache of "
+                          f"{longest.prompt + longest.output:,} tokens; one replica holds "
+                          f"{platform.hbm_blocks * bs:,} in HBM and {platform.ext_blocks * bs:,} in extended memory. "
+                          f"Fix: shorter requests, more tp or pp, or extended memory with spill: allow")
+    return spec, platform, config, graph, xpus, requests
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -810,6 +1002,12 @@ def activation_workspace(spec: ServingSpec, tokens: int, sequences: int, tp: int
 
 def _platform(scenario: Scenario, spec: ServingSpec) -> tuple[_Platform, SchedulerConfig]:
     """The platform side of the run: one replica's XPUs, memories and paths, and the scheduler's knobs."""
+    platform, config, _, _ = _setup(scenario, spec)
+    return platform, config
+
+
+def _setup(scenario: Scenario, spec: ServingSpec):
+    """:func:`_platform`'s platform and scheduler, and the platform graph with the run's XPUs (in order)."""
     from hcsim.config import resolve_spec
     from hcsim.engine.compute_model import load_compute_model
     from hcsim.platform import build_platform, load_platform_spec
@@ -887,14 +1085,21 @@ def _platform(scenario: Scenario, spec: ServingSpec) -> tuple[_Platform, Schedul
     peers = xpus[:tp * pp]
     routes = shortest_routes(graph, peers[0], peers[1:2] + peers[tp:tp + 1]) if len(peers) > 1 else {}
 
+    def link(route):
+        """(latency, achieved share of the bandwidth, call latency) of `route` (its slowest link's kind's)."""
+        if not route:
+            return (0.0, 1.0, 0.0)
+        slowest = min(zip(route, route[1:]), key=lambda e: graph.edges[e]["bandwidth"])
+        kind = compute.link(graph.edges[slowest]["kind"])
+        return (route_latency(graph, route), kind.bandwidth_factor, kind.call_latency)
+
     def link_time(route, collective_steps, ranks):
         """bytes -> s over `route`: `collective_steps` of (latency + bytes / ranks at the achieved bandwidth)."""
         if not route:
             return lambda size: 0.0
-        slowest = min(zip(route, route[1:]), key=lambda e: graph.edges[e]["bandwidth"])
-        link = compute.link(graph.edges[slowest]["kind"])
-        rate = route_bandwidth(graph, route) * link.bandwidth_factor * ranks
-        fixed = collective_steps * route_latency(graph, route) + link.call_latency
+        latency, share, call = link(route)
+        rate = route_bandwidth(graph, route) * share * ranks
+        fixed = collective_steps * latency + call
         return lambda size: fixed + collective_steps * size / rate
 
     tp_route = routes.get(peers[1]) if tp > 1 else None
@@ -904,9 +1109,10 @@ def _platform(scenario: Scenario, spec: ServingSpec) -> tuple[_Platform, Schedul
                          hbm_blocks=int(free / block_bytes), ext_blocks=ext_blocks, ext_bandwidth=ext_bandwidth,
                          ext_latency=ext_latency, coherent=coherent, spilled_to=spilled_to, ext_unbounded=ext_unbounded,
                          host_bandwidth=host_bandwidth, host_latency=host_latency,
-                         tp_time=link_time(tp_route, 2 * (tp - 1), tp), p2p_time=link_time(pp_route, 1, 1), tp=tp, pp=pp,
+                         tp_time=link_time(tp_route, 2 * (tp - 1), tp), p2p_time=link_time(pp_route, 1, 1),
+                         tp_link=link(tp_route), pp_link=link(pp_route), tp=tp, pp=pp,
                          dp=scenario.xpus // (tp * pp), token_bytes=token_bytes, weights=weights, workspace=workspace)
-    return platform, config
+    return platform, config, graph, xpus
 
 
 def write_serving_outputs(out: Path, result: dict) -> None:

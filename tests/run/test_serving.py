@@ -1,5 +1,6 @@
-"""Inference serving (hcsim.run.serving, hcsim.workload.serving): closed forms of a step, the KV cache, and continuous
-batching that loses or duplicates no request."""
+"""Inference serving (hcsim.run.serving, hcsim.workload.serving): closed forms of a step, the KV cache, continuous
+batching that loses or duplicates no request, and steps on the engine: a replica alone takes the closed form's
+times, replicas sharing a link slow each other down."""
 
 import json
 import re
@@ -14,8 +15,8 @@ from hcsim.errors import ConfigError
 from hcsim.platform.devices import builtin_catalog
 from hcsim.run.scenario import Scenario
 from hcsim.run.report import RUN_OUTPUTS
-from hcsim.run.serving import (_platform, _StepCost, activation_workspace, load_serving_spec, percentiles,
-                               simulate_serving)
+from hcsim.run.serving import (_checked, _platform, _Scheduler, _StepCost, activation_workspace, load_serving_spec,
+                               percentiles, simulate_serving)
 from hcsim.workload.model import ModelShape
 from hcsim.workload.serving import ServingSpec, kv_bytes_per_token, make_requests, step_kernels
 from hcsim.workload.transformer import model_parameters
@@ -69,6 +70,52 @@ def scenario(**keys):
     return Scenario(**({"platform": "paper-cxl", "xpus": 4, "tp": 2, "devices": ("H100",)} | keys))
 
 
+def closed_form(where, mix, **changes):
+    """Each request's (first token, finish) times as the closed form gives them: every replica's scheduler driven
+    by _Platform.step_time over its steps' StepWork (each replica alone, on links of its own), the oracle of the
+    engine's runs; and the steps. `changes`: _Platform fields to replace (a shared link's bandwidth)."""
+    mix, platform, config, _, _, requests = _checked(where, mix)
+    platform = replace(platform, **changes)
+    cost = _StepCost(mix, platform)
+    rows, steps = [], 0
+    for r in range(platform.dp):
+        scheduler = _Scheduler(mix, config, platform, cost, requests[r::platform.dp])
+        now, done = 0.0, 0
+        while (reply := scheduler.advance(now, done)) is not None:
+            done = 0
+            if reply.__class__ is float:  # idle until then
+                now = reply
+                continue
+            k, until, work, following = reply
+            while True:  # as the core runs a run of k decodes: the j-th takes j slopes more compute and KV reads
+                j = replace(work, compute=work.compute + done * (following.compute - work.compute),
+                            resident_bytes=work.resident_bytes + done * (following.resident_bytes
+                                                                         - work.resident_bytes)) if done else work
+                now += platform.step_time(j)
+                done += 1
+                if done == k or now >= until:
+                    break
+        rows += [(row["request"], row["first_token_s"], row["finish_s"]) for row in scheduler.records()]
+        steps += scheduler.steps
+    return sorted(rows), steps
+
+
+# s: SimGrid's timing precision (its precision/timing): an activity may end this much off its exact time. A step
+# chains at most 2 + 6 pp activities (host, swap; per stage a pad and a transfer beside the compute, the
+# all-reduce's pad and flows, the send's pad and flow), so after n steps a time is off by at most n (2 + 6 pp) of it.
+TIMING = 1e-9
+
+
+def same_times(result, oracle, steps, pp=1, bound=None):
+    """The run's request times are the oracle's, within SimGrid's timing precision over the steps."""
+    bound = steps * (2 + 6 * pp) * TIMING if bound is None else bound
+    got = [(row["request"], row["first_token_s"], row["finish_s"]) for row in result["per_request"]]
+    assert [row[0] for row in got] == [row[0] for row in oracle]
+    worst = max(abs(a - b) for mine, theirs in zip(got, oracle) for a, b in zip(mine[1:], theirs[1:]))
+    assert worst <= bound, (worst, bound)
+    return worst
+
+
 def served_once(result, spec):
     """Every request of `spec` served exactly once, with all its output tokens, in order of time."""
     rows = result["per_request"]
@@ -106,6 +153,94 @@ def test_a_spilled_kv_cache_is_read_in_place_over_cxl_or_copied_first_without_co
         times[coherent] = platform.step_time(spilled)
         assert platform.step_time(resident) < times[coherent]
     assert times[True] < times[False]
+
+
+TIGHT = dict(requests=40, rate=None, prompt=(800, 1000), output=(100, 200), max_num_seqs=64,
+             gpu_memory_utilization=0.04)  # KV blocks for a few sequences in HBM: the rest spills or preempts
+
+
+@pytest.mark.parametrize("where, keys, private", [
+    (dict(), dict(), "analytic"),  # 2 replicas of tp 2, TP all-reduces on the XPU links
+    (dict(xpus=1, tp=1), TIGHT, "analytic"),  # KV spilled to the XPU's CXL memory, read in place beside the compute
+    (dict(xpus=1, tp=1), TIGHT, "simulated"),
+    (dict(xpus=2, tp=2, coherent=False), TIGHT | dict(gpu_memory_utilization=0.02), "simulated"),  # copied first
+    (dict(xpus=4, tp=2, pp=2), TIGHT | dict(requests=80, gpu_memory_utilization=0.01, max_num_batched_tokens=1024),
+     "simulated"),  # pipeline sends
+    (dict(xpus=1, tp=1, spill="error"), TIGHT | dict(preemption="swap"), "simulated"),  # swaps over PCIe
+])
+def test_a_replica_alone_on_links_of_its_own_takes_the_closed_forms_times(where, keys, private):
+    """Every step on the engine (compute, the spilled KV read or copy, swaps, all-reduce flows, pipeline sends): a
+    replica whose links no other replica crosses serves each request at the time the closed form sums its steps to
+    (_Platform.step_time), whether its phases run as SimGrid activities (simulated) or, as nothing can slow them,
+    as one delay of their time alone (analytic)."""
+    mix, here = spec(**keys), scenario(**where)
+    result = simulate_serving(here, mix, private=private)
+    oracle, steps = closed_form(here, mix)
+    assert result["steps"] == steps
+    same_times(result, oracle, steps, here.pp)
+    if keys.get("preemption") == "swap":
+        assert result["preemptions"] > 0
+    elif keys:
+        assert result["kv"]["peak_extended_tokens"] > 0
+
+
+def test_two_replicas_sharing_a_cxl_link_each_take_the_closed_form_at_half_its_bandwidth():
+    """cxl-pool: XPUs 0 and 1 read their spilled KV blocks from the pool over one CXL port and one PCIe uplink
+    (64 GB/s each) and then links of their own (64 GB/s). Two replicas with the same requests run in lockstep, so
+    every spilled read shares those links with the other's: each replica serves its requests at the closed form's
+    times at half the bandwidth (32 GB/s), later than alone. On paper-cxl each XPU reads its own CXL memory over a
+    link of its own: two replicas serve exactly as one alone does."""
+    same = TIGHT | dict(prompt=(900, 900), output=(150, 150))  # the replicas' requests alike
+    pair, alone = spec(**same), spec(**same | dict(requests=same["requests"] // 2))
+    shared = simulate_serving(scenario(platform="cxl-pool", xpus=2, tp=1), pair)
+    assert shared["kv"]["peak_extended_tokens"] > 0
+    one_platform, _ = _platform(scenario(platform="cxl-pool", xpus=1, tp=1), alone)
+    halved, steps = closed_form(scenario(platform="cxl-pool", xpus=2, tp=1), pair,
+                                ext_bandwidth=one_platform.ext_bandwidth / 2)
+    same_times(shared, halved, steps)
+    by_itself, _ = closed_form(scenario(platform="cxl-pool", xpus=1, tp=1), alone)
+    first = [row for row in shared["per_request"] if row["request"] % 2 == 0]
+    assert all(row["finish_s"] > theirs[2] for row, theirs in zip(first, by_itself))
+    apart = simulate_serving(scenario(xpus=2, tp=1), pair)
+    single = simulate_serving(scenario(xpus=1, tp=1), alone)
+    steps = single["steps"]
+    mine = sorted((row["request"] // 2, row["first_token_s"], row["finish_s"]) for row in apart["per_request"]
+                  if row["request"] % 2 == 0)
+    same_times(single, mine, steps)
+
+
+def test_a_bad_step_is_one_error_naming_its_field_and_the_core_survives():
+    """The core checks every step the scheduler gives it: a negative amount stops every replica's loop with one
+    ValueError naming the replica and the field; an exception the scheduler raises comes out as it is."""
+    code = """
+import math, sys, tempfile
+from array import array
+from pathlib import Path
+from hcsim.config import resolve_spec
+from hcsim.engine import core
+from hcsim.platform import build_platform, compile_platform, load_platform_spec
+graph = build_platform(load_platform_spec(resolve_spec("paper-cxl", "platforms", Path(".")), {}), 1)
+xml = Path(tempfile.mkdtemp()) / "platform.xml"
+xml.write_text(compile_platform(graph, [("xpu0.cxl", "xpu0")], "bf16").xml)
+layout = {"r_tp": array("i", [1]), "r_xpus": array("q", [0, 1]), "x_host": array("i", [0]),
+          "x_ext": array("i", [1]), "x_dram": array("i", [-1])}
+step = [1.0, math.inf, 0.0, 0.0] + [0.0] * 12
+step[4 + int(sys.argv[1])] = float(sys.argv[2])
+def next_step(replica, now, done):
+    if now > 0:
+        raise KeyError("the scheduler's own error")
+    return tuple(step)
+try:
+    core.load().run_steps(str(xml), ["xpu0", "xpu0.cxl"], layout, next_step)
+except Exception as err:
+    print(type(err).__name__, err)
+"""
+    for field, value, expected in ((4, -1.0, "ValueError run_steps: replica 0: SPILL of stage 0 = -1"),
+                                   (0, 0.0, "ValueError run_steps: replica 0: a step with nothing to run"),
+                                   (0, 1e-3, "KeyError \"the scheduler's own error\"")):
+        done = subprocess.run([sys.executable, "-c", code, str(field), str(value)], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0 and done.stdout.startswith(expected), (done.stdout, done.stderr)
 
 
 def test_a_request_bigger_than_the_cache_is_refused_by_name():
@@ -157,9 +292,9 @@ def test_a_requests_time_to_first_token_grows_with_its_prompt_token_by_token():
     """One request alone: its time to first token never falls as the prompt grows by one token, and no token
     adds more than a GEMM tile's worth (2 %; an unaligned token count is not cuBLAS's unaligned rate)."""
     ttft = []
-    for prompt in range(2040, 2058):
+    for prompt in range(2040, 2058):  # (the closed form's times: a replica alone takes them on the engine)
         one = spec(requests=1, rate=None, prompt=(prompt, prompt), output=(2, 2))
-        ttft.append(simulate_serving(scenario(xpus=1, tp=1), one)["ttft_s"]["p50"])
+        ttft.append(closed_form(scenario(xpus=1, tp=1), one)[0][0][1])
     for shorter, longer in zip(ttft, ttft[1:]):
         assert shorter <= longer < 1.02 * shorter
 
@@ -318,7 +453,9 @@ def test_the_summary_keeps_three_digits_of_a_small_throughput():
 def test_random_workloads_keep_every_invariant():
     """Thirty random mixes of scheduler, budget, sequences, block size, memory, preemption mode, prefixes and
     spill (seeded): every request served once with all its tokens, no step over the budget or the sequences, HBM
-    never over its blocks, and at the end no block held but the cached prefixes."""
+    never over its blocks, at the end no block held but the cached prefixes, and the request times the closed
+    form's (each replica's XPU reads its own CXL memory; two replicas' swaps cross one host link, which has room
+    for both)."""
     import random
 
     rng = random.Random(7)
@@ -338,6 +475,7 @@ def test_random_workloads_keep_every_invariant():
         mix = spec(**keys)
         result = simulate_serving(where, mix)
         served_once(result, mix)
+        same_times(result, *closed_form(where, mix))  # paper-cxl: links of their own, but for swaps' host link
         scheduler, bs = result["scheduler"], result["scheduler"]["block_size"]
         assert result["max_step_tokens"] <= scheduler["max_num_batched_tokens"]
         assert max(row[4] for row in result["occupancy"]) <= scheduler["max_num_seqs"]
@@ -370,7 +508,8 @@ def test_progress_counts_every_request_once():
 
 def test_the_steps_whose_decodes_are_counted_together_give_the_same_run(monkeypatch):
     """A step whose running requests all decode a token from HBM is counted in one pass (_decodes_fit); walking
-    them one by one gives the same bytes, prefix caching and preemption included."""
+    them one by one gives the same steps, preemptions and request times, prefix caching and preemption included
+    (the scheduler's decisions, checked in this process with the closed form's step times)."""
     import hcsim.run.serving as serving
 
     mixes = [spec(requests=45, rate=rate, prompt=(2051, 2546), output=(1392, 1426), max_num_seqs=32, block_size=bs,
@@ -379,8 +518,5 @@ def test_the_steps_whose_decodes_are_counted_together_give_the_same_run(monkeypa
     runs = []
     for fast in (True, False):
         monkeypatch.setattr(serving._Scheduler, "_fast", fast)
-        for mix in mixes:
-            result = simulate_serving(scenario(xpus=1, tp=1, spill="error"), mix)
-            result.pop("wall_time_s")
-            runs.append(json.dumps(result, sort_keys=True))
+        runs += [closed_form(scenario(xpus=1, tp=1, spill="error"), mix) for mix in mixes]
     assert runs[:3] == runs[3:]

@@ -4,15 +4,18 @@
    dimension, contiguous, of the item type each argument names. The GIL is released while SimGrid
    runs; no Python object is touched inside the run but by the progress callback, which takes the GIL. */
 #include "core.hpp"
+#include "steps.hpp"
 #include "workload.hpp"
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <simgrid/s4u/Engine.hpp>
 #include <simgrid/version.h>
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -272,6 +275,75 @@ py::dict run_workload(const std::string& platform_xml, const std::vector<std::st
   return result;
 }
 
+
+/* Serving steps (steps.hpp): each replica's loop asks `next_step(replica, now, done)` at the end of its step, with
+   the GIL taken for the call only; it answers None (done), a number (idle until then) or a tuple of floats (a
+   step). An exception it raises stops every loop and is raised again here once SimGrid has run out. */
+py::dict run_steps(const std::string& platform_xml, const std::vector<std::string>& host_names, const py::dict& a,
+                   const py::object& next_step, bool analytic)
+{
+  using namespace hcsim::core;
+  auto array = [&a](const char* name) {
+    if (!a.contains(name))
+      throw py::value_error(std::string("run_steps: missing array '") + name + "'");
+    return a[name].cast<py::buffer>();
+  };
+  ReplicaLayout layout;
+  layout.replicas = static_cast<std::size_t>(array("r_tp").request().shape[0]);
+  layout.r_tp = view<std::int32_t>(array("r_tp"), "r_tp", layout.replicas, false);
+  layout.r_xpus = view<std::int64_t>(array("r_xpus"), "r_xpus", layout.replicas + 1, false);
+  std::size_t xpus = static_cast<std::size_t>(array("x_host").request().shape[0]);
+  if (layout.r_xpus[0] != 0 || static_cast<std::size_t>(layout.r_xpus[layout.replicas]) != xpus)
+    throw py::value_error("run_steps: r_xpus must run from 0 to the " + std::to_string(xpus) + " entries of x_host");
+  for (std::size_t r = 0; r < layout.replicas; ++r)
+    if (layout.r_xpus[r + 1] < layout.r_xpus[r])
+      throw py::value_error("run_steps: r_xpus[" + std::to_string(r + 1) + "] is less than r_xpus[" +
+                            std::to_string(r) + "]");
+  layout.x_host = view<std::int32_t>(array("x_host"), "x_host", xpus, false);
+  layout.x_ext = view<std::int32_t>(array("x_ext"), "x_ext", xpus, false);
+  layout.x_dram = view<std::int32_t>(array("x_dram"), "x_dram", xpus, false);
+  std::optional<py::error_already_set> raised;  // what next_step raised, raised again after the run
+  NextStep next = [&next_step, &raised](std::int32_t replica, double now, std::int64_t done,
+                                        std::vector<double>& step) {
+    py::gil_scoped_acquire locked;
+    try {
+      py::object reply = next_step(replica, now, done);
+      if (reply.is_none())
+        return Reply::DONE;
+      PyObject* tuple = reply.ptr();
+      if (!PyTuple_Check(tuple)) {
+        step.assign(1, reply.cast<double>());  // a number: idle until then (TypeError for anything else)
+        return Reply::IDLE;
+      }
+      Py_ssize_t n = PyTuple_GET_SIZE(tuple);
+      step.resize(static_cast<std::size_t>(n));
+      for (Py_ssize_t i = 0; i < n; ++i) {
+        step[i] = PyFloat_AsDouble(PyTuple_GET_ITEM(tuple, i));
+        if (step[i] == -1.0 && PyErr_Occurred())
+          throw py::error_already_set();
+      }
+      return Reply::STEP;
+    } catch (py::error_already_set& err) {
+      raised.emplace(std::move(err));
+    } catch (py::cast_error&) {
+      PyErr_SetString(PyExc_TypeError, "run_steps: next_step must return None, a number or a tuple of numbers");
+      raised.emplace();
+    }
+    return Reply::STOP;
+  };
+  RunCounters counters;
+  {
+    py::gil_scoped_release unlocked;
+    double begin = wall_seconds();
+    std::vector<simgrid::s4u::Host*> hosts = start_engine(platform_xml, host_names, true);
+    double setup = wall_seconds() - begin;
+    counters = hcsim::core::run_steps(layout, hosts, next, analytic);
+    counters.setup_s = setup;
+  }
+  if (raised)
+    throw *raised;
+  return counters_dict(counters);
+}
 }  // namespace
 
 PYBIND11_MODULE(_core, m)
@@ -286,6 +358,12 @@ PYBIND11_MODULE(_core, m)
         py::arg("done_runs"), py::arg("traced_xpus") = py::none(), py::arg("traced_runs") = py::none(),
         py::arg("progress") = py::none(), py::arg("job_ends") = py::none(), py::arg("job_ended") = py::none(),
         "Run a workload graph's iterations by the executor's rules (arrays: hcsim/engine/core/workload.py).");
+  m.def("run_steps", &run_steps, py::arg("platform_xml"), py::arg("host_names"), py::arg("layout"),
+        py::arg("next_step"), py::arg("analytic") = true,
+        "Run serving replicas' steps, asking next_step(replica, now, done) at each one's end (steps.hpp); with "
+        "analytic, a phase nothing else can slow runs as one delay of its time alone.");
+  m.def("engine_started", []() { return simgrid::s4u::Engine::is_initialized(); },
+        "Whether this process has made its SimGrid Engine (one per process, ever).");
   m.attr("clock_fields") = hcsim::core::CLOCK_FIELDS;
   m.def("simgrid_version", []() {
     int major = 0, minor = 0, patch = 0;
