@@ -422,7 +422,7 @@ class _Scheduler:
         self.running: list[int] = []
         self.now, self.steps, self.swap_used = 0.0, 0, 0.0
         self._pending = None  # the step or run in flight on the engine: what it does when it ends
-        self.start(10_000)
+        self.limit, self.update, self.events, self.reported = 10_000, None, 0, 0  # (run sets them)
         self.hit_tokens = self.query_tokens = self.preempted = self.max_tokens = self.recomputed = 0
         self.kinds = {"prefill": 0, "mixed": 0, "decode": 0}  # steps of prefill chunks only, both, decodes only
         self.trace_time, self.trace_hbm, self.trace_ext, self.trace_running = (array("d"), array("q"), array("q"),
@@ -540,7 +540,7 @@ class _Scheduler:
         request served), a float (idle until then: no request to run before it arrives), or a step as
         ``(k, until, work, following)``: the StepWork of a step, and for a run of k >= 2 decodes the StepWork of
         the one after it (each further one as much more), ending early after the first step that ends at or
-        after `until` (s; inf: none). ConfigError after `limit` steps and runs (:meth:`start`), which only
+        after `until` (s; inf: none). ConfigError after `limit` steps and runs (:meth:`run`), which only
         preemptions that recompute over and over reach (the run would not end in reasonable time)."""
         if self._pending:
             self._finish(now, done)
@@ -573,9 +573,9 @@ class _Scheduler:
             self.update = None
         return None
 
-    def start(self, limit: int, update=None) -> None:
-        """Before the first question: at most `limit` steps and runs; `update`, if given, receives how many more
-        requests have finished, now and then."""
+    def run(self, limit: int, update=None) -> None:
+        """Ready for the engine's run, which asks this scheduler step by step (:meth:`advance`): at most `limit`
+        steps and runs; `update`, if given, receives how many more requests have finished, now and then."""
         self.limit, self.update, self.events, self.reported = limit, update, 0, 0
 
     def _finish(self, now: float, done: int) -> None:
@@ -897,7 +897,7 @@ def simulate_serving(scenario: Scenario, spec: ServingSpec, progress=None, *, pr
         mine = requests[r::platform.dp]
         chunks = sum(-(-q.prompt // config.max_num_batched_tokens) for q in mine)
         scheduler = _Scheduler(spec, config, platform, cost, mine)
-        scheduler.start(EVENTS_PER_REQUEST * (chunks + 4 * len(mine)) + 10_000, update)
+        scheduler.run(EVENTS_PER_REQUEST * (chunks + 4 * len(mine)) + 10_000, update)
         schedulers.append(scheduler)
     engine = _Engine(spec, config, platform, graph, xpus)
     counters = engine.run(schedulers, analytic=private == "analytic")
