@@ -289,6 +289,9 @@ class _Engine:
             if (server, x) not in nearest:
                 drams = sorted(n for n, data in nodes(data=True) if data.get("role") == "dram"
                                and data.get("server") == server)
+                if not drams:
+                    raise ConfigError(f"serving.preemption: swap needs host memory beside the XPUs, and {x}'s server "
+                                      f"has none. Fix: preemption: recompute")
                 routes = {d: search(d, [x])[x] for d in drams}
                 nearest[server, x] = min(drams, key=lambda d: (route_latency(graph, routes[d]),
                                                                -route_bandwidth(graph, routes[d]), d))
