@@ -22,6 +22,7 @@
 #include <simgrid/s4u/Link.hpp>
 
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -39,6 +40,14 @@ using namespace step;
 double now()
 {
   return sg4::Engine::get_clock();
+}
+
+/* A number as messages show it (std::to_string keeps 6 decimals: 1e-7 s would read 0.000000). */
+std::string number(double value)
+{
+  char text[32];
+  std::snprintf(text, sizeof text, "%.9g", value);
+  return text;
 }
 
 const char* const STEP_NAMES[] = {"K", "UNTIL", "HOST_S", "SWAP_BYTES"};
@@ -115,8 +124,8 @@ private:
       case Reply::IDLE: {
         double wake = replica.step.empty() ? std::nan("") : replica.step[0];
         if (!(wake > now()) || !std::isfinite(wake))
-          return fail(r, "idle until " + std::to_string(wake) + " s, which is not a finite time after now (" +
-                             std::to_string(now()) + " s)");
+          return fail(r, "idle until " + number(wake) + " s, which is not a finite time after now (" + number(now()) +
+                             " s)");
         delay(wake - now(), [this, r]() { ask(r); });
         return;
       }
@@ -146,12 +155,12 @@ private:
       bool slope = !header && (field == COMPUTE_SLOPE || field == LEAD_SLOPE);
       bool ok = header && field == UNTIL ? !std::isnan(s[i]) : std::isfinite(s[i]) && (slope || s[i] >= 0);
       if (header && field == K)
-        ok = ok && s[i] >= 1 && s[i] == std::floor(s[i]);
+        ok = ok && s[i] >= 1 && s[i] <= 9007199254740992.0 && s[i] == std::floor(s[i]);  // (2^53: exact)
       if (!ok) {
         std::string name = header ? STEP_NAMES[field]
                                   : std::string(STAGE_NAMES[field]) + " of stage " +
                                         std::to_string((i - HEADER_FIELDS) / STAGE_FIELDS);
-        fail(r, name + " = " + std::to_string(s[i]) +
+        fail(r, name + " = " + number(s[i]) +
                     (header && field == K ? " (steps: a whole number >= 1)"
                                           : slope ? " (a finite number)" : " (a finite number >= 0)"));
         return false;
