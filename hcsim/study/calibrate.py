@@ -14,6 +14,8 @@ order, with the model :mod:`hcsim.engine.compute_model` runs (one function each,
    dimension, sequence), interpolated by the model;
 4. where the file has them (``benchmarks/gpu_kernels.py --only linear_gemms attention_default
    mixed_elementwise``): the bandwidth of elementwise kernels over two dtypes and of transposed copies (as in 1),
+   the rate of fused AdamW's multi-tensor launches (the slope of time over bytes: optimizer.step()'s own host
+   work is an intercept of its own),
    the rate of GEMMs with a dimension that is not a multiple of 8 (the mean efficiency of those rows, forward
    and gradient GEMMs apart), and the slowdown dropout brings to attention (the median ratio of the dropout
    rows' times to the same shapes' without).
@@ -39,6 +41,7 @@ MIN_EFFICIENCY = 1e-6  # the least fraction of peak a fitted kernel may run at: 
 MEMORY_KINDS = ("copy", "add", "add_bf16", "silu_bf16", "cast_bf16_to_fp32", "cast_fp32_to_bf16")
 MIXED_KINDS = ("add_fp32_bf16", "mul_bf16_fp32")  # elementwise over two dtypes (benchmarks/gpu_kernels.py)
 STRIDED_KINDS = ("copy_transposed_bf16",)
+MULTI_TENSOR_KINDS = ("adamw_fused_fp32_step",)  # torch.optim.AdamW(fused=True).step(): multi_tensor_apply launches
 K_HALF_GRID = tuple(range(0, 1025, 16))
 FLOOR_BYTES = 2**20  # memory-bound rows this small measure the per-kernel floor alone (< 1 us of traffic)
 STREAMING = 5  # memory-bound rows of at least 5 floors measure the bandwidth (mid sizes overlap floor and traffic)
@@ -221,6 +224,12 @@ def _variants(rows, calibration: Calibration, floor: float, peak: float, bandwid
         measured = [r for r in rows if r.kind in kinds]
         if measured:
             found[key] = min(1.0, 1 / (_seconds_per_byte(measured, floor) * bandwidth))
+    steps = [r for r in rows if r.kind in MULTI_TENSOR_KINDS]
+    if len({r.bytes for r in steps}) >= 2:  # optimizer.step()'s own host work (Python over the parameter list,
+        # the step counts) is an intercept of its own, not one kernel's floor: the rate is the slope
+        per_byte = _least_squares([r.bytes for r in steps], [r.seconds for r in steps])[1]
+        if per_byte > 0:
+            found["multi_tensor_efficiency"] = min(1.0, 1 / (per_byte * bandwidth))
     overhead = calibration.sync + calibration.factors.launch
     for key, gradient in (("gemm_unaligned_forward", False), ("gemm_unaligned_backward", True)):
         rates = [r.flops / ((r.seconds - overhead) * peak) for r in rows if r.kind == "gemm_linear"
@@ -376,7 +385,8 @@ def _variants_yaml(factors: DeviceFactors, named: str) -> tuple[dict, dict, dict
     attention: keys, each merged into factors_yaml's entry."""
     top = {}
     for key, rows in (("mixed_efficiency", "add_fp32_bf16 and mul_bf16_fp32"),
-                      ("strided_efficiency", "copy_transposed_bf16")):
+                      ("strided_efficiency", "copy_transposed_bf16"),
+                      ("multi_tensor_efficiency", "adamw_fused_fp32_step")):
         if getattr(factors, key):
             top[key] = round(getattr(factors, key), 4)
             top[f"source_{key}"] = f"hcsim calibrate: the {rows} rows of {named}"
@@ -420,8 +430,8 @@ def row_kernels(row: KernelRow) -> tuple | None:
     if row.kind in MEMORY_KINDS + MIXED_KINDS + STRIDED_KINDS:
         kind = "mixed" if row.kind in MIXED_KINDS else "strided" if row.kind in STRIDED_KINDS else "memory"
         return (ops._memory(row.kind, row.bytes, kind),)
-    if row.kind == "adamw_fused_fp32_step":
-        return ops.optimizer_step_ops(row.elements, "bf16", "pytorch-eager")
+    if row.kind == "adamw_fused_fp32_step":  # optimizer.step() alone: no gradient clipping
+        return ops.eager_optimizer_ops(row.elements, clip_grad_norm=False)
     note = note_numbers(row.note)
     if row.kind.startswith(("rmsnorm_hf", "layernorm")):
         tokens, hidden = note["tokens"], note["hidden"]

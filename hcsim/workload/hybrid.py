@@ -54,8 +54,8 @@ from hcsim.workload.memory import stage_memory
 from hcsim.workload.model import RECOMPUTATION
 from hcsim.workload.schedules import Op, check_schedule, stage_order
 from hcsim.workload.spec import WorkloadSpec
-from hcsim.workload.ops import (ADAMW_FUSED_TRAFFIC, BACKWARD_SUFFIXES, BlockOps, Op as Kernel, checkpoint_recompute,
-                                eager_embedding_ops, eager_head_ops,
+from hcsim.workload.ops import (ADAMW_FUSED_TRAFFIC, BACKWARD_SUFFIXES, CLIP_GRAD_NORM_TRAFFIC, BlockOps, Op as Kernel,
+                                checkpoint_recompute, eager_embedding_ops, eager_head_ops,
                                 eager_layer_ops, megatron_ops, optimizer_step_ops)
 from hcsim.workload.context import check_context, kv_block_bytes
 from hcsim.workload.transformer import Work, decoder_layer, embedding, lm_head
@@ -499,14 +499,14 @@ class _Builder:
         parameters = sum(self.chunk_parameters(stage, c) for c in range(par.virtual_stages))
         # the transformer costs never fold the state into the backward pass, so the step reads and writes it
         per_parameter = optimizer_step_bytes(sizes, spec.optimizer_bytes_per_parameter) if spec.inventory.fused \
-            else ADAMW_FUSED_TRAFFIC
+            else ADAMW_FUSED_TRAFFIC + (CLIP_GRAD_NORM_TRAFFIC if spec.clip_grad_norm else 0.0)
         opt = add_compute(self.graph, f"s{stage}.optimizer", xpus=xpus,
                           flops=spec.optimizer_flops_per_parameter * parameters * shard,
                           memory_bytes=per_parameter * parameters * shard)
         self.graph.nodes[opt].update(phase="optimizer", stage=stage,
                                      ops=optimizer_step_ops(parameters * shard, spec.precision, spec.kernels,
                                                               spec.optimizer_bytes_per_parameter, spec.fp8_recipe,
-                                                              self.fp8_weights(stage)))
+                                                              self.fp8_weights(stage), spec.clip_grad_norm))
         on_cpu = par.offloads("optimizer") and par.offload == "cpu"
         if par.offloads("optimizer"):
             self.graph.nodes[opt].update(offload=par.offload, **({"host": "cpu"} if on_cpu else

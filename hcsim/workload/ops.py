@@ -33,6 +33,7 @@ Bytes are what a kernel reads and writes; FLOPs count what the kernel does
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -41,15 +42,18 @@ from hcsim.workload.transformer import ATTENTION as ATTENTION_KINDS
 
 __all__ = ["Op", "OP_KINDS", "GEMM_KINDS", "ATTENTION_KINDS", "BlockOps", "megatron_ops", "optimizer_ops",
            "KERNEL_INVENTORIES", "KernelInventory", "INVENTORIES", "checkpoint_recompute", "eager_layer_ops", "eager_embedding_ops", "eager_head_ops", "optimizer_step_ops",
-           "OPTIMIZER_TRAFFIC", "ops_flops", "FP8_RECIPES", "fp8_quantize"]
+           "OPTIMIZER_TRAFFIC", "ops_flops", "FP8_RECIPES", "fp8_quantize", "ADAMW_FUSED_TRAFFIC",
+           "CLIP_GRAD_NORM_TRAFFIC", "multi_tensor_launches", "eager_optimizer_ops"]
 
 # gemm_unaligned: a BF16 GEMM with a dimension that is not a multiple of 8 elements, which cuBLAS runs on kernels
 # without 16-byte aligned loads (a framework that does not pad: GPT-2's vocabulary of 50257 in Hugging Face;
 # Megatron-LM pads it); gemm8: a GEMM in FP8 (Transformer Engine); memory: a memory-bound kernel streaming its bytes; reduction: a
 # norm's kernels that reduce along rows or over the tokens (statistics, the weight gradients): measured to reach
 # less of the bandwidth; mixed: an elementwise kernel over operands of two dtypes (PyTorch runs it unvectorised);
-# strided: one that reads or writes a transposed or sliced tensor (a concatenation, a broadcast over heads)
-OP_KINDS = ("gemm", "gemm_unaligned", "gemm8", "attention", "memory", "reduction", "mixed", "strided")
+# strided: one that reads or writes a transposed or sliced tensor (a concatenation, a broadcast over heads);
+# multi_tensor: one launch of PyTorch's multi_tensor_apply over a list of tensors (fused AdamW, the foreach norm
+# and scaling of gradient clipping), measured at its own rate (the adamw_fused_fp32_step rows)
+OP_KINDS = ("gemm", "gemm_unaligned", "gemm8", "attention", "memory", "reduction", "mixed", "strided", "multi_tensor")
 GEMM_KINDS = ("gemm", "gemm_unaligned", "gemm8")
 # Bytes the optimizer step moves per parameter, as Megatron-LM's mixed-precision optimizer runs it
 # (FP32 main gradients, FP32 master weights, fused Adam): unscale and inf check (read the main
@@ -109,6 +113,20 @@ def _memory(name: str, size: float, kind: str = "memory") -> Op:
 class Reduce(float):
     """Bytes of a backward kernel that reduces (a weight or bias gradient summed over tokens, a norm's statistics):
     a ``reduction`` kernel, which reaches less of the memory bandwidth than a streaming one."""
+
+
+class Typed(float):
+    """Bytes of a backward kernel of a kind of its own, not its forward kernel's: a dtype conversion autograd's
+    engine inserts (``memory``) behind a mixed-dtype product, a strided copy, a fill.
+
+    >>> Typed(6.0, "memory").kind
+    'memory'
+    """
+
+    def __new__(cls, size: float, kind: str):
+        made = super().__new__(cls, size)
+        made.kind = kind
+        return made
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -246,8 +264,14 @@ INVENTORIES = {inventory.name: inventory for inventory in (
 )}
 KERNEL_INVENTORIES = tuple(INVENTORIES)  # their names, the choices of training.kernels
 BACKWARD_SUFFIXES = (".bwd", ".dgrad", ".wgrad")  # a backward kernel's name ends so (autograd's engine launches it)
-BANDWIDTH_KINDS = ("memory", "reduction", "mixed", "strided")
+BANDWIDTH_KINDS = ("memory", "reduction", "mixed", "strided", "multi_tensor")
 ADAMW_FUSED_TRAFFIC = 28.0  # torch.optim.AdamW(fused=True) over FP32 parameters: reads p, g, m, v, writes p, m, v
+CLIP_GRAD_NORM_TRAFFIC = 12.0  # torch.nn.utils.clip_grad_norm_ over FP32 gradients: the norm reads g (4), the
+# scaling reads and writes it (8)
+# multi_tensor_apply (aten/src/ATen/native/cuda/MultiTensorApply.cuh): 65,536 elements a block (kChunkSize), at most
+# 320 blocks a launch (depth_to_max_blocks with 4 KB kernel arguments, as the fused optimizers and foreach ops
+# launch: the profiled steps' 60 fused AdamW launches for Llama 3.2 1B's 1.24e9 parameters)
+MULTI_TENSOR_CHUNK, MULTI_TENSOR_BLOCKS = 65536, 320
 DROPOUT = "dropout"  # in an attention kernel's name: the kernel applies dropout to its probabilities
 RESIDUAL, HALF, MASTER = 4.0, 2.0, 4.0  # eager autocast: FP32 residual stream, BF16 GEMM operands, FP32 weights
 
@@ -266,24 +290,29 @@ class _Kernels:
 
     def memory(self, name: str, size: float, backward=(), saved: float = 0.0, kind: str = "memory") -> None:
         """A memory-bound kernel of `kind` (memory, reduction, mixed, strided) moving `size` bytes; `backward`: the
-        bytes of each of its backward kernels, a reduction where :class:`Reduce`, else of the same kind (a
-        reduction's streaming); no forward kernel when `size` is 0."""
+        bytes of each of its backward kernels in the order autograd runs them, a reduction where :class:`Reduce`,
+        a :class:`Typed`'s own kind, else of the same kind (a reduction's streaming); no forward kernel when `size`
+        is 0 (a view, whose backward may still launch kernels)."""
         if size:
             self.forward.append(_memory(name, size, kind))
         streaming = "memory" if kind == "reduction" else kind
         self.backward_reversed.append(tuple(_memory(f"{name}.bwd", b, "reduction" if isinstance(b, Reduce)
-                                                    else streaming) for b in backward))
+                                                    else b.kind if isinstance(b, Typed) else streaming)
+                                            for b in backward))
         self.saved += saved
 
     def linear(self, name: str, tokens: int, n_in: int, n_out: int, cast_input: bool, bias: bool = False) -> None:
-        """F.linear under autocast over an FP32 weight: casts (input when FP32, weight, bias), one BF16 GEMM;
-        backward: input- and weight-gradient GEMMs, the bias gradient's reduction, the gradients cast to FP32."""
+        """F.linear (GPT-2's Conv1D: addmm) under autocast over an FP32 weight: casts (input when FP32, weight, bias),
+        one BF16 GEMM; backward: input- and weight-gradient GEMMs, the bias gradient (addmm's ``self: grad``
+        summed over the tokens by autograd's engine, sum_to: a BF16 reduction), then each gradient cast back
+        through its cast's ToCopyBackward0 (``grad.to(FP32)``): bias, weight, and the input where it was FP32."""
         if cast_input:
             self.memory(f"{name}.cast_input", tokens * n_in * (RESIDUAL + HALF), (tokens * n_in * (HALF + RESIDUAL),))
         weights = n_in * n_out
         self.memory(f"{name}.cast_weight", weights * (MASTER + HALF), (weights * (HALF + MASTER),))
         if bias:
-            self.memory(f"{name}.cast_bias", n_out * (MASTER + HALF), (Reduce(tokens * n_out * HALF + n_out * MASTER),))
+            self.memory(f"{name}.cast_bias", n_out * (MASTER + HALF),
+                        (Reduce(tokens * n_out * HALF + n_out * HALF), Typed(n_out * (HALF + MASTER), "memory")))
         op = _gemm(name, tokens, n_out, n_in, HALF)
         self.forward.append(op)
         self.backward_reversed.append(_gemm_backward(op, HALF))
@@ -343,13 +372,24 @@ def _rope(k: _Kernels, name: str, n: float) -> None:
     FP32 residual stream: cos and sin come in FP32 (the hidden states' dtype), so q·cos and rotate_half(q)·sin
     broadcast a BF16 tensor against FP32 tables over the heads (strided kernels writing FP32), rotate_half's neg
     and cat copy halves of the last dimension, the sum is FP32, and sdpa's autocast casts it back to BF16.
-    Backward: the gradient through both products and rotate_half, cast to BF16, the two summed."""
+
+    Backward, 12 kernels (transformers' modeling_llama.py ``q_embed = (q * cos) + (rotate_half(q) * sin)``;
+    pytorch's tools/autograd/derivatives.yaml and the engine's validate_outputs): sdpa's cast back
+    (ToCopyBackward0, BF16 to FP32); the sum passes the gradient through (AddBackward0: no kernel); the sin
+    product's gradient g·sin (``mul_tensor_backward``: FP32, broadcast) cast to rotate_half's BF16 by the engine
+    (the input's dtype); cat's backward is two views; neg's is a neg of one half; each slice of rotate_half
+    (``x[..., :d/2]``, ``x[..., d/2:]``) backward is ``slice_backward``: a zeroed tensor of the input's shape and a
+    copy of the half into it; the two summed into the input's gradient; then the cos product's g·cos, its cast to
+    BF16 and its sum with them (autograd adds the gradients of a tensor used three times)."""
     e, r = HALF, RESIDUAL
-    k.memory(f"{name}.cos", n * (e + r), (n * (r + r),), kind="strided")
+    k.memory(f"{name}.cos", n * (e + r), (n * (r + r), Typed(n * (r + e), "memory"), Typed(3 * n * e, "memory")),
+             kind="strided")
+    k.memory(f"{name}.slices", 0.0, (Typed(n * e, "memory"), n * e, Typed(n * e, "memory"), n * e,
+                                     Typed(3 * n * e, "memory")), kind="strided")
     k.memory(f"{name}.neg", n * e, (n * e,), kind="strided")
     k.memory(f"{name}.cat", 2 * n * e, (), kind="strided")
-    k.memory(f"{name}.sin", n * (e + r), (n * (r + r), n * (r + e)), kind="strided")
-    k.memory(f"{name}.add", 3 * n * r, (3 * n * e,))
+    k.memory(f"{name}.sin", n * (e + r), (n * (r + r), Typed(n * (r + e), "memory")), kind="strided")
+    k.memory(f"{name}.add", 3 * n * r, ())
     k.memory(f"{name}.cast", n * (r + e), (n * (e + r),))
 
 
@@ -357,17 +397,25 @@ def _gelu_tanh(k: _Kernels, name: str, n: float) -> None:
     """GPT-2's NewGELUActivation in eager mode, 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), on a BF16 x under
     autocast: torch.pow is on autocast's FP32 list, so x is cast up, x³ and everything after it is FP32 (two
     sums and the last product mix BF16 and FP32 operands), and the output is FP32 (the next projection casts it
-    back). Autograd keeps x, x³'s input, tanh's output and both factors of the last product."""
+    back). Autograd keeps x, x³'s input, tanh's output and both factors of the last product.
+
+    Backward, 14 kernels (pytorch's tools/autograd/derivatives.yaml): the last product's two gradients (g·(0.5x),
+    mixed, and g·(1 + t), FP32), the second cast to 0.5x's BF16 by the engine; 1 + t passes through; tanh_backward;
+    the scale; the sum x + c passes c's gradient through and casts x's to BF16; the scale; pow_backward
+    (``grad * (3 * x.pow(2))``: three kernels); the upcast's ToCopyBackward0 (to BF16); 0.5x's scale in BF16; and
+    x's three gradients (through 0.5x, the upcast and the sum) summed: two BF16 adds."""
     e, r = HALF, RESIDUAL
-    k.memory(f"{name}.half_x", 2 * n * e, (n * (r + e),), saved=n * e)
-    k.memory(f"{name}.cast_up", n * (e + r), (n * (r + e),), saved=n * r, kind="mixed")
+    k.memory(f"{name}.grad_sum", 0.0, (3 * n * e, 3 * n * e), kind="memory")
+    k.memory(f"{name}.half_x", 2 * n * e, (2 * n * e,), saved=n * e)
+    k.memory(f"{name}.cast_up", n * (e + r), (Typed(n * (r + e), "memory"),), saved=n * r, kind="mixed")
     k.memory(f"{name}.pow", 2 * n * r, (2 * n * r, 2 * n * r, 3 * n * r))
     k.memory(f"{name}.scale", 2 * n * r, (2 * n * r,))
-    k.memory(f"{name}.add", n * (e + r + r), (n * (r + e),), kind="mixed")
+    k.memory(f"{name}.add", n * (e + r + r), (Typed(n * (r + e), "memory"),), kind="mixed")
     k.memory(f"{name}.scale2", 2 * n * r, (2 * n * r,))
     k.memory(f"{name}.tanh", 2 * n * r, (3 * n * r,), saved=n * r)
     k.memory(f"{name}.one_plus", 2 * n * r, saved=n * r)
-    k.memory(f"{name}.mul", n * (e + r + r), (n * (r + e + r), n * (r + r + r)), kind="mixed")
+    k.memory(f"{name}.mul", n * (e + r + r), (n * (r + e + r), Typed(n * (r + r + r), "memory"),
+                                              Typed(n * (r + e), "memory")), kind="mixed")
 
 
 def _flash(k: _Kernels, name: str, b: int, s: int, heads: int, kv_heads: int, d: int) -> None:
@@ -408,17 +456,29 @@ def eager_layer_ops(model, micro_batch: int, compiled: bool = False, use_cache: 
     # attention block
     norm = _rmsnorm if llama else _layernorm
     norm(attn, "norm_attn", n, tokens)
-    if model.mlp == "swiglu" or llama:
+    separate = model.mlp == "swiglu" or llama
+    _gradient_sum(attn, "norm_attn", n, 3 if separate else 1)
+    if separate:
         for which, width in (("q", h), ("k", kv), ("v", kv)):
             attn.linear(f"{which}_proj", tokens, h, width, cast_input=True, bias=bias)
     else:
         attn.linear("qkv", tokens, h, h + 2 * kv, cast_input=True, bias=bias)
-    if model.positions == "rope":
+        # .split(dim=2): SplitBackward0 concatenates the three gradients (at::cat)
+        attn.memory("qkv_split", 0.0, (2 * tokens * (h + 2 * kv) * HALF,))
+    rope = model.positions == "rope"
+    if rope:
+        # q and k, views [b, s, heads, d] -> [b, heads, s, d] of the projections, come back from rotary's sums as
+        # contiguous [b, heads, s, d] gradients: ViewBackward0's reshape copies each (sdpa's own dQ, dK, dV keep
+        # their inputs' layout: empty_like in _cudnn_attention_backward, so v needs none)
+        for which, width in (("q", h), ("k", kv)):
+            attn.memory(f"{which}_view", 0.0, (Typed(2 * tokens * width * HALF, "strided"),))
         _rope(attn, "rope_q", tokens * h)
         _rope(attn, "rope_k", tokens * kv)
     if use_cache:
-        for which in ("keys", "values"):
-            attn.memory(f"cache_{which}", 2 * tokens * kv * HALF, kind="strided")
+        for which in ("keys", "values"):  # the concatenation's gradient is a narrow of a contiguous tensor: the view
+            # back to the projection's layout copies it (rotary's already did for the keys)
+            copy = () if rope and which == "keys" else (2 * tokens * kv * HALF,)
+            attn.memory(f"cache_{which}", 2 * tokens * kv * HALF, copy, kind="strided")
     _flash(attn, f"flash_attention_{DROPOUT}" if model.dropout else "flash_attention", b, s, model.heads, kv // d, d)
     attn.linear("o_proj", tokens, h, h, cast_input=False, bias=bias)
     if model.dropout:
@@ -427,6 +487,7 @@ def eager_layer_ops(model, micro_batch: int, compiled: bool = False, use_cache: 
                 kind="mixed")
     # MLP block
     norm(mlp, "norm_mlp", n, tokens)
+    _gradient_sum(mlp, "norm_mlp", n, 2 if model.mlp == "swiglu" else 1)
     if model.mlp == "swiglu":
         mlp.linear("gate_proj", tokens, h, f, cast_input=True, bias=bias)
         mlp.linear("up_proj", tokens, h, f, cast_input=True, bias=bias)
@@ -442,6 +503,14 @@ def eager_layer_ops(model, micro_batch: int, compiled: bool = False, use_cache: 
                kind="mixed")
     saved = attn.saved + mlp.saved  # the layer's input among them (the first norm keeps it)
     return attn.kernels(compiled), mlp.kernels(compiled), saved
+
+
+def _gradient_sum(k: _Kernels, name: str, n: float, consumers: int) -> None:
+    """A norm's FP32 output cast to BF16 by each of its `consumers` projections (autocast caches no cast of a
+    non-leaf tensor): in backward autograd's engine sums their FP32 input gradients as they arrive
+    (InputBuffer::accumulate), one add of n elements each after the first."""
+    if consumers > 1:
+        k.memory(f"{name}.grad_sum", 0.0, (3 * n * RESIDUAL,) * (consumers - 1))
 
 
 def checkpoint_recompute(forward: tuple[Op, ...]) -> tuple[Op, ...]:
@@ -498,9 +567,11 @@ def _cross_entropy(k: _Kernels, tokens: int, vocabulary: int) -> None:
 
 
 def optimizer_step_ops(parameters: float, precision: str, kernels: str = "megatron", per_parameter: float = 0.0,
-                       fp8_recipe: str = "delayed", fp8_weights: float | None = None) -> tuple[Op, ...]:
-    """The optimizer step of `kernels`: Megatron-LM's (OPTIMIZER_TRAFFIC) or fused AdamW over FP32 parameters
-    (ADAMW_FUSED_TRAFFIC); `per_parameter` bytes instead when the workload gives them
+                       fp8_recipe: str = "delayed", fp8_weights: float | None = None,
+                       clip_grad_norm: bool = True) -> tuple[Op, ...]:
+    """The optimizer step of `kernels`: Megatron-LM's (OPTIMIZER_TRAFFIC) or, for a PyTorch inventory, what a
+    Hugging Face training loop runs after the backward pass (:func:`eager_optimizer_ops`: `clip_grad_norm`, then
+    fused AdamW); `per_parameter` bytes instead when the workload gives them
     (``training.optimizer_bytes_per_parameter`` > 0). In FP8 also the weights' quantization, once a step (the
     FP8 weight and its transpose Transformer Engine caches over the step's micro-batches: :func:`fp8_quantize`
     for `fp8_recipe`, of `fp8_weights` elements, the FP8 GEMMs' weights the rank holds, or `parameters` when
@@ -515,4 +586,58 @@ def optimizer_step_ops(parameters: float, precision: str, kernels: str = "megatr
         return optimizer_ops(parameters, precision) + tuple(weights + update)
     if INVENTORIES[kernels].fused:
         return optimizer_ops(parameters, precision)
-    return (_memory("adamw_fused", parameters * ADAMW_FUSED_TRAFFIC),)
+    return eager_optimizer_ops(parameters, clip_grad_norm)
+
+
+def multi_tensor_launches(parameters: float) -> int:
+    """Kernels one multi_tensor_apply call launches over `parameters` FP32 elements: a launch each 320 blocks of
+    65,536 elements (the tensors' own chunk rounding and the tensor-count limit, 36-110 a launch, aside).
+
+    >>> multi_tensor_launches(1.24e9), multi_tensor_launches(1.24e8), multi_tensor_launches(10)
+    (60, 6, 1)
+    """
+    return max(1, math.ceil(parameters / (MULTI_TENSOR_CHUNK * MULTI_TENSOR_BLOCKS)))
+
+
+def eager_optimizer_ops(parameters: float, clip_grad_norm: bool = True) -> tuple[Op, ...]:
+    """What a PyTorch training loop runs between the backward pass and the next forward over `parameters` FP32
+    parameters, as Hugging Face's Trainer does (``max_grad_norm`` 1.0 by default), kernel by kernel:
+
+    - ``torch.nn.utils.clip_grad_norm_(params, max_norm)`` when `clip_grad_norm` (torch/nn/utils/clip_grad.py):
+      ``torch._foreach_norm(grads, 2)`` (aten/src/ATen/native/cuda/ForeachReduceOp.cu: two zeroed buffers, the
+      multi-tensor L2 norm reading every gradient, 4 B per parameter, and ``lpnorm_cleanup``), the total norm
+      ``vector_norm(stack(norms))`` (2 kernels), ``clip_coef = max_norm / (total_norm + 1e-6)`` (add; a Python
+      scalar over a tensor is ``reciprocal() * max_norm``: 2), ``clamp(max=1.0)``, and
+      ``torch._foreach_mul_(grads, clip_coef_clamped)`` reading and writing every gradient (8 B per parameter):
+      12 B per parameter (:data:`CLIP_GRAD_NORM_TRAFFIC`), no host synchronisation;
+    - ``torch.optim.AdamW(fused=True).step()`` (torch/optim/adam.py ``_fused_adam``): ``torch._foreach_add_(
+      state_steps, 1)`` on the one-element step tensors (a tiny launch), then ``torch._fused_adamw_``
+      (aten/src/ATen/native/cuda/fused_adamw_impl.cu, multi_tensor_apply over param, grad, exp_avg, exp_avg_sq)
+      reading p, g, m, v and writing p, m, v: 28 B per parameter (:data:`ADAMW_FUSED_TRAFFIC`);
+    - ``optimizer.zero_grad(set_to_none=True)``: drops the gradients, no kernel.
+
+    The multi-tensor kernels (:func:`multi_tensor_launches` each) are ``multi_tensor`` ops, which the kernel
+    model runs at the rate measured for fused AdamW; the others move no bytes worth counting (their launches).
+
+    >>> [op.name for op in eager_optimizer_ops(1e6)]  # doctest: +NORMALIZE_WHITESPACE
+    ['clip_grad_norm.zeros', 'clip_grad_norm.zeros', 'clip_grad_norm.foreach_norm', 'clip_grad_norm.cleanup',
+     'clip_grad_norm.stack', 'clip_grad_norm.vector_norm', 'clip_grad_norm.add', 'clip_grad_norm.reciprocal',
+     'clip_grad_norm.mul', 'clip_grad_norm.clamp', 'clip_grad_norm.foreach_mul', 'adamw.step_count', 'adamw_fused']
+    >>> sum(op.bytes for op in eager_optimizer_ops(1e6)), sum(op.bytes for op in eager_optimizer_ops(1e6, False))
+    (40000000.0, 28000000.0)
+    """
+    launches = multi_tensor_launches(parameters)
+
+    def spread(name: str, per_parameter: float) -> list[Op]:
+        return [_memory(name, parameters * per_parameter / launches, "multi_tensor")] * launches
+
+    ops: list[Op] = []
+    if clip_grad_norm:
+        ops += [_memory("clip_grad_norm.zeros", 0.0)] * 2
+        ops += spread("clip_grad_norm.foreach_norm", 4.0)
+        ops += [_memory(f"clip_grad_norm.{step}", 0.0) for step in ("cleanup", "stack", "vector_norm", "add",
+                                                                     "reciprocal", "mul", "clamp")]
+        ops += spread("clip_grad_norm.foreach_mul", 8.0)
+    ops.append(_memory("adamw.step_count", 0.0))
+    ops += spread("adamw_fused", ADAMW_FUSED_TRAFFIC)
+    return tuple(ops)

@@ -62,6 +62,10 @@ class WorkloadSpec:
     (Float8CurrentScaling): which quantization kernels an FP8 GEMM runs (:data:`hcsim.workload.ops.FP8_RECIPES`);
     kernels : the framework whose kernels the roofline model times, "megatron" | "pytorch-eager" |
     "torch-compile" (:mod:`hcsim.workload.ops`; memory per XPU follows the same inventory);
+    clip_grad_norm : a PyTorch inventory's step clips the gradients' norm before fused AdamW
+    (``torch.nn.utils.clip_grad_norm_``, as Hugging Face's Trainer does with its default max_grad_norm 1.0:
+    :func:`hcsim.workload.ops.eager_optimizer_ops`); Megatron-LM's optimizer step always computes the norm (its
+    46 B per parameter), so the key means nothing there;
     bucket : gradient all-reduce granularity "layer" | "decoder" | "model";
     algorithm : collective algorithm name for the engine; chunks : the
     all-reduce split into that many chunks (None: the algorithm's default;
@@ -85,6 +89,7 @@ class WorkloadSpec:
     overlap_param_gather: bool = True
     fp8_recipe: str = "delayed"
     kernels: str = "megatron"
+    clip_grad_norm: bool = True
     bucket: str = "decoder"
     algorithm: str = "ring"
     chunks: int | None = None
@@ -240,8 +245,13 @@ def parse_workload_spec(data: Any, where: str = "workload") -> WorkloadSpec:
         overlap_param_gather=training.flag("overlap_param_gather", True),
         fp8_recipe=training.choice("fp8_recipe", FP8_RECIPES, "delayed"),
         kernels=kernels,
+        clip_grad_norm=training.flag("clip_grad_norm", True),
     )
     training.check_unknown()
+    if training.has("clip_grad_norm") and INVENTORIES[kernels or "megatron"].fused:
+        _say_once(f"{where}: training.clip_grad_norm applies to training.kernels pytorch-eager and torch-compile; "
+                  f"Megatron-LM's optimizer step (46 B per parameter) computes the gradients' norm either way, so it "
+                  f"has no effect here")
     if training.has("fp8_recipe") and values["precision"] != "fp8" and values["precision"] in PRECISIONS:
         _say_once(f"{where}: training.fp8_recipe: {values['fp8_recipe']!r} applies to precision fp8; this run trains "
                   f"in {values['precision']}, so it has no effect (precision=fp8 uses it)")

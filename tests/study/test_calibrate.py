@@ -23,7 +23,7 @@ FILES = {"H100": sorted(MEASURED.glob("h100-*kernels*.csv")), "H200": sorted(MEA
 BOUNDS = {"gemm": 0.10, "gemm_bf16": 0.10, "gemm_fp8_e4m3": 0.10, "attn_fwd": 1e-9, "attn_bwd": 1e-9, "copy": 0.10, "add": 0.15,
           "add_bf16": 0.20, "silu_bf16": 0.20, "cast_bf16_to_fp32": 0.20, "cast_fp32_to_bf16": 0.15,
           "rmsnorm_hf_fwd": 0.15, "rmsnorm_hf_fwd_bwd": 0.15, "layernorm_fwd": 0.40, "layernorm_fwd_bwd": 0.30,
-          "cross_entropy_fp32_fwd_bwd": 0.20, "adamw_fused_fp32_step": 0.30,
+          "cross_entropy_fp32_fwd_bwd": 0.20, "adamw_fused_fp32_step": 0.15,
           # the third files (measured by the lead on 2026-11-26): nn.Linear's GEMMs over aligned and unaligned
           # widths; attention on the backend PyTorch picks (cuDNN), timed by the flash table, with and without
           # dropout; elementwise kernels over two dtypes and transposed copies (small ones sit near the floor)
@@ -60,8 +60,8 @@ def test_the_built_in_factors_are_the_fit_of_the_shared_measurements(device):
     _, calibration, _ = fit(device)
     builtin = yaml.safe_load(BUILTIN_FACTORS.read_text())["devices"][device]
     fitted = factors_yaml(calibration, [p.name for p in FILES[device]])
-    for key in ("memory_efficiency", "reduction_efficiency", "mixed_efficiency", "strided_efficiency", "launch",
-                "backward_launch"):
+    for key in ("memory_efficiency", "reduction_efficiency", "mixed_efficiency", "strided_efficiency",
+                "multi_tensor_efficiency", "launch", "backward_launch"):
         assert builtin[key] == fitted[key], key
     for key in ("unaligned_forward", "unaligned_backward"):
         assert builtin["gemm"][key] == fitted["gemm"][key], key

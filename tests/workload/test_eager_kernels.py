@@ -100,7 +100,8 @@ def test_the_head_upcasts_the_logits_and_the_optimizer_is_fused_adamw():
     upcast = next(op for op in head.forward if op.name == "logits_float")
     assert upcast.bytes == t * v * (2 + 4)  # reads BF16 logits, writes FP32
     assert peak == t * v * (2 + 4 + 4 + 4)
-    assert optimizer_step_ops(1e6, "bf16", "pytorch-eager")[0].bytes == 28e6  # read p, g, m, v; write p, m, v
+    adamw = optimizer_step_ops(1e6, "bf16", "pytorch-eager", clip_grad_norm=False)
+    assert sum(op.bytes for op in adamw if op.name == "adamw_fused") == 28e6  # read p, g, m, v; write p, m, v
     assert optimizer_step_ops(1e6, "bf16", "megatron")[0].bytes == 46e6
     assert optimizer_step_ops(1e6, "bf16", "megatron", per_parameter=20)[0].bytes == 20e6  # the workload's own
 
@@ -147,7 +148,8 @@ def test_the_hybrid_graph_carries_the_inventorys_kernels_and_their_bytes():
     vertex = graph.nodes["s0.c0.mb0.F.L0.attn"]
     assert vertex["ops"] == attn.forward
     assert vertex["memory_bytes"] == pytest.approx(sum(op.bytes for op in attn.forward), rel=1e-12)
-    assert graph.nodes["s0.optimizer"]["ops"][0].name == "adamw_fused"
+    assert graph.nodes["s0.optimizer"]["ops"][-1].name == "adamw_fused"
+    assert graph.nodes["s0.optimizer"]["ops"][0].name.startswith("clip_grad_norm")  # the Trainer's default
 
 
 @pytest.mark.parametrize("key, value", [("tp", 2), ("zero", 1)])
@@ -169,7 +171,8 @@ def test_the_embedding_backward_zeroes_the_table_gradient():
 
 
 STEPS = REPO_ROOT / "experiments" / "calibration" / "steps"
-PROFILES = [  # torch.profiler of one step (benchmarks/gpu_step_kernels.py), the workload and training keys it ran
+PROFILES = [  # torch.profiler of one step (benchmarks/gpu_step_kernels.py), the workload and training keys it ran: its
+    # optimizer phase is optimizer.step() and zero_grad() alone, no gradient clipping
     ("h100-gpt2-b8-s1024", "gpt2-hf", "H100", {}),
     ("h200-gpt2-b8-s1024", "gpt2-hf", "H200", {}),
     ("h200-gpt2-2.7b-b4-s1024", "gpt2-hf", "H200", {"batch_per_xpu": 4}),
@@ -179,6 +182,8 @@ PROFILES = [  # torch.profiler of one step (benchmarks/gpu_step_kernels.py), the
     ("h200-llama1b-b4-s2048-ckpt", "llama3.2-1b-hf", "H200", {}),
     ("h200-llama1b-b4-s2048", "llama3.2-1b-hf", "H200", {"recomputation": "none"}),
 ]
+PROFILES = [(name, workload, device, {**training, "clip_grad_norm": False})
+            for name, workload, device, training in PROFILES]
 GPT2_27B = {"hidden": 2560, "decoders": 32, "heads": 32, "ffn": 10240}
 
 
@@ -219,3 +224,148 @@ def test_a_checkpointed_layer_recomputes_up_to_its_last_gemms_inputs():
     par = Parallelism(micro_batch=1, global_batch=1, recompute="full")
     graph = build_hybrid_graph(spec, par, ParallelLayout(["x0"], {}))
     assert graph.nodes["s0.c0.mb0.B.L0.recompute.mlp"]["ops"] == again
+
+
+def _backward(ops, prefix):
+    return [op for op in ops if op.name.startswith(prefix)]
+
+
+def test_rotary_backward_is_what_autograd_runs_for_apply_rotary_pos_emb():
+    """transformers' ``q_embed = (q * cos) + (rotate_half(q) * sin)``, rotate_half ``cat((-x2, x1))`` on slices,
+    q BF16 and cos, sin FP32 (pytorch tools/autograd/derivatives.yaml; the engine casts each gradient to its
+    input's dtype). Backward of one tensor of n elements, in order (bytes):
+    sdpa's ToCopyBackward0 BF16 -> FP32 (6n); add: none; g·sin FP32 (8n, broadcast) and its cast to BF16 (6n);
+    cat: views; neg of a half (2n); two slice_backward, each a zeroed BF16 tensor (2n) and the half copied in
+    (2n); their sum (6n); g·cos (8n) and its cast (6n); the sum into q's gradient (6n): 12 kernels, 56n bytes."""
+    attn = eager_layer_ops(LLAMA, 1)[0]
+    n = LLAMA.sequence * LLAMA.hidden
+    rope = _backward(attn.backward, "rope_q.")
+    assert [op.bytes / n for op in rope] == [6, 8, 6, 2, 2, 2, 2, 2, 6, 8, 6, 6]
+    assert [op.kind for op in rope] == ["memory", "strided", "memory", "strided", "memory", "strided", "memory",
+                                        "strided", "memory", "strided", "memory", "memory"]
+    assert len(_backward(attn.backward, "rope_k.")) == 12
+    assert sum(op.bytes for op in _backward(attn.backward, "rope_k.")) == 56 * LLAMA.sequence * LLAMA.kv_hidden
+
+
+def test_gelu_backward_is_fourteen_kernels():
+    """NewGELUActivation's backward (FP32 after autocast's pow): the last product's two gradients (g·0.5x mixed
+    10n, g·(1+t) 12n) and the first's cast to BF16 (6n); tanh_backward 12n; the scale 8n; the sum's cast of x's
+    gradient to BF16 6n; the scale 8n; pow_backward x.pow(2) 8n, ·3 8n, g· 12n; the upcast's ToCopyBackward0 6n;
+    0.5x's scale in BF16 4n; x's three gradients summed, two BF16 adds of 6n: 14 kernels."""
+    mlp = eager_layer_ops(GPT2, 1)[1]
+    n = GPT2.sequence * GPT2.ffn
+    gelu = _backward(mlp.backward, "gelu.")
+    assert [op.bytes / n for op in gelu] == [10, 12, 6, 12, 8, 6, 8, 8, 8, 12, 6, 4, 6, 6]
+    assert [op.kind for op in gelu][:3] == ["mixed", "memory", "memory"]
+
+
+def test_a_bias_gradient_is_a_reduction_then_a_cast_and_gradients_of_a_shared_input_are_summed():
+    """addmm's ``self: grad`` summed over the tokens (sum_to, BF16: reads T·n_out·2, writes n_out·2), then the
+    bias cast's ToCopyBackward0 to FP32 (n_out·6). Llama's norm output feeds three casts (q, k, v) and two (gate,
+    up): autograd adds the FP32 gradients, 2 and 1 adds of 12 B per element; GPT-2's one c_attn and one c_fc none."""
+    t, h = GPT2.sequence, GPT2.hidden
+    attn, mlp, _ = eager_layer_ops(GPT2, 1)
+    bias = _backward(attn.backward, "qkv.cast_bias")
+    assert [(op.kind, op.bytes) for op in bias] == [("reduction", t * 3 * h * 2 + 3 * h * 2), ("memory", 3 * h * 6)]
+    llama_attn, llama_mlp, _ = eager_layer_ops(LLAMA, 1)
+    n = LLAMA.sequence * LLAMA.hidden
+    assert [op.bytes for op in _backward(llama_attn.backward, "norm_attn.grad_sum")] == [12 * n, 12 * n]
+    assert [op.bytes for op in _backward(llama_mlp.backward, "norm_mlp.grad_sum")] == [12 * n]
+    assert not _backward(attn.backward + mlp.backward, "norm_attn.grad_sum")
+    assert not _backward(attn.backward + mlp.backward, "norm_mlp.grad_sum")
+
+
+def test_views_back_to_the_projections_copy_where_the_gradient_is_laid_out_otherwise():
+    """Llama's q and k come back from rotary's sums as contiguous [b, heads, s, d] gradients: the view back to
+    [b, s, h] copies each (2 B read, 2 written per element); v's, from cuDNN (empty_like(value)), needs none unless
+    the key/value cache's concatenation gave it a contiguous gradient. GPT-2: split's backward concatenates the
+    three gradients (at::cat), and with the cache keys and values are copied back."""
+    t = LLAMA.sequence
+    attn = eager_layer_ops(LLAMA, 1)[0]
+    assert [op.bytes for op in _backward(attn.backward, "q_view")] == [4 * t * LLAMA.hidden]
+    assert [op.bytes for op in _backward(attn.backward, "k_view")] == [4 * t * LLAMA.kv_hidden]
+    cached = eager_layer_ops(LLAMA, 1, use_cache=True)[0]
+    assert [op.name for op in cached.backward if op.name.startswith("cache_")] == ["cache_values.bwd"]
+    gpt = eager_layer_ops(GPT2, 1)[0]
+    assert [op.bytes for op in _backward(gpt.backward, "qkv_split")] == [2 * 2 * GPT2.sequence * 3 * GPT2.hidden]
+    gpt_cached = eager_layer_ops(GPT2, 1, use_cache=True)[0]
+    assert [op.name for op in gpt_cached.backward if op.name.startswith("cache_")] == ["cache_values.bwd",
+                                                                                         "cache_keys.bwd"]
+
+
+def test_the_backward_launches_per_layer_what_the_code_derives():
+    """Backward kernels per decoder layer (memsets inside cuBLAS, cuDNN and reduction calls, and cuDNN's own
+    preprocessing kernels, not launched by PyTorch's dispatcher, aside):
+
+    Llama (LlamaDecoderLayer), attention block 60: the residual's BF16 cast and gradient sum 2; o_proj dgrad,
+    wgrad, weight cast 3; sdpa backward 1; rotary on k and q 12 each (test above); the q and k views' copies 2;
+    v, k, q projections 4 each (dgrad, wgrad, weight cast, input cast); the three input gradients summed 2;
+    RMSNorm 14 (weight: g·w, g·x̂, sum over tokens; x·r: g·r, g·x, sum over the row, the two summed; rsqrt 3;
+    mean 1; pow 3). MLP block 31: residual 2; down_proj 3; the product 2; up 4; SiLU 1; gate 4; the sum 1;
+    RMSNorm 14.
+
+    GPT-2 (GPT2Block), attention 18 (20 with the key/value cache's two copies): residual 2; dropout 1; c_proj
+    dgrad, wgrad, bias sum and cast, weight cast 5; sdpa 1; split's concatenation 1; c_attn 6 (with the input
+    cast); LayerNorm 2. MLP 31: residual 2; dropout 1; c_proj 6 (its input was GELU's FP32 output); GELU 14;
+    c_fc 6; LayerNorm 2."""
+    attn, mlp, _ = eager_layer_ops(LLAMA, 1)
+    assert (len(attn.backward), len(mlp.backward)) == (2 + 3 + 1 + 24 + 2 + 12 + 2 + 14, 2 + 3 + 2 + 4 + 1 + 4 + 1 + 14)
+    gpt_attn, gpt_mlp, _ = eager_layer_ops(GPT2, 1)
+    assert (len(gpt_attn.backward), len(gpt_mlp.backward)) == (2 + 1 + 5 + 1 + 1 + 6 + 2, 2 + 1 + 6 + 14 + 6 + 2)
+    assert len(eager_layer_ops(GPT2, 1, use_cache=True)[0].backward) == len(gpt_attn.backward) + 2
+
+
+def test_fused_adamw_and_gradient_clipping_as_the_trainer_runs_them():
+    """clip_grad_norm_ reads every FP32 gradient for the norm (4 B) and scales it in place (8 B), in
+    multi_tensor_apply launches of 320 blocks of 65,536 elements, beside 9 tiny kernels (two zeroed buffers,
+    lpnorm_cleanup, stack, vector_norm, + 1e-6, reciprocal, · max_norm, clamp); AdamW(fused=True): the step
+    counts' foreach add, then _fused_adamw_ (28 B); zero_grad(set_to_none=True) launches nothing."""
+    from hcsim.engine.compute_model import load_compute_model
+    from hcsim.workload.ops import MULTI_TENSOR_BLOCKS, MULTI_TENSOR_CHUNK
+
+    p = 1.24e9  # Llama 3.2 1B: 60 launches of fused AdamW, as profiled
+    ops = optimizer_step_ops(p, "bf16", "pytorch-eager")
+    launches = -(-p // (MULTI_TENSOR_CHUNK * MULTI_TENSOR_BLOCKS))
+    assert launches == 60
+    assert sum(op.name == "adamw_fused" for op in ops) == launches
+    assert sum(op.bytes for op in ops if op.name == "adamw_fused") == pytest.approx(28 * p, rel=1e-12)
+    assert sum(op.bytes for op in ops if op.name.startswith("clip_grad_norm")) == pytest.approx(12 * p, rel=1e-12)
+    assert len(ops) == 2 * launches + 9 + 1 + launches
+    assert {op.kind for op in ops if op.bytes} == {"multi_tensor"}
+    unclipped = optimizer_step_ops(p, "bf16", "pytorch-eager", clip_grad_norm=False)
+    assert len(unclipped) == 1 + launches
+    model = load_compute_model()  # the measured rate: 28 B per parameter at multi_tensor_efficiency
+    factors = model.device("H100")
+    step = model.time(unclipped, "H100", 989e12, 3.35e12)
+    assert step == pytest.approx(28 * p / (3.35e12 * factors.multi_tensor_efficiency), rel=0.01)
+    assert 2.5e12 < 3.35e12 * factors.multi_tensor_efficiency < 2.7e12
+
+
+def test_clip_grad_norm_is_a_workload_key_on_by_default():
+    spec = WorkloadSpec(name="llama", model=LLAMA, precision="bf16", kernels="pytorch-eager", granularity="layer")
+    assert spec.clip_grad_norm
+    par = Parallelism(tp=1, pp=1, micro_batch=1, global_batch=1)
+    from dataclasses import replace
+
+    for clip in (True, False):
+        graph = build_hybrid_graph(replace(spec, clip_grad_norm=clip), par, ParallelLayout(["x0"], {}))
+        ops = graph.nodes["s0.optimizer"]["ops"]
+        assert any(op.name.startswith("clip_grad_norm") for op in ops) == clip
+        assert graph.nodes["s0.optimizer"]["memory_bytes"] == pytest.approx(sum(op.bytes for op in ops), rel=1e-12)
+
+
+def test_the_megatron_inventory_is_untouched_by_the_pytorch_optimizer_and_kernels():
+    """Megatron-LM's step is its one 46 B kernel whatever training.clip_grad_norm says, and none of its kernels is a
+    multi_tensor one (committed Megatron results stay bit for bit: tests/test_committed_results.py)."""
+    from dataclasses import replace
+
+    spec = WorkloadSpec(name="llama", model=LLAMA, precision="bf16", granularity="layer", attention="flash")
+    par = Parallelism(tp=1, pp=1, micro_batch=1, global_batch=1)
+    graphs = [build_hybrid_graph(replace(spec, clip_grad_norm=clip), par, ParallelLayout(["x0"], {}))
+              for clip in (True, False)]
+    ops = [[data.get("ops") for _, data in sorted(g.nodes(data=True))] for g in graphs]
+    assert ops[0] == ops[1]
+    step = graphs[0].nodes["s0.optimizer"]
+    assert [(op.name, op.kind) for op in step["ops"]] == [("optimizer", "memory")]
+    assert step["ops"][0].bytes == pytest.approx(46.0 * model_parameters(LLAMA), rel=1e-12)
+    assert not any(op.kind == "multi_tensor" for kernels in ops[0] if kernels for op in kernels)
