@@ -887,9 +887,9 @@ def simulate_serving(scenario: Scenario, spec: ServingSpec, progress=None, *, pr
     if not core.available():
         raise ConfigError(f"the engine core is not built: {core.unavailable_reason()}")
     if core.load().engine_started():
-        from hcsim.run.simulation import _in_fresh_process
+        from hcsim.run.fresh import in_fresh_process
 
-        result = _in_fresh_process(_serve_here, scenario, spec, private)
+        result = in_fresh_process(_serve_here, scenario, spec, private)
         if progress:
             progress(spec.requests)(spec.requests)
         return result

@@ -14,8 +14,9 @@ from typing import Any
 
 import networkx as nx
 
-from hcsim.errors import ConfigError, OutputError, SimulationError, brief
+from hcsim.errors import ConfigError, OutputError, brief
 from hcsim.engine import api
+from hcsim.run.fresh import in_fresh_process
 from hcsim.run.prepare import compute_model, prepare, traced_xpus
 from hcsim.run.report import _peak_rss_mb, check_results_folder, summarize, write_outputs
 from hcsim.run.scenario import Scenario
@@ -60,7 +61,7 @@ def simulate_graphs(platform: nx.Graph, workload: nx.DiGraph, options=None) -> d
 
     _check_main_guard()
     validate_workload(workload)
-    return _in_fresh_process(_execute_child, platform, workload, options or api.RunOptions())
+    return in_fresh_process(_execute_child, platform, workload, options or api.RunOptions())
 
 
 def run_here(scenario: Scenario, out: Path | None = None, progress=None, check=None, overwrite: bool = False
@@ -121,7 +122,7 @@ def _add_alone(result: dict, prepared) -> None:
     from hcsim.run.jobs import alone_scenario
 
     for j, (job, record) in enumerate(zip(prepared.jobs, result["jobs"])):
-        alone = _in_fresh_process(_child, alone_scenario(prepared.scenario, j, job.xpus), None)
+        alone = in_fresh_process(_child, alone_scenario(prepared.scenario, j, job.xpus), None)
         record["alone_iteration_time_s"] = alone["jobs"][0]["iteration_time_s"]
         record["slowdown"] = record["iteration_time_s"] / record["alone_iteration_time_s"]
 
@@ -150,20 +151,7 @@ def simulate(scenario: Scenario, out: Path | str | None = None, overwrite: bool 
     if out is not None:
         check_results_folder(out, overwrite, "out")
     _check_main_guard()
-    return _in_fresh_process(_child, scenario, str(out) if out is not None else None, overwrite)
-
-
-def _in_fresh_process(function, *args):
-    """`function(*args)` in a spawned process (SimGrid: one Engine per process); its result or its error."""
-    from concurrent.futures.process import BrokenProcessPool
-
-    try:
-        with _fresh_process() as pool:
-            return pool.submit(function, *args).result()
-    except BrokenProcessPool as err:
-        raise SimulationError(f"simulation process: it died before returning a result ({err}). If this runs from "
-                              "a script, put the script's top-level code under `if __name__ == \"__main__\":` "
-                              "(the process is spawned and imports the script again)") from None
+    return in_fresh_process(_child, scenario, str(out) if out is not None else None, overwrite)
 
 
 def _check_main_guard() -> None:
@@ -190,13 +178,3 @@ def _check_main_guard() -> None:
     raise ConfigError(f"{path}: this script calls hcsim outside `if __name__ == \"__main__\":`. hcsim runs each "
                       "simulation in a spawned process, which imports the script again; put the script's top-level "
                       "code under that guard (see the README's Python example)")
-
-
-
-def _fresh_process():
-    """A pool of one spawned (never forked) process for one task (imported here: `hcsim simulate` runs in
-    its own process and needs no multiprocessing)."""
-    from concurrent.futures import ProcessPoolExecutor
-    from multiprocessing import get_context
-
-    return ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"), max_tasks_per_child=1)
