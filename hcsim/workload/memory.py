@@ -332,8 +332,10 @@ def eager_memory(shape: ModelShape, *, layers: int, micro_batch: int, in_flight:
     log-probabilities and two FP32 gradients) -- unless the FP32 gradients (4 B per parameter, complete at
     the end of the backward pass) weigh more. Plus the cuBLAS workspace (:data:`CUBLAS_WORKSPACE`) and the CUDA
     context (:data:`CUDA_CONTEXT`): the memory the process holds, the caching allocator's free blocks aside.
-    `compiled`: torch.compile keeps the eager activations (an upper bound: Inductor's partitioner
-    recomputes some element-wise outputs instead of keeping them)."""
+    `compiled`: under torch.compile the layers keep what AOTAutograd's min-cut partitioner saves
+    (:func:`hcsim.workload.ops.compiled_saved`: GEMM and attention inputs and outputs, the residual stream, the
+    norms' statistics, dropout masks; the element-wise intermediates are recomputed in the backward), also in
+    the layer being recomputed under checkpointing, and the head the BF16 logits and their BF16 gradient."""
     from hcsim.workload.ops import eager_head_ops, eager_layer_ops
     from hcsim.workload.transformer import model_parameters
 

@@ -25,7 +25,10 @@ inventory (``training.kernels``):
   logits upcast to FP32 for the loss, fused AdamW over FP32 parameters
   (28 B per parameter); autograd's saved tensors give the memory.
 - ``torch-compile``: the same under torch.compile: Inductor fuses each run of
-  memory-bound kernels between GEMMs and attention into one.
+  memory-bound kernels between GEMMs and attention into one; AOTAutograd's
+  partitioner keeps fewer tensors for backward (:func:`compiled_saved`) and
+  the backward recomputes the element-wise ones it dropped, inside its fused
+  kernels, from the tensors it kept.
 
 Bytes are what a kernel reads and writes; FLOPs count what the kernel does
 (a causal flash kernel skips the masked half of the scores).
@@ -43,7 +46,7 @@ from hcsim.workload.transformer import ATTENTION as ATTENTION_KINDS
 __all__ = ["Op", "OP_KINDS", "GEMM_KINDS", "ATTENTION_KINDS", "BlockOps", "megatron_ops", "optimizer_ops",
            "KERNEL_INVENTORIES", "KernelInventory", "INVENTORIES", "checkpoint_recompute", "eager_layer_ops", "eager_embedding_ops", "eager_head_ops", "optimizer_step_ops",
            "OPTIMIZER_TRAFFIC", "ops_flops", "FP8_RECIPES", "fp8_quantize", "ADAMW_FUSED_TRAFFIC",
-           "CLIP_GRAD_NORM_TRAFFIC", "multi_tensor_launches", "eager_optimizer_ops"]
+           "CLIP_GRAD_NORM_TRAFFIC", "multi_tensor_launches", "eager_optimizer_ops", "compiled_saved"]
 
 # gemm_unaligned: a BF16 GEMM with a dimension that is not a multiple of 8 elements, which cuBLAS runs on kernels
 # without 16-byte aligned loads (a framework that does not pad: GPT-2's vocabulary of 50257 in Hugging Face;
@@ -283,22 +286,36 @@ class _Kernels:
 
     forward: list = None
     backward_reversed: list = None
+    compiled_reversed: list = None
     saved: float = 0.0
 
     def __post_init__(self):
-        self.forward, self.backward_reversed = [], []
+        self.forward, self.backward_reversed, self.compiled_reversed = [], [], []
 
-    def memory(self, name: str, size: float, backward=(), saved: float = 0.0, kind: str = "memory") -> None:
+    def behind(self, kernels: tuple[Op, ...], compiled: tuple[Op, ...] | None = None) -> None:
+        """An op's backward kernels in eager mode, and under torch.compile (`compiled`; None: the same) before
+        Inductor fuses them (:meth:`kernels`)."""
+        self.backward_reversed.append(kernels)
+        self.compiled_reversed.append(kernels if compiled is None else compiled)
+
+    def memory(self, name: str, size: float, backward=(), saved: float = 0.0, kind: str = "memory",
+               compiled_backward=None) -> None:
         """A memory-bound kernel of `kind` (memory, reduction, mixed, strided) moving `size` bytes; `backward`: the
         bytes of each of its backward kernels in the order autograd runs them, a reduction where :class:`Reduce`,
         a :class:`Typed`'s own kind, else of the same kind (a reduction's streaming); no forward kernel when `size`
-        is 0 (a view, whose backward may still launch kernels)."""
+        is 0 (a view, whose backward may still launch kernels). `compiled_backward`: the bytes of its backward
+        kernels under torch.compile where they differ from eager's (None: the same): where AOTAutograd's
+        partitioner saved not the op's output but the inputs it is recomputed from (:func:`compiled_saved`), the
+        backward kernel reads those inputs and recomputes the op in registers."""
         if size:
             self.forward.append(_memory(name, size, kind))
         streaming = "memory" if kind == "reduction" else kind
-        self.backward_reversed.append(tuple(_memory(f"{name}.bwd", b, "reduction" if isinstance(b, Reduce)
-                                                    else b.kind if isinstance(b, Typed) else streaming)
-                                            for b in backward))
+
+        def ops(sizes):
+            return tuple(_memory(f"{name}.bwd", b, "reduction" if isinstance(b, Reduce)
+                                 else b.kind if isinstance(b, Typed) else streaming) for b in sizes)
+
+        self.behind(ops(backward), None if compiled_backward is None else ops(compiled_backward))
         self.saved += saved
 
     def linear(self, name: str, tokens: int, n_in: int, n_out: int, cast_input: bool, bias: bool = False) -> None:
@@ -315,11 +332,14 @@ class _Kernels:
                         (Reduce(tokens * n_out * HALF + n_out * HALF), Typed(n_out * (HALF + MASTER), "memory")))
         op = _gemm(name, tokens, n_out, n_in, HALF)
         self.forward.append(op)
-        self.backward_reversed.append(_gemm_backward(op, HALF))
+        self.behind(_gemm_backward(op, HALF))
         self.saved += tokens * n_in * HALF
 
     def kernels(self, compiled: bool) -> BlockOps:
-        backward = tuple(k for group in reversed(self.backward_reversed) for k in group)
+        """The block's kernels: eager's, or under torch.compile (`compiled`) each run of memory-bound kernels
+        fused (:func:`_fused`), the backward's from the compiled backward kernels (:meth:`memory`)."""
+        backward = tuple(k for group in reversed(self.compiled_reversed if compiled else self.backward_reversed)
+                         for k in group)
         forward = tuple(self.forward)
         if compiled:
             forward, backward = _fused(forward), _fused(backward)
@@ -403,19 +423,26 @@ def _gelu_tanh(k: _Kernels, name: str, n: float) -> None:
     mixed, and g·(1 + t), FP32), the second cast to 0.5x's BF16 by the engine; 1 + t passes through; tanh_backward;
     the scale; the sum x + c passes c's gradient through and casts x's to BF16; the scale; pow_backward
     (``grad * (3 * x.pow(2))``: three kernels); the upcast's ToCopyBackward0 (to BF16); 0.5x's scale in BF16; and
-    x's three gradients (through 0.5x, the upcast and the sum) summed: two BF16 adds."""
+    x's three gradients (through 0.5x, the upcast and the sum) summed: two BF16 adds.
+
+    Under torch.compile AOTAutograd's partitioner keeps only x (the GEMM's output) of the whole chain
+    (:func:`compiled_saved`), so the compiled backward is one kernel: it reads the incoming BF16 gradient (the
+    down projection's input gradient, its cast back to FP32 fused in) and x, recomputes x³, tanh and 1 + t in
+    registers, and writes x's BF16 gradient: 3 x 2 B per element."""
     e, r = HALF, RESIDUAL
-    k.memory(f"{name}.grad_sum", 0.0, (3 * n * e, 3 * n * e), kind="memory")
-    k.memory(f"{name}.half_x", 2 * n * e, (2 * n * e,), saved=n * e)
-    k.memory(f"{name}.cast_up", n * (e + r), (Typed(n * (r + e), "memory"),), saved=n * r, kind="mixed")
-    k.memory(f"{name}.pow", 2 * n * r, (2 * n * r, 2 * n * r, 3 * n * r))
-    k.memory(f"{name}.scale", 2 * n * r, (2 * n * r,))
-    k.memory(f"{name}.add", n * (e + r + r), (Typed(n * (r + e), "memory"),), kind="mixed")
-    k.memory(f"{name}.scale2", 2 * n * r, (2 * n * r,))
-    k.memory(f"{name}.tanh", 2 * n * r, (3 * n * r,), saved=n * r)
-    k.memory(f"{name}.one_plus", 2 * n * r, saved=n * r)
+    k.memory(f"{name}.grad_sum", 0.0, (3 * n * e, 3 * n * e), kind="memory", compiled_backward=())
+    k.memory(f"{name}.half_x", 2 * n * e, (2 * n * e,), saved=n * e, compiled_backward=())
+    k.memory(f"{name}.cast_up", n * (e + r), (Typed(n * (r + e), "memory"),), saved=n * r, kind="mixed",
+             compiled_backward=())
+    k.memory(f"{name}.pow", 2 * n * r, (2 * n * r, 2 * n * r, 3 * n * r), compiled_backward=())
+    k.memory(f"{name}.scale", 2 * n * r, (2 * n * r,), compiled_backward=())
+    k.memory(f"{name}.add", n * (e + r + r), (Typed(n * (r + e), "memory"),), kind="mixed", compiled_backward=())
+    k.memory(f"{name}.scale2", 2 * n * r, (2 * n * r,), compiled_backward=())
+    k.memory(f"{name}.tanh", 2 * n * r, (3 * n * r,), saved=n * r, compiled_backward=())
+    k.memory(f"{name}.one_plus", 2 * n * r, saved=n * r, compiled_backward=())
     k.memory(f"{name}.mul", n * (e + r + r), (n * (r + e + r), Typed(n * (r + r + r), "memory"),
-                                              Typed(n * (r + e), "memory")), kind="mixed")
+                                              Typed(n * (r + e), "memory")), kind="mixed",
+             compiled_backward=(Typed(3 * n * e, "memory"),))
 
 
 def _flash(k: _Kernels, name: str, b: int, s: int, heads: int, kv_heads: int, d: int) -> None:
@@ -428,7 +455,7 @@ def _flash(k: _Kernels, name: str, b: int, s: int, heads: int, kv_heads: int, d:
     flops = 2.0 * b * s * s * heads * d
     io = (2 * q + 2 * kv) * e
     k.forward.append(Op(name, "attention", flops, io, s, b * heads, d))
-    k.backward_reversed.append((Op(f"{name}.bwd", "attention", 2.5 * flops, 2 * io, s, b * heads, d),))
+    k.behind((Op(f"{name}.bwd", "attention", 2.5 * flops, 2 * io, s, b * heads, d),))
     k.saved += io + b * heads * s * 4
 
 
@@ -491,8 +518,13 @@ def eager_layer_ops(model, micro_batch: int, compiled: bool = False, use_cache: 
     if model.mlp == "swiglu":
         mlp.linear("gate_proj", tokens, h, f, cast_input=True, bias=bias)
         mlp.linear("up_proj", tokens, h, f, cast_input=True, bias=bias)
-        mlp.memory("silu", 2 * tokens * f * HALF, (3 * tokens * f * HALF,), saved=tokens * f * HALF)
-        mlp.memory("gate_mul", 3 * tokens * f * HALF, (3 * tokens * f * HALF,) * 2, saved=2 * tokens * f * HALF)
+        # compiled: the partitioner keeps gate and up (GEMM outputs) and not silu(gate) (:func:`compiled_saved`):
+        # one backward kernel reads the product's gradient, gate and up, recomputes silu(gate) in registers and
+        # writes the gradients of gate and up: 5 x 2 B per element
+        mlp.memory("silu", 2 * tokens * f * HALF, (3 * tokens * f * HALF,), saved=tokens * f * HALF,
+                   compiled_backward=())
+        mlp.memory("gate_mul", 3 * tokens * f * HALF, (3 * tokens * f * HALF,) * 2, saved=2 * tokens * f * HALF,
+                   compiled_backward=(5 * tokens * f * HALF,))
     else:
         mlp.linear("c_fc", tokens, h, f, cast_input=True, bias=bias)
         _gelu_tanh(mlp, "gelu", tokens * f)
@@ -502,7 +534,63 @@ def eager_layer_ops(model, micro_batch: int, compiled: bool = False, use_cache: 
     mlp.memory("residual_mlp", n * (RESIDUAL + HALF + RESIDUAL), (n * (RESIDUAL + HALF), 3 * n * RESIDUAL),
                kind="mixed")
     saved = attn.saved + mlp.saved  # the layer's input among them (the first norm keeps it)
+    if compiled:
+        saved = sum(compiled_saved(model, micro_batch).values())
     return attn.kernels(compiled), mlp.kernels(compiled), saved
+
+
+def compiled_saved(model, micro_batch: int) -> dict[str, float]:
+    """The bytes one decoder layer keeps for backward under torch.compile, per micro-batch, by tensor: what
+    AOTAutograd's partitioner saves of the joint graph of a Hugging Face layer under autocast(bfloat16)
+    (torch/_functorch/partitioners.py, min_cut_rematerialization_partition: solve_min_cut over the default
+    op lists of get_default_op_list). Its rules, as they fall on a transformer layer:
+
+    - GEMMs, attention and random ops are never recomputed (should_ban_recomputation: not in the recomputable
+      allowlist, or compute-intensive, or random), nor a tensor the backward must materialize for a kernel that
+      cannot fuse it (is_materialized_backwards: the BF16 input of every GEMM, which its weight gradient reads,
+      and the inputs of the attention kernel), nor a reduction whose output is 4x smaller than its input (a
+      norm's statistics), nor a pointwise op used again past an unfusible op (ban_if_used_far_apart: each
+      residual add, which the next norm reads and the next residual add after the GEMMs); the rest, pointwise,
+      is recomputed in the backward where the min cut finds it cheaper.
+    - Common-subexpression elimination first (fx_graph_cse): autocast's cast of a norm's output, once per
+      projection in eager mode, is one tensor shared by q, k and v (gate and up).
+
+    So a layer keeps its FP32 input and the FP32 residual after attention (4 B per hidden element each), each
+    norm's statistics (LayerNorm's mean and 1/σ, RMSNorm's mean square: 4 B per token each), each norm's BF16
+    output cast (2 B, once), the attention kernel's inputs (q, k, v in BF16: GPT-2's fused projection output,
+    Llama's rotated q and k cast for sdpa and v), its output and FP32 log-sum-exp, each residual dropout's
+    1-byte mask (the mask is cheaper than the random tensor it comes from, which is banned), and of the MLP:
+    GPT-2's c_fc output and the BF16 cast of GELU's output for c_proj (4 B per intermediate element; eager
+    keeps 16: transformers' NewGELUActivation intermediates in FP32), Llama's gate, up and their product (6 B;
+    eager 8: silu(gate) too). Rotary embedding keeps nothing of its own (its backward needs only cos and sin,
+    computed once per step); the attention output that the output projection reads is the kernel's own
+    output, counted once.
+
+    >>> from hcsim.workload.model import ModelShape
+    >>> gpt2 = ModelShape(name="g", decoders=1, hidden=8, heads=2, ffn=32, sequence=4, vocabulary=0,
+    ...                   dropout=True, bias=True, positions="learned")
+    >>> sum(compiled_saved(gpt2, 1).values()) == 32 * (4 + 4 + 2 + 2 + 6 + 2 + 1 + 1) + 4 * 4 * 4 + 128 * 4 + 2 * 4 * 4
+    True
+    """
+    b, s, h = micro_batch, model.sequence, model.hidden
+    tokens, kv, f = b * s, model.kv_hidden, model.ffn
+    n = tokens * h
+    statistics = 1 if model.norm == "rmsnorm" else 2  # LlamaRMSNorm: the mean of squares; layer_norm: mean, rstd
+    kept = {
+        "residuals": 2 * n * RESIDUAL,  # the layer's input and the residual after attention, FP32
+        "norm_statistics": 2 * statistics * tokens * 4.0,
+        "norm_casts": 2 * n * HALF,  # each norm's BF16 output, the projections' shared GEMM input
+        "attention_inputs": tokens * (h + 2 * kv) * HALF,  # q, k, v
+        "attention_output": n * HALF,  # also the output projection's GEMM input
+        "attention_logsumexp": b * model.heads * s * 4.0,
+    }
+    if model.dropout:
+        kept["dropout_masks"] = 2 * n * 1.0  # after the output projection and after the MLP
+    if model.mlp == "swiglu":
+        kept["mlp"] = 3 * tokens * f * HALF  # gate, up (GEMM outputs), their product (down_proj's GEMM input)
+    else:
+        kept["mlp"] = 2 * tokens * f * HALF  # c_fc's output (GELU's input), GELU's output cast for c_proj
+    return kept
 
 
 def _gradient_sum(k: _Kernels, name: str, n: float, consumers: int) -> None:
@@ -552,18 +640,26 @@ def eager_head_ops(model, micro_batch: int, compiled: bool = False) -> tuple[Blo
     norm(k, "norm_final", tokens * h, tokens)
     k.linear("logits", tokens, h, v, cast_input=True)
     _cross_entropy(k, tokens, v)
-    peak = tokens * v * (HALF + 4 + 4 + 4)
+    peak = tokens * v * ((HALF + HALF) if compiled else (HALF + 4 + 4 + 4))
     return k.kernels(compiled), peak
 
 
 def _cross_entropy(k: _Kernels, tokens: int, vocabulary: int) -> None:
     """F.cross_entropy(logits.float(), labels): the upcast, log_softmax (a max and a sum of exponentials over
     each row, then the write: three reads and a write), nll_loss; backward: a zeroed FP32 gradient with the
-    labels scattered in, log_softmax's backward (a sum over each row, then the write), the cast back."""
+    labels scattered in, log_softmax's backward (a sum over each row, then the write), the cast back.
+
+    Under torch.compile the partitioner keeps the BF16 logits (a GEMM's output, returned to the caller besides)
+    and the rows' reductions (max, sum of exponentials: 4x smaller than their inputs), not the FP32
+    log-probabilities (:func:`compiled_saved`); Inductor turns the labels scattered into zeros into a pointwise
+    select (torch/_inductor/fx_passes/joint_graph.py, scatter_upon_const_tensor). So the compiled backward is
+    one kernel reading the BF16 logits, recomputing the log-probabilities in registers and writing the BF16
+    gradient of the logits: 2 + 2 B per logit (the head's peak then: the logits and that gradient)."""
     logits = tokens * vocabulary
-    k.memory("logits_float", logits * (HALF + 4), (logits * (4 + HALF),))
-    k.memory("log_softmax", logits * 4 * 4, (logits * 4 * 4,))
-    k.memory("nll_loss", tokens * 12, (logits * 4,))
+    k.memory("logits_float", logits * (HALF + 4), (logits * (4 + HALF),),
+             compiled_backward=(logits * (HALF + HALF),))
+    k.memory("log_softmax", logits * 4 * 4, (logits * 4 * 4,), compiled_backward=())
+    k.memory("nll_loss", tokens * 12, (logits * 4,), compiled_backward=())
 
 
 def optimizer_step_ops(parameters: float, precision: str, kernels: str = "megatron", per_parameter: float = 0.0,

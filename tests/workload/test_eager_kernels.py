@@ -369,3 +369,116 @@ def test_the_megatron_inventory_is_untouched_by_the_pytorch_optimizer_and_kernel
     assert [(op.name, op.kind) for op in step["ops"]] == [("optimizer", "memory")]
     assert step["ops"][0].bytes == pytest.approx(46.0 * model_parameters(LLAMA), rel=1e-12)
     assert not any(op.kind == "multi_tensor" for kernels in ops[0] if kernels for op in kernels)
+
+
+# ---- torch.compile: what AOTAutograd's partitioner keeps, and what the compiled backward recomputes -----------
+
+def _sizes(shape, b):
+    t = b * shape.sequence
+    return t, t * shape.hidden, t * shape.ffn, t * shape.kv_hidden, b * shape.heads * shape.sequence * 4
+
+
+@pytest.mark.parametrize("b", [1, 3])
+def test_eager_saved_bytes_per_layer_are_autograds_as_before(b):
+    """The eager rule, in closed form (unchanged by the compiled one): GPT-2 keeps 24 B per hidden element (the
+    FP32 inputs of both LayerNorms 8, the BF16 inputs of c_attn and c_proj 4, sdpa's q, k, v and output 8 --
+    the output once more as c_proj's input --, the two dropout masks 2) and 16 B per MLP element (GELU's BF16
+    input 2, its FP32 intermediates 12, c_proj's cast input 2), 8 B per token (the LayerNorms' statistics) and
+    the log-sum-exp; Llama 32 B per hidden element (RMSNorm's input and normalized input in FP32, 16; q, k, v's
+    three casts of the norm's output 6, gate's and up's 4, sdpa's q and output 4, o_proj's input 2), 4 per key/value
+    element (k, v), 8 per MLP element (gate, up, silu(gate), the product)."""
+    t, n, f, kv, lse = _sizes(GPT2, b)
+    assert eager_layer_ops(GPT2, b)[2] == 24 * n + 16 * f + 16 * t + lse
+    t, n, f, kv, lse = _sizes(LLAMA, b)
+    assert eager_layer_ops(LLAMA, b)[2] == 32 * n + 4 * kv + 8 * f + lse
+
+
+@pytest.mark.parametrize("b", [1, 3])
+def test_compiled_saved_bytes_per_layer_are_the_partitioners(b):
+    """torch.compile (AOTAutograd's min-cut partitioner): the FP32 residual stream twice a layer (8 B per hidden
+    element), each norm's BF16 output cast once (4), the attention kernel's q, k, v and output in BF16 (GPT-2: 6 +
+    2), the dropout masks (2); per MLP element GPT-2 4 B (c_fc's output, GELU's output cast for c_proj), Llama 6
+    (gate, up, their product); per token the norms' statistics (LayerNorm 2 x 2 x 4 B, RMSNorm 2 x 4 B)."""
+    from hcsim.workload.ops import compiled_saved
+
+    t, n, f, kv, lse = _sizes(GPT2, b)
+    gpt2 = (4 + 4 + 2 + 2 + 6 + 2 + 1 + 1) * n + (2 + 2) * f + 2 * 2 * 4 * t + lse
+    assert eager_layer_ops(GPT2, b, compiled=True)[2] == sum(compiled_saved(GPT2, b).values()) == gpt2
+    assert compiled_saved(GPT2, b)["mlp"] == 4 * f
+    t, n, f, kv, lse = _sizes(LLAMA, b)
+    llama = (4 + 4 + 2 + 2 + 2 + 2) * n + (2 + 2) * kv + (2 + 2 + 2) * f + 2 * 4 * t + lse
+    assert eager_layer_ops(LLAMA, b, compiled=True)[2] == sum(compiled_saved(LLAMA, b).values()) == llama
+    assert compiled_saved(LLAMA, b)["mlp"] == 6 * f
+
+
+@pytest.mark.parametrize("shape", [LLAMA, GPT2], ids=["llama", "gpt2"])
+def test_compiled_memory_is_less_than_eager_memory(shape):
+    """Fewer saved tensors, the head's logits and their gradient in BF16: below eager with and without activation
+    checkpointing, whose peak holds the compiled layer being recomputed; the state (weights, Adam, BF16 copies)
+    the same."""
+    b = 2
+    p = model_parameters(shape)
+    layer = eager_layer_ops(shape, b, compiled=True)[2]
+    head = eager_head_ops(shape, b, compiled=True)[1]
+    assert head == b * shape.sequence * shape.vocabulary * (2 + 2)
+    assert layer < eager_layer_ops(shape, b)[2] and head < eager_head_ops(shape, b)[1]
+    for recompute in ("none", "full"):
+        eager = eager_memory(shape, layers=shape.decoders, micro_batch=b, recompute=recompute)
+        compiled = eager_memory(shape, layers=shape.decoders, micro_batch=b, recompute=recompute, compiled=True)
+        assert compiled.total < eager.total
+        assert compiled.parameters == eager.parameters
+    inputs = shape.decoders * b * shape.sequence * shape.hidden * 4
+    checkpointed = eager_memory(shape, layers=shape.decoders, micro_batch=b, recompute="full", compiled=True)
+    assert checkpointed.total == pytest.approx(12 * p + max(2 * p + inputs + max(head, layer), 4 * p)
+                                               + CUBLAS_WORKSPACE + CUDA_CONTEXT, rel=1e-12)
+    plain = eager_memory(shape, layers=shape.decoders, micro_batch=b, compiled=True)
+    assert plain.total == pytest.approx(12 * p + max(2 * p + shape.decoders * layer + head, 4 * p)
+                                        + CUBLAS_WORKSPACE + CUDA_CONTEXT, rel=1e-12)
+    via_stage = stage_memory(shape, layers=shape.decoders, first=True, last=True, in_flight=1, micro_batch=b,
+                             kernels="torch-compile")
+    assert via_stage.total == plain.total
+
+
+def _between_gemms(ops, after):
+    """The fused memory-bound kernel right after the GEMM named `after` (its weight gradient)."""
+    names = [op.name for op in ops]
+    return ops[names.index(f"{after}.wgrad") + 1]
+
+
+def test_the_compiled_backward_recomputes_what_the_partitioner_did_not_keep():
+    """One fused kernel reads the tensors kept and recomputes the rest in registers: GPT-2's GELU backward reads
+    the incoming BF16 gradient and c_fc's output and writes c_fc's BF16 gradient (6 B per MLP element, eager's
+    largest GELU backward kernel 12: an FP32 product of FP32 intermediates); Llama's SwiGLU backward reads the
+    product's gradient, gate and up and writes the gradients of gate and up (10 B per element, eager: three
+    kernels of 6); the head reads the BF16 logits and writes their BF16 gradient (4 B per logit, eager's
+    log_softmax backward 16)."""
+    b = 3  # tokens unlike the hidden size: the weights' casts back move less than the tokens' kernels
+    t, n, f, kv, lse = _sizes(GPT2, b)
+    mlp = eager_layer_ops(GPT2, b, compiled=True)[1]
+    assert _between_gemms(mlp.backward, "down_proj").bytes == 6 * f
+    assert not _backward(mlp.backward, "gelu.")  # fused into the kernel after down_proj's GEMMs
+    eager = eager_layer_ops(GPT2, b)[1]
+    assert max(op.bytes for op in _backward(eager.backward, "gelu.")) == 12 * f
+    t, n, f, kv, lse = _sizes(LLAMA, b)
+    mlp = eager_layer_ops(LLAMA, b, compiled=True)[1]
+    assert _between_gemms(mlp.backward, "down_proj").bytes == 10 * f
+    eager = eager_layer_ops(LLAMA, b)[1]
+    assert [op.bytes for op in _backward(eager.backward, "gate_mul.") + _backward(eager.backward, "silu.")] == \
+        [6 * f] * 3
+    for shape in (GPT2, LLAMA):
+        logits = b * shape.sequence * shape.vocabulary
+        head = eager_head_ops(shape, b, compiled=True)[0]
+        assert (head.backward[0].name, head.backward[0].bytes) == ("logits_float.bwd", 4 * logits)
+        assert max(op.bytes for op in eager_head_ops(shape, b)[0].backward if op.kind != "gemm") == 16 * logits
+
+
+def test_the_compiled_forward_and_the_eager_kernels_are_untouched_by_the_compiled_backward():
+    """The recomputation changes the compiled backward only: the compiled forward is still the eager forward
+    fused, and eager's kernels are autograd's."""
+    from hcsim.workload.ops import _fused
+
+    for shape in (GPT2, LLAMA):
+        for eager, compiled in zip(eager_layer_ops(shape, 2)[:2], eager_layer_ops(shape, 2, compiled=True)[:2]):
+            assert compiled.forward == _fused(eager.forward)
+            assert [op for op in compiled.backward if op.kind in ("gemm", "attention")] == \
+                [op for op in eager.backward if op.kind in ("gemm", "attention")]
