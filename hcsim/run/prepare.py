@@ -20,6 +20,7 @@ from hcsim.run.scenario import Scenario
 from hcsim.run.stragglers import apply_stragglers
 
 __all__ = ["Prepared", "prepare", "batch_split", "layer_split", "offload_memory", "spill_policy", "check_local_memory",
+           "coherent_memory",
            "check_algorithm", "graph_workload", "rank_order", "compute_model", "resolve_compute_model",
            "platform_devices", "traced_xpus"]
 
@@ -393,7 +394,7 @@ def offload_memory(platform: nx.Graph, xpus: list[str], scenario: Scenario, cohe
                                   f"fix: {_cpu_flops_fix(scenario, cpu)}")
         else:
             memory = nodes[x].get("extended_memory")
-            kind = _coherent_memory(platform, x, memory) if coherent and memory is not None else None
+            kind = coherent_memory(platform, x, memory) if coherent and memory is not None else None
             if kind is None or (scenario.offload == "cxl" and kind != "cxl_type3"):
                 given = 'no extended memory' if memory is None else f"{nodes[memory].get('role')} memory"
                 hint = " (offload: coherent reads it in place over NVLink-C2C)" if kind == "c2c" else ""
@@ -406,7 +407,7 @@ def offload_memory(platform: nx.Graph, xpus: list[str], scenario: Scenario, cohe
     return found
 
 
-def _coherent_memory(platform: nx.Graph, xpu: str, memory: str) -> str | None:
+def coherent_memory(platform: nx.Graph, xpu: str, memory: str) -> str | None:
     """How `xpu` reads its extended memory `memory` in place: "cxl_type3" (a CXL expander), "c2c" (its superchip
     CPU's memory, the CPU joined to the XPU by NVLink-C2C), or None (not coherently)."""
     data = platform.nodes[memory]

@@ -1017,7 +1017,7 @@ def _setup(scenario: Scenario, spec: ServingSpec):
     from hcsim.platform.devices import peak_flops
     from hcsim.platform.routes import route_bandwidth, route_latency, shortest_routes
     from hcsim.platform.topology import xpus as platform_xpus
-    from hcsim.run.prepare import compute_factors_path, spill_policy
+    from hcsim.run.prepare import coherent_memory, compute_factors_path, spill_policy
     from hcsim.workload.transformer import model_parameters
 
     base = Path(scenario.base)
@@ -1073,7 +1073,8 @@ def _setup(scenario: Scenario, spec: ServingSpec):
         ext_blocks = int((2**50 if ext_unbounded else size) / sharing / block_bytes)
         route = shortest_routes(graph, ext, [x0])[x0]
         ext_bandwidth, ext_latency = route_bandwidth(graph, route), route_latency(graph, route)
-        coherent = nodes[ext].get("role") == "cxl_type3" and bool(graph.graph.get("coherent"))
+        # read in place: a CXL Type 3 expander, or a superchip CPU's memory over NVLink-C2C (prepare's rule)
+        coherent = bool(graph.graph.get("coherent")) and coherent_memory(graph, x0, ext) is not None
         spilled_to = nodes[ext].get("role")
     host_bandwidth, host_latency = 1.0, 0.0
     if config.preemption == "swap":

@@ -65,3 +65,18 @@ def test_a_cpu_step_runs_at_the_cpu_s_speed_beside_its_dram_reads_under_the_kern
     dram = prepared.platform.edges[cpu, memory]
     closed = max(step["flops"] / nodes[cpu]["flops"], dram["latency"] + step["memory_bytes"] / dram["bandwidth"])
     assert float(row["end_s"]) - float(row["start_s"]) == pytest.approx(closed, rel=1e-9)
+
+
+def test_a_serving_replica_on_a_superchip_reads_its_spilled_kv_in_place_over_c2c():
+    """Spilled KV blocks live in the Grace CPU's memory and are read in place beside the HBM reads (the coherent
+    form), as on a CXL Type 3 expander; on a DGX the host DRAM is copied first."""
+    from hcsim.run.serving import _platform, serving_workload
+
+    def platform_of(settings):
+        scenario = load_scenario(None, ["workload=llama3-70b-serving", "tp=4", "spill=allow", *settings])
+        return _platform(scenario, serving_workload(scenario))[0]
+
+    gh200 = platform_of(["platform=gh200", "xpus=4"])
+    assert gh200.coherent and gh200.spilled_to == "dram"
+    dgx = platform_of(["platform=dgx-h100", "xpus=8"])
+    assert not dgx.coherent and dgx.spilled_to == "dram"
