@@ -46,7 +46,8 @@ from hcsim.workload.transformer import ATTENTION as ATTENTION_KINDS
 __all__ = ["Op", "OP_KINDS", "GEMM_KINDS", "ATTENTION_KINDS", "BlockOps", "megatron_ops", "optimizer_ops",
            "KERNEL_INVENTORIES", "KernelInventory", "INVENTORIES", "checkpoint_recompute", "eager_layer_ops", "eager_embedding_ops", "eager_head_ops", "optimizer_step_ops",
            "OPTIMIZER_TRAFFIC", "ops_flops", "FP8_RECIPES", "fp8_quantize", "ADAMW_FUSED_TRAFFIC",
-           "CLIP_GRAD_NORM_TRAFFIC", "multi_tensor_launches", "eager_optimizer_ops", "compiled_saved"]
+           "CLIP_GRAD_NORM_TRAFFIC", "multi_tensor_launches", "eager_optimizer_ops",
+           "compiled_saved"]
 
 # gemm_unaligned: a BF16 GEMM with a dimension that is not a multiple of 8 elements, which cuBLAS runs on kernels
 # without 16-byte aligned loads (a framework that does not pad: GPT-2's vocabulary of 50257 in Hugging Face;

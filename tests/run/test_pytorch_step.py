@@ -81,3 +81,24 @@ def test_gpt2_2_7b_runs_out_of_memory_on_an_h100_where_a_real_run_did(batch, seq
                  f"--set=workload_overrides.training.batch_per_xpu={batch}", "--set=iterations=1")
     assert done.returncode == (0 if fits else 2), done.stderr
     assert ("out of memory" in done.stderr) != fits
+
+
+def test_a_compiled_step_holds_what_the_partitioner_keeps_and_less_than_eager(workload):
+    """torch-compile's memory through the CLI is hcsim.workload.memory.eager_memory with the compiled rule (the
+    partitioner's saved tensors, the head's BF16 logits and gradient), below the eager step's; the step is
+    faster (fused kernels)."""
+    from hcsim.workload.memory import eager_memory
+    from hcsim.workload.spec import load_workload_spec
+
+    runs = {}
+    for kernels in ("pytorch-eager", "torch-compile"):
+        done = hcsim("simulate", "--set=platform=dgx-h100", "--set=xpus=1", "--set=devices=[H100]",
+                     f"--set=workload={workload}", f"--set=workload_overrides={{training.kernels: {kernels}}}",
+                     "--json")
+        assert done.returncode == 0, done.stderr
+        runs[kernels] = json.loads(done.stdout)
+    model = load_workload_spec(str(workload)).model
+    compiled = eager_memory(model, layers=model.decoders, micro_batch=4, compiled=True).total
+    assert runs["torch-compile"]["memory"]["H100"]["state_bytes"] == pytest.approx(compiled, rel=1e-12)
+    assert compiled < runs["pytorch-eager"]["memory"]["H100"]["state_bytes"]
+    assert runs["torch-compile"]["iteration_time_s"] < runs["pytorch-eager"]["iteration_time_s"]
