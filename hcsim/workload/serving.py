@@ -20,8 +20,11 @@ Units: bytes, FLOP, seconds, tokens, requests.
 
 from __future__ import annotations
 
+import csv
+import json
+import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hcsim.config import Fields
@@ -29,7 +32,7 @@ from hcsim.errors import ConfigError
 from hcsim.workload.model import ModelShape, element_sizes
 from hcsim.workload.ops import Op, _gemm, _memory
 
-__all__ = ["ServingSpec", "SchedulerConfig", "SCHEDULERS", "Request", "kv_bytes_per_token", "make_requests",
+__all__ = ["ServingSpec", "SchedulerConfig", "SCHEDULERS", "Request", "kv_bytes_per_token", "make_requests", "read_trace",
            "scheduler_config", "dense_kernels", "attention_kernels", "layer_kernels", "head_kernels", "step_kernels", "is_serving", "serving_spec_from_dict",
            "MAX_SERVING_REQUESTS"]
 
@@ -93,12 +96,24 @@ class ServingSpec:
     chunked_prefill: bool | None = None
     step_overhead: float = STEP_OVERHEAD
     seed: int = 0
+    trace: str | None = None
+    trace_requests: tuple | None = field(default=None, compare=False, repr=False)
     description: str = ""
     source: str = ""
     written: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         where = f"serving workload {self.name!r}"
+        if self.trace is not None:  # the requests are the trace's: the lengths, groups and count follow from it
+            rows = self.trace_requests
+            if rows is None:
+                rows = read_trace(self.trace, self.model.sequence)
+                object.__setattr__(self, "trace_requests", rows)
+            object.__setattr__(self, "requests", len(rows))
+            object.__setattr__(self, "prompt", (min(q.prompt for q in rows), max(q.prompt for q in rows)))
+            object.__setattr__(self, "output", (min(q.output for q in rows), max(q.output for q in rows)))
+            object.__setattr__(self, "prefix_groups", max(q.group for q in rows) + 1)
+            object.__setattr__(self, "rate", None)
 
         def given(key):  # the value as the message shows it: the file's, or the default's
             value = getattr(self, key)
@@ -122,7 +137,7 @@ class ServingSpec:
         if self.output[0] < 2:
             raise ConfigError(f"{where}: serving.output must be at least 2 tokens (a time per output token needs "
                               f"two), got {given('output')}")
-        longest = self.prompt[1] + self.output[1]
+        longest = self.longest
         if longest > self.model.sequence:
             raise ConfigError(f"{where}: a request of prompt {given('prompt')} and output {given('output')} tokens "
                               f"can reach {longest:,} tokens, beyond the model's sequence of {self.model.sequence:,} "
@@ -135,7 +150,8 @@ class ServingSpec:
         integer("shared_prefix", 0)
         if self.shared_prefix >= self.prompt[0]:
             raise ConfigError(f"{where}: serving.shared_prefix {self.shared_prefix:,} must be shorter than the "
-                              f"shortest prompt ({self.prompt[0]:,} tokens): a prompt is its prefix and more")
+                              f"shortest prompt ({self.prompt[0]:,} tokens{' of the trace' if self.trace else ''}): "
+                              f"a prompt is its prefix and more")
         if self.scheduler not in SCHEDULERS:
             raise ConfigError(f"{where}: serving.scheduler {given('scheduler')} is not one of {', '.join(SCHEDULERS)}")
         for key in ("max_num_seqs", "max_num_batched_tokens"):
@@ -160,6 +176,13 @@ class ServingSpec:
         if self.model.experts > 1:
             raise ConfigError(f"{where}: the model has {self.model.experts} experts; serving models dense decoders "
                               f"only (mixture-of-experts serving is not modelled yet). Fix: a dense model (experts: 1)")
+
+    @property
+    def longest(self) -> int:
+        """Tokens of the longest request there can be: the trace's longest, or the longest prompt and output."""
+        if self.trace_requests is not None:
+            return max(q.prompt + q.output for q in self.trace_requests)
+        return self.prompt[1] + self.output[1]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -208,7 +231,7 @@ def scheduler_config(spec: ServingSpec, device: str, memory: float) -> Scheduler
         raise ConfigError(f"{where}: serving.max_num_batched_tokens {budget:,} is less than max_num_seqs {seqs:,} "
                           f"(every running sequence needs a token of the budget, as vLLM requires). Fix: raise "
                           f"max_num_batched_tokens or lower max_num_seqs")
-    longest = spec.prompt[1] + spec.output[1]
+    longest = spec.longest
     if not chunked and budget < longest:
         raise ConfigError(f"{where}: without chunked prefill a prompt (and its recomputation after a preemption) "
                           f"runs in one step, so serving.max_num_batched_tokens {budget:,} must hold the longest "
@@ -246,8 +269,10 @@ def kv_bytes_per_token(model: ModelShape, precision: str = "bf16") -> float:
 
 
 def make_requests(spec: ServingSpec) -> list[Request]:
-    """The requests of `spec` in arrival order, from its seed alone (the same spec gives the same requests);
-    request i is in prefix group i mod prefix_groups."""
+    """The requests of `spec` in arrival order: its trace's, or from its seed alone (the same spec gives the same
+    requests), request i in prefix group i mod prefix_groups."""
+    if spec.trace_requests is not None:
+        return list(spec.trace_requests)
     rng = random.Random(spec.seed)
     now, requests = 0.0, []
     for index in range(spec.requests):
@@ -256,6 +281,117 @@ def make_requests(spec: ServingSpec) -> list[Request]:
         requests.append(Request(index, now, rng.randint(*spec.prompt), rng.randint(*spec.output),
                                 index % spec.prefix_groups))
     return requests
+
+
+TRACE_COLUMNS = ("arrival_s", "prompt", "output")  # and, optional, "group": a prefix group's label
+TRACE_SHOWN = 20  # bad rows a trace's error lists (then how many more)
+
+
+def read_trace(path, sequence: int) -> tuple[Request, ...]:
+    """The requests of a trace file: CSV with a header row, or JSON Lines (``.jsonl``: an object a line), each row
+    a request's ``arrival_s`` (s from the run's start, >= 0, in order), ``prompt`` and ``output`` (tokens; output
+    >= 2, prompt + output <= `sequence`, the model's context) and, optional, ``group`` (any label: requests of one
+    label share the workload's ``shared_prefix``; groups are numbered in order of first appearance); other columns
+    are ignored (hcsim's own ``requests.csv`` is a trace). One ConfigError naming the file, and each bad row's line
+    and field.
+
+    Arrival times are read as written (Python's float of the text: the shortest repr of a float reads back to
+    it bit for bit)."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in (".csv", ".jsonl"):
+        raise ConfigError(f"serving.trace {str(path)!r}: a trace is a .csv file (a header row: arrival_s, prompt, "
+                          f"output, group) or a .jsonl file (one JSON object a line with those keys), got a "
+                          f"{suffix or 'file with no extension'}")
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"serving.trace {str(path)!r}: cannot be read ({err})") from None
+    problems: list[str] = []
+    rows: list[tuple[int, dict]] = []  # (line, fields)
+    if suffix == ".csv":
+        lines = text.splitlines()
+        reader = csv.reader(lines)
+        header = next(reader, None)
+        if header is None:
+            raise ConfigError(f"{path}: an empty trace (a header row arrival_s,prompt,output[,group] and a row per "
+                              f"request)")
+        header = [name.strip() for name in header]
+        missing = [name for name in TRACE_COLUMNS if name not in header]
+        if missing:
+            raise ConfigError(f"{path}:1: the header has no column {', '.join(missing)} (it has "
+                              f"{', '.join(header) or 'none'}; a trace's columns: arrival_s, prompt, output and, "
+                              f"optional, group)")
+        for line, cells in enumerate(reader, start=2):
+            if not any(cell.strip() for cell in cells):
+                continue
+            rows.append((line, {name: cells[i].strip() if i < len(cells) else None for i, name in enumerate(header)}))
+    else:
+        for line, raw in enumerate(text.splitlines(), start=1):
+            if not raw.strip():
+                continue
+            try:
+                row = json.loads(raw)
+            except json.JSONDecodeError as err:
+                problems.append(f"{path}:{line}: not a JSON object ({err.msg})")
+                continue
+            if not isinstance(row, dict):
+                problems.append(f"{path}:{line}: not a JSON object (a {type(row).__name__})")
+                continue
+            rows.append((line, row))
+    if not rows and not problems:
+        raise ConfigError(f"{path}: a trace with no request")
+    if len(rows) > MAX_SERVING_REQUESTS:
+        raise ConfigError(f"{path}: {len(rows):,} requests, more than the {MAX_SERVING_REQUESTS:,} of one serving "
+                          f"run (hcsim.workload.serving.MAX_SERVING_REQUESTS). Fix: a shorter trace")
+
+    def number(line, row, name, integer, low):
+        value = row.get(name)
+        if value is None or value == "":
+            problems.append(f"{path}:{line}: no {name}")
+            return None
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            problems.append(f"{path}:{line}: {name} {value!r} is not a number")
+            return None
+        try:
+            parsed = (int(value) if isinstance(value, str) else value) if integer else float(value)
+        except ValueError:
+            problems.append(f"{path}:{line}: {name} {value!r} is not {'a whole number' if integer else 'a number'}")
+            return None
+        if integer and (isinstance(parsed, float) or not isinstance(parsed, int)):
+            problems.append(f"{path}:{line}: {name} {value!r} is not a whole number")
+            return None
+        if not (math.isfinite(parsed) and parsed >= low):
+            problems.append(f"{path}:{line}: {name} {value!r} must be {'a finite number ' if not integer else ''}"
+                            f">= {low}{' (a time per output token needs two)' if name == 'output' else ''}")
+            return None
+        return parsed
+
+    requests, labels, last = [], {}, (0.0, 0)
+    for line, row in rows:
+        arrival = number(line, row, "arrival_s", False, 0)
+        prompt = number(line, row, "prompt", True, 1)
+        output = number(line, row, "output", True, 2)
+        if arrival is not None:
+            if arrival < last[0]:
+                problems.append(f"{path}:{line}: arrival_s {row['arrival_s']!r} is before line {last[1]}'s "
+                                f"{last[0]!r} (a trace is in order of arrival)")
+            else:
+                last = (arrival, line)
+        if prompt is not None and output is not None and prompt + output > sequence:
+            problems.append(f"{path}:{line}: prompt + output = {prompt:,} + {output:,} tokens, beyond the model's "
+                            f"context of {sequence:,} (model.sequence)")
+        label = row.get("group")
+        label = None if label is None or label == "" else str(label)
+        group = labels.setdefault(label, len(labels))
+        if not problems:
+            requests.append(Request(len(requests), arrival, prompt, output, group))
+    if problems:
+        shown = problems[:TRACE_SHOWN]
+        more = len(problems) - len(shown)
+        raise ConfigError(f"serving.trace {str(path)!r}: {len(problems):,} bad field{'s' if len(problems) > 1 else ''}"
+                          f":\n  " + "\n  ".join(shown) + (f"\n  ... and {more:,} more" if more else ""))
+    return tuple(requests)
 
 
 def dense_kernels(model: ModelShape, tokens: int, tp: int = 1, precision: str = "bf16") -> list[Op]:
@@ -378,13 +514,44 @@ def serving_spec_from_dict(data: dict, where: str, shape_of) -> ServingSpec:
                   prefix_caching=serving.flag("prefix_caching", None),
                   chunked_prefill=serving.flag("chunked_prefill", None),
                   step_overhead=serving.quantity("step_overhead", "time", STEP_OVERHEAD, positive=False))
+    trace = serving.string("trace", None)
     written = frozenset(key for key in (serving.data if isinstance(serving.data, dict) else {}) if key in values)
+    trace_requests = None
+    if trace is not None:
+        for key in ("prompt", "output", "rate", "prefix_groups"):
+            if key in written:
+                serving.problems.append(f"{serving.path(key)}: the trace ({trace}) gives each request's arrival, "
+                                        f"prompt, output and prefix group. Fix: leave serving.{key} out")
+        trace = str(_trace_path(trace, where))
+        if not serving.problems and not top.problems:
+            trace_requests = read_trace(trace, shape.sequence)
+            if "requests" in written:
+                if values["requests"] > len(trace_requests):
+                    serving.problems.append(f"{serving.path('requests')}: {values['requests']:,} requests, more "
+                                            f"than the trace's {len(trace_requests):,} ({trace})")
+                trace_requests = trace_requests[:values["requests"]]
     precision = top.choice("precision", ("fp16", "bf16"), "bf16")
     description = top.string("description", "")
     serving.check_unknown()
     top.done()
     try:
         return ServingSpec(name=name, model=shape, precision=precision, description=description, source=where,
-                           written=written, **values)
+                           written=written, trace=trace, trace_requests=trace_requests, **values)
     except ConfigError as err:
         raise ConfigError(f"{where}: {err}") from None
+
+
+def _trace_path(name: str, where: str) -> Path:
+    """A trace file's path: as written when absolute; else beside the workload file `where`, or else in the
+    current folder; ConfigError naming both places when neither has it."""
+    path = Path(name).expanduser()
+    if path.is_absolute():
+        if not path.is_file():
+            raise ConfigError(f"{where}: serving.trace {name!r}: no such file")
+        return path
+    beside = Path(where).parent / path
+    for candidate in (beside, Path.cwd() / path):
+        if candidate.is_file():
+            return candidate
+    raise ConfigError(f"{where}: serving.trace {name!r}: no such file beside the workload ({beside}) nor in the "
+                      f"current folder ({Path.cwd() / path})")

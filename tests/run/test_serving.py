@@ -18,7 +18,7 @@ from hcsim.run.report import RUN_OUTPUTS
 from hcsim.run.serving import (_checked, _platform, _Scheduler, _StepCost, activation_workspace, load_serving_spec,
                                percentiles, simulate_serving)
 from hcsim.workload.model import ModelShape
-from hcsim.workload.serving import ServingSpec, kv_bytes_per_token, make_requests, step_kernels
+from hcsim.workload.serving import Request, ServingSpec, kv_bytes_per_token, make_requests, step_kernels
 from hcsim.workload.transformer import model_parameters
 
 MODEL = ModelShape(name="llama", decoders=4, hidden=4096, heads=32, kv_heads=8, ffn=14336, mlp="swiglu",
@@ -520,3 +520,91 @@ def test_the_steps_whose_decodes_are_counted_together_give_the_same_run(monkeypa
         monkeypatch.setattr(serving._Scheduler, "_fast", fast)
         runs += [closed_form(scenario(xpus=1, tp=1, spill="error"), mix) for mix in mixes]
     assert runs[:3] == runs[3:]
+
+
+# ---- request traces --------------------------------------------------------------------------------------------
+
+def write_trace(path, requests, jsonl=False):
+    """The requests as a trace file: arrival times as Python's shortest repr (read back bit for bit)."""
+    if jsonl:
+        path.write_text("".join(json.dumps({"arrival_s": q.arrival, "prompt": q.prompt, "output": q.output,
+                                            "group": q.group}) + "\n" for q in requests))
+    else:
+        path.write_text("arrival_s,prompt,output,group\n" + "".join(
+            f"{q.arrival!r},{q.prompt},{q.output},{q.group}\n" for q in requests))
+    return path
+
+
+@pytest.mark.parametrize("jsonl", [False, True])
+def test_a_trace_of_the_generators_requests_gives_the_same_run_bit_for_bit(tmp_path, jsonl):
+    """The generator's requests (Poisson arrivals, three prefix groups) written as a trace and read back: the
+    same requests, and every request's arrival, first token and finish the same floats."""
+    generated = spec(shared_prefix=128, prefix_groups=3)
+    requests = make_requests(generated)
+    path = write_trace(tmp_path / ("trace.jsonl" if jsonl else "trace.csv"), requests, jsonl)
+    traced = ServingSpec(name="s", model=MODEL, max_num_seqs=16, shared_prefix=128, trace=str(path))
+    assert make_requests(traced) == requests and traced.requests == 40 and traced.prefix_groups == 3
+    a, b = simulate_serving(scenario(), generated), simulate_serving(scenario(), traced)
+    times = [[(r["arrival_s"], r["first_token_s"], r["finish_s"]) for r in result["per_request"]] for result in (a, b)]
+    assert times[0] == times[1]
+    assert a["prefix_cache"] == b["prefix_cache"] and a["prefix_cache"]["hit_tokens"] > 0
+
+
+def test_a_trace_is_read_beside_its_workload_and_its_requests_key_takes_its_first_rows(tmp_path):
+    write_trace(tmp_path / "mix.csv", [Request(i, 0.25 * i, 100 + i, 10 + i, i % 2) for i in range(6)])
+    workload = tmp_path / "w.yaml"
+    workload.write_text("kind: serving\nmodel: {decoders: 2, hidden: 512, heads: 8, ffn: 1024, sequence: 600}\n"
+                        "serving: {trace: mix.csv, requests: 4}\n")
+    loaded = load_serving_spec(workload)
+    assert [(q.arrival, q.prompt, q.output, q.group) for q in make_requests(loaded)] == [
+        (0.25 * i, 100 + i, 10 + i, i % 2) for i in range(4)]
+    assert (loaded.prompt, loaded.output, loaded.prefix_groups, loaded.rate) == ((100, 103), (10, 13), 2, None)
+    workload.write_text("kind: serving\nmodel: {decoders: 2, hidden: 512, heads: 8, ffn: 1024, sequence: 600}\n"
+                        "serving: {trace: mix.csv, requests: 7, rate: 2, prompt: 10}\n")
+    with pytest.raises(ConfigError) as err:
+        load_serving_spec(workload)
+    for key in ("serving.rate: the trace", "serving.prompt: the trace"):
+        assert key in str(err.value)
+    workload.write_text("kind: serving\nmodel: {decoders: 2, hidden: 512, heads: 8, ffn: 1024, sequence: 600}\n"
+                        "serving: {trace: mix.csv, requests: 7}\n")
+    with pytest.raises(ConfigError, match=r"7 requests, more than the trace's 6"):
+        load_serving_spec(workload)
+    workload.write_text("kind: serving\nmodel: {decoders: 2, hidden: 512, heads: 8, ffn: 1024, sequence: 600}\n"
+                        "serving: {trace: nowhere.csv}\n")
+    with pytest.raises(ConfigError, match=r"serving.trace 'nowhere.csv': no such file beside the workload"):
+        load_serving_spec(workload)
+
+
+def test_every_bad_row_of_a_trace_is_named_by_file_line_and_field_in_one_message(tmp_path):
+    from hcsim.workload.serving import read_trace
+
+    csv_path = tmp_path / "bad.csv"
+    csv_path.write_text("arrival_s,prompt,output\n0,100,10\n0.5,x,10\n0.4,-3,1\n0.6,100\n\n1.0,8000,500\n"
+                        "nan,5,5\n2,5.5,5\n")
+    with pytest.raises(ConfigError) as err:
+        read_trace(csv_path, 8192)
+    lines = str(err.value).splitlines()
+    assert lines[0] == f"serving.trace {str(csv_path)!r}: 8 bad fields:"
+    assert [line.strip() for line in lines[1:]] == [f"{csv_path}:{tail}" for tail in (
+        "3: prompt 'x' is not a whole number",
+        "4: prompt '-3' must be >= 1",
+        "4: output '1' must be >= 2 (a time per output token needs two)",
+        "4: arrival_s '0.4' is before line 3's 0.5 (a trace is in order of arrival)",
+        "5: no output",
+        "7: prompt + output = 8,000 + 500 tokens, beyond the model's context of 8,192 (model.sequence)",
+        "8: arrival_s 'nan' must be a finite number >= 0",
+        "9: prompt '5.5' is not a whole number")]
+    (tmp_path / "cols.csv").write_text("time,prompt,output\n0,1,2\n")
+    with pytest.raises(ConfigError, match=r"cols.csv:1: the header has no column arrival_s \(it has time, prompt, "
+                                          r"output"):
+        read_trace(tmp_path / "cols.csv", 8192)
+    (tmp_path / "bad.jsonl").write_text('{"arrival_s": 0, "prompt": 10, "output": 5}\n[1]\n'
+                                        '{"arrival_s": -1, "prompt": 10, "output": true}\n')
+    with pytest.raises(ConfigError) as err:
+        read_trace(tmp_path / "bad.jsonl", 8192)
+    assert str(err.value).splitlines()[1:] == [f"  {tmp_path / 'bad.jsonl'}:{tail}" for tail in (
+        "2: not a JSON object (a list)", "3: arrival_s -1 must be a finite number >= 0",
+        "3: output True is not a number")]
+    (tmp_path / "t.txt").write_text("")
+    with pytest.raises(ConfigError, match=r"a trace is a .csv file"):
+        read_trace(tmp_path / "t.txt", 8192)
