@@ -3,8 +3,8 @@
 
 A straggler's factor f is the platform graph's XPU node attribute ``slowdown``
 (:mod:`hcsim.platform.topology`): every compute vertex it runs takes f times as long, whether timed as FLOPs /
-peak FLOP/s, by a measured duration or by the kernel model, on the C++ core and the Python executor alike (one
-rule: :meth:`hcsim.engine.rules.WorkloadRules.compute_cost`). Its memory reads, its transfers, and the CPU steps
+peak FLOP/s, by a measured duration or by the kernel model (one rule:
+:meth:`hcsim.engine.rules.WorkloadRules.compute_cost`). Its memory reads, its transfers, and the CPU steps
 and moves of offload are not its compute and keep their times.
 
 Factors come from ``stragglers`` (XPU name -> f) and ``straggler_spread`` σ: every XPU of the run, in topology
