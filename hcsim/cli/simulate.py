@@ -154,7 +154,8 @@ def serving_summary(result: dict) -> str:
     return "\n".join([
         f"hcsim {result['scenario']}: serving {result['model']} ({result['precision']}) on {result['xpus']} "
         f"{result['device']} of {result['platform']}, tp {layout['tp']} x pp {layout['pp']} x {layout['dp']} "
-        f"replica{'s' if layout['dp'] > 1 else ''}",
+        f"replica{'s' if layout['dp'] > 1 else ''}"
+        + (f" ({layout['prefill']} prefill, {layout['decode']} decode)" if "prefill" in layout else ""),
         f"  scheduler        {scheduler['name']}: {scheduler['max_num_batched_tokens']:,} tokens and "
         f"{scheduler['max_num_seqs']:,} sequences per step, blocks of {scheduler['block_size']} tokens, "
         f"{'chunked prefill' if scheduler['chunked_prefill'] else 'whole prompts'}, "
@@ -166,6 +167,8 @@ def serving_summary(result: dict) -> str:
         f"  time to first    {spread('ttft_s')}",
         f"  per output token {spread('tpot_s')}",
         f"  end to end       {spread('e2e_s')}",
+        *([f"  KV handoff       {spread('handoff_s')} (prefill's first token to the cache on its decode replica)"]
+          if "handoff_s" in result else []),
         f"  KV cache         {format_quantity(kv['bytes_per_token'], 'B')} per token; a replica holds "
         f"{kv['hbm_tokens_per_replica']:,} tokens in HBM{where}; peak {kv['peak_hbm_tokens']:,} in HBM, "
         f"{kv['peak_extended_tokens']:,} beyond",

@@ -25,6 +25,14 @@ each with its own scheduler (:class:`_Scheduler`), as vLLM schedules (``serving.
 A request's first token comes at the end of the step that computes its last prompt token; it finishes when
 its output is complete. Every request is served once (a test checks it), none is lost to preemption.
 
+Prefill/decode disaggregation (``serving.disaggregation: {prefill: N, decode: M}``, N + M = dp): the first N
+replicas' schedulers (role ``prefill``) hand a request off at its first token, freeing its blocks; its KV cache
+of the prompt goes, as flows XPU k to XPU k, to decode replica (request index mod M) as a handoff on the engine
+core (``steps.hpp``: flows started beside the prefill replica's next answer, running outside any step, on links
+the core counts as shared); when the last flow lands the decode scheduler (role ``decode``) takes the request
+into its waiting queue (:meth:`_Scheduler.receive`), computed up to its prompt with one token made, and a
+decode replica with nothing to do waits for the next landing (the core's idle until +inf).
+
 A step's work (:class:`StepWork`, from :class:`_StepCost`) is the kernel model's
 (:mod:`hcsim.engine.compute_model`, the device's measured factors, with no per-kernel launch cost: serving
 engines replay decode steps as CUDA graphs) over the step's kernels on one TP rank, layer after layer and stage
@@ -268,6 +276,14 @@ class _StepCost:
                         host=self.spec.step_overhead, head=head)
 
 
+def handoff_link(graph, platform: _Platform, route) -> tuple[float, float]:
+    """(achieved share of the bandwidth, call latency s) of a KV handoff over `route`: its slowest link kind's, as a
+    pipeline send's."""
+    slowest = min(zip(route, route[1:]), key=lambda e: graph.edges[e]["bandwidth"])
+    kind = platform.model.link(graph.edges[slowest]["kind"])
+    return kind.bandwidth_factor, kind.call_latency
+
+
 class _Engine:
     """The run on the engine core (:mod:`hcsim.engine.core`, ``steps.hpp``): the replicas' XPUs (replica r: XPUs
     r·tp·pp to (r+1)·tp·pp - 1, stage after stage), each XPU's extended memory (where KV blocks spill) and
@@ -313,9 +329,24 @@ class _Engine:
                     pairs.update(zip(ring, ring[1:] + ring[:1]))
                 if stage + 1 < p.pp:
                     pairs.add((ring[0], group[(stage + 1) * p.tp]))
+        # prefill/decode disaggregation: the first `prefill` replicas hand each request's KV cache off to a decode
+        # replica, XPU i of the one to XPU i of the other (the same layers and heads)
+        self.prefill, self.decode = spec.disaggregation or (0, 0)
+        h_src, h_dst, self.handoff_link = array("i"), array("i"), {}
+        for source in range(self.prefill):
+            for target in range(self.prefill, self.prefill + self.decode):
+                for i in range(size):
+                    a, b = xpus[source * size + i], xpus[target * size + i]
+                    pairs.add((a, b))
+                    h_src.append(hosts[a])
+                    h_dst.append(hosts[b])
+                    self.handoff_link[hosts[a], hosts[b]] = handoff_link(graph, platform, search(a, [b])[b])
+        self.size = size
         self.hosts, self.pairs = list(hosts), pairs
         self.layout = {"r_tp": array("i", [p.tp]) * p.dp, "r_xpus": array("q", range(0, len(xpus) + 1, size)),
                        "x_host": array("i", range(len(xpus))), "x_ext": x_ext, "x_dram": x_dram}
+        if self.prefill:
+            self.layout |= {"h_src": h_src, "h_dst": h_dst}
         layers = spec.model.decoders
         self.stage_layers = [layers // p.pp + (s < layers % p.pp) for s in range(p.pp)]
         self.layers = layers
@@ -358,6 +389,23 @@ class _Engine:
                        send_pad)
         return tuple(fields)
 
+    def handoffs(self, replica: int, scheduler) -> tuple:
+        """The core's flows (``steps.hpp``: src, dst, bytes, pad, replica, tag) of the KV caches prefill replica
+        `replica`'s scheduler hands off now: request q's to decode replica q mod decode, each XPU's share
+        (prompt tokens x KV bytes per token on one XPU) over its route at its slowest link kind's achieved
+        bandwidth, after that kind's call latency; its tag q."""
+        flows, size = [], self.size
+        for i in scheduler.outgoing:
+            q = scheduler.index[i]
+            target = self.prefill + q % self.decode
+            kv = scheduler.prompt[i] * self.platform.token_bytes
+            for x in range(size):
+                src, dst = replica * size + x, target * size + x
+                share, call = self.handoff_link[src, dst]
+                flows += (src, dst, kv / share, call, target, q)
+        scheduler.outgoing.clear()
+        return tuple(flows)
+
     def run(self, schedulers: list, analytic: bool = True) -> dict:
         """Every replica's scheduler driven by the core until each has served its requests; the core's counters.
         An error a scheduler raises (ConfigError) comes out as it is."""
@@ -370,17 +418,26 @@ class _Engine:
         compiled = compile_platform(self.graph, self.pairs, self.precision)
         encode = self.encode
 
+        prefill, decode, handoffs = self.prefill, self.decode, self.handoffs
+
         def next_step(replica, now, done):
-            reply = schedulers[replica].advance(now, done)
-            if reply is None or reply.__class__ is float:
-                return reply
-            return encode(*reply)
+            scheduler = schedulers[replica]
+            reply = scheduler.advance(now, done)
+            if reply is not None and reply.__class__ is not float:
+                reply = encode(*reply)
+            if scheduler.outgoing:
+                return [reply, handoffs(replica, scheduler)]
+            return reply
+
+        def landed(q, now):  # request q's KV cache is on its decode replica
+            schedulers[prefill + q % decode].receive(q // decode, now)
 
         with tempfile.TemporaryDirectory(prefix="hcsim-") as folder:
             xml = Path(folder) / "platform.xml"
             xml.write_text(compiled.xml)
             try:
-                return core.load().run_steps(str(xml), self.hosts, self.layout, next_step, analytic)
+                return core.load().run_steps(str(xml), self.hosts, self.layout, next_step, analytic,
+                                             landed if prefill else None)
             except HcsimError:
                 raise
             except (ValueError, TypeError, RuntimeError) as err:  # a bad step or layout: a bug, said as one
@@ -402,8 +459,11 @@ class _Scheduler:
     prefix cache, and the clock."""
 
     def __init__(self, spec: ServingSpec, config: SchedulerConfig, platform: _Platform, cost: _StepCost,
-                 requests: list[Request]):
+                 requests: list[Request], role: str | None = None):
         self.spec, self.config, self.platform, self.cost = spec, config, platform, cost
+        self.role = role  # None: prefill and decode here; "prefill": hand off at the first token; "decode"
+        self.outgoing: list[int] = []  # (prefill) slots whose prompt ended in the step that ended: to hand off
+        self.received, self.landed = 0, array("d", bytes(8 * len(requests)))  # (decode) handoffs landed, when
         n = len(requests)
         self.index = array("q", (q.index for q in requests))
         self.arrival = array("d", (q.arrival for q in requests))
@@ -417,11 +477,11 @@ class _Scheduler:
         self.free_hbm, self.free_ext = platform.hbm_blocks, platform.ext_blocks
         self.total_blocks = platform.hbm_blocks + platform.ext_blocks
         bs = config.block_size
-        self.prefix_blocks = spec.shared_prefix // bs if config.prefix_caching else 0
+        self.prefix_blocks = spec.shared_prefix // bs if config.prefix_caching and role != "decode" else 0
         self.groups = [_Group() for _ in range(spec.prefix_groups)]
         self.evictable: OrderedDict[int, None] = OrderedDict()  # groups with no references, least recent first
         self.evictable_blocks = 0
-        self.waiting: deque[int] = deque(range(n))
+        self.waiting: deque[int] = deque(range(n) if role != "decode" else ())  # (decode: as they land)
         self.running: list[int] = []
         self.now, self.steps, self.swap_used = 0.0, 0, 0.0
         self._pending = None  # the step or run in flight on the engine: what it does when it ends
@@ -551,7 +611,8 @@ class _Scheduler:
             self.now = now
         while self.waiting or self.running:
             if self.update is not None and not self.events % 4096:
-                finished = len(self.index) - len(self.waiting) - len(self.running)
+                arrived = self.received if self.role == "decode" else len(self.index)
+                finished = arrived - len(self.waiting) - len(self.running)
                 self.update(finished - self.reported)
                 self.reported = finished
             if not self.running and self.arrival[self.waiting[0]] > self.now:
@@ -571,10 +632,21 @@ class _Scheduler:
             step = self._decode_run() or self._step()
             if step is not None:
                 return step
+        if self.role == "decode" and self.received < len(self.index):  # requests still to land: wait for one
+            return math.inf
         if self.update is not None:
             self.update(len(self.index) - self.reported)
             self.update = None
         return None
+
+    def receive(self, i: int, now: float) -> None:
+        """(decode) Slot `i`'s KV cache of its prompt landed at `now`, its first token made by its prefill replica:
+        it waits for blocks here, then decodes the rest of its output."""
+        self.received += 1
+        self.landed[i] = self.arrival[i] = now
+        self.computed[i] = self.prompt[i]
+        self.made[i] = 1
+        self.waiting.append(i)
 
     def run(self, limit: int, update=None) -> None:
         """Ready for the engine's run, which asks this scheduler step by step (:meth:`advance`): at most `limit`
@@ -609,7 +681,7 @@ class _Scheduler:
                     self.computed[i] = 0
                 break
             self.waiting.popleft()
-            self.query_tokens += self._tokens(i) if not self.swapped[i] else 0
+            self.query_tokens += self._tokens(i) if not self.swapped[i] and self.role != "decode" else 0
             self.hit_tokens += hit
             if self.swapped[i]:
                 size = self.computed[i] * self.platform.token_bytes
@@ -751,12 +823,20 @@ class _Scheduler:
                 made[i] += 1
                 if made[i] == 1:
                     self.first[i] = now
+                    if self.role == "prefill":  # its KV cache goes to its decode replica; its blocks are freed
+                        self._release(i)
+                        self.outgoing.append(i)
+                        done = True
+                        continue
                 if made[i] >= output[i]:
                     self.finish[i] = now
                     self._release(i)
                     done = True
         if done:
-            self.running = [i for i in self.running if made[i] < output[i]]
+            if self.role == "prefill":  # (handed off at their first token)
+                self.running = [i for i in self.running if not made[i]]
+            else:
+                self.running = [i for i in self.running if made[i] < output[i]]
         self._record()
 
     def _record(self) -> None:
@@ -864,6 +944,9 @@ class _Scheduler:
                          "output": out, "first_token_s": first, "finish_s": finish,
                          "ttft_s": first - self.arrival[i], "tpot_s": (finish - first) / (out - 1),
                          "preemptions": self.preemptions[i]})
+        if self.role == "decode":  # when its KV cache landed here from its prefill replica
+            for row, landed in zip(rows, self.landed):
+                row["kv_landed_s"] = landed
         return rows
 
 
@@ -896,19 +979,32 @@ def simulate_serving(scenario: Scenario, spec: ServingSpec, progress=None, *, pr
     cost = _StepCost(spec, platform)
     update = progress(spec.requests) if progress else None
     schedulers = []
-    for r in range(platform.dp):
-        mine = requests[r::platform.dp]
+    prefill, decode = spec.disaggregation or (0, 0)
+    # co-located: request i on replica i mod dp; disaggregated: its prompt on prefill replica i mod prefill, its
+    # decode on decode replica i mod decode (the replicas after the prefill ones)
+    roles = [(None, requests[r::platform.dp]) for r in range(platform.dp)] if not prefill else (
+        [("prefill", requests[r::prefill]) for r in range(prefill)]
+        + [("decode", requests[r::decode]) for r in range(decode)])
+    for role, mine in roles:
         chunks = sum(-(-q.prompt // config.max_num_batched_tokens) for q in mine)
-        scheduler = _Scheduler(spec, config, platform, cost, mine)
-        scheduler.run(EVENTS_PER_REQUEST * (chunks + 4 * len(mine)) + 10_000, update)
+        scheduler = _Scheduler(spec, config, platform, cost, mine, role)
+        scheduler.run(EVENTS_PER_REQUEST * (chunks + 4 * len(mine)) + 10_000, update if role != "prefill" else None)
         schedulers.append(scheduler)
     engine = _Engine(spec, config, platform, graph, xpus)
     counters = engine.run(schedulers, analytic=private == "analytic")
+    if prefill:  # a request's rows of its two replicas as one: its first token from prefill, the rest from decode
+        for scheduler in schedulers[prefill:]:
+            slots = scheduler.index
+            scheduler.first = array("d", (schedulers[q % prefill].first[q // prefill] for q in slots))
+            scheduler.arrival = array("d", (requests[q].arrival for q in slots))
+            for i, q in enumerate(slots):
+                scheduler.preemptions[i] += schedulers[q % prefill].preemptions[q // prefill]
     records, occupancy = [], []
     steps = preempted = hits = queries = most = 0
     kinds = {"prefill": 0, "mixed": 0, "decode": 0}
     for r, scheduler in enumerate(schedulers):
-        records += scheduler.records()
+        if scheduler.role != "prefill":
+            records += scheduler.records()
         occupancy += [(r, t, h, e, n) for t, h, e, n in zip(scheduler.trace_time, scheduler.trace_hbm,
                                                              scheduler.trace_ext, scheduler.trace_running)]
         steps += scheduler.steps
@@ -927,7 +1023,8 @@ def simulate_serving(scenario: Scenario, spec: ServingSpec, progress=None, *, pr
     return {
         "kind": "serving", "scenario": scenario.name, "platform": scenario.platform, "workload": spec.name,
         "model": spec.model.name, "precision": spec.precision, "xpus": scenario.xpus, "device": platform.device,
-        "layout": {"tp": platform.tp, "pp": platform.pp, "dp": platform.dp},
+        "layout": {"tp": platform.tp, "pp": platform.pp, "dp": platform.dp}
+        | ({"prefill": prefill, "decode": decode} if prefill else {}),
         "scheduler": {"name": config.name, "max_num_seqs": config.max_num_seqs,
                       "max_num_batched_tokens": config.max_num_batched_tokens, "block_size": bs,
                       "chunked_prefill": config.chunked_prefill, "prefix_caching": config.prefix_caching,
@@ -940,6 +1037,8 @@ def simulate_serving(scenario: Scenario, spec: ServingSpec, progress=None, *, pr
         "ttft_s": percentiles([row["ttft_s"] for row in records]),
         "tpot_s": percentiles([row["tpot_s"] for row in records]),
         "e2e_s": percentiles([row["finish_s"] - row["arrival_s"] for row in records]),
+        **({"handoff_s": percentiles([row["kv_landed_s"] - row["first_token_s"] for row in records])} if prefill
+           else {}),
         "kv": {"bytes_per_token": kv_bytes_per_token(spec.model, spec.precision),
                "hbm_tokens_per_replica": platform.hbm_blocks * bs, "extended_tokens_per_replica": None if platform.ext_unbounded else platform.ext_blocks * bs,
                "spilled_to": platform.spilled_to, "weights_bytes_per_xpu": platform.weights,
@@ -1032,6 +1131,14 @@ def _setup(scenario: Scenario, spec: ServingSpec):
     if scenario.xpus % (tp * pp):
         raise ConfigError(f"scenario {scenario.name!r}: xpus {scenario.xpus} is not a multiple of tp x pp = "
                           f"{tp} x {pp}; valid: a multiple of {tp * pp}")
+    if spec.disaggregation is not None:
+        prefill, decode = spec.disaggregation
+        dp = scenario.xpus // (tp * pp)
+        if prefill + decode != dp:
+            raise ConfigError(f"scenario {scenario.name!r}: serving.disaggregation.prefill {prefill} + "
+                              f"serving.disaggregation.decode {decode} = {prefill + decode} replicas, but xpus "
+                              f"{scenario.xpus} / (tp {tp} x pp {pp}) gives {dp}. Fix: prefill + decode = {dp}, or "
+                              f"xpus = {(prefill + decode) * tp * pp}")
     model = spec.model
     for key, value in (("heads", model.heads), ("kv_heads", model.kv_heads or model.heads), ("ffn", model.ffn)):
         if value % tp:

@@ -2,11 +2,12 @@
 step (pure).
 
 A serving workload (``kind: serving`` in a workload YAML) names a decoder model and its requests: how many,
-their prompt and output lengths (fixed, or uniform between two bounds), when they arrive (Poisson at
-``rate`` requests per second, or all at once: a fixed batch), a prompt prefix shared within groups of requests
-(``shared_prefix``, ``prefix_groups``), and the serving engine's scheduler (``scheduler``: ``vllm-v1``, the
-default, or ``vllm-v0``) with vLLM's knobs under their vLLM names (:class:`ServingSpec`); the run's random
-numbers come from ``seed`` alone, so the same inputs give the same run.
+their prompt and output lengths (fixed, or uniform between two bounds), when they arrive (Poisson at ``rate``
+requests per second, or all at once: a fixed batch), a prompt prefix shared within groups of requests
+(``shared_prefix``, ``prefix_groups``) or every request from a trace file (``trace``: :func:`read_trace`),
+whether its prefills and decodes run on separate replicas (``disaggregation``), and the serving engine's
+scheduler (``scheduler``: ``vllm-v1``, the default, or ``vllm-v0``) with vLLM's knobs under their vLLM names
+(:class:`ServingSpec`); the run's random numbers come from ``seed`` alone, so the same inputs give the same run.
 
 The KV cache of one token is layers x 2 (K and V) x kv_heads x head_dim x bytes per element
 (:func:`kv_bytes_per_token`). One serving step runs, on one rank of a TP group and for the layers of one
@@ -32,7 +33,8 @@ from hcsim.errors import ConfigError
 from hcsim.workload.model import ModelShape, element_sizes
 from hcsim.workload.ops import Op, _gemm, _memory
 
-__all__ = ["ServingSpec", "SchedulerConfig", "SCHEDULERS", "Request", "kv_bytes_per_token", "make_requests", "read_trace",
+__all__ = ["ServingSpec", "SchedulerConfig", "SCHEDULERS", "Request", "kv_bytes_per_token", "make_requests",
+           "read_trace",
            "scheduler_config", "dense_kernels", "attention_kernels", "layer_kernels", "head_kernels", "step_kernels", "is_serving", "serving_spec_from_dict",
            "MAX_SERVING_REQUESTS"]
 
@@ -98,6 +100,7 @@ class ServingSpec:
     seed: int = 0
     trace: str | None = None
     trace_requests: tuple | None = field(default=None, compare=False, repr=False)
+    disaggregation: tuple[int, int] | None = None
     description: str = ""
     source: str = ""
     written: frozenset[str] | None = None
@@ -170,6 +173,11 @@ class ServingSpec:
             raise ConfigError(f"{where}: serving.swap_space must be >= 0 B, got {given('swap_space')}")
         if not 0 <= self.step_overhead <= 1:
             raise ConfigError(f"{where}: serving.step_overhead must be from 0 to 1 s, got {given('step_overhead')}")
+        if self.disaggregation is not None:
+            for key, value in zip(("prefill", "decode"), self.disaggregation):
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise ConfigError(f"{where}: serving.disaggregation.{key} must be an integer >= 1 (replicas), "
+                                      f"got {value!r}")
         if self.precision not in ("fp16", "bf16"):
             raise ConfigError(f"{where}: precision must be fp16 or bf16 for serving (FP8 and FP32 serving are not "
                               f"modelled), got {self.precision!r}")
@@ -515,6 +523,14 @@ def serving_spec_from_dict(data: dict, where: str, shape_of) -> ServingSpec:
                   chunked_prefill=serving.flag("chunked_prefill", None),
                   step_overhead=serving.quantity("step_overhead", "time", STEP_OVERHEAD, positive=False))
     trace = serving.string("trace", None)
+    disaggregation = None
+    if serving.has("disaggregation"):
+        split = serving.sub("disaggregation")
+        disaggregation = (split.number("prefill", ..., kind=int, minimum=1),
+                          split.number("decode", ..., kind=int, minimum=1))
+        split.check_unknown()
+        if None in disaggregation:
+            disaggregation = None
     written = frozenset(key for key in (serving.data if isinstance(serving.data, dict) else {}) if key in values)
     trace_requests = None
     if trace is not None:
@@ -536,7 +552,8 @@ def serving_spec_from_dict(data: dict, where: str, shape_of) -> ServingSpec:
     top.done()
     try:
         return ServingSpec(name=name, model=shape, precision=precision, description=description, source=where,
-                           written=written, trace=trace, trace_requests=trace_requests, **values)
+                           written=written, trace=trace, trace_requests=trace_requests,
+                           disaggregation=disaggregation, **values)
     except ConfigError as err:
         raise ConfigError(f"{where}: {err}") from None
 

@@ -3,6 +3,7 @@ batching that loses or duplicates no request, and steps on the engine: a replica
 times, replicas sharing a link slow each other down."""
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -608,3 +609,180 @@ def test_every_bad_row_of_a_trace_is_named_by_file_line_and_field_in_one_message
     (tmp_path / "t.txt").write_text("")
     with pytest.raises(ConfigError, match=r"a trace is a .csv file"):
         read_trace(tmp_path / "t.txt", 8192)
+
+
+# ---- prefill/decode disaggregation -----------------------------------------------------------------------------
+
+def handoff_time(where, mix, tokens, src="xpu0", dst="xpu1"):
+    """Seconds of a `tokens`-token KV handoff alone from src to dst, each XPU's share of it (tokens x KV bytes per
+    token / (tp x pp)) over the route: its latency + bytes / (bandwidth x its slowest link kind's achieved share)
+    + that kind's call latency."""
+    from hcsim.platform.routes import route_bandwidth, route_latency, shortest_routes
+
+    _, platform, _, graph, _, _ = _checked(where, mix)
+    route = shortest_routes(graph, src, [dst])[dst]
+    slowest = min(zip(route, route[1:]), key=lambda e: graph.edges[e]["bandwidth"])
+    kind = load_compute_model().link(graph.edges[slowest]["kind"])
+    size = tokens * kv_bytes_per_token(mix.model, mix.precision) / (where.tp * where.pp)
+    achieved = route_bandwidth(graph, route) * kind.bandwidth_factor
+    return route_latency(graph, route) + size / achieved + kind.call_latency
+
+
+def test_one_disaggregated_request_is_its_prefill_then_its_kv_handoff_then_its_decodes():
+    """One prefill and one decode replica, one request alone: its first token ends its prefill step; it finishes
+    after the KV cache of its prompt crosses the route between the replicas and its output's other tokens are
+    decoded on the decode replica, each step at its closed form's time."""
+    prompt, output = 3000, 40
+    where = scenario(platform="dgx-h100", xpus=2, tp=1, devices=None)
+    mix = spec(requests=1, rate=None, prompt=(prompt, prompt), output=(output, output), disaggregation=(1, 1))
+    result = simulate_serving(where, mix)
+    mix_, platform, _, _, _, _ = _checked(where, mix)
+    cost = _StepCost(mix_, platform)
+    prefill = platform.step_time(cost.work(prompt, 1, [(prompt, 0)], 0, 0, 0))
+    handoff = handoff_time(where, mix, prompt)
+    decodes = [platform.step_time(cost.work(1, 1, (), 1, prompt + j + 1, 0)) for j in range(output - 1)]
+    row, = result["per_request"]
+    assert row["first_token_s"] == pytest.approx(prefill, abs=10 * TIMING)
+    assert row["kv_landed_s"] == pytest.approx(prefill + handoff, abs=20 * TIMING)
+    assert row["finish_s"] == pytest.approx(prefill + handoff + math.fsum(decodes), abs=output * 10 * TIMING)
+    assert handoff > 1e-4  # (the handoff is not lost in the precision: 3,000 tokens of 16 KiB over NVLink)
+    assert result["layout"] == {"tp": 1, "pp": 1, "dp": 2, "prefill": 1, "decode": 1}
+    assert result["steps_by_kind"] == {"prefill": 1, "mixed": 0, "decode": output - 1}
+
+
+def decode_closed_form(where, mix, result):
+    """Each request's finish as the closed form gives it on its decode replica: the replica's scheduler driven by
+    _Platform.step_time from the times the run's KV handoffs landed (result's kv_landed_s), a run of decodes ending
+    after the step in which a handoff lands, as the core ends it."""
+    mix, platform, config, _, _, requests = _checked(where, mix)
+    cost, (_, decode) = _StepCost(mix, platform), mix.disaggregation
+    landed = {row["request"]: row["kv_landed_s"] for row in result["per_request"]}
+    rows = []
+    for d in range(decode):
+        mine = requests[d::decode]
+        scheduler = _Scheduler(mix, config, platform, cost, mine, "decode")
+        events = sorted((landed[q.index], q.index // decode) for q in mine)
+        now, done, e = 0.0, 0, 0
+        while (reply := scheduler.advance(now, done)) is not None:
+            done = 0
+            if reply == math.inf:  # waits for the next handoff
+                now = events[e][0]
+                scheduler.receive(events[e][1], now)
+                e += 1
+                continue
+            k, until, work, following = reply
+            while True:
+                j = replace(work, compute=work.compute + done * (following.compute - work.compute),
+                            resident_bytes=work.resident_bytes + done * (following.resident_bytes
+                                                                         - work.resident_bytes)) if done else work
+                now += platform.step_time(j)
+                done += 1
+                arrived = e < len(events) and events[e][0] <= now
+                while e < len(events) and events[e][0] <= now:
+                    scheduler.receive(events[e][1], events[e][0])
+                    e += 1
+                if done == k or now >= until or arrived:
+                    break
+        rows += [(row["request"], row["finish_s"]) for row in scheduler.records()]
+    return sorted(rows)
+
+
+DISAGGREGATED = dict(requests=40, rate=400.0, prompt=(1500, 3000), output=(20, 60), max_num_seqs=16,
+                     disaggregation=(1, 1))
+
+
+def test_decode_replicas_sharing_links_with_the_kv_handoffs_slow_down():
+    """dgx-h100, prefill and decode replicas of tp 2 on one NVSwitch: the handoffs into the decode XPUs cross the
+    switch's links into them, as the decode replica's all-reduce flows do, so its steps during a handoff take
+    longer than their closed form: its requests finish later than the decode replica alone would serve them
+    from the same landing times, none earlier. On two servers (tp 8: the prefill replica on one, the decode
+    replica on the other), the handoffs cross InfiniBand and PCIe, the all-reduces NVLink: each request finishes
+    at the closed form's time."""
+    mix = spec(model=replace(MODEL, decoders=32), **DISAGGREGATED)
+    shared = scenario(platform="dgx-h100", xpus=4, tp=2, devices=None)
+    result = simulate_serving(shared, mix)
+    served_once(result, mix)
+    oracle = decode_closed_form(shared, mix, result)
+    got = [(row["request"], row["finish_s"]) for row in result["per_request"]]
+    late = [mine[1] - theirs[1] for mine, theirs in zip(got, oracle)]
+    assert min(late) > -result["steps"] * 8 * TIMING
+    assert max(late) > 1e-5, max(late)
+    apart = scenario(platform="dgx-h100", xpus=16, tp=8, devices=None)
+    result = simulate_serving(apart, mix)
+    served_once(result, mix)
+    got = sorted((row["request"], row["finish_s"]) for row in result["per_request"])
+    oracle = decode_closed_form(apart, mix, result)
+    assert max(abs(a[1] - b[1]) for a, b in zip(got, oracle)) <= result["steps"] * 8 * TIMING
+
+
+def test_disaggregation_keeps_every_invariant_and_its_first_tokens_end_the_prefill():
+    """Two prefill and two decode replicas: every request served once; its first token comes before its KV
+    cache lands and that before its finish; no step mixes prefills and decodes (with no preemption, the decode
+    replicas only decode and the prefill replicas only prefill)."""
+    mix = spec(**DISAGGREGATED | dict(disaggregation=(2, 2), shared_prefix=200, prefix_groups=2))
+    result = simulate_serving(scenario(platform="dgx-h100", xpus=8, tp=2, devices=None), mix)
+    served_once(result, mix)
+    for row in result["per_request"]:
+        assert row["arrival_s"] < row["first_token_s"] < row["kv_landed_s"] < row["finish_s"]
+    assert result["preemptions"] == 0 and result["steps_by_kind"]["mixed"] == 0  # no decode beside a prefill
+    assert result["prefix_cache"]["hit_tokens"] > 0
+
+
+@pytest.mark.parametrize("split, xpus, expected", [
+    ("{prefill: 1, decode: 2}", 4, r"serving.disaggregation.prefill 1 \+ serving.disaggregation.decode 2 = 3 "
+                                   r"replicas, but xpus 4 / \(tp 1 x pp 1\) gives 4. Fix: prefill \+ decode = 4"),
+    ("{prefill: 0, decode: 2}", 2, r"serving.disaggregation.prefill: must be >= 1, got 0"),
+    ("{prefill: 1}", 2, r"serving.disaggregation.decode: is required"),
+    ("{prefill: 1, decode: 1, decod: 2}", 2, r"serving.disaggregation.decod: unknown key \(did you mean 'decode'"),
+])
+def test_a_bad_disaggregation_is_refused_naming_its_key(tmp_path, split, xpus, expected):
+    workload = tmp_path / "w.yaml"
+    workload.write_text("kind: serving\nmodel: {decoders: 2, hidden: 512, heads: 8, ffn: 1024, sequence: 4096}\n"
+                        f"serving: {{requests: 4, disaggregation: {split}}}\n")
+    with pytest.raises(ConfigError, match=expected):
+        simulate_serving(scenario(platform="dgx-h100", xpus=xpus, tp=1, devices=None), load_serving_spec(workload))
+
+
+def test_a_bad_handoff_or_a_wait_for_none_is_one_error_naming_it():
+    """The core checks each handoff flow beside an answer (a replica no handoff pair reaches is refused by field);
+    a replica that waits for a handoff no one sends ends the run with an error, not a hang; a good one lands
+    once, with its tag, and wakes the replica that waits for it."""
+    code = """
+import math, sys, tempfile
+from array import array
+from pathlib import Path
+from hcsim.config import resolve_spec
+from hcsim.engine import core
+from hcsim.platform import build_platform, compile_platform, load_platform_spec
+graph = build_platform(load_platform_spec(resolve_spec("dgx-h100", "platforms", Path(".")), {}), 2)
+xml = Path(tempfile.mkdtemp()) / "platform.xml"
+xml.write_text(compile_platform(graph, [("xpu0", "xpu1")], "bf16").xml)
+layout = {"r_tp": array("i", [1, 1]), "r_xpus": array("q", [0, 1, 2]), "x_host": array("i", [0, 1]),
+          "x_ext": array("i", [-1, -1]), "x_dram": array("i", [-1, -1])}
+case = sys.argv[1]
+if case != "unpaired":
+    layout |= {"h_src": array("i", [0]), "h_dst": array("i", [1])}
+step = tuple([1.0, math.inf, 1e-3, 0.0] + [0.0] * 12)
+asked, landings = [], []
+def next_step(replica, now, done):
+    asked.append((replica, now))
+    if replica == 0:
+        if now > 0 or case == "none":
+            return None
+        return [step, (0.0, 1.0, 1e6, 0.0, 1.0, 7.0)]
+    return math.inf if not landings else None
+def landed(tag, now):
+    landings.append((tag, now))
+try:
+    core.load().run_steps(str(xml), ["xpu0", "xpu1"], layout, next_step, True, landed)
+    print("ok", landings, [a for a in asked if a[0] == 1])
+except Exception as err:
+    print(type(err).__name__, err)
+"""
+    for case, expected in (("unpaired", "ValueError run_steps: replica 0: handoff flow 0: REPLICA"),
+                           ("none", "ValueError run_steps: replica 1 waits for a handoff that never came"),
+                           ("good", "ok [(7, ")):
+        done = subprocess.run([sys.executable, "-c", code, case], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and done.stdout.startswith(expected), (done.stdout, done.stderr)
+    landed_at = float(done.stdout.split("(7, ")[1].split(")")[0])
+    assert done.stdout.strip().endswith(f"[(1, 0.0), (1, {landed_at})]")  # asked again when it landed, then done

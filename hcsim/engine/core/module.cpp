@@ -277,10 +277,13 @@ py::dict run_workload(const std::string& platform_xml, const std::vector<std::st
 
 
 /* Serving steps (steps.hpp): each replica's loop asks `next_step(replica, now, done)` at the end of its step, with
-   the GIL taken for the call only; it answers None (done), a number (idle until then) or a tuple of floats (a
-   step). An exception it raises stops every loop and is raised again here once SimGrid has run out. */
+   the GIL taken for the call only; it answers None (done), a number (idle until then; inf: until a handoff lands)
+   or a tuple of floats (a step), or a list [answer, handoffs]: the answer and a tuple of floats, the handoff
+   flows to start now (steps.hpp). `landed(tag, now)`, if given, is called when a handoff's last flow ends. An
+   exception either raises stops every loop and is raised again here once SimGrid has run out. Optional layout
+   arrays h_src, h_dst: the host pairs handoffs may take. */
 py::dict run_steps(const std::string& platform_xml, const std::vector<std::string>& host_names, const py::dict& a,
-                   const py::object& next_step, bool analytic)
+                   const py::object& next_step, bool analytic, const py::object& landed)
 {
   using namespace hcsim::core;
   auto array = [&a](const char* name) {
@@ -302,12 +305,32 @@ py::dict run_steps(const std::string& platform_xml, const std::vector<std::strin
   layout.x_host = view<std::int32_t>(array("x_host"), "x_host", xpus, false);
   layout.x_ext = view<std::int32_t>(array("x_ext"), "x_ext", xpus, false);
   layout.x_dram = view<std::int32_t>(array("x_dram"), "x_dram", xpus, false);
+  if (a.contains("h_src")) {
+    layout.handoff_pairs = static_cast<std::size_t>(array("h_src").request().shape[0]);
+    layout.h_src = view<std::int32_t>(array("h_src"), "h_src", layout.handoff_pairs, false);
+    layout.h_dst = view<std::int32_t>(array("h_dst"), "h_dst", layout.handoff_pairs, false);
+  }
   std::optional<py::error_already_set> raised;  // what next_step raised, raised again after the run
-  NextStep next = [&next_step, &raised](std::int32_t replica, double now, std::int64_t done,
-                                        std::vector<double>& step) {
+  auto floats = [](PyObject* tuple, std::vector<double>& out) {
+    Py_ssize_t n = PyTuple_GET_SIZE(tuple);
+    out.resize(static_cast<std::size_t>(n));
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      out[i] = PyFloat_AsDouble(PyTuple_GET_ITEM(tuple, i));
+      if (out[i] == -1.0 && PyErr_Occurred())
+        throw py::error_already_set();
+    }
+  };
+  NextStep next = [&next_step, &raised, &floats](std::int32_t replica, double now, std::int64_t done,
+                                                 std::vector<double>& step, std::vector<double>& handoffs) {
     py::gil_scoped_acquire locked;
     try {
       py::object reply = next_step(replica, now, done);
+      if (PyList_Check(reply.ptr())) {  // [answer, handoffs]
+        if (PyList_GET_SIZE(reply.ptr()) != 2 || !PyTuple_Check(PyList_GET_ITEM(reply.ptr(), 1)))
+          throw py::cast_error();
+        floats(PyList_GET_ITEM(reply.ptr(), 1), handoffs);
+        reply = py::reinterpret_borrow<py::object>(PyList_GET_ITEM(reply.ptr(), 0));
+      }
       if (reply.is_none())
         return Reply::DONE;
       PyObject* tuple = reply.ptr();
@@ -315,29 +338,36 @@ py::dict run_steps(const std::string& platform_xml, const std::vector<std::strin
         step.assign(1, reply.cast<double>());  // a number: idle until then (TypeError for anything else)
         return Reply::IDLE;
       }
-      Py_ssize_t n = PyTuple_GET_SIZE(tuple);
-      step.resize(static_cast<std::size_t>(n));
-      for (Py_ssize_t i = 0; i < n; ++i) {
-        step[i] = PyFloat_AsDouble(PyTuple_GET_ITEM(tuple, i));
-        if (step[i] == -1.0 && PyErr_Occurred())
-          throw py::error_already_set();
-      }
+      floats(tuple, step);
       return Reply::STEP;
     } catch (py::error_already_set& err) {
       raised.emplace(std::move(err));
     } catch (py::cast_error&) {
-      PyErr_SetString(PyExc_TypeError, "run_steps: next_step must return None, a number or a tuple of numbers");
+      PyErr_SetString(PyExc_TypeError, "run_steps: next_step must return None, a number or a tuple of numbers, or "
+                                       "a list [that, a tuple of numbers]");
       raised.emplace();
     }
     return Reply::STOP;
   };
+  Landed on_landed = nullptr;
+  if (!landed.is_none())
+    on_landed = [&landed, &raised](std::int64_t tag, double now) {
+      py::gil_scoped_acquire locked;
+      try {
+        landed(tag, now);
+        return true;
+      } catch (py::error_already_set& err) {
+        raised.emplace(std::move(err));
+      }
+      return false;
+    };
   RunCounters counters;
   {
     py::gil_scoped_release unlocked;
     double begin = wall_seconds();
     std::vector<simgrid::s4u::Host*> hosts = start_engine(platform_xml, host_names, true);
     double setup = wall_seconds() - begin;
-    counters = hcsim::core::run_steps(layout, hosts, next, analytic);
+    counters = hcsim::core::run_steps(layout, hosts, next, analytic, on_landed);
     counters.setup_s = setup;
   }
   if (raised)
@@ -359,9 +389,10 @@ PYBIND11_MODULE(_core, m)
         py::arg("progress") = py::none(), py::arg("job_ends") = py::none(), py::arg("job_ended") = py::none(),
         "Run a workload graph's iterations by the executor's rules (arrays: hcsim/engine/core/workload.py).");
   m.def("run_steps", &run_steps, py::arg("platform_xml"), py::arg("host_names"), py::arg("layout"),
-        py::arg("next_step"), py::arg("analytic") = true,
+        py::arg("next_step"), py::arg("analytic") = true, py::arg("landed") = py::none(),
         "Run serving replicas' steps, asking next_step(replica, now, done) at each one's end (steps.hpp); with "
-        "analytic, a phase nothing else can slow runs as one delay of its time alone.");
+        "analytic, a phase nothing else can slow runs as one delay of its time alone; handoffs between replicas "
+        "given beside a reply, landed(tag, now) called as each lands.");
   m.def("engine_started", []() { return simgrid::s4u::Engine::is_initialized(); },
         "Whether this process has made its SimGrid Engine (one per process, ever).");
   m.attr("clock_fields") = hcsim::core::CLOCK_FIELDS;

@@ -64,6 +64,7 @@ struct Replica {
   Phase phase = Phase::HOST;
   std::int32_t stage = 0, pending = 0;
   bool done = false, started = false;  // every loop done; the current step started an activity
+  bool receives = false, waiting = false;  // it receives handoffs; it waits for one (IDLE until +inf)
   // per phase, whether it is private (the file's comment): swap; per stage work, all-reduce, send
   bool swap_private = false, all_private = false;
   std::vector<std::uint8_t> work_private, allreduce_private, send_private;
@@ -77,15 +78,25 @@ struct Route {
 
 class StepLoop {
 public:
-  StepLoop(const ReplicaLayout& layout, const std::vector<sg4::Host*>& hosts, NextStep next, bool analytic)
-      : layout_(layout), hosts_(hosts), clock_host_(hosts.back()), next_(std::move(next)), replicas_(layout.replicas)
+  StepLoop(const ReplicaLayout& layout, const std::vector<sg4::Host*>& hosts, NextStep next, bool analytic,
+           Landed landed)
+      : layout_(layout), hosts_(hosts), clock_host_(hosts.back()), next_(std::move(next)), landed_(std::move(landed)),
+        replicas_(layout.replicas)
   {
+    std::unordered_map<std::int32_t, std::int32_t> replica_of;  // an XPU's host -> its replica
     for (std::size_t r = 0; r < layout.replicas; ++r) {
       Replica& replica = replicas_[r];
       replica.first = layout.r_xpus[r];
       replica.xpus = static_cast<std::int32_t>(layout.r_xpus[r + 1] - layout.r_xpus[r]);
       replica.tp = layout.r_tp[r];
       replica.stages = replica.xpus / replica.tp;
+      for (std::int32_t i = 0; i < replica.xpus; ++i)
+        replica_of[layout.x_host[replica.first + i]] = static_cast<std::int32_t>(r);
+    }
+    for (std::size_t h = 0; h < layout.handoff_pairs; ++h) {
+      auto found = replica_of.find(layout.h_dst[h]);
+      if (found != replica_of.end())
+        replicas_[found->second].receives = true;
     }
     find_private_phases(analytic);
   }
@@ -98,9 +109,13 @@ public:
     counters.activities = activities_;
     if (!error_.empty())
       throw std::invalid_argument(error_);
-    for (std::size_t r = 0; r < replicas_.size() && !stopped_; ++r)
+    for (std::size_t r = 0; r < replicas_.size() && !stopped_; ++r) {
+      if (replicas_[r].waiting)  // it waits for a handoff no replica sent
+        throw std::invalid_argument("run_steps: replica " + std::to_string(r) + " waits for a handoff that never "
+                                    "came (every other loop done, no handoff in flight)");
       if (!replicas_[r].done)  // every loop has an activity in flight until it is done: a bug if not
         throw std::logic_error("run_steps: replica " + std::to_string(r) + "'s loop stopped before it was done");
+    }
     return counters;
   }
 
@@ -112,8 +127,11 @@ private:
     if (stopped_)
       return;
     Replica& replica = replicas_[r];
-    Reply reply = next_(r, now(), replica.j, replica.step);
+    handoffs_.clear();
+    Reply reply = next_(r, now(), replica.j, replica.step, handoffs_);
     replica.j = 0;
+    if (!handoffs_.empty() && reply != Reply::STOP && !start_handoffs(r))
+      return;
     switch (reply) {
       case Reply::DONE:
         replica.done = true;
@@ -123,6 +141,10 @@ private:
         return;
       case Reply::IDLE: {
         double wake = replica.step.empty() ? std::nan("") : replica.step[0];
+        if (wake == std::numeric_limits<double>::infinity() && replica.receives) {  // until a handoff lands
+          replica.waiting = true;
+          return;
+        }
         if (!(wake > now()) || !std::isfinite(wake))
           return fail(r, "idle until " + number(wake) + " s, which is not a finite time after now (" + number(now()) +
                              " s)");
@@ -136,6 +158,71 @@ private:
         start_step(r);
         return;
     }
+  }
+
+  /* Starts the handoffs replica r's answer gave (steps.hpp); false, the error kept, for a bad one. */
+  bool start_handoffs(std::int32_t r)
+  {
+    using namespace handoff;
+    const std::vector<double> flows = handoffs_;  // (a landing's question may refill handoffs_)
+    std::int64_t count = static_cast<std::int64_t>(hosts_.size()) - 1;
+    if (flows.size() % FIELDS) {
+      fail(r, "handoffs of " + std::to_string(flows.size()) + " numbers, not " + std::to_string(FIELDS) +
+                  " per flow (src, dst, bytes, pad, replica, tag)");
+      return false;
+    }
+    for (std::size_t f = 0; f < flows.size(); f += FIELDS) {
+      const double* h = &flows[f];
+      auto whole = [](double v, double high) { return std::isfinite(v) && v >= 0 && v < high && v == std::floor(v); };
+      const char* bad = !whole(h[SRC], static_cast<double>(count))   ? "SRC (a host)"
+                        : !whole(h[DST], static_cast<double>(count)) || h[DST] == h[SRC] ? "DST (another host)"
+                        : !(std::isfinite(h[BYTES]) && h[BYTES] >= 0) ? "BYTES (a finite number >= 0)"
+                        : !(std::isfinite(h[PAD]) && h[PAD] >= 0)     ? "PAD (a finite number >= 0)"
+                        : !whole(h[REPLICA], static_cast<double>(replicas_.size())) ||
+                                  !replicas_[static_cast<std::size_t>(h[REPLICA])].receives
+                            ? "REPLICA (one whose XPUs a handoff pair reaches)"
+                        : !whole(h[TAG], 9007199254740992.0) ? "TAG (a whole number >= 0)" : nullptr;
+      if (bad) {
+        fail(r, "handoff flow " + std::to_string(f / FIELDS) + ": " + bad);
+        return false;
+      }
+    }
+    for (std::size_t f = 0; f < flows.size(); f += FIELDS) {
+      const double* h = &flows[f];
+      auto tag = static_cast<std::int64_t>(h[TAG]);
+      auto& [left, to] = in_flight_[tag];
+      ++left;
+      to = static_cast<std::int32_t>(h[REPLICA]);
+      transfer(static_cast<std::int32_t>(h[SRC]), static_cast<std::int32_t>(h[DST]), h[BYTES], h[PAD],
+               [this, tag]() { handoff_flow_done(tag); });
+    }
+    return true;
+  }
+
+  /* A handoff's flow ended: at its last, `landed`, then its replica asked if it waits, or its run ended after its
+     current step. */
+  void handoff_flow_done(std::int64_t tag)
+  {
+    auto found = in_flight_.find(tag);
+    if (--found->second.first > 0)
+      return;
+    std::int32_t r = found->second.second;
+    in_flight_.erase(found);
+    if (stopped_)
+      return;
+    if (landed_ && !landed_(tag, now())) {
+      stopped_ = true;
+      return;
+    }
+    Replica& replica = replicas_[r];
+    if (replica.done)
+      return fail(r, "handoff " + std::to_string(tag) + " landed after the replica said it was done");
+    if (replica.waiting) {
+      replica.waiting = false;
+      return ask(r);
+    }
+    if (replica.step.size() > UNTIL && replica.step[UNTIL] > now())
+      replica.step[UNTIL] = now();  // (a step in flight: the run ends after it)
   }
 
   /* Whether replica r's step is well formed; else the error is kept and every loop stops. */
@@ -364,6 +451,9 @@ private:
         }
       }
     };
+    for (std::size_t h = 0; h < layout_.handoff_pairs; ++h)  // handoffs run outside any step: shared
+      for (const sg4::Link* link : route(layout_.h_src[h], layout_.h_dst[h]).links)
+        uses[link].shared = true;
     std::int64_t group = 0;
     each_group([&](std::size_t r, int, std::int32_t, const auto& flows) {
       for (const auto& [src, dst] : flows)
@@ -392,7 +482,7 @@ private:
       flags[s] = alone;
     });
     for (Replica& replica : replicas_) {
-      replica.all_private = analytic && replica.swap_private;
+      replica.all_private = analytic && replica.swap_private && !replica.receives;  // (a landing ends its run)
       for (std::int32_t s = 0; s < replica.stages; ++s)
         replica.all_private = replica.all_private && replica.work_private[s] && replica.allreduce_private[s] &&
                               replica.send_private[s];
@@ -602,7 +692,10 @@ private:
   const std::vector<sg4::Host*>& hosts_;
   sg4::Host* clock_host_;
   NextStep next_;
+  Landed landed_;
   std::vector<Replica> replicas_;
+  std::vector<double> handoffs_;
+  std::unordered_map<std::int64_t, std::pair<std::int32_t, std::int32_t>> in_flight_;  // tag -> (flows left, replica)
   std::unordered_map<std::int64_t, Route> routes_;
   sg4::ActivityPtr retired_;
   std::size_t activities_ = 0;
@@ -612,7 +705,8 @@ private:
 
 }  // namespace
 
-RunCounters run_steps(const ReplicaLayout& layout, const std::vector<sg4::Host*>& hosts, NextStep next, bool analytic)
+RunCounters run_steps(const ReplicaLayout& layout, const std::vector<sg4::Host*>& hosts, NextStep next, bool analytic,
+                      Landed landed)
 {
   if (hosts.empty())
     throw std::invalid_argument("run_steps: no hosts (the delay host comes last)");
@@ -630,7 +724,11 @@ RunCounters run_steps(const ReplicaLayout& layout, const std::vector<sg4::Host*>
         throw std::invalid_argument(where + ": XPU entry " + std::to_string(x) + " names a host that is not one of " +
                                     "the " + std::to_string(count) + " given (or its own memory as itself)");
   }
-  StepLoop loop(layout, hosts, std::move(next), analytic);
+  for (std::size_t h = 0; h < layout.handoff_pairs; ++h)
+    if (!host(layout.h_src[h], false) || !host(layout.h_dst[h], false))
+      throw std::invalid_argument("run_steps: handoff pair " + std::to_string(h) + " names a host that is not one of "
+                                  "the " + std::to_string(count) + " given");
+  StepLoop loop(layout, hosts, std::move(next), analytic, std::move(landed));
   return loop.run();
 }
 

@@ -28,6 +28,11 @@ struct ReplicaLayout {
   const std::int32_t* x_host = nullptr;
   const std::int32_t* x_ext = nullptr;
   const std::int32_t* x_dram = nullptr;
+  // the (source, destination) host pairs a handoff may take (below), borrowed; their routes' links count as
+  // shared, and a replica one of whose XPUs is a destination receives handoffs
+  std::size_t handoff_pairs = 0;
+  const std::int32_t* h_src = nullptr;
+  const std::int32_t* h_dst = nullptr;
 };
 
 /* A step as `next` gives it: a header, then per pipeline stage STAGE_FIELDS numbers. A run of K steps (K >= 1:
@@ -53,19 +58,35 @@ enum StageField : int {
 };
 }  // namespace step
 
+/* A handoff as `next` gives it beside its answer (any answer): HANDOFF_FIELDS numbers per flow, started at once and
+   running on their own, outside any replica's step: BYTES from host SRC to host DST, started PAD s from now (as
+   a step's transfers: a fraction of a byte timed at the route's bottleneck). The flows of one TAG (an integer
+   >= 0) are one handoff to replica REPLICA (a prefilled request's KV cache sent to its decode replica): when its
+   last flow ends, `landed(tag, now)` is called, and the replica, if it waits (IDLE until +inf), is asked again;
+   if it is running a run of steps, the run ends after its current step (as at UNTIL). */
+namespace handoff {
+enum Field : int { SRC = 0, DST, BYTES, PAD, REPLICA, TAG, FIELDS };
+}  // namespace handoff
+
 /* What `next` answered. */
 enum class Reply : std::uint8_t { DONE, IDLE, STEP, STOP };
 
 /* Asked at the end of replica `replica`'s step, run or idle time, at simulated time `now`, with the steps of its
-   last run that ran (0 after an idle time or at the start); fills `step` (IDLE: one number, the time to wake at;
-   STEP: the fields above) and says which. STOP ends every loop at its next question (the caller keeps why). */
-using NextStep = std::function<Reply(std::int32_t replica, double now, std::int64_t done, std::vector<double>& step)>;
+   last run that ran (0 after an idle time or at the start); fills `step` (IDLE: one number, the time to wake at,
+   +inf: until a handoff lands, for a replica that receives them; STEP: the fields above) and `handoffs` (the
+   flows above, to start now; left empty for none) and says which. STOP ends every loop at its next question (the
+   caller keeps why). */
+using NextStep = std::function<Reply(std::int32_t replica, double now, std::int64_t done, std::vector<double>& step,
+                                     std::vector<double>& handoffs)>;
+
+/* Called when a handoff's last flow ends; false stops every loop (the caller keeps why). */
+using Landed = std::function<bool(std::int64_t tag, double now)>;
 
 /* Runs every replica's loop to DONE (or STOP) in one SimGrid run; the counters (activities: those SimGrid ran).
    With `analytic`, a phase no other transfer can slow runs as one delay of its time alone (steps.cpp); else every
    phase runs in full. std::invalid_argument for a bad layout or a bad answer (its replica, field and value named). */
 RunCounters run_steps(const ReplicaLayout& layout, const std::vector<simgrid::s4u::Host*>& hosts, NextStep next,
-                      bool analytic = true);
+                      bool analytic = true, Landed landed = nullptr);
 
 }  // namespace hcsim::core
 
