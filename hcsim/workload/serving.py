@@ -537,7 +537,9 @@ def serving_spec_from_dict(data: dict, where: str, shape_of) -> ServingSpec:
         for key in ("prompt", "output", "rate", "prefix_groups"):
             if key in written:
                 serving.problems.append(f"{serving.path(key)}: the trace ({trace}) gives each request's arrival, "
-                                        f"prompt, output and prefix group. Fix: leave serving.{key} out")
+                                        f"prompt, output and prefix group. Fix: leave serving.{key} out (over a "
+                                        f"file that has it: workload_overrides={{serving: {{trace: {trace}}}}}, "
+                                        f"the whole section)")
         trace = str(_trace_path(trace, where))
         if not serving.problems and not top.problems:
             trace_requests = read_trace(trace, shape.sequence)
