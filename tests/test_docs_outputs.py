@@ -24,8 +24,9 @@ Documented commands not run here, and why (none of them has its output printed l
   rows), and it writes the committed results; its figures are in ``experiments/validation/results``, which
   tests/study/test_validate.py reads;
 - docs/validation.md, ``benchmarks/gpu_kernels.py`` and ``hcsim calibrate`` of its CSV: need PyTorch and a GPU;
-- docs/platforms.md, docs/running.md, docs/workloads.md: command lists and runs whose output the page describes
-  in prose, not prints; the ``draw``, ``export`` and ``import`` commands write files.
+- docs/platforms.md, docs/running.md, docs/workloads.md: their other command lists and runs, whose output the page
+  describes in prose, not prints (the blocks those pages print are marked and run); the ``draw``, ``export`` and
+  ``import`` commands write files.
 """
 
 from __future__ import annotations
