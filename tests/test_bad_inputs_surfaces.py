@@ -205,6 +205,10 @@ CASES = {
     "seed-nan": (override(TRAIN, "seed", ".nan"), r"--set seed", r"expected an integer, got nan"),
     "seed-boolean": (override(TRAIN, "seed", "true"), r"--set seed", r"expected an integer, got True"),
     "seed-file-nan": (["simulate", "seed-nan.yaml"], r"seed-nan\.yaml: seed", r"expected an integer, got nan"),
+    "seed-negative": (override(TRAIN, "seed", -1), r"--set seed",
+                      r"expected an integer >= 0 \(the seed of the straggler_spread draw\), got -1"),
+    "seed-file-negative": (["simulate", "seed-negative.yaml"], r"seed-negative\.yaml: seed",
+                           r"expected an integer >= 0 .*got -3"),
     # training.fp8_recipe
     "fp8-recipe-unknown": (override(FP8, "workload_overrides.training.fp8_recipe", "tensorwise"),
                            r"workload_overrides\.training\.fp8_recipe",
@@ -259,6 +263,7 @@ def workspace(tmp_path_factory):
         "fp8-recipe.yaml": re.sub(r"(?m)^training:\n", "training:\n  fp8_recipe: blockwise\n", llama3, count=1),
         "stragglers-inf.yaml": "xpus: 8\nstragglers: {xpu3: .inf}\n",
         "seed-nan.yaml": "xpus: 8\nstraggler_spread: 0.05\nseed: .nan\n",
+        "seed-negative.yaml": "xpus: 8\nstraggler_spread: 0.05\nseed: -3\n",
         "stragglers-axis.yaml": "name: s\nbase: {iterations: 1, granularity: decoder, xpus: 4}\n"
                                 "axes:\n  stragglers.xpu3: [1.5, 0]\n",
         "spread-axis.yaml": "name: s2\nbase: {iterations: 1, granularity: decoder, xpus: 4}\n"
@@ -331,3 +336,23 @@ def test_an_fp8_recipe_given_for_a_run_that_is_not_fp8_is_said_once(monkeypatch,
     said = [r.getMessage() for r in caplog.records]
     assert said == [f"{REPO_ROOT / 'workloads' / 'llama3-8b.yaml'}: training.fp8_recipe: 'current' applies to precision "
                     "fp8; this run trains in bf16, so it has no effect (precision=fp8 uses it)"], said
+
+
+def test_a_seed_given_without_a_straggler_spread_is_said_once(monkeypatch, caplog):
+    """A seed without straggler_spread draws nothing, so it changes nothing: said, not ignored, once per process
+    (as training.fp8_recipe for a run that is not fp8); beside a spread, even 0 (a sweep's baseline), it is not."""
+    import logging
+
+    import hcsim.run.scenario as scenario
+
+    monkeypatch.setattr(scenario, "_SAID", set())
+    with caplog.at_level(logging.WARNING, logger="hcsim.run.scenario"):
+        for _ in range(2):
+            scenario.load_scenario(None, ["xpus=8", "seed=3"])
+        scenario.load_scenario(None, ["xpus=8", "seed=3", "straggler_spread=0.05"])
+        scenario.load_scenario(None, ["xpus=8", "seed=4", "straggler_spread=0"])
+        scenario.load_scenario(None, ["xpus=8"])
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["--set seed: 3 seeds the straggler_spread draw; this run has no straggler_spread, so it has no "
+                    "effect (straggler_spread=0.05 draws with it; a serving workload's requests draw with "
+                    "serving.seed)"], said

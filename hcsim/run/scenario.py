@@ -176,7 +176,7 @@ class Scenario:
         "trace_iterations": Optional(Integers(minimum=1), "every iteration"),
         "cp": Integer(minimum=1), "cp_algorithm": Choice(CP_ALGORITHMS),
         "stragglers": NumberMapping("XPU names", positive=True), "straggler_spread": Number(minimum=0),
-        "seed": Integer(),
+        "seed": Integer(minimum=0),
         "jobs": Optional(Jobs(), "one job, the scenario"), "jobs_alone": Flag(),
         "base": Text(),
     }
@@ -373,6 +373,14 @@ def apply_settings(data: dict, settings: list[str] | Mapping[str, Any], where: s
 
 
 _warned: set[str] = set()
+_SAID: set[str] = set()
+
+
+def _say_once(message: str) -> None:
+    """A warning once per process (a sweep reads its scenario for every point)."""
+    if message not in _SAID:
+        _SAID.add(message)
+        log.warning("%s", message)
 
 
 def renamed(data: dict, where: str) -> dict:
@@ -486,6 +494,14 @@ def _from_mapping(data: dict, where: str, base: str, origins: dict[str, str] | N
                                f"{brief(values['straggler_spread'])}")
         values["straggler_spread"] = default.straggler_spread
     values["seed"] = fields.number("seed", default.seed, kind=int)
+    if isinstance(values["seed"], int) and values["seed"] < 0:
+        fields.problems.append(f"{fields.path('seed')}: expected an integer >= 0 (the seed of the straggler_spread "
+                               f"draw), got {brief(values['seed'])}")
+        values["seed"] = default.seed
+    if fields.has("seed") and not fields.has("straggler_spread") and fields.raw("seed") == values["seed"]:
+        _say_once(f"{fields.path('seed')}: {values['seed']} seeds the straggler_spread draw; this run has no "
+                  f"straggler_spread, so it has no effect (straggler_spread=0.05 draws with it; a serving "
+                  f"workload's requests draw with serving.seed)")
     values["jobs_alone"] = fields.flag("jobs_alone", False)
     jobs = fields.raw("jobs")
     if jobs is not None:
