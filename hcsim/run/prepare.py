@@ -44,9 +44,11 @@ class Prepared:
     # attributes, placement and XPUs; hcsim.run.jobs); None: one job, this one
 
 
-def scenario_platform(scenario: Scenario, xpus_field: str) -> tuple[Any, nx.Graph, list[str]]:
+def scenario_platform(scenario: Scenario, xpus_field: str, whole_superchips: bool = True
+                      ) -> tuple[Any, nx.Graph, list[str]]:
     """The checked platform spec of `scenario`, the platform graph it runs on and its first ``scenario.xpus``
-    XPUs; `xpus_field` names where the XPU count came from in the error when the platform has fewer."""
+    XPUs; `xpus_field` names where the XPU count came from in the error when the platform has fewer, or when
+    (`whole_superchips`) the count splits a superchip (gb200-nvl72: 2 GPUs each)."""
     from hcsim.config import resolve_spec
     from hcsim.platform import build_platform, load_platform_spec
     from hcsim.platform.topology import xpus as platform_xpus
@@ -59,6 +61,8 @@ def scenario_platform(scenario: Scenario, xpus_field: str) -> tuple[Any, nx.Grap
     if scenario.xpus > spec.xpus:
         raise ConfigError(f"{xpus_field}: {scenario.xpus} XPUs asked for, but platform {scenario.platform!r} has "
                           f"{spec.xpus}")
+    if whole_superchips:
+        check_whole_superchips(spec, scenario.xpus, xpus_field, scenario.platform)
     try:
         graph = build_platform(spec, scenario.xpus)
     except TopologyError as err:
@@ -66,6 +70,18 @@ def scenario_platform(scenario: Scenario, xpus_field: str) -> tuple[Any, nx.Grap
             raise
         raise _blame_routes(scenario, err, path) from err
     return spec, graph, platform_xpus(graph)[: scenario.xpus]
+
+
+def check_whole_superchips(spec: Any, xpus: int, xpus_field: str, platform: str) -> None:
+    """Refuse `xpus` that would build part of a superchip (gb200-nvl72: 2 GPUs each; a GPU shares its superchip's
+    C2C and Grace with the other), naming `xpus_field`, the superchip's size and the nearest whole counts."""
+    chip = spec.superchip.gpus_per_superchip if spec.superchip is not None else 1
+    if xpus % chip:
+        low, high = xpus // chip * chip, (xpus // chip + 1) * chip
+        nearest = " or ".join(str(n) for n in (low, high) if chip <= n <= spec.xpus)
+        raise ConfigError(f"{xpus_field}: {xpus} XPUs would split a superchip of platform {platform!r}, whose "
+                          f"superchips hold {chip} GPUs each (node.gpus_per_superchip); valid: a multiple of {chip}, "
+                          f"nearest {nearest}")
 
 
 def _blame_routes(scenario: Scenario, err: TopologyError, path: Path) -> TopologyError:
@@ -118,7 +134,7 @@ def prepare_jobs(scenario: Scenario) -> Prepared:
                           f"peak (or roofline, where every job's graph lists kernels) at the top level")
     total = sum(s.xpus for s in scenarios)
     platform_spec, graph, _ = scenario_platform(dataclasses.replace(scenario, xpus=1, jobs=None, jobs_alone=False),
-                                                f"scenario {scenario.name!r}: jobs")
+                                                f"scenario {scenario.name!r}: jobs", whole_superchips=False)
     named = [x for job in scenario.jobs if not isinstance(job["xpus"], int) for x in job["xpus"]]
     numbers = [int(x[3:]) for x in named if x.startswith("xpu") and x[3:].isdigit()]
     size = max([total, *(n + 1 for n in numbers)]) if len(numbers) == len(named) else platform_spec.xpus

@@ -1116,7 +1116,7 @@ def _setup(scenario: Scenario, spec: ServingSpec):
     from hcsim.platform.devices import peak_flops
     from hcsim.platform.routes import route_bandwidth, route_latency, shortest_routes
     from hcsim.platform.topology import xpus as platform_xpus
-    from hcsim.run.prepare import coherent_memory, compute_factors_path, spill_policy
+    from hcsim.run.prepare import check_whole_superchips, coherent_memory, compute_factors_path, spill_policy
     from hcsim.workload.transformer import model_parameters
 
     base = Path(scenario.base)
@@ -1125,6 +1125,7 @@ def _setup(scenario: Scenario, spec: ServingSpec):
     if scenario.xpus > platform_spec.xpus:
         raise ConfigError(f"scenario {scenario.name!r}: xpus: {scenario.xpus} is more than platform "
                           f"{scenario.platform!r} has ({platform_spec.xpus})")
+    check_whole_superchips(platform_spec, scenario.xpus, f"scenario {scenario.name!r}: xpus", scenario.platform)
     graph = build_platform(platform_spec, scenario.xpus)
     xpus = platform_xpus(graph)[: scenario.xpus]
     tp, pp = scenario.tp, scenario.pp
