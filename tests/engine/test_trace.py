@@ -81,10 +81,9 @@ def test_the_checker_finds_what_the_former_single_track_layout_drew():
     assert [(a[2], b[2]) for a, b in partial_overlaps(events)] == [("fwd", "all_reduce")]
 
 
+@pytest.mark.parametrize("traced_run", [name for name in RUNS if name.startswith("tp2")], indirect=True)
 def test_hybrid_runs_put_communication_on_tracks_of_their_kind(traced_run):
-    name, events, _ = traced_run
-    if not name.startswith("tp2"):
-        pytest.skip("a hybrid run")
+    _, events, _ = traced_run
     names = {e["args"]["name"] for e in events if e["name"] == "thread_name"}
     assert {"xpu0 comm tp", "xpu0 comm pp", "xpu0 comm dp", "xpu0 sends tp", "xpu0 memory"} <= names
     assert all(" comm " not in n or n.split(" comm ")[1].split(" #")[0] in ("tp", "cp", "pp", "dp", "ep", "offload",
