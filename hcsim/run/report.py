@@ -81,10 +81,8 @@ def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float, comput
     :func:`summarize_jobs`."""
     if prepared.jobs:
         return summarize_jobs(prepared, outcome, setup_s, wall_s, compute_model)
-    ends = outcome.iteration_ends
-    times = [b - a for a, b in zip([0.0] + ends, ends)]
-    steady = times[1:] if len(times) > 1 else times
-    iteration_time = sum(steady) / len(steady)
+    timing = _iteration_keys(outcome.iteration_ends)
+    iteration_time = timing["iteration_time_s"]
     scenario, graph = prepared.scenario, prepared.workload.graph
     if not iteration_time > 0:  # no throughput to report: every vertex has no work
         raise WorkloadError(f"scenario {scenario.name!r}: workload {brief(graph.get('name', '?'))}: an iteration "
@@ -98,9 +96,7 @@ def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float, comput
         "precision": graph.get("precision", "fp32"),
         **_compute_used(scenario, graph, compute_model),
         **_cxl_link(prepared.platform_spec),
-        "iteration_times_s": times,
-        "iteration_time_s": iteration_time,
-        "measured_iterations": f"{2 if len(times) > 1 else 1}..{len(times)}",
+        **timing,
         **throughput(prepared.platform, prepared.workload, prepared.xpus, iteration_time),
         "breakdown": _breakdown(prepared, per_xpu),
         "stages": _stage_breakdown(prepared, per_xpu),
@@ -114,6 +110,15 @@ def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float, comput
                     scenario.digest() + (f"+{graph['source_digest']}" if "source_digest" in graph else ""),
                     graph.get("layout")),
     }
+
+
+def _iteration_keys(ends: list[float]) -> dict[str, Any]:
+    """Each iteration's time, the steady-state iteration time (the mean of the iterations after the first, or the
+    only one) and which iterations it measures, from the iteration ends."""
+    times = [b - a for a, b in zip([0.0] + ends, ends)]
+    steady = times[1:] if len(times) > 1 else times
+    return {"iteration_times_s": times, "iteration_time_s": sum(steady) / len(steady),
+            "measured_iterations": f"{2 if len(times) > 1 else 1}..{len(times)}"}
 
 
 def _run_keys(prepared: Prepared, outcome, setup_s: float, wall_s: float, inputs_hash: str, layout) -> dict[str, Any]:
@@ -159,9 +164,6 @@ def summarize_jobs(prepared: Prepared, outcome, setup_s: float, wall_s: float, c
         jobs.append({"name": job.scenario.name, "workload": job.scenario.workload,
                      "xpu_names": csv_cell(_spans(job.xpus)),
                      **{k: v for k, v in record.items() if k not in _RUN_ONLY and k != "scenario"}})
-    ends = outcome.iteration_ends
-    times = [b - a for a, b in zip([0.0] + ends, ends)]
-    steady = times[1:] if len(times) > 1 else times
     scenario = prepared.scenario
     per_xpu = per_xpu_times(outcome.xpu_times)
     return {
@@ -170,9 +172,7 @@ def summarize_jobs(prepared: Prepared, outcome, setup_s: float, wall_s: float, c
         "devices": _device_counts(prepared),
         "coherent": prepared.coherent,
         **_cxl_link(prepared.platform_spec),
-        "iteration_times_s": times,
-        "iteration_time_s": sum(steady) / len(steady),
-        "measured_iterations": f"{2 if len(times) > 1 else 1}..{len(times)}",
+        **_iteration_keys(outcome.iteration_ends),
         "jobs": jobs,
         "breakdown": _breakdown(prepared, per_xpu),
         **straggler_report(prepared.platform, prepared.xpus, per_xpu),
