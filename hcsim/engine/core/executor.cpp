@@ -13,6 +13,7 @@
    Per-XPU clocks split each XPU's time into compute, memory stall, exposed communication by kind and idle.
    The kernel model's times and wire bytes come in the arrays; its per-call latency is a delay after each
    rank's last transfer. */
+#include "driver.hpp"
 #include "workload.hpp"
 
 #include <simgrid/s4u/Comm.hpp>
@@ -110,7 +111,7 @@ struct CollectiveRun {
 
 constexpr std::int64_t NOT_READY = -2, DONE = INT64_MAX;
 
-class WorkloadRun {
+class WorkloadRun : CallbackDriver {
 public:
   WorkloadRun(const WorkloadArrays& w, const std::vector<sg4::Host*>& hosts, WorkloadOutput out)
       : w_(w), hosts_(hosts), clock_host_(hosts.back()), out_(out), done_runs_(w.units, 0), running_(w.units, 0),
@@ -267,16 +268,6 @@ private:
 
   // ---- activities ------------------------------------------------------------------------------------------
 
-  void execute(sg4::Host* host, double flops, std::function<void()> then)
-  {
-    ++activities_;
-    sg4::ExecPtr exec = sg4::Exec::init();
-    exec->set_flops_amount(flops)->set_host(host);
-    exec->on_this_completion_cb([this, then = std::move(then)](sg4::Exec const& done) { retire(done); then(); });
-    exec->detach();  // see activities.cpp: an Exec started in maestro is otherwise kept until waited for
-    exec->add_ref(); // held until it ends (retire)
-  }
-
   /* A transfer; traced when `trace_xpu` is traced in `run`, labelled by `vertex` and
      `label`. */
   void transfer(std::int32_t src, std::int32_t dst, double bytes, std::function<void()> then, std::int32_t run = 0,
@@ -299,13 +290,6 @@ private:
   }
 
   void delay(double seconds, std::function<void()> then) { execute(clock_host_, seconds, std::move(then)); }
-
-  /* SimGrid 4.1 fires a Comm's completion callbacks with no reference of its own (activities.cpp): the
-     reference taken at the start is dropped one completion later, when no callback of this one runs. */
-  void retire(const sg4::Activity& done)
-  {
-    retired_ = sg4::ActivityPtr(const_cast<sg4::Activity*>(&done), false);  // adopts the start's reference
-  }
 
   // ---- compute units -------------------------------------------------
 
@@ -670,9 +654,8 @@ private:
   std::vector<std::int32_t> xpu_job_;
   std::vector<std::int32_t> unit_vertex_;
   std::unordered_map<std::int64_t, std::unique_ptr<CollectiveRun>> collectives_;  // (group, run)
-  sg4::ActivityPtr retired_;
   std::vector<double> step_, fill_, last_;
-  std::size_t activities_ = 0, ends_ = 0;
+  std::size_t ends_ = 0;
 
   friend RunCounters run_workload(const WorkloadArrays&, const std::vector<sg4::Host*>&, WorkloadOutput,
                                   std::size_t*);

@@ -13,6 +13,7 @@
    phases are private runs a run of steps as one delay (their times summed one by one, as their delays would
    end): one activity per run instead of one per XPU and transfer per step (a 70B model on tp 8 decoding: 26 a
    step), while the phases that can contend are simulated in full. */
+#include "driver.hpp"
 #include "steps.hpp"
 
 #include <simgrid/s4u/Comm.hpp>
@@ -76,7 +77,7 @@ struct Route {
   std::vector<sg4::Link*> links;
 };
 
-class StepLoop {
+class StepLoop : CallbackDriver {
 public:
   StepLoop(const ReplicaLayout& layout, const std::vector<sg4::Host*>& hosts, NextStep next, bool analytic,
            Landed landed)
@@ -626,19 +627,12 @@ private:
 
   void execute(std::int32_t host, double seconds, std::function<void()> then)
   {
-    run_exec(hosts_[host], seconds * hosts_[host]->get_speed(), std::move(then));
+    CallbackDriver::execute(hosts_[host], seconds * hosts_[host]->get_speed(), std::move(then));
   }
 
-  void delay(double seconds, std::function<void()> then) { run_exec(clock_host_, seconds, std::move(then)); }
-
-  void run_exec(sg4::Host* host, double flops, std::function<void()> then)
+  void delay(double seconds, std::function<void()> then)
   {
-    ++activities_;
-    sg4::ExecPtr exec = sg4::Exec::init();
-    exec->set_flops_amount(flops)->set_host(host);
-    exec->on_this_completion_cb([this, then = std::move(then)](sg4::Exec const& ended) { retire(ended); then(); });
-    exec->detach();  // see activities.cpp: an Exec started in maestro is otherwise kept until waited for
-    exec->add_ref(); // held until it ends (retire)
+    CallbackDriver::execute(clock_host_, seconds, std::move(then));
   }
 
   /* `bytes` from host src to host dst, started `pad` s from now. A Comm takes whole bytes: the fraction of a byte
@@ -666,13 +660,6 @@ private:
     comm->add_ref();
   }
 
-  /* SimGrid 4.1 fires a Comm's completion callbacks with no reference of its own (activities.cpp): the reference
-     taken at the start is dropped one completion later, when no callback of this one runs. */
-  void retire(const sg4::Activity& ended)
-  {
-    retired_ = sg4::ActivityPtr(const_cast<sg4::Activity*>(&ended), false);  // adopts the start's reference
-  }
-
   /* The route from src to dst, looked up once per pair. */
   const Route& route(std::int32_t src, std::int32_t dst)
   {
@@ -697,8 +684,6 @@ private:
   std::vector<double> handoffs_;
   std::unordered_map<std::int64_t, std::pair<std::int32_t, std::int32_t>> in_flight_;  // tag -> (flows left, replica)
   std::unordered_map<std::int64_t, Route> routes_;
-  sg4::ActivityPtr retired_;
-  std::size_t activities_ = 0;
   bool stopped_ = false;
   std::string error_;
 };
