@@ -140,8 +140,15 @@ def serving_summary(result: dict) -> str:
 
     def spread(key):
         p = result[key]
-        return (f"p50 {format_quantity(p['p50'], 's')}, p90 {format_quantity(p['p90'], 's')}, "
-                f"p99 {format_quantity(p['p99'], 's')}")
+        return (f"mean {format_quantity(p['mean'], 's')}, p50 {format_quantity(p['p50'], 's')}, "
+                f"p90 {format_quantity(p['p90'], 's')}, p99 {format_quantity(p['p99'], 's')}")
+
+    def goodput():
+        slo, met = result["slo"], result["goodput"]
+        targets = " and ".join(f"{name} <= {format_quantity(slo[key], 's')}" for key, name in
+                               (("ttft_s", "first token"), ("tpot_s", "per output token")) if slo[key] is not None)
+        return (f"  goodput          {rate(met['requests_per_s'])} requests/s meet the SLO ({targets}): "
+                f"{met['requests']:,} of {result['requests']:,}, {met['share']:.1%}")
 
     def rate(value):  # three significant digits however small: a spilled run's 0.00291 tokens/s is not 0
         return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
@@ -166,7 +173,9 @@ def serving_summary(result: dict) -> str:
         f"  throughput       {rate(result['throughput_tokens_per_s'])} output tokens/s",
         f"  time to first    {spread('ttft_s')}",
         f"  per output token {spread('tpot_s')}",
+        f"  between tokens   {spread('itl_s')}",
         f"  end to end       {spread('e2e_s')}",
+        *([goodput()] if "goodput" in result else []),
         *([f"  KV handoff       {spread('handoff_s')} (prefill's first token to the cache on its decode replica)"]
           if "handoff_s" in result else []),
         f"  KV cache         {format_quantity(kv['bytes_per_token'], 'B')} per token; a replica holds "

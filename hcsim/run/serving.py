@@ -23,7 +23,11 @@ each with its own scheduler (:class:`_Scheduler`), as vLLM schedules (``serving.
   blocks free) runs only those prefills; otherwise every running request decodes.
 
 A request's first token comes at the end of the step that computes its last prompt token; it finishes when
-its output is complete. Every request is served once (a test checks it), none is lost to preemption.
+its output is complete. Every request is served once (a test checks it), none is lost to preemption. Its
+inter-token gaps are the times between the ends of the steps that make its tokens (those of a run of decodes,
+which the engine ends once, each the run's mean); with ``serving.slo`` it meets the SLO when its time to first
+token and its time per output token are within the targets, and goodput is the requests that do, per second
+of the run (:func:`_goodput`).
 
 Prefill/decode disaggregation (``serving.disaggregation: {prefill: N, decode: M}``, N + M = dp): the first N
 replicas' schedulers (role ``prefill``) hand a request off at its first token, freeing its blocks; its KV cache
@@ -430,7 +434,7 @@ class _Engine:
             return reply
 
         def landed(q, now):  # request q's KV cache is on its decode replica
-            schedulers[prefill + q % decode].receive(q // decode, now)
+            schedulers[prefill + q % decode].receive(q // decode, now, schedulers[q % prefill].first[q // prefill])
 
         with tempfile.TemporaryDirectory(prefix="hcsim-") as folder:
             xml = Path(folder) / "platform.xml"
@@ -473,6 +477,10 @@ class _Scheduler:
         self.computed, self.made = array("q", bytes(8 * n)), array("q", bytes(8 * n))
         self.hbm, self.ext, self.hit = array("q", bytes(8 * n)), array("q", bytes(8 * n)), array("q", bytes(8 * n))
         self.first, self.finish = array("d", bytes(8 * n)), array("d", bytes(8 * n))
+        # inter-token latency: when each slot's last token came, its longest gap, and every gap of the run as
+        # (seconds, tokens) pairs (a step's equal gaps counted together)
+        self.last_token, self.itl_max = array("d", bytes(8 * n)), array("d", bytes(8 * n))
+        self.itl_values, self.itl_weights = array("d"), array("q")
         self.preemptions, self.swapped = array("q", bytes(8 * n)), array("b", bytes(n))
         self.free_hbm, self.free_ext = platform.hbm_blocks, platform.ext_blocks
         self.total_blocks = platform.hbm_blocks + platform.ext_blocks
@@ -639,11 +647,12 @@ class _Scheduler:
             self.update = None
         return None
 
-    def receive(self, i: int, now: float) -> None:
-        """(decode) Slot `i`'s KV cache of its prompt landed at `now`, its first token made by its prefill replica:
-        it waits for blocks here, then decodes the rest of its output."""
+    def receive(self, i: int, now: float, first: float) -> None:
+        """(decode) Slot `i`'s KV cache of its prompt landed at `now`, its first token made by its prefill replica
+        at `first`: it waits for blocks here, then decodes the rest of its output."""
         self.received += 1
         self.landed[i] = self.arrival[i] = now
+        self.last_token[i] = first
         self.computed[i] = self.prompt[i]
         self.made[i] = 1
         self.waiting.append(i)
@@ -658,7 +667,7 @@ class _Scheduler:
         self.now = now
         kind, self._pending = self._pending, None
         if kind[0] == "run":
-            self._finish_run(done)
+            self._finish_run(done, kind[1])
         else:
             self._finish_step(*kind[1:])
 
@@ -801,14 +810,19 @@ class _Scheduler:
 
     def _finish_step(self, scheduled, decodes) -> None:
         """The step's effects at its end (`now`): a token for each entry that has computed all it knows, the first
-        token's and the finish's times, blocks freed at the finish."""
+        token's and the finish's times, blocks freed at the finish, the gaps since each slot's last token."""
         computed, prompt, made, output = self.computed, self.prompt, self.made, self.output
-        now = self.now
+        now, last, longest, gaps = self.now, self.last_token, self.itl_max, {}
         self.steps += 1
         done = False
         for i in decodes:
             computed[i] += 1
             made[i] += 1
+            gap = now - last[i]
+            gaps[gap] = gaps.get(gap, 0) + 1
+            last[i] = now
+            if gap > longest[i]:
+                longest[i] = gap
             if self.prefix_blocks:  # its prefix blocks become its group's if the group's were evicted
                 self._donate(i)
             if made[i] >= output[i]:
@@ -821,6 +835,12 @@ class _Scheduler:
                 self._donate(i)
             if computed[i] >= prompt[i] + made[i]:
                 made[i] += 1
+                if made[i] > 1:  # (a recomputed request's next token: its gap holds the time it waited)
+                    gap = now - last[i]
+                    gaps[gap] = gaps.get(gap, 0) + 1
+                    if gap > longest[i]:
+                        longest[i] = gap
+                last[i] = now
                 if made[i] == 1:
                     self.first[i] = now
                     if self.role == "prefill":  # its KV cache goes to its decode replica; its blocks are freed
@@ -837,6 +857,9 @@ class _Scheduler:
                 self.running = [i for i in self.running if not made[i]]
             else:
                 self.running = [i for i in self.running if made[i] < output[i]]
+        for gap, tokens in gaps.items():
+            self.itl_values.append(gap)
+            self.itl_weights.append(tokens)
         self._record()
 
     def _record(self) -> None:
@@ -894,13 +917,30 @@ class _Scheduler:
         until = math.inf
         if self.waiting and self.arrival[self.waiting[0]] > self.now and n < config.max_num_seqs:
             until = self.arrival[self.waiting[0]]  # stop after the step in which it arrives
-        self._pending = ("run",)
+        self._pending = ("run", self.now)
         return k, until, work, following
 
-    def _finish_run(self, k: int) -> None:
-        """The effects of `k` decodes of every running sequence (:meth:`_decode_run`) at their end (`now`)."""
+    def _finish_run(self, k: int, start: float) -> None:
+        """The effects of `k` decodes of every running sequence (:meth:`_decode_run`), begun at `start`, at their
+        end (`now`). The engine tells the run's end, not each step's: each of its k gaps is taken as its mean, the
+        steps differing by one token of context each (and the first gap of a sequence that made no token at
+        `start`, a handoff's, by the time before it)."""
         running, bs, hit, hbm, ext = self.running, self.config.block_size, self.hit, self.hbm, self.ext
-        computed, made = self.computed, self.made
+        computed, made, last, longest = self.computed, self.made, self.last_token, self.itl_max
+        step, now = (self.now - start) / k, self.now
+        late = 0
+        for i in running:
+            if last[i] != start:
+                gap = start + step - last[i]
+                self.itl_values.append(gap)
+                self.itl_weights.append(1)
+                late += 1
+                longest[i] = max(longest[i], gap, step if k > 1 else 0.0)
+            elif step > longest[i]:
+                longest[i] = step
+            last[i] = now
+        self.itl_values.append(step)
+        self.itl_weights.append(len(running) * k - late)
         self.steps += k
         self.kinds["decode"] += k
         self.max_tokens = max(self.max_tokens, len(running))
@@ -943,6 +983,7 @@ class _Scheduler:
             rows.append({"request": self.index[i], "arrival_s": self.arrival[i], "prompt": self.prompt[i],
                          "output": out, "first_token_s": first, "finish_s": finish,
                          "ttft_s": first - self.arrival[i], "tpot_s": (finish - first) / (out - 1),
+                         "e2e_s": finish - self.arrival[i], "itl_max_s": self.itl_max[i],
                          "preemptions": self.preemptions[i]})
         if self.role == "decode":  # when its KV cache landed here from its prefill replica
             for row, landed in zip(rows, self.landed):
@@ -1036,7 +1077,10 @@ def simulate_serving(scenario: Scenario, spec: ServingSpec, progress=None, *, pr
         "prefix_cache": {"hit_tokens": hits, "query_tokens": queries, "hit_rate": hits / queries if queries else 0.0},
         "ttft_s": percentiles([row["ttft_s"] for row in records]),
         "tpot_s": percentiles([row["tpot_s"] for row in records]),
-        "e2e_s": percentiles([row["finish_s"] - row["arrival_s"] for row in records]),
+        "e2e_s": percentiles([row["e2e_s"] for row in records]),
+        "itl_s": percentiles([gap for scheduler in schedulers for gap in scheduler.itl_values],
+                             [tokens for scheduler in schedulers for tokens in scheduler.itl_weights]),
+        **(_goodput(spec.slo, records, makespan) if spec.slo else {}),
         **({"handoff_s": percentiles([row["kv_landed_s"] - row["first_token_s"] for row in records])} if prefill
            else {}),
         "kv": {"bytes_per_token": kv_bytes_per_token(spec.model, spec.precision),
@@ -1048,6 +1092,17 @@ def simulate_serving(scenario: Scenario, spec: ServingSpec, progress=None, *, pr
         "per_request": records, "occupancy": occupancy, "activities": counters["activities"],
         "wall_time_s": time.perf_counter() - wall,
     }
+
+
+def _goodput(slo, records: list[dict], makespan: float) -> dict[str, Any]:
+    """The result's SLO keys: the objectives, and the requests that met both (each row's meets_slo, set here) as
+    a count, a share of the requests and a rate over the run's makespan (DistServe's goodput)."""
+    met = 0
+    for row in records:
+        row["meets_slo"] = slo.met(row["ttft_s"], row["tpot_s"])
+        met += row["meets_slo"]
+    return {"slo": {"ttft_s": slo.ttft, "tpot_s": slo.tpot},
+            "goodput": {"requests": met, "share": met / len(records), "requests_per_s": met / makespan}}
 
 
 def _serve_here(scenario: Scenario, spec: ServingSpec, private: str) -> dict[str, Any]:
@@ -1080,15 +1135,30 @@ def _checked(scenario: Scenario, spec: ServingSpec):
     return spec, platform, config, graph, xpus, requests
 
 
-def percentiles(values: list[float]) -> dict[str, float]:
-    """Mean and nearest-rank p50, p90, p99 of `values`.
+def percentiles(values, weights=None) -> dict[str, float]:
+    """Mean and nearest-rank p50, p90, p99 of `values`, each counted `weights` times where given (the inter-token
+    gaps of a step, equal for its sequences, come as one value and a count).
 
     >>> percentiles([1.0, 2.0, 3.0, 4.0])
     {'mean': 2.5, 'p50': 2.0, 'p90': 4.0, 'p99': 4.0}
+    >>> percentiles([4.0, 1.0], [1, 3])
+    {'mean': 1.75, 'p50': 1.0, 'p90': 4.0, 'p99': 4.0}
     """
-    ordered = sorted(values)
-    rank = {p: ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)] for p in (50, 90, 99)}
-    return {"mean": math.fsum(ordered) / len(ordered), "p50": rank[50], "p90": rank[90], "p99": rank[99]}
+    if weights is None:
+        ordered = sorted(values)
+        rank = {p: ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)] for p in (50, 90, 99)}
+        return {"mean": math.fsum(ordered) / len(ordered), "p50": rank[50], "p90": rank[90], "p99": rank[99]}
+    pairs = sorted((v, w) for v, w in zip(values, weights) if w)
+    total = sum(w for _, w in pairs)
+    rank, seen, p = {}, 0, iter((50, 90, 99))
+    wanted = next(p)
+    for value, weight in pairs:
+        seen += weight
+        while wanted and seen >= math.ceil(wanted / 100 * total):
+            rank[wanted] = value
+            wanted = next(p, None)
+    mean = math.fsum(v * w for v, w in pairs) / total
+    return {"mean": mean, "p50": rank[50], "p90": rank[90], "p99": rank[99]}
 
 
 def activation_workspace(spec: ServingSpec, tokens: int, sequences: int, tp: int) -> float:

@@ -5,7 +5,8 @@ A serving workload (``kind: serving`` in a workload YAML) names a decoder model 
 their prompt and output lengths (fixed, or uniform between two bounds), when they arrive (Poisson at ``rate``
 requests per second, or all at once: a fixed batch), a prompt prefix shared within groups of requests
 (``shared_prefix``, ``prefix_groups``) or every request from a trace file (``trace``: :func:`read_trace`),
-whether its prefills and decodes run on separate replicas (``disaggregation``), and the serving engine's
+whether its prefills and decodes run on separate replicas (``disaggregation``), the latency targets a request
+meets or misses (``slo``: :class:`Slo`), and the serving engine's
 scheduler (``scheduler``: ``vllm-v1``, the default, or ``vllm-v0``) with vLLM's knobs under their vLLM names
 (:class:`ServingSpec`); the run's random numbers come from ``seed`` alone, so the same inputs give the same run.
 
@@ -33,7 +34,7 @@ from hcsim.errors import ConfigError
 from hcsim.workload.model import ModelShape, element_sizes
 from hcsim.workload.ops import Op, _gemm, _memory
 
-__all__ = ["ServingSpec", "SchedulerConfig", "SCHEDULERS", "Request", "kv_bytes_per_token", "make_requests",
+__all__ = ["ServingSpec", "Slo", "SchedulerConfig", "SCHEDULERS", "Request", "kv_bytes_per_token", "make_requests",
            "read_trace",
            "scheduler_config", "dense_kernels", "attention_kernels", "layer_kernels", "head_kernels", "step_kernels", "is_serving", "serving_spec_from_dict",
            "MAX_SERVING_REQUESTS"]
@@ -98,6 +99,7 @@ class ServingSpec:
     chunked_prefill: bool | None = None
     step_overhead: float = STEP_OVERHEAD
     seed: int = 0
+    slo: Slo | None = None
     trace: str | None = None
     trace_requests: tuple | None = field(default=None, compare=False, repr=False)
     disaggregation: tuple[int, int] | None = None
@@ -191,6 +193,31 @@ class ServingSpec:
         if self.trace_requests is not None:
             return max(q.prompt + q.output for q in self.trace_requests)
         return self.prompt[1] + self.output[1]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Slo:
+    """``serving.slo``: a request meets its service-level objective when its time to first token is at most
+    `ttft` and its time per output token (after the first) at most `tpot`, seconds; None: that one unconstrained.
+    Goodput, as DistServe (Zhong et al., OSDI 2024, section 2) counts it, is the requests per second that meet
+    both."""
+
+    ttft: float | None = None
+    tpot: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.ttft is None and self.tpot is None:
+            raise ConfigError("serving.slo: give ttft, tpot or both (a duration with its unit, e.g. {ttft: 200ms, "
+                              "tpot: 50ms})")
+        for key in ("ttft", "tpot"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not 0 < value < math.inf):
+                raise ConfigError(f"serving.slo.{key} must be a duration > 0 s, got {value!r}")
+
+    def met(self, ttft: float, tpot: float) -> bool:
+        """Whether a request of these times (s) meets both objectives."""
+        return (self.ttft is None or ttft <= self.ttft) and (self.tpot is None or tpot <= self.tpot)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -523,6 +550,15 @@ def serving_spec_from_dict(data: dict, where: str, shape_of) -> ServingSpec:
                   chunked_prefill=serving.flag("chunked_prefill", None),
                   step_overhead=serving.quantity("step_overhead", "time", STEP_OVERHEAD, positive=False))
     trace = serving.string("trace", None)
+    if serving.has("slo"):
+        objectives = serving.sub("slo")
+        ttft, tpot = (objectives.quantity(key, "time", None, physical="duration") for key in ("ttft", "tpot"))
+        objectives.check_unknown()
+        if serving.raw("slo") in (None, {}):
+            objectives.problems.append(f"{objectives.where}: give ttft, tpot or both (a duration with its unit, "
+                                       f"e.g. {{ttft: 200ms, tpot: 50ms}})")
+        elif ttft is not None or tpot is not None:
+            values["slo"] = Slo(ttft=ttft, tpot=tpot)
     disaggregation = None
     if serving.has("disaggregation"):
         split = serving.sub("disaggregation")

@@ -352,6 +352,60 @@ def test_the_kv_blocks_are_the_memory_left_after_weights_and_activations():
 
 def test_percentiles_are_nearest_rank():
     assert percentiles([5.0] * 99 + [100.0]) == {"mean": 5.95, "p50": 5.0, "p90": 5.0, "p99": 5.0}
+    assert percentiles([100.0, 5.0], [1, 99]) == percentiles([5.0] * 99 + [100.0])  # counted, not listed
+
+
+# ---- latency targets and goodput -----------------------------------------------------------------------------
+
+def test_a_request_meets_the_slo_when_both_its_first_token_and_its_time_per_token_are_within():
+    """One request alone: its time to first token is its prefill step and its time per output token its decode
+    steps' mean (closed forms); an objective a hair above each is met, a hair below either is missed."""
+    from hcsim.workload.serving import Slo
+
+    prompt, output = 2000, 30
+    where = scenario(platform="dgx-h100", xpus=1, tp=1, devices=None)
+    alone = spec(requests=1, rate=None, prompt=(prompt, prompt), output=(output, output))
+    mix, platform, _, _, _, _ = _checked(where, alone)
+    cost = _StepCost(mix, platform)
+    ttft = platform.step_time(cost.work(prompt, 1, [(prompt, 0)], 0, 0, 0))
+    tpot = math.fsum(platform.step_time(cost.work(1, 1, (), 1, prompt + j + 1, 0)) for j in range(output - 1)) / (
+        output - 1)
+    for scale_ttft, scale_tpot, met in ((1.001, 1.001, 1), (0.999, 1.001, 0), (1.001, 0.999, 0), (None, 1.001, 1)):
+        slo = Slo(ttft=scale_ttft and ttft * scale_ttft, tpot=tpot * scale_tpot)
+        result = simulate_serving(where, replace(alone, slo=slo))
+        row, = result["per_request"]
+        assert row["ttft_s"] == pytest.approx(ttft, abs=10 * TIMING) and row["tpot_s"] == pytest.approx(tpot, rel=1e-9)
+        assert row["meets_slo"] is bool(met)
+        assert result["goodput"] == {"requests": met, "share": float(met), "requests_per_s": met / row["finish_s"]}
+        assert result["slo"] == {"ttft_s": slo.ttft, "tpot_s": slo.tpot}
+
+
+@pytest.mark.parametrize("split", [None, (1, 1)])
+def test_goodput_counts_the_requests_meeting_both_objectives_and_the_gaps_between_tokens_add_up(split):
+    """A loaded mix (queueing, chunked prompts, runs of decodes; co-located, and disaggregated): goodput's share is
+    the rows meeting both objectives over all rows, in [0, 1], its rate that count over the makespan; each row's
+    meets_slo is its own times against the objectives. Inter-token gaps: a request's gaps add up to its finish less
+    its first token, so their token-weighted mean is the sum of those over the sum of (output - 1); no gap is
+    longer than the longest of its request, and each request's longest is at least its mean (time per token)."""
+    from hcsim.workload.serving import Slo
+
+    slo = Slo(ttft=0.1, tpot=2.5e-3)
+    mix = spec(**DISAGGREGATED | dict(disaggregation=split, slo=slo))
+    where = scenario(platform="dgx-h100", xpus=2, tp=1, devices=None)
+    result = simulate_serving(where, mix)
+    rows = result["per_request"]
+    met = [row for row in rows if row["ttft_s"] <= slo.ttft and row["tpot_s"] <= slo.tpot]
+    assert [row["meets_slo"] for row in rows] == [row in met for row in rows]
+    assert 0 < len(met) < len(rows)  # (the targets split this mix: the check is not vacuous)
+    assert result["goodput"]["requests"] == len(met)
+    assert result["goodput"]["share"] == len(met) / len(rows)
+    assert result["goodput"]["requests_per_s"] == len(met) / result["makespan_s"]
+    itl = result["itl_s"]
+    gaps = math.fsum(row["finish_s"] - row["first_token_s"] for row in rows)
+    assert itl["mean"] == pytest.approx(gaps / sum(row["output"] - 1 for row in rows), rel=1e-9)
+    assert itl["p50"] <= itl["p90"] <= itl["p99"] <= max(row["itl_max_s"] for row in rows)
+    assert all(row["itl_max_s"] >= row["tpot_s"] * (1 - 1e-9) for row in rows)
+    assert all(row["e2e_s"] == row["finish_s"] - row["arrival_s"] for row in rows)
 
 
 def test_hcsim_simulate_runs_a_serving_workload():
@@ -413,6 +467,10 @@ SERVE = ["--set=workload=llama3-70b-serving", "--set=platform=paper-cxl", "--set
     (["--set=workload_overrides={kind: inference}"], r"kind: 'inference' beside a serving: section; a serving "
                                                       r"workload is kind: serving"),
     (["--set=workload_overrides={serving.step_overhead: 0.001}"], r"serving.step_overhead: 0.001 has no unit"),
+    (["--set=workload_overrides={serving.slo: {ttft: 200}}"], r"serving.slo.ttft: 200 has no unit; write it with one"),
+    (["--set=workload_overrides={serving.slo: {ttft: 2s, tbt: 5ms}}"], r"serving.slo.tbt: unknown key; valid keys: "
+                                                                       r"tpot, ttft"),
+    (["--set=workload_overrides={serving.slo: {}}"], r"serving.slo: give ttft, tpot or both"),
 ])
 def test_bad_serving_input_ends_in_one_message_naming_the_key(settings, expected):
     """Each ends with exit 2 and one message that names the key and what would be valid: no traceback, no hang,
@@ -657,17 +715,18 @@ def decode_closed_form(where, mix, result):
     mix, platform, config, _, _, requests = _checked(where, mix)
     cost, (_, decode) = _StepCost(mix, platform), mix.disaggregation
     landed = {row["request"]: row["kv_landed_s"] for row in result["per_request"]}
+    first = {row["request"]: row["first_token_s"] for row in result["per_request"]}
     rows = []
     for d in range(decode):
         mine = requests[d::decode]
         scheduler = _Scheduler(mix, config, platform, cost, mine, "decode")
-        events = sorted((landed[q.index], q.index // decode) for q in mine)
+        events = sorted((landed[q.index], q.index // decode, first[q.index]) for q in mine)
         now, done, e = 0.0, 0, 0
         while (reply := scheduler.advance(now, done)) is not None:
             done = 0
             if reply == math.inf:  # waits for the next handoff
                 now = events[e][0]
-                scheduler.receive(events[e][1], now)
+                scheduler.receive(events[e][1], now, events[e][2])
                 e += 1
                 continue
             k, until, work, following = reply
@@ -679,7 +738,7 @@ def decode_closed_form(where, mix, result):
                 done += 1
                 arrived = e < len(events) and events[e][0] <= now
                 while e < len(events) and events[e][0] <= now:
-                    scheduler.receive(events[e][1], events[e][0])
+                    scheduler.receive(events[e][1], events[e][0], events[e][2])
                     e += 1
                 if done == k or now >= until or arrived:
                     break
