@@ -155,8 +155,11 @@ def serving_summary(result: dict) -> str:
 
     layout, kv, scheduler = result["layout"], result["kv"], result["scheduler"]
     extended = kv["extended_tokens_per_replica"]
-    where = (f", then {'unbounded' if extended is None else f'{extended:,}'} in {kv['spilled_to']}"
-             if kv["spilled_to"] else "")
+    offload = scheduler.get("kv_offload")
+    where = (f", {'then' if not offload else 'its kv_offload tier'} {'unbounded' if extended is None else f'{extended:,}'}"
+             f" in {kv['spilled_to']}" if kv["spilled_to"] else "")
+    preemption = (f"offload to {offload['tier']} ({offload['policy']}) on preemption, recompute once it is full"
+                  if offload else f"{scheduler['preemption']} on preemption")
     prefix = result["prefix_cache"]
     return "\n".join([
         f"hcsim {result['scenario']}: serving {result['model']} ({result['precision']}) on {result['xpus']} "
@@ -166,7 +169,7 @@ def serving_summary(result: dict) -> str:
         f"  scheduler        {scheduler['name']}: {scheduler['max_num_batched_tokens']:,} tokens and "
         f"{scheduler['max_num_seqs']:,} sequences per step, blocks of {scheduler['block_size']} tokens, "
         f"{'chunked prefill' if scheduler['chunked_prefill'] else 'whole prompts'}, "
-        f"prefix caching {'on' if scheduler['prefix_caching'] else 'off'}, {scheduler['preemption']} on preemption",
+        f"prefix caching {'on' if scheduler['prefix_caching'] else 'off'}, {preemption}",
         f"  requests         {result['requests']:,} in {format_quantity(result['makespan_s'], 's')} "
         f"({rate(result['requests_per_s'])} per s, {result['steps']:,} steps, {result['preemptions']:,} "
         f"preemptions, prefix cache hit rate {prefix['hit_rate']:.1%})",
@@ -181,7 +184,25 @@ def serving_summary(result: dict) -> str:
         f"  KV cache         {format_quantity(kv['bytes_per_token'], 'B')} per token; a replica holds "
         f"{kv['hbm_tokens_per_replica']:,} tokens in HBM{where}; peak {kv['peak_hbm_tokens']:,} in HBM, "
         f"{kv['peak_extended_tokens']:,} beyond",
+        *_tier_lines(kv),
     ])
+
+
+def _tier_lines(kv: dict) -> list[str]:
+    """The memory beyond HBM that served KV blocks, when blocks moved through it: what it was used for and the
+    bytes moved (hcsim.run.serving's kv.tiers)."""
+    from hcsim.units import format_quantity
+
+    lines = []
+    for name, tier in kv.get("tiers", {}).items():
+        if name == "hbm" or not (tier["stored_blocks"] or tier["loaded_blocks"] or tier["read_bytes"]
+                                 or tier["use"] != "spill"):
+            continue
+        lines.append(f"  KV tier          {SPILLED_TO.get(name, name)} ({tier['use']}): stored "
+                     f"{tier['stored_blocks']:,} blocks ({format_quantity(tier['stored_bytes'], 'B')}), loaded "
+                     f"{tier['loaded_blocks']:,} ({format_quantity(tier['loaded_bytes'], 'B')}), read "
+                     f"{format_quantity(tier['read_bytes'], 'B')} {tier['read']} by steps")
+    return lines
 
 
 def _split_line(row: dict) -> list[str]:

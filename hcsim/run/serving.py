@@ -76,8 +76,8 @@ from hcsim.errors import ConfigError
 from hcsim.run.scenario import Scenario
 from hcsim.units import format_quantity
 from hcsim.workload.model import element_sizes
-from hcsim.workload.serving import (Request, SchedulerConfig, ServingSpec, attention_kernels, dense_kernels,
-                                    head_kernels, kv_bytes_per_token, make_requests, scheduler_config)
+from hcsim.workload.serving import (KvOffload, Request, SchedulerConfig, ServingSpec, attention_kernels,
+                                    dense_kernels, head_kernels, kv_bytes_per_token, make_requests, scheduler_config)
 
 __all__ = ["load_serving_spec", "serving_workload", "simulate_serving", "percentiles", "StepWork",
            "activation_workspace", "check_serving_scenario", "BYTES_PER_REQUEST", "MAX_SERVING_MEMORY",
@@ -196,6 +196,9 @@ class _Platform:
     coherent: bool
     spilled_to: str | None
     ext_unbounded: bool  # the platform gives the extended memory no capacity (ext_blocks: 2^50 B of them)
+    # serving.kv_offload: the extended memory above is its tier (ext_blocks its blocks), which admission does not
+    # take from; stores and swapped loads cross its route (host_bandwidth, host_latency)
+    offload: KvOffload | None
     host_bandwidth: float
     host_latency: float
     tp_time: Any  # bytes -> s of one TP all-reduce
@@ -208,6 +211,11 @@ class _Platform:
     token_bytes: float  # KV bytes of one token on one XPU (its layers, its heads)
     weights: float
     workspace: float
+
+    @property
+    def admit_beyond_hbm(self) -> bool:
+        """Whether admission takes blocks beyond HBM (spill; not with kv_offload, whose tier holds offloaded ones)."""
+        return self.offload is None
 
     def step_time(self, work: StepWork) -> float:
         """Seconds of a step alone on this replica's links (closed forms; module docstring)."""
@@ -280,6 +288,33 @@ class _StepCost:
                         host=self.spec.step_overhead, head=head)
 
 
+KV_TIER_NAMES = {"cpu": "host DRAM", "cxl": "CXL Type 3 memory"}  # serving.kv_offload.tier -> what it is
+
+
+def nearest_dram(graph, xpu: str, search) -> str | None:
+    """The DRAM of `xpu`'s server with the shortest route to it (least latency, then most bandwidth), or None."""
+    from hcsim.platform.routes import route_bandwidth, route_latency
+
+    nodes = graph.nodes
+    server = nodes[xpu].get("server")
+    drams = sorted(n for n, data in nodes(data=True) if data.get("role") == "dram" and data.get("server") == server)
+    if not drams:
+        return None
+    routes = {d: search(d, [xpu])[xpu] for d in drams}
+    return min(drams, key=lambda d: (route_latency(graph, routes[d]), -route_bandwidth(graph, routes[d]), d))
+
+
+def kv_tier_memory(graph, xpu: str, tier: str, search) -> str | None:
+    """The memory node of `xpu`'s KV offload `tier` (KV_TIERS), or None where the platform has none: ``cxl`` its
+    CXL Type 3 expander; ``cpu`` its extended memory where that is DRAM (a superchip's CPU memory, a host's
+    DRAM as the platform attaches it), else its server's nearest DRAM."""
+    ext = graph.nodes[xpu].get("extended_memory")
+    role = graph.nodes[ext].get("role") if ext else None
+    if tier == "cxl":
+        return ext if role == "cxl_type3" else None
+    return ext if role == "dram" else nearest_dram(graph, xpu, search)
+
+
 def handoff_link(graph, platform: _Platform, route) -> tuple[float, float]:
     """(achieved share of the bandwidth, call latency s) of a KV handoff over `route`: its slowest link kind's, as a
     pipeline send's."""
@@ -304,26 +339,30 @@ class _Engine:
         x_ext, x_dram, pairs = array("i"), array("i"), set()
         search, nearest = RouteSearch(graph), {}
 
-        def dram_of(x):  # the DRAM of x's server with the shortest route to x (least latency, then most bandwidth)
-            server = nodes[x].get("server")
-            if (server, x) not in nearest:
-                drams = sorted(n for n, data in nodes(data=True) if data.get("role") == "dram"
-                               and data.get("server") == server)
-                if not drams:
+        def dram_of(x):  # the DRAM of x's server with the shortest route to x
+            if x not in nearest:
+                nearest[x] = nearest_dram(graph, x, search)
+                if nearest[x] is None:
                     raise ConfigError(f"serving.preemption: swap needs host memory beside the XPUs, and {x}'s server "
                                       f"has none. Fix: preemption: recompute")
-                routes = {d: search(d, [x])[x] for d in drams}
-                nearest[server, x] = min(drams, key=lambda d: (route_latency(graph, routes[d]),
-                                                               -route_bandwidth(graph, routes[d]), d))
-            return nearest[server, x]
+            return nearest[x]
 
+        offload = p.offload
+        h_src, h_dst, self.tier_of = array("i"), array("i"), []  # (kv_offload: each XPU's tier host)
         for x in xpus:
             ext = nodes[x].get("extended_memory") if p.spilled_to is not None else None
             dram = dram_of(x) if config.preemption == "swap" else None
+            if offload is not None:  # the tier: read in place (in_place), stores and swapped loads (the swap phase)
+                ext = dram = kv_tier_memory(graph, x, offload.tier, search)
             for memory, column in ((ext, x_ext), (dram, x_dram)):
                 column.append(hosts.setdefault(memory, len(hosts)) if memory else -1)
                 if memory:
                     pairs.add((memory, x))
+            if offload is not None:
+                self.tier_of.append(hosts[ext])
+                if offload.policy == "prefetch":  # prefetches run as flows beside the steps (steps.hpp's handoffs)
+                    h_src.append(hosts[ext])
+                    h_dst.append(hosts[x])
         size = p.tp * p.pp
         for first in range(0, len(xpus), size):
             group = xpus[first:first + size]
@@ -336,7 +375,7 @@ class _Engine:
         # prefill/decode disaggregation: the first `prefill` replicas hand each request's KV cache off to a decode
         # replica, XPU i of the one to XPU i of the other (the same layers and heads)
         self.prefill, self.decode = spec.disaggregation or (0, 0)
-        h_src, h_dst, self.handoff_link = array("i"), array("i"), {}
+        self.handoff_link = {}
         for source in range(self.prefill):
             for target in range(self.prefill, self.prefill + self.decode):
                 for i in range(size):
@@ -349,8 +388,10 @@ class _Engine:
         self.hosts, self.pairs = list(hosts), pairs
         self.layout = {"r_tp": array("i", [p.tp]) * p.dp, "r_xpus": array("q", range(0, len(xpus) + 1, size)),
                        "x_host": array("i", range(len(xpus))), "x_ext": x_ext, "x_dram": x_dram}
-        if self.prefill:
+        if h_src:
             self.layout |= {"h_src": h_src, "h_dst": h_dst}
+        # kv_offload prefetches are tagged after the handoffs' tags (request indices): tag -> (replica, slot)
+        self.next_tag, self.prefetching = spec.requests, {}
         layers = spec.model.decoders
         self.stage_layers = [layers // p.pp + (s < layers % p.pp) for s in range(p.pp)]
         self.layers = layers
@@ -410,6 +451,19 @@ class _Engine:
         scheduler.outgoing.clear()
         return tuple(flows)
 
+    def prefetches(self, replica: int, scheduler) -> tuple:
+        """The core's flows of the KV blocks replica `replica`'s scheduler prefetches now (kv_offload, policy
+        prefetch): each slot's blocks, each XPU's share, from its tier memory to it as the swap phase moves them (the
+        route's latency + bytes / its bottleneck bandwidth alone), tagged for :meth:`run`'s landing."""
+        flows, size, block = [], self.size, self.platform.token_bytes * scheduler.config.block_size
+        for i, blocks in scheduler.loads:
+            tag, self.next_tag = self.next_tag, self.next_tag + 1
+            self.prefetching[tag] = (replica, i)
+            for x in range(replica * size, (replica + 1) * size):
+                flows += (self.tier_of[x], x, blocks * block, 0.0, replica, tag)
+        scheduler.loads.clear()
+        return tuple(flows)
+
     def run(self, schedulers: list, analytic: bool = True) -> dict:
         """Every replica's scheduler driven by the core until each has served its requests; the core's counters.
         An error a scheduler raises (ConfigError) comes out as it is."""
@@ -422,26 +476,32 @@ class _Engine:
         compiled = compile_platform(self.graph, self.pairs, self.precision)
         encode = self.encode
 
-        prefill, decode, handoffs = self.prefill, self.decode, self.handoffs
+        prefill, decode, handoffs, prefetches = self.prefill, self.decode, self.handoffs, self.prefetches
 
         def next_step(replica, now, done):
             scheduler = schedulers[replica]
             reply = scheduler.advance(now, done)
             if reply is not None and reply.__class__ is not float:
                 reply = encode(*reply)
-            if scheduler.outgoing:
-                return [reply, handoffs(replica, scheduler)]
+            if scheduler.outgoing or scheduler.loads:
+                flows = handoffs(replica, scheduler) if scheduler.outgoing else ()
+                return [reply, flows + (prefetches(replica, scheduler) if scheduler.loads else ())]
             return reply
 
-        def landed(q, now):  # request q's KV cache is on its decode replica
-            schedulers[prefill + q % decode].receive(q // decode, now, schedulers[q % prefill].first[q // prefill])
+        def landed(tag, now):
+            if tag in self.prefetching:  # a kv_offload prefetch: its blocks are in HBM
+                replica, i = self.prefetching.pop(tag)
+                schedulers[replica].prefetched(i, now)
+            else:  # request `tag`'s KV cache is on its decode replica
+                first = schedulers[tag % prefill].first[tag // prefill]
+                schedulers[prefill + tag % decode].receive(tag // decode, now, first)
 
         with tempfile.TemporaryDirectory(prefix="hcsim-") as folder:
             xml = Path(folder) / "platform.xml"
             xml.write_text(compiled.xml)
             try:
                 return core.load().run_steps(str(xml), self.hosts, self.layout, next_step, analytic,
-                                             landed if prefill else None)
+                                             landed if "h_src" in self.layout else None)
             except HcsimError:
                 raise
             except (ValueError, TypeError, RuntimeError) as err:  # a bad step or layout: a bug, said as one
@@ -483,7 +543,14 @@ class _Scheduler:
         self.itl_values, self.itl_weights = array("d"), array("q")
         self.preemptions, self.swapped = array("q", bytes(8 * n)), array("b", bytes(n))
         self.free_hbm, self.free_ext = platform.hbm_blocks, platform.ext_blocks
-        self.total_blocks = platform.hbm_blocks + platform.ext_blocks
+        self.beyond_hbm = platform.admit_beyond_hbm
+        self.total_blocks = platform.hbm_blocks + (platform.ext_blocks if self.beyond_hbm else 0)
+        # kv_offload (the extended memory is its tier): a slot's swapped flag is 1 while its blocks are in the tier
+        # waiting to come back, 2 once prefetched into HBM; `loads` the (slot, blocks) to prefetch now, `loading`
+        # the prefetches in flight; blocks stored into and loaded from the tier, tokens read from it by steps
+        self.offload, self.loads, self.loading = platform.offload, [], 0
+        self.block_bytes = platform.token_bytes * config.block_size  # one block on one XPU
+        self.stored_blocks = self.loaded_blocks = self.read_tokens = 0
         bs = config.block_size
         self.prefix_blocks = spec.shared_prefix // bs if config.prefix_caching and role != "decode" else 0
         self.groups = [_Group() for _ in range(spec.prefix_groups)]
@@ -498,6 +565,7 @@ class _Scheduler:
         self.kinds = {"prefill": 0, "mixed": 0, "decode": 0}  # steps of prefill chunks only, both, decodes only
         self.trace_time, self.trace_hbm, self.trace_ext, self.trace_running = (array("d"), array("q"), array("q"),
                                                                               array("q"))
+        self.trace_moved = array("q")  # per row: stored blocks, loaded blocks, tokens read beyond HBM (so far)
 
     # ---- blocks ------------------------------------------------------------------------------------------------
 
@@ -505,16 +573,41 @@ class _Scheduler:
         return -(-tokens // self.config.block_size)
 
     def _available(self) -> int:
-        """Blocks that can be had: free ones and unreferenced cached ones."""
-        return self.free_hbm + self.free_ext + self.evictable_blocks
+        """Blocks that can be had: free ones (HBM's; beyond it where admission takes them) and unreferenced cached
+        ones."""
+        return self.free_hbm + (self.free_ext if self.beyond_hbm else 0) + self.evictable_blocks
+
+    def _evictable_size(self, group: _Group) -> int:
+        """The blocks evicting `group` frees for admission (its HBM ones, and beyond HBM where admission takes them)."""
+        return group.hbm + (group.ext if self.beyond_hbm else 0)
 
     def _hold(self, g: int) -> None:
         """Group `g` gets a reference: its cached blocks are no longer evictable."""
         group = self.groups[g]
         if g in self.evictable:
             del self.evictable[g]
-            self.evictable_blocks -= group.hbm + group.ext
+            self.evictable_blocks -= self._evictable_size(group)
         group.refs += 1
+
+    def _evict_for(self, blocks: int) -> None:
+        """Evict unreferenced cached prefixes, least recently released first, until HBM has `blocks` free or none
+        is left."""
+        while self.free_hbm < blocks and self.evictable:
+            g, _ = self.evictable.popitem(last=False)
+            group = self.groups[g]
+            self.evictable_blocks -= self._evictable_size(group)
+            self.free_hbm, self.free_ext = self.free_hbm + group.hbm, self.free_ext + group.ext
+            group.hbm = group.ext = 0
+
+    def _take_hbm(self, blocks: int, watermark: bool) -> bool:
+        """Take `blocks` HBM blocks (evicting cached prefixes for them); False, taking none, when they cannot be had
+        (or, with `watermark`, not while leaving the scheduler's watermark free)."""
+        reserve = math.ceil(self.config.watermark * self.total_blocks) if watermark else 0
+        if blocks + reserve > self.free_hbm + self.evictable_blocks:
+            return False
+        self._evict_for(blocks)
+        self.free_hbm -= blocks
+        return True
 
     def _allocate(self, i: int, tokens: int, watermark: bool = False) -> bool:
         """Give slot `i` the blocks its first `tokens` tokens need (HBM first, then evicting unreferenced cached
@@ -526,12 +619,7 @@ class _Scheduler:
         reserve = math.ceil(self.config.watermark * self.total_blocks) if watermark else 0
         if need + reserve > self._available():
             return False
-        while self.free_hbm < need and self.evictable:  # cached blocks in HBM make room before extended memory
-            g, _ = self.evictable.popitem(last=False)
-            group = self.groups[g]
-            self.evictable_blocks -= group.hbm + group.ext
-            self.free_hbm, self.free_ext = self.free_hbm + group.hbm, self.free_ext + group.ext
-            group.hbm = group.ext = 0
+        self._evict_for(need)  # cached blocks in HBM make room before extended memory
         from_hbm = min(need, self.free_hbm)
         self.free_hbm -= from_hbm
         self.free_ext -= need - from_hbm
@@ -550,7 +638,7 @@ class _Scheduler:
             group.refs -= 1
             if not group.refs:
                 self.evictable[g] = None
-                self.evictable_blocks += group.hbm + group.ext
+                self.evictable_blocks += self._evictable_size(group)
             self.hit[i] = 0
 
     def _prefix_hit(self, i: int) -> int:
@@ -590,6 +678,11 @@ class _Scheduler:
         """Preempt slot `i` (back to the front of the waiting queue); the bytes swapped out per XPU."""
         self.preempted += 1
         self.preemptions[i] += 1
+        if self.offload is not None:
+            stored = self._offload(i)
+            if stored is not None:
+                self.waiting.appendleft(i)
+                return stored
         size = self.computed[i] * self.platform.token_bytes
         swapped = 0.0
         if self.config.preemption == "swap" and self.swap_used + size <= self.config.swap_space:
@@ -602,6 +695,51 @@ class _Scheduler:
         self._release(i)
         self.waiting.appendleft(i)
         return swapped
+
+    def _offload(self, i: int) -> float | None:
+        """(kv_offload) Preempted slot `i`'s blocks moved to the tier, where it has room (the blocks it holds there
+        already stay): the bytes per XPU stored in this step; None (to recompute) where the tier is full."""
+        blocks = self._blocks(self.computed[i])
+        moving = blocks - self.ext[i]
+        if not self.computed[i] or moving > self.free_ext:
+            return None
+        self.ext[i] = 0
+        self._release(i)  # its HBM blocks and its reference to a cached prefix (whose blocks it copies)
+        self.free_ext -= moving
+        self.ext[i] = blocks
+        self.swapped[i] = 1
+        self.stored_blocks += moving
+        return moving * self.block_bytes
+
+    def _resume(self, i: int, new: int, watermark: bool) -> float | None:
+        """(kv_offload) Offloaded slot `i` admitted with `new` tokens to compute: its blocks brought back as the
+        policy says: -1.0 when prefetched (HBM taken for them, the copy started beside this step: it waits for it),
+        else the bytes per XPU copied in this step (swap; 0 in_place: read where they are); None when HBM has no
+        room for them."""
+        tier, policy = self.ext[i], self.offload.policy
+        if policy == "in_place":
+            return 0.0
+        count = tier if policy == "prefetch" else self._blocks(self.computed[i] + new)
+        if not self._take_hbm(count, watermark):
+            return None
+        self.hbm[i] += count
+        self.loaded_blocks += tier
+        if policy == "prefetch":
+            self.loads.append((i, tier))
+            self.loading += 1
+            return -1.0
+        self.free_ext += tier
+        self.ext[i] = 0
+        return tier * self.block_bytes
+
+    def prefetched(self, i: int, now: float) -> None:
+        """(kv_offload) Slot `i`'s prefetched blocks landed in HBM at `now`: its tier blocks freed, it goes back to
+        the head of the waiting queue (it was preempted before every request waiting)."""
+        self.loading -= 1
+        self.free_ext += self.ext[i]
+        self.ext[i] = 0
+        self.swapped[i] = 2
+        self.waiting.appendleft(i)
 
     # ---- steps -------------------------------------------------------------------------------------------------
 
@@ -617,13 +755,15 @@ class _Scheduler:
             self._finish(now, done)
         elif now > self.now:  # (after idling: the arrival it waited for, exactly)
             self.now = now
-        while self.waiting or self.running:
+        while self.waiting or self.running or self.loading:
             if self.update is not None and not self.events % 4096:
                 arrived = self.received if self.role == "decode" else len(self.index)
-                finished = arrived - len(self.waiting) - len(self.running)
+                finished = arrived - len(self.waiting) - len(self.running) - self.loading
                 self.update(finished - self.reported)
                 self.reported = finished
-            if not self.running and self.arrival[self.waiting[0]] > self.now:
+            if not self.running and (not self.waiting or self.arrival[self.waiting[0]] > self.now):
+                if self.loading:  # a prefetch lands first (an arrival before it waits for it)
+                    return math.inf
                 self.now = self.arrival[self.waiting[0]]
                 return self.now
             self.events += 1
@@ -667,6 +807,7 @@ class _Scheduler:
         self.now = now
         kind, self._pending = self._pending, None
         if kind[0] == "run":
+            self.read_tokens += kind[2] * done  # (its spilled part stays as it is over the run)
             self._finish_run(done, kind[1])
         else:
             self._finish_step(*kind[1:])
@@ -683,8 +824,17 @@ class _Scheduler:
                 break
             hit = self._prefix_hit(i)
             new = self._tokens(i) - self.computed[i]
+            watermark = config.watermark > 0
+            if self.swapped[i] == 1 and self.offload is not None and (config.chunked_prefill or new <= budget):
+                moved = self._resume(i, min(new, budget), watermark)
+                if moved is None:
+                    break
+                if moved < 0:  # prefetching: it joins a step once its blocks land
+                    self.waiting.popleft()
+                    continue
+                swap_in += moved
             if (not config.chunked_prefill and new > budget) or not self._allocate(
-                    i, self.computed[i] + min(new, budget), watermark=config.watermark > 0):
+                    i, self.computed[i] + min(new, budget), watermark=watermark):
                 if hit:
                     self._release(i)
                     self.computed[i] = 0
@@ -692,11 +842,11 @@ class _Scheduler:
             self.waiting.popleft()
             self.query_tokens += self._tokens(i) if not self.swapped[i] and self.role != "decode" else 0
             self.hit_tokens += hit
-            if self.swapped[i]:
+            if self.swapped[i] and self.offload is None:  # (vLLM's swap: back from host memory in this step)
                 size = self.computed[i] * self.platform.token_bytes
                 self.swap_used -= size
                 swap_in += size
-                self.swapped[i] = 0
+            self.swapped[i] = 0
             new = min(new, budget)
             self.running.append(i)
             scheduled.append((i, new))
@@ -753,6 +903,8 @@ class _Scheduler:
         if not scheduled:
             if preempted:  # every running request gave its blocks back: the next step admits again
                 return None
+            if self.loading:  # the next request to run waits for its prefetch (or for blocks one frees)
+                return math.inf
             i = self.waiting[0]
             raise ConfigError(f"serving workload {self.spec.name!r}: request {self.index[i]} cannot be scheduled on "
                               f"an idle replica: it needs {self._tokens(i):,} tokens of KV cache "
@@ -805,6 +957,7 @@ class _Scheduler:
         if tokens > self.max_tokens:
             self.max_tokens = tokens
         self.kinds["mixed" if chunks and decode else "prefill" if chunks else "decode"] += 1
+        self.read_tokens += spilled
         self._pending = ("step", scheduled, decodes)
         return 1, math.inf, self.cost.work(tokens, sampled, chunks, decode, resident, spilled, swap), None
 
@@ -868,6 +1021,7 @@ class _Scheduler:
         self.trace_hbm.append((self.platform.hbm_blocks - self.free_hbm) * bs)
         self.trace_ext.append((self.platform.ext_blocks - self.free_ext) * bs)
         self.trace_running.append(len(self.running))
+        self.trace_moved.extend((self.stored_blocks, self.loaded_blocks, self.read_tokens))
 
     def _decode_run(self):
         """k >= 2 steps as one run where they are decodes of the same running sequences with nothing else possible
@@ -917,7 +1071,7 @@ class _Scheduler:
         until = math.inf
         if self.waiting and self.arrival[self.waiting[0]] > self.now and n < config.max_num_seqs:
             until = self.arrival[self.waiting[0]]  # stop after the step in which it arrives
-        self._pending = ("run", self.now)
+        self._pending = ("run", self.now, spilled)
         return k, until, work, following
 
     def _finish_run(self, k: int, start: float) -> None:
@@ -972,7 +1126,10 @@ class _Scheduler:
         new = self._tokens(i) - computed
         if not config.chunked_prefill and new > budget:
             return False
-        need = self._blocks(computed + min(new, budget)) - cached
+        need = self._blocks(computed + min(new, budget)) - cached - self.hbm[i]  # (a prefetched slot's are in HBM)
+        if self.swapped[i] == 1 and self.offload is not None:  # offloaded: in_place reads its tier blocks there,
+            policy = self.offload.policy  # prefetch needs HBM for them first
+            need = need - self.ext[i] if policy == "in_place" else self.ext[i] if policy == "prefetch" else need
         reserve = math.ceil(config.watermark * self.total_blocks) if config.watermark else 0
         return need + reserve <= self._available()
 
@@ -1041,13 +1198,18 @@ def simulate_serving(scenario: Scenario, spec: ServingSpec, progress=None, *, pr
             for i, q in enumerate(slots):
                 scheduler.preemptions[i] += schedulers[q % prefill].preemptions[q // prefill]
     records, occupancy = [], []
+    token_total = kv_bytes_per_token(spec.model, spec.precision)  # one token's KV over a replica's XPUs
+    block_total = token_total * config.block_size
+    moved = {"stored_blocks": 0, "loaded_blocks": 0, "read_tokens": 0}
     steps = preempted = hits = queries = most = 0
     kinds = {"prefill": 0, "mixed": 0, "decode": 0}
     for r, scheduler in enumerate(schedulers):
         if scheduler.role != "prefill":
             records += scheduler.records()
-        occupancy += [(r, t, h, e, n) for t, h, e, n in zip(scheduler.trace_time, scheduler.trace_hbm,
-                                                             scheduler.trace_ext, scheduler.trace_running)]
+        occupancy += _occupancy_rows(r, scheduler, block_total, token_total)
+        for key, blocks in (("stored", scheduler.stored_blocks), ("loaded", scheduler.loaded_blocks)):
+            moved[key + "_blocks"] += blocks
+        moved["read_tokens"] += scheduler.read_tokens
         steps += scheduler.steps
         preempted += scheduler.preempted
         hits += scheduler.hit_tokens
@@ -1070,6 +1232,8 @@ def simulate_serving(scenario: Scenario, spec: ServingSpec, progress=None, *, pr
                       "max_num_batched_tokens": config.max_num_batched_tokens, "block_size": bs,
                       "chunked_prefill": config.chunked_prefill, "prefix_caching": config.prefix_caching,
                       "preemption": config.preemption, "gpu_memory_utilization": config.gpu_memory_utilization,
+                      **({"kv_offload": {"tier": spec.kv_offload.tier, "policy": spec.kv_offload.policy,
+                                         "size_per_xpu": spec.kv_offload.size}} if spec.kv_offload else {}),
                       "step_overhead_s": config.step_overhead},
         "requests": len(records), "output_tokens": tokens, "makespan_s": makespan,
         "throughput_tokens_per_s": tokens / makespan, "requests_per_s": len(records) / makespan, "steps": steps,
@@ -1088,7 +1252,8 @@ def simulate_serving(scenario: Scenario, spec: ServingSpec, progress=None, *, pr
                "spilled_to": platform.spilled_to, "weights_bytes_per_xpu": platform.weights,
                "workspace_bytes_per_xpu": platform.workspace,
                "peak_hbm_tokens": max((row[2] for row in occupancy), default=0),
-               "peak_extended_tokens": max((row[3] for row in occupancy), default=0)},
+               "peak_extended_tokens": max((row[3] for row in occupancy), default=0),
+               "tiers": _tiers(platform, moved, block_total, token_total)},
         "per_request": records, "occupancy": occupancy, "activities": counters["activities"],
         "wall_time_s": time.perf_counter() - wall,
     }
@@ -1103,6 +1268,43 @@ def _goodput(slo, records: list[dict], makespan: float) -> dict[str, Any]:
         met += row["meets_slo"]
     return {"slo": {"ttft_s": slo.ttft, "tpot_s": slo.tpot},
             "goodput": {"requests": met, "share": met / len(records), "requests_per_s": met / makespan}}
+
+
+OCCUPANCY_COLUMNS = ("replica", "time_s", "hbm_tokens", "extended_tokens", "running", "stored_bytes", "loaded_bytes",
+                     "extended_read_bytes")
+
+
+def _occupancy_rows(replica: int, scheduler: _Scheduler, block_total: float, token_total: float) -> list[tuple]:
+    """Replica `replica`'s KV cache after each step or run of steps (OCCUPANCY_COLUMNS): tokens in HBM and beyond
+    it, sequences running, and the bytes over the replica's XPUs moved since the row before: stored into the
+    offload tier, loaded back from it (counted when the load starts), read beyond HBM by the steps (in place or
+    copied)."""
+    rows, before = [], (0, 0, 0)
+    moved = scheduler.trace_moved
+    for n, (t, h, e, running) in enumerate(zip(scheduler.trace_time, scheduler.trace_hbm, scheduler.trace_ext,
+                                                scheduler.trace_running)):
+        now = (moved[3 * n], moved[3 * n + 1], moved[3 * n + 2])
+        rows.append((replica, t, h, e, running, (now[0] - before[0]) * block_total,
+                     (now[1] - before[1]) * block_total, (now[2] - before[2]) * token_total))
+        before = now
+    return rows
+
+
+def _tiers(platform: _Platform, moved: dict, block_total: float, token_total: float) -> dict:
+    """result["kv"]["tiers"]: HBM, and the memory beyond it (the kv_offload tier, or where blocks spill) with the
+    blocks and bytes (over every XPU) stored into it and loaded back, and the bytes the steps read from it (in
+    place where coherent, else copied into HBM for the step)."""
+    tiers = {"hbm": {"blocks_per_replica": platform.hbm_blocks}}
+    if platform.spilled_to is not None:
+        tiers[platform.spilled_to] = {
+            "blocks_per_replica": None if platform.ext_unbounded else platform.ext_blocks,
+            "use": (f"kv_offload {platform.offload.tier}, policy {platform.offload.policy}" if platform.offload
+                    else "spill"),
+            "read": "in place" if platform.coherent else "copied",
+            "stored_blocks": moved["stored_blocks"], "stored_bytes": moved["stored_blocks"] * block_total,
+            "loaded_blocks": moved["loaded_blocks"], "loaded_bytes": moved["loaded_blocks"] * block_total,
+            "read_bytes": moved["read_tokens"] * token_total}
+    return tiers
 
 
 def _serve_here(scenario: Scenario, spec: ServingSpec, private: str) -> dict[str, Any]:
@@ -1126,7 +1328,7 @@ def _checked(scenario: Scenario, spec: ServingSpec):
     requests = make_requests(spec)
     longest = max(requests, key=lambda q: q.prompt + q.output)
     blocks = -(-(longest.prompt + longest.output) // config.block_size)
-    if blocks > platform.hbm_blocks + platform.ext_blocks:  # (an unbounded extended memory holds any)
+    if blocks > platform.hbm_blocks + (platform.ext_blocks if platform.admit_beyond_hbm else 0):  # (unbounded: any)
         bs = config.block_size
         raise ConfigError(f"serving workload {spec.name!r}: request {longest.index} needs a KV cache of "
                           f"{longest.prompt + longest.output:,} tokens; one replica holds "
@@ -1184,7 +1386,7 @@ def _setup(scenario: Scenario, spec: ServingSpec):
     from hcsim.engine.compute_model import load_compute_model
     from hcsim.platform import build_platform, load_platform_spec
     from hcsim.platform.devices import peak_flops
-    from hcsim.platform.routes import route_bandwidth, route_latency, shortest_routes
+    from hcsim.platform.routes import RouteSearch, route_bandwidth, route_latency, shortest_routes
     from hcsim.platform.topology import xpus as platform_xpus
     from hcsim.run.prepare import check_whole_superchips, coherent_memory, compute_factors_path, spill_policy
     from hcsim.workload.transformer import model_parameters
@@ -1244,18 +1446,40 @@ def _setup(scenario: Scenario, spec: ServingSpec):
     ext, coherent, ext_blocks, ext_bandwidth, ext_latency = nodes[x0].get("extended_memory"), False, 0, 1.0, 0.0
     ext_unbounded = False
     spilled_to = None
-    if ext and spill_policy(scenario, platform_spec) == "allow":
-        sharing = sum(1 for x in xpus if nodes[x].get("extended_memory") == ext)
+    offload = spec.kv_offload
+    search = RouteSearch(graph)
+    if offload is not None:  # the tier takes the offloaded blocks; admission stays in HBM (spill does not apply)
+        ext = kv_tier_memory(graph, x0, offload.tier, search)
+        if ext is None:
+            raise ConfigError(f"scenario {scenario.name!r}: serving.kv_offload.tier: {offload.tier}: platform "
+                              f"{scenario.platform!r} has no {KV_TIER_NAMES[offload.tier]} beside {x0}. Fix: tier: "
+                              f"{'cpu' if offload.tier == 'cxl' else 'cxl'} where the platform has it, or a platform "
+                              f"with one (paper-cxl, cxl-pool: CXL Type 3; every platform's hosts: cpu)")
+    elif not (ext and spill_policy(scenario, platform_spec) == "allow"):
+        ext = None
+    if ext:
+        sharing = sum(1 for x in xpus if nodes[x].get("extended_memory") == ext) if offload is None else sum(
+            1 for x in xpus if kv_tier_memory(graph, x, offload.tier, search) == ext)
         size = nodes[ext]["capacity"]
-        ext_unbounded = not math.isfinite(size)
-        ext_blocks = int((2**50 if ext_unbounded else size) / sharing / block_bytes)
+        ext_unbounded = not math.isfinite(size) and (offload is None or offload.size is None)
+        share = (2**50 if ext_unbounded else size) / sharing
+        if offload is not None and offload.size is not None:  # the tier's bytes per XPU, as the key says
+            share = offload.size if not math.isfinite(size) else min(offload.size, size / sharing)
+        ext_blocks = int(share / block_bytes)
         route = shortest_routes(graph, ext, [x0])[x0]
         ext_bandwidth, ext_latency = route_bandwidth(graph, route), route_latency(graph, route)
         # read in place: a CXL Type 3 expander, or a superchip CPU's memory over NVLink-C2C (prepare's rule)
         coherent = bool(graph.graph.get("coherent")) and coherent_memory(graph, x0, ext) is not None
         spilled_to = nodes[ext].get("role")
+    if offload is not None and offload.policy == "in_place" and not coherent:
+        raise ConfigError(f"scenario {scenario.name!r}: serving.kv_offload.policy: in_place reads offloaded blocks "
+                          f"where they are, which needs coherent memory (CXL Type 3, or a superchip CPU's memory over "
+                          f"NVLink-C2C); {offload.tier} on platform {scenario.platform!r} ({ext}) is not. Fix: policy: "
+                          f"prefetch or swap")
     host_bandwidth, host_latency = 1.0, 0.0
-    if config.preemption == "swap":
+    if offload is not None:  # stores and swapped loads cross the tier's route
+        host_bandwidth, host_latency = ext_bandwidth, ext_latency
+    elif config.preemption == "swap":
         drams = sorted(n for n, data in nodes(data=True) if data.get("role") == "dram"
                        and data.get("server") == nodes[x0].get("server"))
         if not drams:
@@ -1290,6 +1514,7 @@ def _setup(scenario: Scenario, spec: ServingSpec):
                          hbm_bandwidth=hbm_bandwidth, memory_efficiency=factors.memory_efficiency,
                          hbm_blocks=int(free / block_bytes), ext_blocks=ext_blocks, ext_bandwidth=ext_bandwidth,
                          ext_latency=ext_latency, coherent=coherent, spilled_to=spilled_to, ext_unbounded=ext_unbounded,
+                         offload=offload,
                          host_bandwidth=host_bandwidth, host_latency=host_latency,
                          tp_time=link_time(tp_route, 2 * (tp - 1), tp), p2p_time=link_time(pp_route, 1, 1),
                          tp_link=link(tp_route), pp_link=link(pp_route), tp=tp, pp=pp,
@@ -1308,9 +1533,8 @@ def write_serving_outputs(out: Path, result: dict) -> None:
 
     clear_outputs(out)
     for name, rows, columns in (("requests.csv", result["per_request"], list(result["per_request"][0])),
-                                ("kv.csv", [dict(zip(("replica", "time_s", "hbm_tokens", "extended_tokens", "running"),
-                                                     row)) for row in result["occupancy"]],
-                                 ["replica", "time_s", "hbm_tokens", "extended_tokens", "running"])):
+                                ("kv.csv", [dict(zip(OCCUPANCY_COLUMNS, row)) for row in result["occupancy"]],
+                                 OCCUPANCY_COLUMNS)):
         table = io.StringIO()
         writer = csv.DictWriter(table, fieldnames=columns, lineterminator="\n")
         writer.writeheader()

@@ -34,7 +34,8 @@ from hcsim.errors import ConfigError
 from hcsim.workload.model import ModelShape, element_sizes
 from hcsim.workload.ops import Op, _gemm, _memory
 
-__all__ = ["ServingSpec", "Slo", "SchedulerConfig", "SCHEDULERS", "Request", "kv_bytes_per_token", "make_requests",
+__all__ = ["ServingSpec", "Slo", "SchedulerConfig", "SCHEDULERS", "Request", "KvOffload", "KV_TIERS", "KV_POLICIES",
+           "kv_bytes_per_token", "make_requests",
            "read_trace",
            "scheduler_config", "dense_kernels", "attention_kernels", "layer_kernels", "head_kernels", "step_kernels", "is_serving", "serving_spec_from_dict",
            "MAX_SERVING_REQUESTS"]
@@ -54,6 +55,15 @@ SCHEDULERS: dict[str, dict] = {
                 "block_size": 16, "watermark": 0.01, "max_num_seqs": 256},
 }
 PREEMPTION_MODES = ("recompute", "swap")
+# KV offload (serving.kv_offload): the lower tier a preempted sequence's blocks and an evicted cached prefix's go
+# to instead of being dropped (LMCache's local CPU backend, vLLM's CPU offloading connector; a CXL Type 3
+# expander), and how they come back. cpu: host DRAM (a superchip's CPU memory over NVLink-C2C); cxl: the XPU's
+# CXL Type 3 memory. prefetch: copied back into HBM asynchronously, beside the running steps, the sequence
+# joining the first step after its blocks land (vLLM V1's asynchronous KV load, LMCache's async loading); swap:
+# copied back at the start of the step that resumes it, the step waiting for it (vLLM V0's swap_in); in_place:
+# left in the tier and read in place by every step (coherent memory only: CXL Type 3, C2C).
+KV_TIERS = ("cpu", "cxl")
+KV_POLICIES = ("prefetch", "swap", "in_place")
 BLOCK_SIZES = (8, 16, 32, 64, 128)  # what vLLM's CUDA attention backends take
 # Host time per step that the GPU waits for (scheduling, input preparation, sampling's bookkeeping; decode
 # replays a CUDA graph, so no per-kernel launches): an assumption of its order of magnitude, not a measurement
@@ -65,6 +75,25 @@ BLOCK_SIZES = (8, 16, 32, 64, 128)  # what vLLM's CUDA attention backends take
 STEP_OVERHEAD = 0.5e-3  # s
 SWAP_SPACE = 4 * 2**30  # B of host memory per GPU for swapped KV blocks (vLLM's swap_space default, 4 GiB)
 GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of the GPU's memory it may use
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KvOffload:
+    """``serving.kv_offload``: the `tier` (KV_TIERS) offloaded KV blocks go to, `size` bytes of it per XPU (None:
+    the tier memory's capacity shared by the XPUs it serves), and the `policy` (KV_POLICIES) that brings them
+    back."""
+
+    tier: str
+    policy: str = "prefetch"
+    size: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.tier not in KV_TIERS:
+            raise ConfigError(f"serving.kv_offload.tier {self.tier!r} is not one of {', '.join(KV_TIERS)}")
+        if self.policy not in KV_POLICIES:
+            raise ConfigError(f"serving.kv_offload.policy {self.policy!r} is not one of {', '.join(KV_POLICIES)}")
+        if self.size is not None and not 0 < self.size <= 1e15:
+            raise ConfigError(f"serving.kv_offload.size must be > 0 B, got {self.size!r}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -103,6 +132,7 @@ class ServingSpec:
     trace: str | None = None
     trace_requests: tuple | None = field(default=None, compare=False, repr=False)
     disaggregation: tuple[int, int] | None = None
+    kv_offload: KvOffload | None = None
     description: str = ""
     source: str = ""
     written: frozenset[str] | None = None
@@ -171,6 +201,10 @@ class ServingSpec:
         if self.preemption is not None and self.preemption not in PREEMPTION_MODES:
             raise ConfigError(f"{where}: serving.preemption {given('preemption')} is not one of "
                               f"{', '.join(PREEMPTION_MODES)}")
+        if self.kv_offload is not None and self.preemption == "swap":
+            raise ConfigError(f"{where}: serving.preemption: swap beside serving.kv_offload: a preempted sequence's "
+                              f"blocks go to the kv_offload tier (serving.kv_offload.policy: swap copies them back "
+                              f"as vLLM's swap does). Fix: leave serving.preemption out")
         if not 0 <= self.swap_space <= 1e15:
             raise ConfigError(f"{where}: serving.swap_space must be >= 0 B, got {given('swap_space')}")
         if not 0 <= self.step_overhead <= 1:
@@ -567,6 +601,15 @@ def serving_spec_from_dict(data: dict, where: str, shape_of) -> ServingSpec:
         split.check_unknown()
         if None in disaggregation:
             disaggregation = None
+    kv_offload = None
+    if serving.has("kv_offload"):
+        offload = serving.sub("kv_offload")
+        tier = offload.choice("tier", KV_TIERS)
+        policy = offload.choice("policy", KV_POLICIES, "prefetch")
+        size = offload.quantity("size", "size", None)
+        offload.check_unknown()
+        if tier is not None and policy is not None:
+            kv_offload = KvOffload(tier=tier, policy=policy, size=size)
     written = frozenset(key for key in (serving.data if isinstance(serving.data, dict) else {}) if key in values)
     trace_requests = None
     if trace is not None:
@@ -591,7 +634,7 @@ def serving_spec_from_dict(data: dict, where: str, shape_of) -> ServingSpec:
     try:
         return ServingSpec(name=name, model=shape, precision=precision, description=description, source=where,
                            written=written, trace=trace, trace_requests=trace_requests,
-                           disaggregation=disaggregation, **values)
+                           disaggregation=disaggregation, kv_offload=kv_offload, **values)
     except ConfigError as err:
         raise ConfigError(f"{where}: {err}") from None
 
