@@ -151,12 +151,14 @@ def plot_kv_occupancy(result: dict[str, Any], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     rows = [row for row in result["occupancy"] if row[0] == 0]
+    offload = result.get("scheduler", {}).get("kv_offload")  # (serving.kv_offload: the tier holds offloaded blocks)
     times = [row[1] for row in rows]
     with plt.rc_context({"font.family": "serif", "font.size": 9, "axes.spines.top": False,
                          "axes.spines.right": False}):
         figure, ax = plt.subplots(figsize=(7.5, 3.2))
         ax.stackplot(times, [row[2] for row in rows], [row[3] for row in rows], step="post",
-                     labels=["KV tokens in HBM", f"KV tokens in {result['kv']['spilled_to'] or 'extended memory'}"],
+                     labels=["KV tokens in HBM", f"KV tokens {'offloaded to' if offload else 'in'} "
+                                                  f"{result['kv']['spilled_to'] or 'extended memory'}"],
                      colors=["#1f4e9c", "#e08e0b"])
         ax.axhline(result["kv"]["hbm_tokens_per_replica"], color="#1f4e9c", linestyle=":", linewidth=1,
                    label="HBM capacity")

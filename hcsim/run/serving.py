@@ -551,6 +551,10 @@ class _Scheduler:
         self.offload, self.loads, self.loading = platform.offload, [], 0
         self.block_bytes = platform.token_bytes * config.block_size  # one block on one XPU
         self.stored_blocks = self.loaded_blocks = self.read_tokens = 0
+        # evicted cached prefixes in the tier: groups with no reference, least recently offloaded first; blocks
+        # stored by evictions, copied in the next step; prefixes being prefetched (group -> the slot waiting)
+        self.tier_lru: OrderedDict[int, None] = OrderedDict()
+        self.pending_store, self.loading_groups, self.group_loads = 0, set(), {}
         bs = config.block_size
         self.prefix_blocks = spec.shared_prefix // bs if config.prefix_caching and role != "decode" else 0
         self.groups = [_Group() for _ in range(spec.prefix_groups)]
@@ -587,6 +591,7 @@ class _Scheduler:
         if g in self.evictable:
             del self.evictable[g]
             self.evictable_blocks -= self._evictable_size(group)
+        self.tier_lru.pop(g, None)
         group.refs += 1
 
     def _evict_for(self, blocks: int) -> None:
@@ -596,8 +601,28 @@ class _Scheduler:
             g, _ = self.evictable.popitem(last=False)
             group = self.groups[g]
             self.evictable_blocks -= self._evictable_size(group)
+            if self.offload is not None:  # kv_offload: its HBM blocks go to the tier, where it has room
+                self.free_hbm += group.hbm
+                if self._tier_room(group.hbm):
+                    self.free_ext -= group.hbm
+                    group.ext += group.hbm
+                    self.stored_blocks += group.hbm
+                    self.pending_store += group.hbm
+                group.hbm = 0
+                if group.ext:
+                    self.tier_lru[g] = None
+                continue
             self.free_hbm, self.free_ext = self.free_hbm + group.hbm, self.free_ext + group.ext
             group.hbm = group.ext = 0
+
+    def _tier_room(self, blocks: int) -> bool:
+        """(kv_offload) Whether the tier has `blocks` free, dropping offloaded prefixes no request references (least
+        recently offloaded first) for them."""
+        while self.free_ext < blocks and self.tier_lru:
+            g, _ = self.tier_lru.popitem(last=False)
+            self.free_ext += self.groups[g].ext
+            self.groups[g].ext = 0
+        return self.free_ext >= blocks
 
     def _take_hbm(self, blocks: int, watermark: bool) -> bool:
         """Take `blocks` HBM blocks (evicting cached prefixes for them); False, taking none, when they cannot be had
@@ -644,7 +669,7 @@ class _Scheduler:
     def _prefix_hit(self, i: int) -> int:
         """Reference slot `i`'s group's cached prefix blocks (at most all but the prompt's last token, which is
         computed again for its logits); the tokens they hold."""
-        if not self.prefix_blocks or self.computed[i] or self.swapped[i]:
+        if not self.prefix_blocks or self.computed[i] or self.swapped[i] or self.group[i] in self.loading_groups:
             return 0
         g = self.group[i]
         group = self.groups[g]
@@ -701,7 +726,7 @@ class _Scheduler:
         already stay): the bytes per XPU stored in this step; None (to recompute) where the tier is full."""
         blocks = self._blocks(self.computed[i])
         moving = blocks - self.ext[i]
-        if not self.computed[i] or moving > self.free_ext:
+        if not self.computed[i] or not self._tier_room(moving):
             return None
         self.ext[i] = 0
         self._release(i)  # its HBM blocks and its reference to a cached prefix (whose blocks it copies)
@@ -732,14 +757,49 @@ class _Scheduler:
         self.ext[i] = 0
         return tier * self.block_bytes
 
+    def _load_prefix(self, i: int, watermark: bool) -> float | None:
+        """(kv_offload, policy prefetch or swap) Slot `i`'s group's cached prefix, offloaded, brought back into HBM
+        before `i` hits it: -1.0 when prefetched (`i` waits for it), else the bytes per XPU copied in this step;
+        None when HBM has no room for it."""
+        g = self.group[i]
+        group = self.groups[g]
+        count = group.ext
+        if not self._take_hbm(count, watermark):
+            return None
+        self.tier_lru.pop(g, None)
+        group.hbm += count
+        group.ext = 0
+        self.free_ext += count
+        self.loaded_blocks += count
+        if self.offload.policy == "prefetch":
+            self._hold(g)  # (not evicted while it lands; other requests do not hit it until then)
+            self.loading_groups.add(g)
+            self.group_loads[i] = g
+            self.loads.append((i, count))
+            self.loading += 1
+            return -1.0
+        if not group.refs:  # cached in HBM again, evictable until `i` hits it
+            self.evictable[g] = None
+            self.evictable_blocks += self._evictable_size(group)
+        return count * self.block_bytes
+
     def prefetched(self, i: int, now: float) -> None:
-        """(kv_offload) Slot `i`'s prefetched blocks landed in HBM at `now`: its tier blocks freed, it goes back to
-        the head of the waiting queue (it was preempted before every request waiting)."""
+        """(kv_offload) Slot `i`'s prefetched blocks (its own, or its group's prefix) landed in HBM at `now`: it goes
+        back to the head of the waiting queue (a preempted slot was preempted before every request waiting)."""
         self.loading -= 1
+        self.waiting.appendleft(i)
+        g = self.group_loads.pop(i, None)
+        if g is not None:  # its group's prefix: hit when it is admitted
+            self.loading_groups.discard(g)
+            group = self.groups[g]
+            group.refs -= 1
+            if not group.refs:
+                self.evictable[g] = None
+                self.evictable_blocks += self._evictable_size(group)
+            return
         self.free_ext += self.ext[i]
         self.ext[i] = 0
         self.swapped[i] = 2
-        self.waiting.appendleft(i)
 
     # ---- steps -------------------------------------------------------------------------------------------------
 
@@ -822,6 +882,16 @@ class _Scheduler:
             i = self.waiting[0]
             if self.arrival[i] > self.now:
                 break
+            if (self.offload is not None and self.offload.policy != "in_place" and self.prefix_blocks
+                    and not self.computed[i] and not self.swapped[i] and self.groups[self.group[i]].ext
+                    and self.group[i] not in self.loading_groups):  # its prefix offloaded: back into HBM first
+                moved = self._load_prefix(i, config.watermark > 0)
+                if moved is None:
+                    break
+                if moved < 0:
+                    self.waiting.popleft()
+                    continue
+                swap_in += moved
             hit = self._prefix_hit(i)
             new = self._tokens(i) - self.computed[i]
             watermark = config.watermark > 0
@@ -956,6 +1026,9 @@ class _Scheduler:
                 chunks.append((new, before))
         if tokens > self.max_tokens:
             self.max_tokens = tokens
+        if self.pending_store:  # cached prefixes evicted to the kv_offload tier while this step was planned
+            swap += self.pending_store * self.block_bytes
+            self.pending_store = 0
         self.kinds["mixed" if chunks and decode else "prefill" if chunks else "decode"] += 1
         self.read_tokens += spilled
         self._pending = ("step", scheduled, decodes)
@@ -1120,7 +1193,7 @@ class _Scheduler:
             return False
         group = self.groups[self.group[i]]
         cached = 0
-        if self.prefix_blocks and not self.computed[i] and not self.swapped[i]:
+        if self.prefix_blocks and not self.computed[i] and not self.swapped[i] and self.group[i] not in self.loading_groups:
             cached = min(group.hbm + group.ext, (self._tokens(i) - 1) // config.block_size)
         computed = self.computed[i] if self.swapped[i] else cached * config.block_size
         new = self._tokens(i) - computed
@@ -1201,7 +1274,7 @@ def simulate_serving(scenario: Scenario, spec: ServingSpec, progress=None, *, pr
     token_total = kv_bytes_per_token(spec.model, spec.precision)  # one token's KV over a replica's XPUs
     block_total = token_total * config.block_size
     moved = {"stored_blocks": 0, "loaded_blocks": 0, "read_tokens": 0}
-    steps = preempted = hits = queries = most = 0
+    steps = preempted = hits = queries = most = recomputed = 0
     kinds = {"prefill": 0, "mixed": 0, "decode": 0}
     for r, scheduler in enumerate(schedulers):
         if scheduler.role != "prefill":
@@ -1212,6 +1285,7 @@ def simulate_serving(scenario: Scenario, spec: ServingSpec, progress=None, *, pr
         moved["read_tokens"] += scheduler.read_tokens
         steps += scheduler.steps
         preempted += scheduler.preempted
+        recomputed += scheduler.recomputed
         hits += scheduler.hit_tokens
         queries += scheduler.query_tokens
         most = max(most, scheduler.max_tokens)
@@ -1238,6 +1312,7 @@ def simulate_serving(scenario: Scenario, spec: ServingSpec, progress=None, *, pr
         "requests": len(records), "output_tokens": tokens, "makespan_s": makespan,
         "throughput_tokens_per_s": tokens / makespan, "requests_per_s": len(records) / makespan, "steps": steps,
         "steps_by_kind": kinds, "max_step_tokens": most, "preemptions": preempted,
+        "recomputed_tokens": recomputed,
         "prefix_cache": {"hit_tokens": hits, "query_tokens": queries, "hit_rate": hits / queries if queries else 0.0},
         "ttft_s": percentiles([row["ttft_s"] for row in records]),
         "tpot_s": percentiles([row["tpot_s"] for row in records]),
