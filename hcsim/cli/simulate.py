@@ -198,9 +198,10 @@ def _tier_lines(kv: dict) -> list[str]:
         if name == "hbm" or not (tier["stored_blocks"] or tier["loaded_blocks"] or tier["read_bytes"]
                                  or tier["use"] != "spill"):
             continue
-        lines.append(f"  KV tier          {SPILLED_TO.get(name, name)} ({tier['use']}): stored "
-                     f"{tier['stored_blocks']:,} blocks ({format_quantity(tier['stored_bytes'], 'B')}), loaded "
-                     f"{tier['loaded_blocks']:,} ({format_quantity(tier['loaded_bytes'], 'B')}), read "
+        moved = (f"stored {tier['stored_blocks']:,} blocks ({format_quantity(tier['stored_bytes'], 'B')}), loaded "
+                 f"{tier['loaded_blocks']:,} ({format_quantity(tier['loaded_bytes'], 'B')}), "
+                 if tier["use"] != "spill" else "")
+        lines.append(f"  KV tier          {SPILLED_TO.get(name, name)} ({tier['use']}): {moved}read "
                      f"{format_quantity(tier['read_bytes'], 'B')} {tier['read']} by steps")
     return lines
 
