@@ -1,5 +1,7 @@
 """Llama 3 70B serving on 8 H100 with the KV cache spilling to CXL memory: coherent or not, CXL bandwidth and
 latency, against more HBM-only GPUs. At which load and CXL bandwidth does coherent KV offload match adding GPUs?
+And with the offload policies serving stacks use (serving.kv_offload: blocks of preempted sequences to CXL or
+host DRAM, back by prefetch beside the steps, by swap in the step, or read in place), does a KV tier pay?
 
     .venv/bin/python experiments/serving/run.py                 # results/serving.{csv,md,png}, ~1 min on 2 cores
     .venv/bin/python experiments/serving/run.py --report-only   # redraw and rewrite from the CSV
@@ -7,7 +9,7 @@ latency, against more HBM-only GPUs. At which load and CXL bandwidth does cohere
 Each point is `hcsim simulate` of workloads/llama3-70b-serving.yaml (512 requests, prompts 2k-8k and outputs
 256-1k tokens, Poisson arrivals; vLLM V1's scheduler) with max_num_seqs 1024, so HBM (1.45 M tokens of KV blocks
 on 8 H100 after the weights and activations, at vLLM's 0.9 of the memory) can overflow. Findings were written
-before the first run.
+before the first run; the offload findings before the offload systems' first run.
 """
 
 from __future__ import annotations
@@ -28,6 +30,21 @@ SYSTEMS = {  # label -> scenario keys
     "8 H100 + host DRAM (no coherence)": {"platform": "paper-traditional", "xpus": 8},
     "16 H100 (2 replicas), HBM only": {"platform": "paper-cxl", "xpus": 16, "spill": "error"},
 }
+OFFLOAD = {  # label -> scenario keys, serving.kv_offload: admission in HBM, preempted blocks to the tier
+    "8 H100 + CXL 32 GB/s, offload prefetch": ({"platform": "paper-cxl", "xpus": 8, "cxl_bandwidth": "32GB/s"},
+                                               {"tier": "cxl", "policy": "prefetch"}),
+    "8 H100 + CXL 128 GB/s, offload prefetch": ({"platform": "paper-cxl", "xpus": 8, "cxl_bandwidth": "128GB/s"},
+                                                {"tier": "cxl", "policy": "prefetch"}),
+    "8 H100 + CXL 128 GB/s, offload swap": ({"platform": "paper-cxl", "xpus": 8, "cxl_bandwidth": "128GB/s"},
+                                            {"tier": "cxl", "policy": "swap"}),
+    "8 H100 + CXL 128 GB/s, offload in place": ({"platform": "paper-cxl", "xpus": 8, "cxl_bandwidth": "128GB/s"},
+                                                {"tier": "cxl", "policy": "in_place"}),
+    "8 H100 + CXL 512 GB/s, offload in place": ({"platform": "paper-cxl", "xpus": 8, "cxl_bandwidth": "512GB/s"},
+                                                {"tier": "cxl", "policy": "in_place"}),
+    "8 H100 + host DRAM, offload prefetch": ({"platform": "paper-traditional", "xpus": 8},
+                                             {"tier": "cpu", "policy": "prefetch"}),
+}
+SYSTEMS |= {label: keys for label, (keys, _) in OFFLOAD.items()}
 FINDINGS = [  # written before the first run
     ("at 2 requests/s nothing spills: every 8-GPU system serves within 1 % of the HBM-only throughput",
      lambda t: all(abs(t[s, 2]["tokens"] / t["8 H100, HBM only", 2]["tokens"] - 1) < 0.01
@@ -40,8 +57,37 @@ FINDINGS = [  # written before the first run
      lambda t: t["8 H100 + CXL 32 GB/s", 8]["tokens"] < t["8 H100 + CXL 128 GB/s", 8]["tokens"]
      < t["8 H100 + CXL 512 GB/s", 8]["tokens"]),
 ]
+
+def _tokens(t, system, rate):
+    return t[system, rate]["tokens"]
+
+
+OFFLOAD_FINDINGS = [  # written 2026-11-28 before the offload systems' first run (notes.md says what was seen before)
+    ("at 8 requests/s a CXL tier at 128 GB/s with prefetch serves at least the HBM-only throughput: the decode "
+     "batch stays in HBM, so the tier cannot lose",
+     lambda t: _tokens(t, "8 H100 + CXL 128 GB/s, offload prefetch", 8) >= _tokens(t, "8 H100, HBM only", 8)),
+    ("at 8 requests/s prefetch at 128 GB/s serves at least 3 % more than HBM only (no preempted request recomputed)",
+     lambda t: _tokens(t, "8 H100 + CXL 128 GB/s, offload prefetch", 8) >= 1.03 * _tokens(t, "8 H100, HBM only", 8)),
+    ("prefetch hardly depends on the tier's bandwidth: at 8 requests/s CXL 32 GB/s, CXL 128 GB/s and host DRAM "
+     "over PCIe are within 2 % of each other",
+     lambda t: max(_tokens(t, s, 8) for s in OFFLOAD if "prefetch" in s)
+     <= 1.02 * min(_tokens(t, s, 8) for s in OFFLOAD if "prefetch" in s)),
+    ("at 8 requests/s prefetch, overlapped with the steps, serves at least as much as swap, copied in the step",
+     lambda t: _tokens(t, "8 H100 + CXL 128 GB/s, offload prefetch", 8)
+     >= _tokens(t, "8 H100 + CXL 128 GB/s, offload swap", 8)),
+    ("at 8 requests/s reading offloaded blocks in place at 128 GB/s serves less than prefetching them",
+     lambda t: _tokens(t, "8 H100 + CXL 128 GB/s, offload in place", 8)
+     < _tokens(t, "8 H100 + CXL 128 GB/s, offload prefetch", 8)),
+    ("with offload the old spill's loss is gone: at 8 requests/s prefetch at 128 GB/s serves more than spill at "
+     "512 GB/s",
+     lambda t: _tokens(t, "8 H100 + CXL 128 GB/s, offload prefetch", 8) > _tokens(t, "8 H100 + CXL 512 GB/s", 8)),
+    ("a KV tier still does not match adding GPUs: at 8 requests/s no 8-GPU system reaches 0.9 x 16 H100's throughput",
+     lambda t: all(_tokens(t, s, 8) < 0.9 * _tokens(t, "16 H100 (2 replicas), HBM only", 8)
+                   for s in SYSTEMS if s.startswith("8 H100"))),
+]
 COLUMNS = ("system", "rate", "tokens_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p99_s",
-           "peak_hbm_tokens", "peak_extended_tokens", "preemptions", "spilled_to")
+           "peak_hbm_tokens", "peak_extended_tokens", "preemptions", "spilled_to", "recomputed_tokens",
+           "stored_gb", "loaded_gb", "extended_read_gb")
 
 
 def main() -> int:
@@ -58,15 +104,17 @@ def main() -> int:
     rows = []
     for label, keys in SYSTEMS.items():
         for rate in RATES:
+            offload = {"serving.kv_offload": OFFLOAD[label][1]} if label in OFFLOAD else {}
             settings = BASE | keys | {"name": "serving", "workload_overrides": BASE["workload_overrides"]
-                                      | {"serving.rate": rate}}
+                                      | {"serving.rate": rate} | offload}
             result = simulate(load_scenario(None, settings))
             row = {"system": label, "rate": rate, "tokens_per_s": result["throughput_tokens_per_s"],
                    "ttft_p50_s": result["ttft_s"]["p50"], "ttft_p99_s": result["ttft_s"]["p99"],
                    "tpot_p50_s": result["tpot_s"]["p50"], "tpot_p99_s": result["tpot_s"]["p99"],
                    "e2e_p99_s": result["e2e_s"]["p99"], "peak_hbm_tokens": result["kv"]["peak_hbm_tokens"],
                    "peak_extended_tokens": result["kv"]["peak_extended_tokens"],
-                   "preemptions": result["preemptions"], "spilled_to": result["kv"]["spilled_to"] or ""}
+                   "preemptions": result["preemptions"], "spilled_to": result["kv"]["spilled_to"] or "",
+                   "recomputed_tokens": result["recomputed_tokens"], **_moved(result)}
             rows.append(row)
             print(f"{label:<36} {rate:>2}/s {row['tokens_per_s']:>8,.0f} tok/s  ttft p99 {row['ttft_p99_s']:7.2f} s  "
                   f"tpot p99 {row['tpot_p99_s'] * 1e3:7.1f} ms  spilled {row['peak_extended_tokens']:,}", file=sys.stderr)
@@ -79,6 +127,13 @@ def main() -> int:
     return 0
 
 
+def _moved(result) -> dict:
+    """GB stored into the memory beyond HBM, loaded back from it and read from it by the steps (over every XPU)."""
+    tier = result["kv"]["tiers"].get(result["kv"]["spilled_to"] or "", {})
+    return {f"{key}_gb": tier.get(f"{key}_bytes", 0.0) / 1e9 for key in ("stored", "loaded")} | {
+        "extended_read_gb": tier.get("read_bytes", 0.0) / 1e9}
+
+
 def report(rows, out: Path) -> None:
     """serving.md (findings, table, the notes) and serving.png from the rows."""
     table = {(row["system"], int(row["rate"])): {"tokens": row["tokens_per_s"]} for row in rows}
@@ -86,6 +141,9 @@ def report(rows, out: Path) -> None:
     lines = ["# Llama 3 70B serving: KV cache in HBM, CXL (coherent) or host DRAM\n", __doc__.split("\n\n")[0], "",
              "## Findings (written before the first run)\n"]
     lines += [f"- **{'holds' if check(table) else 'does not hold'}**: {claim}" for claim, check in FINDINGS]
+    if all((system, rate) in table for system in OFFLOAD for rate in RATES):
+        lines += ["", "## Offload findings (written before the offload systems' first run)\n"]
+        lines += [f"- **{'holds' if check(table) else 'does not hold'}**: {claim}" for claim, check in OFFLOAD_FINDINGS]
     lines += ["", "## Results\n", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(f"{row[c]:.4g}" if isinstance(row[c], float) else str(row[c]) for c in COLUMNS) + " |"
               for row in rows]
@@ -104,20 +162,22 @@ def _plot(rows, path: Path) -> None:
 
     with plt.rc_context({"font.family": "serif", "font.size": 9, "axes.spines.top": False,
                          "axes.spines.right": False}):
-        figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+        figure, (left, right) = plt.subplots(1, 2, figsize=(11, 5.6))
         for n, label in enumerate(SYSTEMS):  # a marker each, and the latency variant dashed with open markers:
             mine = [row for row in rows if row["system"] == label]  # lines that coincide stay visible
             rates = [row["rate"] for row in mine]
+            dashed = "us" in label or "offload" in label
             style = {"marker": "osD^vPX"[n % 7], "label": label, "markersize": 9 - n % 7,
-                     "linestyle": "--" if "us" in label else "-", "fillstyle": "none" if "us" in label else "full"}
+                     "linestyle": "--" if dashed else "-", "fillstyle": "none" if dashed else "full"}
             left.plot(rates, [row["tokens_per_s"] for row in mine], **style)
             right.plot(rates, [row["tpot_p99_s"] * 1e3 for row in mine], **style)
         left.set(xlabel="Arrival rate (requests/s)", ylabel="Output tokens per second", title="Throughput")
         right.set(xlabel="Arrival rate (requests/s)", ylabel="p99 time per output token (ms)",
                   title="Latency per output token (p99)", yscale="log")
-        left.legend(fontsize=7, frameon=False)
+        handles, labels = left.get_legend_handles_labels()  # under both panels: 13 systems would hide the lines
+        figure.legend(handles, labels, loc="lower center", ncol=3, fontsize=7, frameon=False)
         figure.suptitle("Llama 3 70B serving on H100 (tp 8), 512 requests: the KV cache beyond HBM")
-        figure.tight_layout()
+        figure.tight_layout(rect=(0, 0.2, 1, 1))
         figure.savefig(path, dpi=150)
         plt.close(figure)
 
