@@ -153,6 +153,13 @@ CASES = {
     "gh200-two-per-superchip-odd": (["simulate", "--set", "platform=gh200", "--set", "xpus=5", "--set",
                                      "platform_overrides.node.gpus_per_superchip=2"], r"xpus",
                                     r"whose superchips hold 2 GPUs each.*nearest 4 or 6"),
+    "gb200-jobs-count-splits-superchip": (["simulate", "jobs-split.yaml"], r"jobs-split\.yaml: jobs\[0\]\.xpus",
+                                          r"3 XPUs would split a superchip.*hold 2 GPUs each.*nearest 2 or 4"),
+    "gb200-jobs-count-by-set": (["simulate", "jobs-split.yaml", "--set", "jobs=[{name: a, xpus: 1}]"],
+                                r"jobs-split\.yaml \(with --set\): jobs\[0\]\.xpus", r"1 XPUs would split.*nearest 2$"),
+    "gb200-jobs-names-split-superchip": (["simulate", "jobs-split-names.yaml"],
+                                         r"jobs-split-names\.yaml: jobs\[0\]\.xpus",
+                                         r"would split a superchip.*valid: whole superchips: add xpu1$"),
     "gb200-c2c-inf": (override(GB200, "platform_overrides.links.c2c.bandwidth", ".inf"),
                       r"platform_overrides\.links\.c2c\.bandwidth", r"inf has no unit"),
     "gb200-superchips-negative": (override(GB200, "platform_overrides.node.superchips", -36),
@@ -273,6 +280,9 @@ def workspace(tmp_path_factory):
         "pool-nan.yaml": re.sub(r"(?m)^  hosts: 8\b", "  hosts: .nan", (REPO_ROOT / "platforms" / "cxl-pool.yaml")
                                 .read_text()),
         "fp8-recipe.yaml": re.sub(r"(?m)^training:\n", "training:\n  fp8_recipe: blockwise\n", llama3, count=1),
+        "jobs-split.yaml": "platform: gb200-nvl72\njobs:\n  - {name: a, xpus: 3}\n  - {name: b, xpus: 2}\n",
+        "jobs-split-names.yaml": "platform: gb200-nvl72\njobs:\n  - {name: a, xpus: [xpu0, xpu2, xpu3]}\n"
+                                 "  - {name: b, xpus: 2}\n",
         "stragglers-inf.yaml": "xpus: 8\nstragglers: {xpu3: .inf}\n",
         "seed-nan.yaml": "xpus: 8\nstraggler_spread: 0.05\nseed: .nan\n",
         "seed-negative.yaml": "xpus: 8\nstraggler_spread: 0.05\nseed: -3\n",

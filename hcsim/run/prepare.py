@@ -72,16 +72,34 @@ def scenario_platform(scenario: Scenario, xpus_field: str, whole_superchips: boo
     return spec, graph, platform_xpus(graph)[: scenario.xpus]
 
 
-def check_whole_superchips(spec: Any, xpus: int, xpus_field: str, platform: str) -> None:
-    """Refuse `xpus` that would build part of a superchip (gb200-nvl72: 2 GPUs each; a GPU shares its superchip's
-    C2C and Grace with the other), naming `xpus_field`, the superchip's size and the nearest whole counts."""
+def check_whole_superchips(spec: Any, xpus: int | list[str], xpus_field: str, platform: str) -> None:
+    """Refuse `xpus` (a count, or a job's XPU names) that would build or take part of a superchip (gb200-nvl72:
+    2 GPUs each; a GPU shares its superchip's C2C and Grace with the other), naming `xpus_field`, the superchip's
+    size and the nearest whole counts, or the partner XPUs a list leaves out."""
     chip = spec.superchip.gpus_per_superchip if spec.superchip is not None else 1
+    if not isinstance(xpus, int):
+        _check_whole_superchip_names(xpus, chip, xpus_field, platform)
+        xpus = len(xpus)
     if xpus % chip:
         low, high = xpus // chip * chip, (xpus // chip + 1) * chip
         nearest = " or ".join(str(n) for n in (low, high) if chip <= n <= spec.xpus)
         raise ConfigError(f"{xpus_field}: {xpus} XPUs would split a superchip of platform {platform!r}, whose "
                           f"superchips hold {chip} GPUs each (node.gpus_per_superchip); valid: a multiple of {chip}, "
                           f"nearest {nearest}")
+
+
+def _check_whole_superchip_names(xpus: list[str], chip: int, xpus_field: str, platform: str) -> None:
+    """Refuse XPU names (xpuN: superchip N // `chip`, as the superchip builders number them) that leave out a
+    GPU of a superchip they take part of."""
+    if chip == 1:
+        return
+    given = set(xpus)
+    chips = sorted({int(x[3:]) // chip for x in xpus})
+    missing = [f"xpu{n}" for c in chips for n in range(c * chip, (c + 1) * chip) if f"xpu{n}" not in given]
+    if missing:
+        raise ConfigError(f"{xpus_field}: would split a superchip of platform {platform!r}, whose superchips hold "
+                          f"{chip} GPUs each (node.gpus_per_superchip: xpu0-xpu{chip - 1}, ...); valid: whole "
+                          f"superchips: add {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
 
 
 def _blame_routes(scenario: Scenario, err: TopologyError, path: Path) -> TopologyError:
@@ -144,6 +162,9 @@ def prepare_jobs(scenario: Scenario) -> Prepared:
                           f"{platform_spec.xpus}; valid: at most {platform_spec.xpus} in all")
     graph = build_platform(platform_spec, min(size, platform_spec.xpus))
     assigned = assign_xpus(scenario, platform_xpus(graph), platform_spec.xpus)
+    for i, (job, xpus) in enumerate(zip(scenario.jobs, assigned)):  # a count as a count: its nearest whole ones
+        check_whole_superchips(platform_spec, job["xpus"] if isinstance(job["xpus"], int) else xpus,
+                               f"scenario {scenario.name!r}: jobs[{i}].xpus", scenario.platform)
     jobs, graphs = [], []
     for job, xpus in zip(scenarios, assigned):
         workload, xpus, placement, _, coherent = _prepare_workload(job, platform_spec, graph, xpus)
