@@ -12,7 +12,7 @@ import os
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from hcsim.config import REPO_ROOT, parse_yaml
@@ -190,6 +190,41 @@ def test_a_random_serving_spec_is_ready_to_run_or_raises_hcsims_error(tmp_path, 
             simulate_serving(scenario, spec)
         except _Scheduled:
             pass
+
+    own_error_or_nothing(action)
+
+
+JOBS = [{"name": "a", "xpus": 2, "workload": "llama2-7b", "tp": 2},
+        {"name": "b", "xpus": ["xpu4", "xpu5"], "iterations": 1}]
+job_values = st.one_of(values, st.sampled_from(["llama2-7b", "llama3-8b", "llama3-70b-serving", "fp8", "bf16", "a", "b",
+                                                "xpu0", "xpu3", "xpu8", "xpu99", 1, 2, 3, 4, 8, ["xpu6", "xpu7"]]))
+# a valid jobs list, mutated: values changed, removed or added at its paths and at each job's other keys
+JOB_PATHS = [*_paths(JOBS), *((i, key) for i in (0, 1, 2) for key in ("workload", "pp", "dp", "precision", "zero",
+                                                                       "global_batch", "offload", "spill", "platform",
+                                                                       "stragglers", "nope", "granularity", "xpus"))]
+job_mutations = st.lists(st.tuples(st.sampled_from(JOB_PATHS), job_values, st.booleans()), max_size=3)
+
+
+@FUZZ
+@given(st.one_of(job_mutations.map(lambda m: _apply(JOBS, m)), values), st.sampled_from(["paper-traditional", "paper-cxl", "gh200", "gb200-nvl72", "cxl-pool"]),
+       st.dictionaries(st.sampled_from(["xpus", "jobs_alone", "compute_model", "iterations", "granularity"]),
+                       st.one_of(values, st.sampled_from([True, False, "peak", "roofline", 1, 2, "layer"])),
+                       max_size=1))
+def test_a_random_jobs_scenario_prepares_or_raises_hcsims_error(jobs_value, platform, more):
+    """The multi-job scenario (``jobs:``, docs/jobs.md), its list and each job's keys drawn at random, on the
+    paper's platforms and the new ones: loaded and prepared (each job's graph built and placed, the graphs
+    joined), or hcsim's own error."""
+    from hcsim.run.prepare import prepare
+    from hcsim.run.scenario import load_scenario
+
+    mapping = {"platform": platform, "granularity": "decoder", "compute_model": "peak", **more, "jobs": jobs_value}
+
+    def action():
+        scenario = load_scenario(None, mapping)
+        if scenario.jobs and all(isinstance(job["xpus"], int) and job["xpus"] <= 8 or len(job["xpus"]) <= 8
+                                 for job in scenario.jobs):  # (jobs: null is a plain scenario, fuzzed above)
+            prepare(scenario)
+            event("prepared")
 
     own_error_or_nothing(action)
 

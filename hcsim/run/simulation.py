@@ -39,7 +39,7 @@ def _execute_child(platform, workload, options) -> dict[str, Any]:
     return {"iteration_ends": outcome.iteration_ends, "activities": outcome.activities, "engine": outcome.engine,
             "busy": outcome.busy,
             "collective_fidelity": outcome.collective_fidelity, "link_bytes": outcome.link_bytes,
-            "xpu_times": outcome.xpu_times,
+            "xpu_times": outcome.xpu_times, "job_iteration_ends": outcome.job_iteration_ends,
             "vertices": trace.vertices if trace else [], "transfers": trace.transfers if trace else [],
             "wall_time_s": time.perf_counter() - wall, "peak_rss_mb": _peak_rss_mb()}
 
@@ -50,6 +50,7 @@ def simulate_graphs(platform: nx.Graph, workload: nx.DiGraph, options=None) -> d
     Returns ``iteration_ends`` (s), ``activities``, ``busy`` (xpu -> [compute s,
     memory stall s]), ``xpu_times`` (xpu -> compute_s, memory_stall_s, comm_s, idle_s
     per measured iteration),
+    ``job_iteration_ends`` (a workload of several jobs, its graph's ``jobs``: each job's iteration ends, s),
     ``collective_fidelity`` (vertex -> step | flow), ``link_bytes`` ((u, v) -> bytes),
     the traced ``vertices`` and ``transfers``, ``wall_time_s`` (the worker's compile
     and run) and ``peak_rss_mb`` (the worker's peak memory, MB).

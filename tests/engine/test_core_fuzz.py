@@ -1,4 +1,4 @@
-"""The engine on hypothesis-generated workload graphs (issue 29): every graph, valid or not, runs to a result
+"""The engine on hypothesis-generated workload graphs: every graph, valid or not, runs to a result
 that keeps the run's invariants (cases.check_invariants: clock parts, every wait rule in the trace) and the
 closed forms' lower bounds (a compute unit no shorter than FLOPs / FLOP/s, a transfer no shorter than
 α + size / B), or is refused before the run with a clear error (the graph contract's, or an algorithm's that its
@@ -6,7 +6,9 @@ group cannot run); it never takes the process down.
 
 Graphs: 2 to 5 vertices on 2 to 4 XPUs of one switch, computes of random lengths on random XPUs, all-reduces
 (every registered algorithm) and p2p sends of random sizes, forward edges of random wait rules and a back edge
-that closes the iteration; some edges and back edges break the graph contract on purpose.
+that closes the iteration; some edges and back edges break the graph contract on purpose. Several jobs on one
+fabric: two such graphs joined (hcsim.run.jobs), each for its own iterations, on one switch or on the new
+platforms (gh200, gb200-nvl72, cxl-pool), each job keeping the invariants over its own iterations.
 """
 
 import os
@@ -19,6 +21,7 @@ from hcsim.engine.collectives import algorithms
 from hcsim.engine.api import RunOptions
 from hcsim.errors import ConfigError, HcsimError, SimulationError
 from hcsim.platform.builders import single_switch
+from hcsim.run.jobs import join_graphs
 from hcsim.run.simulation import simulate_graphs
 from hcsim.workload import add_comm, add_compute, add_dependency, new_workload, validate_workload
 from cases import A, B, H100, SECOND, check_invariants, spans_of  # tests/engine is on sys.path
@@ -27,9 +30,10 @@ ALGORITHMS = tuple(algorithms()["all_reduce"])
 
 
 @st.composite
-def graphs(draw):
+def graphs(draw, first: int = 0):
+    """(n, graph) on XPUs xpu{first} to xpu{first + n - 1}."""
     n = draw(st.integers(2, 4))
-    xpus = [f"xpu{i}" for i in range(n)]
+    xpus = [f"xpu{first + i}" for i in range(n)]
     some = st.lists(st.sampled_from(xpus), min_size=1, max_size=n, unique=True)
     g = new_workload("fuzz")
     names = []
@@ -162,3 +166,74 @@ def test_two_computes_at_once_on_one_xpu_and_the_clock_of_another():
     period = (ends[2] - ends[0]) / 2
     assert times["compute_s"] == pytest.approx(0.25 / 2, rel=1e-12)
     assert sum(times[k] for k in ("compute_s", "memory_stall_s", "comm_s", "idle_s")) == pytest.approx(period)
+
+
+PLATFORMS = ("switch", "gh200", "gb200-nvl72", "cxl-pool")
+
+
+def _platform(name: str, n: int):
+    """`n` XPUs (whole superchips) of a built-in platform, or of one switch of H100."""
+    if name == "switch":
+        return single_switch(n, H100)
+    from hcsim.config import resolve_spec
+    from hcsim.platform import build_platform, load_platform_spec
+
+    spec = load_platform_spec(resolve_spec(name, "platforms"))
+    chip = spec.superchip.gpus_per_superchip if spec.superchip is not None else 1
+    return build_platform(spec, -(-n // chip) * chip)
+
+
+@st.composite
+def two_jobs(draw):
+    """Two random graphs on disjoint XPUs, joined as jobs a and b of 1 to 3 iterations each, and a platform."""
+    n, a = draw(graphs())
+    m, b = draw(graphs(first=n))
+    iterations = draw(st.lists(st.integers(1, 3), min_size=2, max_size=2))
+    return n + m, join_graphs([a, b], ["a", "b"], iterations), draw(st.sampled_from(PLATFORMS))
+
+
+def _job_view(graph, result, j: int):
+    """Job `j`'s vertices and its share of `result` (its iteration ends, its XPUs' clocks, its traced runs)."""
+    names = {v for v, job in graph.nodes(data="job") if job == j}
+    xpus = {x for v in names for x in graph.nodes[v]["xpus"]}
+    view = {"iteration_ends": result["job_iteration_ends"][j],
+            "xpu_times": {x: t for x, t in result["xpu_times"].items() if x in xpus},
+            "vertices": [row for row in result["vertices"] if row[2] in names]}
+    return graph.subgraph(names), view
+
+
+@settings(max_examples=int(os.environ.get("HCSIM_FUZZ_EXAMPLES", 30)), derandomize=True, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(case=two_jobs(), model=st.sampled_from(("flow", "step")))
+def test_two_random_jobs_keep_each_jobs_invariants_on_any_platform_or_are_refused_before_the_run(case, model):
+    """Each job runs its own iterations and keeps the run invariants over them (its iteration ends, its XPUs'
+    clock parts over its own window, every wait rule); a compute is no shorter than FLOPs / the XPU's FLOP/s;
+    the run's iterations end with the last job's; or the run is refused before it starts, never crashing."""
+    n, graph, name = case
+    note(f"platform {name}; vertices {dict(graph.nodes(data=True))}; edges {list(graph.edges(data=True))}")
+    platform = _platform(name, n)
+    iterations = [job["iterations"] for job in graph.graph["jobs"]]
+    try:
+        result = simulate_graphs(platform, graph, RunOptions(iterations=max(iterations), collective_model=model,
+                                                             trace_xpus=frozenset(f"xpu{i}" for i in range(n))))
+    except HcsimError as err:
+        event("refused")
+        assert not isinstance(err, SimulationError), err  # the engine never fails on a graph the contract admits
+        try:
+            validate_workload(graph)
+        except HcsimError as contract:
+            assert (type(contract), str(contract)) == (type(err), str(err))
+            return
+        assert isinstance(err, ConfigError) and any(f"{d.get('algorithm')} " in str(err)
+                                                    for _, d in graph.nodes(data=True) if d.get("algorithm")), err
+        return
+    event("ran")
+    assert [len(ends) for ends in result["job_iteration_ends"]] == iterations
+    assert len(result["iteration_ends"]) == max(iterations)
+    assert result["iteration_ends"][-1] == max(ends[-1] for ends in result["job_iteration_ends"])
+    for j, k in enumerate(iterations):
+        check_invariants(*_job_view(graph, result, j), k)
+    tol = 1e-9
+    for _, xpu, vertex, _, start, end in result["vertices"]:
+        if graph.nodes[vertex]["kind"] == "compute":
+            assert end - start >= graph.nodes[vertex]["flops"] / platform.nodes[xpu]["fp32_flops"] - tol
