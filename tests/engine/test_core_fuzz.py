@@ -146,6 +146,28 @@ def test_two_computes_at_once_on_one_xpu():
     assert (times["compute_s"], times["idle_s"]) == pytest.approx((period, 0.0), abs=1e-12)
 
 
+def test_a_compute_that_starts_beside_a_running_one_shares_what_the_first_has_left():
+    """On xpu0, a (1 s of FLOPs) starts at 0; b (0.25 s) starts at 0.5 s, when c (0.5 s) ends on xpu1. From 0.5 s
+    both run at half the XPU's FLOP/s: b ends at 0.5 + 2 x 0.25 = 1 s, with 0.25 s of a's FLOPs done beside it,
+    and a's last 0.25 s run alone: a ends at 1.25 s, and the next iteration starts when both have ended. (The core
+    times an execution alone on its XPU without SimGrid's CPU model and hands it to the model, with what it has
+    left, when a second one starts beside it.)"""
+    g = new_workload("beside-a-running-one")
+    add_compute(g, "a", xpus=["xpu0"], flops=SECOND, start=True)
+    add_compute(g, "c", xpus=["xpu1"], flops=SECOND / 2, start=True)
+    add_compute(g, "b", xpus=["xpu0"], flops=SECOND / 4)
+    add_dependency(g, "c", "b", wait="all")
+    for before, after in (("b", "a"), ("a", "c"), ("b", "c")):
+        add_dependency(g, before, after, wait="all", skip_first_iteration=True)
+    result = outcome(2, g, "flow")
+    spans = spans_of(result)
+    for k in (1, 2, 3):
+        start = 1.25 * (k - 1)
+        assert spans[k, "xpu0", "b"] == pytest.approx((start + 0.5, start + 1.0), rel=1e-12)
+        assert spans[k, "xpu0", "a"] == pytest.approx((start, start + 1.25), rel=1e-12)
+    assert result["iteration_ends"] == pytest.approx([1.25, 2.5, 3.75], rel=1e-12)
+
+
 def test_two_computes_at_once_on_one_xpu_and_the_clock_of_another():
     """v0 (0.25 s) on xpu0 and xpu1, then on xpu0 v1 (0.25 s) beside a tiny p2p send to xpu1, and v0's next run
     (it waits for the send only) beside v1 on xpu0. Inside the measured window (the end of iteration 1 to the

@@ -114,7 +114,7 @@ constexpr std::int64_t NOT_READY = -2, DONE = INT64_MAX;
 class WorkloadRun : CallbackDriver {
 public:
   WorkloadRun(const WorkloadArrays& w, const std::vector<sg4::Host*>& hosts, WorkloadOutput out)
-      : w_(w), hosts_(hosts), clock_host_(hosts.back()), out_(out), done_runs_(w.units, 0), running_(w.units, 0),
+      : CallbackDriver(hosts.back()), w_(w), hosts_(hosts), out_(out), done_runs_(w.units, 0), running_(w.units, 0),
         arrivals_(w.units * (w.iterations + 1), 0), completed_in_run_(w.iterations + 1, 0),
         units_in_run_(w.iterations + 1, 0), job_units_(w.jobs, 0), completed_in_job_run_(w.jobs * (w.iterations + 1), 0),
         clocks_(w.xpus), xpu_job_(w.xpus, 0), unit_vertex_(w.units)
@@ -289,7 +289,6 @@ private:
     comm->add_ref();
   }
 
-  void delay(double seconds, std::function<void()> then) { execute(clock_host_, seconds, std::move(then)); }
 
   // ---- compute units -------------------------------------------------
 
@@ -642,7 +641,6 @@ private:
 
   const WorkloadArrays& w_;
   const std::vector<sg4::Host*>& hosts_;
-  sg4::Host* clock_host_;
   WorkloadOutput out_;
   std::vector<std::int32_t> done_runs_;
   std::vector<std::uint8_t> running_;

@@ -81,7 +81,7 @@ class StepLoop : CallbackDriver {
 public:
   StepLoop(const ReplicaLayout& layout, const std::vector<sg4::Host*>& hosts, NextStep next, bool analytic,
            Landed landed)
-      : layout_(layout), hosts_(hosts), clock_host_(hosts.back()), next_(std::move(next)), landed_(std::move(landed)),
+      : CallbackDriver(hosts.back()), layout_(layout), hosts_(hosts), next_(std::move(next)), landed_(std::move(landed)),
         replicas_(layout.replicas)
   {
     std::unordered_map<std::int32_t, std::int32_t> replica_of;  // an XPU's host -> its replica
@@ -630,11 +630,6 @@ private:
     CallbackDriver::execute(hosts_[host], seconds * hosts_[host]->get_speed(), std::move(then));
   }
 
-  void delay(double seconds, std::function<void()> then)
-  {
-    CallbackDriver::execute(clock_host_, seconds, std::move(then));
-  }
-
   /* `bytes` from host src to host dst, started `pad` s from now. A Comm takes whole bytes: the fraction of a byte
      is timed at the route's bottleneck bandwidth and added to the pad, so the transfer alone takes its
      route's latency + bytes / bandwidth after the pad, as the closed form. */
@@ -677,7 +672,6 @@ private:
 
   const ReplicaLayout& layout_;
   const std::vector<sg4::Host*>& hosts_;
-  sg4::Host* clock_host_;
   NextStep next_;
   Landed landed_;
   std::vector<Replica> replicas_;
