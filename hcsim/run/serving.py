@@ -29,6 +29,20 @@ which the engine ends once, each the run's mean); with ``serving.slo`` it meets 
 token and its time per output token are within the targets, and goodput is the requests that do, per second
 of the run (:func:`_goodput`).
 
+KV offload (``serving.kv_offload: {tier, policy, size}``, :class:`~hcsim.workload.serving.KvOffload`): the XPU's
+tier memory below HBM (:func:`kv_tier_memory`: host DRAM, or its CXL Type 3 expander) takes the place of the
+extended memory; admission takes HBM blocks only. A preempted request's blocks are copied there in the step that
+preempts it (the swap phase, as vLLM's swap-out) while the tier has room (else it is recomputed), and a cached
+prefix that HBM evicts goes there too (dropped there least recently offloaded first when the tier needs room).
+They come back as the policy says (:meth:`_Scheduler._resume`, :meth:`_Scheduler._load_prefix`): ``prefetch``
+takes HBM blocks for them and copies them as flows on the engine beside the running steps (the core's handoff
+flows, tagged after the handoffs' request indices), the request waiting out of the queue until they land
+(:meth:`_Scheduler.prefetched`: it returns to the queue's head; a replica with nothing else to run waits for the
+landing, and an arrival meanwhile waits with it); ``swap`` copies them in the swap phase of the step that resumes
+the request; ``in_place`` (coherent memory only: ``prepare.coherent_memory``) leaves them in the tier, read there
+by each step as spilled blocks are. The result counts the blocks stored and loaded and the tokens read beyond
+HBM (``kv.tiers``, kv.csv per row).
+
 Prefill/decode disaggregation (``serving.disaggregation: {prefill: N, decode: M}``, N + M = dp): the first N
 replicas' schedulers (role ``prefill``) hand a request off at its first token, freeing its blocks; its KV cache
 of the prompt goes, as flows XPU k to XPU k, to decode replica (request index mod M) as a handoff on the engine
@@ -326,12 +340,14 @@ def handoff_link(graph, platform: _Platform, route) -> tuple[float, float]:
 class _Engine:
     """The run on the engine core (:mod:`hcsim.engine.core`, ``steps.hpp``): the replicas' XPUs (replica r: XPUs
     r·tp·pp to (r+1)·tp·pp - 1, stage after stage), each XPU's extended memory (where KV blocks spill) and
-    host memory (the nearest DRAM of its server, where swapped blocks go), the platform compiled for the routes
-    between them, and each step's work as the core takes it (:meth:`encode`). Every replica runs in one
-    SimGrid run, so replicas whose reads, copies or flows cross one link share it."""
+    host memory (the nearest DRAM of its server, where swapped blocks go) or, with kv_offload, its tier memory
+    for both (read in place; stores and swapped loads in the swap phase; prefetches as the core's handoff flows,
+    beside the steps), the platform compiled for the routes between them, and each step's work as the core takes
+    it (:meth:`encode`). Every replica runs in one SimGrid run, so replicas whose reads, copies or flows cross
+    one link share it."""
 
     def __init__(self, spec: ServingSpec, config: SchedulerConfig, platform: _Platform, graph, xpus: list[str]):
-        from hcsim.platform.routes import RouteSearch, route_bandwidth, route_latency
+        from hcsim.platform.routes import RouteSearch
 
         self.platform, self.graph = platform, graph
         p, nodes = platform, graph.nodes
@@ -1407,7 +1423,9 @@ def _checked(scenario: Scenario, spec: ServingSpec):
         bs = config.block_size
         raise ConfigError(f"serving workload {spec.name!r}: request {longest.index} needs a KV cache of "
                           f"{longest.prompt + longest.output:,} tokens; one replica holds "
-                          f"{platform.hbm_blocks * bs:,} in HBM and {platform.ext_blocks * bs:,} in extended memory. "
+                          f"{platform.hbm_blocks * bs:,} in HBM and "
+                          f"{platform.ext_blocks * bs if platform.admit_beyond_hbm else 0:,} in extended memory"
+                          f"{' (the kv_offload tier holds only preempted requests)' if platform.offload else ''}. "
                           f"Fix: shorter requests, more tp or pp, or extended memory with spill: allow")
     return spec, platform, config, graph, xpus, requests
 

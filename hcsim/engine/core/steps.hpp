@@ -61,9 +61,10 @@ enum StageField : int {
 /* A handoff as `next` gives it beside its answer (any answer): HANDOFF_FIELDS numbers per flow, started at once and
    running on their own, outside any replica's step: BYTES from host SRC to host DST, started PAD s from now (as
    a step's transfers: a fraction of a byte timed at the route's bottleneck). The flows of one TAG (an integer
-   >= 0) are one handoff to replica REPLICA (a prefilled request's KV cache sent to its decode replica): when its
-   last flow ends, `landed(tag, now)` is called, and the replica, if it waits (IDLE until +inf), is asked again;
-   if it is running a run of steps, the run ends after its current step (as at UNTIL). */
+   >= 0) are one handoff to replica REPLICA (a prefilled request's KV cache sent to its decode replica, or KV blocks
+   prefetched from a tier memory into its XPUs' HBM): when its last flow ends, `landed(tag, now)` is called, and
+   the replica, if it waits (IDLE until +inf), is asked again; if it is running a run of steps, the run ends
+   after its current step (as at UNTIL). */
 namespace handoff {
 enum Field : int { SRC = 0, DST, BYTES, PAD, REPLICA, TAG, FIELDS };
 }  // namespace handoff
