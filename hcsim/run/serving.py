@@ -43,13 +43,16 @@ the request; ``in_place`` (coherent memory only: ``prepare.coherent_memory``) le
 by each step as spilled blocks are. The result counts the blocks stored and loaded and the tokens read beyond
 HBM (``kv.tiers``, kv.csv per row).
 
-Prefill/decode disaggregation (``serving.disaggregation: {prefill: N, decode: M}``, N + M = dp): the first N
-replicas' schedulers (role ``prefill``) hand a request off at its first token, freeing its blocks; its KV cache
-of the prompt goes, as flows XPU k to XPU k, to decode replica (request index mod M) as a handoff on the engine
-core (``steps.hpp``: flows started beside the prefill replica's next answer, running outside any step, on links
-the core counts as shared); when the last flow lands the decode scheduler (role ``decode``) takes the request
-into its waiting queue (:meth:`_Scheduler.receive`), computed up to its prompt with one token made, and a
-decode replica with nothing to do waits for the next landing (the core's idle until +inf).
+Prefill/decode disaggregation (``serving.disaggregation: {prefill: N, decode: M}``, N + M = dp): request i's
+prompt runs on prefill replica i mod N (role ``prefill``), which hands the request off at its first token: its
+KV cache of the prompt goes, as flows XPU k to XPU k, to the decode replica :class:`_Router` picks then (the
+least loaded), as a handoff on the engine core (``steps.hpp``: flows started beside the prefill replica's next
+answer, running outside any step, on links the core counts as shared). The prefill replica holds the request's
+blocks until the last flow has landed (the cache is read from them while it crosses); a prefill replica whose
+next prompt needs blocks that handoffs in flight hold waits for a landing. At the landing the decode scheduler
+(role ``decode``) takes the request into its waiting queue (:meth:`_Scheduler.receive`), computed up to its
+prompt with one token made, and a decode replica with nothing to do waits for the next landing (the core's idle
+until +inf).
 
 A step's work (:class:`StepWork`, from :class:`_StepCost`) is the kernel model's
 (:mod:`hcsim.engine.compute_model`, the device's measured factors, with no per-kernel launch cost: serving
@@ -450,15 +453,15 @@ class _Engine:
                        send_pad)
         return tuple(fields)
 
-    def handoffs(self, replica: int, scheduler) -> tuple:
+    def handoffs(self, replica: int, scheduler, router: _Router) -> tuple:
         """The core's flows (``steps.hpp``: src, dst, bytes, pad, replica, tag) of the KV caches prefill replica
-        `replica`'s scheduler hands off now: request q's to decode replica q mod decode, each XPU's share
+        `replica`'s scheduler hands off now: request q's to the decode replica `router` picks, each XPU's share
         (prompt tokens x KV bytes per token on one XPU) over its route at its slowest link kind's achieved
         bandwidth, after that kind's call latency; its tag q."""
         flows, size = [], self.size
         for i in scheduler.outgoing:
             q = scheduler.index[i]
-            target = self.prefill + q % self.decode
+            target = router.route(q, scheduler.prompt[i])
             kv = scheduler.prompt[i] * self.platform.token_bytes
             for x in range(size):
                 src, dst = replica * size + x, target * size + x
@@ -492,7 +495,8 @@ class _Engine:
         compiled = compile_platform(self.graph, self.pairs, self.precision)
         encode = self.encode
 
-        prefill, decode, handoffs, prefetches = self.prefill, self.decode, self.handoffs, self.prefetches
+        prefill, handoffs, prefetches = self.prefill, self.handoffs, self.prefetches
+        router = _Router(schedulers, prefill) if prefill else None
 
         def next_step(replica, now, done):
             scheduler = schedulers[replica]
@@ -500,7 +504,7 @@ class _Engine:
             if reply is not None and reply.__class__ is not float:
                 reply = encode(*reply)
             if scheduler.outgoing or scheduler.loads:
-                flows = handoffs(replica, scheduler) if scheduler.outgoing else ()
+                flows = handoffs(replica, scheduler, router) if scheduler.outgoing else ()
                 return [reply, flows + (prefetches(replica, scheduler) if scheduler.loads else ())]
             return reply
 
@@ -508,9 +512,11 @@ class _Engine:
             if tag in self.prefetching:  # a kv_offload prefetch: its blocks are in HBM
                 replica, i = self.prefetching.pop(tag)
                 schedulers[replica].prefetched(i, now)
-            else:  # request `tag`'s KV cache is on its decode replica
-                first = schedulers[tag % prefill].first[tag // prefill]
-                schedulers[prefill + tag % decode].receive(tag // decode, now, first)
+            else:  # request `tag`'s KV cache is on its decode replica: the prefill replica's blocks are free
+                source, slot = schedulers[tag % prefill], tag // prefill
+                source.handed_off(slot, now)
+                schedulers[router.landed(tag)].receive(tag, source.prompt[slot], source.output[slot],
+                                                       source.group[slot], now, source.first[slot])
 
         with tempfile.TemporaryDirectory(prefix="hcsim-") as folder:
             xml = Path(folder) / "platform.xml"
@@ -522,6 +528,54 @@ class _Engine:
                 raise
             except (ValueError, TypeError, RuntimeError) as err:  # a bad step or layout: a bug, said as one
                 raise SimulationError(f"engine core: {err}") from err
+
+
+class _Router:
+    """Which decode replica a prefilled request goes to, picked when its handoff starts: the one with the fewest
+    requests (waiting, running and landing there), ties to the one with the most free KV blocks (less those the
+    handoffs in flight to it will take), then the lowest index; a replica whose free blocks cannot hold the
+    request's prompt and next token is passed over while another can. Fewest requests first is join-the-shortest-
+    queue, the rule Splitwise's cluster scheduler uses for its token machines (Patel et al., ISCA 2024, section
+    4.4): a decode step's time grows with its batch, so the shortest queue keeps time per output token lowest,
+    and a faster replica (more memory bandwidth) drains its queue sooner and so takes more; free blocks decide a
+    tie, and keep a request off a replica that would have to preempt to take it. Each decode scheduler asks
+    :meth:`expects` whether a handoff may still come to it."""
+
+    def __init__(self, schedulers: list, prefill: int):
+        self.schedulers, self.first = schedulers, prefill
+        self.unrouted = sum(len(s.index) for s in schedulers[:prefill])  # requests not handed off yet
+        self.bound: dict[int, tuple[int, int]] = {}  # request -> (its decode replica, blocks), handoff in flight
+        self.in_flight = [0] * len(schedulers)
+        self.in_flight_blocks = [0] * len(schedulers)
+        for scheduler in schedulers[prefill:]:
+            scheduler.router = self
+
+    def route(self, q: int, prompt: int) -> int:
+        """The decode replica request q (of `prompt` tokens) goes to, its handoff now counted in flight there."""
+        def load(d):
+            scheduler = self.schedulers[d]
+            free = scheduler._available() - self.in_flight_blocks[d]
+            return (free < need, len(scheduler.waiting) + len(scheduler.running) + self.in_flight[d], -free, d)
+
+        need = -(-(prompt + 1) // self.schedulers[self.first].config.block_size)
+        target = min(range(self.first, len(self.schedulers)), key=load)
+        self.bound[q] = (target, need)
+        self.unrouted -= 1
+        self.in_flight[target] += 1
+        self.in_flight_blocks[target] += need
+        return target
+
+    def landed(self, q: int) -> int:
+        """Request q's handoff landed: its decode replica, no longer counted in flight."""
+        target, need = self.bound.pop(q)
+        self.in_flight[target] -= 1
+        self.in_flight_blocks[target] -= need
+        return target
+
+    def expects(self, d: int) -> bool:
+        """Whether a handoff may still land on decode replica d: one is in flight to it, or a request is still to
+        be routed."""
+        return self.unrouted > 0 or self.in_flight[d] > 0
 
 
 class _Group:
@@ -536,13 +590,20 @@ class _Group:
 class _Scheduler:
     """One replica's serving engine (module docstring): waiting and running queues of request slots, per-slot
     arrays (tokens computed, made, blocks held per tier, prefix blocks referenced), free blocks per tier, the
-    prefix cache, and the clock."""
+    prefix cache, and the clock. A decode replica's slots come as requests land (:meth:`receive` appends one to
+    each array of PER_SLOT, which lists every per-slot array: a test checks it)."""
+
+    PER_SLOT = ("index", "arrival", "prompt", "output", "group", "computed", "made", "hbm", "ext", "hit", "first",
+                "finish", "last_token", "itl_max", "preemptions", "swapped", "landed")
 
     def __init__(self, spec: ServingSpec, config: SchedulerConfig, platform: _Platform, cost: _StepCost,
-                 requests: list[Request], role: str | None = None):
+                 requests: list[Request], role: str | None = None, replica: int = 0):
         self.spec, self.config, self.platform, self.cost = spec, config, platform, cost
-        self.role = role  # None: prefill and decode here; "prefill": hand off at the first token; "decode"
+        self.role, self.replica = role, replica  # role None: prefill and decode here; "prefill": hand off at the
+        # first token; "decode": take them as they land, from the prefill replicas through `router` (_Router)
         self.outgoing: list[int] = []  # (prefill) slots whose prompt ended in the step that ended: to hand off
+        self.holding = 0  # (prefill) slots handed off whose blocks it holds until their handoff lands
+        self.router = None
         self.received, self.landed = 0, array("d", bytes(8 * len(requests)))  # (decode) handoffs landed, when
         n = len(requests)
         self.index = array("q", (q.index for q in requests))
@@ -856,22 +917,33 @@ class _Scheduler:
             step = self._decode_run() or self._step()
             if step is not None:
                 return step
-        if self.role == "decode" and self.received < len(self.index):  # requests still to land: wait for one
+        if self.role == "decode" and self.router.expects(self.replica):  # requests still to land: wait for one
             return math.inf
         if self.update is not None:
             self.update(len(self.index) - self.reported)
             self.update = None
         return None
 
-    def receive(self, i: int, now: float, first: float) -> None:
-        """(decode) Slot `i`'s KV cache of its prompt landed at `now`, its first token made by its prefill replica
-        at `first`: it waits for blocks here, then decodes the rest of its output."""
+    def receive(self, q: int, prompt: int, output: int, group: int, now: float, first: float) -> None:
+        """(decode) Request q's KV cache of its `prompt` landed at `now`, its first token made by its prefill
+        replica at `first`: a new slot, which waits for blocks here (in order of landing: its arrival here is
+        `now` until the run ends), then decodes the rest of its `output`."""
+        i = len(self.index)
+        for name in self.PER_SLOT:
+            getattr(self, name).append(0)
+        self.index[i], self.prompt[i], self.output[i], self.group[i] = q, prompt, output, group
         self.received += 1
         self.landed[i] = self.arrival[i] = now
-        self.last_token[i] = first
-        self.computed[i] = self.prompt[i]
+        self.first[i] = self.last_token[i] = first
+        self.computed[i] = prompt
         self.made[i] = 1
         self.waiting.append(i)
+
+    def handed_off(self, i: int, now: float) -> None:
+        """(prefill) Slot `i`'s handoff landed at `now`: its blocks are free."""
+        self._release(i)
+        self.holding -= 1
+        self._record(now)
 
     def run(self, limit: int, update=None) -> None:
         """Ready for the engine's run, which asks this scheduler step by step (:meth:`advance`): at most `limit`
@@ -989,7 +1061,9 @@ class _Scheduler:
         if not scheduled:
             if preempted:  # every running request gave its blocks back: the next step admits again
                 return None
-            if self.loading:  # the next request to run waits for its prefetch (or for blocks one frees)
+            # the next request to run waits for its prefetch (or for blocks one frees), or (prefill) for blocks
+            # held for handoffs in flight, which free them as they land
+            if self.loading or self.holding:
                 return math.inf
             i = self.waiting[0]
             raise ConfigError(f"serving workload {self.spec.name!r}: request {self.index[i]} cannot be scheduled on "
@@ -1085,9 +1159,9 @@ class _Scheduler:
                 last[i] = now
                 if made[i] == 1:
                     self.first[i] = now
-                    if self.role == "prefill":  # its KV cache goes to its decode replica; its blocks are freed
-                        self._release(i)
-                        self.outgoing.append(i)
+                    if self.role == "prefill":  # its KV cache goes to its decode replica, read from its blocks,
+                        self.outgoing.append(i)  # which it holds until the cache has landed (handed_off)
+                        self.holding += 1
                         done = True
                         continue
                 if made[i] >= output[i]:
@@ -1104,9 +1178,9 @@ class _Scheduler:
             self.itl_weights.append(tokens)
         self._record()
 
-    def _record(self) -> None:
+    def _record(self, now: float | None = None) -> None:
         bs = self.config.block_size
-        self.trace_time.append(self.now)
+        self.trace_time.append(self.now if now is None else now)
         self.trace_hbm.append((self.platform.hbm_blocks - self.free_hbm) * bs)
         self.trace_ext.append((self.platform.ext_blocks - self.free_ext) * bs)
         self.trace_running.append(len(self.running))
@@ -1231,9 +1305,11 @@ class _Scheduler:
                          "ttft_s": first - self.arrival[i], "tpot_s": (finish - first) / (out - 1),
                          "e2e_s": finish - self.arrival[i], "itl_max_s": self.itl_max[i],
                          "preemptions": self.preemptions[i]})
-        if self.role == "decode":  # when its KV cache landed here from its prefill replica
+        if self.role == "decode":  # when its KV cache landed here from its prefill replica, and the two replicas
+            prefill = self.router.first
             for row, landed in zip(rows, self.landed):
                 row["kv_landed_s"] = landed
+                row["prefill_replica"], row["decode_replica"] = row["request"] % prefill, self.replica
         return rows
 
 
@@ -1268,21 +1344,20 @@ def simulate_serving(scenario: Scenario, spec: ServingSpec, progress=None, *, pr
     schedulers = []
     prefill, decode = spec.disaggregation or (0, 0)
     # co-located: request i on replica i mod dp; disaggregated: its prompt on prefill replica i mod prefill, its
-    # decode on decode replica i mod decode (the replicas after the prefill ones)
+    # decode on the decode replica (after the prefill ones) _Router picks as its handoff starts
     roles = [(None, requests[r::platform.dp]) for r in range(platform.dp)] if not prefill else (
-        [("prefill", requests[r::prefill]) for r in range(prefill)]
-        + [("decode", requests[r::decode]) for r in range(decode)])
-    for role, mine in roles:
-        chunks = sum(-(-q.prompt // config.max_num_batched_tokens) for q in mine)
-        scheduler = _Scheduler(spec, config, platform, cost, mine, role)
-        scheduler.run(EVENTS_PER_REQUEST * (chunks + 4 * len(mine)) + 10_000, update if role != "prefill" else None)
+        [("prefill", requests[r::prefill]) for r in range(prefill)] + [("decode", [])] * decode)
+    for r, (role, mine) in enumerate(roles):
+        bound = requests if role == "decode" else mine  # (a decode replica may be given any request)
+        chunks = sum(-(-q.prompt // config.max_num_batched_tokens) for q in bound)
+        scheduler = _Scheduler(spec, config, platform, cost, mine, role, r)
+        scheduler.run(EVENTS_PER_REQUEST * (chunks + 4 * len(bound)) + 10_000, update if role != "prefill" else None)
         schedulers.append(scheduler)
     engine = _Engine(spec, config, platform, graph, xpus)
     counters = engine.run(schedulers, analytic=private == "analytic")
     if prefill:  # a request's rows of its two replicas as one: its first token from prefill, the rest from decode
         for scheduler in schedulers[prefill:]:
             slots = scheduler.index
-            scheduler.first = array("d", (schedulers[q % prefill].first[q // prefill] for q in slots))
             scheduler.arrival = array("d", (requests[q].arrival for q in slots))
             for i, q in enumerate(slots):
                 scheduler.preemptions[i] += schedulers[q % prefill].preemptions[q // prefill]

@@ -710,23 +710,29 @@ def test_one_disaggregated_request_is_its_prefill_then_its_kv_handoff_then_its_d
 
 def decode_closed_form(where, mix, result):
     """Each request's finish as the closed form gives it on its decode replica: the replica's scheduler driven by
-    _Platform.step_time from the times the run's KV handoffs landed (result's kv_landed_s), a run of decodes ending
-    after the step in which a handoff lands, as the core ends it."""
+    _Platform.step_time from the times the run's KV handoffs landed on it (result's kv_landed_s, decode_replica),
+    a run of decodes ending after the step in which a handoff lands, as the core ends it."""
+    from types import SimpleNamespace
+
     mix, platform, config, _, _, requests = _checked(where, mix)
-    cost, (_, decode) = _StepCost(mix, platform), mix.disaggregation
-    landed = {row["request"]: row["kv_landed_s"] for row in result["per_request"]}
-    first = {row["request"]: row["first_token_s"] for row in result["per_request"]}
+    cost, (prefill, decode) = _StepCost(mix, platform), mix.disaggregation
     rows = []
-    for d in range(decode):
-        mine = requests[d::decode]
-        scheduler = _Scheduler(mix, config, platform, cost, mine, "decode")
-        events = sorted((landed[q.index], q.index // decode, first[q.index]) for q in mine)
+    for d in range(prefill, prefill + decode):
+        events = sorted((row["kv_landed_s"], row["request"], row["first_token_s"]) for row in result["per_request"]
+                        if row["decode_replica"] == d)
+        scheduler = _Scheduler(mix, config, platform, cost, [], "decode", d)
+        scheduler.router = SimpleNamespace(first=prefill, expects=lambda _: e < len(events))
+
+        def land(event):
+            q = requests[event[1]]
+            scheduler.receive(q.index, q.prompt, q.output, q.group, event[0], event[2])
+
         now, done, e = 0.0, 0, 0
         while (reply := scheduler.advance(now, done)) is not None:
             done = 0
             if reply == math.inf:  # waits for the next handoff
                 now = events[e][0]
-                scheduler.receive(events[e][1], now, events[e][2])
+                land(events[e])
                 e += 1
                 continue
             k, until, work, following = reply
@@ -738,7 +744,7 @@ def decode_closed_form(where, mix, result):
                 done += 1
                 arrived = e < len(events) and events[e][0] <= now
                 while e < len(events) and events[e][0] <= now:
-                    scheduler.receive(events[e][1], events[e][0], events[e][2])
+                    land(events[e])
                     e += 1
                 if done == k or now >= until or arrived:
                     break
@@ -785,6 +791,79 @@ def test_disaggregation_keeps_every_invariant_and_its_first_tokens_end_the_prefi
         assert row["arrival_s"] < row["first_token_s"] < row["kv_landed_s"] < row["finish_s"]
     assert result["preemptions"] == 0 and result["steps_by_kind"]["mixed"] == 0  # no decode beside a prefill
     assert result["prefix_cache"]["hit_tokens"] > 0
+    assert {row["prefill_replica"] for row in result["per_request"]} == {0, 1}
+    assert {row["decode_replica"] for row in result["per_request"]} == {2, 3}  # (both decode replicas used)
+    again = simulate_serving(scenario(platform="dgx-h100", xpus=8, tp=2, devices=None), mix)
+    result.pop("wall_time_s"), again.pop("wall_time_s")
+    assert json.dumps(result, sort_keys=True) == json.dumps(again, sort_keys=True)  # the same bytes
+
+
+def test_a_prefill_replica_holds_a_requests_blocks_until_its_kv_cache_has_landed():
+    """Two 2,000-token prompts at once on a prefill replica whose KV blocks hold one and a half of them: the
+    second prompt gets its blocks only when the first's handoff has landed (its cache is read from them while it
+    crosses), so its first token is the first's landing plus its own prefill step, not the first's first token
+    plus it; the replica's occupancy shows the first's blocks held at its first token and freed at its landing."""
+    prompt, output = 2000, 20
+    where = scenario(platform="dgx-h100", xpus=2, tp=1, devices=None)
+    pair = spec(requests=2, rate=None, prompt=(prompt, prompt), output=(output, output), disaggregation=(1, 1))
+    mix, platform, config, graph, xpus, _ = _checked(where, pair)
+    capacity = graph.nodes[graph.nodes[xpus[0]]["local_memory"]]["capacity"]
+    blocks = 1.5 * prompt / config.block_size
+    utilization = (platform.weights + platform.workspace + blocks * platform.token_bytes * config.block_size) / capacity
+    pair = replace(pair, gpu_memory_utilization=utilization)
+    assert _checked(where, pair)[1].hbm_blocks == int(blocks)
+    result = simulate_serving(where, pair)
+    cost = _StepCost(mix, platform)
+    prefill = platform.step_time(cost.work(prompt, 1, [(prompt, 0)], 0, 0, 0))
+    first, second = result["per_request"]
+    assert first["first_token_s"] == pytest.approx(prefill, abs=10 * TIMING)
+    assert first["kv_landed_s"] == pytest.approx(prefill + handoff_time(where, pair, prompt), abs=20 * TIMING)
+    assert second["first_token_s"] == pytest.approx(first["kv_landed_s"] + prefill, abs=20 * TIMING)
+    assert second["first_token_s"] - first["first_token_s"] - prefill > 1e-4  # (later than freeing at the prompt)
+    held = [(row[1], row[2]) for row in result["occupancy"] if row[0] == 0]  # (replica, time, HBM tokens, ...)
+    tokens = -(-prompt // config.block_size) * config.block_size
+    assert held[0] == (first["first_token_s"], tokens)  # held at its first token
+    assert held[1] == (first["kv_landed_s"], 0)  # freed at its landing
+
+
+def test_a_decode_replicas_new_slot_grows_every_per_slot_array():
+    """A decode replica's slots come as requests land (_Scheduler.receive appends to each array PER_SLOT names):
+    PER_SLOT is every array a scheduler keeps per request slot, so none is left short."""
+    from array import array
+
+    mix, platform, config, _, _, requests = _checked(scenario(), spec(requests=7))
+    scheduler = _Scheduler(mix, config, platform, _StepCost(mix, platform), requests[:7], "decode")
+    per_slot = {name for name, value in vars(scheduler).items() if isinstance(value, array) and len(value) == 7}
+    assert per_slot == set(_Scheduler.PER_SLOT)
+    empty = _Scheduler(mix, config, platform, _StepCost(mix, platform), [], "decode")
+    empty.receive(5, 300, 40, 0, 1.5, 1.25)
+    assert {len(getattr(empty, name)) for name in _Scheduler.PER_SLOT} == {1}
+    assert (empty.index[0], empty.computed[0], empty.made[0], empty.first[0], empty.landed[0]) == (5, 300, 1, 1.25, 1.5)
+
+
+def test_the_router_sends_a_handoff_to_the_decode_replica_with_the_fewest_requests_then_the_most_free_blocks():
+    """_Router's rule on decode replicas in given states: fewest requests (waiting, running, in flight) first;
+    among equals the most free blocks (less those in flight to it); one whose free blocks cannot hold the prompt
+    and its next token passed over while another can; each pick counted in flight until it lands."""
+    from types import SimpleNamespace
+
+    from hcsim.run.serving import _Router
+
+    def replica(waiting, running, free):
+        return SimpleNamespace(index=[], waiting=[0] * waiting, running=[0] * running, config=SimpleNamespace(
+            block_size=16), _available=lambda: free)
+
+    prefill = replica(0, 0, 0)
+    prefill.index = list(range(5))
+    router = _Router([prefill, replica(2, 1, 900), replica(1, 1, 100), replica(1, 1, 500)], 1)
+    assert router.route(10, 160) == 3  # two requests each on 2 and 3: the most free blocks (500 > 100)
+    assert router.route(11, 160) == 2  # 3 now has one in flight: 2 has fewer
+    assert router.route(12, 160) == 1  # three each: 1 has the most free blocks (900; 2: 100 - 11, 3: 500 - 11)
+    assert router.route(13, 8000) == 1  # 501 blocks: only 1 holds them (889 free), though it has four requests
+    assert router.route(14, 160) == 3  # 1: five requests; 2 and 3: three, 3 with more free blocks (489 > 89)
+    assert router.in_flight == [0, 2, 1, 2] and router.in_flight_blocks == [0, 512, 11, 22]
+    assert router.landed(13) == 1 and router.landed(12) == 1 and router.in_flight_blocks[1] == 0
+    assert router.expects(1) is False and router.expects(2) is True  # (every request routed; 2 has two in flight)
 
 
 @pytest.mark.parametrize("split, xpus, expected", [

@@ -65,7 +65,8 @@ struct Replica {
   Phase phase = Phase::HOST;
   std::int32_t stage = 0, pending = 0;
   bool done = false, started = false;  // every loop done; the current step started an activity
-  bool receives = false, waiting = false;  // it receives handoffs; it waits for one (IDLE until +inf)
+  bool receives = false, sends = false;  // a handoff pair's destination (it receives handoffs); its source
+  bool waiting = false;                  // it waits for a landing (IDLE until +inf)
   // per phase, whether it is private (the file's comment): swap; per stage work, all-reduce, send
   bool swap_private = false, all_private = false;
   std::vector<std::uint8_t> work_private, allreduce_private, send_private;
@@ -98,6 +99,9 @@ public:
       auto found = replica_of.find(layout.h_dst[h]);
       if (found != replica_of.end())
         replicas_[found->second].receives = true;
+      found = replica_of.find(layout.h_src[h]);
+      if (found != replica_of.end())
+        replicas_[found->second].sends = true;
     }
     find_private_phases(analytic);
   }
@@ -142,7 +146,7 @@ private:
         return;
       case Reply::IDLE: {
         double wake = replica.step.empty() ? std::nan("") : replica.step[0];
-        if (wake == std::numeric_limits<double>::infinity() && replica.receives) {  // until a handoff lands
+        if (wake == std::numeric_limits<double>::infinity() && (replica.receives || replica.sends)) {  // a landing
           replica.waiting = true;
           return;
         }
@@ -201,7 +205,8 @@ private:
   }
 
   /* A handoff's flow ended: at its last, `landed`, then its replica asked if it waits, or its run ended after its
-     current step. */
+     current step; then every other replica that waits for a landing asked again, in order (a landing frees what
+     its source held, and may be the last one a replica waits for). */
   void handoff_flow_done(std::int64_t tag)
   {
     auto found = in_flight_.find(tag);
@@ -220,10 +225,15 @@ private:
       return fail(r, "handoff " + std::to_string(tag) + " landed after the replica said it was done");
     if (replica.waiting) {
       replica.waiting = false;
-      return ask(r);
-    }
-    if (replica.step.size() > UNTIL && replica.step[UNTIL] > now())
+      ask(r);
+    } else if (replica.step.size() > UNTIL && replica.step[UNTIL] > now()) {
       replica.step[UNTIL] = now();  // (a step in flight: the run ends after it)
+    }
+    for (std::size_t other = 0; other < replicas_.size() && !stopped_; ++other)
+      if (replicas_[other].waiting && static_cast<std::int32_t>(other) != r) {
+        replicas_[other].waiting = false;
+        ask(static_cast<std::int32_t>(other));
+      }
   }
 
   /* Whether replica r's step is well formed; else the error is kept and every loop stops. */

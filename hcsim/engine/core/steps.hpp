@@ -29,7 +29,7 @@ struct ReplicaLayout {
   const std::int32_t* x_ext = nullptr;
   const std::int32_t* x_dram = nullptr;
   // the (source, destination) host pairs a handoff may take (below), borrowed; their routes' links count as
-  // shared, and a replica one of whose XPUs is a destination receives handoffs
+  // shared; a replica one of whose XPUs is a destination receives handoffs, and one with a source sends them
   std::size_t handoff_pairs = 0;
   const std::int32_t* h_src = nullptr;
   const std::int32_t* h_dst = nullptr;
@@ -64,7 +64,9 @@ enum StageField : int {
    >= 0) are one handoff to replica REPLICA (a prefilled request's KV cache sent to its decode replica, or KV blocks
    prefetched from a tier memory into its XPUs' HBM): when its last flow ends, `landed(tag, now)` is called, and
    the replica, if it waits (IDLE until +inf), is asked again; if it is running a run of steps, the run ends
-   after its current step (as at UNTIL). */
+   after its current step (as at UNTIL). Then every other replica that waits is asked again, in order: a landing
+   frees what its source held for it (a prefill replica's KV blocks), and a replica that waits for handoffs
+   routed as they come may have no more coming. */
 namespace handoff {
 enum Field : int { SRC = 0, DST, BYTES, PAD, REPLICA, TAG, FIELDS };
 }  // namespace handoff
@@ -74,7 +76,7 @@ enum class Reply : std::uint8_t { DONE, IDLE, STEP, STOP };
 
 /* Asked at the end of replica `replica`'s step, run or idle time, at simulated time `now`, with the steps of its
    last run that ran (0 after an idle time or at the start); fills `step` (IDLE: one number, the time to wake at,
-   +inf: until a handoff lands, for a replica that receives them; STEP: the fields above) and `handoffs` (the
+   +inf: until a handoff lands, for a replica that receives or sends them; STEP: the fields above) and `handoffs` (the
    flows above, to start now; left empty for none) and says which. STOP ends every loop at its next question (the
    caller keeps why). */
 using NextStep = std::function<Reply(std::int32_t replica, double now, std::int64_t done, std::vector<double>& step,
