@@ -202,7 +202,8 @@ def _tier_lines(kv: dict) -> list[str]:
                  f"{tier['loaded_blocks']:,} ({format_quantity(tier['loaded_bytes'], 'B')}), "
                  if tier["use"] != "spill" else "")
         lines.append(f"  KV tier          {SPILLED_TO.get(name, name)} ({tier['use']}): {moved}read "
-                     f"{format_quantity(tier['read_bytes'], 'B')} {tier['read']} by steps")
+                     f"{format_quantity(tier['read_bytes'], 'B')} {tier['read']} by steps (decodes read "
+                     f"{format_quantity(kv['tiers']['hbm']['read_bytes'], 'B')} from HBM)")
     return lines
 
 

@@ -627,7 +627,7 @@ class _Scheduler:
         # the prefetches in flight; blocks stored into and loaded from the tier, tokens read from it by steps
         self.offload, self.loads, self.loading = platform.offload, [], 0
         self.block_bytes = platform.token_bytes * config.block_size  # one block on one XPU
-        self.stored_blocks = self.loaded_blocks = self.read_tokens = 0
+        self.stored_blocks = self.loaded_blocks = self.read_tokens = self.hbm_read_tokens = 0
         # evicted cached prefixes in the tier: groups with no reference, least recently offloaded first; blocks
         # stored by evictions, copied in the next step; prefixes being prefetched (group -> the slot waiting)
         self.tier_lru: OrderedDict[int, None] = OrderedDict()
@@ -646,7 +646,8 @@ class _Scheduler:
         self.kinds = {"prefill": 0, "mixed": 0, "decode": 0}  # steps of prefill chunks only, both, decodes only
         self.trace_time, self.trace_hbm, self.trace_ext, self.trace_running = (array("d"), array("q"), array("q"),
                                                                               array("q"))
-        self.trace_moved = array("q")  # per row: stored blocks, loaded blocks, tokens read beyond HBM (so far)
+        # per row, so far: blocks stored, blocks loaded, tokens the steps' decodes read beyond HBM and in HBM
+        self.trace_moved = array("q")
 
     # ---- blocks ------------------------------------------------------------------------------------------------
 
@@ -955,7 +956,8 @@ class _Scheduler:
         self.now = now
         kind, self._pending = self._pending, None
         if kind[0] == "run":
-            self.read_tokens += kind[2] * done  # (its spilled part stays as it is over the run)
+            self.read_tokens += kind[2] * done  # (its spilled part stays as it is over the run; HBM's grows by
+            self.hbm_read_tokens += kind[3] * done + kind[4] * done * (done - 1) // 2  # a token per sequence a step)
             self._finish_run(done, kind[1])
         else:
             self._finish_step(*kind[1:])
@@ -1121,6 +1123,7 @@ class _Scheduler:
             self.pending_store = 0
         self.kinds["mixed" if chunks and decode else "prefill" if chunks else "decode"] += 1
         self.read_tokens += spilled
+        self.hbm_read_tokens += resident
         self._pending = ("step", scheduled, decodes)
         return 1, math.inf, self.cost.work(tokens, sampled, chunks, decode, resident, spilled, swap), None
 
@@ -1184,7 +1187,7 @@ class _Scheduler:
         self.trace_hbm.append((self.platform.hbm_blocks - self.free_hbm) * bs)
         self.trace_ext.append((self.platform.ext_blocks - self.free_ext) * bs)
         self.trace_running.append(len(self.running))
-        self.trace_moved.extend((self.stored_blocks, self.loaded_blocks, self.read_tokens))
+        self.trace_moved.extend((self.stored_blocks, self.loaded_blocks, self.read_tokens, self.hbm_read_tokens))
 
     def _decode_run(self):
         """k >= 2 steps as one run where they are decodes of the same running sequences with nothing else possible
@@ -1234,7 +1237,7 @@ class _Scheduler:
         until = math.inf
         if self.waiting and self.arrival[self.waiting[0]] > self.now and n < config.max_num_seqs:
             until = self.arrival[self.waiting[0]]  # stop after the step in which it arrives
-        self._pending = ("run", self.now, spilled)
+        self._pending = ("run", self.now, spilled, resident, n)
         return k, until, work, following
 
     def _finish_run(self, k: int, start: float) -> None:
@@ -1364,7 +1367,7 @@ def simulate_serving(scenario: Scenario, spec: ServingSpec, progress=None, *, pr
     records, occupancy = [], []
     token_total = kv_bytes_per_token(spec.model, spec.precision)  # one token's KV over a replica's XPUs
     block_total = token_total * config.block_size
-    moved = {"stored_blocks": 0, "loaded_blocks": 0, "read_tokens": 0}
+    moved = {"stored_blocks": 0, "loaded_blocks": 0, "read_tokens": 0, "hbm_read_tokens": 0}
     steps = preempted = hits = queries = most = recomputed = 0
     kinds = {"prefill": 0, "mixed": 0, "decode": 0}
     for r, scheduler in enumerate(schedulers):
@@ -1374,6 +1377,7 @@ def simulate_serving(scenario: Scenario, spec: ServingSpec, progress=None, *, pr
         for key, blocks in (("stored", scheduler.stored_blocks), ("loaded", scheduler.loaded_blocks)):
             moved[key + "_blocks"] += blocks
         moved["read_tokens"] += scheduler.read_tokens
+        moved["hbm_read_tokens"] += scheduler.hbm_read_tokens
         steps += scheduler.steps
         preempted += scheduler.preempted
         recomputed += scheduler.recomputed
@@ -1437,30 +1441,32 @@ def _goodput(slo, records: list[dict], makespan: float) -> dict[str, Any]:
 
 
 OCCUPANCY_COLUMNS = ("replica", "time_s", "hbm_tokens", "extended_tokens", "running", "stored_bytes", "loaded_bytes",
-                     "extended_read_bytes")
+                     "extended_read_bytes", "hbm_read_bytes")
 
 
 def _occupancy_rows(replica: int, scheduler: _Scheduler, block_total: float, token_total: float) -> list[tuple]:
     """Replica `replica`'s KV cache after each step or run of steps (OCCUPANCY_COLUMNS): tokens in HBM and beyond
     it, sequences running, and the bytes over the replica's XPUs moved since the row before: stored into the
-    offload tier, loaded back from it (counted when the load starts), read beyond HBM by the steps (in place or
-    copied)."""
-    rows, before = [], (0, 0, 0)
+    offload tier, loaded back from it (counted when the load starts), read by the steps beyond HBM (in place or
+    copied) and by the decodes in HBM."""
+    rows, before = [], (0, 0, 0, 0)
     moved = scheduler.trace_moved
     for n, (t, h, e, running) in enumerate(zip(scheduler.trace_time, scheduler.trace_hbm, scheduler.trace_ext,
                                                 scheduler.trace_running)):
-        now = (moved[3 * n], moved[3 * n + 1], moved[3 * n + 2])
+        now = tuple(moved[4 * n:4 * n + 4])
         rows.append((replica, t, h, e, running, (now[0] - before[0]) * block_total,
-                     (now[1] - before[1]) * block_total, (now[2] - before[2]) * token_total))
+                     (now[1] - before[1]) * block_total, (now[2] - before[2]) * token_total,
+                     (now[3] - before[3]) * token_total))
         before = now
     return rows
 
 
 def _tiers(platform: _Platform, moved: dict, block_total: float, token_total: float) -> dict:
     """result["kv"]["tiers"]: HBM, and the memory beyond it (the kv_offload tier, or where blocks spill) with the
-    blocks and bytes (over every XPU) stored into it and loaded back, and the bytes the steps read from it (in
-    place where coherent, else copied into HBM for the step)."""
-    tiers = {"hbm": {"blocks_per_replica": platform.hbm_blocks}}
+    blocks and bytes (over every XPU) stored into it and loaded back; the bytes the steps read from each: beyond
+    HBM every step's reads there (in place where coherent, else copied into HBM for the step), from HBM the
+    decodes' (a prefill chunk's reads of its cached tokens in HBM are not counted)."""
+    tiers = {"hbm": {"blocks_per_replica": platform.hbm_blocks, "read_bytes": moved["hbm_read_tokens"] * token_total}}
     if platform.spilled_to is not None:
         tiers[platform.spilled_to] = {
             "blocks_per_replica": None if platform.ext_unbounded else platform.ext_blocks,

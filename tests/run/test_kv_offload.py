@@ -66,7 +66,8 @@ def test_bytes_moved_are_blocks_times_the_block_bytes_in_total_and_row_by_row(ru
         assert tier["stored_bytes"] == tier["stored_blocks"] * BLOCK, label
         assert tier["loaded_bytes"] == tier["loaded_blocks"] * BLOCK, label
         for column, total in (("stored_bytes", tier["stored_bytes"]), ("loaded_bytes", tier["loaded_bytes"]),
-                              ("extended_read_bytes", tier["read_bytes"])):
+                              ("extended_read_bytes", tier["read_bytes"]),
+                              ("hbm_read_bytes", result["kv"]["tiers"]["hbm"]["read_bytes"])):
             rows = sum(row[OCCUPANCY_COLUMNS.index(column)] for row in result["occupancy"])
             assert rows == pytest.approx(total, rel=1e-12, abs=0), (label, column)
         if POLICIES[label].policy == "in_place":  # read where they are, never copied back
@@ -106,6 +107,19 @@ def test_the_same_inputs_give_the_same_bytes(runs):
     again = simulate_serving(SCENARIO, mix(POLICIES["prefetch"]))
     first = {k: v for k, v in runs["prefetch"].items() if k != "wall_time_s"}
     assert json.dumps(first) == json.dumps({k: v for k, v in again.items() if k != "wall_time_s"})
+
+
+def test_one_requests_decodes_read_its_cache_token_by_token_from_hbm():
+    """One request of prompt P and output O alone: O - 1 decodes, the j-th reading P + j tokens of KV from HBM (its
+    cache and the token it adds), (O - 1) P + O (O - 1) / 2 tokens in all, whether its steps ran one by one or as
+    one run of decodes."""
+    prompt, output = 1000, 300
+    result = simulate_serving(Scenario(platform="paper-cxl", xpus=1, devices=("H100",)),
+                              mix(None, requests=1, prompt=(prompt, prompt), output=(output, output), rate=None,
+                                  shared_prefix=0, prefix_groups=1, gpu_memory_utilization=0.9))
+    tokens = (output - 1) * prompt + output * (output - 1) // 2
+    assert result["kv"]["tiers"]["hbm"]["read_bytes"] == tokens * kv_bytes_per_token(MODEL)
+    assert result["steps_by_kind"]["decode"] == output - 1
 
 
 def test_kv_csv_holds_the_bytes_moved_per_row(runs, tmp_path):
