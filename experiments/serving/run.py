@@ -3,7 +3,7 @@ latency, against more HBM-only GPUs. At which load and CXL bandwidth does cohere
 And with the offload policies serving stacks use (serving.kv_offload: blocks of preempted sequences to CXL or
 host DRAM, back by prefetch beside the steps, by swap in the step, or read in place), does a KV tier pay?
 
-    .venv/bin/python experiments/serving/run.py                 # results/serving.{csv,md,png}, ~1 min on 2 cores
+    .venv/bin/python experiments/serving/run.py                 # results/serving.{csv,md,png}, ~1.5 min on 2 cores
     .venv/bin/python experiments/serving/run.py --report-only   # redraw and rewrite from the CSV
 
 Each point is `hcsim simulate` of workloads/llama3-70b-serving.yaml (512 requests, prompts 2k-8k and outputs
@@ -38,6 +38,8 @@ OFFLOAD = {  # label -> scenario keys, serving.kv_offload: admission in HBM, pre
     "8 H100 + CXL 128 GB/s, offload swap": ({"platform": "paper-cxl", "xpus": 8, "cxl_bandwidth": "128GB/s"},
                                             {"tier": "cxl", "policy": "swap"}),
     "8 H100 + CXL 128 GB/s, offload in place": ({"platform": "paper-cxl", "xpus": 8, "cxl_bandwidth": "128GB/s"},
+                                                {"tier": "cxl", "policy": "in_place"}),
+    "8 H100 + CXL 256 GB/s, offload in place": ({"platform": "paper-cxl", "xpus": 8, "cxl_bandwidth": "256GB/s"},
                                                 {"tier": "cxl", "policy": "in_place"}),
     "8 H100 + CXL 512 GB/s, offload in place": ({"platform": "paper-cxl", "xpus": 8, "cxl_bandwidth": "512GB/s"},
                                                 {"tier": "cxl", "policy": "in_place"}),
@@ -81,6 +83,10 @@ OFFLOAD_FINDINGS = [  # written 2026-11-28 before the offload systems' first run
     ("with offload the old spill's loss is gone: at 8 requests/s prefetch at 128 GB/s serves more than spill at "
      "512 GB/s",
      lambda t: _tokens(t, "8 H100 + CXL 128 GB/s, offload prefetch", 8) > _tokens(t, "8 H100 + CXL 512 GB/s", 8)),
+    ("(written after the first offload run, before 256 GB/s ran) in place pays against HBM only from 256 GB/s: at 8 "
+     "requests/s CXL 256 GB/s read in place serves at least the HBM-only throughput, and less than 512 GB/s",
+     lambda t: _tokens(t, "8 H100, HBM only", 8) <= _tokens(t, "8 H100 + CXL 256 GB/s, offload in place", 8)
+     < _tokens(t, "8 H100 + CXL 512 GB/s, offload in place", 8)),
     ("a KV tier still does not match adding GPUs: at 8 requests/s no 8-GPU system reaches 0.9 x 16 H100's throughput",
      lambda t: all(_tokens(t, s, 8) < 0.9 * _tokens(t, "16 H100 (2 replicas), HBM only", 8)
                    for s in SYSTEMS if s.startswith("8 H100"))),

@@ -103,6 +103,17 @@ def test_evicted_prefixes_offloaded_are_hit_again():
     assert offloaded["kv"]["tiers"]["cxl_type3"]["loaded_blocks"] > 0
 
 
+def test_offload_beside_disaggregation_serves_every_request_once():
+    """Prefetches and KV handoffs share the core's flows (tags apart): two prefill and two decode replicas on a DGX,
+    offloading to host DRAM, serve every request once, loading back no more than they stored."""
+    spec = mix(KvOffload(tier="cpu", policy="prefetch"), disaggregation=(2, 2))
+    result = simulate_serving(Scenario(platform="dgx-h100", xpus=4, tp=1, devices=None), spec)
+    assert [row["request"] for row in result["per_request"]] == list(range(spec.requests))
+    assert all(row["first_token_s"] <= row["kv_landed_s"] <= row["finish_s"] for row in result["per_request"])
+    tier = result["kv"]["tiers"]["dram"]
+    assert result["preemptions"] > 0 and 0 < tier["loaded_blocks"] <= tier["stored_blocks"]
+
+
 def test_the_same_inputs_give_the_same_bytes(runs):
     again = simulate_serving(SCENARIO, mix(POLICIES["prefetch"]))
     first = {k: v for k, v in runs["prefetch"].items() if k != "wall_time_s"}
