@@ -41,7 +41,10 @@ flows, tagged after the handoffs' request indices), the request waiting out of t
 landing, and an arrival meanwhile waits with it); ``swap`` copies them in the swap phase of the step that resumes
 the request; ``in_place`` (coherent memory only: ``prepare.coherent_memory``) leaves them in the tier, read there
 by each step as spilled blocks are. The result counts the blocks stored and loaded and the tokens read beyond
-HBM (``kv.tiers``, kv.csv per row).
+HBM (``kv.tiers``, kv.csv per row). A store is timed as the swap phase times vLLM's swap-out (its bytes over
+the route, one after the swap-ins as copies on one stream are) but runs, as that phase's flows do, from the
+tier to the XPU: on the platform's split-duplex links it contends with that direction's traffic (prefetches,
+reads in place), not with the other.
 
 Prefill/decode disaggregation (``serving.disaggregation: {prefill: N, decode: M}``, N + M = dp): request i's
 prompt runs on prefill replica i mod N (role ``prefill``), which hands the request off at its first token: its
