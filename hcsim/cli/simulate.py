@@ -161,9 +161,16 @@ def serving_summary(result: dict) -> str:
     preemption = (f"offload to {offload['tier']} ({offload['policy']}) on preemption, recompute once it is full"
                   if offload else f"{scheduler['preemption']} on preemption")
     prefix = result["prefix_cache"]
+    per_replica = layout["tp"] * layout["pp"]
+    replicas = result.get("replica_devices", [result["device"]])
+    mixed = len(set(replicas)) > 1  # a mixed cluster: each device's XPUs, and its replicas' KV blocks
+    xpus = (" + ".join(f"{replicas.count(d) * per_replica} {d}" for d in dict.fromkeys(replicas)) if mixed
+            else f"{result['xpus']} {result['device']}")
+    holds = (", ".join(f"{tokens:,} ({d})" for d, tokens in kv["hbm_tokens_by_device"].items()) if mixed
+             else f"{kv['hbm_tokens_per_replica']:,}")
     return "\n".join([
-        f"hcsim {result['scenario']}: serving {result['model']} ({result['precision']}) on {result['xpus']} "
-        f"{result['device']} of {result['platform']}, tp {layout['tp']} x pp {layout['pp']} x {layout['dp']} "
+        f"hcsim {result['scenario']}: serving {result['model']} ({result['precision']}) on {xpus} "
+        f"of {result['platform']}, tp {layout['tp']} x pp {layout['pp']} x {layout['dp']} "
         f"replica{'s' if layout['dp'] > 1 else ''}"
         + (f" ({layout['prefill']} prefill, {layout['decode']} decode)" if "prefill" in layout else ""),
         f"  scheduler        {scheduler['name']}: {scheduler['max_num_batched_tokens']:,} tokens and "
@@ -182,7 +189,7 @@ def serving_summary(result: dict) -> str:
         *([f"  KV handoff       {spread('handoff_s')} (prefill's first token to the cache on its decode replica)"]
           if "handoff_s" in result else []),
         f"  KV cache         {format_quantity(kv['bytes_per_token'], 'B')} per token; a replica holds "
-        f"{kv['hbm_tokens_per_replica']:,} tokens in HBM{where}; peak {kv['peak_hbm_tokens']:,} in HBM, "
+        f"{holds} tokens in HBM{where}; peak {kv['peak_hbm_tokens']:,} in HBM, "
         f"{kv['peak_extended_tokens']:,} beyond",
         *_tier_lines(kv),
     ])

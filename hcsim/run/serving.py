@@ -2,7 +2,9 @@
 
 A scenario whose workload is a serving workload (:mod:`hcsim.workload.serving`) runs here instead of the
 training engine. The requests run on `dp` replicas of tp x pp XPUs (requests dealt to the replicas in turn),
-each with its own scheduler (:class:`_Scheduler`), as vLLM schedules (``serving.scheduler``):
+each with its own scheduler (:class:`_Scheduler`), as vLLM schedules (``serving.scheduler``). A replica's XPUs are
+of one device; on a mixed cluster replicas differ, each with its device's side (:func:`_side`: kernel times,
+memory bandwidth, KV blocks, scheduler defaults):
 
 - KV cache in blocks of ``block_size`` tokens. A replica's HBM holds ``gpu_memory_utilization`` of the GPU's
   memory less the weights and the activation workspace of a step of ``max_num_batched_tokens`` tokens
@@ -352,11 +354,11 @@ class _Engine:
     it (:meth:`encode`). Every replica runs in one SimGrid run, so replicas whose reads, copies or flows cross
     one link share it."""
 
-    def __init__(self, spec: ServingSpec, config: SchedulerConfig, platform: _Platform, graph, xpus: list[str]):
+    def __init__(self, spec: ServingSpec, sides: list[tuple[_Platform, SchedulerConfig]], graph, xpus: list[str]):
         from hcsim.platform.routes import RouteSearch
 
-        self.platform, self.graph = platform, graph
-        p, nodes = platform, graph.nodes
+        self.graph = graph
+        p, nodes = sides[0][0], graph.nodes  # (tp, pp, dp and kv_offload: every replica's)
         hosts: dict[str, int] = {x: i for i, x in enumerate(xpus)}
         x_ext, x_dram, pairs = array("i"), array("i"), set()
         search, nearest = RouteSearch(graph), {}
@@ -371,8 +373,9 @@ class _Engine:
 
         offload = p.offload
         h_src, h_dst, self.tier_of = array("i"), array("i"), []  # (kv_offload: each XPU's tier host)
-        for x in xpus:
-            ext = nodes[x].get("extended_memory") if p.spilled_to is not None else None
+        for n, x in enumerate(xpus):
+            side, config = sides[n // (p.tp * p.pp)]
+            ext = nodes[x].get("extended_memory") if side.spilled_to is not None else None
             dram = dram_of(x) if config.preemption == "swap" else None
             if offload is not None:  # the tier: read in place (in_place), stores and swapped loads (the swap phase)
                 ext = dram = kv_tier_memory(graph, x, offload.tier, search)
@@ -405,7 +408,7 @@ class _Engine:
                     pairs.add((a, b))
                     h_src.append(hosts[a])
                     h_dst.append(hosts[b])
-                    self.handoff_link[hosts[a], hosts[b]] = handoff_link(graph, platform, search(a, [b])[b])
+                    self.handoff_link[hosts[a], hosts[b]] = handoff_link(graph, p, search(a, [b])[b])
         self.size = size
         self.hosts, self.pairs = list(hosts), pairs
         self.layout = {"r_tp": array("i", [p.tp]) * p.dp, "r_xpus": array("q", range(0, len(xpus) + 1, size)),
@@ -417,16 +420,15 @@ class _Engine:
         layers = spec.model.decoders
         self.stage_layers = [layers // p.pp + (s < layers % p.pp) for s in range(p.pp)]
         self.layers = layers
-        self.hbm = p.hbm_bandwidth * p.memory_efficiency
         self.precision = spec.precision
 
-    def encode(self, k: int, until: float, work: StepWork, following: StepWork | None) -> tuple:
-        """The core's fields of a step (``steps.hpp``): the work of the closed form (:meth:`_Platform.step_time`)
-        as activities that, alone on the replica's links, take its time: host, swap, then per pipeline stage its
-        share of the layers (compute; the spilled KV read beside it after the stage's HBM reads would have led,
-        or copied first without coherence), its TP all-reduces as one ring flow per rank (count x 2(tp-1)/tp x
-        bytes over the achieved share of the bandwidth) and its pipeline send."""
-        p = self.platform
+    def encode(self, p: _Platform, k: int, until: float, work: StepWork, following: StepWork | None) -> tuple:
+        """The core's fields of a step of a replica of side `p` (``steps.hpp``): the work of the closed form
+        (:meth:`_Platform.step_time`) as activities that, alone on the replica's links, take its time: host, swap,
+        then per pipeline stage its share of the layers (compute; the spilled KV read beside it after the stage's
+        HBM reads would have led, or copied first without coherence), its TP all-reduces as one ring flow per rank
+        (count x 2(tp-1)/tp x bytes over the achieved share of the bandwidth) and its pipeline send."""
+        hbm = p.hbm_bandwidth * p.memory_efficiency
         fields = [k, until, work.host, work.swap_bytes]
         slope = following.compute - work.compute if following is not None else 0.0
         resident_slope = following.resident_bytes - work.resident_bytes if following is not None else 0.0
@@ -439,11 +441,11 @@ class _Engine:
                 part, pad = work.spilled_bytes * share, (layers - 1) * p.ext_latency  # the flow crosses one latency
                 if p.coherent:
                     spill, spill_pad = part, pad
-                    lead = compute - work.resident_bytes * share / self.hbm
-                    lead_slope = (slope - resident_slope / self.hbm) * share
+                    lead = compute - work.resident_bytes * share / hbm
+                    lead_slope = (slope - resident_slope / hbm) * share
                 else:
                     copy, copy_pad = part, pad
-                    compute += part / self.hbm  # read from HBM once copied
+                    compute += part / hbm  # read from HBM once copied
             if work.allreduces:
                 latency, achieved, call = p.tp_link
                 count, steps = work.allreduces * layers // self.layers, 2 * (p.tp - 1)
@@ -465,7 +467,7 @@ class _Engine:
         for i in scheduler.outgoing:
             q = scheduler.index[i]
             target = router.route(q, scheduler.prompt[i])
-            kv = scheduler.prompt[i] * self.platform.token_bytes
+            kv = scheduler.prompt[i] * scheduler.platform.token_bytes
             for x in range(size):
                 src, dst = replica * size + x, target * size + x
                 share, call = self.handoff_link[src, dst]
@@ -477,7 +479,7 @@ class _Engine:
         """The core's flows of the KV blocks replica `replica`'s scheduler prefetches now (kv_offload, policy
         prefetch): each slot's blocks, each XPU's share, from its tier memory to it as the swap phase moves them (the
         route's latency + bytes / its bottleneck bandwidth alone), tagged for :meth:`run`'s landing."""
-        flows, size, block = [], self.size, self.platform.token_bytes * scheduler.config.block_size
+        flows, size, block = [], self.size, scheduler.platform.token_bytes * scheduler.config.block_size
         for i, blocks in scheduler.loads:
             tag, self.next_tag = self.next_tag, self.next_tag + 1
             self.prefetching[tag] = (replica, i)
@@ -505,7 +507,7 @@ class _Engine:
             scheduler = schedulers[replica]
             reply = scheduler.advance(now, done)
             if reply is not None and reply.__class__ is not float:
-                reply = encode(*reply)
+                reply = encode(scheduler.platform, *reply)
             if scheduler.outgoing or scheduler.loads:
                 flows = handoffs(replica, scheduler, router) if scheduler.outgoing else ()
                 return [reply, flows + (prefetches(replica, scheduler) if scheduler.loads else ())]
@@ -1335,7 +1337,8 @@ def simulate_serving(scenario: Scenario, spec: ServingSpec, progress=None, *, pr
     wall = time.perf_counter()
     if private not in ("analytic", "simulated"):
         raise ConfigError(f"simulate_serving: private must be analytic or simulated, got {private!r}")
-    spec, platform, config, graph, xpus, requests = _checked(scenario, spec)
+    spec, sides, graph, xpus, requests = _inputs(scenario, spec)
+    platform, config = sides[0]
     if not core.available():
         raise ConfigError(f"the engine core is not built: {core.unavailable_reason()}")
     if core.load().engine_started():
@@ -1345,7 +1348,7 @@ def simulate_serving(scenario: Scenario, spec: ServingSpec, progress=None, *, pr
         if progress:
             progress(spec.requests)(spec.requests)
         return result
-    cost = _StepCost(spec, platform)
+    costs = {}  # one per side (replicas of one device)
     update = progress(spec.requests) if progress else None
     schedulers = []
     prefill, decode = spec.disaggregation or (0, 0)
@@ -1354,12 +1357,14 @@ def simulate_serving(scenario: Scenario, spec: ServingSpec, progress=None, *, pr
     roles = [(None, requests[r::platform.dp]) for r in range(platform.dp)] if not prefill else (
         [("prefill", requests[r::prefill]) for r in range(prefill)] + [("decode", [])] * decode)
     for r, (role, mine) in enumerate(roles):
+        side, side_config = sides[r]
+        cost = costs.setdefault(id(side), _StepCost(spec, side))
         bound = requests if role == "decode" else mine  # (a decode replica may be given any request)
-        chunks = sum(-(-q.prompt // config.max_num_batched_tokens) for q in bound)
-        scheduler = _Scheduler(spec, config, platform, cost, mine, role, r)
+        chunks = sum(-(-q.prompt // side_config.max_num_batched_tokens) for q in bound)
+        scheduler = _Scheduler(spec, side_config, side, cost, mine, role, r)
         scheduler.run(EVENTS_PER_REQUEST * (chunks + 4 * len(bound)) + 10_000, update if role != "prefill" else None)
         schedulers.append(scheduler)
-    engine = _Engine(spec, config, platform, graph, xpus)
+    engine = _Engine(spec, sides, graph, xpus)
     counters = engine.run(schedulers, analytic=private == "analytic")
     if prefill:  # a request's rows of its two replicas as one: its first token from prefill, the rest from decode
         for scheduler in schedulers[prefill:]:
@@ -1395,9 +1400,11 @@ def simulate_serving(scenario: Scenario, spec: ServingSpec, progress=None, *, pr
     makespan = max(row["finish_s"] for row in records)
     tokens = sum(row["output"] for row in records)
     bs = config.block_size
+    devices = {side.device: side for side, _ in sides}  # (in order of the replicas)
     return {
         "kind": "serving", "scenario": scenario.name, "platform": scenario.platform, "workload": spec.name,
-        "model": spec.model.name, "precision": spec.precision, "xpus": scenario.xpus, "device": platform.device,
+        "model": spec.model.name, "precision": spec.precision, "xpus": scenario.xpus,
+        "device": " + ".join(devices), "replica_devices": [side.device for side, _ in sides],
         "layout": {"tp": platform.tp, "pp": platform.pp, "dp": platform.dp}
         | ({"prefill": prefill, "decode": decode} if prefill else {}),
         "scheduler": {"name": config.name, "max_num_seqs": config.max_num_seqs,
@@ -1421,7 +1428,9 @@ def simulate_serving(scenario: Scenario, spec: ServingSpec, progress=None, *, pr
         **({"handoff_s": percentiles([row["kv_landed_s"] - row["first_token_s"] for row in records])} if prefill
            else {}),
         "kv": {"bytes_per_token": kv_bytes_per_token(spec.model, spec.precision),
-               "hbm_tokens_per_replica": platform.hbm_blocks * bs, "extended_tokens_per_replica": None if platform.ext_unbounded else platform.ext_blocks * bs,
+               "hbm_tokens_per_replica": platform.hbm_blocks * bs,
+               "hbm_tokens_by_device": {device: side.hbm_blocks * bs for device, side in devices.items()},
+               "extended_tokens_per_replica": None if platform.ext_unbounded else platform.ext_blocks * bs,
                "spilled_to": platform.spilled_to, "weights_bytes_per_xpu": platform.weights,
                "workspace_bytes_per_xpu": platform.workspace,
                "peak_hbm_tokens": max((row[2] for row in occupancy), default=0),
@@ -1488,8 +1497,16 @@ def _serve_here(scenario: Scenario, spec: ServingSpec, private: str) -> dict[str
 
 
 def _checked(scenario: Scenario, spec: ServingSpec):
-    """The run's inputs checked before anything runs: the spec at the scenario's precision, the platform side,
-    the scheduler, the platform graph, the run's XPUs and its requests; one ConfigError for what cannot run."""
+    """:func:`_inputs` with the first replica's side: the spec, its platform and scheduler, the platform graph,
+    the run's XPUs and its requests."""
+    spec, sides, graph, xpus, requests = _inputs(scenario, spec)
+    return (spec, *sides[0], graph, xpus, requests)
+
+
+def _inputs(scenario: Scenario, spec: ServingSpec):
+    """The run's inputs checked before anything runs: the spec at the scenario's precision, each replica's side
+    (platform and scheduler), the platform graph, the run's XPUs and its requests; one ConfigError for what cannot
+    run."""
     check_serving_scenario(scenario, spec)
     if scenario.precision is not None:
         spec = replace(spec, precision=scenario.precision)
@@ -1499,19 +1516,20 @@ def _checked(scenario: Scenario, spec: ServingSpec):
                           f"{format_quantity(estimate, 'B')} ({BYTES_PER_REQUEST:,} B per request), more than the "
                           f"{format_quantity(MAX_SERVING_MEMORY, 'B')} a serving run may use (hcsim.run.serving). "
                           f"Fix: fewer requests per run")
-    platform, config, graph, xpus = _setup(scenario, spec)
+    sides, graph, xpus = _setup(scenario, spec)
     requests = make_requests(spec)
     longest = max(requests, key=lambda q: q.prompt + q.output)
-    blocks = -(-(longest.prompt + longest.output) // config.block_size)
-    if blocks > platform.hbm_blocks + (platform.ext_blocks if platform.admit_beyond_hbm else 0):  # (unbounded: any)
-        bs = config.block_size
-        raise ConfigError(f"serving workload {spec.name!r}: request {longest.index} needs a KV cache of "
-                          f"{longest.prompt + longest.output:,} tokens; one replica holds "
-                          f"{platform.hbm_blocks * bs:,} in HBM and "
-                          f"{platform.ext_blocks * bs if platform.admit_beyond_hbm else 0:,} in extended memory"
-                          f"{' (the kv_offload tier holds only preempted requests)' if platform.offload else ''}. "
-                          f"Fix: shorter requests, more tp or pp, or extended memory with spill: allow")
-    return spec, platform, config, graph, xpus, requests
+    for platform, config in {id(side): side for side in sides}.values():
+        blocks = -(-(longest.prompt + longest.output) // config.block_size)
+        if blocks > platform.hbm_blocks + (platform.ext_blocks if platform.admit_beyond_hbm else 0):  # (unbounded)
+            bs = config.block_size
+            raise ConfigError(f"serving workload {spec.name!r}: request {longest.index} needs a KV cache of "
+                              f"{longest.prompt + longest.output:,} tokens; one {platform.device} replica holds "
+                              f"{platform.hbm_blocks * bs:,} in HBM and "
+                              f"{platform.ext_blocks * bs if platform.admit_beyond_hbm else 0:,} in extended memory"
+                              f"{' (the kv_offload tier holds only preempted requests)' if platform.offload else ''}. "
+                              f"Fix: shorter requests, more tp or pp, or extended memory with spill: allow")
+    return spec, sides, graph, xpus, requests
 
 
 def percentiles(values, weights=None) -> dict[str, float]:
@@ -1552,21 +1570,20 @@ def activation_workspace(spec: ServingSpec, tokens: int, sequences: int, tp: int
 
 
 def _platform(scenario: Scenario, spec: ServingSpec) -> tuple[_Platform, SchedulerConfig]:
-    """The platform side of the run: one replica's XPUs, memories and paths, and the scheduler's knobs."""
-    platform, config, _, _ = _setup(scenario, spec)
-    return platform, config
+    """The platform side of the run's first replica: its XPUs, memories and paths, and the scheduler's knobs."""
+    sides, _, _ = _setup(scenario, spec)
+    return sides[0]
 
 
 def _setup(scenario: Scenario, spec: ServingSpec):
-    """:func:`_platform`'s platform and scheduler, and the platform graph with the run's XPUs (in order)."""
+    """Each replica's side (:func:`_side`: its platform and scheduler; replicas of one device share one, from the
+    first of them), the platform graph and the run's XPUs (in order). A replica's XPUs are of one device; replicas
+    may differ (a mixed cluster: H100 prefill replicas beside H200 decode replicas)."""
     from hcsim.config import resolve_spec
     from hcsim.engine.compute_model import load_compute_model
     from hcsim.platform import build_platform, load_platform_spec
-    from hcsim.platform.devices import peak_flops
-    from hcsim.platform.routes import RouteSearch, route_bandwidth, route_latency, shortest_routes
     from hcsim.platform.topology import xpus as platform_xpus
-    from hcsim.run.prepare import check_whole_superchips, coherent_memory, compute_factors_path, spill_policy
-    from hcsim.workload.transformer import model_parameters
+    from hcsim.run.prepare import check_whole_superchips, compute_factors_path
 
     base = Path(scenario.base)
     platform_spec = load_platform_spec(resolve_spec(scenario.platform, "platforms", base),
@@ -1595,14 +1612,33 @@ def _setup(scenario: Scenario, spec: ServingSpec):
             raise ConfigError(f"scenario {scenario.name!r}: tp {tp} does not divide the model's {key} ({value})")
     if pp > model.decoders:
         raise ConfigError(f"scenario {scenario.name!r}: pp {pp} is more than the model's {model.decoders} decoders")
-    nodes = graph.nodes
-    x0 = xpus[0]
-    device = nodes[x0]["device"]
-    others = sorted({nodes[x]["device"] for x in xpus} - {device})
-    if others:
-        raise ConfigError(f"scenario {scenario.name!r}: the XPUs are {device} and {', '.join(others)}; a serving run "
-                          f"models replicas of one device. Fix: devices=[{device}] (one device type)")
+    nodes, size = graph.nodes, tp * pp
     compute = load_compute_model(compute_factors_path(scenario))
+    by_device, sides = {}, []
+    for first in range(0, len(xpus), size):
+        devices = sorted({nodes[x]["device"] for x in xpus[first:first + size]})
+        if len(devices) > 1:
+            raise ConfigError(f"scenario {scenario.name!r}: replica {first // size}'s {size} XPUs (tp {tp} x pp {pp}, "
+                              f"{xpus[first]} to {xpus[first + size - 1]}) are {' and '.join(devices)}; a replica "
+                              f"runs on one device. Fix: tp x pp within each device's XPUs (on a DGX platform a "
+                              f"node's 8 GPUs are of one device: tp x pp dividing 8), or devices=[{devices[0]}]")
+        if devices[0] not in by_device:
+            by_device[devices[0]] = _side(scenario, spec, platform_spec, graph, xpus, first, compute)
+        sides.append(by_device[devices[0]])
+    return sides, graph, xpus
+
+
+def _side(scenario: Scenario, spec: ServingSpec, platform_spec, graph, xpus: list[str], first: int, compute):
+    """The platform and scheduler of the replica whose XPUs start at `first` (of `xpus`): its device's compute
+    factors and peak, HBM blocks, extended memory or kv_offload tier, host memory, TP and pipeline links."""
+    from hcsim.platform.devices import peak_flops
+    from hcsim.platform.routes import RouteSearch, route_bandwidth, route_latency, shortest_routes
+    from hcsim.run.prepare import coherent_memory, spill_policy
+    from hcsim.workload.transformer import model_parameters
+
+    nodes, model, tp, pp = graph.nodes, spec.model, scenario.tp, scenario.pp
+    x0 = xpus[first]
+    device = nodes[x0]["device"]
     factors = compute.device(device)
     compute = replace(compute, devices={device: replace(factors, launch=0.0, backward_launch=0.0)})
     config = scheduler_config(spec, device, nodes[nodes[x0]["local_memory"]]["capacity"])
@@ -1665,7 +1701,7 @@ def _setup(scenario: Scenario, spec: ServingSpec):
                               f"preemption: recompute")
         route = shortest_routes(graph, drams[0], [x0])[x0]
         host_bandwidth, host_latency = route_bandwidth(graph, route), route_latency(graph, route)
-    peers = xpus[:tp * pp]
+    peers = xpus[first:first + tp * pp]
     routes = shortest_routes(graph, peers[0], peers[1:2] + peers[tp:tp + 1]) if len(peers) > 1 else {}
 
     def link(route):
@@ -1696,7 +1732,7 @@ def _setup(scenario: Scenario, spec: ServingSpec):
                          tp_time=link_time(tp_route, 2 * (tp - 1), tp), p2p_time=link_time(pp_route, 1, 1),
                          tp_link=link(tp_route), pp_link=link(pp_route), tp=tp, pp=pp,
                          dp=scenario.xpus // (tp * pp), token_bytes=token_bytes, weights=weights, workspace=workspace)
-    return platform, config, graph, xpus
+    return platform, config
 
 
 def write_serving_outputs(out: Path, result: dict) -> None:

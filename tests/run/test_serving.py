@@ -16,8 +16,8 @@ from hcsim.errors import ConfigError
 from hcsim.platform.devices import builtin_catalog
 from hcsim.run.scenario import Scenario
 from hcsim.run.report import RUN_OUTPUTS
-from hcsim.run.serving import (_checked, _platform, _Scheduler, _StepCost, activation_workspace, load_serving_spec,
-                               percentiles, simulate_serving)
+from hcsim.run.serving import (_checked, _inputs, _platform, _Scheduler, _StepCost, activation_workspace,
+                               load_serving_spec, percentiles, simulate_serving)
 from hcsim.workload.model import ModelShape
 from hcsim.workload.serving import Request, ServingSpec, kv_bytes_per_token, make_requests, step_kernels
 from hcsim.workload.transformer import model_parameters
@@ -706,6 +706,48 @@ def test_one_disaggregated_request_is_its_prefill_then_its_kv_handoff_then_its_d
     assert handoff > 1e-4  # (the handoff is not lost in the precision: 3,000 tokens of 16 KiB over NVLink)
     assert result["layout"] == {"tp": 1, "pp": 1, "dp": 2, "prefill": 1, "decode": 1}
     assert result["steps_by_kind"] == {"prefill": 1, "mixed": 0, "decode": output - 1}
+
+
+def test_prefill_on_h100_and_decode_on_h200_each_run_at_their_devices_closed_forms():
+    """A mixed DGX cluster (an H100 node, then an H200 node; tp 8): the prefill replica's step is the H100's closed
+    form, the KV handoff crosses InfiniBand between the nodes, and the decode steps are the H200's closed forms
+    (faster than the H100's: more memory bandwidth), each side with its own KV blocks (the H200's 141 GiB hold
+    more). A replica whose XPUs span the two devices is refused, naming it."""
+    prompt, output = 3000, 30
+    where = scenario(platform="dgx-h100", xpus=16, tp=8, devices=("H100", "H200"))
+    mix = spec(requests=1, rate=None, prompt=(prompt, prompt), output=(output, output), disaggregation=(1, 1))
+    result = simulate_serving(where, mix)
+    mix_, sides, _, _, _ = _inputs(where, mix)
+    (h100, _), (h200, _) = sides
+    assert (h100.device, h200.device) == ("H100", "H200") and h200.hbm_blocks > h100.hbm_blocks
+    prefill = h100.step_time(_StepCost(mix_, h100).work(prompt, 1, [(prompt, 0)], 0, 0, 0))
+
+    def decodes(side):
+        cost = _StepCost(mix_, side)
+        return [side.step_time(cost.work(1, 1, (), 1, prompt + j + 1, 0)) for j in range(output - 1)]
+
+    handoff = handoff_time(where, mix, prompt, "xpu0", "xpu8")
+    row, = result["per_request"]
+    assert row["first_token_s"] == pytest.approx(prefill, abs=10 * TIMING)
+    assert row["kv_landed_s"] == pytest.approx(prefill + handoff, abs=20 * TIMING)
+    assert row["finish_s"] == pytest.approx(prefill + handoff + math.fsum(decodes(h200)), abs=output * 10 * TIMING)
+    assert math.fsum(decodes(h200)) < 0.99 * math.fsum(decodes(h100))  # (the small model: host and all-reduce bound)
+    assert result["replica_devices"] == ["H100", "H200"] and result["device"] == "H100 + H200"
+    assert result["kv"]["hbm_tokens_by_device"] == {"H100": h100.hbm_blocks * 16, "H200": h200.hbm_blocks * 16}
+    with pytest.raises(ConfigError, match=r"replica 0's 16 XPUs \(tp 8 x pp 2, xpu0 to xpu15\) are H100 and H200; "
+                                          r"a replica runs on one device"):
+        simulate_serving(replace(where, pp=2), replace(mix, disaggregation=None))
+
+
+def test_the_first_handoff_goes_to_the_decode_replica_with_more_free_blocks_the_next_to_the_emptier_one():
+    """Decode replicas of an H100 node and an H200 node, two prompts prefilled in one step: the first handoff goes
+    to the H200 (no requests on either, and its 141 GiB leave more blocks free), the second to the H100 (the
+    H200 now has one landing): the router's rule, not the replicas' order."""
+    where = scenario(platform="dgx-h100", xpus=24, tp=8, devices=("H100", "H100", "H200"))
+    mix = spec(requests=2, rate=None, prompt=(1000, 1000), output=(10, 10), disaggregation=(1, 2))
+    result = simulate_serving(where, mix)
+    assert [row["decode_replica"] for row in result["per_request"]] == [2, 1]
+    assert result["replica_devices"] == ["H100", "H100", "H200"]
 
 
 def decode_closed_form(where, mix, result):
