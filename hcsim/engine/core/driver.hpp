@@ -23,27 +23,35 @@
 
 #include <cstddef>
 #include <functional>
-#include <unordered_map>
 #include <utility>
+#include <vector>
 
 namespace hcsim::core {
 
 class CallbackDriver {
 protected:
-  explicit CallbackDriver(simgrid::s4u::Host* clock_host) : clock_host_(clock_host) {}
+  /* `hosts`: the run's hosts by number, the clock host last. */
+  explicit CallbackDriver(const std::vector<simgrid::s4u::Host*>& hosts)
+      : clock_host_(hosts.back()), loads_(hosts.size())
+  {
+    for (std::size_t h = 0; h < hosts.size(); ++h) {
+      loads_[h].host = hosts[h];
+      loads_[h].speed = hosts[h]->get_speed();
+    }
+  }
 
-  /* `flops` on `host`, then `then()` when they are done: a timer while the host computes nothing else. */
-  void execute(simgrid::s4u::Host* host, double flops, std::function<void()> then)
+  /* `flops` on host number `host`, then `then()` when they are done: a timer while the host computes nothing
+     else. */
+  void execute(std::int32_t host, double flops, std::function<void()> then)
   {
     ++activities_;
     HostLoad& load = loads_[host];
     if (load.execs == 0 && load.timer == nullptr) {
-      load.end = simgrid::s4u::Engine::get_clock() + flops / host->get_speed();
+      load.end = simgrid::s4u::Engine::get_clock() + flops / load.speed;
       load.then = std::move(then);
-      load.timer = simgrid::kernel::timer::Timer::set(load.end, [this, host]() {
-        HostLoad& ended = loads_[host];
-        ended.timer = nullptr;
-        std::function<void()> done = std::move(ended.then);
+      load.timer = simgrid::kernel::timer::Timer::set(load.end, [&load]() {
+        load.timer = nullptr;
+        std::function<void()> done = std::move(load.then);
         done();
       });
       return;
@@ -51,11 +59,13 @@ protected:
     if (load.timer != nullptr) {  // shared from now: the timed execution goes on as an Exec of what it has left
       load.timer->remove();
       load.timer = nullptr;
-      start_exec(host, &load, (load.end - simgrid::s4u::Engine::get_clock()) * host->get_speed(),
-                 std::move(load.then));
+      start_exec(load.host, &load, (load.end - simgrid::s4u::Engine::get_clock()) * load.speed, std::move(load.then));
     }
-    start_exec(host, &load, flops, std::move(then));
+    start_exec(load.host, &load, flops, std::move(then));
   }
+
+  /* The FLOP/s of host number `host`. */
+  double speed(std::int32_t host) const { return loads_[host].speed; }
 
   /* `then()` `seconds` from now (the module comment says why an Exec). */
   void delay(double seconds, std::function<void()> then)
@@ -76,6 +86,8 @@ protected:
 private:
   /* A host's executions: the one timed (timer set), or how many run as Execs. */
   struct HostLoad {
+    simgrid::s4u::Host* host = nullptr;
+    double speed = 0.0;
     simgrid::kernel::timer::Timer* timer = nullptr;
     double end = 0.0;
     std::function<void()> then;
@@ -100,7 +112,7 @@ private:
   }
 
   simgrid::s4u::Host* clock_host_;
-  std::unordered_map<const simgrid::s4u::Host*, HostLoad> loads_;  // references stay valid as the map grows
+  std::vector<HostLoad> loads_;  // by host number (sized once: references to its entries stay valid)
 };
 
 }  // namespace hcsim::core

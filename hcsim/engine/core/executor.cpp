@@ -114,7 +114,7 @@ constexpr std::int64_t NOT_READY = -2, DONE = INT64_MAX;
 class WorkloadRun : CallbackDriver {
 public:
   WorkloadRun(const WorkloadArrays& w, const std::vector<sg4::Host*>& hosts, WorkloadOutput out)
-      : CallbackDriver(hosts.back()), w_(w), hosts_(hosts), out_(out), done_runs_(w.units, 0), running_(w.units, 0),
+      : CallbackDriver(hosts), w_(w), hosts_(hosts), out_(out), done_runs_(w.units, 0), running_(w.units, 0),
         arrivals_(w.units * (w.iterations + 1), 0), completed_in_run_(w.iterations + 1, 0),
         units_in_run_(w.iterations + 1, 0), job_units_(w.jobs, 0), completed_in_job_run_(w.jobs * (w.iterations + 1), 0),
         clocks_(w.xpus), xpu_job_(w.xpus, 0), unit_vertex_(w.units)
@@ -319,7 +319,7 @@ private:
         if (--*pending == 0)
           complete(vertex, unit, run, begin);
       };
-      execute(hosts_[w_.u_peer[c]], flops, part);
+      execute(w_.u_peer[c], flops, part);
       if (read > 0)
         transfer(w_.u_read_src[c], w_.u_peer[c], read, part, run, xpu(unit), vertex, READ);
       else
@@ -347,7 +347,7 @@ private:
     }
     if (parts == 1) {
       if (flops > 0)
-        execute(hosts_[xpu(unit)], flops, finish);
+        execute(xpu(unit), flops, finish);
       else
         transfer(w_.u_read_src[compute_row(unit)], xpu(unit), read, finish, run, xpu(unit), vertex, READ);
       return;
@@ -357,7 +357,7 @@ private:
       if (--*pending == 0)
         finish();
     };
-    execute(hosts_[xpu(unit)], flops, part);
+    execute(xpu(unit), flops, part);
     transfer(w_.u_read_src[compute_row(unit)], xpu(unit), read, part, run, xpu(unit), vertex, READ);
   }
 

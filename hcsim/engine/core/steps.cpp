@@ -82,7 +82,7 @@ class StepLoop : CallbackDriver {
 public:
   StepLoop(const ReplicaLayout& layout, const std::vector<sg4::Host*>& hosts, NextStep next, bool analytic,
            Landed landed)
-      : CallbackDriver(hosts.back()), layout_(layout), hosts_(hosts), next_(std::move(next)), landed_(std::move(landed)),
+      : CallbackDriver(hosts), layout_(layout), hosts_(hosts), next_(std::move(next)), landed_(std::move(landed)),
         replicas_(layout.replicas)
   {
     std::unordered_map<std::int32_t, std::int32_t> replica_of;  // an XPU's host -> its replica
@@ -637,7 +637,7 @@ private:
 
   void execute(std::int32_t host, double seconds, std::function<void()> then)
   {
-    CallbackDriver::execute(hosts_[host], seconds * hosts_[host]->get_speed(), std::move(then));
+    CallbackDriver::execute(host, seconds * speed(host), std::move(then));
   }
 
   /* `bytes` from host src to host dst, started `pad` s from now. A Comm takes whole bytes: the fraction of a byte
