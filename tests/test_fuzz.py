@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from hcsim.config import REPO_ROOT, parse_yaml
 from hcsim.errors import MESSAGE_TEMPLATE, HcsimError
 from hcsim.run.scenario import SCENARIO_KEYS
+from hcsim.workload import validate_workload
 
 # HCSIM_FUZZ_EXAMPLES=1000 for a longer hunt than the suite's
 FUZZ = settings(max_examples=int(os.environ.get("HCSIM_FUZZ_EXAMPLES", 60)), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -67,7 +68,9 @@ def test_a_random_scenario_prepares_or_raises_hcsims_error(mapping, xpus):
     def action():
         scenario = load_scenario(None, mapping)
         if scenario.xpus <= 64 and (scenario.global_batch or 1) <= 16:  # a small graph: preparing stays cheap
-            prepare(scenario)
+            prepared = prepare(scenario)
+            # prepare trusts the graphs hcsim builds: each keeps the graph contract, in the engine's order
+            assert validate_workload(prepared.workload, prepared.xpus) == prepared.order
 
     own_error_or_nothing(action)
 
