@@ -130,9 +130,9 @@ def run_point(case: str, xpus: int, iterations: int, timeout: float, firings: in
     return r
 
 
-def _ring_platform(xpus: int) -> tuple[Path, list[str], float, float]:
-    """`xpus` H100 on one switch, routes to the ring neighbour: (XML file, XPU names, FLOPs of 100 us,
-    bytes: 1 MB, about 1 us on the XPU link)."""
+def _ring_platform(xpus: int):
+    """`xpus` H100 on one switch, routes to the ring neighbour: (the compiled platform, XPU names, FLOPs of
+    100 us, bytes: 1 MB, about 1 us on the XPU link)."""
     from hcsim.platform import compile_platform
     from hcsim.platform.builders import single_switch
     from hcsim.platform.devices import builtin_catalog
@@ -141,16 +141,16 @@ def _ring_platform(xpus: int) -> tuple[Path, list[str], float, float]:
     graph = single_switch(xpus, h100)
     names = [f"xpu{i}" for i in range(xpus)]
     compiled = compile_platform(graph, {(names[i], names[(i + 1) % xpus]) for i in range(xpus)})
-    xml = Path(f"/tmp/hcsim-simgrid-bench-{os.getpid()}.xml")
-    xml.write_text(compiled.xml)
-    return xml, names, h100.fp32_flops * 1e-4, 1e6
+    return compiled, names, h100.fp32_flops * 1e-4, 1e6
 
 
 def simgrid_point(xpus: int, firings: int) -> dict:
     """Plain SimGrid: `xpus` chains (execution, transfer to the ring neighbour, ...), `firings` Task firings."""
     from hcsim.engine.simgrid_loader import load
 
-    xml, names, flops, size = _ring_platform(xpus)
+    compiled, names, flops, size = _ring_platform(xpus)
+    xml = Path(f"/tmp/hcsim-simgrid-bench-{os.getpid()}.xml")
+    xml.write_text(compiled.xml)
     sg = load()
     engine = sg.Engine(["bench", "--log=root.thres:warning", "--log=xbt_cfg.thres:warning"])
     for setting in ("network/model:CM02", "network/TCP-gamma:0", "network/crosstraffic:0"):  # the core's
@@ -190,7 +190,7 @@ def simgrid_cpp_point(xpus: int, firings: int, driver: str) -> dict:
 
     from hcsim.engine import core
 
-    xml, names, flops, size = _ring_platform(xpus)
+    compiled, names, flops, size = _ring_platform(xpus)
     per_chain = max(2, firings // xpus)
     n = per_chain * xpus
     # chain i: activities i, i + xpus, i + 2 xpus, ...; even steps execute, odd steps send to i + 1.
@@ -206,8 +206,7 @@ def simgrid_cpp_point(xpus: int, firings: int, driver: str) -> dict:
         amount=steps("d", [flops] * xpus, [size] * xpus),
         pred_offsets=array("q", [0] * (xpus + 1)) + array("q", range(1, n - xpus + 1)),
         preds=array("i", range(n - xpus)))
-    result = core.run_here(xml, graph, driver)
-    xml.unlink()
+    result = core.run_here(compiled, graph, driver)
     return {"xpus": xpus, "activities": result.activities, "run_s": result.run_s, "wall_s": result.run_s,
             "run_cpu_s": result.run_cpu_s, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 

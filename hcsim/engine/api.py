@@ -18,8 +18,6 @@ platform in :mod:`hcsim.engine.rules`, the run's in the C++ core (``hcsim/engine
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hcsim.engine.options import (COLLECTIVE_MODELS, COMM_KIND, COMM_KINDS, LOCAL_ACCESSES, LOCAL_COLLECTIVES,
@@ -61,10 +59,7 @@ def run(platform: nx.Graph, workload: nx.DiGraph, options: RunOptions, pairs=Non
 
     compiled = compile_platform(platform, pairs if pairs is not None else host_pairs(platform, workload),
                                 workload.graph.get("precision", "fp32"))
-    with tempfile.TemporaryDirectory(prefix="hcsim-") as folder:
-        xml = Path(folder) / "platform.xml"
-        xml.write_text(compiled.xml)
-        return run_workload(platform, workload, compiled.routes, xml, options, order, progress)
+    return run_workload(platform, workload, compiled, options, order, progress)
 
 
 def host_pairs(platform: nx.Graph, workload: nx.DiGraph) -> set[tuple[str, str]]:

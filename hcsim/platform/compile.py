@@ -1,6 +1,17 @@
-"""Compile a platform graph to a SimGrid platform XML (version 4.1).
+"""Compile a platform graph for SimGrid 4.1: the routes of the host pairs a run uses, in two forms.
 
-Layout of the generated platform, chosen so that it scales to thousands of
+- :attr:`CompiledPlatform.tables`, what hcsim's engine core loads (``hcsim/engine/core/platform.cpp``):
+  every host, the links the routes cross and each route as link numbers, which the core puts in one
+  zone that routes by a table of the compiled pairs. Load time and memory are linear in hosts and route
+  links. SimGrid's own zones are not: a Full zone allocates N^2 route slots for its N netpoints when
+  sealed, and a platform of many zones costs hosts x zones twice over while loading (every new host's
+  name is checked by searching every zone, and every zone's seal walks every host of the platform). The
+  zones below made a rail-optimised DGX fat tree of 131,072 GPUs about 150,000 zones, which SimGrid had
+  not loaded after 36 minutes.
+- :attr:`CompiledPlatform.xml`, a SimGrid platform file of the same routes, for SimGrid programs of one's
+  own (``hcsim platform compile``), planned on first use in the layout below.
+
+Layout of the XML, chosen so that it scales to thousands of
 XPUs (SimGrid 4.1's Full routing allocates N^2 route slots for the N
 netpoints of a zone, at seal time):
 
@@ -37,9 +48,9 @@ netpoints of a zone, at seal time):
 Only the routes of the host pairs the simulation uses are emitted; each is
 the route of :func:`hcsim.platform.routes.shortest_routes` (least latency, then
 largest bottleneck bandwidth; user routes win), and SimGrid's route for the
-pair is exactly that route: the compiler only ever composes it from pieces of
-itself. A pair that is not compiled has no route in SimGrid: ask for every pair
-the simulation will use.
+pair is exactly that route, in both forms: the table holds it as is, and the
+XML compiler only ever composes it from pieces of itself. A pair that is not
+compiled has no route in SimGrid: ask for every pair the simulation will use.
 
 Gateways that live in nested zones crash SimGrid 4.1's ``route_to``, so pods
 are never nested. The DOCTYPE names SimGrid's DTD; SimGrid's parser
@@ -49,9 +60,10 @@ validates against it on load.
 from __future__ import annotations
 
 import math
+from array import array
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import networkx as nx
@@ -84,17 +96,53 @@ def simgrid_links(route: list[str]) -> list[str]:
     return [f"{link_name(u, v)}_{'UP' if u < v else 'DOWN'}" for u, v in zip(route, route[1:])]
 
 
-@dataclass(frozen=True)
 class CompiledPlatform:
-    """SimGrid XML plus the node route of every compiled host pair.
+    """The compiled routes of a platform graph, in the forms SimGrid takes (see the module docstring).
 
     routes : ``{(src, dst): [node, ...]}`` for every compiled ordered pair.
-    pods : host -> id of the SimGrid zone that holds it.
+    tables : what the engine core loads, built on first use: ``hosts`` (every host of the graph, sorted) and
+        their ``speeds`` (FLOP/s); ``links`` (the links routes cross, named by :func:`link_name`, sorted) and
+        their ``bandwidths`` (B/s, each direction) and ``latencies`` (s); route r from host ``route_src[r]`` to
+        host ``route_dst[r]`` over ``route_links[route_offsets[r]:route_offsets[r + 1]]``, where 2 x link is the
+        link's ``_UP`` direction (from the smaller node name to the larger) and 2 x link + 1 its ``_DOWN``.
+    xml : the SimGrid platform file (zones of hosts, routes and zoneRoutes), planned on first use.
+    pods : host -> id of the XML zone that holds it, planned with the XML.
     """
 
-    xml: str
-    routes: dict[tuple[str, str], list[str]]
-    pods: dict[str, str]
+    def __init__(self, graph: nx.Graph, routes: dict[tuple[str, str], list[str]], precision: str):
+        self.graph, self.routes, self.precision = graph, routes, precision
+
+    @cached_property
+    def tables(self) -> dict:
+        hosts = sorted(n for n, kind in self.graph.nodes(data="kind") if kind in HOST_KINDS)
+        number = {host: i for i, host in enumerate(hosts)}
+        edges = _used_edges(self.routes)
+        names = sorted(edges)
+        up = {edges[name]: 2 * i for i, name in enumerate(names)}  # (u, v) with u < v: the link's UP direction
+        figures = [_link_figures(self.graph, *edges[name]) for name in names]
+        src, dst, offsets, crossed = array("i"), array("i"), array("q", [0]), array("i")
+        for (a, b), route in sorted(self.routes.items()):
+            src.append(number[a])
+            dst.append(number[b])
+            crossed.extend(up[u, v] if u < v else up[v, u] + 1 for u, v in zip(route, route[1:]))
+            offsets.append(len(crossed))
+        return {"hosts": hosts, "speeds": array("d", (_speed(self.graph.nodes[h], self.precision) for h in hosts)),
+                "links": names, "bandwidths": array("d", (bandwidth for bandwidth, _ in figures)),
+                "latencies": array("d", (latency for _, latency in figures)),
+                "route_src": src, "route_dst": dst, "route_offsets": offsets, "route_links": crossed}
+
+    @cached_property
+    def xml(self) -> str:
+        return platform_xml(self.graph, self.routes, *self._layout, self.precision)
+
+    @cached_property
+    def pods(self) -> dict[str, str]:
+        return {h: _zone_id(p) for h, p in self._layout[0].items()}
+
+    @cached_property
+    def _layout(self):
+        hosts = {n for n, kind in self.graph.nodes(data="kind") if kind in HOST_KINDS}
+        return _plan(self.graph, hosts, self.routes)
 
 
 def compile_platform(graph: nx.Graph, pairs: Iterable[tuple[str, str]], precision: str = "fp32") -> CompiledPlatform:
@@ -124,9 +172,11 @@ def compile_platform(graph: nx.Graph, pairs: Iterable[tuple[str, str]], precisio
                             f"{'is not a host' if len(strangers) == 1 else 'are not hosts'} (xpu, cpu or memory) of "
                             f"platform {graph.graph.get('name', '?')!r}")
     routes = _routes(graph, pairs)
-    pods, intra, inter = _plan(graph, hosts, routes)
-    xml = platform_xml(graph, routes, pods, intra, inter, precision)
-    return CompiledPlatform(xml=xml, routes=routes, pods={h: _zone_id(p) for h, p in pods.items()})
+    for u, v in _used_edges(routes).values():
+        _link_figures(graph, u, v)  # a bad link fails here, whichever form is built later
+    for host in sorted(hosts):
+        _speed(graph.nodes[host], precision)  # and a device with no peak at `precision`
+    return CompiledPlatform(graph, routes, precision)
 
 
 def write_platform(graph: nx.Graph, pairs: Iterable[tuple[str, str]], path: str | Path,
@@ -144,17 +194,11 @@ def platform_xml(graph, routes, pods, intra, inter, precision: str) -> str:
     # links first, in a zone of their own: SimGrid resolves link names when it reads a route, and takes
     # a zone whose first child is a link for a zone of hosts (which then may not hold zones)
     holder = etree.SubElement(zone, "zone", id=LINKS_ZONE, routing="None")
-    used = sorted({link_name(u, v) for route in routes.values() for u, v in zip(route, route[1:])})
-    for name in used:
-        u, v = name.split("--", 1) if graph.has_edge(*name.split("--", 1)) else _ends(graph, name)
-        data = graph.edges[u, v]
-        latency, bandwidth = data.get("latency"), data.get("bandwidth")
-        if not (isinstance(latency, (int, float)) and latency > 0 and math.isfinite(latency)):
-            raise TopologyError(f"link {u!r}--{v!r}: latency must be > 0 s, got {latency!r}")
-        if not (isinstance(bandwidth, (int, float)) and bandwidth > 0 and math.isfinite(bandwidth)):
-            raise TopologyError(f"link {u!r}--{v!r}: bandwidth must be a positive B/s, got {bandwidth!r}")
-        etree.SubElement(holder, "link", id=name, bandwidth=f"{float(bandwidth)!r}Bps",
-                         latency=f"{float(latency)!r}s", sharing_policy="SPLITDUPLEX")
+    edges = _used_edges(routes)
+    for name in sorted(edges):
+        bandwidth, latency = _link_figures(graph, *edges[name])
+        etree.SubElement(holder, "link", id=name, bandwidth=f"{bandwidth!r}Bps", latency=f"{latency!r}s",
+                         sharing_policy="SPLITDUPLEX")
     members = defaultdict(list)
     for host, pod in pods.items():
         members[pod].append(host)
@@ -178,12 +222,25 @@ def platform_xml(graph, routes, pods, intra, inter, precision: str) -> str:
                           doctype=f'<!DOCTYPE platform SYSTEM "{DTD}">').decode()
 
 
-def _ends(graph, name: str) -> tuple[str, str]:
-    """Split a link name whose node names contain '--' themselves."""
-    for i in range(len(name)):
-        if name.startswith("--", i) and graph.has_edge(name[:i], name[i + 2:]):
-            return name[:i], name[i + 2:]
-    raise TopologyError(f"compile: cannot find the link {name!r}")
+def _used_edges(routes) -> dict[str, tuple[str, str]]:
+    """The links the routes cross: link name -> its ends (u, v), u < v."""
+    edges = {}
+    for route in routes.values():
+        for u, v in zip(route, route[1:]):
+            ends = (u, v) if u < v else (v, u)
+            edges[f"{ends[0]}--{ends[1]}"] = ends
+    return edges
+
+
+def _link_figures(graph, u: str, v: str) -> tuple[float, float]:
+    """The link's (bandwidth B/s, latency s), checked: SimGrid takes neither 0 nor infinity."""
+    data = graph.edges[u, v]
+    latency, bandwidth = data.get("latency"), data.get("bandwidth")
+    if not (isinstance(latency, (int, float)) and latency > 0 and math.isfinite(latency)):
+        raise TopologyError(f"link {u!r}--{v!r}: latency must be > 0 s, got {latency!r}")
+    if not (isinstance(bandwidth, (int, float)) and bandwidth > 0 and math.isfinite(bandwidth)):
+        raise TopologyError(f"link {u!r}--{v!r}: bandwidth must be a positive B/s, got {bandwidth!r}")
+    return float(bandwidth), float(latency)
 
 
 def _routes(graph: nx.Graph, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], list[str]]:

@@ -491,8 +491,6 @@ class _Engine:
     def run(self, schedulers: list, analytic: bool = True) -> dict:
         """Every replica's scheduler driven by the core until each has served its requests; the core's counters.
         An error a scheduler raises (ConfigError) comes out as it is."""
-        import tempfile
-
         from hcsim.engine import core
         from hcsim.errors import HcsimError, SimulationError
         from hcsim.platform import compile_platform
@@ -523,16 +521,13 @@ class _Engine:
                 schedulers[router.landed(tag)].receive(tag, source.prompt[slot], source.output[slot],
                                                        source.group[slot], now, source.first[slot])
 
-        with tempfile.TemporaryDirectory(prefix="hcsim-") as folder:
-            xml = Path(folder) / "platform.xml"
-            xml.write_text(compiled.xml)
-            try:
-                return core.load().run_steps(str(xml), self.hosts, self.layout, next_step, analytic,
-                                             landed if "h_src" in self.layout else None)
-            except HcsimError:
-                raise
-            except (ValueError, TypeError, RuntimeError) as err:  # a bad step or layout: a bug, said as one
-                raise SimulationError(f"engine core: {err}") from err
+        try:
+            return core.load().run_steps(compiled.tables, self.hosts, self.layout, next_step, analytic,
+                                         landed if "h_src" in self.layout else None)
+        except HcsimError:
+            raise
+        except (ValueError, TypeError, RuntimeError) as err:  # a bad step or layout: a bug, said as one
+            raise SimulationError(f"engine core: {err}") from err
 
 
 class _Router:

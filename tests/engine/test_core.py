@@ -82,11 +82,9 @@ def core_graph(hosts):
 def test_an_activity_graph_takes_the_times_of_the_same_workload_run(tmp_path):
     platform = build_platform(load_platform_spec("paper-cxl"), 16)
     workload = executor_workload()
-    xml = tmp_path / "platform.xml"
     compiled = compile_platform(platform, host_pairs(platform, workload))
-    xml.write_text(compiled.xml)
     hosts = sorted({h for _, _, where, *_ in ACTIVITIES for h in where})
-    ours = core.run_activities(xml, core_graph(hosts))
+    ours = core.run_activities(compiled, core_graph(hosts))
 
     theirs = simulate_graphs(platform, workload,
                              RunOptions(collective_model="step", trace_xpus=frozenset(hosts)))
@@ -108,16 +106,15 @@ def test_an_activity_graph_takes_the_times_of_the_same_workload_run(tmp_path):
 def test_closed_forms_and_both_drivers(tmp_path):
     """An execution alone takes FLOPs / FLOP/s, a transfer alone latency + size / bandwidth (XPU link
     900 GB/s, 100 ns each way through the switch); the actor driver gives the callback driver's times."""
-    xml = tmp_path / "platform.xml"
     hosts = [f"xpu{i}" for i in range(4)]
-    xml.write_text(compile_platform(single_switch(4, H100), {(h, g) for h in hosts for g in hosts}).xml)
+    compiled = compile_platform(single_switch(4, H100), {(h, g) for h in hosts for g in hosts})
     builder = core.GraphBuilder(hosts)
     for i, host in enumerate(hosts):  # four chains: exec, comm to the ring neighbour, exec
         first = builder.exec(host, 1e12 * (i + 1))
         send = builder.comm(host, hosts[(i + 1) % 4], 9e8, [first])
         builder.exec(host, 1e12, [send])
     graph = builder.build()
-    results = {driver: core.run_activities(xml, graph, driver) for driver in core.DRIVERS}
+    results = {driver: core.run_activities(compiled, graph, driver) for driver in core.DRIVERS}
     callbacks = results["callbacks"]
     assert same(callbacks.end[0], 1e12 / H100.fp32_flops)
     assert same(callbacks.end[1] - callbacks.start[1], 2 * 100e-9 + 9e8 / 900e9)
@@ -125,44 +122,44 @@ def test_closed_forms_and_both_drivers(tmp_path):
         assert same(a, b)
 
 
-def test_bad_graphs_are_refused_with_the_activity_named(tmp_path):
+def test_bad_graphs_are_refused_with_the_activity_named():
     from array import array
 
     cycle = core.ActivityGraph(hosts=("xpu0",), kind=array("B", [0, 0, 0]), host=array("i", [0, 0, 0]),
                                peer=array("i", [-1, -1, -1]), amount=array("d", [1.0, 1.0, 1.0]),
                                pred_offsets=array("q", [0, 0, 1, 2]), preds=array("i", [2, 1]))  # 1 <-> 2
+    platform = compile_platform(single_switch(2, H100), {("xpu0", "xpu1")})
     with pytest.raises(ConfigError, match=r"cycle: 2 activities can never start, activity 1 \(exec\)"):
-        core.run_activities(tmp_path / "none.xml", cycle)
+        core.run_activities(platform, cycle)
     builder = core.GraphBuilder(["xpu0", "xpu1"])
     builder.comm("xpu0", "xpu1", -5.0)
     with pytest.raises(ConfigError, match=r"activity 0 \(comm\): amount must be finite and >= 0, got -5"):
-        core.run_activities(tmp_path / "none.xml", builder.build())
+        core.run_activities(platform, builder.build())
     with pytest.raises(ConfigError, match="not one of the 2 hosts"):
         core.GraphBuilder(["xpu0", "xpu1"]).exec("xpu7", 1.0)
     with pytest.raises(ConfigError, match="driver must be one of"):
-        core.run_here(tmp_path / "none.xml", builder.build(), "threads")
+        core.run_here(platform, builder.build(), "threads")
 
 
-def test_a_transfer_the_compiled_platform_has_no_route_for_is_an_error_not_a_dead_caller(tmp_path):
-    """SimGrid 4.1 aborts its process when asked for a route the XML does not hold. hcsim's runs only ask for
-    the pairs they compiled (run_workload's transfers come from the compiled routes); a raw activity graph
-    that asks for another pair aborts the spawned process of run_activities, and the caller gets one clear
-    SimulationError, its own process alive."""
-    xml = tmp_path / "platform.xml"
-    xml.write_text(compile_platform(build_platform(load_platform_spec("paper-cxl"), 16), [("xpu0", "xpu1")]).xml)
+def test_a_transfer_the_compiled_platform_has_no_route_for_is_an_error_not_a_dead_caller():
+    """hcsim's runs only ask for the pairs they compiled (run_workload's transfers come from the compiled
+    routes); a raw activity graph that asks for another pair gets one clear SimulationError naming it, from
+    the core's route table, and the caller's process lives on."""
+    platform = compile_platform(build_platform(load_platform_spec("paper-cxl"), 16), [("xpu0", "xpu1")])
     builder = core.GraphBuilder(["xpu0", "xpu8"])
     builder.comm("xpu0", "xpu8", 1e6)
-    with pytest.raises(SimulationError, match="SimGrid aborts the process on some platform errors"):
-        core.run_activities(xml, builder.build())
+    with pytest.raises(SimulationError, match="no route from xpu0 to xpu8"):
+        core.run_activities(platform, builder.build())
 
 
-def test_a_second_engine_in_one_process_is_an_error_not_an_abort(tmp_path):
-    xml = tmp_path / "platform.xml"
-    xml.write_text(compile_platform(single_switch(2, H100), {("xpu0", "xpu1")}).xml)
-    script = (f"from hcsim.engine import core\nfrom hcsim.errors import SimulationError\n"
-              f"b = core.GraphBuilder(['xpu0']); b.exec('xpu0', 1e9); g = b.build()\n"
-              f"core.run_here({str(xml)!r}, g)\n"
-              f"try:\n    core.run_here({str(xml)!r}, g)\nexcept SimulationError as e:\n    print('refused:', e)\n")
+def test_a_second_engine_in_one_process_is_an_error_not_an_abort():
+    script = ("from hcsim.engine import core\nfrom hcsim.errors import SimulationError\n"
+              "from hcsim.platform import compile_platform\nfrom hcsim.platform.builders import single_switch\n"
+              "from hcsim.platform.devices import builtin_catalog\n"
+              "p = compile_platform(single_switch(2, builtin_catalog()['H100']), {('xpu0', 'xpu1')})\n"
+              "b = core.GraphBuilder(['xpu0']); b.exec('xpu0', 1e9); g = b.build()\n"
+              "core.run_here(p, g)\n"
+              "try:\n    core.run_here(p, g)\nexcept SimulationError as e:\n    print('refused:', e)\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "refused: engine core: a SimGrid Engine already exists in this process" in done.stdout

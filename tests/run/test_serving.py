@@ -214,15 +214,14 @@ def test_a_bad_step_is_one_error_naming_its_field_and_the_core_survives():
     """The core checks every step the scheduler gives it: a negative amount stops every replica's loop with one
     ValueError naming the replica and the field; an exception the scheduler raises comes out as it is."""
     code = """
-import math, sys, tempfile
+import math, sys
 from array import array
 from pathlib import Path
 from hcsim.config import resolve_spec
 from hcsim.engine import core
 from hcsim.platform import build_platform, compile_platform, load_platform_spec
 graph = build_platform(load_platform_spec(resolve_spec("paper-cxl", "platforms", Path(".")), {}), 1)
-xml = Path(tempfile.mkdtemp()) / "platform.xml"
-xml.write_text(compile_platform(graph, [("xpu0.cxl", "xpu0")], "bf16").xml)
+platform = compile_platform(graph, [("xpu0.cxl", "xpu0")], "bf16")
 layout = {"r_tp": array("i", [1]), "r_xpus": array("q", [0, 1]), "x_host": array("i", [0]),
           "x_ext": array("i", [1]), "x_dram": array("i", [-1])}
 step = [1.0, math.inf, 0.0, 0.0] + [0.0] * 12
@@ -232,7 +231,7 @@ def next_step(replica, now, done):
         raise KeyError("the scheduler's own error")
     return tuple(step)
 try:
-    core.load().run_steps(str(xml), ["xpu0", "xpu0.cxl"], layout, next_step)
+    core.load().run_steps(platform.tables, ["xpu0", "xpu0.cxl"], layout, next_step)
 except Exception as err:
     print(type(err).__name__, err)
 """
@@ -928,15 +927,14 @@ def test_a_bad_handoff_or_a_wait_for_none_is_one_error_naming_it():
     a replica that waits for a handoff no one sends ends the run with an error, not a hang; a good one lands
     once, with its tag, and wakes the replica that waits for it."""
     code = """
-import math, sys, tempfile
+import math, sys
 from array import array
 from pathlib import Path
 from hcsim.config import resolve_spec
 from hcsim.engine import core
 from hcsim.platform import build_platform, compile_platform, load_platform_spec
 graph = build_platform(load_platform_spec(resolve_spec("dgx-h100", "platforms", Path(".")), {}), 2)
-xml = Path(tempfile.mkdtemp()) / "platform.xml"
-xml.write_text(compile_platform(graph, [("xpu0", "xpu1")], "bf16").xml)
+platform = compile_platform(graph, [("xpu0", "xpu1")], "bf16")
 layout = {"r_tp": array("i", [1, 1]), "r_xpus": array("q", [0, 1, 2]), "x_host": array("i", [0, 1]),
           "x_ext": array("i", [-1, -1]), "x_dram": array("i", [-1, -1])}
 case = sys.argv[1]
@@ -954,7 +952,7 @@ def next_step(replica, now, done):
 def landed(tag, now):
     landings.append((tag, now))
 try:
-    core.load().run_steps(str(xml), ["xpu0", "xpu1"], layout, next_step, True, landed)
+    core.load().run_steps(platform.tables, ["xpu0", "xpu1"], layout, next_step, True, landed)
     print("ok", landings, [a for a in asked if a[0] == 1])
 except Exception as err:
     print(type(err).__name__, err)

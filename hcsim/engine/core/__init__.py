@@ -26,9 +26,12 @@ import math
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hcsim.errors import ConfigError, SimulationError, brief
+
+if TYPE_CHECKING:
+    from hcsim.platform import CompiledPlatform
 
 __all__ = ["EXEC", "COMM", "DRIVERS", "ActivityGraph", "GraphBuilder", "ActivityTimes", "available",
            "unavailable_reason", "load", "run_here", "run_activities"]
@@ -174,8 +177,9 @@ def load():
     return module
 
 
-def run_here(platform_xml: str | Path, graph: ActivityGraph, driver: str = "callbacks") -> ActivityTimes:
-    """Run `graph` on the SimGrid platform `platform_xml` in this process (once per process).
+def run_here(platform: CompiledPlatform, graph: ActivityGraph, driver: str = "callbacks") -> ActivityTimes:
+    """Run `graph` on the compiled `platform` (:func:`hcsim.platform.compile_platform`) in this process (once
+    per process).
 
     Raises
     ------
@@ -192,7 +196,7 @@ def run_here(platform_xml: str | Path, graph: ActivityGraph, driver: str = "call
     n = len(graph)
     start, end = array("d", [math.nan]) * n, array("d", [math.nan]) * n
     try:
-        counters = core.run_graph(str(platform_xml), list(graph.hosts), _buffer("B", graph.kind),
+        counters = core.run_graph(platform.tables, list(graph.hosts), _buffer("B", graph.kind),
                                   _buffer("i", graph.host), _buffer("i", graph.peer), _buffer("d", graph.amount),
                                   _buffer("q", graph.pred_offsets), _buffer("i", graph.preds), start, end, driver)
     except (ValueError, TypeError) as err:
@@ -212,7 +216,7 @@ def _buffer(code: str, values):
         return array(code, values)
 
 
-def run_activities(platform_xml: str | Path, graph: ActivityGraph, driver: str = "callbacks") -> ActivityTimes:
+def run_activities(platform: CompiledPlatform, graph: ActivityGraph, driver: str = "callbacks") -> ActivityTimes:
     """:func:`run_here` in a fresh, spawned process (SimGrid: one Engine per process); any number of times.
 
     Called from a script, put the script's top level under ``if __name__ == "__main__":`` (the spawned
@@ -224,7 +228,7 @@ def run_activities(platform_xml: str | Path, graph: ActivityGraph, driver: str =
     load()  # fail here, not in the child, when the core is not built
     try:
         with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"), max_tasks_per_child=1) as pool:
-            return pool.submit(run_here, str(platform_xml), graph, driver).result()
+            return pool.submit(run_here, platform, graph, driver).result()
     except BrokenProcessPool as err:
         raise SimulationError(f"engine core: the simulation process died before returning a result ({err}); "
                               "SimGrid aborts the process on some platform errors") from None

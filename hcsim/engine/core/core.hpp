@@ -4,6 +4,7 @@
    buffers, the core runs them on plain s4u::Exec and s4u::Comm activities and writes flat arrays back;
    no Python object is touched while SimGrid runs. One translation unit per concept:
      engine.cpp      the one SimGrid Engine of the process: configuration, platform, host table
+     platform.cpp    the compiled platform as SimGrid hosts, links and one zone routing by a table of routes
      activities.cpp  an activity graph driven by completion callbacks in SimGrid's maestro (no actor)
      chains.cpp      the same activities driven by one S4U actor per chain, blocking waits (for comparison)
      module.cpp      the Python binding (pybind11): buffers in and out, errors as Python exceptions */
@@ -12,9 +13,11 @@
 
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace simgrid::s4u {
+class Engine;
 class Host;
 }
 
@@ -52,16 +55,38 @@ struct RunCounters {
   double setup_s = 0.0;        // wall time of engine creation, platform load and seal, s
 };
 
+/* A compiled platform (hcsim/platform/compile.py, CompiledPlatform.tables), borrowed: every host with its
+   speed (FLOP/s), the links the routes cross (full duplex: each direction has the bandwidth, B/s; latency,
+   s), and the route of each compiled ordered host pair: route r runs from host route_src[r] to host
+   route_dst[r] over the link directions route_links[route_offsets[r] .. route_offsets[r+1]), direction
+   2 x link for the link's UP way (from the smaller name to the larger), 2 x link + 1 for its DOWN way. */
+struct PlatformTables {
+  std::vector<std::string> host_names;
+  const double* host_speed = nullptr;
+  std::vector<std::string> link_names;
+  const double* link_bandwidth = nullptr;
+  const double* link_latency = nullptr;
+  std::size_t routes = 0;
+  const std::int32_t* route_src = nullptr;
+  const std::int32_t* route_dst = nullptr;
+  const std::int64_t* route_offsets = nullptr;  // routes + 1 entries
+  const std::int32_t* route_links = nullptr;    // route_offsets[routes] entries
+};
+
+/* Adds `platform` to `engine`'s root zone (platform.cpp); returns its hosts by name. */
+std::unordered_map<std::string, simgrid::s4u::Host*> build_platform(simgrid::s4u::Engine& engine,
+                                                                    const PlatformTables& platform);
+
 /* Checks the graph (sizes, host numbers, amounts, predecessors, cycles); throws std::invalid_argument
    naming the first bad activity. */
 void check_graph(const ActivityGraph& graph);
 
 /* Creates the process's SimGrid Engine (once per process: a second call throws std::logic_error),
-   sets CM02 with TCP-gamma 0 and no cross-traffic, loads and seals the platform, and returns the hosts
+   sets CM02 with TCP-gamma 0 and no cross-traffic, builds and seals the platform, and returns the hosts
    named in `host_names`, in that order (std::invalid_argument for an unknown name); with `clock_host`,
    adds the delay host of hcsim/engine/backend.py ("hcsim:clock", 1 FLOP/s, 2^20 cores) and returns it
    last. */
-std::vector<simgrid::s4u::Host*> start_engine(const std::string& platform_xml,
+std::vector<simgrid::s4u::Host*> start_engine(const PlatformTables& platform,
                                               const std::vector<std::string>& host_names, bool clock_host = false);
 
 /* Runs the graph with completion callbacks in maestro: each activity starts from the callback of its

@@ -1,5 +1,5 @@
 /* The one SimGrid Engine of the process: CM02 with TCP-gamma 0 and no cross-traffic, the compiled platform
-   XML, root zone sealed. */
+   (platform.cpp), root zone sealed. */
 #include "core.hpp"
 
 #include <simgrid/s4u/Engine.hpp>
@@ -38,7 +38,7 @@ RunCounters run_engine()
   return counters;
 }
 
-std::vector<sg4::Host*> start_engine(const std::string& platform_xml, const std::vector<std::string>& host_names,
+std::vector<sg4::Host*> start_engine(const PlatformTables& platform, const std::vector<std::string>& host_names,
                                      bool clock_host)
 {
   // SimGrid 4.1 aborts the whole process when a second Engine is created, even after the first has run:
@@ -61,25 +61,21 @@ std::vector<sg4::Host*> start_engine(const std::string& platform_xml, const std:
   // (paper eq. 2). Config is accepted only after the Engine exists and before the platform is loaded.
   for (const char* setting : {"network/model:CM02", "network/TCP-gamma:0", "network/crosstraffic:0"})
     sg4::Engine::set_config(setting);
-  engine->load_platform(platform_xml);
+  std::unordered_map<std::string, sg4::Host*> by_name = build_platform(*engine, platform);
   sg4::Host* clock = nullptr;
   if (clock_host) {  // delays: executions on a host of 1 FLOP/s with more cores than delays at once, as backend.py
     clock = engine->get_netzone_root()->add_host("hcsim:clock", 1.0);
     clock->set_core_count(1 << 20);
     clock->seal();
   }
-  engine->get_netzone_root()->seal();  // XML zones are not sealed at load in 4.1
+  engine->get_netzone_root()->seal();
 
-  // Host::by_name searches the zones one by one in 4.1; one walk over all hosts instead.
-  std::unordered_map<std::string, sg4::Host*> by_name;
-  for (sg4::Host* host : engine->get_all_hosts())
-    by_name.emplace(host->get_name(), host);
   std::vector<sg4::Host*> hosts;
   hosts.reserve(host_names.size());
   for (const auto& name : host_names) {
     auto found = by_name.find(name);
     if (found == by_name.end())
-      throw std::invalid_argument("host '" + name + "' is not in the platform " + platform_xml);
+      throw std::invalid_argument("host '" + name + "' is not in the compiled platform");
     hosts.push_back(found->second);
   }
   if (clock != nullptr)

@@ -10,7 +10,11 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <utility>
+
 #include <simgrid/s4u/Engine.hpp>
+#include <simgrid/s4u/Host.hpp>
+#include <simgrid/s4u/Link.hpp>
 #include <simgrid/version.h>
 
 #include <algorithm>
@@ -47,6 +51,47 @@ template <typename T> T* view(const py::buffer& buffer, const char* name, std::s
   return static_cast<T*>(info.ptr);
 }
 
+/* The compiled platform's tables (compile.py's CompiledPlatform.tables; core.hpp's PlatformTables), checked:
+   lengths, host and link numbers in range. The buffers stay Python's: `platform` outlives the run. */
+hcsim::core::PlatformTables platform_tables(const py::dict& platform)
+{
+  auto item = [&platform](const char* name) {
+    if (!platform.contains(name))
+      throw py::value_error(std::string("platform: missing table '") + name + "'");
+    return platform[name];
+  };
+  auto size = [&item](const char* name) {
+    return static_cast<std::size_t>(item(name).cast<py::buffer>().request().shape[0]);
+  };
+  hcsim::core::PlatformTables t;
+  t.host_names = item("hosts").cast<std::vector<std::string>>();
+  t.host_speed = view<double>(item("speeds").cast<py::buffer>(), "speeds", t.host_names.size(), false);
+  t.link_names = item("links").cast<std::vector<std::string>>();
+  std::size_t links = t.link_names.size();
+  t.link_bandwidth = view<double>(item("bandwidths").cast<py::buffer>(), "bandwidths", links, false);
+  t.link_latency = view<double>(item("latencies").cast<py::buffer>(), "latencies", links, false);
+  t.routes = size("route_src");
+  t.route_src = view<std::int32_t>(item("route_src").cast<py::buffer>(), "route_src", t.routes, false);
+  t.route_dst = view<std::int32_t>(item("route_dst").cast<py::buffer>(), "route_dst", t.routes, false);
+  t.route_offsets =
+      view<std::int64_t>(item("route_offsets").cast<py::buffer>(), "route_offsets", t.routes + 1, false);
+  std::size_t crossed = static_cast<std::size_t>(t.route_offsets[t.routes]);
+  t.route_links = view<std::int32_t>(item("route_links").cast<py::buffer>(), "route_links", crossed, false);
+  auto hosts = static_cast<std::int32_t>(t.host_names.size());
+  for (std::size_t r = 0; r < t.routes; ++r) {
+    if (t.route_src[r] < 0 || t.route_src[r] >= hosts || t.route_dst[r] < 0 || t.route_dst[r] >= hosts)
+      throw py::value_error("platform: route " + std::to_string(r) + " names a host out of range");
+    if (t.route_offsets[r] < 0 || t.route_offsets[r] > t.route_offsets[r + 1])
+      throw py::value_error("platform: route_offsets must not decrease (route " + std::to_string(r) + ")");
+  }
+  if (t.route_offsets[0] != 0)
+    throw py::value_error("platform: route_offsets must start at 0");
+  for (std::size_t k = 0; k < crossed; ++k)
+    if (t.route_links[k] < 0 || static_cast<std::size_t>(t.route_links[k]) >= 2 * links)
+      throw py::value_error("platform: route_links[" + std::to_string(k) + "] names a link out of range");
+  return t;
+}
+
 py::dict counters_dict(const hcsim::core::RunCounters& counters)
 {
   py::dict out;
@@ -58,7 +103,7 @@ py::dict counters_dict(const hcsim::core::RunCounters& counters)
   return out;
 }
 
-py::dict run_graph(const std::string& platform_xml, const std::vector<std::string>& host_names,
+py::dict run_graph(const py::dict& platform, const std::vector<std::string>& host_names,
                    const py::buffer& kind, const py::buffer& host, const py::buffer& peer, const py::buffer& amount,
                    const py::buffer& pred_offsets, const py::buffer& preds, const py::buffer& start,
                    const py::buffer& end, const std::string& driver)
@@ -81,12 +126,13 @@ py::dict run_graph(const std::string& platform_xml, const std::vector<std::strin
   graph.preds = view<std::int32_t>(preds, "preds", edges, false);
   Times times{view<double>(start, "start", graph.n, true), view<double>(end, "end", graph.n, true)};
 
+  PlatformTables tables = platform_tables(platform);
   RunCounters counters;
   {
     py::gil_scoped_release unlocked;
     check_graph(graph);
     double begin = wall_seconds();
-    std::vector<simgrid::s4u::Host*> hosts = start_engine(platform_xml, host_names);
+    std::vector<simgrid::s4u::Host*> hosts = start_engine(tables, host_names);
     double setup = wall_seconds() - begin;
     counters = driver == "callbacks" ? run_with_callbacks(graph, hosts, times) : run_with_actors(graph, hosts, times);
     counters.setup_s = setup;
@@ -117,7 +163,7 @@ void within(std::int64_t first, std::int64_t n, std::size_t rows, const char* na
                           std::to_string(rows));
 }
 
-py::dict run_workload(const std::string& platform_xml, const std::vector<std::string>& host_names,
+py::dict run_workload(const py::dict& platform, const std::vector<std::string>& host_names,
                       const py::dict& a, int iterations, std::size_t xpus, const py::buffer& iteration_ends,
                       const py::buffer& first, const py::buffer& last, const py::buffer& done_runs,
                       const py::object& traced_xpus, const py::object& traced_runs, const py::object& progress,
@@ -253,12 +299,13 @@ py::dict run_workload(const std::string& platform_xml, const std::vector<std::st
         err.discard_as_unraisable("hcsim engine core progress callback");
       }
     };
+  PlatformTables tables = platform_tables(platform);
   RunCounters counters;
   std::size_t ended = 0;
   {
     py::gil_scoped_release unlocked;
     double begin = wall_seconds();
-    std::vector<simgrid::s4u::Host*> hosts = start_engine(platform_xml, host_names, true);
+    std::vector<simgrid::s4u::Host*> hosts = start_engine(tables, host_names, true);
     double setup = wall_seconds() - begin;
     counters = hcsim::core::run_workload(w, hosts, out, &ended);
     counters.setup_s = setup;
@@ -282,7 +329,7 @@ py::dict run_workload(const std::string& platform_xml, const std::vector<std::st
    flows to start now (steps.hpp). `landed(tag, now)`, if given, is called when a handoff's last flow ends. An
    exception either raises stops every loop and is raised again here once SimGrid has run out. Optional layout
    arrays h_src, h_dst: the host pairs handoffs may take. */
-py::dict run_steps(const std::string& platform_xml, const std::vector<std::string>& host_names, const py::dict& a,
+py::dict run_steps(const py::dict& platform, const std::vector<std::string>& host_names, const py::dict& a,
                    const py::object& next_step, bool analytic, const py::object& landed)
 {
   using namespace hcsim::core;
@@ -361,11 +408,12 @@ py::dict run_steps(const std::string& platform_xml, const std::vector<std::strin
       }
       return false;
     };
+  PlatformTables tables = platform_tables(platform);
   RunCounters counters;
   {
     py::gil_scoped_release unlocked;
     double begin = wall_seconds();
-    std::vector<simgrid::s4u::Host*> hosts = start_engine(platform_xml, host_names, true);
+    std::vector<simgrid::s4u::Host*> hosts = start_engine(tables, host_names, true);
     double setup = wall_seconds() - begin;
     counters = hcsim::core::run_steps(layout, hosts, next, analytic, on_landed);
     counters.setup_s = setup;
@@ -374,25 +422,52 @@ py::dict run_steps(const std::string& platform_xml, const std::vector<std::strin
     throw *raised;
   return counters_dict(counters);
 }
+/* SimGrid's route of each (source, destination) host pair on the compiled platform: its link names (with
+   _UP / _DOWN) and latency (s), as Host::route_to answers them. Starts the process's Engine. */
+py::list platform_routes(const py::dict& platform, const std::vector<std::pair<std::string, std::string>>& pairs)
+{
+  using namespace hcsim::core;
+  PlatformTables tables = platform_tables(platform);
+  std::vector<std::string> names;
+  for (const auto& [src, dst] : pairs) {
+    names.push_back(src);
+    names.push_back(dst);
+  }
+  std::vector<simgrid::s4u::Host*> hosts = start_engine(tables, names);
+  py::list out;
+  for (std::size_t i = 0; i < pairs.size(); ++i) {
+    std::vector<simgrid::s4u::Link*> links;
+    double latency = 0.0;
+    hosts[2 * i]->route_to(hosts[2 * i + 1], links, &latency);
+    py::list link_names;
+    for (const auto* link : links)
+      link_names.append(link->get_name());
+    out.append(py::make_tuple(link_names, latency));
+  }
+  return out;
+}
 }  // namespace
 
 PYBIND11_MODULE(_core, m)
 {
   m.doc() = "hcsim's engine core on SimGrid's S4U C++ API (see hcsim/engine/core/__init__.py)";
-  m.def("run_graph", &run_graph, py::arg("platform_xml"), py::arg("host_names"), py::arg("kind"), py::arg("host"),
+  m.def("run_graph", &run_graph, py::arg("platform"), py::arg("host_names"), py::arg("kind"), py::arg("host"),
         py::arg("peer"), py::arg("amount"), py::arg("pred_offsets"), py::arg("preds"), py::arg("start"),
         py::arg("end"), py::arg("driver") = "callbacks",
         "Run an activity graph on a fresh SimGrid Engine (once per process); fills start and end.");
-  m.def("run_workload", &run_workload, py::arg("platform_xml"), py::arg("host_names"), py::arg("arrays"),
+  m.def("run_workload", &run_workload, py::arg("platform"), py::arg("host_names"), py::arg("arrays"),
         py::arg("iterations"), py::arg("xpus"), py::arg("iteration_ends"), py::arg("first"), py::arg("last"),
         py::arg("done_runs"), py::arg("traced_xpus") = py::none(), py::arg("traced_runs") = py::none(),
         py::arg("progress") = py::none(), py::arg("job_ends") = py::none(), py::arg("job_ended") = py::none(),
         "Run a workload graph's iterations by the executor's rules (arrays: hcsim/engine/core/workload.py).");
-  m.def("run_steps", &run_steps, py::arg("platform_xml"), py::arg("host_names"), py::arg("layout"),
+  m.def("run_steps", &run_steps, py::arg("platform"), py::arg("host_names"), py::arg("layout"),
         py::arg("next_step"), py::arg("analytic") = true, py::arg("landed") = py::none(),
         "Run serving replicas' steps, asking next_step(replica, now, done) at each one's end (steps.hpp); with "
         "analytic, a phase nothing else can slow runs as one delay of its time alone; handoffs between replicas "
         "given beside a reply, landed(tag, now) called as each lands.");
+  m.def("platform_routes", &platform_routes, py::arg("platform"), py::arg("pairs"),
+        "SimGrid's route of each (source, destination) pair on the compiled platform: (link names, latency); "
+        "starts the process's Engine (once per process).");
   m.def("engine_started", []() { return simgrid::s4u::Engine::is_initialized(); },
         "Whether this process has made its SimGrid Engine (one per process, ever).");
   m.attr("clock_fields") = hcsim::core::CLOCK_FIELDS;

@@ -23,7 +23,6 @@ from __future__ import annotations
 import time
 from array import array
 from collections import defaultdict
-from pathlib import Path
 
 import networkx as nx
 
@@ -434,9 +433,8 @@ def _fill_trace(trace, rules, counters: dict, hosts: list[str], arrays: dict) ->
                                 start, end))
 
 
-def run_workload(platform: nx.Graph, workload: nx.DiGraph, routes: dict, platform_xml: str | Path, options,
-                 order=None, progress=None):
-    """Run `workload` on the compiled platform `platform_xml` in the core, in this process (once: SimGrid allows
+def run_workload(platform: nx.Graph, workload: nx.DiGraph, compiled, options, order=None, progress=None):
+    """Run `workload` on `platform` compiled (a :class:`hcsim.platform.CompiledPlatform`) in the core, in this process (once: SimGrid allows
     one Engine per process); a :class:`RunResult`. `order`: the vertices as validate_workload returned them, if
     the caller has them (computed here otherwise). `progress`, if given, is called now and then with how many
     more vertex runs have completed (from the core, which holds no Python state meanwhile).
@@ -449,10 +447,10 @@ def run_workload(platform: nx.Graph, workload: nx.DiGraph, routes: dict, platfor
         when some vertex never completes every iteration.
     """
     with collector_paused():  # the set-up's objects all stay alive; the core's run makes none
-        return _run_workload(platform, workload, routes, platform_xml, options, order, progress)
+        return _run_workload(platform, workload, compiled, options, order, progress)
 
 
-def _run_workload(platform, workload, routes, platform_xml, options, order, progress):
+def _run_workload(platform, workload, compiled, options, order, progress):
     from hcsim.engine import core
     from hcsim.engine.options import RunResult
     from hcsim.engine.rules import WorkloadRules, check_link_loads
@@ -461,7 +459,7 @@ def _run_workload(platform, workload, routes, platform_xml, options, order, prog
     if not core.available():
         raise ConfigError(f"the engine core is not built: {core.unavailable_reason()}")
     module = core.load()
-    rules = WorkloadRules(platform, workload, routes, options, order=order)
+    rules = WorkloadRules(platform, workload, compiled.routes, options, order=order)
     xpus = rules.xpus
     hosts = {x: i for i, x in enumerate(xpus)}
     arrays = build_arrays(rules, hosts)
@@ -483,7 +481,7 @@ def _run_workload(platform, workload, routes, platform_xml, options, order, prog
         traced_runs = array("B", [0] + [options.trace_iterations is None or run in options.trace_iterations
                                         for run in range(1, iterations + 1)])
     try:
-        counters = module.run_workload(str(platform_xml), list(hosts), arrays, iterations, len(xpus), ends, first,
+        counters = module.run_workload(compiled.tables, list(hosts), arrays, iterations, len(xpus), ends, first,
                                        last, done, traced_xpus, traced_runs, progress, job_ends, job_ended)
     except (ValueError, TypeError) as err:
         raise ConfigError(f"engine core: {err}") from err
@@ -506,7 +504,7 @@ def _run_workload(platform, workload, routes, platform_xml, options, order, prog
             ended.update(dict.fromkeys(vertex.xpus, count))
     link_bytes: dict[tuple[str, str], float] = defaultdict(float)
     for pair, size in pair_bytes(rules).items():
-        route = routes[pair]
+        route = compiled.routes[pair]
         for link in zip(route, route[1:]):
             link_bytes[link] += size
     link_bytes = dict(link_bytes)

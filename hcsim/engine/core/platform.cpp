@@ -1,0 +1,109 @@
+/* The compiled platform in SimGrid: one zone of every host, routing by a table of the compiled routes.
+
+   SimGrid 4.1's own zones cost more than the routes at scale. A Full zone allocates N^2 route slots for its
+   N netpoints when sealed; splitting the hosts into many small Full zones (what the XML compiler does) costs
+   hosts x zones twice over while loading: HostImpl's constructor checks the new name with
+   Engine::host_by_name_or_null, which searches every zone, and each zone's seal() walks every host of the
+   platform (NetZoneImpl::get_all_hosts filters Engine::get_filtered_hosts). A rail-optimised DGX fat tree
+   compiles to a zone per GPU (every GPU leaves its node through its own NIC), so 131,072 GPUs made about
+   150,000 zones and 330,000 hosts, which did not load in 36 minutes. RouteTable holds every host in one
+   zone and answers get_local_route from a hash table of the compiled pairs only: memory and load time
+   linear in hosts, links and route links. Each route is the compiled one, link for link and in order. */
+#include "core.hpp"
+
+#include <simgrid/kernel/routing/NetPoint.hpp>
+#include <simgrid/kernel/routing/NetZoneImpl.hpp>
+#include <simgrid/s4u/Engine.hpp>
+#include <simgrid/s4u/Host.hpp>
+#include <simgrid/s4u/Link.hpp>
+#include <simgrid/s4u/NetZone.hpp>
+
+#include <stdexcept>
+#include <unordered_map>
+
+namespace sg4 = simgrid::s4u;
+namespace routing = simgrid::kernel::routing;
+using simgrid::kernel::resource::StandardLinkImpl;
+
+namespace hcsim::core {
+namespace {
+
+class RouteTable : public routing::NetZoneImpl {
+public:
+  explicit RouteTable(const std::string& name) : NetZoneImpl(name) {}
+
+  /* The route from host netpoint src to dst: links (in order) and their summed latency (s). */
+  void add(const routing::NetPoint* src, const routing::NetPoint* dst, std::vector<StandardLinkImpl*> links,
+           double latency)
+  {
+    auto [at, fresh] = index_.try_emplace(key(src, dst), routes_.size());
+    if (!fresh)
+      throw std::invalid_argument("platform: two routes from " + src->get_name() + " to " + dst->get_name());
+    routes_.push_back({std::move(links), latency});
+  }
+
+  void get_local_route(const routing::NetPoint* src, const routing::NetPoint* dst, routing::Route* into,
+                       double* latency) override
+  {
+    auto found = index_.find(key(src, dst));
+    if (found == index_.end())  // a pair the compiler was not asked for: a bug above the core
+      throw std::runtime_error("platform: no route from " + src->get_name() + " to " + dst->get_name() +
+                              " (hcsim compiles routes only for the host pairs a run uses)");
+    const Route& route = routes_[found->second];
+    into->link_list_.insert(into->link_list_.end(), route.links.begin(), route.links.end());
+    if (latency != nullptr)
+      *latency += route.latency;
+  }
+
+private:
+  struct Route {
+    std::vector<StandardLinkImpl*> links;
+    double latency;  // summed in route order from 0, as SimGrid sums a route's links
+  };
+  static std::uint64_t key(const routing::NetPoint* src, const routing::NetPoint* dst)
+  {
+    return (static_cast<std::uint64_t>(src->id()) << 32) | static_cast<std::uint64_t>(dst->id());
+  }
+  std::unordered_map<std::uint64_t, std::size_t> index_;
+  std::vector<Route> routes_;
+};
+
+}  // namespace
+
+std::unordered_map<std::string, sg4::Host*> build_platform(sg4::Engine& engine, const PlatformTables& platform)
+{
+  auto* zone = new RouteTable("hcsim:routes");  // owned by its parent zone, as SimGrid's own zones are
+  zone->set_parent(engine.get_netzone_root()->get_impl());
+  sg4::NetZone* face = zone->get_iface();
+
+  std::vector<StandardLinkImpl*> directions;  // 2 x link: UP, then DOWN
+  directions.reserve(2 * platform.link_names.size());
+  for (std::size_t i = 0; i < platform.link_names.size(); ++i) {
+    // SPLITDUPLEX, as the XML compiler writes it: each direction has the full bandwidth
+    sg4::SplitDuplexLink* link = face->add_split_duplex_link(platform.link_names[i], platform.link_bandwidth[i]);
+    link->set_latency(platform.link_latency[i])->seal();
+    directions.push_back(link->get_link_up()->get_impl());
+    directions.push_back(link->get_link_down()->get_impl());
+  }
+  std::unordered_map<std::string, sg4::Host*> hosts;
+  std::vector<sg4::Host*> numbered;
+  numbered.reserve(platform.host_names.size());
+  for (std::size_t i = 0; i < platform.host_names.size(); ++i) {
+    sg4::Host* host = face->add_host(platform.host_names[i], platform.host_speed[i]);
+    hosts.emplace(platform.host_names[i], host);
+    numbered.push_back(host);
+  }
+  for (std::size_t r = 0; r < platform.routes; ++r) {
+    std::vector<StandardLinkImpl*> links;
+    double latency = 0.0;
+    for (std::int64_t k = platform.route_offsets[r]; k < platform.route_offsets[r + 1]; ++k) {
+      links.push_back(directions[platform.route_links[k]]);
+      latency += platform.link_latency[platform.route_links[k] / 2];
+    }
+    zone->add(numbered[platform.route_src[r]]->get_netpoint(), numbered[platform.route_dst[r]]->get_netpoint(),
+              std::move(links), latency);
+  }
+  return hosts;
+}
+
+}  // namespace hcsim::core
