@@ -144,7 +144,7 @@ def test_kv_csv_holds_the_bytes_moved_per_row(runs, tmp_path):
 
 
 PREFETCH = """
-import math, sys, tempfile
+import math, sys
 from array import array
 from pathlib import Path
 from hcsim.config import resolve_spec
@@ -154,8 +154,7 @@ from hcsim.platform.routes import route_bandwidth, route_latency, shortest_route
 graph = build_platform(load_platform_spec(resolve_spec("paper-cxl", "platforms", Path(".")), {}), 1)
 route = shortest_routes(graph, "xpu0.cxl", ["xpu0"])["xpu0"]
 bandwidth, latency = route_bandwidth(graph, route), route_latency(graph, route)
-xml = Path(tempfile.mkdtemp()) / "platform.xml"
-xml.write_text(compile_platform(graph, [("xpu0.cxl", "xpu0")], "bf16").xml)
+platform = compile_platform(graph, [("xpu0.cxl", "xpu0")], "bf16")
 layout = {"r_tp": array("i", [1]), "r_xpus": array("q", [0, 1]), "x_host": array("i", [0]),
           "x_ext": array("i", [1]), "x_dram": array("i", [-1]), "h_src": array("i", [1]), "h_dst": array("i", [0])}
 compute = 10e-3
@@ -167,7 +166,7 @@ def next_step(replica, now, done):
         return [step, (1.0, 0.0, prefetch, 0.0, 0.0, 5.0)] if prefetch else step
     ends.append(now)
     return None
-core.load().run_steps(str(xml), ["xpu0", "xpu0.cxl"], layout, next_step, True, lambda tag, now: None)
+core.load().run_steps(platform.tables, ["xpu0", "xpu0.cxl"], layout, next_step, True, lambda tag, now: None)
 print(repr(ends[0]), repr(latency), repr(bandwidth))
 """
 
