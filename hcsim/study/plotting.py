@@ -49,6 +49,11 @@ _LABELS = {
     "memory_stall_s": "Memory stall per iteration (s)",
     "compute_s": "Compute per iteration (s)",
     "busiest_link_utilization": "Busiest link, mean utilization",
+    "tokens_per_s": "Throughput (tokens/s)",
+    "mfu": "Model FLOPs utilization",
+    **{f"comm_{kind}_s": f"Exposed {name} communication per iteration (s)" for kind, name in (
+        ("tp", "tensor-parallel"), ("cp", "context-parallel"), ("pp", "pipeline"), ("dp", "data-parallel"),
+        ("ep", "expert-parallel"), ("offload", "offload"), ("other", "other"))},
 }
 # Display scale of SI columns (the CSV keeps SI units).
 _SCALES = {"cxl_bandwidth_Bps": 1e-9, "cxl_latency_s": 1e6}
@@ -353,6 +358,15 @@ def _wrap(name: str, width: int = 12) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+def _bar_text(height: float) -> str:
+    """A bar's value in three digits, thousands, millions and billions as k, M and G (322k, not 3.22e+05)."""
+    rounded = float(f"{height:.3g}")  # 999.7 rounds to 1,000: 1k
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(rounded) >= scale:
+            return f"{rounded / scale:.3g}{suffix}"
+    return f"{height:.3g}"
+
+
 def _bars(ax, rows, spec, series) -> None:
     x, y = spec["x"], spec["y"]
     categories = _values(rows, x, spec)
@@ -368,9 +382,9 @@ def _bars(ax, rows, spec, series) -> None:
         bars = ax.bar(positions, heights, width, label=_series_label(spec, series, combo),
                       color=_COLOURS[i % len(_COLOURS)])
         crowded = len(categories) * len(combos) > 6  # side by side the labels would overlap: stand them up
-        ax.bar_label(bars, labels=[f"{h:.3g}" for h in heights], fontsize=7, padding=2,
+        ax.bar_label(bars, labels=[_bar_text(h) for h in heights], fontsize=7, padding=2,
                      rotation=90 if crowded else 0)
-    ax.margins(y=0.18)  # room above the tallest bar for its label
+    ax.margins(y=0.3 if crowded else 0.18)  # room above the tallest bar for its label (standing: taller)
     ax.set_xticks(range(len(categories)))
     named = x in (spec.get("labels") or {})  # categories given legend text by the spec's labels read as it
     ax.set_xticklabels([_wrap(_legend_text(spec, x, c) if named else str(c)) for c in categories], fontsize=8)

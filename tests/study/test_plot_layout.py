@@ -5,7 +5,8 @@ from types import SimpleNamespace
 
 import pytest
 
-matplotlib = pytest.importorskip("matplotlib")
+import matplotlib  # noqa: E402  (a dependency of hcsim: never skipped)
+
 matplotlib.use("Agg")
 
 from hcsim.study.plotting import default_title, plot_experiment, plot_rows  # noqa: E402
@@ -51,6 +52,32 @@ def test_crowded_bar_labels_do_not_run_into_each_other(tmp_path, figures):
         boxes = [t.get_window_extent(renderer) for t in ax.get_xticklabels() if t.get_text()]
         assert len(boxes) == len(systems)
         assert all(a.x1 <= b.x0 for a, b in zip(boxes, boxes[1:])), [(b.x0, b.x1) for b in boxes]
+
+
+def test_standing_bar_labels_stay_inside_the_axes_below_the_panel_title(tmp_path, figures):
+    """gh200-offload's picture: twelve bars a panel, their labels stood up, the tallest's ran into the panel's
+    title; large values read in k (322k, not 3.22e+05)."""
+    configs = ["ZeRO-3", "ZeRO-1", "Grace in place", "ZeRO-1 + Grace in place", "Grace CPU step", "ZeRO-1 + step"]
+    rows = [_row(config=c, scale=s, compute_model=m, tokens_per_s=(46_500.0 + 9_000 * i) * (4 if s == "32" else 1))
+            for i, c in enumerate(configs) for s in ("8", "32") for m in ("peak", "roofline")]
+    plot_rows(rows, {"x": "config", "y": "tokens_per_s", "series": "scale", "panels": "compute_model", "kind": "bar",
+                     "title": "t"}, tmp_path / "p")
+    figure = figures[0]
+    renderer = figure.canvas.get_renderer()
+    for ax in figure.axes:
+        labels = [t for t in ax.texts if t.get_text()]
+        assert labels and all(t.get_rotation() == 90 for t in labels)
+        top = min(ax.get_window_extent(renderer).y1, ax.title.get_window_extent(renderer).y0)
+        assert all(t.get_window_extent(renderer).y1 <= top for t in labels)
+        assert {"46.5k", "366k"} <= {t.get_text() for t in labels}
+    assert figure.axes[0].get_ylabel() == "Throughput (tokens/s)"
+
+
+def test_bar_values_read_in_three_digits_with_k_m_and_g():
+    from hcsim.study.plotting import _bar_text
+
+    assert [_bar_text(v) for v in (0.0303, 178, 999.7, 46_500, 1.68e6, 2.5e9, -4_500, 0)] == \
+        ["0.0303", "178", "1k", "46.5k", "1.68M", "2.5G", "-4.5k", "0"]
 
 
 def test_the_legend_covers_no_line(tmp_path, figures):
