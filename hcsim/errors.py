@@ -30,12 +30,24 @@ _REPR.maxstring, _REPR.maxother, _REPR.maxlist, _REPR.maxtuple = 60, 60, 6, 6
 _REPR.maxdict, _REPR.maxset, _REPR.maxlevel, _REPR.maxlong = 4, 6, 3, 40
 
 
+# A number in exponent notation that YAML 1.1 (PyYAML) reads as text: it wants a dot and a signed exponent
+_EXPONENT_TEXT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+
+
 def brief(value: object) -> str:
-    """`value`'s repr, cut short (at most about 100 characters): what error messages show of a user's value."""
+    """`value`'s repr, cut short (at most about 100 characters): what error messages show of a user's value. Text
+    that reads as a number in exponent notation says why it is text (``'1e12'``: YAML needs ``1.0e+12``)."""
     try:
-        return _REPR.repr(value)
+        shown = _REPR.repr(value)
     except Exception:  # a user object whose repr fails
         return f"<{type(value).__name__}>"
+    if isinstance(value, str) and _EXPONENT_TEXT.match(value.strip()):
+        mantissa, exponent = value.strip().lower().split("e")
+        number = f"{mantissa if '.' in mantissa else mantissa + '.0'}e{exponent if exponent[0] in '+-' else '+' + exponent}"
+        whole = float(number) if float(number).is_integer() and abs(float(number)) < 1e16 else None
+        shown += (f" (text to YAML, which reads exponent notation as a number only with a dot and a signed exponent: "
+                  f"write {number}{f', or {int(whole)}' if whole is not None else ''})")
+    return shown
 
 
 def invalid(where: str, problems: list[str]) -> str:

@@ -54,6 +54,7 @@ PHYSICAL_RANGES: dict[str, tuple[float, float, str]] = {
     "vocabulary": (0, 100_000_000, "tokens"),
     "experts": (1, 100_000, ""),
     "batch_per_xpu": (1, 1_000_000, "samples"),
+    "slowdown": (0.01, 100.0, "x"),       # a straggler's compute: 100x faster (a stand-in) to 100x slower (failing)
 }
 
 
@@ -71,6 +72,8 @@ def check_range(value: float, quantity: str, where: str, text: object = None) ->
             return f"{x:,.0f} s"
         if unit in ("B/s", "s", "B", "FLOP/s", "FLOP"):
             return format_quantity(x, unit)
+        if unit == "x":  # a factor
+            return f"{x:g}x"
         return f"{x:,.0f}{' ' + unit if unit else ''}"
 
     given = brief(text) if text is not None else shown(value)

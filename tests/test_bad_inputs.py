@@ -651,7 +651,7 @@ CLI_CASES_29.update({
     "show-fits-nowhere": (["workload", "show", "llama2-13b", *HUGE_DECODER, "--platform", "tiny-type3.yaml"],
                           r"^--platform tiny-type3\.yaml: workload 'llama2-13b' does not fit even with spilling on "
                           r"XPU 'xpu0'", r"holds 0 of 40 decoders.*extended memory holds 1 GB\. Fix: more extended "
-                          r"memory, a smaller batch, or recomputation"),
+                          r"memory \(.*pool\.capacity_per_host on cxl-pool\), a smaller batch, or recomputation"),
     "show-out-of-memory-no-spill": (["workload", "show", "llama2-13b", "--platform", "dgx-h100"],
                                     r"^--platform dgx-h100: .*out of memory: stage 0 needs \d+\.\d GB per XPU, each H100 "
                                     r"holds 85\.9 GB", r"Fix: offload .*ZeRO.*here --zero, --pp, --recompute and "

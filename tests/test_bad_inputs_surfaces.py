@@ -160,6 +160,11 @@ CASES = {
     "gb200-jobs-names-split-superchip": (["simulate", "jobs-split-names.yaml"],
                                          r"jobs-split-names\.yaml: jobs\[0\]\.xpus",
                                          r"would split a superchip.*valid: whole superchips: add xpu1$"),
+    "jobs-a-serving-job": (["simulate", "jobs-serving.yaml"], r"jobs-serving\.yaml: jobs\[0\]\.workload",
+                           r"'llama3-70b-serving' is a serving workload \(kind: serving\), but the jobs of a run train"),
+    "serving-trace-a-folder": (["simulate", "--set", "workload=trace-folder.yaml", "--set", "platform=dgx-h100",
+                                "--set", "xpus=1"], r"trace-folder\.yaml: serving\.trace 'traces'",
+                               r"traces is a folder; give the trace's file \(\.csv or \.jsonl\)"),
     "gb200-c2c-inf": (override(GB200, "platform_overrides.links.c2c.bandwidth", ".inf"),
                       r"platform_overrides\.links\.c2c\.bandwidth", r"inf has no unit"),
     "gb200-superchips-negative": (override(GB200, "platform_overrides.node.superchips", -36),
@@ -203,6 +208,15 @@ CASES = {
     "stragglers-inf": (override(TRAIN, "stragglers.xpu3", ".inf"), r"--set stragglers\.xpu3", r"> 0 .*got inf"),
     "stragglers-text": (override(TRAIN, "stragglers.xpu3", "slow"), r"--set stragglers\.xpu3", r"> 0 .*got 'slow'"),
     "stragglers-boolean": (override(TRAIN, "stragglers.xpu3", "true"), r"--set stragglers\.xpu3", r"> 0 .*got True"),
+    "stragglers-vanishing": (override(TRAIN, "stragglers.xpu3", "1.0e-300"), r"--set stragglers\.xpu3",
+                             r"1e-300x is outside the physical range of a slowdown, 0\.01x to 100x"),
+    "stragglers-million": (override(TRAIN, "stragglers.xpu3", "1000000.0"), r"--set stragglers\.xpu3",
+                           r"1e\+06x is outside the physical range of a slowdown"),
+    "stragglers-exponent-text": (override(TRAIN, "stragglers.xpu3", "1e308"), r"--set stragglers\.xpu3",
+                                 r"got '1e308' \(text to YAML, which reads exponent notation as a number only with a "
+                                 r"dot and a signed exponent: write 1\.0e\+308\)"),
+    "xpus-exponent-text": (override(TRAIN, "xpus", "1e3"), r"--set xpus",
+                           r"got '1e3' \(text to YAML.*write 1\.0e\+3, or 1000\)"),
     "stragglers-a-list": (override(TRAIN, "stragglers", "[1,2]"), r"--set stragglers",
                           r"expected a mapping of XPU names to slowdown factors \(e\.g\. \{xpu3: 1\.5\}"),
     "stragglers-file-inf": (["simulate", "stragglers-inf.yaml"], r"stragglers-inf\.yaml: stragglers\.xpu3",
@@ -245,6 +259,8 @@ CASES = {
     "fp8-on-a100": (["simulate", "--set", "workload=llama3-8b", "--set", "platform=dgx-a100", "--set", "xpus=8",
                      "--set", "tp=8", "--set", "precision=fp8"], r"scenario 'default': precision: fp8: device 'A100'",
                     r"has no fp8 peak FLOP/s; it has fp32, tf32, bf16, fp16"),
+    "plan-fp8-on-a100": (PLAN + ["--set", "platform=dgx-a100", "--set", "precision=fp8"],
+                         r"precision: fp8: device 'A100'", r"has no fp8 peak FLOP/s; it has fp32, tf32, bf16, fp16"),
     # hcsim plan --time
     "plan-time-zero": (PLAN + ["--time", "0"], r"--time", r"must be > 0 seconds"),
     "plan-time-negative": (PLAN + ["--time=-5"], r"--time", r"must be > 0 seconds"),
@@ -283,6 +299,8 @@ def workspace(tmp_path_factory):
         "jobs-split.yaml": "platform: gb200-nvl72\njobs:\n  - {name: a, xpus: 3}\n  - {name: b, xpus: 2}\n",
         "jobs-split-names.yaml": "platform: gb200-nvl72\njobs:\n  - {name: a, xpus: [xpu0, xpu2, xpu3]}\n"
                                  "  - {name: b, xpus: 2}\n",
+        "jobs-serving.yaml": "platform: dgx-h100\njobs:\n  - {name: a, xpus: 8, workload: llama3-70b-serving, tp: 8}\n",
+        "trace-folder.yaml": re.sub(r"(?ms)^serving:.*", "serving:\n  trace: traces\n", serving),
         "stragglers-inf.yaml": "xpus: 8\nstragglers: {xpu3: .inf}\n",
         "seed-nan.yaml": "xpus: 8\nstraggler_spread: 0.05\nseed: .nan\n",
         "seed-negative.yaml": "xpus: 8\nstraggler_spread: 0.05\nseed: -3\n",
@@ -293,6 +311,7 @@ def workspace(tmp_path_factory):
     }
     for name, text in files.items():
         (folder / name).write_text(text)
+    (folder / "traces").mkdir()
     for name in ("kind-inference.yaml", "serving-list.yaml", "nan-rate.yaml", "gh-bad.yaml", "gh-nolinks.yaml",
                  "gh-devempty.yaml", "gb-kind.yaml", "pool-nan.yaml", "fp8-recipe.yaml"):
         assert (folder / name).read_text() != "", name

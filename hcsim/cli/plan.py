@@ -234,7 +234,7 @@ def _settings(items: list[str]) -> dict:
 
 def _cluster(scenario):
     from hcsim.config import resolve_spec
-    from hcsim.run.prepare import scenario_platform
+    from hcsim.run.prepare import check_precision, scenario_platform
     from hcsim.workload import load_workload_spec
 
     _, platform, xpus = scenario_platform(scenario, "--xpus")
@@ -243,6 +243,7 @@ def _cluster(scenario):
         workload = load_workload_spec(path, scenario.workload_settings())
     except ConfigError as err:
         raise scenario.blame(err, path, "workload") from err
+    check_precision(scenario, workload, platform, xpus)  # fp8 on an A100: before any plan is ranked
     return platform, xpus, workload
 
 

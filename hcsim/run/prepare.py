@@ -143,6 +143,7 @@ def prepare_jobs(scenario: Scenario) -> Prepared:
     from hcsim.workload.graph import first_iteration_order
 
     scenarios = job_scenarios(scenario)
+    _check_jobs_train(scenario, scenarios)
     models = [resolve_compute_model(s) for s in scenarios]
     if len(set(models)) > 1:
         other = models.index(next(m for m in models if m != models[0]))
@@ -182,6 +183,17 @@ def prepare_jobs(scenario: Scenario) -> Prepared:
     apply_stragglers(scenario, graph, xpus)
     pairs = host_pairs(graph, workload)
     return Prepared(scenario, graph, workload, None, xpus, pairs, jobs[0].coherent, platform_spec, order, jobs)
+
+
+def _check_jobs_train(scenario: Scenario, jobs: list[Scenario]) -> None:
+    """Refuse a job whose workload serves (kind: serving): the jobs of a run train, each an iteration graph."""
+    from hcsim.run.serving import serving_workload
+
+    for i, job in enumerate(jobs):
+        if serving_workload(job) is not None:
+            raise ConfigError(f"scenario {scenario.name!r}: jobs[{i}].workload: {job.workload!r} is a serving workload "
+                              f"(kind: serving), but the jobs of a run train; give a training workload (llama3-8b, "
+                              f"...), or serve it alone: hcsim simulate --set workload={job.workload}")
 
 
 def _check_jobs_memory(scenario: Scenario, graph: nx.Graph, jobs: list[Prepared]) -> None:

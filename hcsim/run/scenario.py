@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 from hcsim.config import Fields, load_yaml, parse_settings, resolve_spec
 from hcsim.engine.api import COLLECTIVE_MODELS, LOCAL_ACCESSES, LOCAL_COLLECTIVES
 from hcsim.errors import ConfigError, brief
+from hcsim.limits import check_range
 from hcsim.params import (Choice, Constraint, Either, Flag, Integer, Integers, Number, NumberMapping, Optional,
                           StringMapping, Text, Texts, check_params)
 from hcsim.engine.compute_model import COMPUTE_MODELS
@@ -543,6 +544,10 @@ def _stragglers(fields: Fields) -> dict[str, float]:
                 and factor > 0):
             fields.problems.append(f"{fields.path('stragglers')}.{name}: expected a slowdown factor, a finite number "
                                    f"> 0 (1.5: its compute takes 1.5x as long), got {brief(factor)}")
+            continue
+        problem = check_range(factor, "slowdown", f"{fields.path('stragglers')}.{name}")
+        if problem:
+            fields.problems.append(problem)
             continue
         factors[str(name)] = float(factor)
     return factors

@@ -175,7 +175,9 @@ def place_memory(graph: nx.DiGraph, capacities: dict[str, float], spec: Workload
                     f"workload {spec.name!r} does not fit even with spilling on XPU {x!r}: state "
                     f"{format_quantity(state.total, 'B')}, local memory {format_quantity(capacities[x], 'B')} holds "
                     f"{local[x]} of {decoders} decoders, {format_quantity(spilled, 'B')} spill but its extended memory "
-                    f"holds {format_quantity(room, 'B')}. Fix: more extended memory, a smaller batch, or recomputation")
+                    f"holds {format_quantity(room, 'B')}. Fix: more extended memory (the platform's capacity key: "
+                    f"cxl.type3_capacity on paper-cxl, pool.capacity_per_host on cxl-pool), a smaller batch, or "
+                    f"recomputation")
     shared: dict[tuple, frozenset] = {}
     batches_of: dict[int, frozenset] = {}  # id of a vertex's xpus tuple -> the batches its XPUs process
 

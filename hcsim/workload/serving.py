@@ -89,11 +89,11 @@ class KvOffload:
 
     def __post_init__(self) -> None:
         if self.tier not in KV_TIERS:
-            raise ConfigError(f"serving.kv_offload.tier {self.tier!r} is not one of {', '.join(KV_TIERS)}")
+            raise ConfigError(f"serving.kv_offload.tier: {self.tier!r} is not one of {', '.join(KV_TIERS)}")
         if self.policy not in KV_POLICIES:
-            raise ConfigError(f"serving.kv_offload.policy {self.policy!r} is not one of {', '.join(KV_POLICIES)}")
+            raise ConfigError(f"serving.kv_offload.policy: {self.policy!r} is not one of {', '.join(KV_POLICIES)}")
         if self.size is not None and not 0 < self.size <= 1e15:
-            raise ConfigError(f"serving.kv_offload.size must be > 0 B, got {self.size!r}")
+            raise ConfigError(f"serving.kv_offload.size: must be > 0 B, got {self.size!r}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -247,7 +247,7 @@ class Slo:
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                       or not 0 < value < math.inf):
-                raise ConfigError(f"serving.slo.{key} must be a duration > 0 s, got {value!r}")
+                raise ConfigError(f"serving.slo.{key}: must be a duration > 0 s, got {value!r}")
 
     def met(self, ttft: float, tpot: float) -> bool:
         """Whether a request of these times (s) meets both objectives."""
@@ -643,13 +643,15 @@ def _trace_path(name: str, where: str) -> Path:
     """A trace file's path: as written when absolute; else beside the workload file `where`, or else in the
     current folder; ConfigError naming both places when neither has it."""
     path = Path(name).expanduser()
-    if path.is_absolute():
-        if not path.is_file():
-            raise ConfigError(f"{where}: serving.trace {name!r}: no such file")
-        return path
     beside = Path(where).parent / path
-    for candidate in (beside, Path.cwd() / path):
+    for candidate in [path] if path.is_absolute() else [beside, Path.cwd() / path]:
         if candidate.is_file():
             return candidate
+        if candidate.exists():  # a folder, a device, a pipe: there, but not a trace
+            raise ConfigError(f"{where}: serving.trace {name!r}: {candidate} is "
+                              f"{'a folder' if candidate.is_dir() else 'not a regular file'}; give the trace's file "
+                              f"(.csv or .jsonl)")
+    if path.is_absolute():
+        raise ConfigError(f"{where}: serving.trace {name!r}: no such file")
     raise ConfigError(f"{where}: serving.trace {name!r}: no such file beside the workload ({beside}) nor in the "
                       f"current folder ({Path.cwd() / path})")
