@@ -62,7 +62,7 @@ FINDINGS = [  # written before the sweep (after the pilot the docstring names)
      and all(best_rate(t, COLOCATED, "tight TTFT") >= best_rate(t, s, "tight TTFT") for s in SYSTEMS)),
 ]
 COLUMNS = ("system", "rate", "requests_per_s", "tokens_per_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
-           "tpot_p50_s", "tpot_p90_s", "tpot_p99_s", "itl_mean_s", "itl_p99_s", "e2e_p99_s", "handoff_p99_s",
+           "tpot_p50_s", "tpot_p90_s", "tpot_p99_s", "itl_mean_s", "itl_p99_s", "itl_max_p50_s", "e2e_p99_s", "handoff_p99_s",
            "attainment tight TPOT", "goodput tight TPOT", "attainment tight TTFT", "goodput tight TTFT",
            "preemptions")
 
@@ -88,6 +88,7 @@ def point(label: str, rate: int) -> dict:
     """One system at one rate: its latencies and, under each SLO, the share of requests meeting it and goodput."""
     from hcsim.errors import SimulationError
     from hcsim.run.scenario import load_scenario
+    from hcsim.run.serving import percentiles
     from hcsim.run.simulation import simulate
     from hcsim.units import parse_quantity
     from hcsim.workload.serving import Slo
@@ -103,6 +104,7 @@ def point(label: str, rate: int) -> dict:
     row = {"system": label, "rate": rate, "requests_per_s": result["requests_per_s"],
            "tokens_per_s": result["throughput_tokens_per_s"], "itl_mean_s": result["itl_s"]["mean"],
            "itl_p99_s": result["itl_s"]["p99"], "e2e_p99_s": result["e2e_s"]["p99"],
+           "itl_max_p50_s": percentiles([r["itl_max_s"] for r in rows])["p50"],  # a request's longest gap: median
            "handoff_p99_s": result["handoff_s"]["p99"] if split else 0.0, "preemptions": result["preemptions"]}
     for key in ("ttft", "tpot"):
         row |= {f"{key}_{p}_s": result[f"{key}_s"][p] for p in ("p50", "p90", "p99")}
