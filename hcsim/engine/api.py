@@ -64,7 +64,7 @@ def run(platform: nx.Graph, workload: nx.DiGraph, options: RunOptions, pairs=Non
 
 def host_pairs(platform: nx.Graph, workload: nx.DiGraph) -> set[tuple[str, str]]:
     """The ordered host pairs a run transfers between: memory reads and collective traffic."""
-    from hcsim.engine.collectives import get_algorithm, server_groups
+    from hcsim.engine.collectives import get_algorithm, nccl_alternatives, server_groups
     from hcsim.engine.rules import form_transfers, memory_form
 
     nodes = dict(platform.nodes(data=True))  # a plain dict is faster per look-up
@@ -94,7 +94,8 @@ def host_pairs(platform: nx.Graph, workload: nx.DiGraph) -> set[tuple[str, str]]
             if (key := (collective, name, group, data["bytes"], data.get("chunks"))) in done:
                 continue
             done.add(key)
-            algorithm = get_algorithm(collective, name, len(group), data["bytes"], server_groups(platform, group),
-                                      data.get("chunks"))
-            pairs.update((group[s], group[d]) for s, d in algorithm.pairs())
+            servers = server_groups(platform, group)
+            for choice in (name, *nccl_alternatives(collective, name, servers)):  # the rules pick one of them
+                algorithm = get_algorithm(collective, choice, len(group), data["bytes"], servers, data.get("chunks"))
+                pairs.update((group[s], group[d]) for s, d in algorithm.pairs())
     return pairs

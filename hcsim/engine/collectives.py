@@ -55,6 +55,7 @@ all_reduce         hierarchical        2(g-1)α + 2(g-1)/g·S/B + 2(m-1)α + 2(m
 all_reduce         halving_doubling    2·log2(n)·α + 2(n-1)/n·S/B (n a power of two)
 all_reduce         double_binary_tree  2(D+C-1)(α + S/(C·B)), n = 2^(D+1) - 1, C chunks
 all_reduce         coherent_memory     4α + 2(n-1)/n·S/B (n > 1; :class:`CoherentMemoryAllReduce`)
+all_reduce         nvls                α + (n+1)/n·S/B (n > 1; the NVSwitch reduces: :class:`NvlsAllReduce`)
 reduce_scatter     ring                (n-1)α + (n-1)/n·S/B
 reduce_scatter     halving_doubling    log2(n)·α + (n-1)/n·S/B
 reduce_scatter     coherent_memory     2α + (n-1)/n·S/B (n > 1)
@@ -98,7 +99,7 @@ from dataclasses import dataclass
 from hcsim.errors import ConfigError
 
 __all__ = ["Algorithm", "Step", "FlowPhase", "SequentialChunks", "register", "get_algorithm", "algorithms",
-           "server_groups", "hierarchical_time", "DEFAULT_ALGORITHM", "algorithm_summaries"]
+           "server_groups", "nccl_alternatives", "hierarchical_time", "DEFAULT_ALGORITHM", "algorithm_summaries"]
 
 _REGISTRY: dict[tuple[str, str], type["Algorithm"]] = {}
 
@@ -286,6 +287,13 @@ def _shared(cls: type[Algorithm], ranks: int, size: float, groups: tuple[tuple[i
     if chunks is None or chunks == 1:
         return cls(ranks, size, groups)
     return SequentialChunks(_shared(cls, ranks, size / chunks, groups), chunks)
+
+
+def nccl_alternatives(collective: str, name: str | None, servers: Sequence[Sequence[int]]) -> tuple[str, ...]:
+    """The algorithms NCCL may run instead of `name` on a group spanning `servers` (server_groups): ``nvls``
+    for an ``nccl`` all-reduce inside one server (NCCL enables NVLS all-reduce within one NVLink domain and
+    runs it where its estimate is lower: the engine's roofline rules decide, :mod:`hcsim.engine.rules`)."""
+    return ("nvls",) if (collective, name) == ("all_reduce", "nccl") and len(servers) == 1 else ()
 
 
 def _check_chunks(chunks, name: str) -> None:
@@ -1015,6 +1023,38 @@ class CoherentMemoryAllGather(_CoherentMemory):
     """All-gather by loads from coherent shared memory: 2α + (n-1)/n·S/B."""
 
     name, collective = "coherent_memory", "all_gather"
+
+
+# ---- NVLink SHARP ------------------------------------------------------------------------------------------------
+
+
+@register
+class NvlsAllReduce(_Table):
+    """NVLink SHARP (NCCL's NVLS): the NVSwitch reduces, so every rank sends its buffer to the switch once and
+    receives the reduced result once, with no ring steps: (n+1)/n·S out and in per rank; α + (n+1)/n·S/B.
+
+    In NVLS each rank loads its S/n shard through the switch's multicast address, which reads that shard from
+    all n ranks and returns the sum (multimem.ld_reduce: S out of every rank, S/n into it), then stores the
+    reduced shard once for the switch to copy to all n ranks (multimem.st: S/n out, S in): (n+1)/n·S each way
+    on a rank's NVLink (NVIDIA NCCL's NVLS kernels; NCCL's maintainer: NVLS reduce-scatter sends S and
+    receives S/n, all-gather sends S/n and receives S). The platform has no NVSwitch endpoint to send to, so
+    the schedule carries those bytes over the ranks' own links in one step: every rank sends
+    (n+1)/(n(n-1))·S to every other rank, which loads each rank's link with (n+1)/n·S each way as the
+    switch's traffic would (on one switch: one transfer time α + (n+1)/n·S/B). NCCL runs it inside one NVLink
+    domain of Hopper or later GPUs, when its estimate beats the ring's (:mod:`hcsim.engine.rules`); by name
+    it runs on any group, at the link's own factors where the link has no NVLS figures."""
+
+    name, collective = "nvls", "all_reduce"
+
+    def build(self) -> None:
+        n = self.ranks
+        if n < 2:
+            return
+        share = (n + 1) * self.size / (n * (n - 1))
+        for r in range(n):
+            for peer in range(n):
+                if peer != r:
+                    self.send(0, r, peer, share)
 
 
 # ---- all-to-all, broadcast, p2p ---------------------------------------------------------------------------------

@@ -18,9 +18,14 @@ of reads from shared or extended memory (a spilled vertex can still stall).
 
 Collectives: each transfer of a collective moves size / bandwidth_factor bytes'
 worth of link time (NCCL reaches a fraction of the line rate), the factor
-being that of the kind of the transfer's bottleneck link; each member of a
-collective call completes call_latency after its last transfer (kernel launch,
-protocol hand-shakes). The bytes counted on the links stay the real bytes.
+being that of the kind of the transfer's bottleneck link (and of the GPUs at
+its ends: ``links.KIND.devices``, the NVLink generation); each member of a
+collective call completes call_latency + steps x step_latency after its last
+transfer (NCCL's tuning model: a base latency per call and a latency per step
+of the algorithm's schedule). Where a link kind lists NCCL's other protocols
+(LL, LL128) or NVLink SHARP factors (``nvls``), the collective runs the one of
+least estimated time (:meth:`LinkFactors.fastest`, NCCL's rule). The bytes
+counted on the links stay the real bytes.
 
 Every factor is named in a YAML file (``platforms/compute-model.yaml`` by
 default, scenario key ``compute_factors``) with its source; this module is the
@@ -40,7 +45,7 @@ from hcsim.config import REPO_ROOT, Fields, load_yaml
 from hcsim.workload.ops import BACKWARD_SUFFIXES, BANDWIDTH_KINDS, DROPOUT, OP_KINDS
 from hcsim.errors import ConfigError, brief
 
-__all__ = ["DeviceFactors", "LinkFactors", "ComputeModel", "load_compute_model", "BUILTIN_FACTORS", "COMPUTE_MODELS"]
+__all__ = ["DeviceFactors", "LinkFactors", "Protocol", "ComputeModel", "load_compute_model", "BUILTIN_FACTORS", "COMPUTE_MODELS"]
 
 log = logging.getLogger(__name__)
 
@@ -203,20 +208,73 @@ def _interpolate(x: float, points: list[tuple[float, float]]) -> float:
     return points[-1][1]
 
 
+PROTOCOLS = ("LL", "LL128")
+"""NCCL's protocols besides Simple (the bulk one, a link kind's own factors): LL (8-byte flag-and-data stores:
+lowest latency, half the bandwidth) and LL128 (128-byte lines with a flag: most of Simple's bandwidth, less
+latency per step); NVIDIA NCCL, src/graph/tuning.cc."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Protocol:
+    """How NCCL moves a collective's data over a link kind: the achieved fraction of the line rate, the latency
+    of a call and the latency of each step of the algorithm's schedule (s); NCCL's tuning model (tuning.cc)
+    estimates a call as base latency + steps x per-step latency + bytes / bandwidth."""
+
+    name: str
+    bandwidth_factor: float
+    call_latency: float
+    step_latency: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.bandwidth_factor <= 1:
+            raise ConfigError(f"compute model: {self.name}: bandwidth_factor must be in (0, 1], "
+                              f"got {self.bandwidth_factor!r}")
+        if not (self.call_latency >= 0 and self.step_latency >= 0):
+            raise ConfigError(f"compute model: {self.name}: call_latency and step_latency must be >= 0")
+
+    def latency(self, steps: int) -> float:
+        """s a call costs beside its transfers: the base latency + `steps` x the per-step latency."""
+        return self.call_latency + steps * self.step_latency
+
+    def time(self, steps: int, size: float, bandwidth: float) -> float:
+        """NCCL's estimate of a call, s: its latency + `size` (the busiest rank's bytes out, B) at the achieved
+        share of `bandwidth` (B/s)."""
+        return self.latency(steps) + size / (bandwidth * self.bandwidth_factor)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LinkFactors:
-    """A link kind's collective factors: achieved fraction of the line rate, and s per collective call."""
+    """A link kind's collective factors: NCCL's Simple protocol (achieved fraction of the line rate, s per call,
+    s per step of the schedule), the other protocols it may pick for small messages, and NVLink SHARP's."""
 
     kind: str
     bandwidth_factor: float
     call_latency: float
+    step_latency: float = 0.0
+    protocols: tuple[Protocol, ...] = ()  # LL, LL128: NCCL takes the fastest for the size
+    nvls: Protocol | None = None  # the nvls all-reduce's (the switch reduces); None: no NVLink SHARP here
 
     def __post_init__(self) -> None:
         if not 0 < self.bandwidth_factor <= 1:
             raise ConfigError(f"compute model: links.{self.kind}: bandwidth_factor must be in (0, 1], "
                               f"got {self.bandwidth_factor!r}")
-        if not self.call_latency >= 0:
-            raise ConfigError(f"compute model: links.{self.kind}: call_latency must be >= 0")
+        if not (self.call_latency >= 0 and self.step_latency >= 0):
+            raise ConfigError(f"compute model: links.{self.kind}: call_latency and step_latency must be >= 0")
+
+    @property
+    def simple(self) -> Protocol:
+        """NCCL's Simple protocol on this link kind: its own factors."""
+        return Protocol(name="Simple", bandwidth_factor=self.bandwidth_factor, call_latency=self.call_latency,
+                        step_latency=self.step_latency)
+
+    def fastest(self, nvls: bool, steps: int, size: float, bandwidth: float) -> Protocol:
+        """NCCL's choice (tuning.cc, enqueue.cc topoGetAlgoInfo: the least estimated time) for a collective of
+        `steps` steps whose busiest rank sends `size` B over a route of `bandwidth` B/s: Simple or a faster
+        protocol for the size, or the nvls factors for the nvls all-reduce (NVLS runs Simple only; without
+        nvls factors it runs at the link's own). Ties keep Simple."""
+        if nvls:
+            return self.nvls or self.simple
+        return min((self.simple, *self.protocols), key=lambda p: p.time(steps, size, bandwidth))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -237,9 +295,11 @@ class ComputeModel:
                               f"{', '.join(sorted(self.devices))}. Fix: add them (see platforms/compute-model.yaml), "
                               f"or run with compute_model: peak") from None
 
-    def link(self, kind: str) -> LinkFactors:
-        """The factors of link kind `kind` (the ``default`` entry when the kind has none)."""
-        found = self.links.get(kind) or self.links.get("default")
+    def link(self, kind: str, device: str | None = None) -> LinkFactors:
+        """The factors of link kind `kind` between XPUs of `device` (its ``devices`` entry: the NVLink or
+        InfiniBand generation that device's systems have), else the kind's own, else the ``default`` entry."""
+        found = self.links.get(f"{kind}@{device}") if device else None
+        found = found or self.links.get(kind) or self.links.get("default")
         if found is None:
             raise ConfigError(f"{self.source}: links: no factors for link kind {kind!r} and no default entry")
         return found
@@ -321,8 +381,15 @@ def load_compute_model(path: str | Path | None = None, devices: Collection[str] 
                         "datasheet (measured GPUs reach 0.3 to 0.9); efficiencies are fractions (0.7 for 70 %%)", path,
                         factors.name, ", ".join(f"{key} {value:g}" for key, value in low.items()), IMPLAUSIBLE,
                         1 / min(low.values()))
-    return ComputeModel(devices={**builtin.devices, **mine.devices}, links={**builtin.links, **mine.links},
+    return ComputeModel(devices={**builtin.devices, **mine.devices}, links={**_without_kinds(builtin.links, mine.links), **mine.links},
                         source=f"{path} (over {BUILTIN_FACTORS.name})")
+
+
+def _without_kinds(links: dict[str, LinkFactors], replacing: dict[str, LinkFactors]) -> dict[str, LinkFactors]:
+    """`links` less every entry of a kind `replacing` gives: a user's kind replaces the built-in one whole, its
+    device entries too (keys KIND@DEVICE)."""
+    kinds = {key.split("@")[0] for key in replacing}
+    return {key: value for key, value in links.items() if key.split("@")[0] not in kinds}
 
 
 def _read_factors(path: Path, known: Collection[str] | None = None) -> ComputeModel:
@@ -397,17 +464,47 @@ def _read_factors(path: Path, known: Collection[str] | None = None) -> ComputeMo
     links: dict[str, LinkFactors] = {}
     for kind, data in link_entries.items():
         fields = Fields(data, f"{path}: links.{kind}", top.problems)
-        factor = fields.number("bandwidth_factor")
-        latency = fields.quantity("call_latency", "time", positive=False)
-        fields.check_unknown(_documentation(fields))
-        if factor is not None and latency is not None:
-            try:
-                links[str(kind)] = LinkFactors(kind=str(kind), bandwidth_factor=factor, call_latency=latency)
-            except ConfigError as err:
-                top.problems.append(f"{path}: {err}")
+        devices_of_kind = fields.sub("devices")
+        _read_link(fields, str(kind), str(kind), links)
+        for device, entry in devices_of_kind.data.items():  # links.KIND.devices.NAME: that generation's factors
+            _read_link(Fields(entry, devices_of_kind.path(str(device)), top.problems), str(kind),
+                       f"{kind}@{device}", links)
+            devices_of_kind.seen.add(device)
     top.check_unknown(_documentation(top))
     top.done()
     return ComputeModel(devices=devices, links=links, source=str(path))
+
+
+def _read_protocol(fields: Fields, name: str) -> Protocol | None:
+    """A {bandwidth_factor, call_latency, step_latency} mapping (step_latency: 0 s unless given)."""
+    factor = fields.number("bandwidth_factor")
+    latency = fields.quantity("call_latency", "time", positive=False)
+    step = fields.quantity("step_latency", "time", 0.0, positive=False)
+    fields.check_unknown(_documentation(fields))
+    if factor is None or latency is None or step is None:
+        return None
+    try:
+        return Protocol(name=name, bandwidth_factor=factor, call_latency=latency, step_latency=step)
+    except ConfigError as err:
+        fields.problems.append(f"{fields.where}: {err}")
+        return None
+
+
+def _read_link(fields: Fields, kind: str, key: str, links: dict[str, LinkFactors]) -> None:
+    """One link entry (a kind's, or a device's under it) into `links` under `key`, problems into `fields`'s."""
+    protocols, read = fields.sub("protocols"), []
+    for name, entry in protocols.data.items():
+        if name not in PROTOCOLS:
+            protocols.problems.append(f"{protocols.path(str(name))}: not one of NCCL's protocols besides Simple "
+                                      f"(the entry's own factors): {', '.join(PROTOCOLS)}")
+            continue
+        protocols.seen.add(name)
+        read.append(_read_protocol(Fields(entry, protocols.path(str(name)), fields.problems), str(name)))
+    nvls = _read_protocol(fields.sub("nvls"), "NVLS") if fields.has("nvls") else None
+    simple = _read_protocol(fields, "Simple")  # last: it checks the entry's unknown keys
+    if simple is not None and None not in read and (nvls is not None or not fields.has("nvls")):
+        links[key] = LinkFactors(kind=kind, bandwidth_factor=simple.bandwidth_factor, call_latency=simple.call_latency,
+                                 step_latency=simple.step_latency, protocols=tuple(read), nvls=nvls)
 
 
 def _documentation(fields: Fields) -> list[str]:

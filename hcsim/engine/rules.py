@@ -25,7 +25,7 @@ from collections import defaultdict
 
 import networkx as nx
 
-from hcsim.engine.collectives import FlowPhase, get_algorithm, server_groups
+from hcsim.engine.collectives import FlowPhase, get_algorithm, nccl_alternatives, server_groups
 from hcsim.engine.options import COMM_KIND, RunOptions
 from hcsim.platform.devices import peak_flops
 from hcsim.platform.routes import route_bandwidth, route_latency
@@ -95,6 +95,7 @@ class WorkloadRules:
         self._closed_forms: dict = {}  # (algorithm id, group) -> ([(XPU pair, bytes)], seconds) of an analytic one
         self._path_cache: dict[tuple[str, str], tuple[float, float]] = {}
         self._link_factors: dict[tuple[str, str], object] = {}  # (src, dst) -> LinkFactors (roofline)
+        self._protocols: dict = {}  # (algorithm id, group) -> (its NCCL protocol or None, the algorithm)
         self.vertices = self._index_vertices(order)
         self.total_instances = sum(len(v.xpus) for v in self.vertices)
         # the XPUs that run units, in clock order: each distinct xpus tuple once, in vertex order
@@ -174,9 +175,15 @@ class WorkloadRules:
             vertex.group_offsets.append(len(vertex.group_of))
             vertex.group_of += [g] * len(group)
             servers, shape = self._servers(group)
-            key = (collective, name, len(group), data["bytes"], shape, data.get("chunks"))
+            alternatives = nccl_alternatives(collective, name, servers)
+            alternatives = alternatives if alternatives and self._nvls_domain(group) else ()
+            key = (collective, name, len(group), data["bytes"], shape, data.get("chunks"), alternatives)
             if key not in self._algorithm_cache:  # alike groups share one algorithm and its flow phases
                 algorithm = get_algorithm(collective, name, len(group), data["bytes"], servers, data.get("chunks"))
+                for other in alternatives:  # NCCL's pick inside an NVLink SHARP domain: the lowest estimate
+                    candidate = get_algorithm(collective, other, len(group), data["bytes"], servers, data.get("chunks"))
+                    if self.estimated_time(candidate, group) < self.estimated_time(algorithm, group):
+                        algorithm = candidate
                 fidelity = self.options.collective_model
                 if fidelity == "auto":
                     fidelity = "step" if len(group) <= self.options.step_limit else "flow"
@@ -192,13 +199,23 @@ class WorkloadRules:
                     if key not in self._closed_forms:  # its traffic as (XPU pair, bytes), and its seconds
                         traffic = [((group[s], group[d]), size)
                                    for phase in analytic for (s, d), size in phase.transfers]
-                        self._closed_forms[key] = (traffic, self._closed_form(group, analytic))
+                        self._closed_forms[key] = (traffic, self._closed_form(group, analytic,
+                                                                              self.protocol(algorithm, group)))
                     fidelity, phases = "analytic", self._closed_forms[key]
             vertex.algorithms.append((algorithm, fidelity, phases))
             fidelities.add(fidelity)
         self.fidelity_used[vertex.name] = "/".join(sorted(fidelities))
         self._collective_cache[alike] = (vertex.groups, vertex.group_of, vertex.group_offsets, vertex.algorithms,
                                        self.fidelity_used[vertex.name])
+
+    def _nvls_domain(self, group: tuple[str, ...]) -> bool:
+        """Whether `group`'s routes are one link domain with NVLink SHARP factors (NCCL runs NVLS all-reduce
+        inside one node of Hopper or later GPUs on NVSwitch: tuning.cc, search.cc); False at the peak model.
+        Reads the routes from the group's first rank (host_pairs adds every pair of a possible nvls)."""
+        if self.options.compute_model is None or len(group) < 2:
+            return False
+        links = {self.link_factors(group[0], x) for x in group[1:]}
+        return len(links) == 1 and next(iter(links)).nvls is not None
 
     def _servers(self, group: tuple[str, ...]) -> tuple[list[list[int]], tuple]:
         """server_groups of a group and the same as a hashable key; groups are shared tuples, so each
@@ -209,13 +226,14 @@ class WorkloadRules:
             self._server_cache[key] = (group, servers, tuple(map(tuple, servers)))  # keep group alive: ids stay unique
         return self._server_cache[key][1:]
 
-    def _closed_form(self, group: tuple[str, ...], phases: list[FlowPhase]) -> float:
-        """Seconds a collective's flow phases take over `group` when no other traffic shares their links."""
+    def _closed_form(self, group: tuple[str, ...], phases: list[FlowPhase], protocol=None) -> float:
+        """Seconds a collective's flow phases take over `group` when no other traffic shares their links, its
+        transfers at `protocol`'s factors (:meth:`protocol`; None: their links')."""
         lanes: dict[int, float] = defaultdict(float)
         for phase in phases:
             if phase.transfers:
                 pairs = [(group[s], group[d]) for (s, d), _ in phase.transfers]
-                durations = [self.access_time(src, dst, self.wire_bytes(src, dst, size))
+                durations = [self.access_time(src, dst, self.wire_bytes(src, dst, size, protocol))
                              for (src, dst), (_, size) in zip(pairs, phase.transfers)]
                 lanes[phase.lane] += _phase_time(phase, durations, [self.latency(*pair) for pair in pairs])
         return max(lanes.values(), default=0.0)
@@ -294,30 +312,68 @@ class WorkloadRules:
 
 
     def call_latency(self, algorithm, group: tuple[str, ...]) -> float:
-        """The kernel model's per-call latency of a collective over `group`: the largest of its transfers'
-        link kinds' (0 at the peak model), paid after a rank's last transfer."""
+        """The kernel model's per-call latency of a collective over `group`, paid after a rank's last transfer:
+        its protocol's base + steps x per-step latency (:meth:`protocol`), or, over links of several kinds, the
+        largest of their call latencies; 0 at the peak model."""
         if self.options.compute_model is None:
             return 0.0
+        protocol = self.protocol(algorithm, group)
+        if protocol is not None:
+            return protocol.latency(_steps(algorithm))
         return max((self.link_factors(group[s], group[d]).call_latency for s, d in algorithm.pairs()), default=0.0)
+
+    def protocol(self, algorithm, group: tuple[str, ...]):
+        """The NCCL protocol (compute_model.Protocol) a collective runs over `group` in the roofline model: the
+        fastest for its size (LinkFactors.fastest) when all its transfers' routes have the same link factors
+        (one NVLink domain, NCCL's intra-node model); None at the peak model and over links of several kinds
+        (each transfer then at its own link's Simple factors)."""
+        if self.options.compute_model is None:
+            return None
+        key = (id(algorithm), group)
+        if key not in self._protocols:
+            pairs = [(group[s], group[d]) for s, d in sorted(algorithm.pairs())]
+            links = {self.link_factors(*pair) for pair in pairs}
+            chosen = None
+            if len(links) == 1:
+                (link,) = links
+                simple_only = not link.protocols and algorithm.name != "nvls"
+                chosen = link.simple if simple_only else link.fastest(
+                    algorithm.name == "nvls", _steps(algorithm), _busiest_bytes(algorithm),
+                    min(self.path(*pair)[1] for pair in pairs))
+            self._protocols[key] = (chosen, algorithm)  # keep the algorithm alive: ids stay unique
+        return self._protocols[key][0]
+
+    def estimated_time(self, algorithm, group: tuple[str, ...]) -> float:
+        """NCCL's estimate of the collective over `group` (roofline, one link domain: :meth:`protocol`) with the
+        route latency hcsim charges each step beside it, s: what picks nvls or the ring (rules' caller)."""
+        pairs = [(group[s], group[d]) for s, d in sorted(algorithm.pairs())]
+        steps = _steps(algorithm)
+        return self.protocol(algorithm, group).time(steps, _busiest_bytes(algorithm),
+                                                    min(self.path(*pair)[1] for pair in pairs)) \
+            + steps * max(self.path(*pair)[0] for pair in pairs)
 
     def latency(self, src: str, dst: str) -> float:
         return self.path(src, dst)[0]
 
-    def wire_bytes(self, src: str, dst: str, size: float) -> float:
+    def wire_bytes(self, src: str, dst: str, size: float, protocol=None) -> float:
         """The bytes a collective's transfer of `size` bytes src -> dst takes link time for: `size` in the peak
-        model, size / bandwidth_factor of its link kind in the roofline model (NCCL below line rate)."""
+        model, size / bandwidth_factor in the roofline model (NCCL below line rate): the collective's
+        `protocol`'s (:meth:`protocol`), else that of the transfer's own link kind."""
         if self.options.compute_model is None:
             return size
-        return size / self.link_factors(src, dst).bandwidth_factor
+        return size / (protocol or self.link_factors(src, dst)).bandwidth_factor
 
     def link_factors(self, src: str, dst: str):
-        """The roofline LinkFactors of the route src -> dst: those of its bottleneck link's kind."""
+        """The roofline LinkFactors of the route src -> dst: those of its bottleneck link's kind, for the device
+        of the XPUs at both ends (a mixed pair: the kind's own)."""
         key = (src, dst)
         if key not in self._link_factors:
             route = self.routes[key]
             edges = self.platform.edges
             slowest = min(zip(route, route[1:]), key=lambda link: edges[link]["bandwidth"])
-            self._link_factors[key] = self.options.compute_model.link(edges[slowest]["kind"])
+            device = self.nodes[src].get("device")
+            device = device if device == self.nodes[dst].get("device") else None
+            self._link_factors[key] = self.options.compute_model.link(edges[slowest]["kind"], device)
         return self._link_factors[key]
 
     def access_time(self, src: str, dst: str, size: float) -> float:
@@ -333,6 +389,24 @@ class WorkloadRules:
             self._path_cache[key] = (route_latency(self.platform, route), route_bandwidth(self.platform, route))
         return self._path_cache[key]
 
+
+
+def _steps(algorithm) -> int:
+    """Steps of a collective's schedule on its longest lane (rank 0's: every schedule here pads its ranks alike):
+    what NCCL's per-step latency is charged for (a ring all-reduce 2(n-1), nvls 1)."""
+    return max((algorithm.lane_steps(0, lane) for lane in range(algorithm.lanes)), default=0)
+
+
+def _busiest_bytes(algorithm) -> float:
+    """Bytes the busiest rank of a collective sends (its flow phases', else its schedule's): the size NCCL's
+    estimate divides by the bandwidth (a ring all-reduce 2(n-1)/n x S)."""
+    sent: dict[int, float] = defaultdict(float)
+    phases = algorithm.flow_phases()
+    pairs = ((pair, size) for phase in phases for pair, size in phase.transfers) if phases is not None \
+        else algorithm.flows().items()
+    for (src, _), size in pairs:
+        sent[src] += size
+    return max(sent.values(), default=0.0)
 
 
 def _phase_time(phase: FlowPhase, durations: list[float], latencies: list[float]) -> float:

@@ -307,6 +307,7 @@ def test_every_send_is_received_in_the_same_step(collective, name, chunks):
     ("all_reduce", "coherent_ring", lambda n, s: (n - 1) / n * s),
     ("all_reduce", "halving_doubling", lambda n, s: 2 * (n - 1) / n * s),
     ("all_reduce", "hierarchical", lambda n, s: 2 * (n - 1) / n * s),  # one server: the ring
+    ("all_reduce", "nvls", lambda n, s: (n + 1) / n * s),  # to the switch and back: S + S/n
     ("reduce_scatter", "ring", lambda n, s: (n - 1) / n * s),
     ("all_gather", "halving_doubling", lambda n, s: (n - 1) / n * s),
     ("all_to_all", "pairwise", lambda n, s: (n - 1) / n * s),

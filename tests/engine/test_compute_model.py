@@ -89,12 +89,33 @@ def test_a_transfer_runs_at_the_link_kinds_factor_and_completes_after_the_call_l
     add_dependency(graph, "a", "send", wait="group")
     _, peak_spans, _ = run(graph, 2, local_collectives=local)
     _, roof_spans, _ = run(graph, 2, compute_model=MODEL, local_collectives=local)
-    link = MODEL.link("xpu_link")
+    link = MODEL.link("xpu_link", "H100")  # NVLink 4 between H100s; one step, NCCL's Simple protocol for 9 GB
     peak_time = peak_spans[1, "xpu1", "send"][1]
     latency = 2 * 100e-9  # two XPU_link hops of single_switch
     assert peak_time == pytest.approx(latency + size / 900e9)
     assert roof_spans[1, "xpu1", "send"][1] == pytest.approx(latency + size / (900e9 * link.bandwidth_factor)
-                                                            + link.call_latency)
+                                                            + link.call_latency + link.step_latency)
+
+
+def test_a_link_entry_names_only_nccl_s_protocols(tmp_path):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("links:\n  xpu_link:\n    devices:\n      H100:\n        bandwidth_factor: 0.8\n"
+                    "        call_latency: 8us\n        protocols:\n          LL129: {bandwidth_factor: 0.7, "
+                    "call_latency: 9us}\n")
+    with pytest.raises(ConfigError, match=r"links\.xpu_link\.devices\.H100\.protocols\.LL129: not one of NCCL's "
+                                          r"protocols besides Simple .*: LL, LL128"):
+        load_compute_model(mine)
+
+
+def test_a_device_entry_overrides_its_link_kind_for_that_device_only(tmp_path):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("links:\n  xpu_link:\n    bandwidth_factor: 0.5\n    call_latency: 1us\n    devices:\n"
+                    "      V100: {bandwidth_factor: 0.6, call_latency: 2us, step_latency: 1us}\n")
+    model = load_compute_model(mine)
+    assert model.link("xpu_link", "V100").simple.latency(4) == pytest.approx(6e-6)
+    assert model.link("xpu_link", "A100").bandwidth_factor == 0.5  # the kind's own
+    assert model.link("xpu_link", "H100").bandwidth_factor == 0.5  # a user's kind replaces the built-in's whole
+    assert model.link("ib", "H100") == MODEL.link("ib", "H100")  # kinds the file does not give stay built in
 
 
 def test_factors_out_of_range_are_refused():

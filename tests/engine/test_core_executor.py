@@ -23,8 +23,11 @@ from cases import (A, B, H100, SECOND, TINY, check_invariants, pipeline_graph, s
 RECORDED = json.loads((Path(__file__).parent / "data" / "python_executor_results.json").read_text())["scenarios"]
 
 
+RECORDED_LINKS = str(Path(__file__).parent / "data" / "recorded-links.yaml")  # the link factors they were recorded on
+
+
 def scenario_case(**settings) -> tuple:
-    scenario = Scenario(**settings)
+    scenario = Scenario(**{"compute_factors": RECORDED_LINKS, **settings})
     prepared = prepare(scenario)
     options = dict(iterations=settings.get("iterations", 2), coherent=prepared.coherent,
                    collective_model=settings.get("collective_model", "flow"),

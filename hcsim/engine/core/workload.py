@@ -226,7 +226,8 @@ def _groups(a, rules, vertex, plans, step_plans, cache) -> int:
             elif fidelity == "step":
                 mode, seconds, plan = STEP, 0.0, _step_plan(a, rules, algorithm, group, step_plans)
             else:
-                mode, seconds, plan = FLOW, 0.0, _flow_plan(a, rules, phases, group, plans)
+                mode, seconds, plan = FLOW, 0.0, _flow_plan(a, rules, phases, group, plans,
+                                                            rules.protocol(algorithm, group))
             rows["g_mode"].append(mode)
             rows["g_seconds"].append(seconds)
             rows["g_plan"].append(plan)
@@ -240,9 +241,10 @@ def _groups(a, rules, vertex, plans, step_plans, cache) -> int:
     return row
 
 
-def _flow_plan(a, rules, phases, group, plans) -> int:
-    """The number of a group's flow plan (its phases: lanes, steps, transfers with wire bytes, route latency
-    and feeds) in the plan arrays, added on first use; alike groups share it."""
+def _flow_plan(a, rules, phases, group, plans, protocol) -> int:
+    """The number of a group's flow plan (its phases: lanes, steps, transfers with wire bytes at the
+    collective's NCCL `protocol`, route latency and feeds) in the plan arrays, added on first use; alike groups
+    share it."""
     key = (id(phases), group)
     if key not in plans:
         plans[key] = len(plans)
@@ -253,7 +255,7 @@ def _flow_plan(a, rules, phases, group, plans) -> int:
                 src, dst = group[s], group[d]
                 a["t_src"].append(s)
                 a["t_dst"].append(d)
-                a["t_bytes"].append(rules.wire_bytes(src, dst, size))
+                a["t_bytes"].append(rules.wire_bytes(src, dst, size, protocol))
                 a["t_latency"].append(rules.latency(src, dst))
                 a["feed"].extend(phase.feeds[i] if phase.feeds else ())
                 a["t_feeds"].append(len(a["feed"]))
@@ -271,6 +273,7 @@ def _step_plan(a, rules, algorithm, group, step_plans) -> int:
         return step_plans[key][0]
     number = len(a["q_lanes"])
     step_plans[key] = (number, algorithm)  # keep it alive: ids stay unique
+    protocol = rules.protocol(algorithm, group)
     a["q_lanes"].append(algorithm.lanes)
     for rank in range(algorithm.ranks):
         for lane in range(algorithm.lanes):
@@ -278,7 +281,7 @@ def _step_plan(a, rules, algorithm, group, step_plans) -> int:
                 step = algorithm.lane_step(rank, index, lane)
                 for dst, size in step.sends:
                     a["sd_dst"].append(dst)
-                    a["sd_bytes"].append(rules.wire_bytes(group[rank], group[dst], size))
+                    a["sd_bytes"].append(rules.wire_bytes(group[rank], group[dst], size, protocol))
                 a["st_sends"].append(len(a["sd_dst"]))
                 a["st_recvs"].append(len(step.recvs))
             a["rl_steps"].append(len(a["st_recvs"]))

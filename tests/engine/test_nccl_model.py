@@ -1,0 +1,92 @@
+"""NCCL's cost model in the roofline model (hcsim.engine.compute_model's Protocol and LinkFactors.fastest, the
+rules' choice in hcsim.engine.rules) and the NVLink SHARP all-reduce (collectives.NvlsAllReduce): closed forms
+through the engine on one switch of H100 (900 GB/s links, α = 2 x 100 ns)."""
+
+import math
+
+import pytest
+
+from hcsim.engine.collectives import get_algorithm
+from hcsim.engine.compute_model import load_compute_model
+from hcsim.platform.builders import single_switch
+from hcsim.platform.devices import builtin_catalog
+from hcsim.workload import add_comm, add_compute, add_dependency, new_workload
+from cases import A, B, H100, _durations, run  # tests/engine is on sys.path
+
+MODEL = load_compute_model()
+NVLINK4 = MODEL.link("xpu_link", "H100")
+
+
+def nvls(n, s):
+    """The switch reduces: every rank sends (n+1)/n·S and receives as much, in one step."""
+    return A + (n + 1) / n * s / B
+
+
+@pytest.mark.parametrize("fidelity", ["step", "flow"])
+@pytest.mark.parametrize("n", [2, 3, 8, 16])
+def test_nvls_matches_its_closed_form_on_one_switch(n, fidelity):
+    """abs_tol 50 ps: SimGrid settles n-1 flows sharing a link within its precision (2 ps off here)."""
+    sizes = (1e6, 3.3e8)
+    items = [(f"nvls.{s:g}", "all_reduce", "nvls", s) for s in sizes]
+    measured = _durations(single_switch(n + 1, H100), [f"xpu{i}" for i in range(n)], items, f"xpu{n}", fidelity)
+    for s in sizes:
+        assert math.isclose(measured[f"nvls.{s:g}"], nvls(n, s), rel_tol=1e-6, abs_tol=5e-11)
+
+
+def test_nvls_moves_less_than_the_ring_from_three_ranks_on():
+    """Per rank (n+1)/n·S against the ring's 2(n-1)/n·S: equal at 3 ranks, 9/8 against 14/8 at 8."""
+    for n, ratio in ((2, 1.5), (3, 1.0), (8, 9 / 14)):
+        switch = get_algorithm("all_reduce", "nvls", n, 1e9).flows()
+        ring = get_algorithm("all_reduce", "ring", n, 1e9).flows()
+        sent = [sum(b for (src, _), b in flows.items() if src == 0) for flows in (switch, ring)]
+        assert sent[0] / sent[1] == pytest.approx(ratio)
+
+
+def test_the_estimate_takes_the_fastest_protocol_for_the_size():
+    """NCCL's rule: LL for small messages, LL128 in between, Simple for bulk (8 ranks, 14 ring steps)."""
+    picked = [NVLINK4.fastest(False, 14, 7 / 4 * s, 450e9).name for s in (1e4, 1e7, 1e9)]
+    assert picked == ["LL", "LL128", "Simple"]
+    simple = NVLINK4.simple
+    assert simple.time(14, 1e9, 450e9) == pytest.approx(8.4e-6 + 14 * 3.4e-6 + 1e9 / (450e9 * 0.822))
+    assert NVLINK4.fastest(True, 1, 1e9, 450e9) is NVLINK4.nvls
+
+
+def _one_all_reduce(n, size):
+    graph = new_workload("ar", precision="bf16")
+    xpus = [f"xpu{i}" for i in range(n)]
+    add_compute(graph, "c", xpus=xpus, flops=0.0, start=True)
+    add_comm(graph, "r", xpus=xpus, bytes=size, collective="all_reduce", algorithm="nccl")
+    add_dependency(graph, "c", "r")
+    _, spans, _ = run(graph, n, compute_model=MODEL)
+    return max(end - start for (_, _, name), (start, end) in spans.items() if name == "r")
+
+
+@pytest.mark.parametrize("n, size, expected", [
+    # 8 H100, 50 MB: NVLS wins (25 us + 9/8 S at 0.6875 of the link, one step)
+    (8, 5e7, NVLINK4.nvls.latency(1) + nvls(8, 5e7 / NVLINK4.nvls.bandwidth_factor)),
+    # 8 H100, 64 KB: the ring on LL (6.6 + 14 x 0.6 us), every step's α
+    (8, 65536, NVLINK4.protocols[1].latency(14) + 14 * A + 14 / 8 * 65536 / (B * NVLINK4.protocols[1].bandwidth_factor)),
+    # 2 H100, 50 MB: the ring on Simple (NVLS would move 3/2 S instead of S)
+    (2, 5e7, NVLINK4.simple.latency(2) + 2 * A + 5e7 / (B * NVLINK4.bandwidth_factor)),
+])
+def test_an_nccl_all_reduce_in_one_nvswitch_domain_runs_what_nccl_would(n, size, expected):
+    assert NVLINK4.protocols[1].name == "LL"
+    assert _one_all_reduce(n, size) == pytest.approx(expected, rel=1e-6)  # SimGrid: n-1 flows share a link
+
+
+def test_a100_keeps_the_flat_nvlink3_figures():
+    """No device entry: the kind's own factors, one call latency whatever the steps (as before the model)."""
+    a100 = single_switch(8, builtin_catalog()["A100"])
+    size = 5e7
+    graph = new_workload("ar", precision="bf16")
+    xpus = [f"xpu{i}" for i in range(8)]
+    add_compute(graph, "c", xpus=xpus, flops=0.0, start=True)
+    add_comm(graph, "r", xpus=xpus, bytes=size, collective="all_reduce", algorithm="nccl")
+    add_dependency(graph, "c", "r")
+    from hcsim.engine.api import RunOptions
+    from hcsim.run.simulation import simulate_graphs
+    result = simulate_graphs(a100, graph, RunOptions(compute_model=MODEL, trace_xpus=frozenset(xpus)))
+    span = max(end - start for _, _, name, _, start, end in result["vertices"] if name == "r")
+    link = MODEL.link("xpu_link", "A100")
+    assert link is MODEL.link("xpu_link") and link.step_latency == 0 and not link.protocols and link.nvls is None
+    assert span == pytest.approx(link.call_latency + 14 * A + 14 / 8 * size / (B * link.bandwidth_factor), rel=1e-6)
