@@ -233,10 +233,23 @@ class WorkloadRules:
         for phase in phases:
             if phase.transfers:
                 pairs = [(group[s], group[d]) for (s, d), _ in phase.transfers]
-                durations = [self.access_time(src, dst, self.wire_bytes(src, dst, size, protocol))
-                             for (src, dst), (_, size) in zip(pairs, phase.transfers)]
-                lanes[phase.lane] += _phase_time(phase, durations, [self.latency(*pair) for pair in pairs])
+                wires = [self.wire_bytes(src, dst, size, protocol) for (src, dst), (_, size) in zip(pairs, phase.transfers)]
+                lanes[phase.lane] += _phase_time(phase, self._together(pairs, wires),
+                                                 [self.latency(*pair) for pair in pairs])
         return max(lanes.values(), default=0.0)
+
+    def _together(self, pairs: list[tuple[str, str]], wires: list[float]) -> list[float]:
+        """Each transfer's time, s, when a phase's transfers run at once on otherwise idle links: its route latency
+        + the most loaded of its links' wire bytes (every transfer of the phase crossing that link direction) /
+        that link's bandwidth. One transfer per link gives latency + bytes / bottleneck; transfers that share a
+        link alike (nvls, coherent_memory: every rank's link carries n-1 of them) share it as max-min does."""
+        edges, loads = self.platform.edges, defaultdict(float)
+        routes = [list(zip(self.routes[pair], self.routes[pair][1:])) for pair in pairs]
+        for links, wire in zip(routes, wires):
+            for link in links:
+                loads[link] += wire
+        return [self.latency(*pair) + max(loads[link] / edges[link]["bandwidth"] for link in links)
+                for pair, links in zip(pairs, routes)]
 
     # ---- dependencies -------------------------------------------------------------------------------------
 

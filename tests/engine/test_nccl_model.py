@@ -90,3 +90,21 @@ def test_a100_keeps_the_flat_nvlink3_figures():
     link = MODEL.link("xpu_link", "A100")
     assert link is MODEL.link("xpu_link") and link.step_latency == 0 and not link.protocols and link.nvls is None
     assert span == pytest.approx(link.call_latency + 14 * A + 14 / 8 * size / (B * link.bandwidth_factor), rel=1e-6)
+
+
+@pytest.mark.parametrize("local", ["simulated", "analytic"])
+def test_the_analytic_closed_form_shares_a_link_among_the_phase_s_transfers(local):
+    """local_collectives: analytic (one delay per collective inside a server) charges nvls's n-1 transfers out
+    of each rank as sharing its link, as the simulated flows do; coherent_memory's load steps alike."""
+    n, size = 8, 1e8
+    graph = new_workload("ar")
+    xpus = [f"xpu{i}" for i in range(n)]
+    add_compute(graph, "c", xpus=xpus, flops=0.0, start=True)
+    add_comm(graph, "r", xpus=xpus, bytes=size, collective="all_reduce", algorithm="nvls")
+    add_comm(graph, "m", xpus=xpus, bytes=size, collective="all_reduce", algorithm="coherent_memory")
+    add_dependency(graph, "c", "r")
+    add_dependency(graph, "r", "m")
+    _, spans, _ = run(graph, n, local_collectives=local)
+    span = {name: max(end - start for (_, _, v), (start, end) in spans.items() if v == name) for name in "rm"}
+    assert span["r"] == pytest.approx(nvls(n, size), rel=1e-6)
+    assert span["m"] == pytest.approx(4 * A + 2 * (n - 1) / n * size / B, rel=1e-6)
