@@ -25,10 +25,11 @@ Cases (each point runs in a fresh process):
   the ceiling of a Task-driven engine in Python; the other cases print their ratio to it at the same number
   of XPUs (column /simgrid);
 - ``simgrid-cpp``: the same activity mix on SimGrid's C++ S4U API, no Task and no Python in the loop:
-  hcsim's engine core (hcsim/engine/core) runs the chains as plain s4u::Exec / s4u::Comm started from
-  completion callbacks in maestro. Its activities/s is the ceiling of an engine on the C++ API (issue
-  27); every case prints its ratio to it (column /C++). ``simgrid-cpp-actors``: the same chains, one
-  S4U actor per XPU with blocking waits, for the choice between the two.
+  ``simgrid_ceiling.cpp`` beside this file (compiled on first use into build/benchmarks/) runs the chains as
+  plain s4u::Exec / s4u::Comm started from completion callbacks in maestro, as hcsim's engine core starts
+  its activities, on the platform's XML. Its activities/s is the ceiling of an engine that runs every
+  execution as a SimGrid activity; every case prints its ratio to it (column /C++). ``simgrid-cpp-actors``:
+  the same chains, one S4U actor per XPU with blocking waits, for the choice between the two.
 
 Per case, the fitted exponent k of wall time ~ XPUs^k (least squares on logs) is printed. Quote the
 figures with the machine line (cores, memory, load average): the machine may be shared.
@@ -74,7 +75,7 @@ HYBRID = {  # name: (XPUs per pipeline, micro-batches per pipeline, scenario set
                           "collective_model=flow"]),
 }
 MICRO_BATCH_CASE = "gpt3-mb"  # gpt3 on one pipeline (64 XPUs); its size is micro-batches per pipeline
-CPP_CASES = {"simgrid-cpp": "callbacks", "simgrid-cpp-actors": "actors"}  # case: the core's driver
+CPP_CASES = {"simgrid-cpp": "callbacks", "simgrid-cpp-actors": "actors"}  # case: simgrid_ceiling's driver
 CASES = [*LEVELS, *HYBRID, MICRO_BATCH_CASE, "2d-hierarchical", "simgrid", *CPP_CASES]
 CEILINGS = ("simgrid-cpp", "simgrid")  # run first, for the ratios
 DEFAULT_SIZES = {"gpt3": [64, 256, 1024], "llama3": [1024, 4096, 16384], "llama3-dgx": [16384, 131072],
@@ -114,6 +115,7 @@ def run_point(case: str, xpus: int, iterations: int, timeout: float, firings: in
     if case == "simgrid":
         return _child([sys.executable, __file__, "--simgrid-point", str(xpus), "--firings", str(firings)], timeout)
     if case in CPP_CASES:
+        ceiling_program()  # compiled here, so that the point's peak memory is the program's alone
         return _child([sys.executable, __file__, "--simgrid-cpp-point", str(xpus), "--firings", str(firings),
                        "--driver", CPP_CASES[case]], timeout)
     if case == "2d-hierarchical":
@@ -184,31 +186,45 @@ def simgrid_point(xpus: int, firings: int) -> dict:
 
 
 def simgrid_cpp_point(xpus: int, firings: int, driver: str) -> dict:
-    """The same chains as :func:`simgrid_point` (`firings` activities in all) on SimGrid's C++ API, through
-    hcsim's engine core with `driver` (callbacks or actors)."""
-    from array import array
-
-    from hcsim.engine import core
-
+    """The same chains as :func:`simgrid_point` (`firings` activities in all) on SimGrid's C++ API: the program
+    simgrid_ceiling.cpp beside this file, with `driver` (callbacks or actors)."""
     compiled, names, flops, size = _ring_platform(xpus)
+    xml = Path(f"/tmp/hcsim-simgrid-bench-{os.getpid()}.xml")
+    xml.write_text(compiled.xml)
     per_chain = max(2, firings // xpus)
-    n = per_chain * xpus
-    # chain i: activities i, i + xpus, i + 2 xpus, ...; even steps execute, odd steps send to i + 1.
-    # Built by repeating blocks of xpus entries, so the arrays are all the memory the graph takes.
-    def steps(code, even, odd):
-        pair = array(code, even) + array(code, odd)
-        return pair * (per_chain // 2) + (array(code, even) if per_chain % 2 else array(code))
+    try:
+        done = subprocess.run([str(ceiling_program()), str(xml), str(xpus), str(per_chain), repr(flops), repr(size),
+                               driver], capture_output=True, text=True)
+    finally:
+        xml.unlink()
+    if done.returncode:
+        raise SystemExit(f"simgrid_ceiling failed: {done.stderr.strip()[-2000:]}")
+    result = json.loads(done.stdout)
+    return {"xpus": xpus, "activities": result["activities"], "run_s": result["run_s"], "wall_s": result["run_s"],
+            "run_cpu_s": result["run_cpu_s"],
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
 
-    graph = core.ActivityGraph(
-        hosts=tuple(names), kind=steps("B", [core.EXEC] * xpus, [core.COMM] * xpus),
-        host=array("i", range(xpus)) * per_chain,
-        peer=steps("i", [-1] * xpus, [(i + 1) % xpus for i in range(xpus)]),
-        amount=steps("d", [flops] * xpus, [size] * xpus),
-        pred_offsets=array("q", [0] * (xpus + 1)) + array("q", range(1, n - xpus + 1)),
-        preds=array("i", range(n - xpus)))
-    result = core.run_here(compiled, graph, driver)
-    return {"xpus": xpus, "activities": result.activities, "run_s": result.run_s, "wall_s": result.run_s,
-            "run_cpu_s": result.run_cpu_s, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+def ceiling_program() -> Path:
+    """build/benchmarks/simgrid_ceiling, compiled from simgrid_ceiling.cpp when missing or older than it, against
+    the SimGrid 4.1 the engine core builds against (scripts/build_core.py's headers and library)."""
+    sys.path.insert(0, str(HERE.parent / "scripts"))
+    import build_core
+
+    source = HERE / "simgrid_ceiling.cpp"
+    program = build_core.ROOT / "build" / "benchmarks" / "simgrid_ceiling"
+    if program.exists() and program.stat().st_mtime >= source.stat().st_mtime:
+        return program
+    library = build_core.simgrid_library()
+    cxx, _ = build_core.compiler()
+    build_core.fetch_headers()
+    program.parent.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run([cxx, "-std=c++17", "-O2", "-DNDEBUG", f"-I{build_core.HEADERS}", str(source),
+                           f"-L{library.parent}", f"-l:{library.name}", f"-Wl,-rpath,{library.parent}", "-o",
+                           str(program)], capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"compiling {source.name} failed:\n{done.stdout}{done.stderr}")
+    return program
 
 
 def fitted_exponent(points: list[tuple[int, float]]) -> float | None:

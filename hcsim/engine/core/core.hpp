@@ -1,12 +1,13 @@
 /* hcsim's engine core on SimGrid 4.1's S4U C++ API: what its translation units share.
 
-   The boundary is data. Python hands over flat arrays (see ActivityGraph) that point into its own
-   buffers, the core runs them on plain s4u::Exec and s4u::Comm activities and writes flat arrays back;
-   no Python object is touched while SimGrid runs. One translation unit per concept:
+   The boundary is data. Python hands over flat arrays (workload.hpp, steps.hpp, PlatformTables) that point
+   into its own buffers, the core runs them on plain s4u activities driven from completion callbacks
+   (driver.hpp) and writes flat arrays back; no Python object is touched while SimGrid runs but by the
+   callbacks that ask (serving steps, progress). One translation unit per concept:
      engine.cpp      the one SimGrid Engine of the process: configuration, platform, host table
      platform.cpp    the compiled platform as SimGrid hosts, links and one zone routing by a table of routes
-     activities.cpp  an activity graph driven by completion callbacks in SimGrid's maestro (no actor)
-     chains.cpp      the same activities driven by one S4U actor per chain, blocking waits (for comparison)
+     executor.cpp    a workload graph's iterations by the executor's rules
+     steps.cpp       serving replicas' steps
      module.cpp      the Python binding (pybind11): buffers in and out, errors as Python exceptions */
 #ifndef HCSIM_ENGINE_CORE_HPP
 #define HCSIM_ENGINE_CORE_HPP
@@ -22,30 +23,6 @@ class Host;
 }
 
 namespace hcsim::core {
-
-enum Kind : std::uint8_t { EXEC = 0, COMM = 1 };
-
-/* An acyclic graph of activities, as flat arrays of n entries (borrowed, not owned).
-   Activity i is an execution of amount[i] FLOPs on host[i] (kind EXEC) or a transfer of amount[i]
-   bytes from host[i] to peer[i] (kind COMM); it starts once every activity in
-   preds[pred_offsets[i] .. pred_offsets[i+1]) has ended (CSR layout). Host numbers index the host
-   names given with the graph. */
-struct ActivityGraph {
-  std::size_t n = 0;
-  const std::uint8_t* kind     = nullptr;
-  const std::int32_t* host     = nullptr;
-  const std::int32_t* peer     = nullptr;
-  const double* amount         = nullptr;
-  const std::int64_t* pred_offsets = nullptr;  // n + 1 entries
-  const std::int32_t* preds    = nullptr;      // pred_offsets[n] entries
-  std::size_t host_count = 0;
-};
-
-/* Per-activity start and end times (s), written into caller-owned arrays of n entries. */
-struct Times {
-  double* start = nullptr;
-  double* end   = nullptr;
-};
 
 struct RunCounters {
   std::size_t activities = 0;  // activities SimGrid ran
@@ -77,28 +54,12 @@ struct PlatformTables {
 std::unordered_map<std::string, simgrid::s4u::Host*> build_platform(simgrid::s4u::Engine& engine,
                                                                     const PlatformTables& platform);
 
-/* Checks the graph (sizes, host numbers, amounts, predecessors, cycles); throws std::invalid_argument
-   naming the first bad activity. */
-void check_graph(const ActivityGraph& graph);
-
 /* Creates the process's SimGrid Engine (once per process: a second call throws std::logic_error),
    sets CM02 with TCP-gamma 0 and no cross-traffic, builds and seals the platform, and returns the hosts
-   named in `host_names`, in that order (std::invalid_argument for an unknown name); with `clock_host`,
-   adds the delay host of hcsim/engine/backend.py ("hcsim:clock", 1 FLOP/s, 2^20 cores) and returns it
-   last. */
+   named in `host_names`, in that order (std::invalid_argument for an unknown name), then the delay host
+   ("hcsim:clock", 1 FLOP/s, 2^20 cores: driver.hpp's delays). */
 std::vector<simgrid::s4u::Host*> start_engine(const PlatformTables& platform,
-                                              const std::vector<std::string>& host_names, bool clock_host = false);
-
-/* Runs the graph with completion callbacks in maestro: each activity starts from the callback of its
-   last predecessor. */
-RunCounters run_with_callbacks(const ActivityGraph& graph, const std::vector<simgrid::s4u::Host*>& hosts,
-                               Times times);
-
-/* Runs a graph made of chains (each activity has at most one predecessor and at most one successor)
-   with one S4U actor per chain, each waiting on its activities in turn; std::invalid_argument for any
-   other graph. */
-RunCounters run_with_actors(const ActivityGraph& graph, const std::vector<simgrid::s4u::Host*>& hosts,
-                            Times times);
+                                              const std::vector<std::string>& host_names);
 
 /* Wall clock and this process's CPU time in s, for the counters. */
 double wall_seconds();

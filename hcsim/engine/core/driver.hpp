@@ -1,5 +1,5 @@
 /* Activities started from completion callbacks in maestro, as the core's loops start them (workload runs:
-   executor.cpp; serving steps: steps.cpp), with SimGrid 4.1's two pitfalls handled once (activities.cpp):
+   executor.cpp; serving steps: steps.cpp), with SimGrid 4.1's two pitfalls handled once:
    an Exec started in maestro is kept in maestro's list until someone waits for it, so it is detached; and
    a Comm's completion callbacks run with no reference of its own, so each activity keeps the reference taken
    at its start until the next one ends (retire), when no callback of it runs any more.

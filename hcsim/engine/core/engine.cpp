@@ -38,8 +38,7 @@ RunCounters run_engine()
   return counters;
 }
 
-std::vector<sg4::Host*> start_engine(const PlatformTables& platform, const std::vector<std::string>& host_names,
-                                     bool clock_host)
+std::vector<sg4::Host*> start_engine(const PlatformTables& platform, const std::vector<std::string>& host_names)
 {
   // SimGrid 4.1 aborts the whole process when a second Engine is created, even after the first has run:
   // refuse here, with an exception, instead.
@@ -62,12 +61,10 @@ std::vector<sg4::Host*> start_engine(const PlatformTables& platform, const std::
   for (const char* setting : {"network/model:CM02", "network/TCP-gamma:0", "network/crosstraffic:0"})
     sg4::Engine::set_config(setting);
   std::unordered_map<std::string, sg4::Host*> by_name = build_platform(*engine, platform);
-  sg4::Host* clock = nullptr;
-  if (clock_host) {  // delays: executions on a host of 1 FLOP/s with more cores than delays at once, as backend.py
-    clock = engine->get_netzone_root()->add_host("hcsim:clock", 1.0);
-    clock->set_core_count(1 << 20);
-    clock->seal();
-  }
+  // delays (driver.hpp): executions on a host of 1 FLOP/s with more cores than delays at once
+  sg4::Host* clock = engine->get_netzone_root()->add_host("hcsim:clock", 1.0);
+  clock->set_core_count(1 << 20);
+  clock->seal();
   engine->get_netzone_root()->seal();
 
   std::vector<sg4::Host*> hosts;
@@ -78,8 +75,7 @@ std::vector<sg4::Host*> start_engine(const PlatformTables& platform, const std::
       throw std::invalid_argument("host '" + name + "' is not in the compiled platform");
     hosts.push_back(found->second);
   }
-  if (clock != nullptr)
-    hosts.push_back(clock);
+  hosts.push_back(clock);
   return hosts;
 }
 

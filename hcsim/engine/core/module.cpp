@@ -103,43 +103,6 @@ py::dict counters_dict(const hcsim::core::RunCounters& counters)
   return out;
 }
 
-py::dict run_graph(const py::dict& platform, const std::vector<std::string>& host_names,
-                   const py::buffer& kind, const py::buffer& host, const py::buffer& peer, const py::buffer& amount,
-                   const py::buffer& pred_offsets, const py::buffer& preds, const py::buffer& start,
-                   const py::buffer& end, const std::string& driver)
-{
-  using namespace hcsim::core;
-  if (driver != "callbacks" && driver != "actors")
-    throw py::value_error("driver must be 'callbacks' or 'actors', got '" + driver + "'");
-  ActivityGraph graph;
-  py::buffer_info kinds = kind.request();
-  if (kinds.ndim != 1)
-    throw py::value_error("kind: expected a one-dimensional buffer");
-  graph.n = static_cast<std::size_t>(kinds.shape[0]);
-  graph.host_count = host_names.size();
-  graph.kind = view<std::uint8_t>(kind, "kind", graph.n, false);
-  graph.host = view<std::int32_t>(host, "host", graph.n, false);
-  graph.peer = view<std::int32_t>(peer, "peer", graph.n, false);
-  graph.amount = view<double>(amount, "amount", graph.n, false);
-  graph.pred_offsets = view<std::int64_t>(pred_offsets, "pred_offsets", graph.n + 1, false);
-  auto edges = static_cast<std::size_t>(graph.pred_offsets[graph.n]);
-  graph.preds = view<std::int32_t>(preds, "preds", edges, false);
-  Times times{view<double>(start, "start", graph.n, true), view<double>(end, "end", graph.n, true)};
-
-  PlatformTables tables = platform_tables(platform);
-  RunCounters counters;
-  {
-    py::gil_scoped_release unlocked;
-    check_graph(graph);
-    double begin = wall_seconds();
-    std::vector<simgrid::s4u::Host*> hosts = start_engine(tables, host_names);
-    double setup = wall_seconds() - begin;
-    counters = driver == "callbacks" ? run_with_callbacks(graph, hosts, times) : run_with_actors(graph, hosts, times);
-    counters.setup_s = setup;
-  }
-  return counters_dict(counters);
-}
-
 template <typename T> const T* field(const py::dict& arrays, const char* name, std::size_t count)
 {
   if (!arrays.contains(name))
@@ -305,7 +268,7 @@ py::dict run_workload(const py::dict& platform, const std::vector<std::string>& 
   {
     py::gil_scoped_release unlocked;
     double begin = wall_seconds();
-    std::vector<simgrid::s4u::Host*> hosts = start_engine(tables, host_names, true);
+    std::vector<simgrid::s4u::Host*> hosts = start_engine(tables, host_names);
     double setup = wall_seconds() - begin;
     counters = hcsim::core::run_workload(w, hosts, out, &ended);
     counters.setup_s = setup;
@@ -413,7 +376,7 @@ py::dict run_steps(const py::dict& platform, const std::vector<std::string>& hos
   {
     py::gil_scoped_release unlocked;
     double begin = wall_seconds();
-    std::vector<simgrid::s4u::Host*> hosts = start_engine(tables, host_names, true);
+    std::vector<simgrid::s4u::Host*> hosts = start_engine(tables, host_names);
     double setup = wall_seconds() - begin;
     counters = hcsim::core::run_steps(layout, hosts, next, analytic, on_landed);
     counters.setup_s = setup;
@@ -422,6 +385,7 @@ py::dict run_steps(const py::dict& platform, const std::vector<std::string>& hos
     throw *raised;
   return counters_dict(counters);
 }
+
 /* SimGrid's route of each (source, destination) host pair on the compiled platform: its link names (with
    _UP / _DOWN) and latency (s), as Host::route_to answers them. Starts the process's Engine. */
 py::list platform_routes(const py::dict& platform, const std::vector<std::pair<std::string, std::string>>& pairs)
@@ -451,10 +415,6 @@ py::list platform_routes(const py::dict& platform, const std::vector<std::pair<s
 PYBIND11_MODULE(_core, m)
 {
   m.doc() = "hcsim's engine core on SimGrid's S4U C++ API (see hcsim/engine/core/__init__.py)";
-  m.def("run_graph", &run_graph, py::arg("platform"), py::arg("host_names"), py::arg("kind"), py::arg("host"),
-        py::arg("peer"), py::arg("amount"), py::arg("pred_offsets"), py::arg("preds"), py::arg("start"),
-        py::arg("end"), py::arg("driver") = "callbacks",
-        "Run an activity graph on a fresh SimGrid Engine (once per process); fills start and end.");
   m.def("run_workload", &run_workload, py::arg("platform"), py::arg("host_names"), py::arg("arrays"),
         py::arg("iterations"), py::arg("xpus"), py::arg("iteration_ends"), py::arg("first"), py::arg("last"),
         py::arg("done_runs"), py::arg("traced_xpus") = py::none(), py::arg("traced_runs") = py::none(),
