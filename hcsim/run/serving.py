@@ -43,10 +43,10 @@ flows, tagged after the handoffs' request indices), the request waiting out of t
 landing, and an arrival meanwhile waits with it); ``swap`` copies them in the swap phase of the step that resumes
 the request; ``in_place`` (coherent memory only: ``prepare.coherent_memory``) leaves them in the tier, read there
 by each step as spilled blocks are. The result counts the blocks stored and loaded and the tokens read beyond
-HBM (``kv.tiers``, kv.csv per row). A store is timed as the swap phase times vLLM's swap-out (its bytes over
-the route, one after the swap-ins as copies on one stream are) but runs, as that phase's flows do, from the
-tier to the XPU: on the platform's split-duplex links it contends with that direction's traffic (prefetches,
-reads in place), not with the other.
+HBM (``kv.tiers``, kv.csv per row). Stores (offloads, evictions, and vLLM's swap-outs alike) run in a step's
+store phase, after its swap-ins as copies on one stream run, from each XPU to its tier or host memory: on the
+platform's split-duplex links they do not contend with the loads, prefetches and reads in place coming the
+other way.
 
 Prefill/decode disaggregation (``serving.disaggregation: {prefill: N, decode: M}``, N + M = dp): request i's
 prompt runs on prefill replica i mod N (role ``prefill``), which hands the request off at its first token: its
@@ -183,8 +183,9 @@ class StepWork:
     of kernels on each XPU (one TP rank's, every stage in turn); `allreduces` TP all-reduces of `allreduce_bytes`
     each; `sends` pipeline sends of `send_bytes` each; `spilled_bytes` of KV read per XPU from extended memory
     beside `resident_bytes` read from HBM (the attention's KV reads), over `spilled_layers` layers; `swap_bytes`
-    copied between HBM and host memory per XPU; `host` seconds of host work before the step; `head` seconds of
-    the logits, part of `compute`, on the last pipeline stage."""
+    copied from host memory (or the kv_offload tier) into HBM per XPU and then `store_bytes` from HBM to it
+    (swapped out, offloaded); `host` seconds of host work before the step; `head` seconds of the logits, part of
+    `compute`, on the last pipeline stage."""
 
     compute: float
     allreduces: int = 0
@@ -195,6 +196,7 @@ class StepWork:
     resident_bytes: float = 0.0
     spilled_layers: int = 0
     swap_bytes: float = 0.0
+    store_bytes: float = 0.0
     host: float = 0.0
     head: float = 0.0
 
@@ -253,8 +255,9 @@ class _Platform:
                 total += max(0.0, remote - work.resident_bytes / hbm)
             else:  # copied into HBM first, then read from there
                 total += remote + work.spilled_bytes / hbm
-        if work.swap_bytes:
-            total += work.swap_bytes / self.host_bandwidth + self.host_latency
+        for copied in (work.swap_bytes, work.store_bytes):  # in, then out (the route's both ways alike)
+            if copied:
+                total += copied / self.host_bandwidth + self.host_latency
         return total
 
 
@@ -292,7 +295,7 @@ class _StepCost:
         return self._timed(self._head, sampled, head_kernels)
 
     def work(self, tokens: int, sampled: int, chunks, decode: int, resident: float, spilled: float,
-             swap_bytes: float = 0.0) -> StepWork:
+             swap_bytes: float = 0.0, store_bytes: float = 0.0) -> StepWork:
         """The step's work: `tokens` through the GEMMs, `sampled` logits, prefill `chunks` ((new, cached) pairs),
         `decode` decoding sequences whose KV reads are `resident` tokens in HBM and `spilled` beyond it."""
         p, model = self.platform, self.spec.model
@@ -306,7 +309,7 @@ class _StepCost:
         return StepWork(compute=compute, allreduces=2 * self.layers if p.tp > 1 else 0, allreduce_bytes=size,
                         sends=p.pp - 1, send_bytes=size, spilled_bytes=spilled * self.token_kv * self.layers,
                         resident_bytes=resident * self.token_kv * self.layers,
-                        spilled_layers=self.layers if spilled else 0, swap_bytes=swap_bytes,
+                        spilled_layers=self.layers if spilled else 0, swap_bytes=swap_bytes, store_bytes=store_bytes,
                         host=self.spec.step_overhead, head=head)
 
 
@@ -383,6 +386,8 @@ class _Engine:
                 column.append(hosts.setdefault(memory, len(hosts)) if memory else -1)
                 if memory:
                     pairs.add((memory, x))
+            if dram:  # (stores: the other way)
+                pairs.add((x, dram))
             if offload is not None:
                 self.tier_of.append(hosts[ext])
                 if offload.policy == "prefetch":  # prefetches run as flows beside the steps (steps.hpp's handoffs)
@@ -425,11 +430,11 @@ class _Engine:
     def encode(self, p: _Platform, k: int, until: float, work: StepWork, following: StepWork | None) -> tuple:
         """The core's fields of a step of a replica of side `p` (``steps.hpp``): the work of the closed form
         (:meth:`_Platform.step_time`) as activities that, alone on the replica's links, take its time: host, swap,
-        then per pipeline stage its share of the layers (compute; the spilled KV read beside it after the stage's
-        HBM reads would have led, or copied first without coherence), its TP all-reduces as one ring flow per rank
-        (count x 2(tp-1)/tp x bytes over the achieved share of the bandwidth) and its pipeline send."""
+        store, then per pipeline stage its share of the layers (compute; the spilled KV read beside it after the
+        stage's HBM reads would have led, or copied first without coherence), its TP all-reduces as one ring flow
+        per rank (count x 2(tp-1)/tp x bytes over the achieved share of the bandwidth) and its pipeline send."""
         hbm = p.hbm_bandwidth * p.memory_efficiency
-        fields = [k, until, work.host, work.swap_bytes]
+        fields = [k, until, work.host, work.swap_bytes, work.store_bytes]
         slope = following.compute - work.compute if following is not None else 0.0
         resident_slope = following.resident_bytes - work.resident_bytes if following is not None else 0.0
         body, last = work.compute - work.head, p.pp - 1
@@ -628,10 +633,11 @@ class _Scheduler:
         self.offload, self.loads, self.loading = platform.offload, [], 0
         self.block_bytes = platform.token_bytes * config.block_size  # one block on one XPU
         self.stored_blocks = self.loaded_blocks = self.read_tokens = self.hbm_read_tokens = 0
-        # evicted cached prefixes in the tier: groups with no reference, least recently offloaded first; blocks
-        # stored by evictions, copied in the next step; prefixes being prefetched (group -> the slot waiting)
+        # evicted cached prefixes in the tier: groups with no reference, least recently offloaded first; bytes per
+        # XPU swapped out, offloaded or evicted to the tier since the last step, stored by the next; prefixes being
+        # prefetched (group -> the slot waiting)
         self.tier_lru: OrderedDict[int, None] = OrderedDict()
-        self.pending_store, self.loading_groups, self.group_loads = 0, set(), {}
+        self.pending_store, self.loading_groups, self.group_loads = 0.0, set(), {}
         bs = config.block_size
         self.prefix_blocks = spec.shared_prefix // bs if config.prefix_caching and role != "decode" else 0
         self.groups = [_Group() for _ in range(spec.prefix_groups)]
@@ -685,7 +691,7 @@ class _Scheduler:
                     self.free_ext -= group.hbm
                     group.ext += group.hbm
                     self.stored_blocks += group.hbm
-                    self.pending_store += group.hbm
+                    self.pending_store += group.hbm * self.block_bytes
                 group.hbm = 0
                 if group.ext:
                     self.tier_lru[g] = None
@@ -777,27 +783,27 @@ class _Scheduler:
             self._hold(self.group[i])
         self.hit[i] = full
 
-    def _preempt(self, i: int) -> float:
-        """Preempt slot `i` (back to the front of the waiting queue); the bytes swapped out per XPU."""
+    def _preempt(self, i: int) -> None:
+        """Preempt slot `i` (back to the front of the waiting queue); its bytes swapped out or offloaded per XPU are
+        stored by the next step."""
         self.preempted += 1
         self.preemptions[i] += 1
         if self.offload is not None:
             stored = self._offload(i)
             if stored is not None:
                 self.waiting.appendleft(i)
-                return stored
+                self.pending_store += stored
+                return
         size = self.computed[i] * self.platform.token_bytes
-        swapped = 0.0
         if self.config.preemption == "swap" and self.swap_used + size <= self.config.swap_space:
             self.swapped[i] = 1
             self.swap_used += size
-            swapped = size
+            self.pending_store += size
         else:
             self.recomputed += self.computed[i]
             self.computed[i] = 0
         self._release(i)
         self.waiting.appendleft(i)
-        return swapped
 
     def _offload(self, i: int) -> float | None:
         """(kv_offload) Preempted slot `i`'s blocks moved to the tier, where it has room (the blocks it holds there
@@ -1047,7 +1053,7 @@ class _Scheduler:
                     continue
                 while not self._allocate(i, computed[i] + new):
                     victim = self.running.pop()
-                    swap += self._preempt(victim)
+                    self._preempt(victim)
                     preempted = True
                     if victim == i:
                         break
@@ -1118,14 +1124,12 @@ class _Scheduler:
                 chunks.append((new, before))
         if tokens > self.max_tokens:
             self.max_tokens = tokens
-        if self.pending_store:  # cached prefixes evicted to the kv_offload tier while this step was planned
-            swap += self.pending_store * self.block_bytes
-            self.pending_store = 0
+        store, self.pending_store = self.pending_store, 0.0  # (preemptions and evictions since the last step)
         self.kinds["mixed" if chunks and decode else "prefill" if chunks else "decode"] += 1
         self.read_tokens += spilled
         self.hbm_read_tokens += resident
         self._pending = ("step", scheduled, decodes)
-        return 1, math.inf, self.cost.work(tokens, sampled, chunks, decode, resident, spilled, swap), None
+        return 1, math.inf, self.cost.work(tokens, sampled, chunks, decode, resident, spilled, swap, store), None
 
     def _finish_step(self, scheduled, decodes) -> None:
         """The step's effects at its end (`now`): a token for each entry that has computed all it knows, the first
@@ -1198,8 +1202,9 @@ class _Scheduler:
             return False
         computed, made, prompt, output = self.computed, self.made, self.prompt, self.output
         remaining = min([output[i] - made[i] for i in running]) - 1  # steps before the first finish
-        if remaining < 2 or not all([made[i] and computed[i] == prompt[i] + made[i] - 1 for i in running]):
-            return False
+        if remaining < 2 or self.pending_store or not all([made[i] and computed[i] == prompt[i] + made[i] - 1
+                                                           for i in running]):
+            return False  # (bytes to store go in the next step: not a plain decode)
         if self.waiting and self.arrival[self.waiting[0]] <= self.now and self._admissible(n):
             return False  # the next step admits a request: not a plain decode
         # the steps for which HBM has a block for every new token (the spilled part stays as it is)
@@ -1286,7 +1291,8 @@ class _Scheduler:
             return False
         group = self.groups[self.group[i]]
         cached = 0
-        if self.prefix_blocks and not self.computed[i] and not self.swapped[i] and self.group[i] not in self.loading_groups:
+        if (self.prefix_blocks and not self.computed[i] and not self.swapped[i]
+                and self.group[i] not in self.loading_groups):
             cached = min(group.hbm + group.ext, (self._tokens(i) - 1) // config.block_size)
         computed = self.computed[i] if self.swapped[i] else cached * config.block_size
         new = self._tokens(i) - computed

@@ -159,7 +159,7 @@ layout = {"r_tp": array("i", [1]), "r_xpus": array("q", [0, 1]), "x_host": array
           "x_ext": array("i", [1]), "x_dram": array("i", [-1]), "h_src": array("i", [1]), "h_dst": array("i", [0])}
 compute = 10e-3
 read, prefetch = float(sys.argv[1]) * compute * bandwidth, float(sys.argv[2]) * compute * bandwidth
-step = (1.0, math.inf, 0.0, 0.0, compute, 0.0, 0.0, 0.0, read, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+step = (1.0, math.inf, 0.0, 0.0, 0.0, compute, 0.0, 0.0, 0.0, read, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 ends = []
 def next_step(replica, now, done):
     if now == 0:

@@ -102,14 +102,14 @@ def closed_form(where, mix, **changes):
 
 
 # s: SimGrid's timing precision (its precision/timing): an activity may end this much off its exact time. A step
-# chains at most 2 + 6 pp activities (host, swap; per stage a pad and a transfer beside the compute, the
-# all-reduce's pad and flows, the send's pad and flow), so after n steps a time is off by at most n (2 + 6 pp) of it.
+# chains at most 3 + 6 pp activities (host, swap, store; per stage a pad and a transfer beside the compute, the
+# all-reduce's pad and flows, the send's pad and flow), so after n steps a time is off by at most n (3 + 6 pp) of it.
 TIMING = 1e-9
 
 
 def same_times(result, oracle, steps, pp=1, bound=None):
     """The run's request times are the oracle's, within SimGrid's timing precision over the steps."""
-    bound = steps * (2 + 6 * pp) * TIMING if bound is None else bound
+    bound = steps * (3 + 6 * pp) * TIMING if bound is None else bound
     got = [(row["request"], row["first_token_s"], row["finish_s"]) for row in result["per_request"]]
     assert [row[0] for row in got] == [row[0] for row in oracle]
     worst = max(abs(a - b) for mine, theirs in zip(got, oracle) for a, b in zip(mine[1:], theirs[1:]))
@@ -224,8 +224,8 @@ graph = build_platform(load_platform_spec(resolve_spec("paper-cxl", "platforms",
 platform = compile_platform(graph, [("xpu0.cxl", "xpu0")], "bf16")
 layout = {"r_tp": array("i", [1]), "r_xpus": array("q", [0, 1]), "x_host": array("i", [0]),
           "x_ext": array("i", [1]), "x_dram": array("i", [-1])}
-step = [1.0, math.inf, 0.0, 0.0] + [0.0] * 12
-step[4 + int(sys.argv[1])] = float(sys.argv[2])
+step = [1.0, math.inf, 0.0, 0.0, 0.0] + [0.0] * 12
+step[5 + int(sys.argv[1])] = float(sys.argv[2])
 def next_step(replica, now, done):
     if now > 0:
         raise KeyError("the scheduler's own error")
@@ -940,7 +940,7 @@ layout = {"r_tp": array("i", [1, 1]), "r_xpus": array("q", [0, 1, 2]), "x_host":
 case = sys.argv[1]
 if case != "unpaired":
     layout |= {"h_src": array("i", [0]), "h_dst": array("i", [1])}
-step = tuple([1.0, math.inf, 1e-3, 0.0] + [0.0] * 12)
+step = tuple([1.0, math.inf, 1e-3, 0.0, 0.0] + [0.0] * 12)
 asked, landings = [], []
 def next_step(replica, now, done):
     asked.append((replica, now))

@@ -51,11 +51,11 @@ std::string number(double value)
   return text;
 }
 
-const char* const STEP_NAMES[] = {"K", "UNTIL", "HOST_S", "SWAP_BYTES"};
+const char* const STEP_NAMES[] = {"K", "UNTIL", "HOST_S", "SWAP_BYTES", "STORE_BYTES"};
 const char* const STAGE_NAMES[] = {"COMPUTE", "COMPUTE_SLOPE", "LEAD", "LEAD_SLOPE", "SPILL", "SPILL_PAD",
                                    "COPY", "COPY_PAD", "AR", "AR_PAD", "SEND", "SEND_PAD"};
 
-enum class Phase : std::uint8_t { HOST, SWAP, WORK, ALLREDUCE, SEND };
+enum class Phase : std::uint8_t { HOST, SWAP, STORE, WORK, ALLREDUCE, SEND };
 
 struct Replica {
   std::int64_t first = 0;  // its first XPU in the layout
@@ -67,8 +67,8 @@ struct Replica {
   bool done = false, started = false;  // every loop done; the current step started an activity
   bool receives = false, sends = false;  // a handoff pair's destination (it receives handoffs); its source
   bool waiting = false;                  // it waits for a landing (IDLE until +inf)
-  // per phase, whether it is private (the file's comment): swap; per stage work, all-reduce, send
-  bool swap_private = false, all_private = false;
+  // per phase, whether it is private (the file's comment): swap, store; per stage work, all-reduce, send
+  bool swap_private = false, store_private = false, all_private = false;
   std::vector<std::uint8_t> work_private, allreduce_private, send_private;
 };
 
@@ -295,7 +295,8 @@ private:
       for (std::int32_t stage = 0; stage < replica.stages; ++stage)
         for (Phase phase : {Phase::WORK, Phase::ALLREDUCE, Phase::SEND})
           step += alone_time(replica, phase, stage);
-      step += alone_time(replica, Phase::HOST, 0) + alone_time(replica, Phase::SWAP, 0);
+      step += alone_time(replica, Phase::HOST, 0) + alone_time(replica, Phase::SWAP, 0) +
+              alone_time(replica, Phase::STORE, 0);
       if (!(step > 0))  // a step of nothing would take no time, over and over
         return fail(r, "a step with nothing to run (every amount 0)");
       total += step;
@@ -311,6 +312,9 @@ private:
         phase = Phase::SWAP;
         return;
       case Phase::SWAP:
+        phase = Phase::STORE;
+        return;
+      case Phase::STORE:
         phase = Phase::WORK;
         return;
       case Phase::WORK:
@@ -333,6 +337,8 @@ private:
         return true;  // a delay
       case Phase::SWAP:
         return replica.swap_private;
+      case Phase::STORE:
+        return replica.store_private;
       case Phase::WORK:
         return replica.work_private[stage];
       case Phase::ALLREDUCE:
@@ -445,6 +451,9 @@ private:
           if (layout_.x_dram[replica.first + i] >= 0)
             flows.emplace_back(layout_.x_dram[replica.first + i], xpu(replica, i));
         visit(r, 0, 0, flows);
+        for (auto& [memory, to] : flows)  // the stores: the same pairs the other way
+          std::swap(memory, to);
+        visit(r, 4, 0, flows);
         for (std::int32_t s = 0; s < replica.stages; ++s) {
           flows.clear();
           for (std::int32_t i = 0; i < replica.tp; ++i)
@@ -483,8 +492,8 @@ private:
       for (const auto& [src, dst] : flows)
         for (const sg4::Link* link : route(src, dst).links)
           alone = alone && !uses[link].shared;
-      if (kind == 0) {
-        replica.swap_private = alone;
+      if (kind == 0 || kind == 4) {
+        (kind == 0 ? replica.swap_private : replica.store_private) = alone;
         return;
       }
       std::vector<std::uint8_t>& flags = kind == 1 ? replica.work_private
@@ -493,7 +502,8 @@ private:
       flags[s] = alone;
     });
     for (Replica& replica : replicas_) {
-      replica.all_private = analytic && replica.swap_private && !replica.receives;  // (a landing ends its run)
+      replica.all_private = analytic && replica.swap_private && replica.store_private &&
+                            !replica.receives;  // (a landing ends its run)
       for (std::int32_t s = 0; s < replica.stages; ++s)
         replica.all_private = replica.all_private && replica.work_private[s] && replica.allreduce_private[s] &&
                               replica.send_private[s];
@@ -520,6 +530,12 @@ private:
           if (layout_.x_dram[replica.first + i] >= 0)
             longest = std::max(longest, transfer_alone(layout_.x_dram[replica.first + i], xpu(replica, i),
                                                        s[SWAP_BYTES], 0.0));
+        return longest;
+      case Phase::STORE:
+        for (std::int32_t i = 0; s[STORE_BYTES] > 0 && i < replica.xpus; ++i)
+          if (layout_.x_dram[replica.first + i] >= 0)
+            longest = std::max(longest, transfer_alone(xpu(replica, i), layout_.x_dram[replica.first + i],
+                                                       s[STORE_BYTES], 0.0));
         return longest;
       case Phase::WORK: {
         const double* f = &s[HEADER_FIELDS + stage * STAGE_FIELDS];
@@ -577,6 +593,16 @@ private:
               continue;
             ++replica.pending;
             transfer(dram, xpu(replica, i), s[SWAP_BYTES], 0.0, done);
+          }
+        return;
+      case Phase::STORE:
+        if (s[STORE_BYTES] > 0)
+          for (std::int32_t i = 0; i < replica.xpus; ++i) {
+            std::int32_t dram = layout_.x_dram[replica.first + i];
+            if (dram < 0)
+              continue;
+            ++replica.pending;
+            transfer(xpu(replica, i), dram, s[STORE_BYTES], 0.0, done);
           }
         return;
       case Phase::WORK: {

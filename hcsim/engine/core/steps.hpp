@@ -40,7 +40,8 @@ struct ReplicaLayout {
    COMPUTE + j * COMPUTE_SLOPE and LEAD + j * LEAD_SLOPE; the run ends early after the first step that ends at or
    after UNTIL (s; inf: never), when the next request arrives. One step:
      host     a delay of HOST_S (the host's scheduling work)
-     swap     SWAP_BYTES from each XPU's host memory to it (KV blocks swapped out and in), side by side
+     swap     SWAP_BYTES from each XPU's host memory to it (KV blocks swapped in or loaded back), side by side
+     store    then STORE_BYTES from each XPU to its host memory (KV blocks swapped out or offloaded), side by side
      stage s  in turn: each XPU of the stage computes COMPUTE seconds (an execution of COMPUTE x its speed), beside
               (coherent extended memory, read in place) SPILL bytes from its extended memory started LEAD +
               SPILL_PAD after the stage begins; or (without coherence) after COPY bytes copied from it, started
@@ -51,7 +52,7 @@ struct ReplicaLayout {
    flow does not cross once, per-call latencies). A Comm takes whole bytes: a transfer's fraction of a byte is
    timed at its route's bottleneck bandwidth, added to its pad. */
 namespace step {  // (names of their own: workload.hpp has a COMPUTE and a COPY)
-enum Field : int { K = 0, UNTIL, HOST_S, SWAP_BYTES, HEADER_FIELDS };
+enum Field : int { K = 0, UNTIL, HOST_S, SWAP_BYTES, STORE_BYTES, HEADER_FIELDS };
 enum StageField : int {
   COMPUTE = 0, COMPUTE_SLOPE, LEAD, LEAD_SLOPE, SPILL, SPILL_PAD, COPY, COPY_PAD, AR, AR_PAD, SEND, SEND_PAD,
   STAGE_FIELDS
