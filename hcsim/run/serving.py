@@ -540,10 +540,11 @@ class _Router:
     requests (waiting, running and landing there), ties to the one with the most free KV blocks (less those the
     handoffs in flight to it will take), then the lowest index; a replica whose free blocks cannot hold the
     request's prompt and next token is passed over while another can. Fewest requests first is join-the-shortest-
-    queue, the rule Splitwise's cluster scheduler uses for its token machines (Patel et al., ISCA 2024, section
-    4.4): a decode step's time grows with its batch, so the shortest queue keeps time per output token lowest,
-    and a faster replica (more memory bandwidth) drains its queue sooner and so takes more; free blocks decide a
-    tie, and keep a request off a replica that would have to preempt to take it. Each decode scheduler asks
+    queue, as the Splitwise authors' simulator routes (SplitwiseSim, scheduler.py: its JSQ schedulers, and
+    MixedPoolScheduler's "instance with smallest pending tokens queue"; here counted in requests, as a decode
+    replica's step grows with its batch): the shortest queue keeps time per output token lowest, and a faster
+    replica (more memory bandwidth) drains its queue sooner and so takes more; free blocks decide a tie, and
+    keep a request off a replica that would have to preempt to take it. Each decode scheduler asks
     :meth:`expects` whether a handoff may still come to it."""
 
     def __init__(self, schedulers: list, prefill: int):

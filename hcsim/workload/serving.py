@@ -233,8 +233,9 @@ class ServingSpec:
 class Slo:
     """``serving.slo``: a request meets its service-level objective when its time to first token is at most
     `ttft` and its time per output token (after the first) at most `tpot`, seconds; None: that one unconstrained.
-    Goodput, as DistServe (Zhong et al., OSDI 2024, section 2) counts it, is the requests per second that meet
-    both."""
+    Goodput, as DistServe counts it (Zhong et al., OSDI 2024; hao-ai-lab.github.io/blogs/distserve: "the number
+    of completed requests per second adhering to the SLOs"), is the requests per second that meet both; the
+    paper's per-GPU goodput is the highest rate at which a share of them (90 %) does."""
 
     ttft: float | None = None
     tpot: float | None = None
