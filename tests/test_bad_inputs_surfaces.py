@@ -261,6 +261,9 @@ CASES = {
                     r"has no fp8 peak FLOP/s; it has fp32, tf32, bf16, fp16"),
     "plan-fp8-on-a100": (PLAN + ["--set", "platform=dgx-a100", "--set", "precision=fp8"],
                          r"precision: fp8: device 'A100'", r"has no fp8 peak FLOP/s; it has fp32, tf32, bf16, fp16"),
+    "plan-set-a-layout-no-plan-has": (PLAN + ["--set", "tp=3"], r"--set tp",
+                                      r"no configuration of this plan has tp 3; valid here: 1, 2, 4, 8, or leave tp "
+                                      r"out to search it"),
     # hcsim plan --time
     "plan-time-zero": (PLAN + ["--time", "0"], r"--time", r"must be > 0 seconds"),
     "plan-time-negative": (PLAN + ["--time=-5"], r"--time", r"must be > 0 seconds"),
@@ -397,3 +400,19 @@ def test_a_seed_given_without_a_straggler_spread_is_said_once(monkeypatch, caplo
     assert said == ["--set seed: 3 seeds the straggler_spread draw; this run has no straggler_spread, so it has no "
                     "effect (straggler_spread=0.05 draws with it; a serving workload's requests draw with "
                     "serving.seed)"], said
+
+
+def test_a_layout_key_given_to_plan_keeps_only_the_plans_with_its_value():
+    """plan --set cp=2 --set zero=1 ranks cp 2, ZeRO-1 plans only (it dropped the user's cp and ranked the others)."""
+    from hcsim.cli.plan import _fixed_by_set
+    from hcsim.run.scenario import load_scenario
+    from hcsim.study.plan import candidates
+    from hcsim.workload import load_workload_spec
+
+    spec = load_workload_spec(REPO_ROOT / "workloads" / "llama3-8b.yaml")
+    found = candidates(spec, [f"xpu{i}" for i in range(8)], 8, 8)
+    given = {"cp": 2, "zero": 1}
+    kept = _fixed_by_set(found, load_scenario(None, {"xpus": 8, **given}), given)
+    assert kept and all(c.parallelism.cp == 2 and c.parallelism.zero == 1 for c in kept)
+    assert len(kept) == sum(c.parallelism.cp == 2 and c.parallelism.zero == 1 for c in found) < len(found)
+    assert _fixed_by_set(found, load_scenario(None, {"xpus": 8}), {}) == found

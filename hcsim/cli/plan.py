@@ -30,7 +30,7 @@ SIMULATION = {"collective_model": "flow", "local_collectives": "analytic",
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "plan", help="find the best parallel configuration of a model on a cluster",
-        description="Enumerate tp x pp x dp x micro-batch x schedule x recomputation x ZeRO stage (and layer "
+        description="Enumerate tp x pp x dp x cp x micro-batch x schedule x recomputation x ZeRO stage (and layer "
                     "and batch splits on mixed clusters), drop what does not fit in memory, rank the rest with closed forms, simulate "
                     "the most promising with contention (best corrected estimate first, until no plan left can "
                     "beat the best simulated, or --time) and print them ranked by simulated throughput.",
@@ -51,7 +51,8 @@ def register(subparsers) -> None:
                         "as --time allows)")
     add_execution_options(parser, "simulations", "its plan is listed as failed")
     parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
-                        help="any scenario key, e.g. precision=fp32 (repeatable)")
+                        help="any scenario key, e.g. precision=fp32 (repeatable); a layout key ("
+                             f"{', '.join(LAYOUT_KEYS)}) fixes it: only the plans with that value are ranked")
     parser.add_argument("--out", type=path_arg, default=None, help="folder for plan.csv and plan.png; each finished simulation is "
                         "kept in OUT/plan.journal.jsonl until they are written, so a killed plan loses none")
     parser.add_argument("--resume", action="store_true",
@@ -126,6 +127,7 @@ def _plan(args, journal) -> None:
     stages = _speeds(platform, xpus, spec.precision, "pp") if mixed else None
     replicas = _speeds(platform, xpus, spec.precision, "dp") if mixed else None
     found = candidates(spec, xpus, args.global_batch, _server_size(platform, xpus), stages, replica_speeds=replicas)
+    found = _fixed_by_set(found, scenario, _settings(args.settings))
     reasons = {c: _too_large(spec, c) or fits(spec, c, platform, xpus) for c in found}
     fitting = [c for c, reason in reasons.items() if reason is None]
     print(f"{len(found)} configurations of {spec.model.name} on {len(xpus)} XPUs ({_cluster_words(platform, xpus)}), "
@@ -230,6 +232,24 @@ def _settings(items: list[str]) -> dict:
     from hcsim.config import parse_settings
 
     return parse_settings(items) if items else {}
+
+
+# layout keys plan searches over: one given by --set keeps only the plans with its value
+LAYOUT_KEYS = ("tp", "pp", "dp", "cp", "micro_batch", "schedule", "virtual_stages", "recompute", "zero")
+
+
+def _fixed_by_set(found: list, scenario, given: dict) -> list:
+    """The candidates whose layout has each layout key's value the user gave by --set (the scenario's, read and
+    checked); ConfigError naming the key and the values plan could rank when none has it."""
+    for key in (k for k in LAYOUT_KEYS if k in given):
+        value = getattr(scenario, key)
+        kept = [c for c in found if getattr(c.parallelism, key) == value]
+        if found and not kept:
+            valid = sorted({getattr(c.parallelism, key) for c in found}, key=str)
+            raise ConfigError(f"--set {key}: no configuration of this plan has {key} {value}; valid here: "
+                              f"{', '.join(map(str, valid))}, or leave {key} out to search it")
+        found = kept
+    return found
 
 
 def _cluster(scenario):
