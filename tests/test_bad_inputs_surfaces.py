@@ -92,6 +92,11 @@ CASES = {
     "serving-cp": (SERVING + ["--set", "cp=2"], r"cp", r"does not apply to serving workload.*Fix: leave cp out"),
     "serving-stragglers": (SERVING + ["--set", "stragglers.xpu3=1.5"], r"stragglers",
                            r"does not apply to serving.*Fix: leave stragglers out"),
+    **{f"serving-{key}": (SERVING + ["--set", f"{key}={value}"], key, r"does not apply to serving workload "
+                          r"'llama3-70b-serving' \(.*\)\. Fix: leave " + key + " out")
+       for key, value in (("compute_model", "peak"), ("collective_model", "step"), ("iterations", 3),
+                          ("granularity", "decoder"), ("schedule", "gpipe"), ("local_collectives", "analytic"),
+                          ("trace_xpus", 2), ("moe_skew", 1.5), ("collective_chunks", 4), ("step_limit", 10))},
     "serving-dp": (SERVING + ["--set", "dp=2"], r"dp", r"is not xpus / \(tp x pp\).*Fix: leave dp out"),
     "serving-file-kind-inference": (["simulate", "--set", "workload=kind-inference.yaml"],
                                     r"kind-inference\.yaml: kind", r"a serving workload is kind: serving"),

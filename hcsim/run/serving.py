@@ -155,6 +155,21 @@ _TRAINING_KEYS = {
     "collective": (None, "serving's TP all-reduces are rings, one flow per rank a step"),
     "stragglers": ({}, "a serving replica's XPUs are of one device and run alike: no stragglers"),
     "straggler_spread": (0.0, "a serving replica's XPUs are of one device and run alike: no stragglers"),
+    "iterations": (2, "a serving run lasts until its requests are served (serving.requests, serving.rate)"),
+    "granularity": (None, "a serving step is timed from its kernels, layer by layer"),
+    "schedule": ("1f1b", "pipeline schedules are training's; a serving step crosses the stages once"),
+    "batch_split": ("even", "the requests come from the workload's serving: section"),
+    "cp_algorithm": ("ring", "serving splits no sequence over XPUs (cp is a training key)"),
+    "moe_skew": (1.0, "serving models dense decoders (no expert parallelism)"),
+    "offload_state": (("optimizer",), "offload moves training state; the KV cache spills by spill: allow"),
+    "collective_model": ("auto", "serving's TP all-reduces are rings, one flow per rank a step, on the engine core"),
+    "collective_chunks": (None, "serving's TP all-reduces are rings, one flow per rank a step"),
+    "ring_order": ("topology", "serving's TP all-reduces are rings over a replica's XPUs in order"),
+    "step_limit": (64, "serving's TP all-reduces are rings, one flow per rank a step"),
+    "local_collectives": ("simulated", "serving runs every transfer of a step on the engine core"),
+    "local_access": ("analytic", "serving reads HBM at the kernel model's memory bandwidth"),
+    "trace_xpus": ("per-stage", "a serving run writes requests.csv and kv.csv, not a trace"),
+    "trace_iterations": (None, "a serving run writes requests.csv and kv.csv, not a trace"),
 }
 
 
@@ -166,6 +181,10 @@ def check_serving_scenario(scenario: Scenario, spec: ServingSpec) -> None:
         if value != unset:
             problems.append(f"scenario {scenario.name!r}: {key}: {value!r} does not apply to serving workload "
                             f"{spec.name!r} ({why}). Fix: leave {key} out")
+    if scenario.compute_model not in (None, "roofline"):
+        problems.append(f"scenario {scenario.name!r}: compute_model: {scenario.compute_model!r} does not apply to "
+                        f"serving workload {spec.name!r} (a serving step is timed by the kernel model: roofline, the "
+                        f"device's factors). Fix: leave compute_model out")
     if scenario.precision is not None and scenario.precision not in ("fp16", "bf16"):
         problems.append(f"scenario {scenario.name!r}: precision: {scenario.precision!r}: serving runs fp16 or bf16 "
                         f"(FP8 and FP32 serving are not modelled). Fix: precision=bf16, or leave it out")
