@@ -187,10 +187,10 @@ def prepare_jobs(scenario: Scenario) -> Prepared:
 
 def _check_jobs_train(scenario: Scenario, jobs: list[Scenario]) -> None:
     """Refuse a job whose workload serves (kind: serving): the jobs of a run train, each an iteration graph."""
-    from hcsim.run.serving import serving_workload
+    from hcsim.workload.serving import serving_spec_path
 
     for i, job in enumerate(jobs):
-        if serving_workload(job) is not None:
+        if serving_spec_path(job.workload, Path(job.base)) is not None:
             raise ConfigError(f"scenario {scenario.name!r}: jobs[{i}].workload: {job.workload!r} is a serving workload "
                               f"(kind: serving), but the jobs of a run train; give a training workload (llama3-8b, "
                               f"...), or serve it alone: hcsim simulate --set workload={job.workload}")

@@ -115,19 +115,10 @@ EVENTS_PER_REQUEST = 10
 
 def serving_workload(scenario: Scenario) -> ServingSpec | None:
     """The scenario's serving workload, or None when its workload is a training one."""
-    from hcsim.config import load_yaml, resolve_spec
-    from hcsim.workload.sources import is_graph_source
-    from hcsim.workload.serving import is_serving
+    from hcsim.workload.serving import serving_spec_path
 
-    if is_graph_source(scenario.workload):
-        return None
-    try:
-        path = resolve_spec(scenario.workload, "workloads", Path(scenario.base))
-    except ConfigError:
-        return None  # the training path says what is wrong with the name
-    data = load_yaml(path)
-    serving = is_serving(data) or (isinstance(data, dict) and "serving" in data and "training" not in data)
-    return load_serving_spec(path, scenario.workload_overrides) if serving else None
+    path = serving_spec_path(scenario.workload, Path(scenario.base))
+    return load_serving_spec(path, scenario.workload_overrides) if path is not None else None
 
 
 def load_serving_spec(path, overrides=None) -> ServingSpec:

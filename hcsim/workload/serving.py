@@ -37,7 +37,7 @@ from hcsim.workload.ops import Op, _gemm, _memory
 __all__ = ["ServingSpec", "Slo", "SchedulerConfig", "SCHEDULERS", "Request", "KvOffload", "KV_TIERS", "KV_POLICIES",
            "kv_bytes_per_token", "make_requests",
            "read_trace",
-           "scheduler_config", "dense_kernels", "attention_kernels", "layer_kernels", "head_kernels", "step_kernels", "is_serving", "serving_spec_from_dict",
+           "scheduler_config", "dense_kernels", "attention_kernels", "layer_kernels", "head_kernels", "step_kernels", "is_serving", "serving_spec_path", "serving_spec_from_dict",
            "MAX_SERVING_REQUESTS"]
 
 MAX_SERVING_REQUESTS = 1_000_000  # requests of one serving run (hcsim.run.serving keeps about 1 KB per request)
@@ -535,6 +535,24 @@ def step_kernels(model: ModelShape, *, prompts=(), decode: int, context: float, 
 def is_serving(data) -> bool:
     """Whether parsed workload YAML describes a serving workload (``kind: serving``)."""
     return isinstance(data, dict) and data.get("kind") == "serving"
+
+
+def serving_spec_path(workload: str, base: Path) -> Path | None:
+    """The spec file of a scenario's `workload` (a name or path, resolved from `base`) when it serves (``kind:
+    serving``, or a ``serving:`` section without ``training:``); None for a training spec, a graph, or a name that
+    does not resolve (the training path says what is wrong with it)."""
+    from hcsim.config import load_yaml, resolve_spec
+    from hcsim.workload.sources import is_graph_source
+
+    if is_graph_source(workload):
+        return None
+    try:
+        path = resolve_spec(workload, "workloads", base)
+    except ConfigError:
+        return None
+    data = load_yaml(path)
+    return path if is_serving(data) or (isinstance(data, dict) and "serving" in data and "training" not in data) \
+        else None
 
 
 RENAMED = {"max_batch": "max_num_seqs", "max_prefill_tokens": "max_num_batched_tokens"}  # vLLM's names
