@@ -22,7 +22,7 @@ __all__ = ["Affine", "LayerCost", "DecoderTable", "ModelShape", "ElementSizes", 
            "generate_decoder_table", "activation_bytes", "MLP_TYPES", "NORM_TYPES", "POSITION_TYPES", "OPTIMIZERS",
            "RECOMPUTATION", "PRECISION_RECIPES"]
 
-MLP_TYPES = ("gelu", "swiglu")
+MLP_TYPES = ("gelu", "relu", "swiglu")
 NORM_TYPES = ("layernorm", "rmsnorm")
 POSITION_TYPES = ("none", "learned", "rope")
 OPTIMIZERS = ("adam", "sgd")
@@ -118,7 +118,7 @@ class ModelShape:
 
     decoders : number of decoder blocks (L); hidden : h; heads : a; kv_heads :
     key/value heads (grouped-query attention; = heads when absent); ffn : MLP
-    inner size f; mlp : "gelu" (two matrices h x f) or "swiglu" (three);
+    inner size f; mlp : "gelu" or "relu" (two matrices h x f; ReLU: OPT) or "swiglu" (three);
     norm : "layernorm" (2h parameters) or "rmsnorm" (h); dropout : whether the
     block has dropout layers; sequence : s; vocabulary : v (the data-parallel
     Table-4 path does not simulate the embedding and output layers, as in the
@@ -318,9 +318,9 @@ def generate_decoder_table(shape: ModelShape, sizes: ElementSizes) -> DecoderTab
         rows.append(_elementwise("dropout_attn", 0, 0, sizes, fwd_mask=sh, bwd_mask=sh))
     rows += [_elementwise("add_attn", 2 * sh, sh, sizes),
              _elementwise("norm_mlp", sh, 4 * sh, sizes, parameters=norm_params)]
-    if shape.mlp == "gelu":
+    if shape.mlp != "swiglu":
         rows += [_linear("linear_up", h, f, s, sizes),
-                 _elementwise("gelu", s * f, 2 * s * f, sizes),
+                 _elementwise(shape.mlp, s * f, 2 * s * f, sizes),
                  _linear("linear_down", f, h, s, sizes)]
     else:
         rows += [_linear("linear_gate", h, f, s, sizes),
@@ -361,6 +361,8 @@ def activation_bytes(shape: ModelShape, sizes: ElementSizes, recomputation: str 
     norms = 2 * sh * e  # the inputs of the two norms
     if shape.mlp == "gelu":  # input of up, GeLU input, input of down; dropout mask
         mlp = (sh + 2 * s * f) * e + drop * sh * m
+    elif shape.mlp == "relu":  # input of up, ReLU's output (what its backward reads: the input of down); mask
+        mlp = (sh + s * f) * e + drop * sh * m
     else:  # input of gate/up, gate and up outputs, input of down
         mlp = (sh + 3 * s * f) * e + drop * sh * m
     scores = 0.0 if recomputation == "selective" else a * s * s * ((1 + drop) * e + drop * m)

@@ -528,8 +528,12 @@ def eager_layer_ops(model, micro_batch: int, compiled: bool = False, use_cache: 
                    compiled_backward=(5 * tokens * f * HALF,))
     else:
         mlp.linear("c_fc", tokens, h, f, cast_input=True, bias=bias)
-        _gelu_tanh(mlp, "gelu", tokens * f)
-    mlp.linear("down_proj", tokens, f, h, cast_input=model.mlp != "swiglu", bias=bias)  # GELU's output is FP32
+        if model.mlp == "gelu":
+            _gelu_tanh(mlp, "gelu", tokens * f)
+        else:  # ReLU (OPT) in BF16 (not on autocast's FP32 list); its backward (threshold_backward) reads its
+            # output, the tensor down_proj keeps as its GEMM input already: nothing more saved
+            mlp.memory("relu", 2 * tokens * f * HALF, (3 * tokens * f * HALF,))
+    mlp.linear("down_proj", tokens, f, h, cast_input=model.mlp == "gelu", bias=bias)  # GELU's output is FP32
     if model.dropout:
         _dropout(mlp, "dropout_mlp", n, HALF)
     mlp.memory("residual_mlp", n * (RESIDUAL + HALF + RESIDUAL), (n * (RESIDUAL + HALF), 3 * n * RESIDUAL),
@@ -590,8 +594,10 @@ def compiled_saved(model, micro_batch: int) -> dict[str, float]:
         kept["dropout_masks"] = 2 * n * 1.0  # after the output projection and after the MLP
     if model.mlp == "swiglu":
         kept["mlp"] = 3 * tokens * f * HALF  # gate, up (GEMM outputs), their product (down_proj's GEMM input)
-    else:
+    elif model.mlp == "gelu":
         kept["mlp"] = 2 * tokens * f * HALF  # c_fc's output (GELU's input), GELU's output cast for c_proj
+    else:
+        kept["mlp"] = tokens * f * HALF  # ReLU's output: its backward's input and c_proj's GEMM input
     return kept
 
 

@@ -427,18 +427,20 @@ def _flash_attention(r: _Rank, q: float, kv: float, bmm: float) -> Op:
 
 
 def _activation(name: str, r: _Rank, tokens: float, width: float) -> Op:
-    """GeLU on `width` columns, or SwiGLU (silu(gate) x up) on 2 x `width` columns giving `width`."""
+    """GeLU or ReLU on `width` columns, or SwiGLU (silu(gate) x up) on 2 x `width` columns giving `width`. ReLU's
+    backward reads its output, the down projection's input, which that GEMM keeps already: nothing more saved."""
     e = r.sizes.activation
-    if r.shape.mlp == "gelu":
-        return _elementwise(name, r, fwd=2 * tokens * width, bwd=3 * tokens * width, saved=tokens * width * e)
+    if r.shape.mlp != "swiglu":
+        saved = tokens * width * e if r.shape.mlp == "gelu" else 0.0
+        return _elementwise(name, r, fwd=2 * tokens * width, bwd=3 * tokens * width, saved=saved)
     return _elementwise(name, r, fwd=3 * tokens * width, bwd=5 * tokens * width, saved=2 * tokens * width * e)
 
 
 def _mlp(r: _Rank) -> list[Op]:
-    """The dense MLP: up (GeLU) or gate+up (SwiGLU, one GEMM), the activation, down."""
+    """The dense MLP: up (GeLU, ReLU) or gate+up (SwiGLU, one GEMM), the activation, down."""
     shape, e = r.shape, r.sizes.activation
     h, f, n = shape.hidden, shape.ffn / r.t, r.tokens
-    widen = 1 if shape.mlp == "gelu" else 2
+    widen = 2 if shape.mlp == "swiglu" else 1
     return [_gemm("mlp_in", r, n, h, widen * f, weights=h * widen * f, bias=widen * f if shape.bias else 0.0,
                   saved=r.local * h * e),
             _activation("activation", r, n, f),
@@ -452,7 +454,7 @@ def _moe(r: _Rank) -> list[Op]:
     f = shape.expert_hidden / r.t
     held = experts // r.ep  # experts whose weights this rank holds
     n, routed = r.tokens, shape.top_k * r.tokens  # tokens in, token-expert pairs computed
-    widen = 1 if shape.mlp == "gelu" else 2
+    widen = 2 if shape.mlp == "swiglu" else 1
     router = _gemm("router", r, r.local, h, experts, weights=h * experts, saved=r.local * h * e, fp8=False)
     return [router,
             _elementwise("routing", r, fwd=2 * r.local * experts, bwd=3 * r.local * experts,

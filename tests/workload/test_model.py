@@ -91,6 +91,30 @@ def test_activations_follow_korthikanti_for_a_gpt_block():
     assert activation_bytes(gpt3, element_sizes("fp16"), "full")(b) == 2 * s * b * h
 
 
+def test_a_relu_mlp_keeps_one_f_wide_tensor_fewer_than_gelu_and_has_the_same_two_matrices():
+    """ReLU's backward reads its output, which is the down projection's input: a ReLU block keeps s·b·f 16-bit
+    elements fewer than a GeLU block (whose GeLU input is kept beside it), at the same parameters and FLOPs."""
+    shapes = {mlp: ModelShape(name=mlp, decoders=2, hidden=64, heads=4, ffn=256, sequence=32, mlp=mlp)
+              for mlp in ("gelu", "relu")}
+    sizes = element_sizes("fp16")
+    s, f, b = 32, 256, 3
+    assert activation_bytes(shapes["gelu"], sizes)(b) - activation_bytes(shapes["relu"], sizes)(b) == s * b * f * 2
+    gelu, relu = (generate_decoder_table(shapes[m], sizes) for m in ("gelu", "relu"))
+    assert relu.parameters == gelu.parameters
+    assert relu.total("fwd_flops").per_sample == gelu.total("fwd_flops").per_sample
+
+
+def test_opt_13b_serving_has_its_released_shape_and_800_kib_of_kv_per_token():
+    from hcsim.run.serving import load_serving_spec
+    from hcsim.config import resolve_spec
+    from hcsim.workload.serving import kv_bytes_per_token
+
+    spec = load_serving_spec(resolve_spec("opt-13b-serving", "workloads", "."))
+    model = spec.model
+    assert (model.decoders, model.hidden, model.heads, model.ffn, model.mlp) == (40, 5120, 40, 20480, "relu")
+    assert kv_bytes_per_token(model, "fp16") == 2 * 40 * 5120 * 2
+
+
 def test_activations_scale_with_the_element_size():
     shape = ModelShape(name="m", decoders=2, hidden=64, heads=4, ffn=172, sequence=32, mlp="swiglu",
                        norm="rmsnorm", dropout=False)
