@@ -1,15 +1,17 @@
-"""One run's pictures: where each XPU's iteration goes (xpus.png) and a serving run's KV cache over time (kv.png).
+"""One run's pictures: where each XPU's iteration goes (xpus.png), a serving run's KV cache over time (kv.png) and
+its requests' latencies (latency.png).
 
 Matplotlib is imported inside each function, so a run that draws nothing never loads it.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 from typing import Any
 
-__all__ = ["plot_xpu_times", "plot_kv_occupancy", "xpu_classes"]
+__all__ = ["plot_xpu_times", "plot_kv_occupancy", "plot_latencies", "xpu_classes"]
 
 # The segments of a bar: the iteration split the summary prints (hcsim.run.results), in its order.
 _SEGMENTS = (("compute_s", "compute", "#1f4e9c"), ("memory_stall_s", "memory stall", "#e08e0b"),
@@ -173,6 +175,47 @@ def plot_kv_occupancy(result: dict[str, Any], path: Path) -> Path:
                   frameon=False, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.2))
         ax.set_title(f"{result['scenario']}: {result['model']} on {result['xpus']} {result['device']}, "
                      f"KV cache of replica 0", fontsize=9)
+        figure.tight_layout()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(path, dpi=150)
+        plt.close(figure)
+    return path
+
+
+def plot_latencies(result: dict[str, Any], path: Path) -> Path:
+    """A serving run's latency distributions: for time to first token, time per output token and end-to-end
+    latency, the fraction of requests served within each time (the empirical CDF over ``per_request``), its p50
+    and p99 marked, and the SLO's target where ``serving.slo`` sets one; write `path` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["per_request"]
+    targets = result.get("slo") or {}
+    panels = (("time to first token", [r["ttft_s"] for r in rows], targets.get("ttft_s")),
+              ("time per output token", [r["tpot_s"] for r in rows], targets.get("tpot_s")),
+              ("end to end", [r["finish_s"] - r["arrival_s"] for r in rows], None))
+    with plt.rc_context({"font.family": "serif", "font.size": 9, "axes.spines.top": False,
+                         "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3}):
+        figure, axes = plt.subplots(1, 3, figsize=(9.5, 3.2), sharey=True)
+        for ax, (name, values, target) in zip(axes, panels):
+            values = sorted(v for v in values if v is not None)
+            scale, unit = (1e3, "ms") if values and values[-1] < 1 else (1.0, "s")
+            shown = [v * scale for v in values]
+            fractions = [(i + 1) / len(shown) for i in range(len(shown))]
+            ax.step(shown, fractions, where="post", color="#1f4e9c", linewidth=1.2)
+            for q, style in ((0.5, "--"), (0.99, ":")):  # nearest rank, as the summary's percentiles
+                x = shown[max(0, math.ceil(q * len(shown)) - 1)] if shown else 0.0
+                ax.axvline(x, color="#555555", linestyle=style, linewidth=0.8, label=f"p{round(q * 100)} {x:.3g} {unit}")
+            if target is not None:
+                ax.axvline(target * scale, color="#c0392b", linewidth=1, label=f"SLO {target * scale:.3g} {unit}")
+            ax.set_xlabel(f"{name} ({unit})")
+            ax.legend(fontsize=7, frameon=False, loc="lower right")
+        axes[0].set_ylabel("Fraction of requests")
+        axes[0].set_ylim(0, 1.02)
+        figure.suptitle(f"{result['scenario']}: {result['model']} on {result['xpus']} {result['device']}, "
+                        f"{len(rows):,} requests", fontsize=9)
         figure.tight_layout()
         path.parent.mkdir(parents=True, exist_ok=True)
         figure.savefig(path, dpi=150)

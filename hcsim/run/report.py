@@ -44,7 +44,7 @@ def _peak_rss_mb() -> float:
 
 # what a run writes: a training run's, then a serving run's (hcsim.run.serving)
 RUN_OUTPUTS = ("result.json", "links.csv", "xpus.csv", "xpus.png", "trace.csv", "trace.json", "requests.csv", "kv.csv",
-               "kv.png")
+               "kv.png", "latency.png")
 
 
 def check_results_folder(out: str | Path, overwrite: bool = False, what: str = "--out") -> Path:

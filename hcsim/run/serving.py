@@ -1748,12 +1748,13 @@ def _side(scenario: Scenario, spec: ServingSpec, platform_spec, graph, xpus: lis
 
 
 def write_serving_outputs(out: Path, result: dict) -> None:
-    """result.json, requests.csv (one row per request), kv.csv (the KV cache over time) and kv.png in `out`."""
+    """result.json, requests.csv (one row per request), kv.csv (the KV cache over time), kv.png and latency.png
+    (the requests' latency distributions) in `out`."""
     import csv
     import io
     import json
 
-    from hcsim.run.pictures import plot_kv_occupancy
+    from hcsim.run.pictures import plot_kv_occupancy, plot_latencies
     from hcsim.run.report import atomic_write, clear_outputs
 
     clear_outputs(out)
@@ -1766,5 +1767,6 @@ def write_serving_outputs(out: Path, result: dict) -> None:
         writer.writerows(rows)
         atomic_write(out / name, table.getvalue())
     plot_kv_occupancy(result, out / "kv.png")
+    plot_latencies(result, out / "latency.png")
     summary = {k: v for k, v in result.items() if k not in ("per_request", "occupancy")}
     atomic_write(out / "result.json", json.dumps(summary, indent=2) + "\n")

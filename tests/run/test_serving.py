@@ -424,7 +424,7 @@ def test_out_holds_one_runs_results_whether_it_trained_or_served(tmp_path):
              "--set=devices=[H100]", "--set=workload_overrides={serving.requests: 4}"]
     train = ["--set=xpus=4", "--set=iterations=2"]
     trained = {"result.json", "links.csv", "xpus.csv", "xpus.png", "trace.csv", "trace.json"}
-    served = {"result.json", "requests.csv", "kv.csv", "kv.png"}
+    served = {"result.json", "requests.csv", "kv.csv", "kv.png", "latency.png"}
     for first, second, outputs in ((serve, train, trained), (train, serve, served)):
         out = tmp_path / str(len(first))
 

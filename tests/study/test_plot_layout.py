@@ -135,3 +135,23 @@ def test_the_kv_legend_lies_outside_the_axes_the_capacity_line_crosses(tmp_path,
     legend = ax.get_legend().get_window_extent(renderer)
     assert legend.y1 <= ax.get_window_extent(renderer).y0, "the legend lies over the plot"
     assert legend.y0 >= 0 and legend.x0 >= 0 and legend.x1 <= figure.bbox.width
+
+
+def test_a_serving_runs_latencies_are_drawn_as_distributions_with_p50_p99_and_the_slo(tmp_path, figures):
+    """latency.png: per panel the fraction of requests within each time (reaching 1 at the slowest), its p50 and
+    p99 by nearest rank as the summary's, and the SLO's target where one is set."""
+    from hcsim.run.pictures import plot_latencies
+
+    rows = [{"arrival_s": 0.1 * i, "ttft_s": 0.009 * (i + 1), "tpot_s": 0.02, "finish_s": 0.1 * i + 2.0 + i}
+            for i in range(100)]
+    result = {"per_request": rows, "slo": {"ttft_s": 0.5, "tpot_s": None}, "scenario": "s", "model": "m",
+              "xpus": 8, "device": "H100"}
+    plot_latencies(result, tmp_path / "latency.png")
+    ttft, tpot, e2e = figures[0].axes
+    curve = ttft.get_lines()[0]
+    assert list(curve.get_ydata()) == [(i + 1) / 100 for i in range(100)]
+    assert list(curve.get_xdata()) == pytest.approx([9.0 * (i + 1) for i in range(100)])  # ms
+    labels = [line.get_label() for line in ttft.get_lines()[1:]]
+    assert labels == ["p50 450 ms", "p99 891 ms", "SLO 500 ms"]
+    assert [line.get_label() for line in tpot.get_lines()[1:]] == ["p50 20 ms", "p99 20 ms"]  # no tpot target
+    assert e2e.get_xlabel() == "end to end (s)" and e2e.get_lines()[2].get_label() == "p99 100 s"
