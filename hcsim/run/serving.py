@@ -1,7 +1,8 @@
 """Serving simulation: a serving engine's scheduler over paged KV blocks, and each step's time.
 
 A scenario whose workload is a serving workload (:mod:`hcsim.workload.serving`) runs here instead of the
-training engine. The requests run on `dp` replicas of tp x pp XPUs (requests dealt to the replicas in turn),
+training engine. The requests run on `dp` replicas of tp x pp XPUs (requests dealt to the replicas in turn, or
+each to the least loaded as it arrives: ``serving.routing``, :class:`_Arrivals`),
 each with its own scheduler (:class:`_Scheduler`), as vLLM schedules (``serving.scheduler``). A replica's XPUs are
 of one device; on a mixed cluster replicas differ, each with its device's side (:func:`_side`: kernel times,
 memory bandwidth, KV blocks, scheduler defaults):
@@ -503,7 +504,7 @@ class _Engine:
         scheduler.loads.clear()
         return tuple(flows)
 
-    def run(self, schedulers: list, analytic: bool = True) -> dict:
+    def run(self, schedulers: list, arrivals: _Arrivals, analytic: bool = True) -> dict:
         """Every replica's scheduler driven by the core until each has served its requests; the core's counters.
         An error a scheduler raises (ConfigError) comes out as it is."""
         from hcsim.engine import core
@@ -514,10 +515,13 @@ class _Engine:
         encode = self.encode
 
         prefill, handoffs, prefetches = self.prefill, self.handoffs, self.prefetches
-        router = _Router(schedulers, prefill) if prefill else None
+        router = _Router(schedulers, prefill, arrivals) if prefill else None
+        dispatch = arrivals.dispatch if arrivals.next < len(arrivals.requests) else None  # (least_loaded)
 
         def next_step(replica, now, done):
             scheduler = schedulers[replica]
+            if dispatch is not None:
+                dispatch(now)
             reply = scheduler.advance(now, done)
             if reply is not None and reply.__class__ is not float:
                 reply = encode(scheduler.platform, *reply)
@@ -531,7 +535,7 @@ class _Engine:
                 replica, i = self.prefetching.pop(tag)
                 schedulers[replica].prefetched(i, now)
             else:  # request `tag`'s KV cache is on its decode replica: the prefill replica's blocks are free
-                source, slot = schedulers[tag % prefill], tag // prefill
+                source, slot = schedulers[arrivals.replica[tag]], arrivals.slot[tag]
                 source.handed_off(slot, now)
                 schedulers[router.landed(tag)].receive(tag, source.prompt[slot], source.output[slot],
                                                        source.group[slot], now, source.first[slot])
@@ -543,6 +547,40 @@ class _Engine:
             raise
         except (ValueError, TypeError, RuntimeError) as err:  # a bad step or layout: a bug, said as one
             raise SimulationError(f"engine core: {err}") from err
+
+
+class _Arrivals:
+    """Where each request goes when it arrives (``serving.routing``), among the replicas that take arrivals (every
+    replica, or the prefill ones): ``round_robin`` deals request i to replica i mod n before the run (as a
+    round-robin load balancer); ``least_loaded`` gives it, at the first step boundary at or after its arrival
+    (the first question any replica is asked then: :meth:`dispatch`), to the replica with the fewest requests
+    waiting and running, ties to the most free KV blocks, then the lowest index (the decode router's rule,
+    :class:`_Router`, for arrivals). Each request's replica and slot there."""
+
+    def __init__(self, requests: list[Request], schedulers: list, takers: int, routing: str):
+        self.requests, self.schedulers, self.takers, self.next = requests, schedulers, takers, len(requests)
+        self.replica, self.slot = array("i", bytes(4 * len(requests))), array("q", bytes(8 * len(requests)))
+        if routing == "least_loaded":
+            self.next = 0  # the first request not routed yet (they come in order of arrival)
+            for scheduler in schedulers[:takers]:
+                scheduler.arrivals = self
+        else:
+            for q in requests:
+                self.replica[q.index], self.slot[q.index] = q.index % takers, q.index // takers
+
+    def dispatch(self, now: float) -> None:
+        """Route every request that has arrived by `now` and is not routed yet."""
+        requests, schedulers = self.requests, self.schedulers
+        while self.next < len(requests) and requests[self.next].arrival <= now:
+            q = requests[self.next]
+            self.next += 1
+            r = min(range(self.takers), key=lambda r: (len(schedulers[r].waiting) + len(schedulers[r].running),
+                                                       -schedulers[r]._available(), r))
+            self.replica[q.index], self.slot[q.index] = r, schedulers[r].take(q)
+
+    def upcoming(self) -> float | None:
+        """When the next request not routed yet arrives (None: every one is routed)."""
+        return self.requests[self.next].arrival if self.next < len(self.requests) else None
 
 
 class _Router:
@@ -557,9 +595,10 @@ class _Router:
     keep a request off a replica that would have to preempt to take it. Each decode scheduler asks
     :meth:`expects` whether a handoff may still come to it."""
 
-    def __init__(self, schedulers: list, prefill: int):
-        self.schedulers, self.first = schedulers, prefill
-        self.unrouted = sum(len(s.index) for s in schedulers[:prefill])  # requests not handed off yet
+    def __init__(self, schedulers: list, prefill: int, arrivals: _Arrivals | None = None):
+        self.schedulers, self.first, self.arrivals = schedulers, prefill, arrivals
+        # requests not handed off yet
+        self.unrouted = len(arrivals.requests) if arrivals else sum(len(s.index) for s in schedulers[:prefill])
         self.bound: dict[int, tuple[int, int]] = {}  # request -> (its decode replica, blocks), handoff in flight
         self.in_flight = [0] * len(schedulers)
         self.in_flight_blocks = [0] * len(schedulers)
@@ -587,6 +626,10 @@ class _Router:
         self.in_flight[target] -= 1
         self.in_flight_blocks[target] -= need
         return target
+
+    def prefill_replica(self, q: int) -> int:
+        """The prefill replica request q arrived at."""
+        return self.arrivals.replica[q]
 
     def expects(self, d: int) -> bool:
         """Whether a handoff may still land on decode replica d: one is in flight to it, or a request is still to
@@ -619,7 +662,7 @@ class _Scheduler:
         # first token; "decode": take them as they land, from the prefill replicas through `router` (_Router)
         self.outgoing: list[int] = []  # (prefill) slots whose prompt ended in the step that ended: to hand off
         self.holding = 0  # (prefill) slots handed off whose blocks it holds until their handoff lands
-        self.router = None
+        self.router = self.arrivals = None  # (decode: its _Router; routing least_loaded: the _Arrivals it takes)
         self.received, self.landed = 0, array("d", bytes(8 * len(requests)))  # (decode) handoffs landed, when
         n = len(requests)
         self.index = array("q", (q.index for q in requests))
@@ -937,19 +980,33 @@ class _Scheduler:
                 return step
         if self.role == "decode" and self.router.expects(self.replica):  # requests still to land: wait for one
             return math.inf
+        if self.arrivals is not None and self.arrivals.upcoming() is not None:  # requests still to arrive
+            return self.arrivals.upcoming()
         if self.update is not None:
             self.update(len(self.index) - self.reported)
             self.update = None
         return None
 
-    def receive(self, q: int, prompt: int, output: int, group: int, now: float, first: float) -> None:
-        """(decode) Request q's KV cache of its `prompt` landed at `now`, its first token made by its prefill
-        replica at `first`: a new slot, which waits for blocks here (in order of landing: its arrival here is
-        `now` until the run ends), then decodes the rest of its `output`."""
+    def _new_slot(self, q: int, prompt: int, output: int, group: int) -> int:
+        """A slot for request q appended to every per-slot array (PER_SLOT)."""
         i = len(self.index)
         for name in self.PER_SLOT:
             getattr(self, name).append(0)
         self.index[i], self.prompt[i], self.output[i], self.group[i] = q, prompt, output, group
+        return i
+
+    def take(self, q: Request) -> int:
+        """(routing least_loaded) Request q, arrived, routed here: its new slot, at the end of the waiting queue."""
+        i = self._new_slot(q.index, q.prompt, q.output, q.group)
+        self.arrival[i] = q.arrival
+        self.waiting.append(i)
+        return i
+
+    def receive(self, q: int, prompt: int, output: int, group: int, now: float, first: float) -> None:
+        """(decode) Request q's KV cache of its `prompt` landed at `now`, its first token made by its prefill
+        replica at `first`: a new slot, which waits for blocks here (in order of landing: its arrival here is
+        `now` until the run ends), then decodes the rest of its `output`."""
+        i = self._new_slot(q, prompt, output, group)
         self.received += 1
         self.landed[i] = self.arrival[i] = now
         self.first[i] = self.last_token[i] = first
@@ -1253,6 +1310,8 @@ class _Scheduler:
         until = math.inf
         if self.waiting and self.arrival[self.waiting[0]] > self.now and n < config.max_num_seqs:
             until = self.arrival[self.waiting[0]]  # stop after the step in which it arrives
+        elif self.arrivals is not None and self.arrivals.upcoming() is not None and n < config.max_num_seqs:
+            until = self.arrivals.upcoming()  # (least_loaded: it may be routed here)
         self._pending = ("run", self.now, spilled, resident, n)
         return k, until, work, following
 
@@ -1326,10 +1385,13 @@ class _Scheduler:
                          "e2e_s": finish - self.arrival[i], "itl_max_s": self.itl_max[i],
                          "preemptions": self.preemptions[i]})
         if self.role == "decode":  # when its KV cache landed here from its prefill replica, and the two replicas
-            prefill = self.router.first
             for row, landed in zip(rows, self.landed):
                 row["kv_landed_s"] = landed
-                row["prefill_replica"], row["decode_replica"] = row["request"] % prefill, self.replica
+                row["prefill_replica"] = self.router.prefill_replica(row["request"])
+                row["decode_replica"] = self.replica
+        else:
+            for row in rows:
+                row["replica"] = self.replica
         return rows
 
 
@@ -1364,26 +1426,30 @@ def simulate_serving(scenario: Scenario, spec: ServingSpec, progress=None, *, pr
     update = progress(spec.requests) if progress else None
     schedulers = []
     prefill, decode = spec.disaggregation or (0, 0)
-    # co-located: request i on replica i mod dp; disaggregated: its prompt on prefill replica i mod prefill, its
-    # decode on the decode replica (after the prefill ones) _Router picks as its handoff starts
-    roles = [(None, requests[r::platform.dp]) for r in range(platform.dp)] if not prefill else (
-        [("prefill", requests[r::prefill]) for r in range(prefill)] + [("decode", [])] * decode)
+    # co-located: request i on replica i mod dp, or the least loaded when it arrives (_Arrivals); disaggregated:
+    # its prompt on prefill replica i mod prefill (or the least loaded), its decode on the decode replica (after
+    # the prefill ones) _Router picks as its handoff starts
+    takers = prefill or platform.dp
+    dealt = spec.routing == "round_robin"
+    roles = [("prefill" if prefill else None, requests[r::takers] if dealt else []) for r in range(takers)] + [
+        ("decode", [])] * decode
     for r, (role, mine) in enumerate(roles):
         side, side_config = sides[r]
         cost = costs.setdefault(id(side), _StepCost(spec, side))
-        bound = requests if role == "decode" else mine  # (a decode replica may be given any request)
+        bound = mine if dealt and role != "decode" else requests  # (a replica may be given any request)
         chunks = sum(-(-q.prompt // side_config.max_num_batched_tokens) for q in bound)
         scheduler = _Scheduler(spec, side_config, side, cost, mine, role, r)
         scheduler.run(EVENTS_PER_REQUEST * (chunks + 4 * len(bound)) + 10_000, update if role != "prefill" else None)
         schedulers.append(scheduler)
     engine = _Engine(spec, sides, graph, xpus)
-    counters = engine.run(schedulers, analytic=private == "analytic")
+    arrivals = _Arrivals(requests, schedulers, takers, spec.routing)
+    counters = engine.run(schedulers, arrivals, analytic=private == "analytic")
     if prefill:  # a request's rows of its two replicas as one: its first token from prefill, the rest from decode
         for scheduler in schedulers[prefill:]:
             slots = scheduler.index
             scheduler.arrival = array("d", (requests[q].arrival for q in slots))
             for i, q in enumerate(slots):
-                scheduler.preemptions[i] += schedulers[q % prefill].preemptions[q // prefill]
+                scheduler.preemptions[i] += schedulers[arrivals.replica[q]].preemptions[arrivals.slot[q]]
     records, occupancy = [], []
     token_total = kv_bytes_per_token(spec.model, spec.precision)  # one token's KV over a replica's XPUs
     block_total = token_total * config.block_size

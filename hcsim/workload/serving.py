@@ -35,7 +35,7 @@ from hcsim.workload.model import ModelShape, element_sizes
 from hcsim.workload.ops import Op, _gemm, _memory
 
 __all__ = ["ServingSpec", "Slo", "SchedulerConfig", "SCHEDULERS", "Request", "KvOffload", "KV_TIERS", "KV_POLICIES",
-           "kv_bytes_per_token", "make_requests",
+           "ROUTINGS", "kv_bytes_per_token", "make_requests",
            "read_trace",
            "scheduler_config", "dense_kernels", "attention_kernels", "layer_kernels", "head_kernels", "step_kernels", "is_serving", "serving_spec_path", "serving_spec_from_dict",
            "MAX_SERVING_REQUESTS"]
@@ -55,6 +55,10 @@ SCHEDULERS: dict[str, dict] = {
                 "block_size": 16, "watermark": 0.01, "max_num_seqs": 256},
 }
 PREEMPTION_MODES = ("recompute", "swap")
+# How arriving requests are dealt to the replicas that take them (every replica, or the prefill ones): in turn
+# (request i to replica i mod n, as a round-robin load balancer), or to the least loaded when it arrives (fewest
+# requests waiting and running, then the most free KV blocks: hcsim.run.serving._Arrivals).
+ROUTINGS = ("round_robin", "least_loaded")
 # KV offload (serving.kv_offload): the lower tier a preempted sequence's blocks and an evicted cached prefix's go
 # to instead of being dropped (LMCache's local CPU backend, vLLM's CPU offloading connector; a CXL Type 3
 # expander), and how they come back. cpu: host DRAM (a superchip's CPU memory over NVLink-C2C); cxl: the XPU's
@@ -128,6 +132,7 @@ class ServingSpec:
     chunked_prefill: bool | None = None
     step_overhead: float = STEP_OVERHEAD
     seed: int = 0
+    routing: str = "round_robin"
     slo: Slo | None = None
     trace: str | None = None
     trace_requests: tuple | None = field(default=None, compare=False, repr=False)
@@ -209,6 +214,8 @@ class ServingSpec:
             raise ConfigError(f"{where}: serving.swap_space must be >= 0 B, got {given('swap_space')}")
         if not 0 <= self.step_overhead <= 1:
             raise ConfigError(f"{where}: serving.step_overhead must be from 0 to 1 s, got {given('step_overhead')}")
+        if self.routing not in ROUTINGS:
+            raise ConfigError(f"{where}: serving.routing {given('routing')} is not one of {', '.join(ROUTINGS)}")
         if self.disaggregation is not None:
             for key, value in zip(("prefill", "decode"), self.disaggregation):
                 if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -601,7 +608,8 @@ def serving_spec_from_dict(data: dict, where: str, shape_of) -> ServingSpec:
                   swap_space=serving.quantity("swap_space", "size", SWAP_SPACE, positive=False),
                   prefix_caching=serving.flag("prefix_caching", None),
                   chunked_prefill=serving.flag("chunked_prefill", None),
-                  step_overhead=serving.quantity("step_overhead", "time", STEP_OVERHEAD, positive=False))
+                  step_overhead=serving.quantity("step_overhead", "time", STEP_OVERHEAD, positive=False),
+                  routing=serving.choice("routing", ROUTINGS, "round_robin"))
     trace = serving.string("trace", None)
     if serving.has("slo"):
         objectives = serving.sub("slo")

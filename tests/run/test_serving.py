@@ -470,6 +470,8 @@ SERVE = ["--set=workload=llama3-70b-serving", "--set=platform=paper-cxl", "--set
     (["--set=workload_overrides={serving.slo: {ttft: 2s, tbt: 5ms}}"], r"serving.slo.tbt: unknown key; valid keys: "
                                                                        r"tpot, ttft"),
     (["--set=workload_overrides={serving.slo: {}}"], r"serving.slo: give ttft, tpot or both"),
+    (["--set=workload_overrides={serving.routing: jsq}"], r"serving.routing: 'jsq' is not one of round_robin, "
+                                                          r"least_loaded"),
 ])
 def test_bad_serving_input_ends_in_one_message_naming_the_key(settings, expected):
     """Each ends with exit 2 and one message that names the key and what would be valid: no traceback, no hang,
@@ -749,6 +751,37 @@ def test_the_first_handoff_goes_to_the_decode_replica_with_more_free_blocks_the_
     assert result["replica_devices"] == ["H100", "H100", "H200"]
 
 
+def test_least_loaded_routing_gives_each_arrival_to_the_replica_with_the_fewest_requests_then_the_most_free_blocks():
+    """serving.routing: least_loaded on co-located replicas of an H100 node and an H200 node, three requests at
+    once: the first to the H200 replica (none on either; its 141 GiB leave more blocks free), the second to the
+    H100 one (fewer requests), the third to the H200 one again (one each); round_robin deals them 0, 1, 0. Each is
+    served once either way, and the run is the same bytes twice."""
+    where = scenario(platform="dgx-h100", xpus=16, tp=8, devices=("H100", "H200"))
+    mix = spec(requests=3, rate=None, prompt=(1000, 1000), output=(10, 10))
+    dealt = simulate_serving(where, mix)
+    assert [row["replica"] for row in dealt["per_request"]] == [0, 1, 0]
+    routed = simulate_serving(where, replace(mix, routing="least_loaded"))
+    assert [row["replica"] for row in routed["per_request"]] == [1, 0, 1]
+    served_once(routed, mix)
+    again = simulate_serving(where, replace(mix, routing="least_loaded"))
+    routed.pop("wall_time_s"), again.pop("wall_time_s")
+    assert json.dumps(routed, sort_keys=True) == json.dumps(again, sort_keys=True)
+
+
+def test_least_loaded_routing_to_prefill_replicas_keeps_every_invariant():
+    """Two prefill and two decode replicas, requests arriving at 400 per second routed to the least loaded
+    prefill replica: every request served once, first token before its landing before its finish, both prefill
+    replicas used, each request's prefill replica the one that made its first token (its preemptions and first
+    token merged from there)."""
+    mix = spec(**DISAGGREGATED | dict(disaggregation=(2, 2), routing="least_loaded"))
+    result = simulate_serving(scenario(platform="dgx-h100", xpus=4, tp=1, devices=None), mix)
+    served_once(result, mix)
+    for row in result["per_request"]:
+        assert row["arrival_s"] < row["first_token_s"] < row["kv_landed_s"] < row["finish_s"]
+    assert {row["prefill_replica"] for row in result["per_request"]} == {0, 1}
+    assert {row["decode_replica"] for row in result["per_request"]} == {2, 3}
+
+
 def decode_closed_form(where, mix, result):
     """Each request's finish as the closed form gives it on its decode replica: the replica's scheduler driven by
     _Platform.step_time from the times the run's KV handoffs landed on it (result's kv_landed_s, decode_replica),
@@ -762,7 +795,7 @@ def decode_closed_form(where, mix, result):
         events = sorted((row["kv_landed_s"], row["request"], row["first_token_s"]) for row in result["per_request"]
                         if row["decode_replica"] == d)
         scheduler = _Scheduler(mix, config, platform, cost, [], "decode", d)
-        scheduler.router = SimpleNamespace(first=prefill, expects=lambda _: e < len(events))
+        scheduler.router = SimpleNamespace(expects=lambda _: e < len(events), prefill_replica=lambda q: q % prefill)
 
         def land(event):
             q = requests[event[1]]
