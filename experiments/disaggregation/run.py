@@ -8,7 +8,9 @@ Each point is `hcsim simulate` of workloads/llama3-70b-serving.yaml (prompts 2k-
 Poisson arrivals; vLLM V1's scheduler, 8,192 tokens and 256 sequences a step), 256 requests, on dgx-h100 with
 devices [H100, H200] (node by node: XPUs 0-7 H100, 8-15 H200): four replicas of tp 4, two on each node. Systems:
 co-located (every replica prefills and decodes, requests dealt in turn); 2 prefill + 2 decode with the H100s
-prefilling and the H200s decoding, and the reverse; 3 prefill (two H100 replicas, one H200) + 1 decode (H200). A
+prefilling and the H200s decoding, and the reverse; 3 prefill (two H100 replicas, one H200) + 1 decode (H200);
+and, added after the sweep (serving.routing came later), co-located and 3P:1D with each arrival routed to the
+least loaded replica instead of in turn (the decode replica is picked by load in every disaggregated system). A
 request meets the tight-TPOT SLO with its first token within 1 s and its time per output token within 25 ms, the
 tight-TTFT SLO within 0.5 s and 50 ms; goodput is the requests meeting it per second of the run (hcsim's
 serving.slo), and DistServe's goodput the highest rate swept at which 90 % of the requests meet it. The
@@ -28,13 +30,18 @@ BASE = {"workload": "llama3-70b-serving", "platform": "dgx-h100", "xpus": 16, "t
 REQUESTS = 256
 SLOS = {"tight TPOT": {"ttft": "1s", "tpot": "25ms"}, "tight TTFT": {"ttft": "500ms", "tpot": "50ms"}}
 ATTAINMENT = 0.9  # DistServe's goodput: the highest rate at which this share of the requests meets the SLO
-SYSTEMS = {  # label -> (devices node by node, serving.disaggregation or None)
-    "co-located": (["H100", "H200"], None),
-    "2P:2D, H100 prefill, H200 decode": (["H100", "H200"], {"prefill": 2, "decode": 2}),
-    "2P:2D, H200 prefill, H100 decode": (["H200", "H100"], {"prefill": 2, "decode": 2}),
-    "3P:1D, H100+H200 prefill, H200 decode": (["H100", "H200"], {"prefill": 3, "decode": 1}),
+SYSTEMS = {  # label -> (devices node by node, serving.disaggregation or None, serving.routing)
+    "co-located": (["H100", "H200"], None, "round_robin"),
+    "2P:2D, H100 prefill, H200 decode": (["H100", "H200"], {"prefill": 2, "decode": 2}, "round_robin"),
+    "2P:2D, H200 prefill, H100 decode": (["H200", "H100"], {"prefill": 2, "decode": 2}, "round_robin"),
+    "3P:1D, H100+H200 prefill, H200 decode": (["H100", "H200"], {"prefill": 3, "decode": 1}, "round_robin"),
+    # added after the sweep (serving.routing came later; the findings compare the four above): arrivals to the
+    # least loaded replica instead of in turn
+    "co-located, least loaded": (["H100", "H200"], None, "least_loaded"),
+    "3P:1D, least loaded prefill": (["H100", "H200"], {"prefill": 3, "decode": 1}, "least_loaded"),
 }
-COLOCATED, FORWARD, REVERSE, THREE = SYSTEMS
+COLOCATED, FORWARD, REVERSE, THREE, *LATER = SYSTEMS
+DISAGGREGATED = (FORWARD, REVERSE, THREE)
 
 
 def best_rate(t, system, slo):
@@ -45,13 +52,12 @@ def best_rate(t, system, slo):
 FINDINGS = [  # written before the sweep (after the pilot the docstring names)
     ("every disaggregated system's p99 time between tokens is below the co-located one's at every rate (no decode "
      "step waits for a prefill chunk)",
-     lambda t: all(t[s, r]["itl_p99_s"] < t[COLOCATED, r]["itl_p99_s"] for s in SYSTEMS if s != COLOCATED
-                   for r in RATES)),
+     lambda t: all(t[s, r]["itl_p99_s"] < t[COLOCATED, r]["itl_p99_s"] for s in DISAGGREGATED for r in RATES)),
     ("under the tight-TPOT SLO (1 s, 25 ms), 3P:1D serves more goodput than co-located at 4 and 6 requests/s",
      lambda t: all(t[THREE, r]["goodput tight TPOT"] > t[COLOCATED, r]["goodput tight TPOT"] for r in (4, 6))),
     ("under the tight-TTFT SLO (0.5 s, 50 ms), co-located serves at least the goodput of every disaggregated "
      "system at every rate (all four of its replicas prefill)",
-     lambda t: all(t[COLOCATED, r]["goodput tight TTFT"] >= t[s, r]["goodput tight TTFT"] for s in SYSTEMS
+     lambda t: all(t[COLOCATED, r]["goodput tight TTFT"] >= t[s, r]["goodput tight TTFT"] for s in DISAGGREGATED
                    for r in RATES)),
     ("decoding on the H200s gives a lower median time per output token than decoding on the H100s (2P:2D both "
      "ways) at every rate: decode reads weights and KV at 4.8 against 3.35 TB/s",
@@ -59,7 +65,7 @@ FINDINGS = [  # written before the sweep (after the pilot the docstring names)
     ("DistServe's goodput (the highest rate with 90 % meeting the SLO): under tight TPOT 3P:1D's is above "
      "co-located's; under tight TTFT co-located's is at least every disaggregated system's",
      lambda t: best_rate(t, THREE, "tight TPOT") > best_rate(t, COLOCATED, "tight TPOT")
-     and all(best_rate(t, COLOCATED, "tight TTFT") >= best_rate(t, s, "tight TTFT") for s in SYSTEMS)),
+     and all(best_rate(t, COLOCATED, "tight TTFT") >= best_rate(t, s, "tight TTFT") for s in DISAGGREGATED)),
 ]
 COLUMNS = ("system", "rate", "requests_per_s", "tokens_per_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
            "tpot_p50_s", "tpot_p90_s", "tpot_p99_s", "itl_mean_s", "itl_p99_s", "itl_max_p50_s", "e2e_p99_s", "handoff_p99_s",
@@ -93,9 +99,10 @@ def point(label: str, rate: int) -> dict:
     from hcsim.units import parse_quantity
     from hcsim.workload.serving import Slo
 
-    devices, split = SYSTEMS[label]
+    devices, split, routing = SYSTEMS[label]
     first, *_ = SLOS
-    overrides = {"serving.requests": REQUESTS, "serving.rate": rate, "serving.slo": SLOS[first]}
+    overrides = {"serving.requests": REQUESTS, "serving.rate": rate, "serving.slo": SLOS[first],
+                 "serving.routing": routing}
     if split:
         overrides["serving.disaggregation"] = split
     result = simulate(load_scenario(None, BASE | {"name": "disaggregation", "devices": devices,
@@ -153,7 +160,8 @@ def _plot(rows, path: Path) -> None:
         for n, label in enumerate(SYSTEMS):
             mine = [row for row in rows if row["system"] == label]
             rates = [row["rate"] for row in mine]
-            style = {"marker": "osD^"[n], "label": label, "linestyle": "-" if n == 0 else "--"}
+            style = {"marker": "osD^vP"[n], "label": label, "linestyle": ":" if label in LATER else "-" if n == 0
+                     else "--", "fillstyle": "none" if label in LATER else "full"}
             for panel, slo in zip(panels, SLOS):
                 panel.plot(rates, [row[f"goodput {slo}"] for row in mine], **style)
             panels[2].plot(rates, [row["itl_p99_s"] * 1e3 for row in mine], **style)
