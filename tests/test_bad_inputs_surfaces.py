@@ -421,3 +421,17 @@ def test_a_layout_key_given_to_plan_keeps_only_the_plans_with_its_value():
     assert kept and all(c.parallelism.cp == 2 and c.parallelism.zero == 1 for c in kept)
     assert len(kept) == sum(c.parallelism.cp == 2 and c.parallelism.zero == 1 for c in found) < len(found)
     assert _fixed_by_set(found, load_scenario(None, {"xpus": 8}), {}) == found
+
+
+def test_a_value_is_blamed_where_it_was_given_the_python_api_not_as_a_flag():
+    """A Python caller's mapping of settings is blamed on load_scenario's settings (was: --set KEY, a flag the
+    caller never typed); key=value strings, the command line's, on --set."""
+    from hcsim.errors import ConfigError
+    from hcsim.run.scenario import load_scenario
+
+    with pytest.raises(ConfigError, match=r"^load_scenario's settings: tp: expected an integer, got 'x'$"):
+        load_scenario(None, {"tp": "x"})
+    with pytest.raises(ConfigError, match=r"^load_scenario's settings: stragglers\.xpu1: expected a slowdown factor"):
+        load_scenario(None, {"stragglers": {"xpu1": 0}})
+    with pytest.raises(ConfigError, match=r"^--set tp: expected an integer, got 'x'$"):
+        load_scenario(None, ["tp=x"])

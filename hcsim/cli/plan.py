@@ -120,7 +120,7 @@ def _plan(args, journal) -> None:
     base = {"platform": args.platform, "workload": args.model, "xpus": args.xpus, **SIMULATION}
     if devices:
         base["devices"] = devices
-    scenario = load_scenario(None, {**base, **_settings(args.settings)})
+    scenario = load_scenario(None, {**base, **_settings(args.settings)}, "--set ")
     platform, xpus, spec = _cluster(scenario)
     _check_costs(spec, args)
     mixed = devices and len(set(devices)) > 1

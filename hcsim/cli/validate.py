@@ -130,7 +130,7 @@ def _check_settings(settings: dict, platform: str | None) -> None:
     from hcsim.run.scenario import load_scenario
     from hcsim.study.experiment import check_specs
 
-    scenario = load_scenario(None, {**settings, **({"platform": platform} if platform else {})})
+    scenario = load_scenario(None, {**settings, **({"platform": platform} if platform else {})}, "--set ")
     if platform is not None:
         load_platform_spec(resolve_spec(platform, "platforms"))
     if "workload" in settings:

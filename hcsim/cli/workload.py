@@ -166,7 +166,7 @@ def _check_on_platform(args) -> str:
                 "recompute": args.recompute, "sequence_parallel": args.sequence_parallel, "zero": args.zero}
     overrides = parse_settings(args.overrides, "training.batch_per_xpu=4")
     settings = {key: value for key, value in settings.items() if value is not None}  # None: the scenario's default
-    scenario = load_scenario(None, settings | {f"workload_overrides.{k}": v for k, v in overrides.items()})
+    scenario = load_scenario(None, settings | {f"workload_overrides.{k}": v for k, v in overrides.items()}, "--set ")
     try:
         prepared = prepare(scenario)
     except HcsimError as err:

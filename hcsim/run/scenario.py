@@ -332,16 +332,22 @@ FORMER_DEFAULTS = {"compute_model": "peak"}
 SCENARIO_KEYS = tuple(f.name for f in dataclasses.fields(Scenario) if f.name != "base")
 
 
+API_ORIGIN = "load_scenario's settings: "  # where a Python caller's mapping of settings is blamed
+
+
 def load_scenario(path: str | Path | None = None, settings: list[str] | Mapping[str, Any] | None = None,
-                  origin: str | Mapping[str, str] = "--set ") -> Scenario:
+                  origin: str | Mapping[str, str] | None = None) -> Scenario:
     """Read a scenario YAML (or the built-in default when `path` is None), then apply `settings`.
 
     `settings` are ``key=value`` strings (values in YAML syntax: ``xpus=256``,
     ``cxl_bandwidth=256GB/s``, ``devices=[H100,A100]``,
     ``platform_overrides.links.pcie.latency=300ns``) or a mapping; a problem with one of them is blamed on
     `origin` + its key (``--set xpus``; a runs CSV's ``runs.csv:3: xpus``), or on ``origin[key]`` + its key
-    when `origin` maps keys to where each was written.
+    when `origin` maps keys to where each was written. Left out: ``--set`` for ``key=value`` strings (the command
+    line's), ``load_scenario's settings:`` for a mapping (a Python caller's).
     """
+    if origin is None:
+        origin = API_ORIGIN if isinstance(settings, Mapping) else "--set "
     if path is not None and not isinstance(path, (str, Path)):
         raise ConfigError(f"scenario: expected a YAML file path or None, got {brief(path)}")
     where = str(path) if path else "scenario"
