@@ -263,9 +263,11 @@ def _straggler_line(result: dict) -> list[str]:
     if "stragglers" not in result:
         return []
     s = result["stragglers"]
-    return [f"  straggler        {s['xpu']} x{s['factor']:.3g} ({s['count']} of {result['xpus']} XPUs slowed): "
-            f"+{format_quantity(s['extra_compute_s'], 's')} of its own compute per iteration; its peers waited "
-            f"{format_quantity(s['peers_idle_s'], 's')} per iteration in collectives (mean; it waited "
+    sign = "+" if s["extra_compute_s"] >= 0 else "-"  # a factor below 1 speeds an XPU up
+    return [f"  straggler        {s['xpu']} x{s['factor']:.3g} ({s['count']} of {result['xpus']} XPUs "
+            f"{'slowed' if s['factor'] > 1 else 'given a factor, none slower'}): "
+            f"{sign}{format_quantity(abs(s['extra_compute_s']), 's')} of its own compute per iteration; its peers "
+            f"waited {format_quantity(s['peers_idle_s'], 's')} per iteration in collectives (mean; it waited "
             f"{format_quantity(s['own_idle_s'], 's')})"]
 
 

@@ -93,7 +93,7 @@ def straggler_report(platform: nx.Graph, xpus: Sequence[str], times: Mapping[str
     slowed = {x: f for x, f in factors.items() if f != 1.0}
     if not slowed:
         return {}
-    worst = max(factors.values())
+    worst = max(slowed.values())  # the slowest of those given a factor (one below 1 only: the least sped up)
     slowest = next(x for x in xpus if factors[x] == worst)
     own = times[slowest]
     peers = [times[x] for x in xpus if x != slowest and x in times]

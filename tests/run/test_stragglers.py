@@ -198,3 +198,27 @@ def test_kernel_model_times_scale_on_a_hybrid_run():
     for run in runs:
         times = run["xpu_times"]
         assert times["xpu1"]["compute_s"] == pytest.approx(1.5 * times[twin]["compute_s"], rel=1e-9)
+
+
+def test_a_factor_below_1_alone_is_reported_as_given_not_as_xpu0_x1():
+    """Only xpu1 sped up (0.5): the report names xpu1 x0.5 and the compute it saves (was: xpu0 x1, +0 s); with a
+    slowed XPU beside it, the slowest."""
+    import networkx as nx
+
+    from hcsim.cli.simulate import _straggler_line
+    from hcsim.run.results import XpuTimes
+    from hcsim.run.stragglers import straggler_report
+
+    def report(factors):
+        platform = nx.Graph()
+        platform.add_nodes_from((f"xpu{i}", {"slowdown": factors.get(f"xpu{i}", 1.0)}) for i in range(4))
+        times = {f"xpu{i}": XpuTimes(compute_s=2.0, memory_stall_s=0.0, exposed_comm_s=0.0, idle_s=0.0)
+                 for i in range(4)}
+        return straggler_report(platform, [f"xpu{i}" for i in range(4)], times)
+
+    faster = report({"xpu1": 0.5})["stragglers"]
+    assert (faster["xpu"], faster["factor"], faster["extra_compute_s"]) == ("xpu1", 0.5, -2.0)
+    assert _straggler_line({"xpus": 4, **report({"xpu1": 0.5})})[0].startswith(
+        "  straggler        xpu1 x0.5 (1 of 4 XPUs given a factor, none slower): -2 s of its own compute")
+    both = report({"xpu1": 0.5, "xpu2": 1.5})["stragglers"]
+    assert (both["xpu"], both["factor"], both["count"]) == ("xpu2", 1.5, 2)
