@@ -161,29 +161,36 @@ def report(rows, out: Path) -> None:
 
 
 def _plot(rows, path: Path) -> None:
+    """Per system a row of bars, one per arrival rate: throughput and p99 time per output token side by side
+    (14 systems whose curves nearly coincide in groups: bars cannot hide one another, as lines did)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    systems = list(SYSTEMS)[::-1]  # top to bottom in the order of SYSTEMS
+    value = {(row["system"], int(row["rate"])): row for row in rows}
+    height = 0.8 / len(RATES)
     with plt.rc_context({"font.family": "serif", "font.size": 9, "axes.spines.top": False,
                          "axes.spines.right": False}):
-        figure, (left, right) = plt.subplots(1, 2, figsize=(11, 5.6))
-        for n, label in enumerate(SYSTEMS):  # a marker each, and the latency variant dashed with open markers:
-            mine = [row for row in rows if row["system"] == label]  # lines that coincide stay visible
-            rates = [row["rate"] for row in mine]
-            dashed = "us" in label or "offload" in label
-            style = {"marker": "osD^vPX"[n % 7], "label": label, "markersize": 9 - n % 7,
-                     "linestyle": "--" if dashed else "-", "fillstyle": "none" if dashed else "full"}
-            left.plot(rates, [row["tokens_per_s"] for row in mine], **style)
-            right.plot(rates, [row["tpot_p99_s"] * 1e3 for row in mine], **style)
-        left.set(xlabel="Arrival rate (requests/s)", ylabel="Output tokens per second", title="Throughput")
-        right.set(xlabel="Arrival rate (requests/s)", ylabel="p99 time per output token (ms)",
-                  title="Latency per output token (p99)", yscale="log")
-        handles, labels = left.get_legend_handles_labels()  # under both panels: 13 systems would hide the lines
-        figure.legend(handles, labels, loc="lower center", ncol=3, fontsize=7, frameon=False)
+        figure, (left, right) = plt.subplots(1, 2, figsize=(12, 0.42 * len(systems) + 1.6), sharey=True)
+        for n, rate in enumerate(RATES):
+            offsets = [y + (n - (len(RATES) - 1) / 2) * height for y in range(len(systems))]
+            shown = [s for s in systems if (s, rate) in value]
+            ys = [offsets[systems.index(s)] for s in shown]
+            style = {"height": height, "color": f"C{n}", "label": f"{rate} requests/s"}
+            left.barh(ys, [value[s, rate]["tokens_per_s"] for s in shown], **style)
+            right.barh(ys, [value[s, rate]["tpot_p99_s"] * 1e3 for s in shown], **style)
+        left.set_yticks(range(len(systems)), systems)
+        left.set(xlabel="Output tokens per second", title="Throughput")
+        right.set(xlabel="p99 time per output token (ms, log scale)", title="Latency per output token (p99)",
+                  xscale="log")
+        for axis in (left, right):
+            axis.grid(axis="x", linewidth=0.4, alpha=0.5)
+        handles, labels = right.get_legend_handles_labels()  # top to bottom as the bars of a system
+        right.legend(handles[::-1], labels[::-1], loc="lower right", fontsize=8, frameon=False)
         figure.suptitle("Llama 3 70B serving on H100 (tp 8), 512 requests: the KV cache beyond HBM")
-        figure.tight_layout(rect=(0, 0.2, 1, 1))
+        figure.tight_layout()
         figure.savefig(path, dpi=150)
         plt.close(figure)
 
