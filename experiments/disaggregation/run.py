@@ -130,6 +130,8 @@ def point(label: str, rate: int) -> dict:
 
 def report(rows, out: Path) -> None:
     """disaggregation.md (findings, DistServe's goodput, the table, the notes) and disaggregation.png."""
+    from hcsim.study.summary import discussion, results_table
+
     table = {(row["system"], int(row["rate"])): row for row in rows}
     _plot(rows, out / "disaggregation.png")
     lines = ["# Co-located against disaggregated serving on a mixed H100 + H200 cluster\n", __doc__.split("\n\n")[0],
@@ -138,12 +140,7 @@ def report(rows, out: Path) -> None:
     lines += ["", f"## DistServe's goodput: the highest rate swept with {ATTAINMENT:.0%} of requests meeting the SLO\n",
               "| system | " + " | ".join(SLOS) + " |", "|---|" + "---|" * len(SLOS)]
     lines += [f"| {s} | " + " | ".join(f"{best_rate(table, s, slo)}/s" for slo in SLOS) + " |" for s in SYSTEMS]
-    lines += ["", "## Results\n", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(f"{row[c]:.4g}" if isinstance(row[c], float) else str(row[c]) for c in COLUMNS) + " |"
-              for row in rows]
-    notes = HERE / "notes.md"
-    if notes.exists():
-        lines += ["", "## Discussion\n", notes.read_text().strip()]
+    lines += results_table(rows, COLUMNS) + discussion(HERE / "notes.md")
     (out / "disaggregation.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {out / 'disaggregation.md'}, {out / 'disaggregation.png'}", file=sys.stderr)
 

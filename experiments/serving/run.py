@@ -142,6 +142,8 @@ def _moved(result) -> dict:
 
 def report(rows, out: Path) -> None:
     """serving.md (findings, table, the notes) and serving.png from the rows."""
+    from hcsim.study.summary import discussion, results_table
+
     table = {(row["system"], int(row["rate"])): {"tokens": row["tokens_per_s"]} for row in rows}
     _plot(rows, out / "serving.png")
     lines = ["# Llama 3 70B serving: KV cache in HBM, CXL (coherent) or host DRAM\n", __doc__.split("\n\n")[0], "",
@@ -150,12 +152,7 @@ def report(rows, out: Path) -> None:
     if all((system, rate) in table for system in OFFLOAD for rate in RATES):
         lines += ["", "## Offload findings (written before the offload systems' first run)\n"]
         lines += [f"- **{'holds' if check(table) else 'does not hold'}**: {claim}" for claim, check in OFFLOAD_FINDINGS]
-    lines += ["", "## Results\n", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(f"{row[c]:.4g}" if isinstance(row[c], float) else str(row[c]) for c in COLUMNS) + " |"
-              for row in rows]
-    notes = HERE / "notes.md"
-    if notes.exists():
-        lines += ["", "## Discussion\n", notes.read_text().strip()]
+    lines += results_table(rows, COLUMNS) + discussion(HERE / "notes.md")
     (out / "serving.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {out / 'serving.md'}, {out / 'serving.png'}", file=sys.stderr)
 

@@ -10,7 +10,7 @@ from hcsim.errors import ConfigError
 from hcsim.study.experiment import Experiment, Point, describe
 from hcsim.study.store import columns, read_results
 
-__all__ = ["write_report"]
+__all__ = ["write_report", "results_table", "discussion"]
 
 
 def write_report(experiment: Experiment, csv_path: Path, out: Path) -> list[Path]:
@@ -135,3 +135,17 @@ def _cell(column: str, value: Any) -> str:
     if unit is not None and isinstance(value, (int, float)):
         return format_quantity(value, unit)
     return str(value)
+
+
+def results_table(rows: list[dict[str, Any]], columns: list[str]) -> list[str]:
+    """A results section in markdown for experiment scripts that write their own report: `rows` under
+    `columns`, numbers to 4 significant digits."""
+    return ["", "## Results\n", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)] + [
+        "| " + " | ".join(f"{row[c]:.4g}" if isinstance(row[c], float) else str(row[c]) for c in columns) + " |"
+        for row in rows]
+
+
+def discussion(notes: Path) -> list[str]:
+    """The discussion section from an experiment's notes file (markdown), [] where it has none."""
+    return ["", "## Discussion\n", notes.read_text().strip()] if notes.exists() else []
+
