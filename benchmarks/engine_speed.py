@@ -12,12 +12,12 @@ Cases (each point runs in a fresh process):
   8 + 7 layers, sequence parallelism, dp = XPUs / 128, 16 micro-batches per pipeline, 1F1B, full
   recomputation); at 16,384 XPUs the performance page's row (global batch 2048); ``llama3-dgx``: the same
   on a DGX-H100 fat tree of the size asked (at 131,072 XPUs: 16,384 nodes, dp 1,024);
-- ``vtrain``: issue 27's vTrain-size row, GPT-3 175B on DGX A100 (tp 8 x pp 32, dp = XPUs / 256, 768
+- ``vtrain``: the vTrain-size row, GPT-3 175B on DGX A100 (tp 8 x pp 32, dp = XPUs / 256, 768
   micro-batches of 1 sequence per pipeline, full recomputation, the roofline compute model, flow collectives,
   TP collectives analytic, every XPU simulated); at 512 XPUs it is the row (global batch 1536);
 - ``gpt3-mb``: ``gpt3`` on 64 XPUs with `size` micro-batches per pipeline (wall time against
   micro-batches: its exponent);
-- ``2d-hierarchical``: issue 15's 2-D case (benchmarks/hierarchical_2d.py: servers of 8 on a
+- ``2d-hierarchical``: the 2-D data-parallel case (benchmarks/hierarchical_2d.py: servers of 8 on a
   switch, rings across servers, 40 layers of fixed compute and a 634 MB hierarchical all-reduce);
 - ``simgrid``: plain SimGrid, no hcsim engine: every XPU of a single switch alternates an execution
   and a transfer to its ring neighbour, each a pooled ExecTask / CommTask fired with

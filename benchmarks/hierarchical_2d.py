@@ -1,4 +1,4 @@
-"""The 2-D data-parallel case of issue 15: servers of 8 XPUs on a switch, rings across servers,
+"""The 2-D data-parallel case: servers of 8 XPUs on a switch, rings across servers,
 40 layers with fixed compute and a 634 MB ``hierarchical`` all-reduce each.
 
 As ASTRA-sim 2.0's analytical backend describes a [Switch, Ring] network: inside a

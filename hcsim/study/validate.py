@@ -363,7 +363,7 @@ def _simulate_row(scenario, max_runs: int | None) -> dict[str, Any]:
         runs = total_runs(prepared.workload, scenario.iterations)
         if max_runs is not None and runs > max_runs:
             raise _TooLarge(f"not simulated: {runs:,} vertex runs exceed --max-runs {max_runs:,} "
-                            f"(issue 15: simulating it takes too long)")
+                            f"(simulating it would take too long; raise --max-runs to run it)")
 
     try:
         result = run_here(scenario, check=check)
