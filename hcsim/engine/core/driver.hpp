@@ -17,11 +17,13 @@
 
 #include <simgrid/kernel/Timer.hpp>
 #include <simgrid/s4u/Activity.hpp>
+#include <simgrid/s4u/Comm.hpp>
 #include <simgrid/s4u/Engine.hpp>
 #include <simgrid/s4u/Exec.hpp>
 #include <simgrid/s4u/Host.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <utility>
 #include <vector>
@@ -67,6 +69,21 @@ protected:
   /* The FLOP/s of host number `host`. */
   double speed(std::int32_t host) const { return loads_[host].speed; }
 
+  /* `bytes` from host number `src` to host number `dst`, then `then()` when they have arrived. A Comm's size is a
+     whole number of bytes, truncated as SimGrid's CommTask truncates it. */
+  void start_comm(std::int32_t src, std::int32_t dst, double bytes, std::function<void()> then)
+  {
+    ++activities_;
+    simgrid::s4u::CommPtr comm = simgrid::s4u::Comm::sendto_init(loads_[src].host, loads_[dst].host);
+    comm->set_payload_size(static_cast<std::uint64_t>(bytes));
+    comm->on_this_completion_cb([this, then = std::move(then)](simgrid::s4u::Comm const& ended) {
+      retire(ended);
+      then();
+    });
+    comm->start();
+    comm->add_ref();  // its completion callbacks run with no reference of its own: held until the next ends
+  }
+
   /* `then()` `seconds` from now (the module comment says why an Exec). */
   void delay(double seconds, std::function<void()> then)
   {
@@ -74,16 +91,15 @@ protected:
     start_exec(clock_host_, nullptr, seconds, std::move(then));
   }
 
+  std::size_t activities_ = 0;  // started so far
+
+private:
   /* Adopt the reference an activity's start took, dropping the one before it. */
   void retire(const simgrid::s4u::Activity& ended)
   {
     retired_ = simgrid::s4u::ActivityPtr(const_cast<simgrid::s4u::Activity*>(&ended), false);
   }
 
-  simgrid::s4u::ActivityPtr retired_;
-  std::size_t activities_ = 0;  // started so far
-
-private:
   /* A host's executions: the one timed (timer set), or how many run as Execs. */
   struct HostLoad {
     simgrid::s4u::Host* host = nullptr;
@@ -111,6 +127,7 @@ private:
     exec->add_ref();  // held until it ends (retire)
   }
 
+  simgrid::s4u::ActivityPtr retired_;
   simgrid::s4u::Host* clock_host_;
   std::vector<HostLoad> loads_;  // by host number (sized once: references to its entries stay valid)
 };

@@ -16,7 +16,6 @@
 #include "driver.hpp"
 #include "workload.hpp"
 
-#include <simgrid/s4u/Comm.hpp>
 #include <simgrid/s4u/Engine.hpp>
 #include <simgrid/s4u/Exec.hpp>
 #include <simgrid/s4u/Host.hpp>
@@ -114,7 +113,7 @@ constexpr std::int64_t NOT_READY = -2, DONE = INT64_MAX;
 class WorkloadRun : CallbackDriver {
 public:
   WorkloadRun(const WorkloadArrays& w, const std::vector<sg4::Host*>& hosts, WorkloadOutput out)
-      : CallbackDriver(hosts), w_(w), hosts_(hosts), out_(out), done_runs_(w.units, 0), running_(w.units, 0),
+      : CallbackDriver(hosts), w_(w), out_(out), done_runs_(w.units, 0), running_(w.units, 0),
         arrivals_(w.units * (w.iterations + 1), 0), completed_in_run_(w.iterations + 1, 0),
         units_in_run_(w.iterations + 1, 0), job_units_(w.jobs, 0), completed_in_job_run_(w.jobs * (w.iterations + 1), 0),
         clocks_(w.xpus), xpu_job_(w.xpus, 0), unit_vertex_(w.units)
@@ -280,13 +279,7 @@ private:
         then();
       };
     }
-    ++activities_;
-    // A Comm's size is a whole number of bytes, truncated as SimGrid's CommTask truncates it.
-    sg4::CommPtr comm = sg4::Comm::sendto_init(hosts_[src], hosts_[dst]);
-    comm->set_payload_size(static_cast<std::uint64_t>(bytes));
-    comm->on_this_completion_cb([this, then = std::move(then)](sg4::Comm const& done) { retire(done); then(); });
-    comm->start();
-    comm->add_ref();
+    start_comm(src, dst, bytes, std::move(then));
   }
 
 
@@ -640,7 +633,6 @@ private:
   }
 
   const WorkloadArrays& w_;
-  const std::vector<sg4::Host*>& hosts_;
   WorkloadOutput out_;
   std::vector<std::int32_t> done_runs_;
   std::vector<std::uint8_t> running_;

@@ -16,7 +16,6 @@
 #include "driver.hpp"
 #include "steps.hpp"
 
-#include <simgrid/s4u/Comm.hpp>
 #include <simgrid/s4u/Engine.hpp>
 #include <simgrid/s4u/Exec.hpp>
 #include <simgrid/s4u/Host.hpp>
@@ -675,20 +674,12 @@ private:
     if (bytes > whole)
       pad += (bytes - whole) / route(src, dst).bandwidth;
     if (pad > 0) {
-      delay(pad, [this, src, dst, whole, then = std::move(then)]() mutable { send(src, dst, whole, std::move(then)); });
+      delay(pad, [this, src, dst, whole, then = std::move(then)]() mutable {
+        start_comm(src, dst, whole, std::move(then));
+      });
       return;
     }
-    send(src, dst, whole, std::move(then));
-  }
-
-  void send(std::int32_t src, std::int32_t dst, double bytes, std::function<void()> then)
-  {
-    ++activities_;
-    sg4::CommPtr comm = sg4::Comm::sendto_init(hosts_[src], hosts_[dst]);
-    comm->set_payload_size(static_cast<std::uint64_t>(bytes));
-    comm->on_this_completion_cb([this, then = std::move(then)](sg4::Comm const& ended) { retire(ended); then(); });
-    comm->start();
-    comm->add_ref();
+    start_comm(src, dst, whole, std::move(then));
   }
 
   /* The route from src to dst, looked up once per pair. */
