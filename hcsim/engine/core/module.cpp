@@ -92,6 +92,22 @@ hcsim::core::PlatformTables platform_tables(const py::dict& platform)
   return t;
 }
 
+/* `run(hosts)` on the process's Engine, made on `platform` (its tables checked first) with the GIL released:
+   its counters, with the Engine's set-up time (create, build, seal) beside them. */
+template <typename Run>
+hcsim::core::RunCounters run_on_engine(const py::dict& platform, const std::vector<std::string>& host_names, Run run)
+{
+  using namespace hcsim::core;
+  PlatformTables tables = platform_tables(platform);
+  py::gil_scoped_release unlocked;
+  double begin = wall_seconds();
+  std::vector<simgrid::s4u::Host*> hosts = start_engine(tables, host_names);
+  double setup = wall_seconds() - begin;
+  RunCounters counters = run(hosts);
+  counters.setup_s = setup;
+  return counters;
+}
+
 py::dict counters_dict(const hcsim::core::RunCounters& counters)
 {
   py::dict out;
@@ -262,17 +278,10 @@ py::dict run_workload(const py::dict& platform, const std::vector<std::string>& 
         err.discard_as_unraisable("hcsim engine core progress callback");
       }
     };
-  PlatformTables tables = platform_tables(platform);
-  RunCounters counters;
   std::size_t ended = 0;
-  {
-    py::gil_scoped_release unlocked;
-    double begin = wall_seconds();
-    std::vector<simgrid::s4u::Host*> hosts = start_engine(tables, host_names);
-    double setup = wall_seconds() - begin;
-    counters = hcsim::core::run_workload(w, hosts, out, &ended);
-    counters.setup_s = setup;
-  }
+  RunCounters counters = run_on_engine(platform, host_names, [&](const std::vector<simgrid::s4u::Host*>& hosts) {
+    return hcsim::core::run_workload(w, hosts, out, &ended);
+  });
   py::dict result = counters_dict(counters);
   result["iterations_ended"] = ended;
   py::list traced_vertices, traced_transfers;
@@ -371,16 +380,9 @@ py::dict run_steps(const py::dict& platform, const std::vector<std::string>& hos
       }
       return false;
     };
-  PlatformTables tables = platform_tables(platform);
-  RunCounters counters;
-  {
-    py::gil_scoped_release unlocked;
-    double begin = wall_seconds();
-    std::vector<simgrid::s4u::Host*> hosts = start_engine(tables, host_names);
-    double setup = wall_seconds() - begin;
-    counters = hcsim::core::run_steps(layout, hosts, next, analytic, on_landed);
-    counters.setup_s = setup;
-  }
+  RunCounters counters = run_on_engine(platform, host_names, [&](const std::vector<simgrid::s4u::Host*>& hosts) {
+    return hcsim::core::run_steps(layout, hosts, next, analytic, on_landed);
+  });
   if (raised)
     throw *raised;
   return counters_dict(counters);
