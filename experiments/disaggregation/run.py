@@ -75,7 +75,9 @@ COLUMNS = ("system", "rate", "requests_per_s", "tokens_per_s", "ttft_p50_s", "tt
 
 def main() -> int:
     out = HERE / "results"
-    if "--report-only" in sys.argv[1:]:  # redraw and rewrite from the CSV
+    from hcsim.study.summary import report_only
+
+    if report_only(__doc__):
         with open(out / "disaggregation.csv", newline="") as handle:
             rows = [{k: (v if k == "system" else float(v)) for k, v in row.items()} for row in csv.DictReader(handle)]
         report(rows, out)

@@ -98,7 +98,9 @@ COLUMNS = ("system", "rate", "tokens_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_p
 
 def main() -> int:
     out = HERE / "results"
-    if "--report-only" in sys.argv[1:]:  # redraw and rewrite from the CSV
+    from hcsim.study.summary import report_only
+
+    if report_only(__doc__):
         with open(out / "serving.csv", newline="") as handle:
             rows = [{k: (v if k in ("system", "spilled_to") else float(v)) for k, v in row.items()}
                     for row in csv.DictReader(handle)]

@@ -71,7 +71,8 @@ activities on the platform (each XPU's compute, its spilled read or copy from it
 copy from its server's nearest DRAM, the all-reduces as one ring flow per rank, the send from stage to stage),
 so replicas whose transfers cross one link (a CXL switch port, a host's PCIe uplink, a NIC) share it. Alone
 on links of its own, a step takes the closed form's time (:meth:`_Platform.step_time`: ring all-reduces
-2(n-1)·(α + S/(n·B)) at the link kind's achieved bandwidth plus their call latency, and so on), which the
+2(n-1)·(α + S/(n·B)) at the achieved bandwidth plus the call and step latencies of the protocol NCCL's cost model
+picks for the size on the XPUs' link generation, as training's collectives are timed: :class:`Link`), which the
 tests hold the engine to; a phase of a step that nothing else can slow runs as one delay of that time.
 
 Each replica's scheduler is asked by the engine at the end of each step (:meth:`_Scheduler.advance`): it
@@ -236,10 +237,8 @@ class _Platform:
     offload: KvOffload | None
     host_bandwidth: float
     host_latency: float
-    tp_time: Any  # bytes -> s of one TP all-reduce
-    p2p_time: Any  # bytes -> s of one pipeline send
-    tp_link: tuple[float, float, float]  # the TP ring's (route latency s, achieved share of bandwidth, call latency s)
-    pp_link: tuple[float, float, float]  # a pipeline send's, the same
+    tp_route: Link | None  # the TP ring's route between neighbours (None: tp 1)
+    pp_route: Link | None  # a pipeline send's (None: pp 1)
     tp: int
     pp: int
     dp: int
@@ -256,9 +255,9 @@ class _Platform:
         """Seconds of a step alone on this replica's links (closed forms; module docstring)."""
         total = work.host + work.compute
         if work.allreduces:
-            total += work.allreduces * self.tp_time(work.allreduce_bytes)
+            total += work.allreduces * self.tp_route.time(2 * (self.tp - 1), self.tp, work.allreduce_bytes)
         if work.sends:
-            total += work.sends * self.p2p_time(work.send_bytes)
+            total += work.sends * self.pp_route.time(1, 1, work.send_bytes)
         if work.spilled_bytes:
             remote = work.spilled_bytes / self.ext_bandwidth + work.spilled_layers * self.ext_latency
             hbm = self.hbm_bandwidth * self.memory_efficiency
@@ -351,12 +350,38 @@ def kv_tier_memory(graph, xpu: str, tier: str, search) -> str | None:
     return ext if role == "dram" else nearest_dram(graph, xpu, search)
 
 
-def handoff_link(graph, platform: _Platform, route) -> tuple[float, float]:
-    """(achieved share of the bandwidth, call latency s) of a KV handoff over `route`: its slowest link kind's, as a
-    pipeline send's."""
-    slowest = min(zip(route, route[1:]), key=lambda e: graph.edges[e]["bandwidth"])
-    kind = platform.model.link(graph.edges[slowest]["kind"])
-    return kind.bandwidth_factor, kind.call_latency
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A route between two XPUs as NCCL's cost model sees it (the engine's rule, ``WorkloadRules.protocol``): its
+    latency and bottleneck bandwidth, and the collective factors of its slowest link's kind between XPUs of the
+    sender's device (``ComputeModel.link``); each call runs the protocol NCCL would pick for its size."""
+
+    latency: float
+    bandwidth: float
+    factors: Any  # compute_model.LinkFactors
+
+    @classmethod
+    def of(cls, graph, model, device: str, route) -> Link | None:
+        """`route`'s link (None for no route: the XPU itself)."""
+        from hcsim.platform.routes import route_bandwidth, route_latency
+
+        if not route:
+            return None
+        slowest = min(zip(route, route[1:]), key=lambda e: graph.edges[e]["bandwidth"])
+        return cls(route_latency(graph, route), route_bandwidth(graph, route),
+                   model.link(graph.edges[slowest]["kind"], device))
+
+    def call(self, steps: int, ranks: int, size: float) -> tuple[float, float]:
+        """(s beside the bytes: `steps` route latencies + the protocol's call and step latencies, the protocol's
+        achieved share of the bandwidth) of a call of `steps` steps over `ranks` ranks moving `size` B, whose busiest
+        rank sends steps x size / ranks B (a ring all-reduce: 2(n-1) steps over n ranks; a send: 1 over 1)."""
+        protocol = self.factors.fastest(False, steps, steps * size / ranks, self.bandwidth)
+        return steps * self.latency + protocol.latency(steps), protocol.bandwidth_factor
+
+    def time(self, steps: int, ranks: int, size: float) -> float:
+        """Seconds of that call alone on the route."""
+        fixed, share = self.call(steps, ranks, size)
+        return fixed + steps * size / (self.bandwidth * share * ranks)
 
 
 class _Engine:
@@ -424,7 +449,7 @@ class _Engine:
                     pairs.add((a, b))
                     h_src.append(hosts[a])
                     h_dst.append(hosts[b])
-                    self.handoff_link[hosts[a], hosts[b]] = handoff_link(graph, p, search(a, [b])[b])
+                    self.handoff_link[hosts[a], hosts[b]] = Link.of(graph, p.model, sides[source][0].device, search(a, [b])[b])
         self.size = size
         self.hosts, self.pairs = list(hosts), pairs
         self.layout = {"r_tp": array("i", [p.tp]) * p.dp, "r_xpus": array("q", range(0, len(xpus) + 1, size)),
@@ -463,13 +488,13 @@ class _Engine:
                     copy, copy_pad = part, pad
                     compute += part / hbm  # read from HBM once copied
             if work.allreduces:
-                latency, achieved, call = p.tp_link
                 count, steps = work.allreduces * layers // self.layers, 2 * (p.tp - 1)
+                fixed, achieved = p.tp_route.call(steps, p.tp, work.allreduce_bytes)
                 ar = count * steps * work.allreduce_bytes / (p.tp * achieved)
-                ar_pad = count * (steps * latency + call) - latency
+                ar_pad = count * fixed - p.tp_route.latency
             if work.sends and stage < last:
-                latency, achieved, call = p.pp_link
-                send, send_pad = work.send_bytes / achieved, call
+                fixed, achieved = p.pp_route.call(1, 1, work.send_bytes)
+                send, send_pad = work.send_bytes / achieved, fixed - p.pp_route.latency
             fields += (compute, slope * share, lead, lead_slope, spill, spill_pad, copy, copy_pad, ar, ar_pad, send,
                        send_pad)
         return tuple(fields)
@@ -477,8 +502,8 @@ class _Engine:
     def handoffs(self, replica: int, scheduler, router: _Router) -> tuple:
         """The core's flows (``steps.hpp``: src, dst, bytes, pad, replica, tag) of the KV caches prefill replica
         `replica`'s scheduler hands off now: request q's to the decode replica `router` picks, each XPU's share
-        (prompt tokens x KV bytes per token on one XPU) over its route at its slowest link kind's achieved
-        bandwidth, after that kind's call latency; its tag q."""
+        (prompt tokens x KV bytes per token on one XPU) over its route as NCCL's cost model times a send
+        (:class:`Link`: the achieved bandwidth after the call latency); its tag q."""
         flows, size = [], self.size
         for i in scheduler.outgoing:
             q = scheduler.index[i]
@@ -486,8 +511,9 @@ class _Engine:
             kv = scheduler.prompt[i] * scheduler.platform.token_bytes
             for x in range(size):
                 src, dst = replica * size + x, target * size + x
-                share, call = self.handoff_link[src, dst]
-                flows += (src, dst, kv / share, call, target, q)
+                link = self.handoff_link[src, dst]
+                fixed, share = link.call(1, 1, kv)
+                flows += (src, dst, kv / share, fixed - link.latency, target, q)
         scheduler.outgoing.clear()
         return tuple(flows)
 
@@ -1781,34 +1807,15 @@ def _side(scenario: Scenario, spec: ServingSpec, platform_spec, graph, xpus: lis
         host_bandwidth, host_latency = route_bandwidth(graph, route), route_latency(graph, route)
     peers = xpus[first:first + tp * pp]
     routes = shortest_routes(graph, peers[0], peers[1:2] + peers[tp:tp + 1]) if len(peers) > 1 else {}
-
-    def link(route):
-        """(latency, achieved share of the bandwidth, call latency) of `route` (its slowest link's kind's)."""
-        if not route:
-            return (0.0, 1.0, 0.0)
-        slowest = min(zip(route, route[1:]), key=lambda e: graph.edges[e]["bandwidth"])
-        kind = compute.link(graph.edges[slowest]["kind"])
-        return (route_latency(graph, route), kind.bandwidth_factor, kind.call_latency)
-
-    def link_time(route, collective_steps, ranks):
-        """bytes -> s over `route`: `collective_steps` of (latency + bytes / ranks at the achieved bandwidth)."""
-        if not route:
-            return lambda size: 0.0
-        latency, share, call = link(route)
-        rate = route_bandwidth(graph, route) * share * ranks
-        fixed = collective_steps * latency + call
-        return lambda size: fixed + collective_steps * size / rate
-
-    tp_route = routes.get(peers[1]) if tp > 1 else None
-    pp_route = routes.get(peers[tp]) if pp > 1 else None
+    tp_route = Link.of(graph, compute, device, routes.get(peers[1])) if tp > 1 else None
+    pp_route = Link.of(graph, compute, device, routes.get(peers[tp])) if pp > 1 else None
     platform = _Platform(model=compute, device=device, peak=peak_flops(nodes[x0], spec.precision),
                          hbm_bandwidth=hbm_bandwidth, memory_efficiency=factors.memory_efficiency,
                          hbm_blocks=int(free / block_bytes), ext_blocks=ext_blocks, ext_bandwidth=ext_bandwidth,
                          ext_latency=ext_latency, coherent=coherent, spilled_to=spilled_to, ext_unbounded=ext_unbounded,
                          offload=offload,
                          host_bandwidth=host_bandwidth, host_latency=host_latency,
-                         tp_time=link_time(tp_route, 2 * (tp - 1), tp), p2p_time=link_time(pp_route, 1, 1),
-                         tp_link=link(tp_route), pp_link=link(pp_route), tp=tp, pp=pp,
+                         tp_route=tp_route, pp_route=pp_route, tp=tp, pp=pp,
                          dp=scenario.xpus // (tp * pp), token_bytes=token_bytes, weights=weights, workspace=workspace)
     return platform, config
 

@@ -10,7 +10,7 @@ from hcsim.errors import ConfigError
 from hcsim.study.experiment import Experiment, Point, describe
 from hcsim.study.store import columns, read_results
 
-__all__ = ["write_report", "results_table", "discussion"]
+__all__ = ["write_report", "results_table", "discussion", "report_only"]
 
 
 def write_report(experiment: Experiment, csv_path: Path, out: Path) -> list[Path]:
@@ -139,10 +139,24 @@ def _cell(column: str, value: Any) -> str:
 
 def results_table(rows: list[dict[str, Any]], columns: list[str]) -> list[str]:
     """A results section in markdown for experiment scripts that write their own report: `rows` under
-    `columns`, numbers to 4 significant digits."""
+    `columns`, numbers to 4 significant digits (ints as floats: a count reads the same from a run and from the
+    CSV, where every number comes back a float)."""
+    def cell(value: Any) -> str:
+        return f"{value:.4g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+
     return ["", "## Results\n", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)] + [
-        "| " + " | ".join(f"{row[c]:.4g}" if isinstance(row[c], float) else str(row[c]) for c in columns) + " |"
-        for row in rows]
+        "| " + " | ".join(cell(row[c]) for c in columns) + " |" for row in rows]
+
+
+def report_only(doc: str) -> bool:
+    """An experiment script's command line: --report-only (redraw and rewrite from the CSV) or not; --help prints
+    the script's docstring `doc`."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--report-only", action="store_true", help="redraw the plots and rewrite the report from "
+                        "the committed CSV, simulating nothing")
+    return parser.parse_args().report_only
 
 
 def discussion(notes: Path) -> list[str]:
