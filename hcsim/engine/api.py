@@ -63,8 +63,9 @@ def run(platform: nx.Graph, workload: nx.DiGraph, options: RunOptions, pairs=Non
 
 
 def host_pairs(platform: nx.Graph, workload: nx.DiGraph) -> set[tuple[str, str]]:
-    """The ordered host pairs a run transfers between: memory reads and collective traffic."""
-    from hcsim.engine.collectives import get_algorithm, nccl_alternatives, server_groups
+    """The ordered host pairs a run transfers between: memory reads and collective traffic (between a group's
+    XPUs, and between them and the memory device of a region they share)."""
+    from hcsim.engine.collectives import endpoint_hosts, get_algorithm, nccl_alternatives, server_groups
     from hcsim.engine.rules import form_transfers, memory_form
 
     nodes = dict(platform.nodes(data=True))  # a plain dict is faster per look-up
@@ -97,5 +98,6 @@ def host_pairs(platform: nx.Graph, workload: nx.DiGraph) -> set[tuple[str, str]]
             servers = server_groups(platform, group)
             for choice in (name, *nccl_alternatives(collective, name, servers)):  # the rules pick one of them
                 algorithm = get_algorithm(collective, choice, len(group), data["bytes"], servers, data.get("chunks"))
-                pairs.update((group[s], group[d]) for s, d in algorithm.pairs())
+                ends = endpoint_hosts(platform, algorithm, group)
+                pairs.update((ends[s], ends[d]) for s, d in algorithm.pairs())
     return pairs

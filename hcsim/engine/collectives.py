@@ -56,12 +56,16 @@ all_reduce         halving_doubling    2·log2(n)·α + 2(n-1)/n·S/B (n a power
 all_reduce         double_binary_tree  2(D+C-1)(α + S/(C·B)), n = 2^(D+1) - 1, C chunks
 all_reduce         coherent_memory     4α + 2(n-1)/n·S/B (n > 1; :class:`CoherentMemoryAllReduce`)
 all_reduce         nvls                α + (n+1)/n·S/B (n > 1; the NVSwitch reduces: :class:`NvlsAllReduce`)
+all_reduce         pooled_memory       8α + (3n-2)/n·S/B' (n > 1; a region on one memory device whose port
+                                       carries B_M: B' = min(B, B_M/n); :class:`PooledMemoryAllReduce`)
 reduce_scatter     ring                (n-1)α + (n-1)/n·S/B
 reduce_scatter     halving_doubling    log2(n)·α + (n-1)/n·S/B
 reduce_scatter     coherent_memory     2α + (n-1)/n·S/B (n > 1)
+reduce_scatter     pooled_memory       4α + 2(n-1)/n·S/B' (n > 1)
 all_gather         ring                (n-1)α + (n-1)/n·S/B
 all_gather         halving_doubling    log2(n)·α + (n-1)/n·S/B
 all_gather         coherent_memory     2α + (n-1)/n·S/B (n > 1)
+all_gather         pooled_memory       4α + S/B' (n > 1)
 all_to_all         pairwise            (n-1)α + (n-1)/n·S/B
 broadcast          ring (pipelined)    (n+C-2)(α + S/(C·B))
 broadcast          binomial_tree       ceil(log2 n)(α + S/B)
@@ -99,7 +103,8 @@ from dataclasses import dataclass
 from hcsim.errors import ConfigError
 
 __all__ = ["Algorithm", "Step", "FlowPhase", "SequentialChunks", "register", "get_algorithm", "algorithms",
-           "server_groups", "nccl_alternatives", "hierarchical_time", "DEFAULT_ALGORITHM", "algorithm_summaries"]
+           "server_groups", "shared_region", "endpoint_hosts", "nccl_alternatives", "hierarchical_time",
+           "DEFAULT_ALGORITHM", "algorithm_summaries"]
 
 _REGISTRY: dict[tuple[str, str], type["Algorithm"]] = {}
 
@@ -164,6 +169,10 @@ class Algorithm:
     pipelined = False
     """True: the schedule splits S into ``self.chunks`` chunks itself (pipelined); False: get_algorithm
     repeats the schedule of S/C once per chunk."""
+    region = False
+    """True: the schedule has one endpoint beyond its ranks, number ``ranks``: the memory device that holds the
+    region the ranks share (:func:`shared_region`). It is no rank (no unit, no clock): its steps are the device's
+    side of the ranks' stores (its receives) and loads (its sends), and it ends before the last rank does."""
 
     def __init__(self, ranks: int, size: float, groups: Sequence[Sequence[int]] | None = None,
                  chunks: int | None = None):
@@ -176,6 +185,11 @@ class Algorithm:
         self.size = float(size)
         self.groups = [list(g) for g in groups] if groups else [list(range(ranks))]
         self.chunks = chunks
+
+    @property
+    def endpoints(self) -> int:
+        """Ranks, plus the region's memory device where the schedule has one (:attr:`region`)."""
+        return self.ranks + self.region
 
     def steps(self, rank: int) -> int:
         """Number of steps of `rank`."""
@@ -201,7 +215,7 @@ class Algorithm:
         """Bytes per (src, dst) pair summed over all steps."""
         total: dict[tuple[int, int], float] = defaultdict(float)
         for lane in range(self.lanes):
-            for rank in range(self.ranks):
+            for rank in range(self.endpoints):
                 for index in range(self.lane_steps(rank, lane)):
                     for dst, size in self.lane_step(rank, index, lane).sends:
                         total[rank, dst] += size
@@ -218,8 +232,8 @@ class Algorithm:
         phases: list[FlowPhase] = []
         for lane in range(self.lanes):
             merged: list[list] = []  # [pattern, count]
-            for index in range(max((self.lane_steps(r, lane) for r in range(self.ranks)), default=0)):
-                pattern = tuple(sorted(((r, dst), size) for r in range(self.ranks) if index < self.lane_steps(r, lane)
+            for index in range(max((self.lane_steps(r, lane) for r in range(self.endpoints)), default=0)):
+                pattern = tuple(sorted(((r, dst), size) for r in range(self.endpoints) if index < self.lane_steps(r, lane)
                                        for dst, size in self.lane_step(r, index, lane).sends))
                 if not pattern:
                     continue
@@ -365,11 +379,11 @@ class SequentialChunks(Algorithm):
     def __init__(self, inner: Algorithm, chunks: int):
         _check_chunks(chunks, inner.name)
         self.inner = inner
-        self.name, self.collective, self.lanes = inner.name, inner.collective, inner.lanes
+        self.name, self.collective, self.lanes, self.region = inner.name, inner.collective, inner.lanes, inner.region
         self.ranks, self.groups = inner.ranks, inner.groups
         self.size = inner.size * chunks
         self.chunks = chunks
-        self._period = [max((inner.lane_steps(r, lane) for r in range(inner.ranks)), default=0)
+        self._period = [max((inner.lane_steps(r, lane) for r in range(inner.endpoints)), default=0)
                         for lane in range(inner.lanes)]
 
     def lane_steps(self, rank: int, lane: int) -> int:
@@ -482,7 +496,7 @@ class _Table(Algorithm):
                     return _IDLE
                 return Step(sends=tuple(sorted(sends.get(key, {}).items())), recvs=tuple(sorted(recvs.get(key, ()))))
 
-            self._table = [[[entry((lane, r, s)) for s in range(self._length[lane])] for r in range(self.ranks)]
+            self._table = [[[entry((lane, r, s)) for s in range(self._length[lane])] for r in range(self.endpoints)]
                            for lane in range(self.lanes)]
         return self._table
 
@@ -986,7 +1000,7 @@ class _CoherentMemory(_Table):
     4α + 2(n-1)/n·S/B. On one switch each rank's link carries (n-1)·S/n each way per pass, all flows at
     once, so the bandwidth term is the ring's and the latency term does not grow with n: for small
     messages latency, not bandwidth, decides. The region lives in the ranks' own memories; a region on one
-    memory device (a CXL pool, a Grace's LPDDR5X) is not modelled by these schedules.
+    memory device (a CXL pool, a Grace's LPDDR5X) is pooled_memory's (:class:`_PooledMemory`).
     """
 
     passes = 1
@@ -1023,6 +1037,109 @@ class CoherentMemoryAllGather(_CoherentMemory):
     """All-gather by loads from coherent shared memory: 2α + (n-1)/n·S/B."""
 
     name, collective = "coherent_memory", "all_gather"
+
+
+class _PooledMemory(_Table):
+    """Collectives through a shared region on one memory device (a CXL pool's Type 3 device behind its switch,
+    a Grace's LPDDR5X that the GPUs of its superchip share over NVLink-C2C): endpoint ``ranks`` is the device
+    (:attr:`Algorithm.region`; :func:`shared_region` finds it on the platform). The device stores and returns
+    bytes and computes nothing, so every rank writes what its peers need into the region and loads what it
+    needs from it: each byte crosses the device's port twice, and the port is shared by every rank.
+
+    A pass is four steps, each rank's access one route latency α as every transfer is (the CXL.mem read or
+    write; loaded latencies of 200-300 ns measured on CXL memory: Sun et al., MICRO 2023; Li et al., Pond,
+    ASPLOS 2023; the platform's link latencies give α): (1) every rank stores its contribution into its slot
+    of the region; (2) behind a fence, which waits for those stores to complete, it stores a ready flag
+    (0 bytes); (3) it polls the flags, a load (0 bytes) that returns once every rank's flag has landed: the
+    device answers when all have (its receive of every flag ends its step), so the barrier is two accesses,
+    the flag's store and the load that sees it, not one as between ranks' own memories, where the peer polls
+    its own memory (CXL 3.x shared memory keeps the flag coherent by back-invalidation: CXL 3.0 specification
+    section 3.3; PyTorch's SymmetricMemory and NCCL's LL protocol use the same store-fence-flag order);
+    (4) every rank loads what it needs. The device's steps mirror them: receive the stores, receive the
+    flags, answer the polls, send the loads.
+
+    Reduce-scatter (S the whole input): store the n-1 shards other ranks reduce ((n-1)/n·S), load one's own
+    shard from the n-1 other slots ((n-1)/n·S): 4α + 2(n-1)/n·S/B'. All-gather (S the gathered buffer):
+    store one's shard (S/n), load the n-1 others ((n-1)/n·S): 4α + S/B'. All-reduce: the reduce-scatter, then
+    the all-gather of the reduced shards: 8α + (3n-2)/n·S/B'. B' = min(B, B_M/n) on one switch whose ranks'
+    links carry B and the device's port B_M: the n transfers of a step share the port.
+    """
+
+    region = True
+    passes: tuple[str, ...] = ("reduce_scatter",)
+
+    def build(self) -> None:
+        n, step = self.ranks, 0
+        memory = n
+        for kind in self.passes if n > 1 else ():
+            stored = (n - 1) / n * self.size if kind == "reduce_scatter" else self.size / n
+            for size in (stored, 0.0):  # (1) the contribution, (2) the flag behind its fence
+                for r in range(n):
+                    self.send(step, r, memory, size)
+                step += 1
+            for size in (0.0, (n - 1) / n * self.size):  # (3) the poll that sees every flag, (4) the loads
+                for r in range(n):
+                    self.send(step, memory, r, size)
+                step += 1
+
+
+@register
+class PooledMemoryAllReduce(_PooledMemory):
+    """Two-shot all-reduce through a region on one memory device: 8α + (3n-2)/n·S/min(B, B_M/n)."""
+
+    name, collective, passes = "pooled_memory", "all_reduce", ("reduce_scatter", "all_gather")
+
+
+@register
+class PooledMemoryReduceScatter(_PooledMemory):
+    """Reduce-scatter through a region on one memory device: 4α + 2(n-1)/n·S/min(B, B_M/n)."""
+
+    name, collective, passes = "pooled_memory", "reduce_scatter", ("reduce_scatter",)
+
+
+@register
+class PooledMemoryAllGather(_PooledMemory):
+    """All-gather through a region on one memory device: 4α + S/min(B, B_M/n)."""
+
+    name, collective, passes = "pooled_memory", "all_gather", ("all_gather",)
+
+
+def shared_region(platform, xpus: Sequence[str], algorithm: str = "pooled_memory") -> str:
+    """The memory device that holds the region of a collective through one memory device over `xpus`: the
+    extended memory every one of them spills to (a CXL pool shared by its hosts, a superchip's CPU memory
+    shared by its GPUs), on a coherent platform.
+
+    >>> import networkx as nx
+    >>> g = nx.Graph(coherent=True)
+    >>> g.add_nodes_from([("a", {"extended_memory": "pool"}), ("b", {"extended_memory": "pool"})])
+    >>> shared_region(g, ["a", "b"])
+    'pool'
+
+    Raises
+    ------
+    ConfigError
+        when the platform is not coherent or the XPUs do not all spill to one memory (the message says which
+        groups would do).
+    """
+    valid = ("valid: a group whose XPUs all spill to one memory device on a coherent platform (the hosts of one "
+             "CXL pool on a cxl_pool platform, pool.hosts hosts a pool; the GPUs of one superchip, "
+             "node.gpus_per_superchip > 1), or algorithm 'coherent_memory', whose region is the ranks' own memories")
+    if not platform.graph.get("coherent"):
+        raise ConfigError(f"algorithm {algorithm!r}: the platform is not coherent (coherent: false), so its XPUs "
+                          f"share no coherent memory region; {valid}")
+    memories = {x: platform.nodes[x].get("extended_memory") for x in xpus}
+    distinct = list(dict.fromkeys(memories.values()))
+    if len(distinct) != 1 or distinct[0] is None:
+        shown = ", ".join(f"{x}: {m}" for x, m in list(memories.items())[:4])
+        raise ConfigError(f"algorithm {algorithm!r}: the group's {len(memories)} XPUs do not share one memory "
+                          f"device (their extended memories: {shown}{', ...' if len(memories) > 4 else ''}); {valid}")
+    return distinct[0]
+
+
+def endpoint_hosts(platform, algorithm: Algorithm, group: tuple[str, ...]) -> tuple[str, ...]:
+    """The hosts of `algorithm`'s endpoints over `group`: its XPUs, then the region's memory device where the
+    schedule has one (:attr:`Algorithm.region`)."""
+    return group + (shared_region(platform, group, algorithm.name),) if algorithm.region else group
 
 
 # ---- NVLink SHARP ------------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from collections import defaultdict
 
 import networkx as nx
 
-from hcsim.engine.collectives import FlowPhase, get_algorithm, nccl_alternatives, server_groups
+from hcsim.engine.collectives import FlowPhase, endpoint_hosts, get_algorithm, nccl_alternatives, server_groups
 from hcsim.engine.options import COMM_KIND, RunOptions
 from hcsim.platform.devices import peak_flops
 from hcsim.platform.routes import route_bandwidth, route_latency
@@ -96,6 +96,7 @@ class WorkloadRules:
         self._path_cache: dict[tuple[str, str], tuple[float, float]] = {}
         self._link_factors: dict[tuple[str, str], object] = {}  # (src, dst) -> LinkFactors (roofline)
         self._protocols: dict = {}  # (algorithm id, group) -> (its NCCL protocol or None, the algorithm)
+        self._endpoints: dict = {}  # (algorithm id, group) -> (its endpoints' hosts, the algorithm)
         self.vertices = self._index_vertices(order)
         self.total_instances = sum(len(v.xpus) for v in self.vertices)
         # the XPUs that run units, in clock order: each distinct xpus tuple once, in vertex order
@@ -196,10 +197,11 @@ class WorkloadRules:
                 analytic = phases or algorithm.flow_phases()
                 if analytic is not None:  # one delay: the flow model's closed form on uncontended routes
                     key = (id(algorithm), group)
-                    if key not in self._closed_forms:  # its traffic as (XPU pair, bytes), and its seconds
-                        traffic = [((group[s], group[d]), size)
+                    if key not in self._closed_forms:  # its traffic as (host pair, bytes), and its seconds
+                        ends = self.endpoints(algorithm, group)
+                        traffic = [((ends[s], ends[d]), size)
                                    for phase in analytic for (s, d), size in phase.transfers]
-                        self._closed_forms[key] = (traffic, self._closed_form(group, analytic,
+                        self._closed_forms[key] = (traffic, self._closed_form(ends, analytic,
                                                                               self.protocol(algorithm, group)))
                     fidelity, phases = "analytic", self._closed_forms[key]
             vertex.algorithms.append((algorithm, fidelity, phases))
@@ -227,8 +229,9 @@ class WorkloadRules:
         return self._server_cache[key][1:]
 
     def _closed_form(self, group: tuple[str, ...], phases: list[FlowPhase], protocol=None) -> float:
-        """Seconds a collective's flow phases take over `group` when no other traffic shares their links, its
-        transfers at `protocol`'s factors (:meth:`protocol`; None: their links')."""
+        """Seconds a collective's flow phases take over `group` (the hosts of its endpoints: :meth:`endpoints`)
+        when no other traffic shares their links, its transfers at `protocol`'s factors (:meth:`protocol`; None:
+        their links')."""
         lanes: dict[int, float] = defaultdict(float)
         for phase in phases:
             if phase.transfers:
@@ -333,7 +336,18 @@ class WorkloadRules:
         protocol = self.protocol(algorithm, group)
         if protocol is not None:
             return protocol.latency(_steps(algorithm))
-        return max((self.link_factors(group[s], group[d]).call_latency for s, d in algorithm.pairs()), default=0.0)
+        ends = self.endpoints(algorithm, group)
+        return max((self.link_factors(ends[s], ends[d]).call_latency for s, d in algorithm.pairs()), default=0.0)
+
+    def endpoints(self, algorithm, group: tuple[str, ...]) -> tuple[str, ...]:
+        """The hosts of `algorithm`'s endpoints over `group` (:func:`hcsim.engine.collectives.endpoint_hosts`):
+        `group` itself, or with the region's memory device after it."""
+        if not algorithm.region:
+            return group
+        key = (id(algorithm), group)
+        if key not in self._endpoints:
+            self._endpoints[key] = (endpoint_hosts(self.platform, algorithm, group), algorithm)  # ids stay unique
+        return self._endpoints[key][0]
 
     def protocol(self, algorithm, group: tuple[str, ...]):
         """The NCCL protocol (compute_model.Protocol) a collective runs over `group` in the roofline model: the
@@ -344,7 +358,8 @@ class WorkloadRules:
             return None
         key = (id(algorithm), group)
         if key not in self._protocols:
-            pairs = [(group[s], group[d]) for s, d in sorted(algorithm.pairs())]
+            ends = self.endpoints(algorithm, group)
+            pairs = [(ends[s], ends[d]) for s, d in sorted(algorithm.pairs())]
             links = {self.link_factors(*pair) for pair in pairs}
             chosen = None
             if len(links) == 1:
@@ -359,7 +374,8 @@ class WorkloadRules:
     def estimated_time(self, algorithm, group: tuple[str, ...]) -> float:
         """NCCL's estimate of the collective over `group` (roofline, one link domain: :meth:`protocol`) with the
         route latency hcsim charges each step beside it, s: what picks nvls or the ring (rules' caller)."""
-        pairs = [(group[s], group[d]) for s, d in sorted(algorithm.pairs())]
+        ends = self.endpoints(algorithm, group)
+        pairs = [(ends[s], ends[d]) for s, d in sorted(algorithm.pairs())]
         steps = _steps(algorithm)
         return self.protocol(algorithm, group).time(steps, _busiest_bytes(algorithm),
                                                     min(self.path(*pair)[1] for pair in pairs)) \

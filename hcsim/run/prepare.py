@@ -279,6 +279,7 @@ def _prepare_workload(scenario: Scenario, platform_spec, graph: nx.Graph, xpus: 
         raise ConfigError(f"scenario {scenario.name!r}: collective: coherent_ring keeps the reduced shards in "
                           f"coherent memory, which this platform (coherent: false) does not have; fix: set "
                           f"coherent: true, or collective: ring")
+    check_shared_regions(scenario, graph, workload)
     nodes = graph.nodes
     capacities = {x: nodes[nodes[x]["local_memory"]]["capacity"] for x in xpus}
     extended = {x: nodes[nodes[x]["extended_memory"]]["capacity"] if nodes[x]["extended_memory"] else 0.0
@@ -330,6 +331,27 @@ def _cpu_flops_fix(scenario: Scenario, cpu: str) -> str:
     if spec.topology is not None:
         return f"give node {cpu!r} of the explicit topology a flops value (e.g. flops: 2TFLOPS)"
     return "set platform_overrides server.cpu_flops (e.g. --set platform_overrides.server.cpu_flops=2TFLOPS)"
+
+
+def check_shared_regions(scenario: Scenario, platform, workload) -> None:
+    """Refuse a collective through one memory device (pooled_memory) on a group whose XPUs share none, naming the
+    scenario's key: the engine would refuse it too, without saying where the algorithm was chosen."""
+    from hcsim.engine.collectives import get_algorithm, shared_region
+
+    seen = set()
+    for _, data in workload.nodes(data=True):
+        name = data.get("algorithm")
+        if data["kind"] != "comm" or not name or (name, data["groups"]) in seen:
+            continue
+        seen.add((name, data["groups"]))
+        if not get_algorithm(data["collective"], name, 2, 0.0).region:
+            continue
+        for group in data["groups"]:
+            try:
+                shared_region(platform, group, name)
+            except ConfigError as err:
+                key = "collective" if scenario.collective == name else "workload's gradients.algorithm"
+                raise ConfigError(f"scenario {scenario.name!r}: {key}: {err}") from None
 
 
 def check_algorithm(scenario: Scenario, spec, path: Path) -> None:

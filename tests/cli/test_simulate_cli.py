@@ -119,6 +119,8 @@ def test_coherence_beats_no_coherence_at_small_scale():
     (["--set", "collective=coherent_ring", "--set", "coherent=false"],
      r"collective: coherent_ring keeps the reduced shards in coherent memory.*coherent: false"),
     (["--set", "xpus=12", "--set", "collective=halving_doubling"], r"halving_doubling.*power-of-two group, got 12"),
+    (["--set", "platform=gh200", "--set", "xpus=8", "--set", "collective=pooled_memory"],
+     r"collective: algorithm 'pooled_memory': the group's 8 XPUs do not share one memory device.*valid: a group"),
 ])
 def test_bad_input_gets_one_clear_line(settings, message):
     done = hcsim("simulate", *settings)

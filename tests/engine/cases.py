@@ -8,7 +8,8 @@ route's latency + size / its bottleneck bandwidth; transfers sharing a link shar
 - the executor's rules on one switch of H100: :func:`run`, :func:`wait_graph`, :func:`pipeline_graph`
   (PP 2 x TP 2 x DP 2, 1F1B, 4 micro-batches);
 - a run's own invariants (clock parts, dependencies in the trace): :func:`check_invariants`;
-- collectives chained behind barriers, one process per table: :func:`_durations`;
+- collectives chained behind barriers, one process per table: :func:`_durations`; a switch whose XPUs share one
+  memory device (a region for pooled_memory): :func:`pooled_switch`;
 - pipeline schedules on uniform, compute-bound stages: :func:`hybrid_run`, :func:`iteration_time`.
 """
 
@@ -19,6 +20,7 @@ import pytest
 from hcsim.engine.api import RunOptions
 from hcsim.platform.builders import single_switch
 from hcsim.platform.devices import Device, builtin_catalog
+from hcsim.platform.topology import add_link, add_memory
 from hcsim.run.simulation import simulate_graphs
 from hcsim.workload import add_comm, add_compute, add_dependency, load_workload_spec, new_workload, validate_workload
 from hcsim.workload.hybrid import Parallelism, build_hybrid_graph
@@ -169,6 +171,18 @@ def check_invariants(graph, result, iterations: int, settle: float = 0.0) -> Non
                     continue
                 ready = max(spans[k - shift, y, before][1] for y in waited)
                 assert spans[k, x, after][0] >= ready - tol, (before, after, x, k, wait)
+
+
+def pooled_switch(n: int, port_bandwidth: float, port_latency: float, xpus: int | None = None):
+    """`xpus` H100 (default n) on one switch, coherent, the first n spilling to one memory device ``pool`` on the
+    switch, on a port of `port_bandwidth` B/s and `port_latency` s: a route XPU -> pool takes LINK_LAT + that."""
+    graph = single_switch(n if xpus is None else xpus, H100)
+    graph.graph["coherent"] = True
+    add_memory(graph, "pool", capacity=math.inf, role="cxl_type3", owner=None, rack=0, server="s0")
+    add_link(graph, "pool", "xswitch", bandwidth=port_bandwidth, latency=port_latency, kind="cxl")
+    for i in range(n):
+        graph.nodes[f"xpu{i}"]["extended_memory"] = "pool"
+    return graph
 
 
 # ---- collectives behind barriers -------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from hcsim.platform.builders import single_switch
 from hcsim.run.jobs import join_graphs
 from hcsim.run.simulation import simulate_graphs
 from hcsim.workload import add_comm, add_compute, add_dependency, new_workload, validate_workload
-from cases import A, B, H100, SECOND, check_invariants, spans_of  # tests/engine is on sys.path
+from cases import A, B, H100, LINK_LAT, SECOND, check_invariants, pooled_switch, spans_of  # tests/engine is on sys.path
 
 ALGORITHMS = tuple(algorithms()["all_reduce"])
 
@@ -61,9 +61,10 @@ def graphs(draw, first: int = 0):
 
 
 def outcome(n, graph, model):
-    """The run's result (every XPU traced), or the error it raised (its class and message)."""
+    """The run's result (every XPU traced), or the error it raised (its class and message), on n H100 of one switch
+    that share a memory device on a port like theirs (pooled_memory's region; the other algorithms never use it)."""
     try:
-        return simulate_graphs(single_switch(n, H100), graph,
+        return simulate_graphs(pooled_switch(n, B, LINK_LAT), graph,
                                RunOptions(iterations=3, collective_model=model,
                                           trace_xpus=frozenset(f"xpu{i}" for i in range(n))))
     except HcsimError as err:

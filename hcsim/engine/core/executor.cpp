@@ -373,17 +373,43 @@ private:
       slot->finished_ranks.assign(ranks, 0);
       if (w_.g_mode[group] == STEP) {
         std::int32_t plan = w_.g_plan[group];
-        slot->step.assign(ranks * w_.q_lanes[plan], NOT_READY);
-        slot->sends_left.assign(ranks * w_.q_lanes[plan], 0);
-        slot->lanes_left.assign(ranks, 0);
         std::int64_t first = w_.q_sequences[plan], end = w_.q_sequences[plan + 1];
+        std::size_t endpoints = static_cast<std::size_t>((end - first) / w_.q_lanes[plan]);  // ranks, a region
+        slot->step.assign(endpoints * w_.q_lanes[plan], NOT_READY);
+        slot->sends_left.assign(endpoints * w_.q_lanes[plan], 0);
+        slot->lanes_left.assign(endpoints, 0);
         slot->arrived.assign(w_.rl_steps[end] - w_.rl_steps[first], 0);
+        for (std::size_t region = ranks; region < endpoints; ++region)  // the memory device answers from the start
+          start_steps(*slot, static_cast<std::int32_t>(region), key);
       }
     }
     ready(*slot, static_cast<std::int32_t>(unit - w_.g_first[group]), key);
   }
 
   std::int32_t member(const CollectiveRun& c, std::int32_t rank) const { return xpu(w_.g_first[c.group] + rank); }
+
+  /* The host of endpoint `e` of a collective run: rank e's XPU, or the region's memory device after the ranks. */
+  std::int32_t endpoint(const CollectiveRun& c, std::int32_t e) const
+  {
+    return e < w_.g_size[c.group] ? member(c, e) : w_.g_region[c.group];
+  }
+
+  /* The XPU a transfer between endpoints belongs to in the trace: the rank's (the sender's between ranks). */
+  std::int32_t trace_owner(const CollectiveRun& c, std::int32_t src, std::int32_t dst) const
+  {
+    return endpoint(c, src < w_.g_size[c.group] ? src : dst);
+  }
+
+  /* Set off every lane of endpoint `e` at the step model. */
+  void start_steps(CollectiveRun& c, std::int32_t e, std::int64_t key)
+  {
+    std::int32_t lanes = w_.q_lanes[w_.g_plan[c.group]];
+    c.lanes_left[e] = lanes;
+    for (std::int32_t lane = 0; lane < lanes; ++lane) {
+      c.step[e * lanes + lane] = -1;
+      advance(key, e, lane);
+    }
+  }
 
   void ready(CollectiveRun& c, std::int32_t rank, std::int64_t key)
   {
@@ -409,12 +435,7 @@ private:
       clocks_[member(c, rank)].advance(t, 0, 0, kind, 1);
     }
     if (w_.g_mode[c.group] == STEP) {  // each rank sets off on its own
-      std::int32_t lanes = w_.q_lanes[w_.g_plan[c.group]];
-      c.lanes_left[rank] = lanes;
-      for (std::int32_t lane = 0; lane < lanes; ++lane) {
-        c.step[rank * lanes + lane] = -1;
-        advance(key, rank, lane);
-      }
+      start_steps(c, rank, key);
       return;
     }
     if (!everyone)
@@ -460,7 +481,7 @@ private:
       std::int64_t index = c.step[rank * lanes + lane] + 1;
       if (index >= count) {
         c.step[rank * lanes + lane] = DONE;
-        if (--c.lanes_left[rank] == 0)
+        if (--c.lanes_left[rank] == 0 && rank < w_.g_size[c.group])  // a region's memory device is no rank
           finish(key, rank);
         return;
       }
@@ -477,9 +498,7 @@ private:
   void send(std::int64_t key, std::int32_t rank, std::int32_t dst, std::int32_t lane, std::int64_t index, double bytes)
   {
     CollectiveRun& c = *collectives_[key];
-    std::int64_t base = w_.g_first[c.group];
-    std::int32_t source = xpu(base + rank);
-    transfer(source, xpu(base + dst), bytes, [this, key, rank, dst, lane, index]() {
+    transfer(endpoint(c, rank), endpoint(c, dst), bytes, [this, key, rank, dst, lane, index]() {
       CollectiveRun& run = *collectives_[key];
       std::int32_t lanes = w_.q_lanes[w_.g_plan[run.group]];
       --run.sends_left[rank * lanes + lane];
@@ -492,7 +511,7 @@ private:
         if (collectives_.find(key) == collectives_.end())
           return;  // its last rank finished: the run is over
       }
-    }, c.run, source, c.vertex);
+    }, c.run, trace_owner(c, rank, dst), c.vertex);
   }
 
   /* the collective run\'s finish: the roofline model's per-call latency after the rank's last transfer. */
@@ -577,12 +596,11 @@ private:
     lane.begin = now();
     lane.durations.assign(count, 0.0);
     lane.left = count;
-    std::int64_t base = w_.g_first[c.group];
     for (std::int64_t i = 0; i < count; ++i) {
       std::int64_t t = first + i;
-      std::int32_t source = xpu(base + w_.t_src[t]);
-      transfer(source, xpu(base + w_.t_dst[t]), w_.t_bytes[t],
-               [this, key, lane_number, i]() { flow_done(key, lane_number, i); }, c.run, source, c.vertex);
+      transfer(endpoint(c, w_.t_src[t]), endpoint(c, w_.t_dst[t]), w_.t_bytes[t],
+               [this, key, lane_number, i]() { flow_done(key, lane_number, i); }, c.run,
+               trace_owner(c, w_.t_src[t], w_.t_dst[t]), c.vertex);
     }
   }
 

@@ -222,6 +222,11 @@ py::dict run_workload(const py::dict& platform, const std::vector<std::string>& 
   w.g_seconds = field<double>(a, "g_seconds", w.groups);
   w.g_plan = field<std::int32_t>(a, "g_plan", w.groups);
   w.g_call_latency = field<double>(a, "g_call_latency", w.groups);
+  w.g_region = field<std::int32_t>(a, "g_region", w.groups);
+  for (std::size_t g = 0; g < w.groups; ++g)
+    if (w.g_region[g] < -1 || w.g_region[g] >= static_cast<std::int32_t>(host_names.size()))
+      throw py::value_error("run_workload: g_region[" + std::to_string(g) + "]: " + std::to_string(w.g_region[g]) +
+                            " is neither -1 nor a host");
   std::size_t plans = a["p_phases"].cast<py::buffer>().request().shape[0];
   w.p_phases = field<std::int64_t>(a, "p_phases", plans);
   std::size_t phases = static_cast<std::size_t>(w.p_phases[plans - 1]);

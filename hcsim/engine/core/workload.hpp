@@ -77,6 +77,9 @@ struct WorkloadArrays {
   const double* g_seconds = nullptr;
   const std::int32_t* g_plan = nullptr;
   const double* g_call_latency = nullptr;  // s after each rank's last transfer (the roofline model; else 0)
+  // the host of the memory device holding the region of a collective through one memory device: its plan's
+  // endpoint g_size, after the ranks, with steps of its own at the step model but no unit (-1: none)
+  const std::int32_t* g_region = nullptr;
   // plans (P): phases (CSR); phases: lane, steps, transfers (CSR); transfers: hosts, bytes, route latency,
   // feeds (CSR, indices of earlier transfers of the same phase)
   const std::int64_t* p_phases = nullptr;

@@ -44,12 +44,12 @@ ARRAY_TYPES = (
     ("u_compute_s", "d"), ("u_copy", "d"), ("u_copy_src", "i"), ("u_peer", "i"), ("u_group", "i"), ("e_succ", "i"),
     ("e_skip", "B"), ("e_same_rank", "B"), ("e_bucket_of", "q"), ("bucket_of", "i"), ("b_units", "q"),
     ("b_unit", "i"), ("g_first", "q"), ("g_size", "i"), ("g_mode", "B"), ("g_seconds", "d"), ("g_plan", "i"),
-    ("g_call_latency", "d"), ("p_phases", "q"), ("ph_lane", "i"), ("ph_steps", "i"), ("ph_transfers", "q"),
+    ("g_call_latency", "d"), ("g_region", "i"), ("p_phases", "q"), ("ph_lane", "i"), ("ph_steps", "i"), ("ph_transfers", "q"),
     ("t_src", "i"), ("t_dst", "i"), ("t_bytes", "d"), ("t_latency", "d"), ("t_feeds", "q"), ("feed", "i"),
     ("q_lanes", "i"), ("q_sequences", "q"), ("rl_steps", "q"), ("st_sends", "q"), ("st_recvs", "i"),
     ("sd_dst", "i"), ("sd_bytes", "d"))
 _UNIT_ARRAYS = ("u_flops", "u_read", "u_read_src", "u_compute_s", "u_copy", "u_copy_src", "u_peer")
-_GROUP_ARRAYS = ("g_size", "g_mode", "g_seconds", "g_plan", "g_call_latency")
+_GROUP_ARRAYS = ("g_size", "g_mode", "g_seconds", "g_plan", "g_call_latency", "g_region")
 
 
 def build_arrays(rules, hosts: dict[str, int]) -> dict[str, array]:
@@ -109,7 +109,7 @@ def build_arrays(rules, hosts: dict[str, int]) -> dict[str, array]:
         else:
             v_crow.append(-1)
             v_group0.append(len(a["g_first"]))
-            v_grow.append(_groups(a, rules, vertex, plans, step_plans, cache))
+            v_grow.append(_groups(a, rules, vertex, plans, step_plans, cache, hosts))
         for edge in vertex.succs:
             e_succ.append(edge.vertex.index)
             e_skip.append(edge.skip)
@@ -208,9 +208,10 @@ def _compute_units(a, rules, vertex, hosts, analytic_access, xpu_cache) -> int:
     return row
 
 
-def _groups(a, rules, vertex, plans, step_plans, cache) -> int:
-    """A collective vertex's groups: first unit, size, and the flow phases (a plan shared by alike groups),
-    the step schedule (shared by groups with the same algorithm) or the analytic closed form; returns its row
+def _groups(a, rules, vertex, plans, step_plans, cache, hosts) -> int:
+    """A collective vertex's groups: first unit, size, the host of its region's memory device (collectives
+    through one memory device; numbered in `hosts` on first use) and the flow phases (a plan shared by alike
+    groups), the step schedule (shared by groups with the same algorithm) or the analytic closed form; returns its row
     in u_group (each unit's group after the vertex's first). Vertices that share their algorithms
     (WorkloadRules._prepare_collective: the same groups, collective and size) share these but for the numbers of
     their units and groups."""
@@ -221,12 +222,14 @@ def _groups(a, rules, vertex, plans, step_plans, cache) -> int:
             algorithm, fidelity, phases = vertex.algorithms[g]
             rows["g_size"].append(len(group))
             rows["g_call_latency"].append(rules.call_latency(algorithm, group))
+            ends = rules.endpoints(algorithm, group)
+            rows["g_region"].append(hosts.setdefault(ends[-1], len(hosts)) if algorithm.region else -1)
             if fidelity == "analytic":
                 mode, seconds, plan = ANALYTIC, phases[1], -1
             elif fidelity == "step":
                 mode, seconds, plan = STEP, 0.0, _step_plan(a, rules, algorithm, group, step_plans)
             else:
-                mode, seconds, plan = FLOW, 0.0, _flow_plan(a, rules, phases, group, plans,
+                mode, seconds, plan = FLOW, 0.0, _flow_plan(a, rules, phases, ends, plans,
                                                             rules.protocol(algorithm, group))
             rows["g_mode"].append(mode)
             rows["g_seconds"].append(seconds)
@@ -244,7 +247,7 @@ def _groups(a, rules, vertex, plans, step_plans, cache) -> int:
 def _flow_plan(a, rules, phases, group, plans, protocol) -> int:
     """The number of a group's flow plan (its phases: lanes, steps, transfers with wire bytes at the
     collective's NCCL `protocol`, route latency and feeds) in the plan arrays, added on first use; alike groups
-    share it."""
+    share it. `group`: the hosts of the plan's endpoints (:meth:`WorkloadRules.endpoints`)."""
     key = (id(phases), group)
     if key not in plans:
         plans[key] = len(plans)
@@ -265,23 +268,25 @@ def _flow_plan(a, rules, phases, group, plans, protocol) -> int:
 
 
 def _step_plan(a, rules, algorithm, group, step_plans) -> int:
-    """The number of `algorithm`'s step schedule in the step-plan arrays, added on first use: per rank and lane
-    its steps, each with its sends (destination rank, wire bytes) and its receive count. Wire bytes depend on
-    the group's links in the roofline model: a plan per group there, per algorithm at the peak model."""
+    """The number of `algorithm`'s step schedule in the step-plan arrays, added on first use: per endpoint (rank,
+    then a region's memory device) and lane its steps, each with its sends (destination endpoint, wire bytes) and
+    its receive count. Wire bytes depend on the group's links in the roofline model: a plan per group there, per
+    algorithm at the peak model."""
     key = (id(algorithm), group if rules.options.compute_model is not None else None)
     if key in step_plans:
         return step_plans[key][0]
     number = len(a["q_lanes"])
     step_plans[key] = (number, algorithm)  # keep it alive: ids stay unique
     protocol = rules.protocol(algorithm, group)
+    ends = rules.endpoints(algorithm, group)
     a["q_lanes"].append(algorithm.lanes)
-    for rank in range(algorithm.ranks):
+    for rank in range(algorithm.endpoints):
         for lane in range(algorithm.lanes):
             for index in range(algorithm.lane_steps(rank, lane)):
                 step = algorithm.lane_step(rank, index, lane)
                 for dst, size in step.sends:
                     a["sd_dst"].append(dst)
-                    a["sd_bytes"].append(rules.wire_bytes(group[rank], group[dst], size, protocol))
+                    a["sd_bytes"].append(rules.wire_bytes(ends[rank], ends[dst], size, protocol))
                 a["st_sends"].append(len(a["sd_dst"]))
                 a["st_recvs"].append(len(step.recvs))
             a["rl_steps"].append(len(a["st_recvs"]))
@@ -380,6 +385,7 @@ def _traffic(rules, vertex, iterations) -> list[tuple[tuple[str, str], float]]:
             out += [(pair, size * iterations) for pair in form_transfers(nodes, data, xpu, form)]
         return out
     for group, (algorithm, fidelity, phases) in zip(vertex.groups, vertex.algorithms):
+        group = rules.endpoints(algorithm, group)
         if fidelity == "step":
             out += [((group[s], group[d]), size * iterations) for (s, d), size in algorithm.flows().items()]
         elif fidelity == "analytic":
