@@ -6,6 +6,11 @@ with two workers; writes results/collectives.csv, results/collectives.md
 (a table for the README) and results/collectives.png/.svg (time and bus
 bandwidth against size, one column per topology).
 
+Optional keys: ``compute_model`` (``peak``, the only one this script runs: transfers at line rate);
+``variants``, named platform overrides (``{name: {links.cxl.bandwidth: 128GB/s}}``) that the algorithms of
+``variant_algorithms`` run at, each (the others run once, on the platform as given: the overrides must not
+touch their routes); the rows then carry a ``variant`` column, and the plot has one column per group size.
+
 Usage: python experiments/collectives.py [experiments/collectives.yaml] [--out results]
 """
 
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
@@ -21,6 +27,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from hcsim.config import load_yaml
+from hcsim.errors import ConfigError
 from hcsim.units import parse_quantity
 
 HERE = Path(__file__).resolve().parent
@@ -29,20 +36,29 @@ HERE = Path(__file__).resolve().parent
 def load(path: Path) -> dict:
     """The experiment description with sizes in bytes."""
     spec = load_yaml(path)  # hcsim's bounded spec reader
-    spec["sizes"] = [parse_quantity(s, "size", f"collectives.yaml: sizes[{i}]") for i, s in enumerate(spec["sizes"])]
+    spec["sizes"] = [parse_quantity(s, "size", f"{path.name}: sizes[{i}]") for i, s in enumerate(spec["sizes"])]
+    if spec.get("compute_model", "peak") != "peak":
+        raise ConfigError(f"{path.name}: compute_model: {spec['compute_model']!r}: this script runs the peak model "
+                          f"only (transfers at line rate); valid: peak")
+    spec.setdefault("variants", {})
+    unknown = sorted(set(spec.get("variant_algorithms", [])) - set(spec["algorithms"]))
+    if unknown:
+        raise ConfigError(f"{path.name}: variant_algorithms: {', '.join(unknown)} not in algorithms; valid: some of "
+                          f"{', '.join(spec['algorithms'])}")
     return spec
 
 
 def run_point(topology: str, n: int, collective: str, algorithm: str, size: float, fidelity: str,
-              step_limit: int) -> dict:
-    """One point in this (fresh) process: the collective alone on the first n XPUs of `topology`."""
+              step_limit: int, variant: str = "", overrides: dict | None = None) -> dict:
+    """One point in this (fresh) process: the collective alone on the first n XPUs of `topology` (with the
+    platform `overrides` of `variant`)."""
     from hcsim.engine.api import RunOptions
     from hcsim.platform import build_platform, load_platform_spec, xpus
     from hcsim.engine.api import run
     from hcsim.workload import add_comm, new_workload
 
     wall = time.perf_counter()
-    platform = build_platform(load_platform_spec(topology, {}), xpus=n)
+    platform = build_platform(load_platform_spec(topology, overrides or {}), xpus=n)
     group = xpus(platform)[:n]
     graph = new_workload(f"{collective}-{algorithm}")
     add_comm(graph, "c", xpus=group, bytes=size, collective=collective, algorithm=algorithm, start=True)
@@ -50,7 +66,8 @@ def run_point(topology: str, n: int, collective: str, algorithm: str, size: floa
     seconds = outcome.iteration_ends[0]
     algbw = size / seconds
     factor = 2 * (n - 1) / n if collective == "all_reduce" else (n - 1) / n
-    return {"topology": topology, "xpus": n, "collective": collective, "algorithm": algorithm, "bytes": size,
+    return {"topology": topology, "xpus": n, "collective": collective, "algorithm": algorithm,
+            **({"variant": variant} if overrides is not None else {}), "bytes": size,
             "fidelity": outcome.collective_fidelity.get("c", fidelity), "time_s": seconds, "algbw_Bps": algbw,
             "busbw_Bps": algbw * factor, "activities": outcome.activities,
             "wall_s": time.perf_counter() - wall}
@@ -64,18 +81,28 @@ def runs_on(topology: str, algorithm: str) -> bool:
     return algorithm != "coherent_ring" or load_platform_spec(topology, {}).coherent
 
 
+def variants_of(spec: dict, algorithm: str) -> list[tuple[str, dict | None]]:
+    """(variant name, platform overrides) `algorithm` runs at: each of the spec's variants for the algorithms of
+    variant_algorithms, else the platform as given (("", {}) beside variants; ("", None) without any)."""
+    if not spec["variants"]:
+        return [("", None)]
+    if algorithm in spec.get("variant_algorithms", []):
+        return list(spec["variants"].items())
+    return [("", {})]
+
+
 def run(spec: dict) -> list[dict]:
     """Every point of `spec`, two at a time, each in a fresh process."""
-    points = [(t, n, spec["collective"], a, s, spec["collective_model"], spec["step_limit"])
+    points = [(t, n, spec["collective"], a, s, spec["collective_model"], spec["step_limit"], v, o)
               for t in spec["topologies"] for n in spec["group_sizes"] for a in spec["algorithms"]
-              for s in spec["sizes"] if runs_on(t, a)]
+              for v, o in variants_of(spec, a) for s in spec["sizes"] if runs_on(t, a)]
     rows = []
     with ProcessPoolExecutor(max_workers=spec.get("workers", 2), mp_context=get_context("spawn"),
                              max_tasks_per_child=1) as pool:
         futures = [pool.submit(run_point, *p) for p in points]
         for future in tqdm(as_completed(futures), total=len(futures), desc="collectives"):
             rows.append(future.result())
-    return sorted(rows, key=lambda r: (r["topology"], r["xpus"], r["algorithm"], r["bytes"]))
+    return sorted(rows, key=lambda r: (r["topology"], r["xpus"], r["algorithm"], r.get("variant", ""), r["bytes"]))
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
@@ -91,17 +118,18 @@ def markdown(rows: list[dict], spec: dict) -> str:
     sizes = spec["sizes"]
     lines = ["| topology | XPUs | algorithm | " + " | ".join(_size(s) for s in sizes) + " |",
              "|---|---|---|" + "---|" * len(sizes)]
-    index = {(r["topology"], r["xpus"], r["algorithm"], r["bytes"]): r for r in rows}
+    index = {(r["topology"], r["xpus"], r["algorithm"], r.get("variant", ""), r["bytes"]): r for r in rows}
     for t in spec["topologies"]:
         for n in spec["group_sizes"]:
             for a in spec["algorithms"]:
                 if not runs_on(t, a):
                     continue
-                cells = []
-                for s in sizes:
-                    r = index.get((t, n, a, s))
-                    cells.append(f"{r['time_s'] * 1e3:.3g} ms / {r['busbw_Bps'] / 1e9:.3g}" if r else "–")
-                lines.append(f"| {t} | {n} | {a} | " + " | ".join(cells) + " |")
+                for v, _ in variants_of(spec, a):
+                    cells = []
+                    for s in sizes:
+                        r = index.get((t, n, a, v, s))
+                        cells.append(f"{r['time_s'] * 1e3:.3g} ms / {r['busbw_Bps'] / 1e9:.3g}" if r else "–")
+                    lines.append(f"| {t} | {n} | {a}{f' ({v})' if v else ''} | " + " | ".join(cells) + " |")
     return ("Time and bus bandwidth (GB/s) of one all-reduce, "
             f"collective model {spec['collective_model']} (step up to {spec['step_limit']} XPUs):\n\n" + "\n".join(lines) + "\n")
 
@@ -151,6 +179,39 @@ def plot(rows: list[dict], spec: dict, stem: Path) -> None:
     plt.close(fig)
 
 
+def plot_variants(rows: list[dict], spec: dict, stem: Path) -> None:
+    """Time and bus bandwidth against size; one column per group size (the first topology's), one line per
+    algorithm and variant: dashed where an algorithm runs at the variants."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    topology, sizes = spec["topologies"][0], spec["group_sizes"]
+    lines = [(a, v) for a in spec["algorithms"] for v, _ in variants_of(spec, a)]
+    fig, axes = plt.subplots(2, len(sizes), figsize=(5.5 * len(sizes), 10), squeeze=False, sharey="row")
+    colors = plt.get_cmap("tab10").colors
+    for col, n in enumerate(sizes):
+        for i, (a, v) in enumerate(lines):
+            pts = sorted((r["bytes"], r["time_s"], r["busbw_Bps"]) for r in rows if r["topology"] == topology
+                         and r["xpus"] == n and r["algorithm"] == a and r.get("variant", "") == v)
+            kw = dict(color=colors[i % len(colors)], linestyle="--" if v else "-", marker=".")
+            axes[0][col].plot([p[0] for p in pts], [p[1] for p in pts], label=f"{a} {v}".strip(), **kw)
+            axes[1][col].plot([p[0] for p in pts], [p[2] / 1e9 for p in pts], **kw)
+        axes[0][col].set(title=f"{topology}, {n} XPUs", xscale="log", yscale="log", ylabel="time (s)")
+        axes[1][col].set(xscale="log", yscale="log", xlabel="message size per rank", ylabel="bus bandwidth (GB/s)")
+        for ax in axes[:, col]:
+            ax.grid(True, which="both", alpha=0.3)
+            ax.set_xticks(spec["sizes"], [_size(s) for s in spec["sizes"]], rotation=45)
+            ax.minorticks_off()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", fontsize=8, ncol=3, frameon=False)
+    fig.tight_layout(rect=(0, 0.02 * math.ceil(len(lines) / 3) + 0.01, 1, 1))
+    for ext in ("png", "svg"):
+        fig.savefig(stem.with_suffix(f".{ext}"), dpi=120)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("spec", nargs="?", default=HERE / "collectives.yaml", type=Path)
@@ -160,7 +221,7 @@ def main() -> None:
     rows = run(spec)
     write_csv(rows, args.out / "collectives.csv")
     (args.out / "collectives.md").write_text(markdown(rows, spec))
-    plot(rows, spec, args.out / "collectives")
+    (plot_variants if spec["variants"] else plot)(rows, spec, args.out / "collectives")
     print(markdown(rows, spec))  # noqa: T201 (a script's report)
 
 
