@@ -113,6 +113,18 @@ def write_csv(rows: list[dict], path: Path) -> None:
         writer.writerows(rows)
 
 
+def read_csv(path: Path) -> list[dict]:
+    """The rows write_csv wrote, numbers as numbers."""
+    with open(path, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    for row in rows:
+        for key in ("xpus", "activities"):
+            row[key] = int(row[key])
+        for key in ("bytes", "time_s", "algbw_Bps", "busbw_Bps", "wall_s"):
+            row[key] = float(row[key])
+    return rows
+
+
 def markdown(rows: list[dict], spec: dict) -> str:
     """Bus bandwidth (GB/s) per algorithm, topology, group size and message size."""
     sizes = spec["sizes"]
@@ -195,7 +207,8 @@ def plot_variants(rows: list[dict], spec: dict, stem: Path) -> None:
         for i, (a, v) in enumerate(lines):
             pts = sorted((r["bytes"], r["time_s"], r["busbw_Bps"]) for r in rows if r["topology"] == topology
                          and r["xpus"] == n and r["algorithm"] == a and r.get("variant", "") == v)
-            kw = dict(color=colors[i % len(colors)], linestyle="--" if v else "-", marker=".")
+            kw = dict(color=colors[i % len(colors)], linestyle="--" if v else "-", marker="osD^vx+*"[i % 8],
+                      fillstyle="none", markersize=4 + (i % 4))  # variants that coincide stay told apart
             axes[0][col].plot([p[0] for p in pts], [p[1] for p in pts], label=f"{a} {v}".strip(), **kw)
             axes[1][col].plot([p[0] for p in pts], [p[2] / 1e9 for p in pts], **kw)
         axes[0][col].set(title=f"{topology}, {n} XPUs", xscale="log", yscale="log", ylabel="time (s)")
@@ -216,10 +229,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("spec", nargs="?", default=HERE / "collectives.yaml", type=Path)
     parser.add_argument("--out", default=HERE.parent / "results", type=Path)
+    parser.add_argument("--report-only", action="store_true",
+                        help="redraw the table and plots from the CSV in --out, running nothing")
     args = parser.parse_args()
     spec = load(args.spec)
-    rows = run(spec)
-    write_csv(rows, args.out / "collectives.csv")
+    if args.report_only:
+        rows = read_csv(args.out / "collectives.csv")
+    else:
+        rows = run(spec)
+        write_csv(rows, args.out / "collectives.csv")
     (args.out / "collectives.md").write_text(markdown(rows, spec))
     (plot_variants if spec["variants"] else plot)(rows, spec, args.out / "collectives")
     print(markdown(rows, spec))  # noqa: T201 (a script's report)
