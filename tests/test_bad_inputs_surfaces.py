@@ -74,7 +74,7 @@ CASES = {
     "serving-token-budget-nan": (serving("max_num_batched_tokens", ".nan"), SERVING_FILE +
                                  r"serving\.max_num_batched_tokens", r"expected an integer, got nan"),
     "serving-scheduler": (serving("scheduler", "vllm-v9"), SERVING_FILE + r"serving\.scheduler",
-                          r"is not one of vllm-v1, vllm-v0 \(did you mean 'vllm-v1'\?\)"),
+                          r"is not one of vllm-v1, vllm-v0, sglang \(did you mean 'vllm-v1'\?\)"),
     "serving-preemption": (serving("preemption", "drop"), SERVING_FILE + r"serving\.preemption",
                            r"'drop' is not one of recompute, swap"),
     "serving-block-size": (serving("block_size", 3), SERVING_FILE + r".*serving\.block_size",

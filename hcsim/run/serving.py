@@ -718,6 +718,8 @@ class _Scheduler:
         # prefetched (group -> the slot waiting)
         self.tier_lru: OrderedDict[int, None] = OrderedDict()
         self.pending_store, self.loading_groups, self.group_loads = 0.0, set(), {}
+        estimate = config.new_token_ratio  # (SGLang: admission by the running requests' expected output)
+        self.ratio = estimate.start if estimate is not None else None
         bs = config.block_size
         self.prefix_blocks = spec.shared_prefix // bs if config.prefix_caching and role != "decode" else 0
         self.groups = [_Group() for _ in range(spec.prefix_groups)]
@@ -1065,12 +1067,34 @@ class _Scheduler:
     def _tokens(self, i: int) -> int:
         return self.prompt[i] + self.made[i]
 
+    def _expected(self, i: int) -> int:
+        """(SGLang) The output tokens slot `i` is expected still to make, as its admission counts them."""
+        return min(self.output[i] - self.made[i], self.config.new_token_ratio.clip)
+
+    def _reserved(self) -> float:
+        """(SGLang) The KV tokens the running requests are expected still to need: their remaining outputs x the
+        new-token ratio; 0 for schedulers that admit by blocks alone."""
+        if self.ratio is None:
+            return 0.0
+        return math.fsum(self._expected(r) for r in self.running) * self.ratio
+
+    def _estimate_admits(self, i: int, reserved: float) -> bool:
+        """Whether SGLang admits slot `i` (SCHEDULERS' comment) while `reserved` tokens are expected to be taken
+        (the running requests' and those admitted before it in this step): True for schedulers that admit by
+        blocks alone."""
+        if self.ratio is None:
+            return True
+        room = self._available() * self.config.block_size - reserved
+        return self._tokens(i) - self.computed[i] + self._expected(i) < room
+
     def _admit(self, budget: int, scheduled: list) -> tuple[int, float]:
         """Admit waiting requests in arrival order while they fit; the budget left and the bytes swapped in."""
-        config, swap_in = self.config, 0.0
+        config, swap_in, reserved = self.config, 0.0, self._reserved()
         while self.waiting and budget > 0 and len(self.running) < config.max_num_seqs:
             i = self.waiting[0]
             if self.arrival[i] > self.now:
+                break
+            if not self._estimate_admits(i, reserved):
                 break
             if (self.offload is not None and self.offload.policy != "in_place" and self.prefix_blocks
                     and not self.computed[i] and not self.swapped[i] and self.groups[self.group[i]].ext
@@ -1108,10 +1132,26 @@ class _Scheduler:
                 swap_in += size
             self.swapped[i] = 0
             new = min(new, budget)
+            if self.ratio is not None:  # its prompt's chunks to come and expected output (its first chunk's blocks
+                reserved += self._tokens(i) - self.computed[i] - new + self._expected(i)  # are taken already)
             self.running.append(i)
             scheduled.append((i, new))
             budget -= new
         return budget, swap_in
+
+    def _continue_prefills(self, budget: int, scheduled: list) -> int:
+        """(chunks_with_decodes off) The next chunk of every running request whose prompt is not all computed, in
+        order, within `budget` and the free blocks: SGLang's chunked request, which runs in a prefill batch, never
+        beside decodes. The budget left."""
+        for i in self.running:
+            if self.made[i] or budget <= 0:
+                continue
+            new = min(self._tokens(i) - self.computed[i], budget)
+            if not self._allocate(i, self.computed[i] + new):
+                break
+            scheduled.append((i, new))
+            budget -= new
+        return budget
 
     def _step(self):
         """One step as the scheduler builds it (its blocks taken, its preemptions done): what :meth:`advance`
@@ -1121,7 +1161,9 @@ class _Scheduler:
         swap = 0.0
         budget = config.max_num_batched_tokens
         preempted = False
-        if config.prefill_first:  # V0: waiting prompts that fit run alone
+        if config.prefill_first:  # V0, SGLang: waiting prompts that fit run alone (SGLang: chunks continue first)
+            if config.chunked_prefill and not config.chunks_with_decodes:
+                budget = self._continue_prefills(budget, scheduled)
             budget, swap = self._admit(budget, scheduled)
         if not scheduled and self._decodes_fit(budget):  # every running request decodes a token from HBM
             decodes = list(self.running)
@@ -1149,6 +1191,9 @@ class _Scheduler:
                     victim = self.running.pop()
                     self._preempt(victim)
                     preempted = True
+                    if self.ratio is not None:  # SGLang's retraction resets its estimate from those it keeps
+                        self.ratio = config.new_token_ratio.after_retraction(
+                            sum(made[r] for r in running), sum(self.output[r] for r in running), len(running))
                     if victim == i:
                         break
                 else:
@@ -1277,6 +1322,8 @@ class _Scheduler:
         for gap, tokens in gaps.items():
             self.itl_values.append(gap)
             self.itl_weights.append(tokens)
+        if self.ratio is not None and all(new == 1 for _, new in scheduled):  # a decode batch
+            self.ratio = self.config.new_token_ratio.after_decodes(self.ratio, 1)
         self._record()
 
     def _record(self, now: float | None = None) -> None:
@@ -1299,8 +1346,9 @@ class _Scheduler:
         if remaining < 2 or self.pending_store or not all([made[i] and computed[i] == prompt[i] + made[i] - 1
                                                            for i in running]):
             return False  # (bytes to store go in the next step: not a plain decode)
-        if self.waiting and self.arrival[self.waiting[0]] <= self.now and self._admissible(n):
-            return False  # the next step admits a request: not a plain decode
+        if self.waiting and self.arrival[self.waiting[0]] <= self.now and (self.ratio is not None
+                                                                            or self._admissible(n)):
+            return False  # the next step admits a request (SGLang's estimate may let it in any step): not a run
         # the steps for which HBM has a block for every new token (the spilled part stays as it is)
         bs, hit, hbm, ext = config.block_size, self.hit, self.hbm, self.ext
 
@@ -1349,6 +1397,8 @@ class _Scheduler:
         running, bs, hit, hbm, ext = self.running, self.config.block_size, self.hit, self.hbm, self.ext
         computed, made, last, longest = self.computed, self.made, self.last_token, self.itl_max
         step, now = (self.now - start) / k, self.now
+        if self.ratio is not None:
+            self.ratio = self.config.new_token_ratio.after_decodes(self.ratio, k)
         late = 0
         for i in running:
             if last[i] != start:

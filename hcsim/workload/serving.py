@@ -7,7 +7,7 @@ requests per second, or all at once: a fixed batch), a prompt prefix shared with
 (``shared_prefix``, ``prefix_groups``) or every request from a trace file (``trace``: :func:`read_trace`),
 whether its prefills and decodes run on separate replicas (``disaggregation``), the latency targets a request
 meets or misses (``slo``: :class:`Slo`), and the serving engine's
-scheduler (``scheduler``: ``vllm-v1``, the default, or ``vllm-v0``) with vLLM's knobs under their vLLM names
+scheduler (``scheduler``: ``vllm-v1``, the default, ``vllm-v0`` or ``sglang``) with vLLM's knobs under their vLLM names
 (:class:`ServingSpec`); the run's random numbers come from ``seed`` alone, so the same inputs give the same run.
 
 The KV cache of one token is layers x 2 (K and V) x kv_heads x head_dim x bytes per element
@@ -43,16 +43,51 @@ __all__ = ["ServingSpec", "Slo", "SchedulerConfig", "SCHEDULERS", "Request", "Kv
 MAX_SERVING_REQUESTS = 1_000_000  # requests of one serving run (hcsim.run.serving keeps about 1 KB per request)
 
 
+@dataclass(frozen=True, slots=True)
+class NewTokenRatio:
+    """SGLang's admission estimate (SCHEDULERS' comment): the share of a running request's remaining output its
+    KV tokens are reserved for, from `start`, falling by `decay` a decode step to `floor`."""
+
+    start: float
+    floor: float
+    decay: float
+    clip: int = 4096  # outputs counted up to this many tokens
+    retract_steps: int = 20  # decode steps of room a retraction makes for each request it keeps
+
+    def after_decodes(self, ratio: float, steps: int) -> float:
+        """The ratio after `steps` decode steps from `ratio`."""
+        return max(ratio - steps * self.decay, self.floor)
+
+    def after_retraction(self, made: int, outputs: int, running: int) -> float:
+        """The ratio after a retraction that leaves `running` requests that made `made` tokens of `outputs`."""
+        return min(1.0, (made + self.retract_steps * running) / (outputs + 1))
+
+
 # The schedulers of the serving engines published measurements were taken with: vLLM V1 (the default engine
 # since vLLM 0.8: vllm/v1/core/sched/scheduler.py) and vLLM V0 (vllm/core/scheduler.py). What each does:
 # prefill_first: a step with waiting prompts that fit runs only prefills (V0); otherwise decodes and prefill
 # chunks share the token budget, running requests first (V1). chunked_prefill: a prompt may be split over steps.
 # watermark: the fraction of the KV blocks a new request must leave free (V0's block manager: 0.01).
+# SGLang (python/sglang/srt/managers/scheduler.py, schedule_policy.py's PrefillAdder) runs a prefill batch (new
+# prompts and the next chunk of a chunked one) whenever one can be formed, else a decode batch, never both
+# (prefill_first, and chunks_with_decodes off: enable_mixed_chunk is off by default); its KV pool is token-granular (page_size 1: blocks of 1
+# token), its radix cache reuses any cached prefix (prefix caching at token granularity), it retracts (recomputes)
+# decodes when memory runs out, and its overlap scheduler hides the host's work (step_overhead 0, unless set).
+# It admits a request only while the free and evictable tokens, less the tokens every running request is
+# expected still to need (min(its remaining output, 4,096) x new_token_ratio) and those of the requests admitted
+# in the step so far (prompt + min(output, 4,096)), exceed the request's prompt + min(output, 4,096):
+# new_token_ratio starts at 0.7, falls by (0.7 - 0.7 x 0.14) / 600 after each decode step to 0.098, and is set
+# after a retraction to (tokens decoded + 20 per running request) / their outputs (sglang/srt/environ.py:
+# SGLANG_INIT_NEW_TOKEN_RATIO 0.7, SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR 0.14, SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS 600,
+# SGLANG_RETRACT_DECODE_STEPS 20, SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION 4096; schedule_batch.py retract_decode).
 SCHEDULERS: dict[str, dict] = {
     "vllm-v1": {"prefill_first": False, "chunked_prefill": True, "prefix_caching": True, "preemption": "recompute",
                 "block_size": 16, "watermark": 0.0},
     "vllm-v0": {"prefill_first": True, "chunked_prefill": False, "prefix_caching": False, "preemption": "recompute",
                 "block_size": 16, "watermark": 0.01, "max_num_seqs": 256},
+    "sglang": {"prefill_first": True, "chunked_prefill": True, "prefix_caching": True, "preemption": "recompute",
+               "block_size": 1, "watermark": 0.0, "step_overhead": 0.0, "chunks_with_decodes": False,
+               "new_token_ratio": NewTokenRatio(start=0.7, floor=0.7 * 0.14, decay=(0.7 - 0.7 * 0.14) / 600)},
 }
 PREEMPTION_MODES = ("recompute", "swap")
 # How arriving requests are dealt to the replicas that take them (every replica, or the prefill ones): in turn
@@ -280,6 +315,8 @@ class SchedulerConfig:
     swap_space: float
     step_overhead: float
     gpu_memory_utilization: float
+    new_token_ratio: NewTokenRatio | None = None  # SGLang's admission by expected output (None: by blocks alone)
+    chunks_with_decodes: bool = True  # a chunked prompt's next chunk runs beside decodes (SGLang's: alone)
 
 
 def scheduler_config(spec: ServingSpec, device: str, memory: float) -> SchedulerConfig:
@@ -320,8 +357,10 @@ def scheduler_config(spec: ServingSpec, device: str, memory: float) -> Scheduler
         chunked_prefill=chunked,
         prefix_caching=preset["prefix_caching"] if spec.prefix_caching is None else spec.prefix_caching,
         preemption=spec.preemption or preset["preemption"], watermark=preset["watermark"],
-        swap_space=spec.swap_space, step_overhead=spec.step_overhead,
-        gpu_memory_utilization=spec.gpu_memory_utilization)
+        swap_space=spec.swap_space, step_overhead=spec.step_overhead if spec.written is None
+        or "step_overhead" in spec.written else preset.get("step_overhead", spec.step_overhead),
+        gpu_memory_utilization=spec.gpu_memory_utilization, new_token_ratio=preset.get("new_token_ratio"),
+        chunks_with_decodes=preset.get("chunks_with_decodes", True))
 
 
 @dataclass(frozen=True, slots=True)

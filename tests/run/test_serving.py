@@ -1004,3 +1004,62 @@ except Exception as err:
         assert done.returncode == 0 and done.stdout.startswith(expected), (done.stdout, done.stderr)
     landed_at = float(done.stdout.split("(7, ")[1].split(")")[0])
     assert done.stdout.strip().endswith(f"[(1, 0.0), (1, {landed_at})]")  # asked again when it landed, then done
+
+
+# ---- SGLang's scheduler (scheduler: sglang) ----------------------------------------------------------------------
+
+def test_sglang_never_runs_a_prefill_chunk_beside_decodes():
+    """SGLang runs a prefill batch (new prompts, the next chunk of a chunked one) whenever it can form one and a
+    decode batch otherwise: with prompts longer than the token budget, vLLM V1 mixes chunks into decode steps and
+    SGLang never does; both serve every request once, and SGLang's KV pool is token-granular."""
+    where = scenario(platform="paper-cxl", xpus=2, tp=2)
+    results = {}
+    for scheduler in ("vllm-v1", "sglang"):
+        mix = spec(scheduler=scheduler, max_num_batched_tokens=512)
+        results[scheduler] = simulate_serving(where, mix)
+        served_once(results[scheduler], mix)
+    assert results["vllm-v1"]["steps_by_kind"]["mixed"] > 0
+    assert results["sglang"]["steps_by_kind"]["mixed"] == 0
+    assert results["sglang"]["steps_by_kind"]["prefill"] > results["vllm-v1"]["steps_by_kind"]["prefill"]
+    _, _, config, _, _, _ = _checked(where, spec(scheduler="sglang"))
+    assert config.block_size == 1 and config.prefill_first and config.chunked_prefill and not config.chunks_with_decodes
+
+
+def test_sglang_admits_a_request_only_while_its_prompt_and_expected_output_fit():
+    """Two 3,000-token prompts with 2,000-token outputs at once, on a replica whose HBM holds 8,000 tokens of KV
+    cache: both prompts fit (6,000), so vLLM V1 prefills them together; SGLang admits the first (5,000 tokens of
+    prompt and expected output < 8,000) and not the second beside it (5,000 more would exceed the 3,000 left),
+    nor while the first decodes (its expected output stays reserved), so the second's first token comes after
+    the first's finish (dgx-h100: no extended memory to admit into)."""
+    from hcsim.workload.serving import scheduler_config
+
+    where = scenario(platform="dgx-h100", xpus=2, tp=2, devices=None)
+    base = spec(requests=2, rate=None, prompt=(3000, 3000), output=(2000, 2000), scheduler="sglang")
+    _, platform, _, _, _, _ = _checked(where, base)
+    token = platform.token_bytes  # one XPU's KV bytes of a token: a block of SGLang's pool
+    share = (platform.weights + platform.workspace + 8000.5 * token) / H100.memory
+    results = {}
+    for scheduler in ("vllm-v1", "sglang"):
+        mix = replace(base, scheduler=scheduler, gpu_memory_utilization=share)
+        _, sized, config, _, _, _ = _checked(where, mix)
+        assert sized.hbm_blocks * config.block_size == pytest.approx(8000, abs=16)  # the premise
+        results[scheduler] = simulate_serving(where, mix)
+        served_once(results[scheduler], mix)
+    first, second = results["vllm-v1"]["per_request"]
+    assert first["first_token_s"] == second["first_token_s"]
+    first, second = results["sglang"]["per_request"]
+    assert second["first_token_s"] > first["finish_s"]
+    assert scheduler_config(base, "H100", H100.memory).new_token_ratio is not None
+
+
+def test_sglangs_new_token_ratio_falls_linearly_to_its_floor_and_a_retraction_resets_it():
+    """SGLang's defaults: 0.7 falling to 0.7 x 0.14 over 600 decode steps; after a retraction, (tokens made + 20
+    per request kept) / (their outputs + 1), at most 1."""
+    from hcsim.workload.serving import SCHEDULERS
+
+    estimate = SCHEDULERS["sglang"]["new_token_ratio"]
+    assert estimate.after_decodes(0.7, 300) == pytest.approx(0.7 - 300 * (0.7 - 0.098) / 600)
+    assert estimate.after_decodes(0.7, 600) == pytest.approx(0.098)
+    assert estimate.after_decodes(0.7, 10_000) == estimate.floor == pytest.approx(0.098)
+    assert estimate.after_retraction(made=100, outputs=1999, running=5) == pytest.approx((100 + 100) / 2000)
+    assert estimate.after_retraction(made=100, outputs=10, running=5) == 1.0
