@@ -104,8 +104,9 @@ CASES = {
                                     r"serving-list\.yaml: serving", r"expected a mapping, got list"),
     "serving-file-rate-nan": (["simulate", "--set", "workload=nan-rate.yaml"], r"nan-rate\.yaml: .*serving\.rate",
                               r"must be > 0.*got nan"),
-    "serving-given-to-plan": (PLAN[:1] + ["llama3-70b-serving"] + PLAN[2:], SERVING_FILE + r"a serving workload",
-                              r"run it with hcsim simulate --set workload=llama3-70b-serving"),
+    "serving-given-to-plan-with-a-global-batch": (PLAN[:1] + ["llama3-70b-serving"] + PLAN[2:], r"--global-batch",
+                                                  r"does not apply to serving workload 'llama3-70b-serving'.*Fix: "
+                                                  r"leave --global-batch out"),
     # the coherent platforms' keys
     "gh200-c2c-zero": (override(GH200, "platform_overrides.links.c2c.bandwidth", "0GB/s"),
                        r"platform_overrides\.links\.c2c\.bandwidth", r"must be > 0, got '0GB/s' \(in gh200\.yaml\)"),

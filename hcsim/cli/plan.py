@@ -1,6 +1,8 @@
-"""`hcsim plan`: the best way to train a model on a cluster (hcsim.study.plan), simulated.
+"""`hcsim plan`: the best way to train a model on a cluster (hcsim.study.plan), or to serve one
+(hcsim.study.serving_plan), simulated.
 
     hcsim plan llama2-70b --platform paper-cxl --xpus 256 --global-batch 256 --devices H100,A100
+    hcsim plan llama3-70b-serving --platform dgx-h100 --xpus 16 --set "workload_overrides={serving.slo: ...}"
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from hcsim.cli import path_arg
 from hcsim.cli.sweep import add_execution_options, check_execution_options
 from hcsim.errors import ConfigError
+from hcsim.units import format_quantity
 
 __all__ = ["register"]
 
@@ -29,17 +32,26 @@ SIMULATION = {"collective_model": "flow", "local_collectives": "analytic",
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "plan", help="find the best parallel configuration of a model on a cluster",
-        description="Enumerate tp x pp x dp x cp x micro-batch x schedule x recomputation x ZeRO stage (and layer "
+        "plan", help="find the best parallel configuration of a model on a cluster (training or serving)",
+        description="Training workload: enumerate tp x pp x dp x cp x micro-batch x schedule x recomputation x "
+                    "ZeRO stage (and layer "
                     "and batch splits on mixed clusters), drop what does not fit in memory, rank the rest with closed forms, simulate "
                     "the most promising with contention (best corrected estimate first, until no plan left can "
-                    "beat the best simulated, or --time) and print them ranked by simulated throughput.",
-        epilog="example: hcsim plan llama2-70b --platform paper-cxl --xpus 256 --global-batch 256 "
-               "--devices H100,A100 --time 600 --jobs 2 --out plans/")
+                    "beat the best simulated, or --time) and print them ranked by simulated throughput. Serving "
+                    "workload (kind: serving, with serving.slo): enumerate tp x pp x replicas x prefill/decode split "
+                    "on at most --xpus XPUs, drop what does not fit in memory, bound each layout's goodput in "
+                    "closed form, simulate the best bounds first until no layout left can change the pick (or "
+                    "--time), and print them ranked by goodput: the pick has the most goodput (within 1%%: the "
+                    "fewest XPUs, then the lowest p90 time to first token).",
+        epilog="examples: hcsim plan llama2-70b --platform paper-cxl --xpus 256 --global-batch 256 "
+               "--devices H100,A100 --time 600 --jobs 2 --out plans/ ; hcsim plan llama3-70b-serving --platform "
+               "dgx-h100 --xpus 16 --set \"workload_overrides={serving.slo: {ttft: 1s, tpot: 50ms}}\" --out plans/")
     parser.add_argument("model", metavar="MODEL", help="a workload spec (workloads/*.yaml) or its path")
     parser.add_argument("--platform", default="paper-cxl", help="platform spec (default paper-cxl)")
-    parser.add_argument("--xpus", type=int, required=True, help="XPUs to train on (the platform's first ones)")
-    parser.add_argument("--global-batch", type=int, required=True, help="samples per iteration")
+    parser.add_argument("--xpus", type=int, required=True, help="XPUs to train on (the platform's first ones); "
+                        "serving: the most XPUs a layout may use")
+    parser.add_argument("--global-batch", type=int, default=None, help="samples per iteration (training "
+                        "workloads; a serving workload's load is its serving: section)")
     parser.add_argument("--devices", default=None, help="device per rack, comma-separated, cycling (H100,A100)")
     parser.add_argument("--time", type=_seconds, default=300.0, metavar="SECONDS",
                         help="simulate plans for at most this long, in seconds or with a unit (default 300; 10min, "
@@ -86,10 +98,18 @@ def run(args) -> int:
         raise ConfigError(f"--top: must be >= 1, got {args.top}; leave it out to simulate as many as --time allows")
     if not 0 < args.time < float("inf"):
         raise ConfigError(f"--time: must be > 0 seconds (the time simulations may take), got {args.time:g}")
-    if args.global_batch < 1:
+    serving = _serving(args)
+    if serving and args.global_batch is not None:
+        raise ConfigError(f"--global-batch: does not apply to serving workload {args.model!r} (its requests, "
+                          f"their lengths and rate come from its serving: section). Fix: leave --global-batch out")
+    if not serving and args.global_batch is None:
+        raise ConfigError(f"--global-batch: required to plan training workload {args.model!r} (samples per "
+                          f"iteration, an integer >= 1)")
+    if not serving and args.global_batch < 1:
         raise ConfigError(f"--global-batch: must be an integer >= 1 (samples per iteration), got {args.global_batch}")
-    check_limit(args.global_batch, MAX_GLOBAL_BATCH, "the global batch", f"--global-batch {args.global_batch}",
-                "give the samples per iteration of a real run (a few thousand at most)")
+    if not serving:
+        check_limit(args.global_batch, MAX_GLOBAL_BATCH, "the global batch", f"--global-batch {args.global_batch}",
+                    "give the samples per iteration of a real run (a few thousand at most)")
     check_resume(args.resume, args.overwrite, "the finished simulations in plan.journal.jsonl")
     if args.out:  # before any work: a bad folder must not cost the plans
         from hcsim.config import check_output_folder
@@ -99,15 +119,23 @@ def run(args) -> int:
         raise ConfigError(f"--{'resume' if args.resume else 'overwrite'}: needs --out, the folder of the plan it "
                           f"resumes or starts over (its plan.journal.jsonl)")
     check_execution_options(args)
+    plan = _plan_serving if serving else _plan
     if args.out:
         from hcsim.study.journal import Journal
 
         with Journal(Path(args.out), "plan", "plan", resume=args.resume, overwrite=args.overwrite) as journal:
-            _plan(args, journal)
+            plan(args, journal)
             journal.finish()
     else:
-        _plan(args, None)
+        plan(args, None)
     return 0
+
+
+def _serving(args) -> bool:
+    """Whether the workload to plan is a serving one (kind: serving)."""
+    from hcsim.workload.serving import serving_spec_path
+
+    return serving_spec_path(args.model, Path(".")) is not None
 
 
 def _plan(args, journal) -> None:
@@ -310,9 +338,12 @@ def _kind(reason: str) -> str:
                   "a pipeline stage needs more than its XPUs' local memory", reason)
 
 
-def _search(scenario, search, args, journal) -> dict:
+def _search(scenario, search, args, journal, record=None, point=None, noun: str = "fitting plans") -> dict:
     """Simulate the plans `search` proposes, `--jobs` at a time, until it is finished, `--top` plans have run or
-    the next batch would pass `--time`; says how many ran and why it stopped. Returns candidate -> result."""
+    the next batch would pass `--time`; says how many ran and why it stopped. Returns candidate -> result.
+    `record(search, candidate, result)` tells the search a result (default: its iteration time), `point`
+    as :func:`_simulate`'s."""
+    record = record or _record_time
     results: dict = {}
     start, batches = time.perf_counter(), []
     while not (reason := search.finished()):
@@ -326,27 +357,34 @@ def _search(scenario, search, args, journal) -> dict:
         batch = search.next(args.jobs if args.top is None else min(args.jobs, args.top - len(results)))
         began = time.perf_counter()
         for candidate, result in zip(batch, _simulate(scenario, [(search.estimates[c], c) for c in batch], args.jobs,
-                                                      args.executor, args.timeout, journal)):
+                                                      args.executor, args.timeout, journal, point)):
             results[candidate] = result
-            search.record(candidate, None if "error" in result else result["iteration_time_s"])
+            record(search, candidate, result)
         batches.append(time.perf_counter() - began)
-    print(f"simulated {len(results)} of {len(search.estimates)} fitting plans in {time.perf_counter() - start:.0f} s "
+    print(f"simulated {len(results)} of {len(search.estimates)} {noun} in {time.perf_counter() - start:.0f} s "
           f"({reason})")
     return results
 
 
-def _simulate(scenario, ranked, jobs: int, executor: str, timeout: float | None, journal=None) -> list[dict]:
+def _record_time(search, candidate, result: dict) -> None:
+    search.record(candidate, None if "error" in result else result["iteration_time_s"])
+
+
+def _simulate(scenario, ranked, jobs: int, executor: str, timeout: float | None, journal=None, point=None
+              ) -> list[dict]:
     """Simulate each ranked candidate in a process of its own, on the sweep's executor; results in order. With a
     :class:`~hcsim.study.journal.Journal`, each result is recorded there as it ends, and a candidate whose
-    scenario it already holds (a resumed plan) is not simulated again."""
+    scenario it already holds (a resumed plan) is not simulated again. `point(candidate)`: the scenario that runs
+    it (default: `scenario` with the candidate's settings)."""
     from dataclasses import replace
 
     from tqdm import tqdm
 
     from hcsim.study.points import run_points
 
+    point = point or (lambda candidate: replace(scenario, **_typed(candidate.settings())))
     order = sorted(range(len(ranked)), key=lambda i: -_cost(ranked[i][1]))  # longest first: a short tail
-    points = [replace(scenario, **_typed(ranked[i][1].settings())) for i in order]
+    points = [point(ranked[i][1]) for i in order]
     keys = [p.digest() for p in points]
     done = journal.done if journal is not None else {}
     results: list[dict] = [{}] * len(points)
@@ -381,7 +419,10 @@ def _kernel_model(scenario, candidate):
 def _cost(candidate) -> float:
     """A rough relative simulation time: m micro-batches (the vertices are m x the model's decoders x a few),
     twice as many with ZeRO-3's gathers. (Measured on LLaMA2-70B, 256 XPUs, load 4.5: 25-28 s at m 8-32,
-    53 s at m 128, 83 s at m 256 and at m 128 with ZeRO-3.)"""
+    53 s at m 128, 83 s at m 256 and at m 128 with ZeRO-3.) A serving layout: its replicas (each its own
+    scheduler's steps)."""
+    if not hasattr(candidate, "parallelism"):
+        return candidate.replicas
     par = candidate.parallelism
     return par.micro_batches * (2 if par.zero == 3 else 1)
 
@@ -492,27 +533,245 @@ def scenario_yaml(scenario, settings: dict, name: str) -> str:
     return yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
 
 
+def _write_scenarios(out: Path, scenario, items: list[tuple[int, dict, str, str]]) -> None:
+    """OUT/scenarios/rank-NNN.yaml per (rank, settings, label, what ranked it) of `items`, each a scenario that
+    `hcsim simulate` runs as it is; those of an earlier plan in `out` are removed first, so none is left beside
+    these."""
+    from hcsim.run.report import atomic_write
+
+    folder = out / "scenarios"
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("rank-*.yaml"):
+        old.unlink()
+    for rank, settings, label, ranked_by in items:
+        head = f"# hcsim plan, rank {rank} by {ranked_by}: {label}\n"
+        atomic_write(folder / f"rank-{rank:03d}.yaml", head + scenario_yaml(scenario, settings, f"plan-rank-{rank}"))
+
+
+def _write_csv(path: Path, columns, table: list[dict]) -> None:
+    """`table` as a CSV of `columns` (None written blank), loadable with pandas.read_csv."""
+    from hcsim.run.report import atomic_write
+
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=list(columns), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows({k: "" if v is None else v for k, v in row.items()} for row in table)
+    atomic_write(path, text.getvalue())
+
+
 def _write(out: Path, scenario, ranked, rows: list[dict], table: list[dict], title: str, rank_of: dict) -> None:
     """plan.csv (every candidate), plan.png (the simulated ones) and scenarios/rank-NNN.yaml (one per simulated
     plan); scenarios of an earlier plan in `out` are removed first, so none is left beside these."""
-    from hcsim.run.report import atomic_write
     from hcsim.study.plotting import plot_plans
 
-    out.mkdir(parents=True, exist_ok=True)
-    folder = out / "scenarios"
-    folder.mkdir(exist_ok=True)
-    for old in folder.glob("rank-*.yaml"):
-        old.unlink()
-    for _, candidate in ranked:
-        rank = rank_of[candidate]
-        head = f"# hcsim plan, rank {rank} by the closed-form estimate: {candidate.label()}\n"
-        atomic_write(folder / f"rank-{rank:03d}.yaml",
-                     head + scenario_yaml(scenario, candidate.settings(), f"plan-rank-{rank}"))
-    text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=list(PLAN_COLUMNS), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows({k: "" if v is None else v for k, v in row.items()} for row in table)
-    atomic_write(out / "plan.csv", text.getvalue())
+    _write_scenarios(out, scenario, [(rank_of[c], c.settings(), c.label(), "the closed-form estimate")
+                                     for _, c in ranked])
+    _write_csv(out / "plan.csv", PLAN_COLUMNS, table)
     plot_plans(rows, out / "plan.png", title)
     print(f"wrote {out}/plan.csv ({len(table)} configurations), plan.png, scenarios/rank-NNN.yaml (one per "
-          f"simulated plan: hcsim simulate {folder}/rank-{rows[0]['rank']:03d}.yaml runs the fastest)")
+          f"simulated plan: hcsim simulate {out / 'scenarios'}/rank-{rows[0]['rank']:03d}.yaml runs the fastest)")
+
+
+# --- serving ------------------------------------------------------------------------------------------------
+
+SERVING_LAYOUT_KEYS = ("tp", "pp")  # layout keys a serving plan searches; --set fixes them
+
+
+def _plan_serving(args, journal) -> None:
+    """hcsim plan for a serving workload (hcsim.study.serving_plan): every layout on at most --xpus XPUs, those
+    that fit bounded and the best bounds simulated until no layout left can change the pick."""
+    from hcsim.study.serving_plan import ServingSearch, pick
+
+    scenario, spec, platform, xpus = _serving_cluster(args)
+    found, reasons, bounds = _serving_layouts(args, scenario, spec, platform, xpus)
+    goodput = {c: b.goodput(spec.slo) for c, b in bounds.items()}
+    order = sorted(goodput, key=lambda c: (-goodput[c], c.xpus, c))
+    rank_of = {c: i for i, c in enumerate(order, 1)}
+    hopeless = [c for c in order if goodput[c] <= 0]
+    if hopeless:
+        print(f"  {len(hopeless)} cannot meet the SLO even with a replica to each request: not simulated")
+    if len(hopeless) == len(order):
+        raise ConfigError(_slo_out_of_reach(args, spec, bounds))
+    search = ServingSearch(goodput, every=args.all)
+    results = _search(scenario, search, args, journal, record=_record_goodput,
+                      point=lambda c: _serving_point(scenario, c), noun="fitting layouts")
+    rows = _serving_rows(results, goodput, rank_of)
+    chosen = pick({c: (r["goodput"], r["ttft_p90_s"]) for c, r in rows.items() if r["goodput"] is not None})
+    print(_serving_table(rows, chosen))
+    if chosen is not None:
+        row = rows[chosen]
+        slo = _slo_words(spec.slo)
+        print(f"pick: {chosen.label()} on {chosen.xpus} XPUs: {row['goodput']:.4g} requests/s meet the SLO ({slo}), "
+              f"{row['met_share']:.1%} of the requests; p90 time to first token "
+              f"{format_quantity(row['ttft_p90_s'], 's')}" + (" (no simulated layout met the SLO for any request: "
+                                                              "loosen it or give more XPUs)" if not row["goodput"]
+                                                              else ""))
+    if args.out:
+        out = Path(args.out)
+        table = _serving_csv_rows(found, reasons, goodput, rank_of, rows, chosen)
+        try:
+            _write_scenarios(out, scenario, [(rank_of[c], c.settings(scenario.workload_overrides), c.label(),
+                                              "the goodput bound") for c in results])
+            _write_csv(out / "plan.csv", SERVING_PLAN_COLUMNS, table)
+        except OSError as err:
+            from hcsim.errors import OutputError
+
+            raise OutputError(f"--out {args.out}: could not write plan.csv or the scenarios "
+                              f"({err.strerror or err}); the table above is the result, and "
+                              f"{journal.path} keeps every simulation: run again with --resume") from None
+        print(f"wrote {out}/plan.csv ({len(table)} layouts), scenarios/rank-NNN.yaml (one per simulated layout"
+              + (f": hcsim simulate {out / 'scenarios'}/rank-{rank_of[chosen]:03d}.yaml runs the pick)"
+                 if chosen is not None else ")"))
+
+
+def _serving_cluster(args):
+    """The serving plan's base scenario (its --set keys checked as a serving run checks them), its workload with
+    an SLO, the platform graph and its first --xpus XPUs."""
+    from hcsim.run.prepare import scenario_platform
+    from hcsim.run.scenario import load_scenario
+    from hcsim.run.serving import check_serving_scenario, serving_workload
+
+    base = {"platform": args.platform, "workload": args.model, "xpus": args.xpus}
+    if args.devices:
+        base["devices"] = [d.strip() for d in args.devices.split(",")]
+    settings = _settings(args.settings)
+    scenario = load_scenario(None, {**base, **settings}, "--set ")
+    spec = serving_workload(scenario)
+    if spec.slo is None:
+        raise ConfigError(f"plan {args.model}: serving workload {spec.name!r} gives no serving.slo, and a serving "
+                          f"plan ranks layouts by goodput under it. Fix: give the latency targets, e.g. --set "
+                          f"\"workload_overrides={{serving.slo: {{ttft: 1s, tpot: 50ms}}}}\"")
+    check_serving_scenario(scenario, spec)
+    _, platform, xpus = scenario_platform(scenario, "--xpus")
+    return scenario, spec, platform, xpus
+
+
+def _serving_point(scenario, candidate):
+    from dataclasses import replace
+
+    return replace(scenario, **_typed(candidate.settings(scenario.workload_overrides)))
+
+
+def _serving_layouts(args, scenario, spec, platform, xpus):
+    """Every layout (those --set fixes), why each that does not fit does not (the serving run's own checks),
+    and the goodput bounds of those that fit; says how many fit. ConfigError when none does."""
+    from hcsim.errors import HcsimError
+    from hcsim.run.serving import serving_bounds, serving_workload
+    from hcsim.study.serving_plan import serving_candidates
+
+    given = _settings(args.settings)
+    found = serving_candidates(spec.model, len(xpus), _server_size(platform, xpus), spec.disaggregation,
+                               spec.requests, {k: getattr(scenario, k) for k in SERVING_LAYOUT_KEYS if k in given})
+    memo, reasons, bounds = {}, {}, {}
+    for candidate in found:
+        point = _serving_point(scenario, candidate)
+        try:
+            bounds[candidate] = serving_bounds(point, serving_workload(point), memo)
+        except HcsimError as err:  # the run's own refusal: what does not fit, and why
+            reasons[candidate] = str(err).removeprefix(f"scenario {point.name!r}: ")
+    print(f"{len(found)} layouts of {spec.model.name} on at most {len(xpus)} XPUs ({_cluster_words(platform, xpus)}), "
+          f"{spec.requests} requests: {len(bounds)} fit in memory")
+    for reason, count in Counter(_serving_kind(r) for r in reasons.values()).most_common():
+        print(f"  {count} do not fit: {reason}")
+    if not bounds:
+        first = next(iter(reasons.values()), "no layout of tp x pp dividing the model's heads")
+        raise ConfigError(f"plan {args.model} on at most {_xpus(len(xpus))}: no layout fits in memory ({first}); "
+                          f"valid: more XPUs, a larger tp or pp, or shorter requests")
+    return found, reasons, bounds
+
+
+def _serving_kind(reason: str) -> str:
+    """A serving run's refusal without its numbers, to count alike ones together."""
+    if "no room for a KV block" in reason:
+        return "the weights and a step's activations leave no room for a KV block"
+    if "needs a KV cache of" in reason:
+        return "a request's KV cache is more than a replica holds"
+    if "a replica runs on one device" in reason:
+        return "a replica's XPUs are of two devices"
+    return reason
+
+
+def _slo_out_of_reach(args, spec, bounds) -> str:
+    """Why no layout can meet the SLO: the best time to first token and per output token any request gets
+    alone."""
+    ttft = min(min(b.ttft) for b in bounds.values())
+    tpot = min(min(b.tpot) for b in bounds.values())
+    return (f"plan {args.model} on at most {_xpus(args.xpus)}: no layout can meet serving.slo ({_slo_words(spec.slo)}) "
+            f"for any request: alone on a replica, a request's first token takes at least "
+            f"{format_quantity(ttft, 's')} and each output token {format_quantity(tpot, 's')}. Fix: looser targets, "
+            f"more XPUs, or a faster device")
+
+
+def _xpus(count: int) -> str:
+    return f"{count} XPU{'s' if count != 1 else ''}"
+
+
+def _slo_words(slo) -> str:
+    return " and ".join(f"{name} <= {format_quantity(value, 's')}" for name, value in
+                        (("first token", slo.ttft), ("per output token", slo.tpot)) if value is not None)
+
+
+def _record_goodput(search, candidate, result: dict) -> None:
+    if "error" in result:
+        search.record(candidate, None)
+    else:
+        search.record(candidate, result["goodput"]["requests_per_s"], result["ttft_s"]["p90"])
+
+
+def _serving_rows(results: dict, goodput: dict, rank_of: dict) -> dict:
+    """candidate -> its simulated row: rank (by the bound), bound, goodput and latencies, or its error."""
+    rows = {}
+    for candidate, result in results.items():
+        row = {"rank": rank_of[candidate], "goodput_bound": goodput[candidate], "goodput": None, "met_share": None,
+               "ttft_p50_s": None, "ttft_p90_s": None, "tpot_p50_s": None, "tpot_p90_s": None,
+               "throughput_tokens_per_s": None, "makespan_s": None, "error": result.get("error")}
+        if "error" not in result:
+            row.update(goodput=result["goodput"]["requests_per_s"], met_share=result["goodput"]["share"],
+                       ttft_p50_s=result["ttft_s"]["p50"], ttft_p90_s=result["ttft_s"]["p90"],
+                       tpot_p50_s=result["tpot_s"]["p50"], tpot_p90_s=result["tpot_s"]["p90"],
+                       throughput_tokens_per_s=result["throughput_tokens_per_s"], makespan_s=result["makespan_s"])
+        rows[candidate] = row
+    return rows
+
+
+def _serving_table(rows: dict, chosen) -> str:
+    """The simulated layouts as printed, most goodput first (then fewer XPUs), the pick marked *; the failed
+    ones last with their error."""
+    order = sorted(rows, key=lambda c: (rows[c]["goodput"] is None, -(rows[c]["goodput"] or 0.0), c.xpus,
+                                        rows[c]["ttft_p90_s"] or 0.0, c))
+    width = max([len("layout")] + [len(c.label()) for c in order])
+    lines = [f"{'#':>3}  {'rank':>4}  {'layout':<{width}} {'XPUs':>4} {'bound/s':>8} {'goodput/s':>9} {'met':>6} "
+             f"{'TTFT p50':>9} {'p90':>9} {'TPOT p50':>9} {'p90':>9}"]
+    t = lambda x: format_quantity(x, "s")  # noqa: E731
+    for i, c in enumerate(order, 1):
+        r, mark = rows[c], "*" if c == chosen else " "
+        head = f"{i:>2}{mark}  {r['rank']:>4}  {c.label():<{width}} {c.xpus:>4} {r['goodput_bound']:>8.3g}"
+        if r["goodput"] is None:
+            lines.append(f"{head} {'failed':>9}  {r['error']}")
+            continue
+        lines.append(f"{head} {r['goodput']:>9.3g} {r['met_share']:>6.1%} {t(r['ttft_p50_s']):>9} "
+                     f"{t(r['ttft_p90_s']):>9} {t(r['tpot_p50_s']):>9} {t(r['tpot_p90_s']):>9}")
+    lines.append("(#: simulated, most goodput first, * the pick; rank: by the goodput bound, as in plan.csv; "
+                 "goodput: requests/s meeting the SLO)")
+    return "\n".join(lines)
+
+
+SERVING_PLAN_COLUMNS = ("rank", "tp", "pp", "replicas", "prefill", "decode", "xpus", "goodput_bound", "fits",
+                        "fit_reason", "simulated", "pick", "goodput", "met_share", "ttft_p50_s", "ttft_p90_s",
+                        "tpot_p50_s", "tpot_p90_s", "throughput_tokens_per_s", "makespan_s", "error", "scenario",
+                        "plan")
+
+
+def _serving_csv_rows(found, reasons, goodput, rank_of, rows, chosen) -> list[dict]:
+    """A row of plan.csv (SERVING_PLAN_COLUMNS) per enumerated layout: those that fit in bound order, then those
+    that do not. Numbers or blank; fits, simulated and pick True or False."""
+    table = []
+    for candidate in [*sorted(goodput, key=rank_of.get), *(c for c in found if c in reasons)]:
+        sim = rows.get(candidate, {})
+        table.append({**{k: None for k in SERVING_PLAN_COLUMNS}, **candidate.columns(),
+                      "rank": rank_of.get(candidate), "goodput_bound": goodput.get(candidate),
+                      "fits": candidate not in reasons, "fit_reason": reasons.get(candidate, ""),
+                      "simulated": bool(sim), "pick": candidate == chosen,
+                      **{k: v for k, v in sim.items() if k not in ("rank", "goodput_bound")},
+                      "scenario": _scenario_file(rank_of[candidate]) if sim else None, "plan": candidate.label()})
+    return table

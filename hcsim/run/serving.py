@@ -103,7 +103,8 @@ from hcsim.workload.model import element_sizes
 from hcsim.workload.serving import (KvOffload, Request, SchedulerConfig, ServingSpec, attention_kernels,
                                     dense_kernels, head_kernels, kv_bytes_per_token, make_requests, scheduler_config)
 
-__all__ = ["load_serving_spec", "serving_workload", "simulate_serving", "percentiles", "StepWork",
+__all__ = ["load_serving_spec", "serving_workload", "simulate_serving", "percentiles", "StepWork", "ServingBounds",
+           "serving_bounds",
            "activation_workspace", "check_serving_scenario", "BYTES_PER_REQUEST", "MAX_SERVING_MEMORY",
            "EVENTS_PER_REQUEST"]
 
@@ -1684,6 +1685,85 @@ def _inputs(scenario: Scenario, spec: ServingSpec):
                               f"{' (the kv_offload tier holds only preempted requests)' if platform.offload else ''}. "
                               f"Fix: shorter requests, more tp or pp, or extended memory with spill: allow")
     return spec, sides, graph, xpus, requests
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServingBounds:
+    """Lower bounds on a serving run's times (s), in closed form: each request's time to first token (`ttft`)
+    and per output token (`tpot`) alone on the fastest replica of its role (:func:`serving_bounds`), and the run's
+    makespan. :meth:`goodput` is then an upper bound on the run's goodput."""
+
+    ttft: tuple[float, ...]
+    tpot: tuple[float, ...]
+    makespan: float
+
+    def goodput(self, slo) -> float:
+        """Requests per second that meet `slo` at most: those whose bounds meet it, over the makespan's bound."""
+        return sum(slo.met(a, b) for a, b in zip(self.ttft, self.tpot)) / self.makespan
+
+
+def serving_bounds(scenario: Scenario, spec: ServingSpec, memo: dict | None = None) -> ServingBounds:
+    """:class:`ServingBounds` of `spec` on the scenario's layout, after the checks a run makes before it starts
+    (ConfigError: the weights leave no room for a KV block, a request's cache does not fit a replica, ...).
+
+    A request alone on a replica takes the closed form's time (:meth:`_Platform.step_time` of each step; the
+    tests hold the engine to it), and a step with more in it is not faster: its time to first token is at least
+    its prompt's chunks alone (every prefix block it may hit already cached), its time per output token at least
+    one decode step alone at its prompt's context. The makespan is at least each request's arrival plus those
+    times, and at least the FLOP of the tokens through the GEMMs over the replicas' peak (no kernel runs faster
+    than peak; a step's pipeline stages run one after another): prompts on the prefill replicas and outputs on
+    the decode ones when disaggregated. `memo` (one per plan) keeps a device's per-request bounds across calls
+    that share tp and pp."""
+    spec, sides, _, _, requests = _inputs(scenario, spec)
+    memo = {} if memo is None else memo
+    prefill = (spec.disaggregation or (0, 0))[0]
+    takers, decoders = (sides[:prefill], sides[prefill:]) if prefill else (sides, sides)
+    lone = {}
+    for side, config in sides:
+        key = (side.device, side.tp, side.pp, config)
+        if key not in memo:
+            memo[key] = _lone_times(spec, side, config, requests)
+        lone[id(side)] = memo[key]
+    ttft = tuple(map(min, zip(*(lone[id(side)][0] for side, _ in takers))))
+    tpot = tuple(map(min, zip(*(lone[id(side)][1] for side, _ in decoders))))
+    makespan = max(q.arrival + a + (q.output - 1) * b for q, a, b in zip(requests, ttft, tpot))
+    cost = _StepCost(spec, sides[0][0])  # FLOP per token on one TP rank (the same on every replica of the run)
+    dense = cost.layers * math.fsum(op.flops for op in dense_kernels(spec.model, 1, sides[0][0].tp, spec.precision))
+    head = math.fsum(op.flops for op in head_kernels(spec.model, 1, sides[0][0].tp, spec.precision))
+    cached = [_cached_prefix(spec, sides[0][1], q) for q in requests]
+    prompts = math.fsum((q.prompt - c) * dense + head for q, c in zip(requests, cached))
+    outputs = math.fsum((q.output - 1) * (dense + head) for q in requests)
+    peak = {role: math.fsum(side.peak for side, _ in group) for role, group in (("prefill", takers),
+                                                                                 ("decode", decoders))}
+    work = max(prompts / peak["prefill"], outputs / peak["decode"]) if prefill else \
+        (prompts + outputs) / peak["prefill"]
+    return ServingBounds(ttft=ttft, tpot=tpot, makespan=max(makespan, work))
+
+
+def _cached_prefix(spec: ServingSpec, config: SchedulerConfig, q: Request) -> int:
+    """The most prompt tokens request `q` may find cached (its group's shared prefix blocks, as
+    :meth:`_Scheduler._prefix_hit` takes them)."""
+    if not (config.prefix_caching and spec.shared_prefix):
+        return 0
+    bs = config.block_size
+    return min(spec.shared_prefix // bs, (q.prompt - 1) // bs) * bs
+
+
+def _lone_times(spec: ServingSpec, platform: _Platform, config: SchedulerConfig, requests) -> tuple[list, list]:
+    """Per request, (its time to first token, its time per output token) alone on a replica of `platform`: its
+    prompt's chunks of at most max_num_batched_tokens one step each, the last sampling its first token; then a
+    decode step reading its prompt and that token."""
+    cost = _StepCost(spec, platform)
+    ttft, tpot = [], []
+    for q in requests:
+        done, total = _cached_prefix(spec, config, q), 0.0
+        while done < q.prompt:
+            new = min(config.max_num_batched_tokens, q.prompt - done)
+            total += platform.step_time(cost.work(new, int(done + new >= q.prompt), [(new, done)], 0, 0, 0))
+            done += new
+        ttft.append(total)
+        tpot.append(platform.step_time(cost.work(1, 1, (), 1, q.prompt + 1, 0)))
+    return ttft, tpot
 
 
 def percentiles(values, weights=None) -> dict[str, float]:
