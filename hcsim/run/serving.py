@@ -137,7 +137,7 @@ def load_serving_spec(path, overrides=None) -> ServingSpec:
 # scenario keys a serving run has no use for: key -> (the value that means "not asked for", what to do instead)
 _TRAINING_KEYS = {
     "cp": (1, "serving splits no sequence over XPUs (cp is a training key); replicas come from xpus / (tp x pp)"),
-    "ep": (1, "serving models dense decoders (no expert parallelism)"),
+    "ep": (1, "serving splits each expert's FFN over the replica's tp ranks (no expert parallelism)"),
     "zero": (0, "ZeRO shards training state; a serving replica holds its weights"),
     "offload": ("none", "offload moves training state; the KV cache spills by spill: allow"),
     "recompute": (None, "activation recomputation is a training key"),
@@ -154,7 +154,7 @@ _TRAINING_KEYS = {
     "schedule": ("1f1b", "pipeline schedules are training's; a serving step crosses the stages once"),
     "batch_split": ("even", "the requests come from the workload's serving: section"),
     "cp_algorithm": ("ring", "serving splits no sequence over XPUs (cp is a training key)"),
-    "moe_skew": (1.0, "serving models dense decoders (no expert parallelism)"),
+    "moe_skew": (1.0, "serving routes each token to top_k experts chosen uniformly (moe_skew is training's)"),
     "offload_state": (("optimizer",), "offload moves training state; the KV cache spills by spill: allow"),
     "collective_model": ("auto", "serving's TP all-reduces are rings, one flow per rank a step, on the engine core"),
     "collective_chunks": (None, "serving's TP all-reduces are rings, one flow per rank a step"),
@@ -1795,12 +1795,14 @@ def percentiles(values, weights=None) -> dict[str, float]:
 def activation_workspace(spec: ServingSpec, tokens: int, sequences: int, tp: int) -> float:
     """Bytes per XPU a step of `tokens` tokens and `sequences` sampled sequences needs beside weights and KV
     (what vLLM's profiling forward pass measures, estimated): one layer's largest live tensors (its input,
-    residual and the MLP's widened intermediate over the tokens) and the FP32 logits of the sequences."""
+    residual and the MLP's widened intermediate over the tokens, or over their top_k token-expert pairs in a
+    mixture of experts) and the FP32 logits of the sequences."""
     from hcsim.workload.model import element_sizes
 
     model, e = spec.model, element_sizes(spec.precision).activation
     widen = 2 if model.mlp == "swiglu" else 1
-    return tokens * (2 * model.hidden + (widen + 1) * model.ffn / tp) * e + sequences * model.vocabulary / tp * 4.0
+    inner = model.top_k * model.expert_hidden if model.moe else model.ffn
+    return tokens * (2 * model.hidden + (widen + 1) * inner / tp) * e + sequences * model.vocabulary / tp * 4.0
 
 
 def _platform(scenario: Scenario, spec: ServingSpec) -> tuple[_Platform, SchedulerConfig]:
@@ -1841,7 +1843,8 @@ def _setup(scenario: Scenario, spec: ServingSpec):
                               f"{scenario.xpus} / (tp {tp} x pp {pp}) gives {dp}. Fix: prefill + decode = {dp}, or "
                               f"xpus = {(prefill + decode) * tp * pp}")
     model = spec.model
-    for key, value in (("heads", model.heads), ("kv_heads", model.kv_heads or model.heads), ("ffn", model.ffn)):
+    for key, value in (("heads", model.heads), ("kv_heads", model.kv_heads or model.heads),
+                       ("expert_ffn" if model.moe else "ffn", model.expert_hidden)):
         if value % tp:
             raise ConfigError(f"scenario {scenario.name!r}: tp {tp} does not divide the model's {key} ({value})")
     if pp > model.decoders:

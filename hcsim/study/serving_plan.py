@@ -84,7 +84,8 @@ def serving_candidates(model, budget: int, server_size: int, split: tuple[int, i
      'tp2 pp1 x1 co-located']
     """
     kv = model.kv_heads or model.heads
-    shapes = [(tp, pp) for tp in _powers(min(server_size, budget)) if not (model.heads % tp or kv % tp or model.ffn % tp)
+    shapes = [(tp, pp) for tp in _powers(min(server_size, budget))
+              if not (model.heads % tp or kv % tp or model.expert_hidden % tp)
               for pp in _powers(budget // tp) if pp <= model.decoders]
     for i, key in enumerate(("tp", "pp")):
         if fixed and key in fixed:

@@ -37,7 +37,7 @@ from hcsim.workload.ops import Op, _gemm, _memory
 __all__ = ["ServingSpec", "Slo", "SchedulerConfig", "SCHEDULERS", "Request", "KvOffload", "KV_TIERS", "KV_POLICIES",
            "ROUTINGS", "kv_bytes_per_token", "make_requests",
            "read_trace",
-           "scheduler_config", "dense_kernels", "attention_kernels", "layer_kernels", "head_kernels", "step_kernels", "is_serving", "serving_spec_path", "serving_spec_from_dict",
+           "scheduler_config", "dense_kernels", "expert_kernels", "touched_experts", "attention_kernels", "layer_kernels", "head_kernels", "step_kernels", "is_serving", "serving_spec_path", "serving_spec_from_dict",
            "MAX_SERVING_REQUESTS"]
 
 MAX_SERVING_REQUESTS = 1_000_000  # requests of one serving run (hcsim.run.serving keeps about 1 KB per request)
@@ -259,9 +259,6 @@ class ServingSpec:
         if self.precision not in ("fp16", "bf16"):
             raise ConfigError(f"{where}: precision must be fp16 or bf16 for serving (FP8 and FP32 serving are not "
                               f"modelled), got {self.precision!r}")
-        if self.model.experts > 1:
-            raise ConfigError(f"{where}: the model has {self.model.experts} experts; serving models dense decoders "
-                              f"only (mixture-of-experts serving is not modelled yet). Fix: a dense model (experts: 1)")
 
     @property
     def longest(self) -> int:
@@ -512,17 +509,55 @@ def read_trace(path, sequence: int) -> tuple[Request, ...]:
 
 def dense_kernels(model: ModelShape, tokens: int, tp: int = 1, precision: str = "bf16") -> list[Op]:
     """One decoder layer's kernels other than attention over `tokens` tokens on one TP rank: the norms, the
-    GEMMs (the token count is their m), the residual adds and the activation."""
+    GEMMs (the token count is their m), the residual adds and the MLP (:func:`expert_kernels` for a
+    mixture-of-experts model)."""
     if tokens < 1:
         raise ConfigError(f"serving step of {model.name!r}: needs at least one token to prefill or decode, got none")
     e = element_sizes(precision).activation
     h, kv, f = model.hidden, model.kv_hidden, model.ffn
     widen = 2 if model.mlp == "swiglu" else 1
+    mlp = expert_kernels(model, tokens, tp, precision) if model.moe else [
+        _gemm("up", tokens, widen * f // tp, h, e), _memory("activation", (widen + 1) * tokens * f / tp * e),
+        _gemm("down", tokens, h, f // tp, e)]
     return [_memory("norm_attn", 2 * tokens * h * e), _gemm("qkv", tokens, (h + 2 * kv) // tp, h, e),
             _gemm("proj", tokens, h, h // tp, e), _memory("add_attn", 3 * tokens * h * e),
-            _memory("norm_mlp", 2 * tokens * h * e), _gemm("up", tokens, widen * f // tp, h, e),
-            _memory("activation", (widen + 1) * tokens * f / tp * e), _gemm("down", tokens, h, f // tp, e),
-            _memory("add_mlp", 3 * tokens * h * e)]
+            _memory("norm_mlp", 2 * tokens * h * e), *mlp, _memory("add_mlp", 3 * tokens * h * e)]
+
+
+def touched_experts(tokens: float, experts: int, top_k: int) -> float:
+    """Expected number of distinct experts `tokens` tokens route to, each to `top_k` of `experts` chosen
+    uniformly and independently: E·(1 - (1 - k/E)^n) (an expert is outside one token's top-k with probability
+    1 - k/E).
+
+    >>> touched_experts(1, 8, 2), touched_experts(2, 4, 2), round(touched_experts(64, 8, 2), 4)
+    (2.0, 3.0, 7.9999)
+    """
+    return experts * (1.0 - (1.0 - top_k / experts) ** tokens)
+
+
+def expert_kernels(model: ModelShape, tokens: int, tp: int = 1, precision: str = "bf16") -> list[Op]:
+    """A mixture-of-experts MLP over `tokens` tokens on one TP rank, each expert's FFN split over the tp ranks
+    (tensor-parallel experts, as vLLM's fused MoE runs without expert parallelism): the router GEMM (h x E,
+    every rank), the top-k routing, the dispatch copying each token to its k experts, the experts' GEMMs as one
+    grouped GEMM each way over the token-expert pairs (k per token: FLOP 2·k·n·h·f/t each way), which reads the
+    weights of every expert a token routes to (:func:`touched_experts` of them, in expectation: a decode step of
+    a small batch reads a few experts, a long prefill all of them), and the weighted combine. The grouped GEMM's
+    shape (for the kernel model's efficiency) is the touched experts as its batch of k·n / touched rows each,
+    rounded; its FLOP and bytes are the expectations."""
+    e = element_sizes(precision).activation
+    h, experts, k = model.hidden, model.experts, model.top_k
+    f, widen = model.expert_hidden / tp, 2 if model.mlp == "swiglu" else 1
+    pairs, touched = k * tokens, touched_experts(tokens, experts, k)
+    rows, batch = max(1, round(pairs / touched)), max(1, round(touched))
+
+    def grouped(name: str, n: float, inner: float) -> Op:  # pairs x inner by inner x n, each touched expert's
+        return Op(name, "gemm", 2.0 * pairs * n * inner, (touched * inner * n + pairs * (inner + n)) * e, rows,
+                  round(n), round(inner), batch)
+
+    return [_gemm("router", tokens, experts, h, e), _memory("routing", 2 * tokens * experts * e),
+            _memory("dispatch", (tokens + pairs) * h * e), grouped("expert_up", widen * f, h),
+            _memory("activation", (widen + 1) * pairs * f * e), grouped("expert_down", h, f),
+            _memory("combine", (k + 1) * tokens * h * e)]
 
 
 def attention_kernels(model: ModelShape, *, chunks=(), decode: int = 0, context: float = 0.0, tp: int = 1,
