@@ -41,7 +41,7 @@ def register(subparsers) -> None:
                     "workload (kind: serving, with serving.slo): enumerate tp x pp x replicas x prefill/decode split "
                     "on at most --xpus XPUs, drop what does not fit in memory, bound each layout's goodput in "
                     "closed form, simulate the best bounds first until no layout left can change the pick (or "
-                    "--time), and print them ranked by goodput: the pick has the most goodput (within 1%%: the "
+                    "--time), and print them ranked by goodput: the pick has the most goodput (within 1 percent: the "
                     "fewest XPUs, then the lowest p90 time to first token).",
         epilog="examples: hcsim plan llama2-70b --platform paper-cxl --xpus 256 --global-batch 256 "
                "--devices H100,A100 --time 600 --jobs 2 --out plans/ ; hcsim plan llama3-70b-serving --platform "
@@ -742,7 +742,9 @@ def _serving_table(rows: dict, chosen) -> str:
     width = max([len("layout")] + [len(c.label()) for c in order])
     lines = [f"{'#':>3}  {'rank':>4}  {'layout':<{width}} {'XPUs':>4} {'bound/s':>8} {'goodput/s':>9} {'met':>6} "
              f"{'TTFT p50':>9} {'p90':>9} {'TPOT p50':>9} {'p90':>9}"]
-    t = lambda x: format_quantity(x, "s")  # noqa: E731
+    def t(seconds: float) -> str:
+        return format_quantity(seconds, "s")
+
     for i, c in enumerate(order, 1):
         r, mark = rows[c], "*" if c == chosen else " "
         head = f"{i:>2}{mark}  {r['rank']:>4}  {c.label():<{width}} {c.xpus:>4} {r['goodput_bound']:>8.3g}"
