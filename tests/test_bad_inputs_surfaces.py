@@ -166,8 +166,8 @@ CASES = {
     "gb200-jobs-names-split-superchip": (["simulate", "jobs-split-names.yaml"],
                                          r"jobs-split-names\.yaml: jobs\[0\]\.xpus",
                                          r"would split a superchip.*valid: whole superchips: add xpu1$"),
-    "jobs-a-serving-job": (["simulate", "jobs-serving.yaml"], r"jobs-serving\.yaml: jobs\[0\]\.workload",
-                           r"'llama3-70b-serving' is a serving workload \(kind: serving\), but the jobs of a run train"),
+    "jobs-two-serving-jobs": (["simulate", "jobs-serving.yaml"], r"jobs-serving\.yaml: jobs\[1\]\.workload",
+                              r"'llama3-70b-serving' serves, and so does jobs\[0\]'s; a run takes one serving job"),
     "serving-trace-a-folder": (["simulate", "--set", "workload=trace-folder.yaml", "--set", "platform=dgx-h100",
                                 "--set", "xpus=1"], r"trace-folder\.yaml: serving\.trace 'traces'",
                                r"traces is a folder; give the trace's file \(\.csv or \.jsonl\)"),
@@ -308,7 +308,8 @@ def workspace(tmp_path_factory):
         "jobs-split.yaml": "platform: gb200-nvl72\njobs:\n  - {name: a, xpus: 3}\n  - {name: b, xpus: 2}\n",
         "jobs-split-names.yaml": "platform: gb200-nvl72\njobs:\n  - {name: a, xpus: [xpu0, xpu2, xpu3]}\n"
                                  "  - {name: b, xpus: 2}\n",
-        "jobs-serving.yaml": "platform: dgx-h100\njobs:\n  - {name: a, xpus: 8, workload: llama3-70b-serving, tp: 8}\n",
+        "jobs-serving.yaml": "platform: dgx-h100\njobs:\n  - {name: a, xpus: 8, workload: llama3-70b-serving, tp: 8}\n"
+                             "  - {name: b, xpus: 8, workload: llama3-70b-serving, tp: 8}\n",
         "trace-folder.yaml": re.sub(r"(?ms)^serving:.*", "serving:\n  trace: traces\n", serving),
         "stragglers-inf.yaml": "xpus: 8\nstragglers: {xpu3: .inf}\n",
         "seed-nan.yaml": "xpus: 8\nstraggler_spread: 0.05\nseed: .nan\n",

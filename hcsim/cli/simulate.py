@@ -294,6 +294,9 @@ def _jobs_summary(result: dict) -> str:
     lines = [f"hcsim {result['scenario']}: {len(result['jobs'])} jobs on {devices} of {result['inputs']['platform']} "
              f"({'coherent' if result['coherent'] else 'not coherent'}), sharing its links"]
     for job in result["jobs"]:
+        if job.get("kind") == "serving":
+            lines += _serving_job_lines(job)
+            continue
         job_devices = " + ".join(f"{n} {d}" for d, n in job["devices"].items())
         lines.append(f"job {job['name']}: {job_devices} ({job['xpu_names']}), workload {job['workload']}"
                      + (f", precision {job['precision']}" if job.get("precision") else ""))
@@ -303,6 +306,20 @@ def _jobs_summary(result: dict) -> str:
                          f"the same XPUs: sharing costs it {format_percent(job['slowdown'] - 1)} "
                          f"(x{job['slowdown']:.4f})")
     return "\n".join(lines + _run_lines(result))
+
+
+def _serving_job_lines(job: dict) -> list[str]:
+    """A serving job among training jobs: its serving report under a job line, and what sharing costs it when the
+    run has its run alone (hcsim.run.cojobs.compare_serving)."""
+    head, *rest = serving_summary(job).splitlines()
+    lines = [f"job {job['name']}: {head.split(': ', 1)[1]} ({job['xpu_names']})", *("  " + line for line in rest)]
+    if "alone" in job:
+        alone, slow = job["alone"], job["slowdown"]
+        lines.append(f"    alone          time to first mean {format_quantity(alone['ttft_s'], 's')}, per output "
+                     f"token mean {format_quantity(alone['tpot_s'], 's')}, {alone['throughput_tokens_per_s']:,.0f} "
+                     f"output tokens/s on the same XPUs: sharing costs it x{slow['ttft_s']:.4f} in time to first, "
+                     f"x{slow['tpot_s']:.4f} per output token, x{slow['throughput']:.4f} in throughput")
+    return lines
 
 
 def _job_lines(result: dict) -> list[str]:

@@ -31,7 +31,7 @@ __all__ = ["RunOptions", "RunResult", "run", "host_pairs", "COMM_KINDS", "COMM_K
 
 
 def run(platform: nx.Graph, workload: nx.DiGraph, options: RunOptions, pairs=None, order=None,
-        progress=None) -> RunResult:
+        progress=None, beside=None) -> RunResult:
     """Compile `platform` for the host pairs `workload` uses and run `workload` on it (once per process).
 
     Parameters
@@ -46,6 +46,12 @@ def run(platform: nx.Graph, workload: nx.DiGraph, options: RunOptions, pairs=Non
         `workload`'s vertices in the order validate_workload returned them (else computed here).
     progress
         Called now and then during the run with how many more vertex runs have completed.
+    beside
+        Serving steps to run in the same SimGrid run, on the same platform (a serving job beside training jobs):
+        a dict of ``host_names`` (their own numbering), ``layout``, ``next_step``, ``analytic`` and ``landed`` as
+        the core's ``run_steps`` takes them, ``shared_pairs`` (the host pairs of `workload`'s transfers, whose
+        links the steps count as shared) and ``speeds`` (host name -> FLOP/s where the steps' precision sets
+        it). `pairs` must then hold the steps' pairs too. The result's ``beside_counters`` are the steps'.
 
     Raises
     ------
@@ -59,7 +65,7 @@ def run(platform: nx.Graph, workload: nx.DiGraph, options: RunOptions, pairs=Non
 
     compiled = compile_platform(platform, pairs if pairs is not None else host_pairs(platform, workload),
                                 workload.graph.get("precision", "fp32"))
-    return run_workload(platform, workload, compiled, options, order, progress)
+    return run_workload(platform, workload, compiled, options, order, progress, beside)
 
 
 def host_pairs(platform: nx.Graph, workload: nx.DiGraph) -> set[tuple[str, str]]:

@@ -40,8 +40,10 @@ class Prepared:
     coherent: bool
     platform_spec: Any = None  # the checked PlatformSpec, for the resolved values a result records
     order: list | None = None  # the workload's vertices in the executor's order (validate_workload's)
-    jobs: list | None = None  # several jobs on one fabric: each job's Prepared (its scenario, its graph's
+    jobs: list | None = None  # several jobs on one fabric: each training job's Prepared (its scenario, its graph's
     # attributes, placement and XPUs; hcsim.run.jobs); None: one job, this one
+    serving: tuple | None = None  # a serving job among the jobs: (its index in scenario.jobs, its XPUs), run beside
+    # the training jobs (hcsim.run.cojobs); None: none
 
 
 def scenario_platform(scenario: Scenario, xpus_field: str, whole_superchips: bool = True
@@ -143,13 +145,15 @@ def prepare_jobs(scenario: Scenario) -> Prepared:
     from hcsim.workload.graph import first_iteration_order
 
     scenarios = job_scenarios(scenario)
-    _check_jobs_train(scenario, scenarios)
-    models = [resolve_compute_model(s) for s in scenarios]
-    if len(set(models)) > 1:
-        other = models.index(next(m for m in models if m != models[0]))
+    serving = _serving_job(scenario, scenarios)
+    training = [i for i in range(len(scenarios)) if i != serving]
+    models = {i: resolve_compute_model(scenarios[i]) for i in training}
+    if len(set(models.values())) > 1:
+        first = models[training[0]]
+        other = next(i for i in training if models[i] != first)
         raise ConfigError(f"scenario {scenario.name!r}: jobs[{other}]: its compute model resolves to {models[other]} "
-                          f"and jobs[0]'s to {models[0]}, but one run times every job with one model (the roofline "
-                          f"model where a job's graph lists kernels: tp, pp, micro_batch, ...); fix: set compute_model: "
+                          f"and jobs[{training[0]}]'s to {first}, but one run times every job with one model (the "
+                          f"roofline model where a job's graph lists kernels: tp, pp, micro_batch, ...); fix: set compute_model: "
                           f"peak (or roofline, where every job's graph lists kernels) at the top level")
     total = sum(s.xpus for s in scenarios)
     platform_spec, graph, _ = scenario_platform(dataclasses.replace(scenario, xpus=1, jobs=None, jobs_alone=False),
@@ -166,15 +170,19 @@ def prepare_jobs(scenario: Scenario) -> Prepared:
     for i, (job, xpus) in enumerate(zip(scenario.jobs, assigned)):  # a count as a count: its nearest whole ones
         check_whole_superchips(platform_spec, job["xpus"] if isinstance(job["xpus"], int) else xpus,
                                f"scenario {scenario.name!r}: jobs[{i}].xpus", scenario.platform)
+    beside = (serving, assigned[serving]) if serving is not None else None
+    if not training:  # a serving job alone (hcsim.run.cojobs runs it)
+        return Prepared(scenario, graph, None, None, [], set(), bool(graph.graph.get("coherent")), platform_spec,
+                        None, [], beside)
     jobs, graphs = [], []
-    for job, xpus in zip(scenarios, assigned):
+    for job, xpus in ((scenarios[i], assigned[i]) for i in training):
         workload, xpus, placement, _, coherent = _prepare_workload(job, platform_spec, graph, xpus)
         jobs.append(Prepared(job, graph, nx.DiGraph(**workload.graph), placement, xpus, set(), coherent,
                              platform_spec))
         graphs.append(workload)
     _check_jobs_memory(scenario, graph, jobs)
     with collector_paused():
-        workload = join_graphs(graphs, [s.name for s in scenarios], [s.iterations for s in scenarios])
+        workload = join_graphs(graphs, [job.scenario.name for job in jobs], [job.scenario.iterations for job in jobs])
         for entry, job in zip(workload.graph["jobs"], jobs):
             entry["xpus"] = job.xpus
         del graphs
@@ -182,18 +190,22 @@ def prepare_jobs(scenario: Scenario) -> Prepared:
     xpus = [x for x in platform_xpus(graph) if x in {x for job in jobs for x in job.xpus}]
     apply_stragglers(scenario, graph, xpus)
     pairs = host_pairs(graph, workload)
-    return Prepared(scenario, graph, workload, None, xpus, pairs, jobs[0].coherent, platform_spec, order, jobs)
+    return Prepared(scenario, graph, workload, None, xpus, pairs, jobs[0].coherent, platform_spec, order, jobs,
+                    beside)
 
 
-def _check_jobs_train(scenario: Scenario, jobs: list[Scenario]) -> None:
-    """Refuse a job whose workload serves (kind: serving): the jobs of a run train, each an iteration graph."""
+def _serving_job(scenario: Scenario, jobs: list[Scenario]) -> int | None:
+    """The index of the job whose workload serves (kind: serving), or None; a second one is refused: a run serves
+    one workload beside its training jobs (its replicas come from its XPUs)."""
     from hcsim.workload.serving import serving_spec_path
 
-    for i, job in enumerate(jobs):
-        if serving_spec_path(job.workload, Path(job.base)) is not None:
-            raise ConfigError(f"scenario {scenario.name!r}: jobs[{i}].workload: {job.workload!r} is a serving workload "
-                              f"(kind: serving), but the jobs of a run train; give a training workload (llama3-8b, "
-                              f"...), or serve it alone: hcsim simulate --set workload={job.workload}")
+    serving = [i for i, job in enumerate(jobs) if serving_spec_path(job.workload, Path(job.base)) is not None]
+    if len(serving) > 1:
+        first, second = serving[:2]
+        raise ConfigError(f"scenario {scenario.name!r}: jobs[{second}].workload: {jobs[second].workload!r} serves, "
+                          f"and so does jobs[{first}]'s; a run takes one serving job beside its training jobs. Fix: "
+                          f"one serving job with the XPUs of both (its replicas: xpus / (tp x pp))")
+    return serving[0] if serving else None
 
 
 def _check_jobs_memory(scenario: Scenario, graph: nx.Graph, jobs: list[Prepared]) -> None:

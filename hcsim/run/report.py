@@ -32,7 +32,7 @@ from hcsim.run.results import (SPLIT_PARTS, TIME_PARTS, XPU_COLUMNS, XpuTimes, c
                                per_xpu_times, resolve_scenario, xpu_rows)
 
 __all__ = ["RUN_OUTPUTS", "BREAKDOWN", "LINK_COLUMNS", "check_results_folder", "clear_outputs", "summarize",
-           "throughput", "link_loads", "write_outputs", "atomic_write"]
+           "throughput", "link_loads", "write_outputs", "atomic_write", "xpu_spans"]
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ def summarize_jobs(prepared: Prepared, outcome, setup_s: float, wall_s: float, c
                                activities=outcome.activities, engine=outcome.engine, collective_fidelity={})
         record = summarize(job, view, setup_s, wall_s, compute_model)
         jobs.append({"name": job.scenario.name, "workload": job.scenario.workload,
-                     "xpu_names": csv_cell(_spans(job.xpus)),
+                     "xpu_names": csv_cell(xpu_spans(job.xpus)),
                      **{k: v for k, v in record.items() if k not in _RUN_ONLY and k != "scenario"}})
     scenario = prepared.scenario
     per_xpu = per_xpu_times(outcome.xpu_times)
@@ -180,7 +180,7 @@ def summarize_jobs(prepared: Prepared, outcome, setup_s: float, wall_s: float, c
     }
 
 
-def _spans(xpus: list[str]) -> list[str]:
+def xpu_spans(xpus: list[str]) -> list[str]:
     """XPU names as runs of consecutive numbers: xpu0..xpu7, xpu12 (names without a number as they are)."""
     spans: list[list] = []
     for x in xpus:
@@ -427,7 +427,8 @@ def write_outputs(out: Path, result: dict, outcome, platform: nx.Graph, workload
         from hcsim.platform.topology import natural_key
 
         table = []
-        for job, record in zip(graph["jobs"], result["jobs"]):
+        trained = [record for record in result["jobs"] if record.get("kind") != "serving"]
+        for job, record in zip(graph["jobs"], trained):
             table += _xpu_table(platform, {x: times[x] for x in job["xpus"]}, record["iteration_time_s"], job["graph"],
                                 job["xpus"], job["name"])
         table.sort(key=lambda row: natural_key(row["xpu"]))

@@ -103,9 +103,9 @@ from hcsim.workload.model import element_sizes
 from hcsim.workload.serving import (KvOffload, Request, SchedulerConfig, ServingSpec, attention_kernels,
                                     dense_kernels, head_kernels, kv_bytes_per_token, make_requests, scheduler_config)
 
-__all__ = ["load_serving_spec", "serving_workload", "simulate_serving", "percentiles", "StepWork", "ServingBounds",
-           "serving_bounds",
-           "activation_workspace", "check_serving_scenario", "BYTES_PER_REQUEST", "MAX_SERVING_MEMORY",
+__all__ = ["load_serving_spec", "serving_workload", "simulate_serving", "ServingRun", "TRAINING_KEYS", "percentiles",
+           "StepWork", "ServingBounds", "serving_bounds", "activation_workspace", "check_serving_scenario",
+           "BYTES_PER_REQUEST", "MAX_SERVING_MEMORY",
            "EVENTS_PER_REQUEST"]
 
 BYTES_PER_REQUEST = 2_000  # B of this process's memory per request at the peak (benchmarks/serving_speed.py: ~1.2 KB)
@@ -135,7 +135,7 @@ def load_serving_spec(path, overrides=None) -> ServingSpec:
 
 
 # scenario keys a serving run has no use for: key -> (the value that means "not asked for", what to do instead)
-_TRAINING_KEYS = {
+TRAINING_KEYS = {
     "cp": (1, "serving splits no sequence over XPUs (cp is a training key); replicas come from xpus / (tp x pp)"),
     "ep": (1, "serving splits each expert's FFN over the replica's tp ranks (no expert parallelism)"),
     "zero": (0, "ZeRO shards training state; a serving replica holds its weights"),
@@ -170,7 +170,7 @@ _TRAINING_KEYS = {
 def check_serving_scenario(scenario: Scenario, spec: ServingSpec) -> None:
     """Refuse scenario keys a serving run would otherwise ignore (one ConfigError naming each, and the fix)."""
     problems = []
-    for key, (unset, why) in _TRAINING_KEYS.items():
+    for key, (unset, why) in TRAINING_KEYS.items():
         value = getattr(scenario, key, unset)
         if value != unset:
             problems.append(f"scenario {scenario.name!r}: {key}: {value!r} does not apply to serving workload "
@@ -539,6 +539,17 @@ class _Engine:
         from hcsim.platform import compile_platform
 
         compiled = compile_platform(self.graph, self.pairs, self.precision)
+        next_step, landed = self.callbacks(schedulers, arrivals)
+        try:
+            return core.load().run_steps(compiled.tables, self.hosts, self.layout, next_step, analytic, landed)
+        except HcsimError:
+            raise
+        except (ValueError, TypeError, RuntimeError) as err:  # a bad step or layout: a bug, said as one
+            raise SimulationError(f"engine core: {err}") from err
+
+    def callbacks(self, schedulers: list, arrivals: _Arrivals):
+        """The core's ``next_step(replica, now, done)`` and ``landed(tag, now)`` (None without handoffs) driving
+        `schedulers` (steps.hpp)."""
         encode = self.encode
 
         prefill, handoffs, prefetches = self.prefill, self.handoffs, self.prefetches
@@ -567,13 +578,7 @@ class _Engine:
                 schedulers[router.landed(tag)].receive(tag, source.prompt[slot], source.output[slot],
                                                        source.group[slot], now, source.first[slot])
 
-        try:
-            return core.load().run_steps(compiled.tables, self.hosts, self.layout, next_step, analytic,
-                                         landed if "h_src" in self.layout else None)
-        except HcsimError:
-            raise
-        except (ValueError, TypeError, RuntimeError) as err:  # a bad step or layout: a bug, said as one
-            raise SimulationError(f"engine core: {err}") from err
+        return next_step, landed if "h_src" in self.layout else None
 
 
 class _Arrivals:
@@ -1488,8 +1493,7 @@ def simulate_serving(scenario: Scenario, spec: ServingSpec, progress=None, *, pr
     wall = time.perf_counter()
     if private not in ("analytic", "simulated"):
         raise ConfigError(f"simulate_serving: private must be analytic or simulated, got {private!r}")
-    spec, sides, graph, xpus, requests = _inputs(scenario, spec)
-    platform, config = sides[0]
+    inputs = _inputs(scenario, spec)
     if not core.available():
         raise ConfigError(f"the engine core is not built: {core.unavailable_reason()}")
     if core.load().engine_started():
@@ -1499,101 +1503,127 @@ def simulate_serving(scenario: Scenario, spec: ServingSpec, progress=None, *, pr
         if progress:
             progress(spec.requests)(spec.requests)
         return result
-    costs = {}  # one per side (replicas of one device)
-    update = progress(spec.requests) if progress else None
-    schedulers = []
-    prefill, decode = spec.disaggregation or (0, 0)
-    # co-located: request i on replica i mod dp, or the least loaded when it arrives (_Arrivals); disaggregated:
-    # its prompt on prefill replica i mod prefill (or the least loaded), its decode on the decode replica (after
-    # the prefill ones) _Router picks as its handoff starts
-    takers = prefill or platform.dp
-    dealt = spec.routing == "round_robin"
-    roles = [("prefill" if prefill else None, requests[r::takers] if dealt else []) for r in range(takers)] + [
-        ("decode", [])] * decode
-    for r, (role, mine) in enumerate(roles):
-        side, side_config = sides[r]
-        cost = costs.setdefault(id(side), _StepCost(spec, side))
-        bound = mine if dealt and role != "decode" else requests  # (a replica may be given any request)
-        chunks = sum(-(-q.prompt // side_config.max_num_batched_tokens) for q in bound)
-        scheduler = _Scheduler(spec, side_config, side, cost, mine, role, r)
-        scheduler.run(EVENTS_PER_REQUEST * (chunks + 4 * len(bound)) + 10_000, update if role != "prefill" else None)
-        schedulers.append(scheduler)
-    engine = _Engine(spec, sides, graph, xpus)
-    arrivals = _Arrivals(requests, schedulers, takers, spec.routing)
-    counters = engine.run(schedulers, arrivals, analytic=private == "analytic")
-    if prefill:  # a request's rows of its two replicas as one: its first token from prefill, the rest from decode
-        for scheduler in schedulers[prefill:]:
-            slots = scheduler.index
-            scheduler.arrival = array("d", (requests[q].arrival for q in slots))
-            for i, q in enumerate(slots):
-                scheduler.preemptions[i] += schedulers[arrivals.replica[q]].preemptions[arrivals.slot[q]]
-    records, occupancy = [], []
-    token_total = kv_bytes_per_token(spec.model, spec.precision)  # one token's KV over a replica's XPUs
-    block_total = token_total * config.block_size
-    moved = {"stored_blocks": 0, "loaded_blocks": 0, "read_tokens": 0, "hbm_read_tokens": 0}
-    steps = preempted = hits = queries = most = recomputed = 0
-    kinds = {"prefill": 0, "mixed": 0, "decode": 0}
-    for r, scheduler in enumerate(schedulers):
-        if scheduler.role != "prefill":
-            records += scheduler.records()
-        occupancy += _occupancy_rows(r, scheduler, block_total, token_total)
-        for key, blocks in (("stored", scheduler.stored_blocks), ("loaded", scheduler.loaded_blocks)):
-            moved[key + "_blocks"] += blocks
-        moved["read_tokens"] += scheduler.read_tokens
-        moved["hbm_read_tokens"] += scheduler.hbm_read_tokens
-        steps += scheduler.steps
-        preempted += scheduler.preempted
-        recomputed += scheduler.recomputed
-        hits += scheduler.hit_tokens
-        queries += scheduler.query_tokens
-        most = max(most, scheduler.max_tokens)
-        kinds = {kind: kinds[kind] + scheduler.kinds[kind] for kind in kinds}
-    records.sort(key=lambda row: row["request"])
-    if [row["request"] for row in records] != list(range(len(requests))) or any(
-            not row["finish_s"] >= row["first_token_s"] >= row["arrival_s"] for row in records):
-        raise RuntimeError("serving: a request was lost, served twice or not finished (a bug)")
-    makespan = max(row["finish_s"] for row in records)
-    tokens = sum(row["output"] for row in records)
-    bs = config.block_size
-    devices = {side.device: side for side, _ in sides}  # (in order of the replicas)
-    return {
-        "kind": "serving", "scenario": scenario.name, "platform": scenario.platform, "workload": spec.name,
-        "model": spec.model.name, "precision": spec.precision, "xpus": scenario.xpus,
-        "device": " + ".join(devices), "replica_devices": [side.device for side, _ in sides],
-        "layout": {"tp": platform.tp, "pp": platform.pp, "dp": platform.dp}
-        | ({"prefill": prefill, "decode": decode} if prefill else {}),
-        "scheduler": {"name": config.name, "max_num_seqs": config.max_num_seqs,
-                      "max_num_batched_tokens": config.max_num_batched_tokens, "block_size": bs,
-                      "chunked_prefill": config.chunked_prefill, "prefix_caching": config.prefix_caching,
-                      "preemption": config.preemption, "gpu_memory_utilization": config.gpu_memory_utilization,
-                      **({"kv_offload": {"tier": spec.kv_offload.tier, "policy": spec.kv_offload.policy,
-                                         "size_per_xpu": spec.kv_offload.size}} if spec.kv_offload else {}),
-                      "step_overhead_s": config.step_overhead},
-        "requests": len(records), "output_tokens": tokens, "makespan_s": makespan,
-        "throughput_tokens_per_s": tokens / makespan, "requests_per_s": len(records) / makespan, "steps": steps,
-        "steps_by_kind": kinds, "max_step_tokens": most, "preemptions": preempted,
-        "recomputed_tokens": recomputed,
-        "prefix_cache": {"hit_tokens": hits, "query_tokens": queries, "hit_rate": hits / queries if queries else 0.0},
-        "ttft_s": percentiles([row["ttft_s"] for row in records]),
-        "tpot_s": percentiles([row["tpot_s"] for row in records]),
-        "e2e_s": percentiles([row["e2e_s"] for row in records]),
-        "itl_s": percentiles([gap for scheduler in schedulers for gap in scheduler.itl_values],
-                             [tokens for scheduler in schedulers for tokens in scheduler.itl_weights]),
-        **(_goodput(spec.slo, records, makespan) if spec.slo else {}),
-        **({"handoff_s": percentiles([row["kv_landed_s"] - row["first_token_s"] for row in records])} if prefill
-           else {}),
-        "kv": {"bytes_per_token": kv_bytes_per_token(spec.model, spec.precision),
-               "hbm_tokens_per_replica": platform.hbm_blocks * bs,
-               "hbm_tokens_by_device": {device: side.hbm_blocks * bs for device, side in devices.items()},
-               "extended_tokens_per_replica": None if platform.ext_unbounded else platform.ext_blocks * bs,
-               "spilled_to": platform.spilled_to, "weights_bytes_per_xpu": platform.weights,
-               "workspace_bytes_per_xpu": platform.workspace,
-               "peak_hbm_tokens": max((row[2] for row in occupancy), default=0),
-               "peak_extended_tokens": max((row[3] for row in occupancy), default=0),
-               "tiers": _tiers(platform, moved, block_total, token_total)},
-        "per_request": records, "occupancy": occupancy, "activities": counters["activities"],
-        "wall_time_s": time.perf_counter() - wall,
-    }
+    serving = ServingRun(scenario, spec, progress, inputs=inputs)
+    counters = serving.engine.run(serving.schedulers, serving.arrivals, analytic=private == "analytic")
+    return serving.result(counters, wall)
+
+
+class ServingRun:
+    """A serving run set up on its platform (:func:`simulate_serving`'s, or a serving job's beside training jobs,
+    :mod:`hcsim.run.cojobs`): its schedulers, its engine (:class:`_Engine`) and arrivals; :meth:`result` makes
+    the result record once the core has run them. `placed`: the platform spec, graph and XPUs of a job (else the
+    scenario's first ``xpus`` XPUs of its platform); `progress` as :func:`simulate_serving`'s."""
+
+    def __init__(self, scenario: Scenario, spec: ServingSpec, progress=None, placed=None, inputs=None):
+        spec, sides, graph, xpus, requests = inputs or _inputs(scenario, spec, placed)
+        platform = sides[0][0]
+        self.scenario, self.spec, self.sides, self.requests = scenario, spec, sides, requests
+        costs = {}  # one per side (replicas of one device)
+        update = progress(spec.requests) if progress else None
+        schedulers = []
+        prefill, decode = spec.disaggregation or (0, 0)
+        # co-located: request i on replica i mod dp, or the least loaded when it arrives (_Arrivals); disaggregated:
+        # its prompt on prefill replica i mod prefill (or the least loaded), its decode on the decode replica (after
+        # the prefill ones) _Router picks as its handoff starts
+        takers = prefill or platform.dp
+        dealt = spec.routing == "round_robin"
+        roles = [("prefill" if prefill else None, requests[r::takers] if dealt else []) for r in range(takers)] + [
+            ("decode", [])] * decode
+        for r, (role, mine) in enumerate(roles):
+            side, side_config = sides[r]
+            cost = costs.setdefault(id(side), _StepCost(spec, side))
+            bound = mine if dealt and role != "decode" else requests  # (a replica may be given any request)
+            chunks = sum(-(-q.prompt // side_config.max_num_batched_tokens) for q in bound)
+            scheduler = _Scheduler(spec, side_config, side, cost, mine, role, r)
+            scheduler.run(EVENTS_PER_REQUEST * (chunks + 4 * len(bound)) + 10_000,
+                          update if role != "prefill" else None)
+            schedulers.append(scheduler)
+        self.schedulers = schedulers
+        self.engine = _Engine(spec, sides, graph, xpus)
+        self.arrivals = _Arrivals(requests, schedulers, takers, spec.routing)
+
+    def result(self, counters: dict, wall: float) -> dict[str, Any]:
+        """The result record of the run the core has run (`counters`: its activities; `wall`: when it began, a
+        time.perf_counter())."""
+        import time
+
+        scenario, spec, sides, requests = self.scenario, self.spec, self.sides, self.requests
+        schedulers, arrivals = self.schedulers, self.arrivals
+        platform, config = sides[0]
+        prefill, decode = spec.disaggregation or (0, 0)
+        if prefill:  # a request's rows of its two replicas as one: its first token from prefill, the rest from decode
+            for scheduler in schedulers[prefill:]:
+                slots = scheduler.index
+                scheduler.arrival = array("d", (requests[q].arrival for q in slots))
+                for i, q in enumerate(slots):
+                    scheduler.preemptions[i] += schedulers[arrivals.replica[q]].preemptions[arrivals.slot[q]]
+        records, occupancy = [], []
+        token_total = kv_bytes_per_token(spec.model, spec.precision)  # one token's KV over a replica's XPUs
+        block_total = token_total * config.block_size
+        moved = {"stored_blocks": 0, "loaded_blocks": 0, "read_tokens": 0, "hbm_read_tokens": 0}
+        steps = preempted = hits = queries = most = recomputed = 0
+        kinds = {"prefill": 0, "mixed": 0, "decode": 0}
+        for r, scheduler in enumerate(schedulers):
+            if scheduler.role != "prefill":
+                records += scheduler.records()
+            occupancy += _occupancy_rows(r, scheduler, block_total, token_total)
+            for key, blocks in (("stored", scheduler.stored_blocks), ("loaded", scheduler.loaded_blocks)):
+                moved[key + "_blocks"] += blocks
+            moved["read_tokens"] += scheduler.read_tokens
+            moved["hbm_read_tokens"] += scheduler.hbm_read_tokens
+            steps += scheduler.steps
+            preempted += scheduler.preempted
+            recomputed += scheduler.recomputed
+            hits += scheduler.hit_tokens
+            queries += scheduler.query_tokens
+            most = max(most, scheduler.max_tokens)
+            kinds = {kind: kinds[kind] + scheduler.kinds[kind] for kind in kinds}
+        records.sort(key=lambda row: row["request"])
+        if [row["request"] for row in records] != list(range(len(requests))) or any(
+                not row["finish_s"] >= row["first_token_s"] >= row["arrival_s"] for row in records):
+            raise RuntimeError("serving: a request was lost, served twice or not finished (a bug)")
+        makespan = max(row["finish_s"] for row in records)
+        tokens = sum(row["output"] for row in records)
+        bs = config.block_size
+        devices = {side.device: side for side, _ in sides}  # (in order of the replicas)
+        return {
+            "kind": "serving", "scenario": scenario.name, "platform": scenario.platform, "workload": spec.name,
+            "model": spec.model.name, "precision": spec.precision, "xpus": scenario.xpus,
+            "device": " + ".join(devices), "replica_devices": [side.device for side, _ in sides],
+            "layout": {"tp": platform.tp, "pp": platform.pp, "dp": platform.dp}
+            | ({"prefill": prefill, "decode": decode} if prefill else {}),
+            "scheduler": {"name": config.name, "max_num_seqs": config.max_num_seqs,
+                          "max_num_batched_tokens": config.max_num_batched_tokens, "block_size": bs,
+                          "chunked_prefill": config.chunked_prefill, "prefix_caching": config.prefix_caching,
+                          "preemption": config.preemption, "gpu_memory_utilization": config.gpu_memory_utilization,
+                          **({"kv_offload": {"tier": spec.kv_offload.tier, "policy": spec.kv_offload.policy,
+                                             "size_per_xpu": spec.kv_offload.size}} if spec.kv_offload else {}),
+                          "step_overhead_s": config.step_overhead},
+            "requests": len(records), "output_tokens": tokens, "makespan_s": makespan,
+            "throughput_tokens_per_s": tokens / makespan, "requests_per_s": len(records) / makespan, "steps": steps,
+            "steps_by_kind": kinds, "max_step_tokens": most, "preemptions": preempted,
+            "recomputed_tokens": recomputed,
+            "prefix_cache": {"hit_tokens": hits, "query_tokens": queries, "hit_rate": hits / queries if queries else 0.0},
+            "ttft_s": percentiles([row["ttft_s"] for row in records]),
+            "tpot_s": percentiles([row["tpot_s"] for row in records]),
+            "e2e_s": percentiles([row["e2e_s"] for row in records]),
+            "itl_s": percentiles([gap for scheduler in schedulers for gap in scheduler.itl_values],
+                                 [tokens for scheduler in schedulers for tokens in scheduler.itl_weights]),
+            **(_goodput(spec.slo, records, makespan) if spec.slo else {}),
+            **({"handoff_s": percentiles([row["kv_landed_s"] - row["first_token_s"] for row in records])} if prefill
+               else {}),
+            "kv": {"bytes_per_token": kv_bytes_per_token(spec.model, spec.precision),
+                   "hbm_tokens_per_replica": platform.hbm_blocks * bs,
+                   "hbm_tokens_by_device": {device: side.hbm_blocks * bs for device, side in devices.items()},
+                   "extended_tokens_per_replica": None if platform.ext_unbounded else platform.ext_blocks * bs,
+                   "spilled_to": platform.spilled_to, "weights_bytes_per_xpu": platform.weights,
+                   "workspace_bytes_per_xpu": platform.workspace,
+                   "peak_hbm_tokens": max((row[2] for row in occupancy), default=0),
+                   "peak_extended_tokens": max((row[3] for row in occupancy), default=0),
+                   "tiers": _tiers(platform, moved, block_total, token_total)},
+            "per_request": records, "occupancy": occupancy, "activities": counters["activities"],
+            "wall_time_s": time.perf_counter() - wall,
+        }
 
 
 def _goodput(slo, records: list[dict], makespan: float) -> dict[str, Any]:
@@ -1658,10 +1688,10 @@ def _checked(scenario: Scenario, spec: ServingSpec):
     return (spec, *sides[0], graph, xpus, requests)
 
 
-def _inputs(scenario: Scenario, spec: ServingSpec):
+def _inputs(scenario: Scenario, spec: ServingSpec, placed=None):
     """The run's inputs checked before anything runs: the spec at the scenario's precision, each replica's side
     (platform and scheduler), the platform graph, the run's XPUs and its requests; one ConfigError for what cannot
-    run."""
+    run. `placed`: :func:`_setup`'s."""
     check_serving_scenario(scenario, spec)
     if scenario.precision is not None:
         spec = replace(spec, precision=scenario.precision)
@@ -1671,7 +1701,7 @@ def _inputs(scenario: Scenario, spec: ServingSpec):
                           f"{format_quantity(estimate, 'B')} ({BYTES_PER_REQUEST:,} B per request), more than the "
                           f"{format_quantity(MAX_SERVING_MEMORY, 'B')} a serving run may use (hcsim.run.serving). "
                           f"Fix: fewer requests per run")
-    sides, graph, xpus = _setup(scenario, spec)
+    sides, graph, xpus = _setup(scenario, spec, placed)
     requests = make_requests(spec)
     longest = max(requests, key=lambda q: q.prompt + q.output)
     for platform, config in {id(side): side for side in sides}.values():
@@ -1811,25 +1841,30 @@ def _platform(scenario: Scenario, spec: ServingSpec) -> tuple[_Platform, Schedul
     return sides[0]
 
 
-def _setup(scenario: Scenario, spec: ServingSpec):
+def _setup(scenario: Scenario, spec: ServingSpec, placed=None):
     """Each replica's side (:func:`_side`: its platform and scheduler; replicas of one device share one, from the
     first of them), the platform graph and the run's XPUs (in order). A replica's XPUs are of one device; replicas
-    may differ (a mixed cluster: H100 prefill replicas beside H200 decode replicas)."""
+    may differ (a mixed cluster: H100 prefill replicas beside H200 decode replicas). `placed`: (platform spec,
+    platform graph, XPUs) of a serving job on a platform it shares (:mod:`hcsim.run.cojobs`), else the scenario's
+    platform is built and its first ``xpus`` XPUs taken."""
     from hcsim.config import resolve_spec
     from hcsim.engine.compute_model import load_compute_model
     from hcsim.platform import build_platform, load_platform_spec
     from hcsim.platform.topology import xpus as platform_xpus
     from hcsim.run.prepare import check_whole_superchips, compute_factors_path
 
-    base = Path(scenario.base)
-    platform_spec = load_platform_spec(resolve_spec(scenario.platform, "platforms", base),
-                                       scenario.platform_settings())
-    if scenario.xpus > platform_spec.xpus:
-        raise ConfigError(f"scenario {scenario.name!r}: xpus: {scenario.xpus} is more than platform "
-                          f"{scenario.platform!r} has ({platform_spec.xpus})")
-    check_whole_superchips(platform_spec, scenario.xpus, f"scenario {scenario.name!r}: xpus", scenario.platform)
-    graph = build_platform(platform_spec, scenario.xpus)
-    xpus = platform_xpus(graph)[: scenario.xpus]
+    if placed is not None:
+        platform_spec, graph, xpus = placed
+    else:
+        base = Path(scenario.base)
+        platform_spec = load_platform_spec(resolve_spec(scenario.platform, "platforms", base),
+                                           scenario.platform_settings())
+        if scenario.xpus > platform_spec.xpus:
+            raise ConfigError(f"scenario {scenario.name!r}: xpus: {scenario.xpus} is more than platform "
+                              f"{scenario.platform!r} has ({platform_spec.xpus})")
+        check_whole_superchips(platform_spec, scenario.xpus, f"scenario {scenario.name!r}: xpus", scenario.platform)
+        graph = build_platform(platform_spec, scenario.xpus)
+        xpus = platform_xpus(graph)[: scenario.xpus]
     tp, pp = scenario.tp, scenario.pp
     if scenario.xpus % (tp * pp):
         raise ConfigError(f"scenario {scenario.name!r}: xpus {scenario.xpus} is not a multiple of tp x pp = "

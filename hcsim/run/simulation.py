@@ -88,6 +88,13 @@ def run_here(scenario: Scenario, out: Path | None = None, progress=None, check=N
     prepared = prepare(scenario)
     if check is not None:
         check(prepared)
+    if prepared.serving is not None and not prepared.jobs:  # its only job serves
+        from hcsim.run.cojobs import run_serving_alone
+
+        result = run_serving_alone(prepared, progress)
+        if out is not None:
+            write_serving_outputs(Path(out), result)
+        return result
     setup_s = time.perf_counter() - wall
     traced = traced_xpus(prepared) if out is not None else None
     jobs = prepared.jobs or []
@@ -103,8 +110,15 @@ def run_here(scenario: Scenario, out: Path | None = None, progress=None, check=N
                          trace_xpus=traced,
                          trace_iterations=frozenset(scenario.trace_iterations) if scenario.trace_iterations else None)
     update = progress(total_runs(prepared.workload, scenario.iterations)) if progress else None
-    outcome = api.run(prepared.platform, prepared.workload, options, prepared.pairs, prepared.order, update)
+    if prepared.serving is not None:  # a serving job beside the training jobs, in the same SimGrid run
+        from hcsim.run.cojobs import add_serving_record, serving_beside
+
+        outcome, serving = serving_beside(prepared, options, update)
+    else:
+        outcome = api.run(prepared.platform, prepared.workload, options, prepared.pairs, prepared.order, update)
     result = summarize(prepared, outcome, setup_s, time.perf_counter() - wall, options.compute_model)
+    if prepared.serving is not None:
+        add_serving_record(result, prepared, serving)
     if jobs and scenario.jobs_alone:
         _add_alone(result, prepared)
     if out is not None:
@@ -119,11 +133,16 @@ def run_here(scenario: Scenario, out: Path | None = None, progress=None, check=N
 def _add_alone(result: dict, prepared) -> None:
     """Each job of a run of several jobs run again alone on its XPUs of the same platform (a fresh process
     each), its iteration time there in its record as ``alone_iteration_time_s`` and what sharing cost it,
-    ``slowdown`` (its iteration time in the run over alone's)."""
+    ``slowdown`` (its iteration time in the run over alone's); a serving job's latencies and rates alone
+    (:func:`hcsim.run.cojobs.compare_serving`)."""
+    from hcsim.run.cojobs import compare_serving, job_xpus
     from hcsim.run.jobs import alone_scenario
 
-    for j, (job, record) in enumerate(zip(prepared.jobs, result["jobs"])):
-        alone = in_fresh_process(_child, alone_scenario(prepared.scenario, j, job.xpus), None)
+    for j, (xpus, record) in enumerate(zip(job_xpus(prepared), result["jobs"])):
+        alone = in_fresh_process(_child, alone_scenario(prepared.scenario, j, xpus), None)
+        if record.get("kind") == "serving":
+            compare_serving(record, alone)
+            continue
         record["alone_iteration_time_s"] = alone["jobs"][0]["iteration_time_s"]
         record["slowdown"] = record["iteration_time_s"] / record["alone_iteration_time_s"]
 

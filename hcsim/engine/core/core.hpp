@@ -20,6 +20,7 @@
 namespace simgrid::s4u {
 class Engine;
 class Host;
+class Link;
 }
 
 namespace hcsim::core {
@@ -56,10 +57,12 @@ std::unordered_map<std::string, simgrid::s4u::Host*> build_platform(simgrid::s4u
 
 /* Creates the process's SimGrid Engine (once per process: a second call throws std::logic_error),
    sets CM02 with TCP-gamma 0 and no cross-traffic, builds and seals the platform, and returns the hosts
-   named in `host_names`, in that order (std::invalid_argument for an unknown name), then the delay host
-   ("hcsim:clock", 1 FLOP/s, 2^20 cores: driver.hpp's delays). */
+   named in `host_names`, in that order (std::invalid_argument for an unknown name), then `clocks` delay hosts
+   ("hcsim:clock", then "hcsim:clock1", ...; 1 FLOP/s, 2^20 cores each: driver.hpp's delays). Loops that run
+   together have a delay host each: delays on one host share its CPU model's lazy updates, which move their ends
+   in the last bits, so a loop beside another keeps its results alone bit for bit only on a host of its own. */
 std::vector<simgrid::s4u::Host*> start_engine(const PlatformTables& platform,
-                                              const std::vector<std::string>& host_names);
+                                              const std::vector<std::string>& host_names, int clocks = 1);
 
 /* Wall clock and this process's CPU time in s, for the counters. */
 double wall_seconds();
@@ -68,6 +71,21 @@ double cpu_seconds();
 /* Runs SimGrid until no activity is left: the counters' simulated clock and Engine::run()'s wall and CPU
    time (the activities are the driver's to count). */
 RunCounters run_engine();
+
+/* A loop of activities on the engine (a workload graph's run: executor.cpp; serving replicas' steps: steps.cpp),
+   split around the one SimGrid run so that loops run side by side on one platform (several jobs on one fabric):
+   start() starts its first activities; collect(), after SimGrid has run out, writes its results and checks that
+   it ended as it should (throwing if not), returning the activities it started. */
+class Loop {
+public:
+  virtual ~Loop() = default;
+  virtual void start() = 0;
+  virtual std::size_t collect() = 0;
+};
+
+/* Starts each loop in order, runs SimGrid once, collects each in order: the counters, and each loop's
+   activities in `activities` (their sum in the counters). */
+RunCounters run_loops(const std::vector<Loop*>& loops, std::vector<std::size_t>* activities = nullptr);
 
 }  // namespace hcsim::core
 

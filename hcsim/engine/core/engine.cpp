@@ -9,6 +9,7 @@
 #include <chrono>
 #include <ctime>
 #include <stdexcept>
+#include <string>
 #include <unordered_map>
 
 namespace sg4 = simgrid::s4u;
@@ -38,7 +39,22 @@ RunCounters run_engine()
   return counters;
 }
 
-std::vector<sg4::Host*> start_engine(const PlatformTables& platform, const std::vector<std::string>& host_names)
+RunCounters run_loops(const std::vector<Loop*>& loops, std::vector<std::size_t>* activities)
+{
+  for (Loop* loop : loops)
+    loop->start();
+  RunCounters counters = run_engine();
+  for (Loop* loop : loops) {
+    std::size_t started = loop->collect();
+    counters.activities += started;
+    if (activities != nullptr)
+      activities->push_back(started);
+  }
+  return counters;
+}
+
+std::vector<sg4::Host*> start_engine(const PlatformTables& platform, const std::vector<std::string>& host_names,
+                                     int clocks)
 {
   // SimGrid 4.1 aborts the whole process when a second Engine is created, even after the first has run:
   // refuse here, with an exception, instead.
@@ -62,9 +78,14 @@ std::vector<sg4::Host*> start_engine(const PlatformTables& platform, const std::
     sg4::Engine::set_config(setting);
   std::unordered_map<std::string, sg4::Host*> by_name = build_platform(*engine, platform);
   // delays (driver.hpp): executions on a host of 1 FLOP/s with more cores than delays at once
-  sg4::Host* clock = engine->get_netzone_root()->add_host("hcsim:clock", 1.0);
-  clock->set_core_count(1 << 20);
-  clock->seal();
+  std::vector<sg4::Host*> clock_hosts;
+  for (int c = 0; c < clocks; ++c) {
+    std::string name = c == 0 ? "hcsim:clock" : "hcsim:clock" + std::to_string(c);
+    sg4::Host* clock = engine->get_netzone_root()->add_host(name, 1.0);
+    clock->set_core_count(1 << 20);
+    clock->seal();
+    clock_hosts.push_back(clock);
+  }
   engine->get_netzone_root()->seal();
 
   std::vector<sg4::Host*> hosts;
@@ -75,7 +96,7 @@ std::vector<sg4::Host*> start_engine(const PlatformTables& platform, const std::
       throw std::invalid_argument("host '" + name + "' is not in the compiled platform");
     hosts.push_back(found->second);
   }
-  hosts.push_back(clock);
+  hosts.insert(hosts.end(), clock_hosts.begin(), clock_hosts.end());
   return hosts;
 }
 

@@ -110,10 +110,12 @@ struct CollectiveRun {
 
 constexpr std::int64_t NOT_READY = -2, DONE = INT64_MAX;
 
-class WorkloadRun : CallbackDriver {
+class WorkloadRun : CallbackDriver, public Loop {
 public:
-  WorkloadRun(const WorkloadArrays& w, const std::vector<sg4::Host*>& hosts, WorkloadOutput out)
-      : CallbackDriver(hosts), w_(w), out_(out), done_runs_(w.units, 0), running_(w.units, 0),
+  WorkloadRun(const WorkloadArrays& w, const std::vector<sg4::Host*>& hosts, WorkloadOutput out,
+              std::size_t* iterations_ended)
+      : CallbackDriver(hosts), w_(w), out_(out), iterations_ended_(iterations_ended), done_runs_(w.units, 0),
+        running_(w.units, 0),
         arrivals_(w.units * (w.iterations + 1), 0), completed_in_run_(w.iterations + 1, 0),
         units_in_run_(w.iterations + 1, 0), job_units_(w.jobs, 0), completed_in_job_run_(w.jobs * (w.iterations + 1), 0),
         clocks_(w.xpus), xpu_job_(w.xpus, 0), unit_vertex_(w.units)
@@ -130,23 +132,28 @@ public:
         units_in_run_[run] += job_units_[j];
   }
 
-  RunCounters run(std::size_t* iterations_ended)
+  /* The start vertices' units whose first run needs nothing. */
+  void start() override
   {
     for (std::size_t v = 0; v < w_.vertices; ++v)
       if (w_.v_flags[v] & START)
         for (std::int64_t u = w_.v_units[v]; u < w_.v_units[v + 1]; ++u)
           if (required(u, 1) == 0)
             try_start(u);
-    RunCounters counters = run_engine();
-    counters.activities = activities_;
+  }
+
+  /* Done runs, iterations ended and each XPU's clock at its job's last iteration's end (a unit short of its
+     runs is the caller's to report: it names the vertices). */
+  std::size_t collect() override
+  {
     std::copy(done_runs_.begin(), done_runs_.end(), out_.done_runs);
-    *iterations_ended = ends_;
+    *iterations_ended_ = ends_;
     for (std::size_t x = 0; x < w_.xpus; ++x) {
       std::int32_t job = xpu_job_[x];
       if (out_.job_ended[job] > 0)
         clocks_[x].record(job_end(job, out_.job_ended[job] - 1), out_.last + x * CLOCK_FIELDS);
     }
-    return counters;
+    return activities_;
   }
 
 private:
@@ -652,6 +659,7 @@ private:
 
   const WorkloadArrays& w_;
   WorkloadOutput out_;
+  std::size_t* iterations_ended_;
   std::vector<std::int32_t> done_runs_;
   std::vector<std::uint8_t> running_;
   std::vector<std::int32_t> arrivals_;  // (unit, run) -> predecessor completions so far
@@ -665,19 +673,23 @@ private:
   std::vector<double> step_, fill_, last_;
   std::size_t ends_ = 0;
 
-  friend RunCounters run_workload(const WorkloadArrays&, const std::vector<sg4::Host*>&, WorkloadOutput,
-                                  std::size_t*);
 };
 
 }  // namespace
 
-RunCounters run_workload(const WorkloadArrays& w, const std::vector<sg4::Host*>& hosts, WorkloadOutput out,
-                         std::size_t* iterations_ended)
+std::unique_ptr<Loop> workload_loop(const WorkloadArrays& w, const std::vector<sg4::Host*>& hosts, WorkloadOutput out,
+                                    std::size_t* iterations_ended)
 {
   if (hosts.empty())
     throw std::invalid_argument("run_workload: no hosts (the delay host comes last)");
-  WorkloadRun run(w, hosts, out);
-  return run.run(iterations_ended);
+  return std::make_unique<WorkloadRun>(w, hosts, out, iterations_ended);
+}
+
+RunCounters run_workload(const WorkloadArrays& w, const std::vector<sg4::Host*>& hosts, WorkloadOutput out,
+                         std::size_t* iterations_ended)
+{
+  std::unique_ptr<Loop> run = workload_loop(w, hosts, out, iterations_ended);
+  return run_loops({run.get()});
 }
 
 }  // namespace hcsim::core

@@ -21,7 +21,9 @@
 #include <cstring>
 #include <optional>
 #include <stdexcept>
+#include <memory>
 #include <string>
+#include <unordered_set>
 
 namespace py = pybind11;
 
@@ -95,13 +97,14 @@ hcsim::core::PlatformTables platform_tables(const py::dict& platform)
 /* `run(hosts)` on the process's Engine, made on `platform` (its tables checked first) with the GIL released:
    its counters, with the Engine's set-up time (create, build, seal) beside them. */
 template <typename Run>
-hcsim::core::RunCounters run_on_engine(const py::dict& platform, const std::vector<std::string>& host_names, Run run)
+hcsim::core::RunCounters run_on_engine(const py::dict& platform, const std::vector<std::string>& host_names, Run run,
+                                       int clocks = 1)
 {
   using namespace hcsim::core;
   PlatformTables tables = platform_tables(platform);
   py::gil_scoped_release unlocked;
   double begin = wall_seconds();
-  std::vector<simgrid::s4u::Host*> hosts = start_engine(tables, host_names);
+  std::vector<simgrid::s4u::Host*> hosts = start_engine(tables, host_names, clocks);
   double setup = wall_seconds() - begin;
   RunCounters counters = run(hosts);
   counters.setup_s = setup;
@@ -142,11 +145,165 @@ void within(std::int64_t first, std::int64_t n, std::size_t rows, const char* na
                           std::to_string(rows));
 }
 
+/* A serving loop's input (steps.hpp) from Python: the layout over its buffers (borrowed: the layout dict outlives
+   the run), `next_step` and `landed` as the core's callbacks, each taking the GIL for its call, and what either
+   raised, to raise again once SimGrid has run out (it stops every loop). Held by a pointer: the callbacks point
+   into it.
+
+   Each replica's loop asks `next_step(replica, now, done)` at the end of its step; it answers None (done), a
+   number (idle until then; inf: until a handoff lands) or a tuple of floats (a step), or a list [answer,
+   handoffs]: the answer and a tuple of floats, the handoff flows to start now (steps.hpp). `landed(tag, now)`, if
+   given, is called when a handoff's last flow ends. Layout arrays r_tp, r_xpus, x_host, x_ext, x_dram, and
+   optionally h_src, h_dst: the host pairs handoffs may take. */
+struct StepsInput {
+  hcsim::core::ReplicaLayout layout;
+  hcsim::core::NextStep next;
+  hcsim::core::Landed landed = nullptr;
+  std::optional<py::error_already_set> raised;
+  py::object next_step, on_landed;
+};
+
+/* A tuple's floats into `out` (a Python error raised again as error_already_set). */
+void tuple_floats(PyObject* tuple, std::vector<double>& out)
+{
+  Py_ssize_t n = PyTuple_GET_SIZE(tuple);
+  out.resize(static_cast<std::size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    out[i] = PyFloat_AsDouble(PyTuple_GET_ITEM(tuple, i));
+    if (out[i] == -1.0 && PyErr_Occurred())
+      throw py::error_already_set();
+  }
+}
+
+std::unique_ptr<StepsInput> steps_input(const py::dict& a, const py::object& next_step, const py::object& landed)
+{
+  using namespace hcsim::core;
+  auto array = [&a](const char* name) {
+    if (!a.contains(name))
+      throw py::value_error(std::string("run_steps: missing array '") + name + "'");
+    return a[name].cast<py::buffer>();
+  };
+  auto input = std::make_unique<StepsInput>();
+  input->next_step = next_step;
+  input->on_landed = landed;
+  ReplicaLayout& layout = input->layout;
+  layout.replicas = static_cast<std::size_t>(array("r_tp").request().shape[0]);
+  layout.r_tp = view<std::int32_t>(array("r_tp"), "r_tp", layout.replicas, false);
+  layout.r_xpus = view<std::int64_t>(array("r_xpus"), "r_xpus", layout.replicas + 1, false);
+  std::size_t xpus = static_cast<std::size_t>(array("x_host").request().shape[0]);
+  if (layout.r_xpus[0] != 0 || static_cast<std::size_t>(layout.r_xpus[layout.replicas]) != xpus)
+    throw py::value_error("run_steps: r_xpus must run from 0 to the " + std::to_string(xpus) + " entries of x_host");
+  for (std::size_t r = 0; r < layout.replicas; ++r)
+    if (layout.r_xpus[r + 1] < layout.r_xpus[r])
+      throw py::value_error("run_steps: r_xpus[" + std::to_string(r + 1) + "] is less than r_xpus[" +
+                            std::to_string(r) + "]");
+  layout.x_host = view<std::int32_t>(array("x_host"), "x_host", xpus, false);
+  layout.x_ext = view<std::int32_t>(array("x_ext"), "x_ext", xpus, false);
+  layout.x_dram = view<std::int32_t>(array("x_dram"), "x_dram", xpus, false);
+  if (a.contains("h_src")) {
+    layout.handoff_pairs = static_cast<std::size_t>(array("h_src").request().shape[0]);
+    layout.h_src = view<std::int32_t>(array("h_src"), "h_src", layout.handoff_pairs, false);
+    layout.h_dst = view<std::int32_t>(array("h_dst"), "h_dst", layout.handoff_pairs, false);
+  }
+  StepsInput* in = input.get();
+  in->next = [in](std::int32_t replica, double now, std::int64_t done, std::vector<double>& step,
+                  std::vector<double>& handoffs) {
+    py::gil_scoped_acquire locked;
+    try {
+      py::object reply = in->next_step(replica, now, done);
+      if (PyList_Check(reply.ptr())) {  // [answer, handoffs]
+        if (PyList_GET_SIZE(reply.ptr()) != 2 || !PyTuple_Check(PyList_GET_ITEM(reply.ptr(), 1)))
+          throw py::cast_error();
+        tuple_floats(PyList_GET_ITEM(reply.ptr(), 1), handoffs);
+        reply = py::reinterpret_borrow<py::object>(PyList_GET_ITEM(reply.ptr(), 0));
+      }
+      if (reply.is_none())
+        return Reply::DONE;
+      PyObject* tuple = reply.ptr();
+      if (!PyTuple_Check(tuple)) {
+        step.assign(1, reply.cast<double>());  // a number: idle until then (TypeError for anything else)
+        return Reply::IDLE;
+      }
+      tuple_floats(tuple, step);
+      return Reply::STEP;
+    } catch (py::error_already_set& err) {
+      in->raised.emplace(std::move(err));
+    } catch (py::cast_error&) {
+      PyErr_SetString(PyExc_TypeError, "run_steps: next_step must return None, a number or a tuple of numbers, or "
+                                       "a list [that, a tuple of numbers]");
+      in->raised.emplace();
+    }
+    return Reply::STOP;
+  };
+  if (!landed.is_none())
+    in->landed = [in](std::int64_t tag, double now) {
+      py::gil_scoped_acquire locked;
+      try {
+        in->on_landed(tag, now);
+        return true;
+      } catch (py::error_already_set& err) {
+        in->raised.emplace(std::move(err));
+      }
+      return false;
+    };
+  return input;
+}
+
+/* A workload run (its arrays and outputs as run_workload checked them) and serving steps beside it in one SimGrid
+   run on one platform (several jobs on one fabric). `beside`: the serving loop's host_names (its own numbering, as
+   run_steps takes them), layout, next_step, analytic, landed (or None) and shared_pairs, the (source, destination)
+   host names of the workload's transfers, whose routes' links the serving loop counts as shared (steps_loop).
+   Each loop has its own delay host (start_engine). The counters, the workload's activities in them; the serving
+   loop's counters in `steps_counters`. */
+hcsim::core::RunCounters run_beside(const py::dict& platform, const std::vector<std::string>& host_names,
+                                    const hcsim::core::WorkloadArrays& w, const hcsim::core::WorkloadOutput& out,
+                                    std::size_t* ended, const py::dict& beside, py::dict& steps_counters)
+{
+  using namespace hcsim::core;
+  for (const char* key : {"host_names", "layout", "next_step", "analytic", "landed", "shared_pairs"})
+    if (!beside.contains(key))
+      throw py::value_error(std::string("run_workload: beside: missing '") + key + "'");
+  auto step_names = beside["host_names"].cast<std::vector<std::string>>();
+  auto shared_pairs = beside["shared_pairs"].cast<std::vector<std::pair<std::string, std::string>>>();
+  bool analytic = beside["analytic"].cast<bool>();
+  std::unique_ptr<StepsInput> input =
+      steps_input(beside["layout"].cast<py::dict>(), beside["next_step"], beside["landed"]);
+  std::vector<std::string> names = host_names;
+  names.insert(names.end(), step_names.begin(), step_names.end());
+  std::vector<std::size_t> activities;
+  RunCounters counters = run_on_engine(platform, names, [&](const std::vector<simgrid::s4u::Host*>& hosts) {
+    auto split = hosts.begin() + static_cast<std::ptrdiff_t>(host_names.size());
+    std::vector<simgrid::s4u::Host*> workload_hosts(hosts.begin(), split), step_hosts(split, hosts.end() - 2);
+    workload_hosts.push_back(hosts[hosts.size() - 2]);  // each loop its delay host
+    step_hosts.push_back(hosts.back());
+    std::unordered_set<simgrid::s4u::Link*> crossed;
+    for (const auto& [src, dst] : shared_pairs) {
+      auto* from = simgrid::s4u::Host::by_name_or_null(src);
+      auto* to = simgrid::s4u::Host::by_name_or_null(dst);
+      if (from == nullptr || to == nullptr)
+        throw std::invalid_argument("run_workload: beside: shared pair (" + src + ", " + dst + ") names a host "
+                                    "that is not in the compiled platform");
+      std::vector<simgrid::s4u::Link*> links;
+      from->route_to(to, links, nullptr);
+      crossed.insert(links.begin(), links.end());
+    }
+    std::vector<simgrid::s4u::Link*> shared(crossed.begin(), crossed.end());
+    std::unique_ptr<Loop> workload = workload_loop(w, workload_hosts, out, ended);
+    std::unique_ptr<Loop> steps = steps_loop(input->layout, step_hosts, input->next, analytic, input->landed, shared);
+    return run_loops({workload.get(), steps.get()}, &activities);
+  }, 2);
+  if (input->raised)
+    throw *input->raised;
+  counters.activities = activities[0];
+  steps_counters["activities"] = activities[1];
+  return counters;
+}
+
 py::dict run_workload(const py::dict& platform, const std::vector<std::string>& host_names,
                       const py::dict& a, int iterations, std::size_t xpus, const py::buffer& iteration_ends,
                       const py::buffer& first, const py::buffer& last, const py::buffer& done_runs,
                       const py::object& traced_xpus, const py::object& traced_runs, const py::object& progress,
-                      const py::object& job_ends, const py::object& job_ended)
+                      const py::object& job_ends, const py::object& job_ended, const py::object& beside)
 {
   using namespace hcsim::core;
   if (iterations < 1)
@@ -284,11 +441,19 @@ py::dict run_workload(const py::dict& platform, const std::vector<std::string>& 
       }
     };
   std::size_t ended = 0;
-  RunCounters counters = run_on_engine(platform, host_names, [&](const std::vector<simgrid::s4u::Host*>& hosts) {
-    return hcsim::core::run_workload(w, hosts, out, &ended);
-  });
+  RunCounters counters;
+  py::dict beside_counters;
+  if (beside.is_none()) {
+    counters = run_on_engine(platform, host_names, [&](const std::vector<simgrid::s4u::Host*>& hosts) {
+      return hcsim::core::run_workload(w, hosts, out, &ended);
+    });
+  } else {
+    counters = run_beside(platform, host_names, w, out, &ended, beside.cast<py::dict>(), beside_counters);
+  }
   py::dict result = counters_dict(counters);
   result["iterations_ended"] = ended;
+  if (!beside.is_none())
+    result["beside"] = beside_counters;
   py::list traced_vertices, traced_transfers;
   for (const auto& e : vertex_events)
     traced_vertices.append(py::make_tuple(e.run, e.unit, e.start, e.end));
@@ -300,96 +465,18 @@ py::dict run_workload(const py::dict& platform, const std::vector<std::string>& 
 }
 
 
-/* Serving steps (steps.hpp): each replica's loop asks `next_step(replica, now, done)` at the end of its step, with
-   the GIL taken for the call only; it answers None (done), a number (idle until then; inf: until a handoff lands)
-   or a tuple of floats (a step), or a list [answer, handoffs]: the answer and a tuple of floats, the handoff
-   flows to start now (steps.hpp). `landed(tag, now)`, if given, is called when a handoff's last flow ends. An
-   exception either raises stops every loop and is raised again here once SimGrid has run out. Optional layout
-   arrays h_src, h_dst: the host pairs handoffs may take. */
+/* Serving steps (steps.hpp, StepsInput's arguments), every replica's loop in one SimGrid run. An exception
+   next_step or landed raises stops every loop and is raised again here once SimGrid has run out. */
 py::dict run_steps(const py::dict& platform, const std::vector<std::string>& host_names, const py::dict& a,
                    const py::object& next_step, bool analytic, const py::object& landed)
 {
-  using namespace hcsim::core;
-  auto array = [&a](const char* name) {
-    if (!a.contains(name))
-      throw py::value_error(std::string("run_steps: missing array '") + name + "'");
-    return a[name].cast<py::buffer>();
-  };
-  ReplicaLayout layout;
-  layout.replicas = static_cast<std::size_t>(array("r_tp").request().shape[0]);
-  layout.r_tp = view<std::int32_t>(array("r_tp"), "r_tp", layout.replicas, false);
-  layout.r_xpus = view<std::int64_t>(array("r_xpus"), "r_xpus", layout.replicas + 1, false);
-  std::size_t xpus = static_cast<std::size_t>(array("x_host").request().shape[0]);
-  if (layout.r_xpus[0] != 0 || static_cast<std::size_t>(layout.r_xpus[layout.replicas]) != xpus)
-    throw py::value_error("run_steps: r_xpus must run from 0 to the " + std::to_string(xpus) + " entries of x_host");
-  for (std::size_t r = 0; r < layout.replicas; ++r)
-    if (layout.r_xpus[r + 1] < layout.r_xpus[r])
-      throw py::value_error("run_steps: r_xpus[" + std::to_string(r + 1) + "] is less than r_xpus[" +
-                            std::to_string(r) + "]");
-  layout.x_host = view<std::int32_t>(array("x_host"), "x_host", xpus, false);
-  layout.x_ext = view<std::int32_t>(array("x_ext"), "x_ext", xpus, false);
-  layout.x_dram = view<std::int32_t>(array("x_dram"), "x_dram", xpus, false);
-  if (a.contains("h_src")) {
-    layout.handoff_pairs = static_cast<std::size_t>(array("h_src").request().shape[0]);
-    layout.h_src = view<std::int32_t>(array("h_src"), "h_src", layout.handoff_pairs, false);
-    layout.h_dst = view<std::int32_t>(array("h_dst"), "h_dst", layout.handoff_pairs, false);
-  }
-  std::optional<py::error_already_set> raised;  // what next_step raised, raised again after the run
-  auto floats = [](PyObject* tuple, std::vector<double>& out) {
-    Py_ssize_t n = PyTuple_GET_SIZE(tuple);
-    out.resize(static_cast<std::size_t>(n));
-    for (Py_ssize_t i = 0; i < n; ++i) {
-      out[i] = PyFloat_AsDouble(PyTuple_GET_ITEM(tuple, i));
-      if (out[i] == -1.0 && PyErr_Occurred())
-        throw py::error_already_set();
-    }
-  };
-  NextStep next = [&next_step, &raised, &floats](std::int32_t replica, double now, std::int64_t done,
-                                                 std::vector<double>& step, std::vector<double>& handoffs) {
-    py::gil_scoped_acquire locked;
-    try {
-      py::object reply = next_step(replica, now, done);
-      if (PyList_Check(reply.ptr())) {  // [answer, handoffs]
-        if (PyList_GET_SIZE(reply.ptr()) != 2 || !PyTuple_Check(PyList_GET_ITEM(reply.ptr(), 1)))
-          throw py::cast_error();
-        floats(PyList_GET_ITEM(reply.ptr(), 1), handoffs);
-        reply = py::reinterpret_borrow<py::object>(PyList_GET_ITEM(reply.ptr(), 0));
-      }
-      if (reply.is_none())
-        return Reply::DONE;
-      PyObject* tuple = reply.ptr();
-      if (!PyTuple_Check(tuple)) {
-        step.assign(1, reply.cast<double>());  // a number: idle until then (TypeError for anything else)
-        return Reply::IDLE;
-      }
-      floats(tuple, step);
-      return Reply::STEP;
-    } catch (py::error_already_set& err) {
-      raised.emplace(std::move(err));
-    } catch (py::cast_error&) {
-      PyErr_SetString(PyExc_TypeError, "run_steps: next_step must return None, a number or a tuple of numbers, or "
-                                       "a list [that, a tuple of numbers]");
-      raised.emplace();
-    }
-    return Reply::STOP;
-  };
-  Landed on_landed = nullptr;
-  if (!landed.is_none())
-    on_landed = [&landed, &raised](std::int64_t tag, double now) {
-      py::gil_scoped_acquire locked;
-      try {
-        landed(tag, now);
-        return true;
-      } catch (py::error_already_set& err) {
-        raised.emplace(std::move(err));
-      }
-      return false;
-    };
-  RunCounters counters = run_on_engine(platform, host_names, [&](const std::vector<simgrid::s4u::Host*>& hosts) {
-    return hcsim::core::run_steps(layout, hosts, next, analytic, on_landed);
-  });
-  if (raised)
-    throw *raised;
+  std::unique_ptr<StepsInput> input = steps_input(a, next_step, landed);
+  hcsim::core::RunCounters counters =
+      run_on_engine(platform, host_names, [&](const std::vector<simgrid::s4u::Host*>& hosts) {
+        return hcsim::core::run_steps(input->layout, hosts, input->next, analytic, input->landed);
+      });
+  if (input->raised)
+    throw *input->raised;
   return counters_dict(counters);
 }
 
@@ -426,7 +513,10 @@ PYBIND11_MODULE(_core, m)
         py::arg("iterations"), py::arg("xpus"), py::arg("iteration_ends"), py::arg("first"), py::arg("last"),
         py::arg("done_runs"), py::arg("traced_xpus") = py::none(), py::arg("traced_runs") = py::none(),
         py::arg("progress") = py::none(), py::arg("job_ends") = py::none(), py::arg("job_ended") = py::none(),
-        "Run a workload graph's iterations by the executor's rules (arrays: hcsim/engine/core/workload.py).");
+        py::arg("beside") = py::none(),
+        "Run a workload graph's iterations by the executor's rules (arrays: hcsim/engine/core/workload.py); with "
+        "beside (a dict: host_names, layout, next_step, analytic, landed, shared_pairs), serving steps as run_steps "
+        "runs them, in the same SimGrid run on the same platform.");
   m.def("run_steps", &run_steps, py::arg("platform"), py::arg("host_names"), py::arg("layout"),
         py::arg("next_step"), py::arg("analytic") = true, py::arg("landed") = py::none(),
         "Run serving replicas' steps, asking next_step(replica, now, done) at each one's end (steps.hpp); with "

@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -77,10 +78,10 @@ struct Route {
   std::vector<sg4::Link*> links;
 };
 
-class StepLoop : CallbackDriver {
+class StepLoop : CallbackDriver, public Loop {
 public:
   StepLoop(const ReplicaLayout& layout, const std::vector<sg4::Host*>& hosts, NextStep next, bool analytic,
-           Landed landed)
+           Landed landed, const std::vector<sg4::Link*>& shared)
       : CallbackDriver(hosts), layout_(layout), hosts_(hosts), next_(std::move(next)), landed_(std::move(landed)),
         replicas_(layout.replicas)
   {
@@ -102,15 +103,19 @@ public:
       if (found != replica_of.end())
         replicas_[found->second].sends = true;
     }
-    find_private_phases(analytic);
+    find_private_phases(analytic, shared);
   }
 
-  RunCounters run()
+  /* Every replica asked for its first step. */
+  void start() override
   {
     for (std::size_t r = 0; r < replicas_.size(); ++r)
       ask(static_cast<std::int32_t>(r));
-    RunCounters counters = run_engine();
-    counters.activities = activities_;
+  }
+
+  /* Throws for a bad answer, a replica that waits for a handoff that never came, or a loop that stopped short. */
+  std::size_t collect() override
+  {
     if (!error_.empty())
       throw std::invalid_argument(error_);
     for (std::size_t r = 0; r < replicas_.size() && !stopped_; ++r) {
@@ -120,7 +125,7 @@ public:
       if (!replicas_[r].done)  // every loop has an activity in flight until it is done: a bug if not
         throw std::logic_error("run_steps: replica " + std::to_string(r) + "'s loop stopped before it was done");
     }
-    return counters;
+    return activities_;
   }
 
 private:
@@ -429,9 +434,10 @@ private:
   // ---- private phases ------------------------------------------------------------------------------------------
 
   /* Which phases are private (the file's comment), from the routes of every transfer a phase may run: a link is
-     shared when two replicas' transfers cross it or two transfers of one phase do. With `analytic` false, none is
-     (every phase simulated in full: the tests compare both). */
-  void find_private_phases(bool analytic)
+     shared when two replicas' transfers cross it, two transfers of one phase do, or it is one of `shared` (links
+     another loop's transfers cross: a training job beside the replicas). With `analytic` false, none is (every
+     phase simulated in full: the tests compare both). */
+  void find_private_phases(bool analytic, const std::vector<sg4::Link*>& shared)
   {
     // per link: the replica that crosses it first, and whether another replica or a second transfer of one
     // phase crosses it too
@@ -473,6 +479,8 @@ private:
     for (std::size_t h = 0; h < layout_.handoff_pairs; ++h)  // handoffs run outside any step: shared
       for (const sg4::Link* link : route(layout_.h_src[h], layout_.h_dst[h]).links)
         uses[link].shared = true;
+    for (const sg4::Link* link : shared)
+      uses[link].shared = true;
     std::int64_t group = 0;
     each_group([&](std::size_t r, int, std::int32_t, const auto& flows) {
       for (const auto& [src, dst] : flows)
@@ -711,8 +719,8 @@ private:
 
 }  // namespace
 
-RunCounters run_steps(const ReplicaLayout& layout, const std::vector<sg4::Host*>& hosts, NextStep next, bool analytic,
-                      Landed landed)
+std::unique_ptr<Loop> steps_loop(const ReplicaLayout& layout, const std::vector<sg4::Host*>& hosts, NextStep next,
+                                 bool analytic, Landed landed, const std::vector<sg4::Link*>& shared)
 {
   if (hosts.empty())
     throw std::invalid_argument("run_steps: no hosts (the delay host comes last)");
@@ -734,8 +742,14 @@ RunCounters run_steps(const ReplicaLayout& layout, const std::vector<sg4::Host*>
     if (!host(layout.h_src[h], false) || !host(layout.h_dst[h], false))
       throw std::invalid_argument("run_steps: handoff pair " + std::to_string(h) + " names a host that is not one of "
                                   "the " + std::to_string(count) + " given");
-  StepLoop loop(layout, hosts, std::move(next), analytic, std::move(landed));
-  return loop.run();
+  return std::make_unique<StepLoop>(layout, hosts, std::move(next), analytic, std::move(landed), shared);
+}
+
+RunCounters run_steps(const ReplicaLayout& layout, const std::vector<sg4::Host*>& hosts, NextStep next, bool analytic,
+                      Landed landed)
+{
+  std::unique_ptr<Loop> loop = steps_loop(layout, hosts, std::move(next), analytic, std::move(landed), {});
+  return run_loops({loop.get()});
 }
 
 }  // namespace hcsim::core

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -91,6 +92,13 @@ using Landed = std::function<bool(std::int64_t tag, double now)>;
    phase runs in full. std::invalid_argument for a bad layout or a bad answer (its replica, field and value named). */
 RunCounters run_steps(const ReplicaLayout& layout, const std::vector<simgrid::s4u::Host*>& hosts, NextStep next,
                       bool analytic = true, Landed landed = nullptr);
+
+/* run_steps' loop, to run beside others (core.hpp's run_loops): `shared` are links another loop's transfers cross
+   (a training job beside the replicas), which no phase has to itself, so a phase that crosses one is simulated in
+   full. `layout` must outlive it. */
+std::unique_ptr<Loop> steps_loop(const ReplicaLayout& layout, const std::vector<simgrid::s4u::Host*>& hosts,
+                                 NextStep next, bool analytic, Landed landed,
+                                 const std::vector<simgrid::s4u::Link*>& shared);
 
 }  // namespace hcsim::core
 

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 namespace hcsim::core {
@@ -142,6 +143,11 @@ constexpr std::int64_t PROGRESS_EVERY = 1 << 16;
 
 RunCounters run_workload(const WorkloadArrays& w, const std::vector<simgrid::s4u::Host*>& hosts,
                          WorkloadOutput out, std::size_t* iterations_ended);
+
+/* run_workload's loop, to run beside others (core.hpp's run_loops); `w`, `out`'s buffers and `iterations_ended`
+   must outlive it. */
+std::unique_ptr<Loop> workload_loop(const WorkloadArrays& w, const std::vector<simgrid::s4u::Host*>& hosts,
+                                    WorkloadOutput out, std::size_t* iterations_ended);
 
 }  // namespace hcsim::core
 

@@ -27,7 +27,7 @@ from collections import defaultdict
 import networkx as nx
 
 from hcsim.engine.options import COMM_KINDS
-from hcsim.errors import ConfigError, SimulationError
+from hcsim.errors import ConfigError, HcsimError, SimulationError
 from hcsim.limits import collector_paused
 
 __all__ = ["build_arrays", "run_workload"]
@@ -442,11 +442,14 @@ def _fill_trace(trace, rules, counters: dict, hosts: list[str], arrays: dict) ->
                                 start, end))
 
 
-def run_workload(platform: nx.Graph, workload: nx.DiGraph, compiled, options, order=None, progress=None):
+def run_workload(platform: nx.Graph, workload: nx.DiGraph, compiled, options, order=None, progress=None,
+                 beside=None):
     """Run `workload` on `platform` compiled (a :class:`hcsim.platform.CompiledPlatform`) in the core, in this process (once: SimGrid allows
     one Engine per process); a :class:`RunResult`. `order`: the vertices as validate_workload returned them, if
     the caller has them (computed here otherwise). `progress`, if given, is called now and then with how many
-    more vertex runs have completed (from the core, which holds no Python state meanwhile).
+    more vertex runs have completed (from the core, which holds no Python state meanwhile). `beside`, if given,
+    runs serving steps in the same SimGrid run (:func:`hcsim.engine.api.run`); the result's ``beside_counters``
+    are theirs.
 
     Raises
     ------
@@ -456,10 +459,22 @@ def run_workload(platform: nx.Graph, workload: nx.DiGraph, compiled, options, or
         when some vertex never completes every iteration.
     """
     with collector_paused():  # the set-up's objects all stay alive; the core's run makes none
-        return _run_workload(platform, workload, compiled, options, order, progress)
+        return _run_workload(platform, workload, compiled, options, order, progress, beside)
 
 
-def _run_workload(platform, workload, compiled, options, order, progress):
+def _tables(compiled, beside) -> dict:
+    """The compiled platform's tables, with the speeds `beside` gives its hosts (``speeds``: name -> FLOP/s, the
+    serving XPUs' peaks at the serving precision, which may not be the workload's)."""
+    tables = compiled.tables
+    if not beside or not beside.get("speeds"):
+        return tables
+    speeds = array("d", tables["speeds"])
+    for i, host in enumerate(tables["hosts"]):
+        speeds[i] = beside["speeds"].get(host, speeds[i])
+    return {**tables, "speeds": speeds}
+
+
+def _run_workload(platform, workload, compiled, options, order, progress, beside=None):
     from hcsim.engine import core
     from hcsim.engine.options import RunResult
     from hcsim.engine.rules import WorkloadRules, check_link_loads
@@ -490,8 +505,12 @@ def _run_workload(platform, workload, compiled, options, order, progress):
         traced_runs = array("B", [0] + [options.trace_iterations is None or run in options.trace_iterations
                                         for run in range(1, iterations + 1)])
     try:
-        counters = module.run_workload(compiled.tables, list(hosts), arrays, iterations, len(xpus), ends, first,
-                                       last, done, traced_xpus, traced_runs, progress, job_ends, job_ended)
+        steps = {k: v for k, v in beside.items() if k != "speeds"} if beside else None
+        counters = module.run_workload(_tables(compiled, beside), list(hosts), arrays, iterations, len(xpus), ends,
+                                       first, last, done, traced_xpus, traced_runs, progress, job_ends, job_ended,
+                                       steps)
+    except HcsimError:  # raised by a callback beside the run (a serving scheduler): as it is
+        raise
     except (ValueError, TypeError) as err:
         raise ConfigError(f"engine core: {err}") from err
     except RuntimeError as err:
@@ -527,6 +546,7 @@ def _run_workload(platform, workload, compiled, options, order, progress):
                        xpu_times=xpu_times(xpus, first, last, iteration_ends, fields, ended),
                        job_iteration_ends=per_job)
     result.core_counters = counters  # run_s, run_cpu_s, setup_s of the core (docs/engine-core.md's figures)
+    result.beside_counters = counters.get("beside")  # the serving steps' beside the workload (activities)
     for vertex in rules.vertices:  # vertices and their edges refer to each other: freed now, not by the collector
         vertex.preds = vertex.succs = None
     return result
