@@ -119,11 +119,12 @@ def job_xpus(prepared: Prepared) -> list[list[str]]:
 
 
 def add_serving_record(result: dict, prepared: Prepared, record: dict) -> None:
-    """The serving job's `record` among `result`'s jobs, at its place in the scenario's, and its XPUs among the
-    run's (``xpus``, ``devices``)."""
+    """The serving job's `record` among `result`'s jobs, at its place in the scenario's, and its XPUs and
+    activities among the run's (``xpus``, ``devices``, ``activities``)."""
     index, xpus = prepared.serving
     result["jobs"].insert(index, record)
     result["xpus"] += len(xpus)
+    result["activities"] += record["activities"]
     devices = result["devices"]
     for x in xpus:
         device = prepared.platform.nodes[x]["device"]
