@@ -12,7 +12,7 @@ from hcsim.engine.collectives import get_algorithm
 from hcsim.errors import ConfigError
 from hcsim.platform import build_platform, load_platform_spec, xpus
 from hcsim.run.simulation import simulate_graphs
-from hcsim.workload import add_comm, new_workload
+from hcsim.workload import add_comm, add_compute, new_workload
 from cases import B, LINK_LAT, _durations, pooled_switch  # tests/engine is on sys.path
 
 SIZES = (1.2e3, 1.2e6, 1.2e9)  # every shard whole bytes at every n tested (the core truncates a transfer to bytes)
@@ -109,3 +109,37 @@ def test_flow_is_within_one_percent_of_step_on_a_cxl_pool(n):
     wrong = [f"{name}: step {step[name]!r} s, flow {flow[name]!r} s" for name, *_ in items
              if not math.isclose(step[name], flow[name], rel_tol=0.01)]
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_region_s_traffic_shares_the_device_port_with_offload_reads():
+    """A GPU outside the group reads its spilled data in place from the same device the whole time: the loads of
+    every pass share the device's port with that read, n + 1 flows alike (the same route latency, so max-min gives
+    each B_M/(n+1)); the stores go the other way and do not meet it (full duplex):
+    8α + S/(B_M/n) + 2(n-1)/n·S/(B_M/(n+1)), against 8α + (3n-2)/n·S/(B_M/n) alone."""
+    n, size, port = 4, 1.2e9, 256e9
+    platform = pooled_switch(n + 1, port, PORT_LATENCY)  # xpu{n} spills there too
+    graph = new_workload("beside-offload")
+    add_comm(graph, "ar", xpus=[f"xpu{i}" for i in range(n)], bytes=size, collective="all_reduce",
+             algorithm="pooled_memory", start=True)
+    add_compute(graph, "read", xpus=[f"xpu{n}"], flops=0.0, memory_bytes=1e12, start=True)  # outlasts the all-reduce
+    graph.nodes["read"]["spilled_xpus"] = frozenset({f"xpu{n}"})
+    result = simulate_graphs(platform, graph, RunOptions(collective_model="flow", trace_xpus=frozenset({"xpu0"})))
+    seconds = {name: end - start for _, xpu, name, _, start, end in result["vertices"] if name == "ar"}["ar"]
+    alpha = LINK_LAT + PORT_LATENCY
+    shared = 8 * alpha + size / (port / n) + 2 * (n - 1) / n * size / (port / (n + 1))
+    assert math.isclose(seconds, shared, rel_tol=1e-6)
+    assert seconds > pooled_memory("all_reduce", n, size, port)
+
+
+def test_on_a_superchip_the_region_is_the_grace_memory_its_two_gpus_share():
+    """GB200: two Blackwells share one Grace's LPDDR5X over NVLink-C2C: n·S into that memory, 2(n-1)·S out of it,
+    and nothing over NVLink."""
+    n, size = 2, 1e8
+    platform = build_platform(load_platform_spec("gb200-nvl72", {}), xpus=n)
+    graph = new_workload("superchip")
+    add_comm(graph, "c", xpus=xpus(platform)[:n], bytes=size, collective="all_reduce", algorithm="pooled_memory",
+             start=True)
+    links = simulate_graphs(platform, graph, RunOptions(collective_model="step"))["link_bytes"]
+    assert math.isclose(links[("n0.cpu0", "n0.dram0")], n * size)
+    assert math.isclose(links[("n0.dram0", "n0.cpu0")], 2 * (n - 1) * size)
+    assert not any(platform.edges[link]["kind"] == "xpu_link" for link in links)
