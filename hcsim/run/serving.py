@@ -321,7 +321,7 @@ class _StepCost:
                         sends=p.pp - 1, send_bytes=size, spilled_bytes=spilled * self.token_kv * self.layers,
                         resident_bytes=resident * self.token_kv * self.layers,
                         spilled_layers=self.layers if spilled else 0, swap_bytes=swap_bytes, store_bytes=store_bytes,
-                        host=self.spec.step_overhead, head=head)
+                        host=self.spec.host_time, head=head)
 
 
 KV_TIER_NAMES = {"cpu": "host DRAM", "cxl": "CXL Type 3 memory"}  # serving.kv_offload.tier -> what it is

@@ -165,7 +165,7 @@ class ServingSpec:
     swap_space: float = SWAP_SPACE
     prefix_caching: bool | None = None
     chunked_prefill: bool | None = None
-    step_overhead: float = STEP_OVERHEAD
+    step_overhead: float | None = None  # None: the scheduler's (host_time)
     seed: int = 0
     routing: str = "round_robin"
     slo: Slo | None = None
@@ -176,6 +176,14 @@ class ServingSpec:
     description: str = ""
     source: str = ""
     written: frozenset[str] | None = None
+
+    @property
+    def host_time(self) -> float:
+        """Host seconds per step: `step_overhead` where given, else the scheduler's (SGLang's overlap scheduler
+        hides it: 0) or STEP_OVERHEAD."""
+        if self.step_overhead is not None:
+            return self.step_overhead
+        return SCHEDULERS[self.scheduler].get("step_overhead", STEP_OVERHEAD)
 
     def __post_init__(self) -> None:
         where = f"serving workload {self.name!r}"
@@ -247,7 +255,7 @@ class ServingSpec:
                               f"as vLLM's swap does). Fix: leave serving.preemption out")
         if not 0 <= self.swap_space <= 1e15:
             raise ConfigError(f"{where}: serving.swap_space must be >= 0 B, got {given('swap_space')}")
-        if not 0 <= self.step_overhead <= 1:
+        if self.step_overhead is not None and not 0 <= self.step_overhead <= 1:
             raise ConfigError(f"{where}: serving.step_overhead must be from 0 to 1 s, got {given('step_overhead')}")
         if self.routing not in ROUTINGS:
             raise ConfigError(f"{where}: serving.routing {given('routing')} is not one of {', '.join(ROUTINGS)}")
@@ -354,8 +362,7 @@ def scheduler_config(spec: ServingSpec, device: str, memory: float) -> Scheduler
         chunked_prefill=chunked,
         prefix_caching=preset["prefix_caching"] if spec.prefix_caching is None else spec.prefix_caching,
         preemption=spec.preemption or preset["preemption"], watermark=preset["watermark"],
-        swap_space=spec.swap_space, step_overhead=spec.step_overhead if spec.written is None
-        or "step_overhead" in spec.written else preset.get("step_overhead", spec.step_overhead),
+        swap_space=spec.swap_space, step_overhead=spec.host_time,
         gpu_memory_utilization=spec.gpu_memory_utilization, new_token_ratio=preset.get("new_token_ratio"),
         chunks_with_decodes=preset.get("chunks_with_decodes", True))
 
@@ -682,7 +689,7 @@ def serving_spec_from_dict(data: dict, where: str, shape_of) -> ServingSpec:
                   swap_space=serving.quantity("swap_space", "size", SWAP_SPACE, positive=False),
                   prefix_caching=serving.flag("prefix_caching", None),
                   chunked_prefill=serving.flag("chunked_prefill", None),
-                  step_overhead=serving.quantity("step_overhead", "time", STEP_OVERHEAD, positive=False),
+                  step_overhead=serving.quantity("step_overhead", "time", None, positive=False),
                   routing=serving.choice("routing", ROUTINGS, "round_robin"))
     trace = serving.string("trace", None)
     if serving.has("slo"):

@@ -1063,3 +1063,15 @@ def test_sglangs_new_token_ratio_falls_linearly_to_its_floor_and_a_retraction_re
     assert estimate.after_decodes(0.7, 10_000) == estimate.floor == pytest.approx(0.098)
     assert estimate.after_retraction(made=100, outputs=1999, running=5) == pytest.approx((100 + 100) / 2000)
     assert estimate.after_retraction(made=100, outputs=10, running=5) == 1.0
+
+
+def test_a_step_charges_the_schedulers_host_time_unless_step_overhead_is_given():
+    """SGLang's overlap scheduler hides the host's work (0 s a step); vLLM's steps wait for it (STEP_OVERHEAD);
+    serving.step_overhead, where given, is what every step takes, and the run's summary says the same."""
+    from hcsim.workload.serving import STEP_OVERHEAD
+
+    where = scenario(platform="paper-cxl", xpus=2, tp=2)
+    for keys, host in ((dict(scheduler="sglang"), 0.0), (dict(scheduler="vllm-v1"), STEP_OVERHEAD),
+                       (dict(scheduler="sglang", step_overhead=2e-4), 2e-4)):
+        mix, platform, config, _, _, _ = _checked(where, spec(**keys))
+        assert _StepCost(mix, platform).work(1, 1, (), 1, 100, 0).host == host == config.step_overhead
