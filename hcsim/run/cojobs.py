@@ -24,8 +24,8 @@ from hcsim.errors import ConfigError
 from hcsim.run.prepare import Prepared
 from hcsim.run.scenario import Scenario
 
-__all__ = ["serving_job_scenario", "serving_job_run", "serving_beside", "run_serving_alone", "serving_record", "add_serving_record",
-           "job_xpus", "compare_serving", "SERVING_ALONE_KEYS"]
+__all__ = ["serving_job_scenario", "serving_job_run", "serving_beside", "run_serving_alone", "serving_record",
+           "add_serving_record", "job_xpus", "compare_serving", "SERVING_ALONE_KEYS"]
 
 # what a serving job's record compares with its run alone: its latencies' means and its rates
 SERVING_ALONE_KEYS = ("ttft_s", "tpot_s", "itl_s", "e2e_s")
@@ -87,7 +87,7 @@ def serving_beside(prepared: Prepared, options, progress=None):
     from hcsim.platform.devices import peak_flops
 
     wall = time.perf_counter()
-    sub, run, xpus = serving_job_run(prepared)
+    _, run, xpus = serving_job_run(prepared)
     engine = run.engine
     next_step, landed = engine.callbacks(run.schedulers, run.arrivals)
     nodes = prepared.platform.nodes

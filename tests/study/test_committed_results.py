@@ -35,8 +35,8 @@ COMMITTED = _committed()
 
 def test_the_committed_experiments_are_found():
     """Every results CSV under experiments/ but those their own scripts make (astra-sim/run.py, serving/run.py,
-    disaggregation/run.py)."""
-    made_by_scripts = {"astra-sim.csv", "serving.csv", "disaggregation.csv"}
+    disaggregation/run.py, coherent/serving-beside-training.py)."""
+    made_by_scripts = {"astra-sim.csv", "serving.csv", "disaggregation.csv", "serving-beside-training.csv"}
     every = {c for c in EXPERIMENTS.rglob("results/*.csv") if c.name not in made_by_scripts}
     assert {csv for _, csv in COMMITTED} == every
 
