@@ -440,7 +440,8 @@ def load_workload(path: str | Path, platform_xpus=None) -> nx.DiGraph:
     check_limit(len(data["nodes"]), MAX_GRAPH_VERTICES, "the workload graph's vertices", str(path),
                 "a smaller graph")
     try:
-        graph = nx.node_link_graph(data, directed=True, edges=key)
+        # multigraph=False: networkx builds a multigraph where the key is left out (its default), which no rule expects
+        graph = nx.node_link_graph(data, directed=True, multigraph=False, edges=key)
     except (ValueError, KeyError, TypeError, AttributeError, nx.NetworkXError) as err:
         raise WorkloadError(f"{path}: not a node-link workload graph: {brief(str(err))}") from None
     version = graph.graph.get("format_version", 1)

@@ -102,6 +102,18 @@ def test_graphs_from_other_tools_load_with_defaults(tmp_path):
     assert graph.nodes["c"]["spilled_xpus"] == frozenset()
 
 
+def test_a_graph_file_that_leaves_out_directed_and_multigraph_loads_as_a_plain_directed_graph(tmp_path):
+    """networkx's reader builds a multigraph where "multigraph" is left out; hcsim's graphs are never one."""
+    data = {"graph": {"name": "mine"}, "edges": [{"source": "c", "target": "t"}],
+            "nodes": [{"id": "c", "kind": "compute", "xpus": ["a"], "flops": 5, "memory_bytes": 0, "start": True},
+                      {"id": "t", "kind": "comm", "xpus": ["a", "b"], "bytes": 10, "collective": "p2p"}]}
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(data))
+    graph = load_workload(path)
+    assert graph.is_directed() and not graph.is_multigraph()
+    assert list(graph.edges) == [("c", "t")]
+
+
 @pytest.mark.parametrize("text, message", [
     ("not json", r"not a node-link workload graph"),
     ("[1, 2]", r"not a node-link workload graph"),
