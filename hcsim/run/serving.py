@@ -92,7 +92,7 @@ import math
 import os
 from array import array
 from collections import OrderedDict, deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -360,6 +360,8 @@ class Link:
     latency: float
     bandwidth: float
     factors: Any  # compute_model.LinkFactors
+    _calls: dict = field(default_factory=dict, repr=False, compare=False)  # (steps, ranks, size) -> call(): a
+    # step's sizes repeat (tokens x hidden), and picking the protocol costs more than the rest of a step's encoding
 
     @classmethod
     def of(cls, graph, model, device: str, route) -> Link | None:
@@ -376,8 +378,12 @@ class Link:
         """(s beside the bytes: `steps` route latencies + the protocol's call and step latencies, the protocol's
         achieved share of the bandwidth) of a call of `steps` steps over `ranks` ranks moving `size` B, whose busiest
         rank sends steps x size / ranks B (a ring all-reduce: 2(n-1) steps over n ranks; a send: 1 over 1)."""
-        protocol = self.factors.fastest(False, steps, steps * size / ranks, self.bandwidth)
-        return steps * self.latency + protocol.latency(steps), protocol.bandwidth_factor
+        key = (steps, ranks, size)
+        found = self._calls.get(key)
+        if found is None:
+            protocol = self.factors.fastest(False, steps, steps * size / ranks, self.bandwidth)
+            found = self._calls[key] = (steps * self.latency + protocol.latency(steps), protocol.bandwidth_factor)
+        return found
 
     def time(self, steps: int, ranks: int, size: float) -> float:
         """Seconds of that call alone on the route."""
