@@ -82,7 +82,8 @@ def serving_record(result: dict, xpus: list[str]) -> dict[str, Any]:
 
 def serving_beside(prepared: Prepared, options, progress=None):
     """Run `prepared`'s training jobs with its serving job beside them in one SimGrid run: the training jobs'
-    RunResult and the serving job's record (:func:`serving_record`)."""
+    RunResult and the serving job's result (a serving result, per-request rows and KV cache over time included:
+    :func:`serving_record` makes its record among the jobs')."""
     from hcsim.engine import api
     from hcsim.platform.devices import peak_flops
 
@@ -97,7 +98,7 @@ def serving_beside(prepared: Prepared, options, progress=None):
               "speeds": {x: peak_flops(nodes[x], run.spec.precision) for x in xpus}}
     outcome = api.run(prepared.platform, prepared.workload, options, prepared.pairs | engine.pairs, prepared.order,
                       progress, beside)
-    return outcome, serving_record(run.result(outcome.beside_counters, wall), xpus)
+    return outcome, run.result(outcome.beside_counters, wall)
 
 
 def run_serving_alone(prepared: Prepared, progress=None) -> dict[str, Any]:
@@ -118,10 +119,12 @@ def job_xpus(prepared: Prepared) -> list[list[str]]:
     return out
 
 
-def add_serving_record(result: dict, prepared: Prepared, record: dict) -> None:
-    """The serving job's `record` among `result`'s jobs, at its place in the scenario's, and its XPUs and
-    activities among the run's (``xpus``, ``devices``, ``activities``)."""
+def add_serving_record(result: dict, prepared: Prepared, serving: dict) -> None:
+    """The serving job's record (:func:`serving_record` of its result `serving`) among `result`'s jobs, at its
+    place in the scenario's, and its XPUs and activities among the run's (``xpus``, ``devices``,
+    ``activities``)."""
     index, xpus = prepared.serving
+    record = serving_record(serving, list(xpus))
     result["jobs"].insert(index, record)
     result["xpus"] += len(xpus)
     result["activities"] += record["activities"]

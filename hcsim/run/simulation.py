@@ -124,6 +124,8 @@ def run_here(scenario: Scenario, out: Path | None = None, progress=None, check=N
     if out is not None:
         try:
             write_outputs(Path(out), result, outcome, prepared.platform, prepared.workload, prepared.xpus)
+            if prepared.serving is not None:  # its requests and KV cache over time, in a folder of its own
+                write_serving_outputs(Path(out) / serving["scenario"], serving)
         except OSError as err:
             raise OutputError(f"{err.filename or out}: could not write the outputs ({err.strerror or err}); the run "
                               "finished and its result is kept, but nothing more was saved", result) from None

@@ -90,3 +90,22 @@ def test_a_serving_job_with_what_it_cannot_take_is_one_clear_error(serve, more, 
         scenario = load_scenario(None, {**BASE, **more, "jobs": [{"name": "train", "xpus": ["xpu0", "xpu8"]},
                                                                  {**SERVE, "xpus": ["xpu1", "xpu9"], **serve}]})
         serving_job_run(prepare(scenario))
+
+
+def test_a_run_with_a_serving_job_writes_its_requests_in_a_folder_named_after_it(tmp_path):
+    """--out: the run's outputs, and in OUT/serve/ the serving job's as a serving run writes them: one
+    requests.csv row per request, each with its first token before its finish, and its result.json the record's
+    numbers."""
+    import csv
+
+    out = tmp_path / "out"
+    result = simulate(_scenario(["xpu4", "xpu12"]), out)
+    folder = out / "serve"
+    rows = list(csv.DictReader((folder / "requests.csv").open()))
+    assert [int(row["request"]) for row in rows] == list(range(24))
+    assert all(float(row["first_token_s"]) <= float(row["finish_s"]) for row in rows)
+    assert {"kv.csv", "kv.png", "latency.png", "result.json"} <= {p.name for p in folder.iterdir()}
+    record = next(job for job in result["jobs"] if job.get("kind") == "serving")
+    written = json.loads((folder / "result.json").read_text())
+    assert written["ttft_s"] == record["ttft_s"] and written["output_tokens"] == record["output_tokens"]
+    assert (out / "result.json").exists()
