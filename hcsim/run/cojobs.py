@@ -62,8 +62,13 @@ def serving_job_run(prepared: Prepared, progress=None):
 
     index, xpus = prepared.serving
     sub, spec = serving_job_scenario(prepared.scenario, index)
+    graph = prepared.platform
+    if prepared.taken:  # a memory the training jobs spill or offload to holds only the rest for the serving job
+        graph = graph.copy()  # (the training jobs' graph keeps its capacities)
+        for node, size in prepared.taken.items():
+            graph.nodes[node]["capacity"] = max(0.0, graph.nodes[node]["capacity"] - size)
     try:
-        run = ServingRun(sub, spec, progress, placed=(prepared.platform_spec, prepared.platform, list(xpus)))
+        run = ServingRun(sub, spec, progress, placed=(prepared.platform_spec, graph, list(xpus)))
     except ConfigError as err:
         raise ConfigError(str(err).replace(f"scenario {sub.name!r}: ", f"scenario {prepared.scenario.name!r}: "
                                            f"jobs[{index}]: ")) from None

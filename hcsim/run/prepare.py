@@ -44,6 +44,8 @@ class Prepared:
     # attributes, placement and XPUs; hcsim.run.jobs); None: one job, this one
     serving: tuple | None = None  # a serving job among the jobs: (its index in scenario.jobs, its XPUs), run beside
     # the training jobs (hcsim.run.cojobs); None: none
+    taken: dict | None = None  # memory node -> bytes the training jobs spill or offload there (what a serving job
+    # beside them finds taken of a memory they share: a CXL pool, a CPU's DRAM)
 
 
 def scenario_platform(scenario: Scenario, xpus_field: str, whole_superchips: bool = True
@@ -180,7 +182,7 @@ def prepare_jobs(scenario: Scenario) -> Prepared:
         jobs.append(Prepared(job, graph, nx.DiGraph(**workload.graph), placement, xpus, set(), coherent,
                              platform_spec))
         graphs.append(workload)
-    _check_jobs_memory(scenario, graph, jobs)
+    taken = _check_jobs_memory(scenario, graph, jobs)
     with collector_paused():
         workload = join_graphs(graphs, [job.scenario.name for job in jobs], [job.scenario.iterations for job in jobs])
         for entry, job in zip(workload.graph["jobs"], jobs):
@@ -191,7 +193,7 @@ def prepare_jobs(scenario: Scenario) -> Prepared:
     apply_stragglers(scenario, graph, xpus)
     pairs = host_pairs(graph, workload)
     return Prepared(scenario, graph, workload, None, xpus, pairs, jobs[0].coherent, platform_spec, order, jobs,
-                    beside)
+                    beside, taken)
 
 
 def _serving_job(scenario: Scenario, jobs: list[Scenario]) -> int | None:
@@ -208,11 +210,12 @@ def _serving_job(scenario: Scenario, jobs: list[Scenario]) -> int | None:
     return serving[0] if serving else None
 
 
-def _check_jobs_memory(scenario: Scenario, graph: nx.Graph, jobs: list[Prepared]) -> None:
+def _check_jobs_memory(scenario: Scenario, graph: nx.Graph, jobs: list[Prepared]) -> dict[str, float]:
     """A memory several jobs' XPUs spill or offload to (a CPU's DRAM, a CXL pool) holds what all of them put
-    there: each job's placement was checked alone (:func:`hcsim.workload.placement.check_shared_memory`)."""
+    there: each job's placement was checked alone (:func:`hcsim.workload.placement.check_shared_memory`). What
+    they put in each such memory (node -> bytes)."""
     from hcsim.errors import WorkloadError
-    from hcsim.workload.placement import check_shared_memory
+    from hcsim.workload.placement import check_shared_memory, shared_memory_use
 
     nodes = graph.nodes
     inventory: dict = {}
@@ -228,6 +231,7 @@ def _check_jobs_memory(scenario: Scenario, graph: nx.Graph, jobs: list[Prepared]
         check_shared_memory(inventory, extended, offload or None)
     except WorkloadError as err:
         raise WorkloadError(f"scenario {scenario.name!r}: jobs: together, {err}") from None
+    return shared_memory_use(inventory, extended, offload or None)[0]
 
 
 def _prepare_workload(scenario: Scenario, platform_spec, graph: nx.Graph, xpus: list[str]):

@@ -109,3 +109,26 @@ def test_a_run_with_a_serving_job_writes_its_requests_in_a_folder_named_after_it
     written = json.loads((folder / "result.json").read_text())
     assert written["ttft_s"] == record["ttft_s"] and written["output_tokens"] == record["output_tokens"]
     assert (out / "result.json").exists()
+
+
+def test_a_memory_the_training_jobs_offload_to_holds_only_the_rest_for_the_serving_job():
+    """cxl-pool: the training job's optimizer state in the pool (offload coherent) and the serving job's KV cache
+    spilling to the same pool: the pool is one capacity, so the serving job's blocks there are its share of what
+    the training leaves, (capacity - taken) / 2 a replica XPU against capacity / 2 alone."""
+    from hcsim.run.prepare import prepare
+
+    train = {"name": "train", "xpus": 16, "workload": "llama3-8b", "micro_batch": 4, "recompute": "full", "zero": 0,
+             "offload": "coherent"}
+    serve = {"name": "serve", "xpus": ["xpu16", "xpu17"], "workload": "opt-13b-serving", "spill": "allow", "tp": 2,
+             "workload_overrides": {"serving.requests": 4, "serving.gpu_memory_utilization": 0.4}}
+    base = {"name": "pool", "platform": "cxl-pool", "compute_model": "roofline", "iterations": 1,
+            "local_collectives": "analytic", "collective_model": "flow"}
+    scenario = load_scenario(None, {**base, "jobs": [train, serve]})
+    prepared = prepare(scenario)
+    pool = prepared.platform.nodes["xpu16"]["extended_memory"]
+    taken, capacity = prepared.taken[pool], prepared.platform.nodes[pool]["capacity"]
+    assert 0 < taken < capacity and pool == prepared.platform.nodes["xpu0"]["extended_memory"]
+    together = simulate(scenario)["jobs"][1]["kv"]["extended_tokens_per_replica"]
+    alone = simulate(load_scenario(None, {**base, "jobs": [serve]}))["kv"]["extended_tokens_per_replica"]
+    assert together < alone
+    assert together == pytest.approx(alone * (capacity - taken) / capacity, rel=1e-5)
