@@ -29,7 +29,7 @@ SERVING_VALUES = {
     "prompt": [[16, 300], 64, [300, 16], [1, 4096], [1, 5000], 0, ".nan", [8, 8, 8]],
     "output": [[2, 40], 1, 2, [3, 3], [2, 4095], -4, "x"],
     "rate": [None, 0.5, 1000, 0, -2, float("nan"), float("inf"), "fast"],
-    "scheduler": ["vllm-v1", "vllm-v0", "vllm-v9", 1],
+    "scheduler": ["vllm-v1", "vllm-v0", "sglang", "vllm-v9", 1],
     "max_num_seqs": [1, 2, 64, 0, 1.5],
     "max_num_batched_tokens": [16, 64, 512, 8192, 0, -5, float("nan")],
     "block_size": [8, 16, 128, 3, 0],
