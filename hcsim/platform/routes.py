@@ -134,17 +134,19 @@ class RouteSearch:
         counter = 1
         settled: set[str] = set()
         remaining = set(targets)
+        push, pop, inwards = heapq.heappush, heapq.heappop, self.inward
         while heap and remaining:
-            dist, neg_bottleneck, _, node = heapq.heappop(heap)
+            dist, neg_bottleneck, _, node = pop(heap)
             if node in settled:
                 continue
             settled.add(node)
             remaining.discard(node)
             own_only = False
-            if node != source and not transit[node]:
+            node_transit = transit[node]
+            if node != source and not node_transit:
                 previous = nodes[parent[node]]
                 own_only = not (previous.get("kind") == "memory" and previous.get("owner") == node)
-            inward = self.inward.get(node) if self.inward and node != source else None
+            inward = inwards.get(node) if inwards and node != source else None
             if inward is not None and nodes[parent[node]].get("server") == inward:
                 inward = None  # from inside its server: it forwards anywhere
             links = adjacency[node]
@@ -157,13 +159,15 @@ class RouteSearch:
                     continue
                 if inward is not None and nodes[neighbour].get("server") != inward:
                     continue
-                if neighbour in dead_ends and transit[node] and neighbour not in extra and neighbour not in remaining:
+                if node_transit and neighbour in dead_ends and neighbour not in extra and neighbour not in remaining:
                     continue
-                key = (dist + latency, max(neg_bottleneck, -bandwidth))
-                if neighbour not in best or key < best[neighbour]:
-                    best[neighbour] = key
+                through = dist + latency
+                narrowest = -bandwidth if -bandwidth > neg_bottleneck else neg_bottleneck
+                known = best.get(neighbour)
+                if known is None or (through, narrowest) < known:
+                    best[neighbour] = (through, narrowest)
                     parent[neighbour] = node
-                    heapq.heappush(heap, (*key, counter, neighbour))
+                    push(heap, (through, narrowest, counter, neighbour))
                     counter += 1
         if remaining:
             without = f" without {'/'.join(sorted(self.avoid))} links" if self.avoid else ""
