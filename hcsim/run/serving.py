@@ -456,7 +456,8 @@ class _Engine:
                     pairs.add((a, b))
                     h_src.append(hosts[a])
                     h_dst.append(hosts[b])
-                    self.handoff_link[hosts[a], hosts[b]] = Link.of(graph, p.model, sides[source][0].device, search(a, [b])[b])
+                    self.handoff_link[hosts[a], hosts[b]] = Link.of(graph, p.model, sides[source][0].device,
+                                                                    search(a, [b])[b])
         self.size = size
         self.hosts, self.pairs = list(hosts), pairs
         self.layout = {"r_tp": array("i", [p.tp]) * p.dp, "r_xpus": array("q", range(0, len(xpus) + 1, size)),

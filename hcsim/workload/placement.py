@@ -37,8 +37,8 @@ from hcsim.errors import WorkloadError
 from hcsim.units import format_quantity
 from hcsim.workload.spec import WorkloadSpec
 
-__all__ = ["StateBytes", "XpuMemory", "CapacityPlacement", "Placement", "training_state", "place_memory", "shared_memory_use",
-           "out_of_memory", "check_shared_memory"]
+__all__ = ["StateBytes", "XpuMemory", "CapacityPlacement", "Placement", "training_state", "place_memory",
+           "shared_memory_use", "out_of_memory", "check_shared_memory"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -7,8 +7,9 @@ requests per second, or all at once: a fixed batch), a prompt prefix shared with
 (``shared_prefix``, ``prefix_groups``) or every request from a trace file (``trace``: :func:`read_trace`),
 whether its prefills and decodes run on separate replicas (``disaggregation``), the latency targets a request
 meets or misses (``slo``: :class:`Slo`), and the serving engine's
-scheduler (``scheduler``: ``vllm-v1``, the default, ``vllm-v0`` or ``sglang``) with vLLM's knobs under their vLLM names
-(:class:`ServingSpec`); the run's random numbers come from ``seed`` alone, so the same inputs give the same run.
+scheduler (``scheduler``: ``vllm-v1``, the default, ``vllm-v0`` or ``sglang``) with vLLM's knobs under their
+vLLM names (:class:`ServingSpec`); the run's random numbers come from ``seed`` alone, so the same inputs give the
+same run.
 
 The KV cache of one token is layers x 2 (K and V) x kv_heads x head_dim x bytes per element
 (:func:`kv_bytes_per_token`). One serving step runs, on one rank of a TP group and for the layers of one
@@ -70,9 +71,10 @@ class NewTokenRatio:
 # watermark: the fraction of the KV blocks a new request must leave free (V0's block manager: 0.01).
 # SGLang (python/sglang/srt/managers/scheduler.py, schedule_policy.py's PrefillAdder) runs a prefill batch (new
 # prompts and the next chunk of a chunked one) whenever one can be formed, else a decode batch, never both
-# (prefill_first, and chunks_with_decodes off: enable_mixed_chunk is off by default); its KV pool is token-granular (page_size 1: blocks of 1
-# token), its radix cache reuses any cached prefix (prefix caching at token granularity), it retracts (recomputes)
-# decodes when memory runs out, and its overlap scheduler hides the host's work (step_overhead 0, unless set).
+# (prefill_first, and chunks_with_decodes off: enable_mixed_chunk is off by default); its KV pool is
+# token-granular (page_size 1: blocks of 1 token), its radix cache reuses any cached prefix (prefix caching at
+# token granularity), it retracts (recomputes) decodes when memory runs out, and its overlap scheduler hides the
+# host's work (step_overhead 0, unless set).
 # It admits a request only while the free and evictable tokens, less the tokens every running request is
 # expected still to need (min(its remaining output, 4,096) x new_token_ratio) and those of the requests admitted
 # in the step so far (prompt + min(output, 4,096)), exceed the request's prompt + min(output, 4,096):
