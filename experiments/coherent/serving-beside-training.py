@@ -21,7 +21,6 @@ the rest at flow fidelity, 96 requests. The findings were written before the poi
 
 from __future__ import annotations
 
-import csv
 import sys
 from pathlib import Path
 
@@ -93,11 +92,10 @@ def run_point(place: str, rate: int, bandwidth: str) -> dict:
 def main() -> int:
     out = HERE / "results"
     table = out / f"{NAME}.csv"
-    if "--report-only" in sys.argv[1:]:
-        with open(table, newline="") as handle:
-            rows = [{k: (v if k in ("place", "cxl_bandwidth", "compute_model") else float(v)) for k, v in row.items()}
-                    for row in csv.DictReader(handle)]
-        report(rows, out)
+    from hcsim.study.summary import read_rows, report_only, write_rows
+
+    if report_only(__doc__):
+        report(read_rows(table, text=("place", "cxl_bandwidth", "compute_model")), out)
         return 0
     rows = []
     for place, rate, bandwidth in POINTS:
@@ -105,11 +103,7 @@ def main() -> int:
         row = rows[-1]
         print(f"{place:<9} {rate}/s {bandwidth:>7}: training x{row['train_slowdown']:.4f}, serving ttft "
               f"x{row['ttft_slowdown']:.4f} tpot x{row['tpot_slowdown']:.4f}", file=sys.stderr)
-    out.mkdir(exist_ok=True)
-    with open(table, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, COLUMNS, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
+    write_rows(table, rows, COLUMNS)
     report(rows, out)
     return 0
 

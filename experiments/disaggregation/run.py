@@ -20,7 +20,6 @@ requests; co-located, 2P:2D and 3P:1D at tp 4 at 4 and 6 requests/s, 256 request
 
 from __future__ import annotations
 
-import csv
 import sys
 from pathlib import Path
 
@@ -75,19 +74,13 @@ COLUMNS = ("system", "rate", "requests_per_s", "tokens_per_s", "ttft_p50_s", "tt
 
 def main() -> int:
     out = HERE / "results"
-    from hcsim.study.summary import report_only
+    from hcsim.study.summary import read_rows, report_only, write_rows
 
     if report_only(__doc__):
-        with open(out / "disaggregation.csv", newline="") as handle:
-            rows = [{k: (v if k == "system" else float(v)) for k, v in row.items()} for row in csv.DictReader(handle)]
-        report(rows, out)
+        report(read_rows(out / "disaggregation.csv", text=("system",)), out)
         return 0
     rows = [point(label, rate) for label in SYSTEMS for rate in RATES]
-    out.mkdir(exist_ok=True)
-    with open(out / "disaggregation.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, COLUMNS, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
+    write_rows(out / "disaggregation.csv", rows, COLUMNS)
     report(rows, out)
     return 0
 

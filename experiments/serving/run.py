@@ -14,7 +14,6 @@ before the first run; the offload findings before the offload systems' first run
 
 from __future__ import annotations
 
-import csv
 import sys
 from pathlib import Path
 
@@ -98,13 +97,10 @@ COLUMNS = ("system", "rate", "tokens_per_s", "ttft_p50_s", "ttft_p99_s", "tpot_p
 
 def main() -> int:
     out = HERE / "results"
-    from hcsim.study.summary import report_only
+    from hcsim.study.summary import read_rows, report_only, write_rows
 
     if report_only(__doc__):
-        with open(out / "serving.csv", newline="") as handle:
-            rows = [{k: (v if k in ("system", "spilled_to") else float(v)) for k, v in row.items()}
-                    for row in csv.DictReader(handle)]
-        report(rows, out)
+        report(read_rows(out / "serving.csv", text=("system", "spilled_to")), out)
         return 0
     from hcsim.run.scenario import load_scenario
     from hcsim.run.simulation import simulate
@@ -126,11 +122,7 @@ def main() -> int:
             rows.append(row)
             print(f"{label:<36} {rate:>2}/s {row['tokens_per_s']:>8,.0f} tok/s  ttft p99 {row['ttft_p99_s']:7.2f} s  "
                   f"tpot p99 {row['tpot_p99_s'] * 1e3:7.1f} ms  spilled {row['peak_extended_tokens']:,}", file=sys.stderr)
-    out.mkdir(exist_ok=True)
-    with open(out / "serving.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, COLUMNS, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
+    write_rows(out / "serving.csv", rows, COLUMNS)
     report(rows, out)
     return 0
 

@@ -10,7 +10,7 @@ from hcsim.errors import ConfigError
 from hcsim.study.experiment import Experiment, Point, describe
 from hcsim.study.store import columns, read_results
 
-__all__ = ["write_report", "results_table", "discussion", "report_only"]
+__all__ = ["write_report", "results_table", "discussion", "report_only", "read_rows", "write_rows"]
 
 
 def write_report(experiment: Experiment, csv_path: Path, out: Path) -> list[Path]:
@@ -146,6 +146,25 @@ def results_table(rows: list[dict[str, Any]], columns: list[str]) -> list[str]:
 
     return ["", "## Results\n", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)] + [
         "| " + " | ".join(cell(row[c]) for c in columns) + " |" for row in rows]
+
+
+def write_rows(path: Path, rows: list[dict[str, Any]], columns) -> None:
+    """An experiment script's results table as CSV at `path` (its folder made): `columns` in order, a row each."""
+    import csv
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, columns, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def read_rows(path: Path, text=()) -> list[dict[str, Any]]:
+    """The rows :func:`write_rows` wrote at `path`, each value a float except those of the `text` columns."""
+    import csv
+
+    with open(path, newline="") as handle:
+        return [{k: (v if k in text else float(v)) for k, v in row.items()} for row in csv.DictReader(handle)]
 
 
 def report_only(doc: str) -> bool:
