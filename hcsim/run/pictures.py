@@ -1,7 +1,7 @@
 """One run's pictures: where each XPU's iteration goes (xpus.png), a serving run's KV cache over time (kv.png) and
 its requests' latencies (latency.png).
 
-Matplotlib is imported inside each function, so a run that draws nothing never loads it.
+Matplotlib is imported when a picture is drawn (_pyplot), so a run that draws nothing never loads it.
 """
 
 from __future__ import annotations
@@ -23,6 +23,27 @@ _SEGMENTS = (("compute_s", "compute", "#1f4e9c"), ("memory_stall_s", "memory sta
 DIFFERS = 0.01  # an XPU differs from its class when a part of its split is off the class median by > 1 % of the iteration
 PER_XPU_MOST = 32  # the per-XPU panel is drawn up to this many XPUs (when some differ), else only the ones that differ
 MARKED_PER_CLASS = 3  # beyond PER_XPU_MOST, the XPUs of a class that differ most, drawn under its bar
+_STYLE = {"font.family": "serif", "font.size": 9, "axes.spines.top": False, "axes.spines.right": False}
+
+
+def _pyplot():
+    """matplotlib.pyplot, drawing off screen (imported here: a run that draws nothing never loads it)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(figure, path: Path) -> Path:
+    """`figure` written to `path` (PNG, 150 dpi; its folder made) and closed."""
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=150)
+    plt.close(figure)
+    return path
 
 
 def plot_xpu_times(rows: list[dict[str, Any]], path: Path, title: str = "") -> Path:
@@ -36,11 +57,7 @@ def plot_xpu_times(rows: list[dict[str, Any]], path: Path, title: str = "") -> P
     MARKED_PER_CLASS that differ most. The dashed line is the iteration time. The classes and the marks keep
     the picture the same size at 1,024 XPUs as at 64.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     classes, differing = xpu_classes(rows)
     period = max((r["iteration_time_s"] for r in rows), default=0.0)
     few = len(rows) <= PER_XPU_MOST and any(differing.values())
@@ -55,8 +72,7 @@ def plot_xpu_times(rows: list[dict[str, Any]], path: Path, title: str = "") -> P
     used = [seg for seg in _SEGMENTS if any(bar[seg[0]] > visible for _, bar, _ in bars + per_xpu)] \
         or list(_SEGMENTS[:1])
     heights = [len(bars)] + ([len(per_xpu)] if per_xpu else [])
-    with plt.rc_context({"font.family": "serif", "font.size": 9, "axes.spines.top": False,
-                         "axes.spines.right": False}):
+    with plt.rc_context(_STYLE):
         figure, axes = plt.subplots(len(heights), 1, figsize=(8.0, 1.5 + 0.24 * sum(heights) + 0.4 * len(heights)),
                                     gridspec_kw={"height_ratios": [h + 1 for h in heights]}, squeeze=False)
         _draw_bars(axes[0][0], bars, used, period)
@@ -72,10 +88,7 @@ def plot_xpu_times(rows: list[dict[str, Any]], path: Path, title: str = "") -> P
         if title:
             figure.suptitle(title, fontsize=9, y=0.999, va="top")
         figure.tight_layout(rect=(0, 0, 1, 1 - (0.08 + 0.17 * lines) / figure.get_figheight()))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        figure.savefig(path, dpi=150)
-        plt.close(figure)
-    return path
+        return _save(figure, path)
 
 
 def xpu_classes(rows: list[dict[str, Any]]) -> tuple[dict[tuple, list[dict]], dict[tuple, list[dict]]]:
@@ -147,16 +160,11 @@ def _draw_bars(ax, bars: list[tuple[str, dict, bool]], used, period: float) -> N
 def plot_kv_occupancy(result: dict[str, Any], path: Path) -> Path:
     """The KV cache of a serving run over time: tokens in HBM and in extended memory (replica 0), and the
     sequences running; write `path` (PNG)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     rows = [row for row in result["occupancy"] if row[0] == 0]
     offload = result.get("scheduler", {}).get("kv_offload")  # (serving.kv_offload: the tier holds offloaded blocks)
     times = [row[1] for row in rows]
-    with plt.rc_context({"font.family": "serif", "font.size": 9, "axes.spines.top": False,
-                         "axes.spines.right": False}):
+    with plt.rc_context(_STYLE):
         figure, ax = plt.subplots(figsize=(7.5, 3.2))
         ax.stackplot(times, [row[2] for row in rows], [row[3] for row in rows], step="post",
                      labels=["KV tokens in HBM", f"KV tokens {'offloaded to' if offload else 'in'} "
@@ -176,28 +184,20 @@ def plot_kv_occupancy(result: dict[str, Any], path: Path) -> Path:
         ax.set_title(f"{result['scenario']}: {result['model']} on {result['xpus']} {result['device']}, "
                      f"KV cache of replica 0", fontsize=9)
         figure.tight_layout()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        figure.savefig(path, dpi=150)
-        plt.close(figure)
-    return path
+        return _save(figure, path)
 
 
 def plot_latencies(result: dict[str, Any], path: Path) -> Path:
     """A serving run's latency distributions: for time to first token, time per output token and end-to-end
     latency, the fraction of requests served within each time (the empirical CDF over ``per_request``), its p50
     and p99 marked, and the SLO's target where ``serving.slo`` sets one; write `path` (PNG)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     rows = result["per_request"]
     targets = result.get("slo") or {}
     panels = (("time to first token", [r["ttft_s"] for r in rows], targets.get("ttft_s")),
               ("time per output token", [r["tpot_s"] for r in rows], targets.get("tpot_s")),
               ("end to end", [r["finish_s"] - r["arrival_s"] for r in rows], None))
-    with plt.rc_context({"font.family": "serif", "font.size": 9, "axes.spines.top": False,
-                         "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3}):
+    with plt.rc_context({**_STYLE, "axes.grid": True, "grid.alpha": 0.3}):
         figure, axes = plt.subplots(1, 3, figsize=(9.5, 3.2), sharey=True)
         for ax, (name, values, target) in zip(axes, panels):
             values = sorted(v for v in values if v is not None)
@@ -217,7 +217,4 @@ def plot_latencies(result: dict[str, Any], path: Path) -> Path:
         figure.suptitle(f"{result['scenario']}: {result['model']} on {result['xpus']} {result['device']}, "
                         f"{len(rows):,} requests", fontsize=9)
         figure.tight_layout()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        figure.savefig(path, dpi=150)
-        plt.close(figure)
-    return path
+        return _save(figure, path)
