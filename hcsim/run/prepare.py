@@ -215,7 +215,7 @@ def _check_jobs_memory(scenario: Scenario, graph: nx.Graph, jobs: list[Prepared]
     there: each job's placement was checked alone (:func:`hcsim.workload.placement.check_shared_memory`). What
     they put in each such memory (node -> bytes)."""
     from hcsim.errors import WorkloadError
-    from hcsim.workload.placement import check_shared_memory, shared_memory_use
+    from hcsim.workload.placement import check_shared_memory
 
     nodes = graph.nodes
     inventory: dict = {}
@@ -228,10 +228,9 @@ def _check_jobs_memory(scenario: Scenario, graph: nx.Graph, jobs: list[Prepared]
     extended = {x: (nodes[x]["extended_memory"], nodes[nodes[x]["extended_memory"]]["capacity"]) for x in inventory
                 if nodes[x]["extended_memory"]}
     try:
-        check_shared_memory(inventory, extended, offload or None)
+        return check_shared_memory(inventory, extended, offload or None)
     except WorkloadError as err:
         raise WorkloadError(f"scenario {scenario.name!r}: jobs: together, {err}") from None
-    return shared_memory_use(inventory, extended, offload or None)[0]
 
 
 def _prepare_workload(scenario: Scenario, platform_spec, graph: nx.Graph, xpus: list[str]):

@@ -38,7 +38,7 @@ from hcsim.units import format_quantity
 from hcsim.workload.spec import WorkloadSpec
 
 __all__ = ["StateBytes", "XpuMemory", "CapacityPlacement", "Placement", "training_state", "place_memory",
-           "shared_memory_use", "out_of_memory", "check_shared_memory"]
+           "out_of_memory", "check_shared_memory"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -224,9 +224,10 @@ def place_memory(graph: nx.DiGraph, capacities: dict[str, float], spec: Workload
 
 
 def check_shared_memory(inventory: dict[str, XpuMemory], extended: dict[str, tuple[str, float]],
-                        offload: dict[str, tuple[str, float]] | None = None) -> None:
+                        offload: dict[str, tuple[str, float]] | None = None) -> dict[str, float]:
     """Refuse a placement whose XPUs put more in one shared memory than it holds: a CPU's DRAM under several
-    XPUs, a superchip's Grace memory under its GPUs, a CXL pool under several hosts is one capacity.
+    XPUs, a superchip's Grace memory under its GPUs, a CXL pool under several hosts is one capacity. What they
+    put in each memory beyond their HBM (memory node -> bytes) when it fits.
 
     Parameters
     ----------
@@ -244,30 +245,12 @@ def check_shared_memory(inventory: dict[str, XpuMemory], extended: dict[str, tup
 
     >>> one = XpuMemory(parameters=0, gradients=0, optimizer=0, activations=3e12, local=1e12, spilled=2e12)
     >>> check_shared_memory({"x0": one, "x1": one}, {"x0": ("pool0.mem", 5e12), "x1": ("pool0.mem", 5e12)})
+    {'pool0.mem': 4000000000000.0}
     >>> check_shared_memory({"x0": one, "x1": one}, {"x0": ("pool0.mem", 3e12), "x1": ("pool0.mem", 3e12)})
     Traceback (most recent call last):
     ...
     hcsim.errors.WorkloadError: memory 'pool0.mem' is shared by 2 XPUs (x0, x1) and holds 3 TB, less than the 4 TB they spill or offload to it (2 TB on x0). Fix: a larger memory (a CXL pool: pool.capacity_per_host), fewer XPUs sharing it, more tp or pp, ZeRO, recomputation, or a smaller batch
     """
-    used, capacity, users = shared_memory_use(inventory, extended, offload)
-    for node in sorted(used):
-        if used[node] > capacity[node] * (1 + 1e-12):
-            members = sorted(users[node], key=lambda x: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", x)])
-            biggest = max(members, key=lambda x: inventory[x].spilled)
-            raise WorkloadError(
-                f"memory {node!r} is shared by {len(members)} XPUs ({', '.join(members[:4])}"
-                f"{', ...' if len(members) > 4 else ''}) and holds {format_quantity(capacity[node], 'B')}, less "
-                f"than the {format_quantity(used[node], 'B')} they spill or offload to it "
-                f"({format_quantity(inventory[biggest].spilled, 'B')} on {biggest}). Fix: a larger memory (a CXL "
-                f"pool: pool.capacity_per_host), fewer XPUs sharing it, more tp or pp, ZeRO, recomputation, or a "
-                f"smaller batch")
-
-
-def shared_memory_use(inventory: dict[str, XpuMemory], extended: dict[str, tuple[str, float]],
-                      offload: dict[str, tuple[str, float]] | None = None) -> tuple[dict, dict, dict]:
-    """What the XPUs of `inventory` put in each memory beyond their HBM (the arguments as
-    :func:`check_shared_memory`'s): (memory node -> bytes, memory node -> capacity, memory node -> its XPUs in
-    placement order)."""
     used: dict[str, float] = {}
     capacity: dict[str, float] = {}
     users: dict[str, list[str]] = {}
@@ -280,7 +263,18 @@ def shared_memory_use(inventory: dict[str, XpuMemory], extended: dict[str, tuple
             node, capacity[node] = node_capacity
             used[node] = used.get(node, 0.0) + size
             users.setdefault(node, []).append(x)
-    return used, capacity, users
+    for node in sorted(used):
+        if used[node] > capacity[node] * (1 + 1e-12):
+            members = sorted(users[node], key=lambda x: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", x)])
+            biggest = max(members, key=lambda x: inventory[x].spilled)
+            raise WorkloadError(
+                f"memory {node!r} is shared by {len(members)} XPUs ({', '.join(members[:4])}"
+                f"{', ...' if len(members) > 4 else ''}) and holds {format_quantity(capacity[node], 'B')}, less "
+                f"than the {format_quantity(used[node], 'B')} they spill or offload to it "
+                f"({format_quantity(inventory[biggest].spilled, 'B')} on {biggest}). Fix: a larger memory (a CXL "
+                f"pool: pool.capacity_per_host), fewer XPUs sharing it, more tp or pp, ZeRO, recomputation, or a "
+                f"smaller batch")
+    return used
 
 
 def out_of_memory(stage: int, need: float, capacity: float, device: str) -> str | None:
