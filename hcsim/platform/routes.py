@@ -28,17 +28,21 @@ ever did; the rule keeps each search from wandering into every server of a
 large fabric (16,384 GPUs: ~600 nodes settled per source instead of ~35,000).
 
 :class:`RouteSearch` prepares a graph once (integer latencies, transit
-flags, NIC servers) for many searches, as the compiler runs one per source.
+flags, NIC servers, laid out as flat arrays) for many searches, as the compiler
+runs one per source; each search runs in C++ (``routes.cpp``, the extension
+``hcsim.platform._routes`` that ``make`` builds beside the engine core), about
+ten times faster than the same loop in Python (16,384 H100 on a DGX fat tree:
+3.1 s -> 0.3 s for 49,152 routes), with the same pops in the same order.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterable
 
 import networkx as nx
 
 from hcsim.errors import TopologyError
+from hcsim.platform import _routes
 from hcsim.platform.topology import is_transit
 
 __all__ = ["shortest_routes", "RouteSearch", "route_latency", "route_bandwidth", "route_problems"]
@@ -72,35 +76,46 @@ class RouteSearch:
         self.user = graph.graph.get("routes") or {}
         self.avoid = frozenset(graph.graph.get("avoid_links", ()))
         nodes = graph._node  # read-only fast path; networkx documents _node and _adj as its stores
-        self.transit = {n: is_transit(data) for n, data in nodes.items()}
-        nic_server = {n: data["server"] for n, data in nodes.items()
+        self.names = list(nodes)
+        self.index = index = {n: i for i, n in enumerate(self.names)}
+        self.server_ids: dict = {}  # a node's server (any value) -> a number
+        server_id = lambda value: -1 if value is None else self.server_ids.setdefault(value, len(self.server_ids))
+        transit = [is_transit(data) for data in nodes.values()]
+        server = [server_id(data.get("server")) for data in nodes.values()]
+        nic_server = {index[n]: server_id(data["server"]) for n, data in nodes.items()
                       if (data.get("kind") == "nic" or data.get("server_only")) and data.get("server") is not None}
-        # neighbours as (position, node, integer femtoseconds, bandwidth) in networkx's order (ties between
+        # links as (position, neighbour, integer femtoseconds, bandwidth) in networkx's order (ties between
         # equal keys fall to push order); links of avoided kinds left out. A transit node lists only its transit
         # neighbours: an endpoint reached from the fabric forwards to nothing but its own memories, so a search
         # adds it only when it is a target or owns one. Links to a NIC with a server are kept apart the same
         # way, by server: a search adds those of the servers it may enter (its source's and targets')
-        self.adjacency: dict[str, list[tuple]] = {}
-        self.endpoint_links: dict[str, list[tuple[str, tuple]]] = {}
-        self.server_links: dict[str, list[tuple[str, tuple]]] = {}
-        for n, adj in graph._adj.items():
-            plain = []
+        plain: list[list[tuple]] = []
+        endpoint_links: list[list[tuple]] = [[] for _ in self.names]
+        server_links: list[list[tuple]] = [[] for _ in self.server_ids]
+        for i, adj in enumerate(graph._adj.values()):
+            own = []
             for position, (m, link) in enumerate(adj.items()):
                 if link["kind"] in self.avoid:
                     continue
-                entry = (position, m, round(link["latency"] * _FS), link["bandwidth"])
-                if m in nic_server:
-                    self.server_links.setdefault(nic_server[m], []).append((n, entry))
-                elif self.transit[n] and not self.transit[m]:
-                    self.endpoint_links.setdefault(m, []).append((n, entry))
+                j = index[m]
+                entry = (i, position, j, round(link["latency"] * _FS), link["bandwidth"])
+                if j in nic_server:
+                    server_links[nic_server[j]].append(entry)
+                elif transit[i] and not transit[j]:
+                    endpoint_links[j].append(entry)
                 else:
-                    plain.append(entry)
-            self.adjacency[n] = plain
+                    own.append(entry)
+            plain.append(own)
         # transit nodes with at most one transit link (a leaf switch of XPUs or NICs): reached from that link,
         # they lead nowhere unless a node this search adds hangs on them, so a search does not queue them
-        self.dead_ends = {n for n, plain in self.adjacency.items() if self.transit[n] and len(plain) <= 1}
-        self.inward = {n: data["server"] for n, data in nodes.items()
-                       if data.get("server_only") and data.get("server") is not None}
+        dead_end = [int(t and len(own) <= 1) for t, own in zip(transit, plain)]
+        inward = [server_id(data["server"]) if data.get("server_only") and data.get("server") is not None else -1
+                  for data in nodes.values()]
+        self._search = _routes.Search(
+            transit=[int(t) for t in transit], memory=[int(d.get("kind") == "memory") for d in nodes.values()],
+            owner=[index.get(d.get("owner"), -1) for d in nodes.values()], server=server, inward=inward,
+            dead_end=dead_end, adjacency=_links(plain), endpoint_links=_links(endpoint_links),
+            server_links=_links(server_links))
 
     def __call__(self, source: str, targets: Iterable[str]) -> dict[str, list[str]]:
         routes: dict[str, list[str]] = {}
@@ -119,60 +134,35 @@ class RouteSearch:
         return routes
 
     def _dijkstra(self, source: str, targets: set[str]) -> dict[str, list[str]]:
-        nodes, adjacency, transit, dead_ends = self.graph._node, self.adjacency, self.transit, self.dead_ends
-        extra: dict[str, list[tuple]] = {}
-        owners = {nodes[n].get("owner") for n in targets}
-        for endpoint in targets | owners:
-            for node, entry in self.endpoint_links.get(endpoint, ()):
-                extra.setdefault(node, []).append(entry)
-        for server in {nodes[n].get("server") for n in (source, *targets)} - {None}:
-            for node, entry in self.server_links.get(server, ()):
-                extra.setdefault(node, []).append(entry)
-        best = {source: (0, float("-inf"))}
-        parent: dict[str, str | None] = {source: None}
-        heap = [(0, float("-inf"), 0, source)]
-        counter = 1
-        settled: set[str] = set()
-        remaining = set(targets)
-        push, pop, inwards = heapq.heappush, heapq.heappop, self.inward
-        while heap and remaining:
-            dist, neg_bottleneck, _, node = pop(heap)
-            if node in settled:
-                continue
-            settled.add(node)
-            remaining.discard(node)
-            own_only = False
-            node_transit = transit[node]
-            if node != source and not node_transit:
-                previous = nodes[parent[node]]
-                own_only = not (previous.get("kind") == "memory" and previous.get("owner") == node)
-            inward = inwards.get(node) if inwards and node != source else None
-            if inward is not None and nodes[parent[node]].get("server") == inward:
-                inward = None  # from inside its server: it forwards anywhere
-            links = adjacency[node]
-            if node in extra:  # with the endpoints and NICs this search may enter, in networkx's order
-                links = sorted(links + extra[node])
-            for _, neighbour, latency, bandwidth in links:
-                if neighbour in settled:
-                    continue
-                if own_only and nodes[neighbour].get("owner") != node:
-                    continue
-                if inward is not None and nodes[neighbour].get("server") != inward:
-                    continue
-                if node_transit and neighbour in dead_ends and neighbour not in extra and neighbour not in remaining:
-                    continue
-                through = dist + latency
-                narrowest = -bandwidth if -bandwidth > neg_bottleneck else neg_bottleneck
-                known = best.get(neighbour)
-                if known is None or (through, narrowest) < known:
-                    best[neighbour] = (through, narrowest)
-                    parent[neighbour] = node
-                    push(heap, (through, narrowest, counter, neighbour))
-                    counter += 1
-        if remaining:
+        nodes, index, names = self.graph._node, self.index, self.names
+        order = list(targets)
+        endpoints = {index[e] for e in targets | {nodes[n].get("owner") for n in targets} if e in index}
+        servers = {self.server_ids[s] for s in {nodes[n].get("server") for n in (source, *order)} - {None}}
+        found, path_nodes, ends = self._search(index[source], [index[t] for t in order], sorted(endpoints),
+                                               sorted(servers))
+        if not found:
             without = f" without {'/'.join(sorted(self.avoid))} links" if self.avoid else ""
-            raise TopologyError(f"routes from {source!r}: no route{without} to {', '.join(map(repr, sorted(remaining)))}")
-        return {target: _walk_back(parent, target) for target in targets}
+            missing = sorted(names[i] for i in path_nodes)
+            raise TopologyError(f"routes from {source!r}: no route{without} to {', '.join(map(repr, missing))}")
+        routes, first = {}, 0
+        for target, end in zip(order, ends):
+            routes[target] = [names[i] for i in path_nodes[first:end]]
+            first = end
+        return routes
+
+
+def _links(groups: list[list[tuple]]) -> "_routes.Links":
+    """The search's links grouped by key (a node, an endpoint or a server): (at, position, neighbour, femtoseconds,
+    bandwidth) tuples, in each group's order."""
+    start, columns = [0], ([], [], [], [], [])
+    for group in groups:
+        for entry in group:
+            for column, value in zip(columns, entry):
+                column.append(value)
+        start.append(len(columns[0]))
+    at, position, neighbour, latency, bandwidth = columns
+    return _routes.Links(start=start, at=at, position=position, neighbour=neighbour, latency=latency,
+                         bandwidth=bandwidth)
 
 
 def _walk_back(parent: dict[str, str | None], target: str) -> list[str]:

@@ -85,6 +85,36 @@ def test_ties_on_latency_go_to_the_larger_bottleneck():
     assert _route(graph, "a", "b") == ["a", "slow", "b"]
 
 
+@pytest.mark.parametrize("first", ["left", "right"])
+def test_ties_on_latency_and_bottleneck_go_to_the_first_link_in_node_order(first):
+    graph = nx.Graph()
+    graph.add_node("a", kind="xpu")
+    middles = ["left", "right"] if first == "left" else ["right", "left"]
+    for node in middles:
+        graph.add_node(node, kind="switch")
+    graph.add_node("b", kind="xpu")
+    for middle in middles:  # a's adjacency lists `first` first
+        graph.add_edge("a", middle, bandwidth=10e9, latency=1e-7, kind="pcie")
+    for middle in middles:
+        graph.add_edge(middle, "b", bandwidth=10e9, latency=1e-7, kind="pcie")
+    assert _route(graph, "a", "b") == ["a", first, "b"]
+
+
+def test_one_search_answers_many_sources_as_fresh_searches_do(cxl_4096):
+    """A search keeps per-node state between sources (stamped per search): the routes of one search object
+    asked for many sources, twice over, are those of a new search per source."""
+    from hcsim.platform.routes import RouteSearch
+
+    hosts = sorted(n for n, d in cxl_4096.nodes(data=True) if d["kind"] in ("xpu", "memory"))
+    accelerators = sorted(n for n, d in cxl_4096.nodes(data=True) if d["kind"] == "xpu")
+    rng = random.Random(3)
+    asks = [(rng.choice(accelerators), rng.sample(hosts, 5)) for _ in range(40)]
+    search = RouteSearch(cxl_4096)
+    reused = [search(src, targets) for src, targets in asks + asks]
+    fresh = [shortest_routes(cxl_4096, src, targets) for src, targets in asks]
+    assert reused == fresh + fresh
+
+
 def test_user_routes_win(tmp_path):
     spec = load_platform_spec("paper-cxl", {"xpus": 16, "routes": [["xpu0", "r0s0.pcie0", "r0s0.nic0.0", "r0.tor",
                                                                        "r0s1.nic0.0", "r0s1.pcie0", "xpu8"]]})
