@@ -53,6 +53,8 @@ import sys
 import time
 from pathlib import Path
 
+from hcsim.allocator import environment, in_use
+
 HERE = Path(__file__).resolve().parent
 
 LEVELS = {  # name: scenario settings
@@ -100,7 +102,7 @@ def _child(command: list[str], timeout: float) -> dict:
     """Run `command` (prints one JSON object last) in a fresh process; its record plus process_s."""
     start = time.perf_counter()
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=environment())
     except subprocess.TimeoutExpired:
         return {"error": f"> {timeout:.0f} s"}
     if done.returncode:
@@ -194,7 +196,7 @@ def simgrid_cpp_point(xpus: int, firings: int, driver: str) -> dict:
     per_chain = max(2, firings // xpus)
     try:
         done = subprocess.run([str(ceiling_program()), str(xml), str(xpus), str(per_chain), repr(flops), repr(size),
-                               driver], capture_output=True, text=True)
+                               driver], capture_output=True, text=True, env=environment())
     finally:
         xml.unlink()
     if done.returncode:
@@ -245,7 +247,8 @@ def machine() -> str:
     except OSError:
         pass
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    return f"machine: {os.cpu_count()} cores, {memory} memory, load average {load}"
+    allocator = "mimalloc (preloaded in every point)" if in_use(environment()) else "glibc's malloc"
+    return f"machine: {os.cpu_count()} cores, {memory} memory, load average {load}; allocator: {allocator}"
 
 
 def main() -> None:
