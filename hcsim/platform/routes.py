@@ -41,8 +41,7 @@ from collections.abc import Iterable
 
 import networkx as nx
 
-from hcsim.errors import TopologyError
-from hcsim.platform import _routes
+from hcsim.errors import SimulationError, TopologyError
 from hcsim.platform.topology import is_transit
 
 __all__ = ["shortest_routes", "RouteSearch", "route_latency", "route_bandwidth", "route_problems"]
@@ -111,7 +110,7 @@ class RouteSearch:
         dead_end = [int(t and len(own) <= 1) for t, own in zip(transit, plain)]
         inward = [server_id(data["server"]) if data.get("server_only") and data.get("server") is not None else -1
                   for data in nodes.values()]
-        self._search = _routes.Search(
+        self._search = _extension().Search(
             transit=[int(t) for t in transit], memory=[int(d.get("kind") == "memory") for d in nodes.values()],
             owner=[index.get(d.get("owner"), -1) for d in nodes.values()], server=server, inward=inward,
             dead_end=dead_end, adjacency=_links(plain), endpoint_links=_links(endpoint_links),
@@ -151,7 +150,17 @@ class RouteSearch:
         return routes
 
 
-def _links(groups: list[list[tuple]]) -> "_routes.Links":
+def _extension():
+    """The route search's C++ extension, or one error that says how to build it."""
+    try:
+        from hcsim.platform import _routes
+    except ImportError as err:
+        raise SimulationError(f"the route search (hcsim.platform._routes) is not built or does not load ({err}); "
+                              "build it with `make core` (scripts/build_core.py builds it beside the engine core)") from None
+    return _routes
+
+
+def _links(groups: list[list[tuple]]):
     """The search's links grouped by key (a node, an endpoint or a server): (at, position, neighbour, femtoseconds,
     bandwidth) tuples, in each group's order."""
     start, columns = [0], ([], [], [], [], [])
@@ -161,7 +170,7 @@ def _links(groups: list[list[tuple]]) -> "_routes.Links":
                 column.append(value)
         start.append(len(columns[0]))
     at, position, neighbour, latency, bandwidth = columns
-    return _routes.Links(start=start, at=at, position=position, neighbour=neighbour, latency=latency,
+    return _extension().Links(start=start, at=at, position=position, neighbour=neighbour, latency=latency,
                          bandwidth=bandwidth)
 
 

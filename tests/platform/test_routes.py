@@ -151,3 +151,15 @@ def test_xpu_traffic_policy_decides_whether_slow_cxl_gives_way_to_ethernet(polic
 def test_xpu_traffic_policy_is_validated():
     with pytest.raises(ConfigError, match=r"cxl.xpu_traffic: 'fabrik' is not one of shortest, fabric"):
         load_platform_spec("paper-cxl", {"cxl.xpu_traffic": "fabrik"})
+
+
+def test_without_the_built_search_one_error_says_how_to_build_it(monkeypatch, cxl_4096):
+    import sys
+
+    from hcsim.errors import SimulationError
+    from hcsim.platform import routes
+
+    monkeypatch.delattr(sys.modules["hcsim.platform"], "_routes", raising=False)
+    monkeypatch.setitem(sys.modules, "hcsim.platform._routes", None)  # an import of it fails
+    with pytest.raises(SimulationError, match=r"hcsim.platform._routes\) is not built.*make core"):
+        routes.RouteSearch(cxl_4096)
