@@ -8,8 +8,8 @@ a declared dependency) halves that: LLaMA2-13B data parallel on 4,096 XPUs 22.8 
 order: results are the same to the last bit (the suite and the committed experiments were run both ways).
 
 A shared library's ``malloc`` is bound when the program starts, so mimalloc has to be preloaded
-(``LD_PRELOAD``): :func:`restart_with_mimalloc` replaces the process with the same command and mimalloc in
-its environment, once, before anything ran; processes it spawns (sweeps' points, plan's simulations)
+(``LD_PRELOAD``): :func:`restart_with_mimalloc` replaces the process with the same command line and mimalloc
+in its environment, once, before anything ran; processes it spawns (sweeps' points, plan's simulations)
 inherit the environment. ``HCSIM_ALLOCATOR=system`` keeps glibc's allocator.
 """
 
@@ -52,12 +52,12 @@ def environment(env=None) -> dict[str, str]:
     return env
 
 
-def restart_with_mimalloc(module: str) -> None:
-    """Replace this process by ``python -m MODULE`` with the same arguments and mimalloc preloaded, unless
-    it is preloaded already, not wanted or not installed (then return)."""
+def restart_with_mimalloc() -> None:
+    """Replace this process by the same command line (the interpreter's options included: sys.orig_argv) with
+    mimalloc preloaded, unless it is preloaded already, not wanted or not installed (then return)."""
     env = environment()
     if not in_use(env) or in_use():
         return
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, "-m", module, *sys.argv[1:]], env)
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)

@@ -38,7 +38,8 @@ def test_a_preloaded_process_maps_mimalloc():
 def test_the_program_restarts_itself_once_with_the_same_arguments(monkeypatch, env, restarts):
     calls = []
     monkeypatch.setattr(os, "execve", lambda path, argv, environ: calls.append((path, argv, environ)))
-    monkeypatch.setattr(sys, "argv", ["/venv/bin/hcsim", "simulate", "--set", "xpus=8"])
+    monkeypatch.setattr(sys, "orig_argv", ["/venv/bin/python", "-X", "utf8", "/venv/bin/hcsim", "simulate", "--set",
+                                           "xpus=8"])
     monkeypatch.delenv("LD_PRELOAD", raising=False)
     monkeypatch.delenv("HCSIM_ALLOCATOR", raising=False)
     if env is None:  # the restarted process: mimalloc preloaded already
@@ -46,12 +47,13 @@ def test_the_program_restarts_itself_once_with_the_same_arguments(monkeypatch, e
     else:
         for key, value in env.items():
             monkeypatch.setenv(key, value)
-    allocator.restart_with_mimalloc("hcsim.cli")
+    allocator.restart_with_mimalloc()
     if not restarts:
         assert calls == []
         return
     [(path, argv, environ)] = calls
-    assert path == sys.executable and argv == [sys.executable, "-m", "hcsim.cli", "simulate", "--set", "xpus=8"]
+    assert path == sys.executable
+    assert argv == [sys.executable, "-X", "utf8", "/venv/bin/hcsim", "simulate", "--set", "xpus=8"]  # options kept
     assert allocator.in_use(environ)
 
 

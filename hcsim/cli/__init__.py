@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # the program (not a call from Python): on mimalloc, restarted once (hcsim.allocator)
-        restart_with_mimalloc("hcsim.cli")
+        restart_with_mimalloc()
     parser = build_parser()
     args = parser.parse_args(argv)
     level = logging.ERROR if args.quiet else (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
