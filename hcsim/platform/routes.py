@@ -155,8 +155,8 @@ def _extension():
     try:
         from hcsim.platform import _routes
     except ImportError as err:
-        raise SimulationError(f"the route search (hcsim.platform._routes) is not built or does not load ({err}); "
-                              "build it with `make core` (scripts/build_core.py builds it beside the engine core)") from None
+        raise SimulationError(f"route search: its extension hcsim.platform._routes is not built or does not load "
+                              f"({err}). Fix: make core (scripts/build_core.py builds it beside the engine core)") from None
     return _routes
 
 

@@ -161,5 +161,5 @@ def test_without_the_built_search_one_error_says_how_to_build_it(monkeypatch, cx
 
     monkeypatch.delattr(sys.modules["hcsim.platform"], "_routes", raising=False)
     monkeypatch.setitem(sys.modules, "hcsim.platform._routes", None)  # an import of it fails
-    with pytest.raises(SimulationError, match=r"hcsim.platform._routes\) is not built.*make core"):
+    with pytest.raises(SimulationError, match=r"^route search: its extension hcsim.platform._routes is not built.*Fix: make core"):
         routes.RouteSearch(cxl_4096)
