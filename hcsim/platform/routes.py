@@ -88,11 +88,12 @@ class RouteSearch:
         # neighbours: an endpoint reached from the fabric forwards to nothing but its own memories, so a search
         # adds it only when it is a target or owns one. Links to a NIC with a server are kept apart the same
         # way, by server: a search adds those of the servers it may enter (its source's and targets')
-        plain: list[list[tuple]] = []
+        plain: list[list[tuple]] = [[] for _ in self.names]
         endpoint_links: list[list[tuple]] = [[] for _ in self.names]
         server_links: list[list[tuple]] = [[] for _ in self.server_ids]
-        for i, adj in enumerate(graph._adj.values()):
-            own = []
+        for n, adj in graph._adj.items():
+            i = index[n]
+            own = plain[i]
             for position, (m, link) in enumerate(adj.items()):
                 if link["kind"] in self.avoid:
                     continue
@@ -104,7 +105,6 @@ class RouteSearch:
                     endpoint_links[j].append(entry)
                 else:
                     own.append(entry)
-            plain.append(own)
         # transit nodes with at most one transit link (a leaf switch of XPUs or NICs): reached from that link,
         # they lead nowhere unless a node this search adds hangs on them, so a search does not queue them
         dead_end = [int(t and len(own) <= 1) for t, own in zip(transit, plain)]
