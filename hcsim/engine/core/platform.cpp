@@ -7,8 +7,9 @@
    platform (NetZoneImpl::get_all_hosts filters Engine::get_filtered_hosts). A rail-optimised DGX fat tree
    compiles to a zone per GPU (every GPU leaves its node through its own NIC), so 131,072 GPUs made about
    150,000 zones and 330,000 hosts, which did not load in 36 minutes. RouteTable holds every host in one
-   zone and answers get_local_route from a hash table of the compiled pairs only: memory and load time
-   linear in hosts, links and route links. Each route is the compiled one, link for link and in order. */
+   zone and answers get_local_route from a table of the compiled pairs only (a sorted row per source): memory and
+   load time linear in hosts, links and route links. Each route is the compiled one, link for link and in
+   order. */
 #include "core.hpp"
 
 #include <simgrid/kernel/routing/NetPoint.hpp>
@@ -18,6 +19,7 @@
 #include <simgrid/s4u/Link.hpp>
 #include <simgrid/s4u/NetZone.hpp>
 
+#include <algorithm>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -33,39 +35,54 @@ public:
   explicit RouteTable(const std::string& name) : NetZoneImpl(name) {}
 
   /* The route from host netpoint src to dst: links (in order) and their summed latency (s). */
-  void add(const routing::NetPoint* src, const routing::NetPoint* dst, std::vector<StandardLinkImpl*> links,
+  void add(const routing::NetPoint* src, const routing::NetPoint* dst, const std::vector<StandardLinkImpl*>& links,
            double latency)
   {
-    auto [at, fresh] = index_.try_emplace(key(src, dst), routes_.size());
-    if (!fresh)
+    if (by_source_.size() <= src->id())
+      by_source_.resize(src->id() + 1);
+    std::vector<Entry>& row = by_source_[src->id()];
+    auto at = std::lower_bound(row.begin(), row.end(), dst->id(),
+                               [](const Entry& entry, unsigned long id) { return entry.dst < id; });
+    if (at != row.end() && at->dst == dst->id())
       throw std::invalid_argument("platform: two routes from " + src->get_name() + " to " + dst->get_name());
-    routes_.push_back({std::move(links), latency});
+    row.insert(at, {dst->id(), links_.size(), links.size(), latency});
+    links_.insert(links_.end(), links.begin(), links.end());
   }
 
   void get_local_route(const routing::NetPoint* src, const routing::NetPoint* dst, routing::Route* into,
                        double* latency) override
   {
-    auto found = index_.find(key(src, dst));
-    if (found == index_.end())  // a pair the compiler was not asked for: a bug above the core
+    const Entry* found = find(src->id(), dst->id());
+    if (found == nullptr)  // a pair the compiler was not asked for: a bug above the core
       throw std::runtime_error("platform: no route from " + src->get_name() + " to " + dst->get_name() +
-                              " (hcsim compiles routes only for the host pairs a run uses)");
-    const Route& route = routes_[found->second];
-    into->link_list_.insert(into->link_list_.end(), route.links.begin(), route.links.end());
+                               " (hcsim compiles routes only for the host pairs a run uses)");
+    auto first = links_.begin() + static_cast<std::ptrdiff_t>(found->first);
+    into->link_list_.insert(into->link_list_.end(), first, first + static_cast<std::ptrdiff_t>(found->count));
     if (latency != nullptr)
-      *latency += route.latency;
+      *latency += found->latency;
   }
 
 private:
-  struct Route {
-    std::vector<StandardLinkImpl*> links;
-    double latency;  // summed in route order from 0, as SimGrid sums a route's links
+  /* One route: its destination, its links' span in links_, their summed latency (in route order from 0, as
+     SimGrid sums a route's links). */
+  struct Entry {
+    unsigned long dst;
+    std::size_t first, count;
+    double latency;
   };
-  static std::uint64_t key(const routing::NetPoint* src, const routing::NetPoint* dst)
+  const Entry* find(unsigned long src, unsigned long dst) const
   {
-    return (static_cast<std::uint64_t>(src->id()) << 32) | static_cast<std::uint64_t>(dst->id());
+    if (src >= by_source_.size())
+      return nullptr;
+    const std::vector<Entry>& row = by_source_[src];
+    auto at = std::lower_bound(row.begin(), row.end(), dst,
+                               [](const Entry& entry, unsigned long id) { return entry.dst < id; });
+    return at != row.end() && at->dst == dst ? &*at : nullptr;
   }
-  std::unordered_map<std::uint64_t, std::size_t> index_;
-  std::vector<Route> routes_;
+  // per source netpoint (SimGrid numbers them densely), its routes by destination: a transfer's look-up reads
+  // one short row and one span of links_, where a hash map of every pair missed the cache two or three times
+  std::vector<std::vector<Entry>> by_source_;
+  std::vector<StandardLinkImpl*> links_;  // every route's links, one route after the other
 };
 
 }  // namespace
@@ -93,15 +110,16 @@ std::unordered_map<std::string, sg4::Host*> build_platform(sg4::Engine& engine, 
     hosts.emplace(platform.host_names[i], host);
     numbered.push_back(host);
   }
+  std::vector<StandardLinkImpl*> links;  // one route's, reused
   for (std::size_t r = 0; r < platform.routes; ++r) {
-    std::vector<StandardLinkImpl*> links;
+    links.clear();
     double latency = 0.0;
     for (std::int64_t k = platform.route_offsets[r]; k < platform.route_offsets[r + 1]; ++k) {
       links.push_back(directions[platform.route_links[k]]);
       latency += platform.link_latency[platform.route_links[k] / 2];
     }
     zone->add(numbered[platform.route_src[r]]->get_netpoint(), numbered[platform.route_dst[r]]->get_netpoint(),
-              std::move(links), latency);
+              links, latency);
   }
   return hosts;
 }
