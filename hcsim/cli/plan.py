@@ -348,12 +348,11 @@ def _search(scenario, search, args, journal, record=None, point=None, noun: str 
     record = record or _record_time
     results: dict = {}
     start, batches = time.perf_counter(), []
-    began = getattr(args, "started", start)  # --time is the whole plan's
     while not (reason := search.finished()):
         if args.top is not None and len(results) >= args.top:
             reason = f"--top {args.top} reached"
             break
-        elapsed = time.perf_counter() - began
+        elapsed = time.perf_counter() - args.started  # --time is the whole plan's (run() sets started)
         if batches and elapsed + max(batches) > args.time and not args.all:
             reason = f"--time {args.time:g} s spent"
             break

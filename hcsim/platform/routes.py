@@ -110,11 +110,12 @@ class RouteSearch:
         dead_end = [int(t and len(own) <= 1) for t, own in zip(transit, plain)]
         inward = [server_id(data["server"]) if data.get("server_only") and data.get("server") is not None else -1
                   for data in nodes.values()]
-        self._search = _extension().Search(
+        native = _extension()
+        self._search = native.Search(
             transit=[int(t) for t in transit], memory=[int(d.get("kind") == "memory") for d in nodes.values()],
             owner=[index.get(d.get("owner"), -1) for d in nodes.values()], server=server, inward=inward,
-            dead_end=dead_end, adjacency=_links(plain), endpoint_links=_links(endpoint_links),
-            server_links=_links(server_links))
+            dead_end=dead_end, adjacency=_links(native, plain), endpoint_links=_links(native, endpoint_links),
+            server_links=_links(native, server_links))
 
     def __call__(self, source: str, targets: Iterable[str]) -> dict[str, list[str]]:
         routes: dict[str, list[str]] = {}
@@ -160,8 +161,8 @@ def _extension():
     return _routes
 
 
-def _links(groups: list[list[tuple]]):
-    """The search's links grouped by key (a node, an endpoint or a server): (at, position, neighbour, femtoseconds,
+def _links(native, groups: list[list[tuple]]):
+    """The search's links (the extension `native`'s Links) grouped by key (a node, an endpoint or a server): (at, position, neighbour, femtoseconds,
     bandwidth) tuples, in each group's order."""
     start, columns = [0], ([], [], [], [], [])
     for group in groups:
@@ -170,15 +171,8 @@ def _links(groups: list[list[tuple]]):
                 column.append(value)
         start.append(len(columns[0]))
     at, position, neighbour, latency, bandwidth = columns
-    return _extension().Links(start=start, at=at, position=position, neighbour=neighbour, latency=latency,
-                         bandwidth=bandwidth)
-
-
-def _walk_back(parent: dict[str, str | None], target: str) -> list[str]:
-    path = [target]
-    while parent[path[-1]] is not None:
-        path.append(parent[path[-1]])
-    return path[::-1]
+    return native.Links(start=start, at=at, position=position, neighbour=neighbour, latency=latency,
+                        bandwidth=bandwidth)
 
 
 def _check_user_route(graph: nx.Graph, source: str, target: str, route: list[str]) -> None:
