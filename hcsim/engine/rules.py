@@ -21,48 +21,35 @@ latencies and the bytes a transfer takes link time for (:meth:`WorkloadRules.wir
 
 from __future__ import annotations
 
+from array import array
 from collections import defaultdict
+from itertools import accumulate, chain
+from operator import attrgetter, itemgetter
 
 import networkx as nx
 
 from hcsim.engine.collectives import FlowPhase, endpoint_hosts, get_algorithm, nccl_alternatives, server_groups
-from hcsim.engine.options import COMM_KIND, RunOptions
+from hcsim.engine.options import RunOptions
 from hcsim.platform.devices import peak_flops
 from hcsim.platform.routes import route_bandwidth, route_latency
 from hcsim.workload.graph import first_iteration_order
 
-__all__ = ["WorkloadRules", "Vertex", "Edge", "memory_form", "form_transfers", "check_link_loads"]
+__all__ = ["WorkloadRules", "Shape", "memory_form", "form_transfers", "check_link_loads"]
 
 
-class Edge:
-    """One dependency as the executor follows it: the vertex at the other end, the skip flag, the wait rule."""
+class Shape:
+    """What a vertex's dependency and collective rules follow from, shared by alike vertices (one per layer and
+    micro-batch): its kind and units (one per XPU: a compute instance or a collective's member) and, for a
+    collective, its groups with their algorithms and fidelities. Vertices themselves are not objects: a
+    million-vertex graph has a few thousand shapes."""
 
-    __slots__ = ("vertex", "skip", "wait", "same_rank")
+    __slots__ = ("kind", "xpus", "pos", "groups", "group_of", "group_offsets", "algorithms", "fidelity")
 
-    def __init__(self, vertex: "Vertex", skip: int, wait: str, same_rank: bool):
-        self.vertex, self.skip, self.wait = vertex, skip, wait
-        self.same_rank = same_rank  # an xpu wait between vertices on the same XPUs: unit r waits for unit r
-
-
-class Vertex:
-    """A workload vertex and its units (one per XPU: a compute instance or a collective's member)."""
-
-    __slots__ = ("name", "index", "kind", "xpus", "pos", "data", "preds", "succs", "offset", "required", "groups",
-                 "group_of", "group_offsets", "algorithms", "group_counts", "on_xpu", "recompute", "comm_kind")
-
-    def __init__(self, name, index, data, pos, offset, xpus):
-        self.name, self.index, self.data = name, index, data
-        self.kind = data["kind"]
-        self.on_xpu = self.kind == "compute" and data.get("host") != "cpu"  # its instances keep their XPU busy
-        self.recompute = data.get("phase") == "recompute"
-        self.comm_kind = COMM_KIND.get(data.get("phase"), "other")  # of a communication vertex, for the breakdown
-        self.xpus = xpus  # data["xpus"], or an equal tuple: one per distinct value (caches key on its id)
-        self.pos = pos  # xpu -> unit index, shared by vertices with the same xpus
-        self.offset = offset
-        self.preds: list[Edge] = []
-        self.succs: list[Edge] = []
-        self.required = None  # (run 1, later runs) when every unit waits for the same count
-        self.group_counts: dict = {}  # (pred index, group) -> units of pred in the group (wait "group")
+    def __init__(self, kind: str, xpus: tuple[str, ...], pos: dict[str, int]):
+        self.kind = kind
+        self.xpus = xpus  # the vertex's xpus, or an equal tuple: one per distinct value (caches key on its id)
+        self.pos = pos  # xpu -> unit index, shared by shapes with the same xpus
+        self.groups = self.group_of = self.group_offsets = self.algorithms = self.fidelity = None
 
     def group(self, unit: int) -> tuple[str, ...]:
         """The group (XPU names) of a communication vertex's unit."""
@@ -77,7 +64,10 @@ class Vertex:
 
 class WorkloadRules:
     """A workload graph's vertices, edges and collectives on a compiled platform, with the rules that follow
-    from them (module docstring); no run state: the core keeps its own."""
+    from them (module docstring); no run state: the core keeps its own.
+
+    The vertices are `order` (names, the executor's order) with `shapes` (each vertex's :class:`Shape`) and
+    `offsets` (vertex i's units are [offsets[i], offsets[i + 1]))."""
 
     def __init__(self, platform: nx.Graph, workload: nx.DiGraph, routes: dict, options: RunOptions, order=None):
         """`order`, if given, is `workload`'s vertices in :func:`_stable_order`'s order (validate_workload
@@ -86,99 +76,88 @@ class WorkloadRules:
         self.nodes = dict(platform.nodes(data=True))  # name -> attributes: a plain dict is faster per look-up
         self.options = options
         self.precision = workload.graph.get("precision", "fp32")
-        self.fidelity_used: dict[str, str] = {}  # collective vertex -> step | flow | analytic (joined by /)
         self._algorithm_cache: dict = {}
-        # (collective, algorithm name, bytes, chunks, groups) -> a vertex's groups, group_of, group_offsets,
-        # algorithms and fidelities: read-only, shared by alike vertices
-        self._collective_cache: dict = {}
+        self._positions: dict[tuple, tuple] = {}  # xpus -> (the first equal tuple, xpu -> unit index)
+        self._compute_shapes: dict[tuple, Shape] = {}  # xpus -> the Shape of compute vertices on them
+        # (collective, algorithm name, bytes, chunks, groups) -> the Shape of alike collective vertices
+        self._collective_shapes: dict[tuple, Shape] = {}
+        self._group_counts: dict = {}  # (pred's pos id, vertex's groups id, group) -> pred's units in the group
         self._server_cache: dict = {}
         self._closed_forms: dict = {}  # (algorithm id, group) -> ([(XPU pair, bytes)], seconds) of an analytic one
         self._path_cache: dict[tuple[str, str], tuple[float, float]] = {}
         self._link_factors: dict[tuple[str, str], object] = {}  # (src, dst) -> LinkFactors (roofline)
         self._protocols: dict = {}  # (algorithm id, group) -> (its NCCL protocol or None, the algorithm)
         self._endpoints: dict = {}  # (algorithm id, group) -> (its endpoints' hosts, the algorithm)
-        self.vertices = self._index_vertices(order)
-        self.total_instances = sum(len(v.xpus) for v in self.vertices)
+        if order is None or len(order) != len(workload):
+            order = _stable_order(workload)
+        self.order: list = order
+        self.index = dict(zip(order, range(len(order))))  # name -> position (C speed: a million names)
+        self.shapes: list[Shape] = [None] * len(order)
+        for name, data in workload._node.items():  # networkx's own dicts, where the vertices lie: no views
+            self.shapes[self.index[name]] = self.shape(data)
+        self.offsets = array("q", [0])
+        self.offsets.extend(accumulate(map(len, map(attrgetter("xpus"), self.shapes))))
+        self.total_instances = self.offsets[-1]
+        # collective vertex -> step | flow | analytic (joined by /); a compute vertex's shape has none
+        self.fidelity_used = dict(filter(itemgetter(1), zip(order, map(attrgetter("fidelity"), self.shapes))))
         # the XPUs that run units, in clock order: each distinct xpus tuple once, in vertex order
-        self.xpus: list[str] = list(dict.fromkeys(x for xpus in dict.fromkeys(v.xpus for v in self.vertices)
-                                                  for x in xpus))
+        self.xpus: list[str] = list(dict.fromkeys(chain.from_iterable(dict.fromkeys(
+            shape.xpus for shape in dict.fromkeys(self.shapes)))))
 
+    def shape(self, data: dict) -> Shape:
+        """The Shape of a vertex with attributes `data` (made on first use, then shared by alike vertices)."""
+        if data["kind"] == "compute":
+            shape = self._compute_shapes.get(data["xpus"])
+            if shape is None:
+                shape = self._compute_shapes[data["xpus"]] = Shape("compute", *self._position(data["xpus"]))
+            return shape
+        collective = data["collective"]
+        name = data.get("algorithm") or ("direct" if collective == "p2p" else None)
+        alike = (collective, name, data["bytes"], data.get("chunks"), data["groups"])
+        shape = self._collective_shapes.get(alike)
+        if shape is None:  # alike vertices (one per layer and micro-batch) share their groups' set-up
+            shape = self._collective_shapes[alike] = Shape("comm", *self._position(data["xpus"]))
+            self._prepare_collective(shape, data, collective, name)
+        return shape
 
-    def _index_vertices(self, order=None) -> list[Vertex]:
-        graph = self.workload
-        if order is None or len(order) != len(graph):
-            order = _stable_order(graph)
-        positions: dict[tuple, tuple] = {}  # xpus -> (the first equal tuple, xpu -> unit index), shared
-        vertices, by_name, offset = [], {}, 0
-        nodes = graph._node  # networkx's own attribute dicts: no view per vertex
-        for index, name in enumerate(order):
-            data = nodes[name]
-            shared = positions.get(data["xpus"])
-            if shared is None:
-                xpus = data["xpus"]
-                shared = positions[xpus] = (xpus, {x: i for i, x in enumerate(xpus)})
-            vertex = Vertex(name, index, data, shared[1], offset, shared[0])
-            offset += len(data["xpus"])
-            vertices.append(vertex)
-            by_name[name] = vertex
-        for u, edges in graph._succ.items():  # graph.edges(data=True), without its views
-            before = by_name[u]
-            for v, data in edges.items():
-                after = by_name[v]
-                skip = int(bool(data["skip_first_iteration"]))
-                same_rank = data["wait"] == "xpu" and before.pos is after.pos
-                after.preds.append(Edge(before, skip, data["wait"], same_rank))
-                before.succs.append(Edge(after, skip, data["wait"], same_rank))
-        for vertex in vertices:
-            if len(vertex.succs) > 1:
-                vertex.succs.sort(key=lambda edge: edge.vertex.index)
-            if vertex.kind == "comm":
-                self._prepare_collective(vertex)
-        for vertex in vertices:
-            vertex.required = self.uniform_requirement(vertex)
-        return vertices
+    def _position(self, xpus: tuple[str, ...]) -> tuple[tuple[str, ...], dict[str, int]]:
+        shared = self._positions.get(xpus)
+        if shared is None:
+            shared = self._positions[xpus] = (xpus, {x: i for i, x in enumerate(xpus)})
+        return shared
 
-    def uniform_requirement(self, vertex: Vertex) -> tuple[int, int] | None:
-        """(run 1, later runs) predecessor completions, when every unit of `vertex` needs the same."""
+    def required(self, shape: Shape, preds: list[tuple[int, str, Shape]]) -> tuple[int, int] | None:
+        """(run 1, later runs) predecessor completions when every unit of a vertex of `shape` with predecessors
+        `preds` ((skip, wait, the predecessor's Shape) per edge) needs the same; None when units differ."""
         counts = [0, 0]
-        for edge in vertex.preds:
-            pred = edge.vertex
-            if edge.wait == "all":
+        for skip, wait, pred in preds:
+            if wait == "all":
                 n = len(pred.xpus)
-            elif pred.pos is vertex.pos or pred.pos.keys() == vertex.pos.keys():
-                n = 1 if edge.wait == "xpu" else None
-                if edge.wait == "group":
-                    sizes = {len(g) for g in (vertex.groups if vertex.kind == "comm" else pred.groups)}
+            elif pred.pos is shape.pos or pred.pos.keys() == shape.pos.keys():
+                n = 1 if wait == "xpu" else None
+                if wait == "group":
+                    sizes = {len(g) for g in (shape.groups if shape.kind == "comm" else pred.groups)}
                     n = sizes.pop() if len(sizes) == 1 else None
             else:
                 n = None
             if n is None:
                 return None
             counts[1] += n
-            if not edge.skip:
+            if not skip:
                 counts[0] += n
         return counts[0], counts[1]
 
-    def _prepare_collective(self, vertex: Vertex) -> None:
-        data = vertex.data
-        collective = data["collective"]
-        name = data.get("algorithm") or ("direct" if collective == "p2p" else None)
-        alike = (collective, name, data["bytes"], data.get("chunks"), data["groups"])
-        known = self._collective_cache.get(alike)
-        if known is not None:  # alike vertices (one per layer and micro-batch) share their groups' set-up
-            vertex.groups, vertex.group_of, vertex.group_offsets, vertex.algorithms, fidelity = known
-            self.fidelity_used[vertex.name] = fidelity
-            return
-        vertex.groups = data["groups"]
-        vertex.group_of, vertex.group_offsets, vertex.algorithms = [], [], []
+    def _prepare_collective(self, shape: Shape, data: dict, collective: str, name: str | None) -> None:
+        shape.groups = data["groups"]
+        shape.group_of, shape.group_offsets, shape.algorithms = [], [], []
         fidelities = set()
-        for g, group in enumerate(vertex.groups):
-            vertex.group_offsets.append(len(vertex.group_of))
-            vertex.group_of += [g] * len(group)
-            servers, shape = self._servers(group)
+        for g, group in enumerate(shape.groups):
+            shape.group_offsets.append(len(shape.group_of))
+            shape.group_of += [g] * len(group)
+            servers, placement = self._servers(group)
             alternatives = nccl_alternatives(collective, name, servers)
             alternatives = alternatives if alternatives and self._nvls_domain(group) else ()
-            key = (collective, name, len(group), data["bytes"], shape, data.get("chunks"), alternatives)
+            key = (collective, name, len(group), data["bytes"], placement, data.get("chunks"), alternatives)
             if key not in self._algorithm_cache:  # alike groups share one algorithm and its flow phases
                 algorithm = get_algorithm(collective, name, len(group), data["bytes"], servers, data.get("chunks"))
                 for other in alternatives:  # NCCL's pick inside an NVLink SHARP domain: the lowest estimate
@@ -204,11 +183,9 @@ class WorkloadRules:
                         self._closed_forms[key] = (traffic, self._closed_form(ends, analytic,
                                                                               self.protocol(algorithm, group)))
                     fidelity, phases = "analytic", self._closed_forms[key]
-            vertex.algorithms.append((algorithm, fidelity, phases))
+            shape.algorithms.append((algorithm, fidelity, phases))
             fidelities.add(fidelity)
-        self.fidelity_used[vertex.name] = "/".join(sorted(fidelities))
-        self._collective_cache[alike] = (vertex.groups, vertex.group_of, vertex.group_offsets, vertex.algorithms,
-                                       self.fidelity_used[vertex.name])
+        shape.fidelity = "/".join(sorted(fidelities))
 
     def _nvls_domain(self, group: tuple[str, ...]) -> bool:
         """Whether `group`'s routes are one link domain with NVLink SHARP factors (NCCL runs NVLS all-reduce
@@ -256,38 +233,36 @@ class WorkloadRules:
 
     # ---- dependencies -------------------------------------------------------------------------------------
 
-    def required_count(self, vertex: Vertex, rank: int, run: int) -> int:
-        """How many predecessor completions unit `rank` of `vertex` needs for `run`."""
-        if vertex.required is not None:
-            return vertex.required[run > 1]
-        xpu = vertex.xpus[rank]
+    def required_count(self, shape: Shape, preds: list[tuple[int, str, Shape]], rank: int, run: int) -> int:
+        """How many predecessor completions unit `rank` of a vertex of `shape` with predecessors `preds` ((skip,
+        wait, the predecessor's Shape) per edge) needs for `run`."""
+        xpu = shape.xpus[rank]
         count = 0
-        for edge in vertex.preds:
-            if run == 1 and edge.skip:
+        for skip, wait, pred in preds:
+            if run == 1 and skip:
                 continue
-            pred = edge.vertex
-            if edge.wait == "all":
+            if wait == "all":
                 count += len(pred.xpus)
-            elif edge.wait == "xpu":
+            elif wait == "xpu":
                 count += xpu in pred.pos
-            elif vertex.kind == "comm":  # a collective member waits for pred's units in its group
-                count += self._group_count(vertex, pred, vertex.group_of[rank])
+            elif shape.kind == "comm":  # a collective member waits for pred's units in its group
+                count += self._group_count(shape, pred, shape.group_of[rank])
             else:  # a compute waits for its XPU's whole group of pred
                 count += len(pred.group(pred.pos[xpu])) if xpu in pred.pos else 0
         return count
 
-    def _group_count(self, vertex: Vertex, pred: Vertex, group: int) -> int:
-        key = (pred.index, group)
-        if key not in vertex.group_counts:
-            vertex.group_counts[key] = sum(x in pred.pos for x in vertex.groups[group])
-        return vertex.group_counts[key]
+    def _group_count(self, shape: Shape, pred: Shape, group: int) -> int:
+        key = (id(pred.pos), id(shape.groups), group)  # both kept alive by their shapes: ids stay unique
+        if key not in self._group_counts:
+            self._group_counts[key] = sum(x in pred.pos for x in shape.groups[group])
+        return self._group_counts[key]
 
-    def waiting_units(self, edge: Edge, pred: Vertex, xpu: str):
-        """The units of edge.vertex that a completion of `pred`'s unit on `xpu` counts for."""
-        succ = edge.vertex
-        if edge.wait == "all":
+    def waiting_units(self, wait: str, succ: Shape, pred: Shape, xpu: str):
+        """The units of a vertex of Shape `succ` that a completion of a `wait` predecessor's unit on `xpu` counts
+        for (the predecessor's Shape `pred`)."""
+        if wait == "all":
             return range(len(succ.xpus))
-        if edge.wait == "xpu":
+        if wait == "xpu":
             return (succ.pos[xpu],) if xpu in succ.pos else ()
         if succ.kind == "comm":
             return range(*succ.group_span(succ.pos[xpu])) if xpu in succ.pos else ()

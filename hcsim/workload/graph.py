@@ -107,6 +107,7 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broa
 PRECISIONS = ("fp32", "fp16", "bf16", "fp8")  # fp8: Transformer Engine's recipe (hcsim.workload.model)
 WAITS = ("xpu", "group", "all")
 FORMAT_VERSION = 2
+NOTHING_SPILLED = frozenset()  # one for every vertex whose data is all local (frozenset() is a new set each call)
 
 
 def new_workload(name: str, *, precision: str = "fp32", samples_per_iteration: int = 1, **attributes) -> nx.DiGraph:
@@ -116,40 +117,58 @@ def new_workload(name: str, *, precision: str = "fp32", samples_per_iteration: i
 
 
 def add_compute(graph: nx.DiGraph, name: str, *, xpus: Iterable[str], flops: float, memory_bytes: float = 0.0,
-                duration: float | None = None, start: bool = False, label: str | None = None) -> str:
+                duration: float | None = None, start: bool = False, label: str | None = None, **attributes) -> str:
     """Add a compute vertex with one instance on each of `xpus`; returns its name.
 
-    `duration` (s), when given, is the instance's compute time instead of flops / FLOP/s."""
-    graph.add_node(name, kind="compute", xpus=tuple(xpus), flops=float(flops), memory_bytes=float(memory_bytes),
-                   spilled_xpus=frozenset(), start=start, label=label or name)
+    `duration` (s), when given, is the instance's compute time instead of flops / FLOP/s; `attributes` are
+    further vertex attributes (``phase``, ``stage``, ``ops``, ...)."""
+    data = {"kind": "compute", "xpus": tuple(xpus), "flops": float(flops), "memory_bytes": float(memory_bytes),
+            "spilled_xpus": NOTHING_SPILLED, "start": start, "label": label or name}
     if duration is not None:
-        graph.nodes[name]["duration"] = float(duration)
+        data["duration"] = float(duration)
+    data.update(attributes)
+    _add_vertex(graph, name, data)
     return name
 
 
 def add_comm(graph: nx.DiGraph, name: str, *, bytes: float, collective: str, groups: Iterable[Sequence[str]] | None = None,
              pairs: Iterable[tuple[str, str]] | None = None, xpus: Sequence[str] | None = None,
              algorithm: str | None = None, start: bool = False, label: str | None = None,
-             chunks: int | None = None) -> str:
+             chunks: int | None = None, members: tuple[str, ...] | None = None, **attributes) -> str:
     """Add a communication vertex; returns its name.
 
     Give its `groups` (disjoint; the collective runs in each), its p2p `pairs`
     ``(src, dst)``, or `xpus` for a single group (a single pair for p2p). `chunks` splits the message
-    into that many chunks (:func:`hcsim.engine.collectives.get_algorithm`); None: the algorithm's default."""
+    into that many chunks (:func:`hcsim.engine.collectives.get_algorithm`); None: the algorithm's default.
+    `members`: the vertex's ``xpus`` (every member of every group, in group order) where the caller holds them
+    as one shared tuple; `attributes` are further vertex attributes (``phase``, ``stage``, ...)."""
     given = [g for g in (groups, pairs, xpus) if g is not None]
     if len(given) != 1:
         raise WorkloadError(f"vertex {name!r}: give exactly one of groups, pairs or xpus")
     if xpus is not None:
-        members = (tuple(xpus),)
+        members_of = (tuple(xpus),)
     elif type(given[0]) is tuple and all(type(g) is tuple for g in given[0]):
-        members = given[0]  # already a tuple of tuples: builders share one per axis and stage
+        members_of = given[0]  # already a tuple of tuples: builders share one per axis and stage
     else:
-        members = tuple(tuple(g) for g in given[0])
-    graph.add_node(name, kind="comm", groups=members, xpus=_members(members), bytes=float(bytes),
-                   collective=collective, algorithm=algorithm, start=start, label=label or name)
+        members_of = tuple(tuple(g) for g in given[0])
+    data = {"kind": "comm", "groups": members_of, "xpus": members or _members(members_of), "bytes": float(bytes),
+            "collective": collective, "algorithm": algorithm, "start": start, "label": label or name}
     if chunks is not None:
-        graph.nodes[name]["chunks"] = chunks
+        data["chunks"] = chunks
+    data.update(attributes)
+    _add_vertex(graph, name, data)
     return name
+
+
+def _add_vertex(graph: nx.DiGraph, name: str, data: dict) -> None:
+    """networkx's add_node(name, **data) without its copy of the attributes: builders add a million vertices."""
+    if name in graph._succ or name is None or graph.node_attr_dict_factory is not dict:
+        graph.add_node(name, **data)  # networkx's own way (an update, its error for None, a custom factory)
+        return
+    graph._succ[name] = graph.adjlist_inner_dict_factory()
+    graph._pred[name] = graph.adjlist_inner_dict_factory()
+    graph._node[name] = data
+    _changed(graph)
 
 
 def add_dependency(graph: nx.DiGraph, before: str, after: str, *, wait: str = "xpu",
@@ -157,7 +176,20 @@ def add_dependency(graph: nx.DiGraph, before: str, after: str, *, wait: str = "x
     """`after` waits for `before` by rule `wait` (WAITS; from iteration 2 on when `skip_first_iteration`)."""
     if wait not in WAITS:
         raise WorkloadError(f"edge {before!r} -> {after!r}: wait must be one of {', '.join(WAITS)}, got {wait!r}")
-    graph.add_edge(before, after, wait=wait, skip_first_iteration=skip_first_iteration)
+    edges = graph._succ.get(before)
+    if edges is None or after in edges or after not in graph._succ or graph.edge_attr_dict_factory is not dict:
+        graph.add_edge(before, after, wait=wait, skip_first_iteration=skip_first_iteration)
+        return
+    # networkx's add_edge for a new edge between existing vertices, without its copy of the attributes
+    edges[after] = graph._pred[after][before] = {"wait": wait, "skip_first_iteration": skip_first_iteration}
+    _changed(graph)
+
+
+def _changed(graph: nx.DiGraph) -> None:
+    """What networkx does after each change (its _clear_cache): drop the graphs its backends converted."""
+    cache = getattr(graph, "__networkx_cache__", None)
+    if cache:
+        cache.clear()
 
 
 def _members(groups: tuple[tuple[str, ...], ...]) -> tuple[str, ...]:
@@ -232,14 +264,27 @@ def first_iteration_order(graph: nx.DiGraph, stable: bool = False) -> list:
         return ready
     heapq.heapify(ready)
     order = []
-    while ready:
-        _, vertex = heapq.heappop(ready)
-        order.append(vertex)
-        for succ, edge in successors[vertex].items():
+    vertex = heapq.heappop(ready) if ready else None
+    while vertex is not None:
+        order.append(vertex[1])
+        after = None  # the least of the successors this vertex makes ready
+        for succ, edge in successors[vertex[1]].items():
             if not edge.get("skip_first_iteration"):
                 indegree[succ] -= 1
                 if indegree[succ] == 0:
-                    heapq.heappush(ready, (str(succ), succ))
+                    item = (str(succ), succ)
+                    if after is None:
+                        after = item
+                    else:
+                        after, item = min(after, item), max(after, item)
+                        heapq.heappush(ready, item)
+        # a chain's next vertex, when it is the least ready, is taken without a trip through the heap
+        if after is not None and (not ready or after < ready[0]):
+            vertex = after
+        else:
+            if after is not None:
+                heapq.heappush(ready, after)
+            vertex = heapq.heappop(ready) if ready else None
     return order
 
 

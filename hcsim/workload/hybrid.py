@@ -637,12 +637,10 @@ class _Builder:
         def compute(suffix, flops, size, ops=()):
             if not self.spec.inventory.fused and ops:  # the memory traffic of the kernels the framework runs
                 size = math.fsum(op.bytes for op in ops)
-            name = add_compute(self.graph, f"{tag}.{suffix}", xpus=xpus, flops=flops, memory_bytes=size,
-                               start=start and not chain)
             phase = "recompute" if ".recompute" in suffix else {"F": "fwd", "B": "bwd", "W": "bwd"}[op.kind]
-            self.graph.nodes[name].update(phase=phase, stage=stage, chunk=op.chunk, micro_batch=op.micro_batch,
-                                          step=op.kind, ops=tuple(ops))
-            chain.append(name)
+            chain.append(add_compute(self.graph, f"{tag}.{suffix}", xpus=xpus, flops=flops, memory_bytes=size,
+                                     start=start and not chain, phase=phase, stage=stage, chunk=op.chunk,
+                                     micro_batch=op.micro_batch, step=op.kind, ops=tuple(ops)))
 
         ends = [(self.embedding, "embedding")] * is_first + [(self.head, "head")] * is_last
         if op.kind == "W":  # zero-bubble: the weight gradients of the chunk, deferred
@@ -797,10 +795,9 @@ class _Builder:
         groups = self.groups("tp", stage, k)
         kinds = ("reduce_scatter", "all_gather") if self.par.sequence_parallel else ("all_reduce",)
         for kind in kinds:
-            vertex = add_comm(self.graph, f"{name}.{kind}", groups=groups, bytes=self.activation, collective=kind,
-                              algorithm=self.ring())
-            self.graph.nodes[vertex].update(phase="tp", stage=stage, xpus=self.members(groups, stage, k))
-            chain.append(vertex)
+            chain.append(add_comm(self.graph, f"{name}.{kind}", groups=groups, bytes=self.activation, collective=kind,
+                                  algorithm=self.ring(), members=self.members(groups, stage, k), phase="tp",
+                                  stage=stage))
 
     def ring(self, name: str = "ring") -> str:
         """The algorithm a collective named `name` runs: NCCL's channel rings for a ring under megatron_comm."""
@@ -835,14 +832,14 @@ class _Builder:
         next pass waits until its send is delivered (Megatron-LM's 1F1B sends block)."""
         par = self.par
         split = par.megatron_comm and par.tp > 1
-        add_comm(self.graph, name, pairs=pairs, bytes=self.activation / (par.tp if split else 1), collective="p2p")
-        self.graph.nodes[name].update(phase="p2p")
+        add_comm(self.graph, name, pairs=pairs, bytes=self.activation / (par.tp if split else 1), collective="p2p",
+                 phase="p2p")
         add_dependency(self.graph, self.first[sender][1], name, wait="group")
         arrived = name
         if split and not par.sequence_parallel:
             arrived = add_comm(self.graph, f"{name}.all_gather", groups=self.groups("tp", receiver[0], receiver[1]),
-                               bytes=self.activation, collective="all_gather", algorithm="nccl")
-            self.graph.nodes[arrived].update(phase="p2p", stage=receiver[0])
+                               bytes=self.activation, collective="all_gather", algorithm="nccl", phase="p2p",
+                               stage=receiver[0])
             add_dependency(self.graph, name, arrived)
         add_dependency(self.graph, arrived, self.first[receiver][0])
         if par.megatron_comm and sender in self.following:

@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import time
 from array import array
+from bisect import bisect_right
+from itertools import accumulate, chain, repeat
+from operator import add, attrgetter, itemgetter
 from collections import defaultdict
 
 import networkx as nx
 
-from hcsim.engine.options import COMM_KINDS
+from hcsim.engine.options import COMM_KIND, COMM_KINDS
 from hcsim.errors import ConfigError, HcsimError, SimulationError
 from hcsim.limits import collector_paused
 
@@ -50,75 +53,146 @@ ARRAY_TYPES = (
     ("sd_dst", "i"), ("sd_bytes", "d"))
 _UNIT_ARRAYS = ("u_flops", "u_read", "u_read_src", "u_compute_s", "u_copy", "u_copy_src", "u_peer")
 _GROUP_ARRAYS = ("g_size", "g_mode", "g_seconds", "g_plan", "g_call_latency", "g_region")
+_NO_GROUPS = {name: () for name in _GROUP_ARRAYS}
 
 
-def build_arrays(rules, hosts: dict[str, int]) -> dict[str, array]:
-    """The flat arrays of workload.hpp for `rules`'s vertices; `hosts` maps host names to numbers (the XPUs
-    first, in clock order; memory hosts are added as needed).
+class _Alike:
+    """What alike vertices (one per layer and micro-batch: the same shape, flags, job and compute row) put in each
+    vertex column, made once; their traffic's source for :func:`pair_bytes`."""
+
+    __slots__ = ("kind", "flags", "comm_kind", "job", "xrow", "crow", "grow", "groups", "group_offsets", "source",
+                 *_GROUP_ARRAYS)
+
+
+def build_arrays(rules, hosts: dict[str, int]) -> tuple[dict[str, array], list]:
+    """The flat arrays of workload.hpp for `rules`'s vertices, and what each vertex's traffic follows from (for
+    :func:`pair_bytes`); `hosts` maps host names to numbers (the XPUs first, in clock order; memory hosts are
+    added as needed).
 
     Alike vertices (one per layer and micro-batch: the same XPUs, sizes and groups) have the same units: the
-    u_ arrays are tables of rows, each distinct set of units' rows made once (`cache`), and each vertex names
-    its first row in them (v_xrow, v_rrow, v_crow, v_grow)."""
+    u_ arrays are tables of rows, each distinct set of units' rows made once, and each vertex names its first
+    row in them (v_xrow, v_rrow, v_crow, v_grow). One pass reads each vertex's attributes and edges from
+    networkx's own dicts in the order they were added (where they lie in memory; the executor's order jumps
+    around them: a million vertices read in that order took twice as long); the rows are made per alike
+    vertices, in the executor's order of their first, and the columns follow from them at C speed."""
     a = {name: array(code) for name, code in ARRAY_TYPES}
     for name in ("v_units", "v_succs", "b_units", "p_phases", "ph_transfers", "t_feeds", "q_sequences", "rl_steps",
                  "st_sends"):
         a[name].append(0)
+    a["j_iterations"].extend(job_iterations(rules.workload, rules.options.iterations))
+    a["v_units"].extend(rules.offsets[1:])
+    slots, samples, out = _read_vertices(rules)
+    alike = _alike_rows(a, rules, slots, samples, hosts)
+    row_of = list(map(alike.__getitem__, slots))  # each vertex's, in the executor's order
+    # the columns at C speed (map, chain): a million vertices, a few hundred distinct rows
+    for name in ("kind", "flags", "comm_kind", "job", "xrow", "crow", "grow"):
+        a[f"v_{name}"].extend(map(attrgetter(name), row_of))
+    groups = list(map(attrgetter("groups"), row_of))
+    a["v_group0"].extend([first if row.kind else -1 for first, row in zip(accumulate(groups, initial=0), row_of)])
+    a["g_first"].extend(map(add, chain.from_iterable(map(repeat, rules.offsets, groups)),
+                            chain.from_iterable(map(attrgetter("group_offsets"), row_of))))
+    for name in _GROUP_ARRAYS:
+        a[name].extend(chain.from_iterable(map(attrgetter(name), row_of)))
+    _edges(a, rules, out)
+    return a, [row.source for row in row_of]
+
+
+def _read_vertices(rules) -> tuple[list[int], dict[int, tuple], list]:
+    """One pass over the graph's vertices where they lie: each vertex's alike slot (in the executor's order), a
+    (Shape, attributes) per slot, and each vertex's successors as (index, skip, wait), by index."""
+    graph = rules.workload
+    shapes, index = rules.shapes, rules.index
+    keys: dict[tuple, int] = {}
+    samples: dict[int, tuple] = {}
+    slots = [0] * len(shapes)
+    out: list = [()] * len(shapes)
+    for (name, data), succs in zip(graph._node.items(), graph._succ.values()):  # networkx's own dicts, no views
+        i = index[name]
+        shape = shapes[i]
+        key = (shape, data.get("start"), data.get("phase"), data.get("job", 0))
+        if shape.kind == "compute":  # and what its compute row follows from (_compute_units)
+            key += (id(data.get("spilled_xpus") or ()), data["flops"], data["memory_bytes"], data.get("duration"),
+                    id(data.get("ops")), data.get("host"), data.get("move"), data.get("offload"))
+        slot = keys.get(key)
+        if slot is None:
+            slot = keys[key] = len(keys)
+            samples[slot] = (shape, data)  # keeps the keyed objects alive: ids stay unique
+        slots[i] = slot
+        if succs:
+            edges = [(index[v], int(bool(edge["skip_first_iteration"])), edge["wait"]) for v, edge in succs.items()]
+            if len(edges) > 1:
+                edges.sort()
+            out[i] = edges
+    return slots, samples, out
+
+
+def _alike_rows(a, rules, slots, samples, hosts) -> dict[int, _Alike]:
+    """Each slot's _Alike, made in the executor's order of the slots' first vertices: each table's rows (and
+    each memory host's number) come in the order the vertices first need them."""
     analytic_access = rules.options.local_access == "analytic"
+    comm_kind = {phase: COMM_KINDS.index(kind) for phase, kind in COMM_KIND.items()}
+    other = COMM_KINDS.index("other")
     plans: dict[tuple, int] = {}
     step_plans: dict[tuple, tuple[int, object]] = {}
     xpu_cache: dict = {}  # alike compute vertices -> their compute row
-    edge_buckets: dict[tuple, int] = {}
-    cache: dict = {}  # ("xpu", xpus id) / ("required", ...) / ("groups", algorithms id) -> a row, keyed objects
-
-    v_kind, v_flags, v_comm_kind, v_units, v_succs = (a[name] for name in ("v_kind", "v_flags", "v_comm_kind",
-                                                                           "v_units", "v_succs"))
-    a["j_iterations"].extend(job_iterations(rules.workload, rules.options.iterations))
-    v_job = a["v_job"]
-    v_xrow, v_rrow, v_crow, v_grow, v_group0 = (a[name] for name in ("v_xrow", "v_rrow", "v_crow", "v_grow",
-                                                                     "v_group0"))
-    u_xpu, u_required = a["u_xpu"], a["u_required"]
-    e_succ, e_skip, e_same_rank, e_bucket_of = a["e_succ"], a["e_skip"], a["e_same_rank"], a["e_bucket_of"]
-    for vertex in rules.vertices:
-        data, xpus = vertex.data, vertex.xpus
-        n = len(xpus)
-        compute = vertex.kind == "compute"
-        v_kind.append(0 if compute else 1)
-        v_flags.append((START if data.get("start") else 0) | (RECOMPUTE if vertex.recompute else 0)
-                       | (CPU_STEP if compute and data.get("host") == "cpu" else 0)
-                       | (MOVE if compute and data.get("move") else 0))
-        v_comm_kind.append(COMM_KINDS.index(vertex.comm_kind))
-        v_job.append(data.get("job", 0))
-        v_units.append(vertex.offset + n)
-        key = ("xpu", id(xpus))
+    cache: dict = {}  # ("xpu", xpus id) / ("groups", algorithms id) -> a row, keyed objects
+    alike: dict[int, _Alike] = {}
+    for slot in dict.fromkeys(slots):  # in the order of their first vertices
+        shape, data = samples[slot]
+        row = alike[slot] = _Alike()
+        compute = shape.kind == "compute"
+        row.kind = not compute
+        row.flags = ((START if data.get("start") else 0) | (RECOMPUTE if data.get("phase") == "recompute" else 0)
+                     | (CPU_STEP if compute and data.get("host") == "cpu" else 0)
+                     | (MOVE if compute and data.get("move") else 0))
+        row.comm_kind = comm_kind.get(data.get("phase"), other)
+        row.job = data.get("job", 0)
+        key = ("xpu", id(shape.xpus))
         if key not in cache:
-            cache[key] = (len(u_xpu), xpus)  # keep xpus alive: ids stay unique
-            u_xpu.extend([hosts[xpu] for xpu in xpus])
-        v_xrow.append(cache[key][0])
-        if vertex.required is not None:  # every unit needs the same (WorkloadRules.uniform_requirement)
-            key = ("required", vertex.required, n)
-            if key not in cache:
-                cache[key] = len(u_required) // 2
-                u_required.extend(vertex.required * n)
-            v_rrow.append(cache[key])
-        else:
-            v_rrow.append(_requirements(rules, vertex, cache, u_required))
+            cache[key] = (len(a["u_xpu"]), shape.xpus)  # keep xpus alive: ids stay unique
+            a["u_xpu"].extend([hosts[xpu] for xpu in shape.xpus])
+        row.xrow = cache[key][0]
         if compute:
-            v_crow.append(_compute_units(a, rules, vertex, hosts, analytic_access, xpu_cache))
-            v_grow.append(-1)
-            v_group0.append(-1)
+            row.source = _compute_units(a, rules, data, shape.xpus, hosts, analytic_access, xpu_cache)
+            row.crow, row.grow, row.group_offsets, rows = row.source[0], -1, (), _NO_GROUPS
         else:
-            v_crow.append(-1)
-            v_group0.append(len(a["g_first"]))
-            v_grow.append(_groups(a, rules, vertex, plans, step_plans, cache, hosts))
-        for edge in vertex.succs:
-            e_succ.append(edge.vertex.index)
-            e_skip.append(edge.skip)
-            e_same_rank.append(edge.same_rank)
-            e_bucket_of.append(-1 if edge.same_rank else _buckets(a, rules, vertex, edge, edge_buckets))
-        v_succs.append(len(e_succ))
+            row.source, row.crow, row.group_offsets = shape, -1, shape.group_offsets
+            row.grow, rows = _groups(a, rules, shape, plans, step_plans, cache, hosts)
+        row.groups = len(row.group_offsets)
+        for name in _GROUP_ARRAYS:
+            setattr(row, name, rows[name])
+    return alike
+
+
+def _edges(a, rules, out) -> None:
+    """The edge columns (each vertex's successors, by index) with their buckets, and each vertex's required row."""
+    shapes = rules.shapes
+    buckets: dict[tuple, int] = {}
+    alike: dict[tuple, tuple] = {}  # (pred's and succ's Shapes, skip, wait) -> (skip, same rank, bucket, pred)
+    pred_shapes: dict[tuple, tuple] = {}  # (skip, wait, XPUs id, groups id) -> (skip, wait, a predecessor's Shape)
+    preds: list[tuple] = [()] * len(shapes)  # per vertex, its predecessors' (skip, wait, XPUs id, groups id)
+    succs, rows = [], []
+    for shape, edges in zip(shapes, out):
+        for j, skip, wait in edges:
+            key = (shape, shapes[j], skip, wait)
+            row = alike.get(key)
+            if row is None:
+                succ = shapes[j]
+                same_rank = wait == "xpu" and shape.pos is succ.pos
+                pred = (skip, wait, id(shape.xpus), id(shape.groups))  # what the successor's counts follow from
+                pred_shapes.setdefault(pred, (skip, wait, shape))
+                row = alike[key] = (skip, same_rank, -1 if same_rank else _buckets(a, rules, shape, succ, wait, buckets),
+                                    pred)
+            succs.append(j)
+            rows.append(row)
+            preds[j] += (row[3],)
+    a["e_succ"].extend(succs)
+    for name, column in (("e_skip", 0), ("e_same_rank", 1), ("e_bucket_of", 2)):
+        a[name].extend(map(itemgetter(column), rows))
+    a["v_succs"].extend(accumulate(map(len, out)))
+    a["v_rrow"].extend(_requirement_rows(rules, shapes, preds, pred_shapes, {}, a["u_required"]))
     if not a["bucket_of"]:
         a["bucket_of"].append(-1)
-    return a
 
 
 def job_iterations(workload: nx.DiGraph, iterations: int) -> list[int]:
@@ -128,39 +202,53 @@ def job_iterations(workload: nx.DiGraph, iterations: int) -> list[int]:
     return [job["iterations"] for job in jobs] if jobs else [iterations]
 
 
-def _requirements(rules, vertex, cache, table) -> int:
-    """The row in `table` (u_required) where rules.required_count for each unit of `vertex` and runs 1 and 2 (run
-    1, later runs per unit) begins, added on first use; shared by vertices whose XPUs, groups and predecessors'
-    (skip, wait, XPUs, groups) are the same: it follows from them."""
-    key = ("required", vertex.kind, id(vertex.xpus), id(getattr(vertex, "groups", None)),
-           tuple((edge.skip, edge.wait, id(edge.vertex.xpus), id(getattr(edge.vertex, "groups", None)))
-                 for edge in vertex.preds))
-    if key not in cache:
-        # keep the keyed objects alive: ids stay unique
-        cache[key] = (len(table) // 2, vertex.xpus, getattr(vertex, "groups", None),
-                      [(edge.vertex.xpus, getattr(edge.vertex, "groups", None)) for edge in vertex.preds])
-        for rank in range(len(vertex.xpus)):
-            table.extend((rules.required_count(vertex, rank, 1), rules.required_count(vertex, rank, 2)))
-    return cache[key][0]
+def _requirement_rows(rules, shapes, preds, pred_shapes, cache, table) -> list[int]:
+    """Each vertex's row in `table` (u_required): its units' predecessor completions for run 1 and later runs (two
+    per unit), added on first use: one row per (run 1, later runs, units) where every unit needs the same
+    (WorkloadRules.required), else one per vertices with the same XPUs, groups and predecessors' (skip, wait,
+    XPUs, groups) (`preds`, per vertex), from which the counts follow (WorkloadRules.required_count)."""
+    rows = []
+    for shape, key in zip(shapes, preds):
+        # the counts are sums over the predecessors: their order does not matter (the shapes keep the ids unique)
+        key = (id(shape.xpus), id(shape.groups), shape.kind, key if len(key) < 2 else tuple(sorted(key)))
+        row = cache.get(key)
+        if row is None:
+            edges = [pred_shapes[pred] for pred in key[3]]
+            required = rules.required(shape, edges)
+            if required is not None:
+                uniform = ("required", required, len(shape.xpus))
+                if uniform not in cache:
+                    cache[uniform] = len(table) // 2
+                    table.extend(required * len(shape.xpus))
+                row = cache[uniform]
+            else:
+                row = len(table) // 2
+                for rank in range(len(shape.xpus)):
+                    table.extend((rules.required_count(shape, edges, rank, 1),
+                                  rules.required_count(shape, edges, rank, 2)))
+            cache[key] = row
+        rows.append(row)
+    return rows
 
 
-def _compute_units(a, rules, vertex, hosts, analytic_access, xpu_cache) -> int:
-    """The memory form's activities per unit: a copy first (spilled data without coherence), then the
-    execution and the read side by side, or the longer of the two alone (local data, local_access analytic);
-    the vertex's first row in the compute columns, added on first use (alike vertices share them)."""
+def _compute_units(a, rules, data, xpus, hosts, analytic_access, xpu_cache) -> tuple:
+    """The memory form's activities per unit of a compute vertex with attributes `data` on `xpus`: a copy first
+    (spilled data without coherence), then the execution and the read side by side, or the longer of the two
+    alone (local data, local_access analytic); the vertex's first row in the compute columns, added on first use
+    (alike vertices share them), with `xpus` and `data` (what its traffic follows from: :func:`pair_bytes`)."""
     from hcsim.engine.rules import memory_form
 
-    data, nodes = vertex.data, rules.nodes
+    nodes = rules.nodes
     size = data["memory_bytes"]
     spilled = data.get("spilled_xpus") or ()
     duration = data.get("duration")
     model = rules.options.compute_model
     ops = data.get("ops")
     cpu_step, move = data.get("host") == "cpu", data.get("move")
-    key = (id(vertex.xpus), id(spilled), data["flops"], size, duration, id(ops) if model is not None else None,
+    key = (id(xpus), id(spilled), data["flops"], size, duration, id(ops) if model is not None else None,
            cpu_step, move, data.get("offload"))
     if key in xpu_cache:
-        return xpu_cache[key][0]
+        return xpu_cache[key]
 
     def host(name):
         if name not in hosts:
@@ -168,7 +256,7 @@ def _compute_units(a, rules, vertex, hosts, analytic_access, xpu_cache) -> int:
         return hosts[name]
 
     flops_out, read_out, src_out, time_out, copy_out, copy_src_out, peer_out = [], [], [], [], [], [], []
-    for xpu in vertex.xpus:
+    for xpu in xpus:
         local = nodes[xpu]["local_memory"]
         flops, compute_time = rules.compute_cost(xpu, data)  # the rules's rule, a straggler's slowdown in it
         if cpu_step or move or xpu in spilled:
@@ -201,25 +289,23 @@ def _compute_units(a, rules, vertex, hosts, analytic_access, xpu_cache) -> int:
         copy_src_out.append(host(copy_from) if copy > 0 else 0)
         peer_out.append(0)
     row = len(a["u_flops"])
-    xpu_cache[key] = (row, vertex.xpus, spilled, ops)  # keep the keyed objects alive: ids stay unique
+    xpu_cache[key] = (row, xpus, data)  # keeps the keyed objects (data holds spilled and ops) alive: ids stay unique
     for name, values in zip(_UNIT_ARRAYS, (flops_out, read_out, src_out, time_out, copy_out, copy_src_out,
                                            peer_out)):
         a[name].extend(values)
-    return row
+    return xpu_cache[key]
 
 
-def _groups(a, rules, vertex, plans, step_plans, cache, hosts) -> int:
-    """A collective vertex's groups: first unit, size, the host of its region's memory device (collectives
-    through one memory device; numbered in `hosts` on first use) and the flow phases (a plan shared by alike
-    groups), the step schedule (shared by groups with the same algorithm) or the analytic closed form; returns its row
-    in u_group (each unit's group after the vertex's first). Vertices that share their algorithms
-    (WorkloadRules._prepare_collective: the same groups, collective and size) share these but for the numbers of
-    their units and groups."""
-    key = ("groups", id(vertex.algorithms))
+def _groups(a, rules, shape, plans, step_plans, cache, hosts) -> tuple[int, dict[str, array]]:
+    """A collective shape's groups: size, the host of its region's memory device (collectives through one memory
+    device; numbered in `hosts` on first use) and the flow phases (a plan shared by alike groups), the step schedule
+    (shared by groups with the same algorithm) or the analytic closed form; returns its row in u_group (each unit's
+    group after the vertex's first) and its groups' values of the g_ columns (but g_first: a vertex's own)."""
+    key = ("groups", id(shape.algorithms))
     if key not in cache:
         rows = {name: array(a[name].typecode) for name in _GROUP_ARRAYS}
-        for g, group in enumerate(vertex.groups):
-            algorithm, fidelity, phases = vertex.algorithms[g]
+        for g, group in enumerate(shape.groups):
+            algorithm, fidelity, phases = shape.algorithms[g]
             rows["g_size"].append(len(group))
             rows["g_call_latency"].append(rules.call_latency(algorithm, group))
             ends = rules.endpoints(algorithm, group)
@@ -234,14 +320,9 @@ def _groups(a, rules, vertex, plans, step_plans, cache, hosts) -> int:
             rows["g_mode"].append(mode)
             rows["g_seconds"].append(seconds)
             rows["g_plan"].append(plan)
-        cache[key] = (rows, len(a["u_group"]), vertex.algorithms)  # keep the keyed list alive: ids stay unique
-        a["u_group"].extend(vertex.group_of)
-    rows, row, _ = cache[key]
-    offset = vertex.offset
-    a["g_first"].extend([offset + first for first in vertex.group_offsets])
-    for name in _GROUP_ARRAYS:
-        a[name].extend(rows[name])
-    return row
+        cache[key] = (len(a["u_group"]), rows, shape.algorithms)  # keep the keyed list alive: ids stay unique
+        a["u_group"].extend(shape.group_of)
+    return cache[key][:2]
 
 
 def _flow_plan(a, rules, phases, group, plans, protocol) -> int:
@@ -294,18 +375,17 @@ def _step_plan(a, rules, algorithm, group, step_plans) -> int:
     return number
 
 
-def _buckets(a, rules, pred, edge, cache) -> int:
-    """Where the edge's map from `pred`'s units to buckets of successor ranks begins in bucket_of: the units a
-    completion of each unit of `pred` counts for (rules.waiting_units), shared by alike edges."""
-    succ = edge.vertex
-    key = (id(pred.xpus), id(succ.xpus), edge.wait, id(getattr(pred, "groups", None)),
-           id(getattr(succ, "groups", None)))
+def _buckets(a, rules, pred, succ, wait, cache) -> int:
+    """Where the map from the units of a vertex of Shape `pred` to buckets of units of its successor (Shape `succ`,
+    by rule `wait`) begins in bucket_of: the units a completion of each unit of `pred` counts for
+    (rules.waiting_units), shared by alike edges."""
+    key = (id(pred.xpus), id(succ.xpus), wait, id(pred.groups), id(succ.groups))  # the shapes': ids stay unique
     if key in cache:
-        return cache[key][0]
+        return cache[key]
     start = len(a["bucket_of"])
     seen: dict[tuple, int] = {}
     for xpu in pred.xpus:
-        units = tuple(rules.waiting_units(edge, pred, xpu))
+        units = tuple(rules.waiting_units(wait, succ, pred, xpu))
         if not units:
             a["bucket_of"].append(-1)
             continue
@@ -314,29 +394,25 @@ def _buckets(a, rules, pred, edge, cache) -> int:
             a["b_unit"].extend(units)
             a["b_units"].append(len(a["b_unit"]))
         a["bucket_of"].append(seen[units])
-    cache[key] = (start, pred.xpus, succ.xpus)  # keep the keyed objects alive: ids stay unique
+    cache[key] = start
     return start
 
 
-def pair_bytes(rules) -> dict[tuple[str, str], float]:
+def pair_bytes(rules, sources: list, jobs: array) -> dict[tuple[str, str], float]:
     """Bytes per (src, dst) host pair over the run: every unit runs every iteration, so they follow from the
-    graph (the rules counts them as they happen: the same sums, added in another order).
+    graph (the core counts none). `sources`: what each vertex's traffic follows from, in vertex order, as
+    :func:`build_arrays` lists them (a compute row's entry, a collective's Shape); `jobs`: each vertex's job.
 
     Alike vertices add the same (pair, bytes) list: each distinct one is made once. When every amount is a whole
     number of bytes and every sum stays below 2**53, each float sum is exact in any order, so the sums are
     made in integers from how often each list is added; otherwise they are added one by one in vertex order."""
     runs = job_iterations(rules.workload, rules.options.iterations)  # each vertex runs its job's iterations
-    lists: dict[tuple, list] = {}  # key -> [(pair, bytes), ...], then a use count and the keyed objects
+    lists: dict[tuple, list] = {}  # (source id, job) -> [(pair, bytes), ...], then a use count and the source
     used = []  # each vertex's list, in vertex order
-    for vertex in rules.vertices:
-        key = _traffic_key(vertex)
-        if key is None:
-            continue
-        iterations = runs[vertex.data.get("job", 0)]
-        key += (iterations,)
-        entry = lists.get(key)
+    for source, job in zip(sources, jobs):
+        entry = lists.get((id(source), job))
         if entry is None:
-            entry = lists[key] = [_traffic(rules, vertex, iterations), 0, vertex.xpus, vertex.data]
+            entry = lists[id(source), job] = [_traffic(rules, source, runs[job]), 0, source]
         entry[1] += 1
         used.append(entry[0])
     totals: dict[tuple[str, str], int] = {}
@@ -355,36 +431,27 @@ def pair_bytes(rules) -> dict[tuple[str, str], float]:
     return pairs
 
 
-def _traffic_key(vertex) -> tuple | None:
-    """What a vertex's traffic (_traffic) follows from; None: it moves nothing."""
-    data = vertex.data
-    if vertex.kind == "compute":
+def _traffic(rules, source, iterations) -> list[tuple[tuple[str, str], float]]:
+    """(pair, bytes over the run) for each transfer of one vertex run per iteration, in the core's order; `source`
+    as :func:`pair_bytes` takes it."""
+    from hcsim.engine.rules import Shape, form_transfers, memory_form
+
+    nodes, out = rules.nodes, []
+    if not isinstance(source, Shape):  # a compute row's (row, xpus, attributes)
+        _, xpus, data = source
         size = data["memory_bytes"]
         if not size > 0:
-            return None
-        spilled = data.get("spilled_xpus") or ()
-        return ("compute", id(vertex.xpus), id(spilled), size, data.get("host"), data.get("move"),
-                data.get("offload"))
-    return ("comm", id(vertex.groups), id(vertex.algorithms))
-
-
-def _traffic(rules, vertex, iterations) -> list[tuple[tuple[str, str], float]]:
-    """(pair, bytes over the run) for each transfer of one vertex run per iteration, in the rules's order."""
-    from hcsim.engine.rules import form_transfers, memory_form
-
-    nodes, data, out = rules.nodes, vertex.data, []
-    if vertex.kind == "compute":
-        size = data["memory_bytes"]
+            return out
         spilled = data.get("spilled_xpus") or ()
         offload = data.get("host") == "cpu" or data.get("move")
-        for xpu in vertex.xpus:
+        for xpu in xpus:
             if not offload and xpu not in spilled:  # local: one read from its HBM (form_transfers)
                 out.append(((nodes[xpu]["local_memory"], xpu), size * iterations))
                 continue
             form = memory_form(nodes, data, xpu, rules.options.coherent)
             out += [(pair, size * iterations) for pair in form_transfers(nodes, data, xpu, form)]
         return out
-    for group, (algorithm, fidelity, phases) in zip(vertex.groups, vertex.algorithms):
+    for group, (algorithm, fidelity, phases) in zip(source.groups, source.algorithms):
         group = rules.endpoints(algorithm, group)
         if fidelity == "step":
             out += [((group[s], group[d]), size * iterations) for (s, d), size in algorithm.flows().items()]
@@ -428,18 +495,16 @@ def xpu_times(xpus: list[str], first: array, last: array, ends: list[float], fie
     return table
 
 
-def _fill_trace(trace, rules, counters: dict, hosts: list[str], arrays: dict) -> None:
+def _fill_trace(trace, rules, counters: dict, hosts: list[str]) -> None:
     """The core's traced events into `trace`, in the order they ended, as the rules records them."""
-    unit_vertex = []
-    for vertex in rules.vertices:
-        unit_vertex += [vertex] * len(vertex.xpus)
+    offsets, order, shapes = rules.offsets, rules.order, rules.shapes
     for run, unit, start, end in counters["vertices"]:
-        vertex = unit_vertex[unit]
-        trace.vertices.append((run, vertex.xpus[unit - vertex.offset], vertex.name, vertex.kind, start, end))
+        index = bisect_right(offsets, unit) - 1  # the vertex whose units [offsets[i], offsets[i + 1]) hold it
+        shape = shapes[index]
+        trace.vertices.append((run, shape.xpus[unit - offsets[index]], order[index], shape.kind, start, end))
     suffix = ("", ".read", ".copy", ".move")
     for run, src, dst, index, label, size, start, end in counters["transfers"]:
-        trace.transfers.append((run, hosts[src], hosts[dst], rules.vertices[index].name + suffix[label], size,
-                                start, end))
+        trace.transfers.append((run, hosts[src], hosts[dst], order[index] + suffix[label], size, start, end))
 
 
 def run_workload(platform: nx.Graph, workload: nx.DiGraph, compiled, options, order=None, progress=None,
@@ -460,6 +525,13 @@ def run_workload(platform: nx.Graph, workload: nx.DiGraph, compiled, options, or
     """
     with collector_paused():  # the set-up's objects all stay alive; the core's run makes none
         return _run_workload(platform, workload, compiled, options, order, progress, beside)
+
+
+def _unfinished(rules, done: array, runs: array) -> list[str]:
+    """The vertices with a unit that did not complete its job's iterations (`done`: each unit's completed runs)."""
+    nodes, offsets = rules.workload._node, rules.offsets
+    return [name for i, name in enumerate(rules.order)
+            if any(d < runs[nodes[name].get("job", 0)] for d in done[offsets[i]:offsets[i + 1]])]
 
 
 def _tables(compiled, beside) -> dict:
@@ -486,7 +558,7 @@ def _run_workload(platform, workload, compiled, options, order, progress, beside
     rules = WorkloadRules(platform, workload, compiled.routes, options, order=order)
     xpus = rules.xpus
     hosts = {x: i for i, x in enumerate(xpus)}
-    arrays = build_arrays(rules, hosts)
+    arrays, sources = build_arrays(rules, hosts)
     iterations, fields = options.iterations, module.clock_fields
     runs = arrays["j_iterations"]
     if max(runs) != iterations:
@@ -515,30 +587,28 @@ def _run_workload(platform, workload, compiled, options, order, progress, beside
         raise ConfigError(f"engine core: {err}") from err
     except RuntimeError as err:
         raise SimulationError(f"engine core: {err}") from err
-    if done.count(iterations) < len(done) and (  # a unit short of its job's last run (count: C speed)
-            len(runs) == 1 or any(min(done[v.offset:v.offset + len(v.xpus)]) < runs[v.data.get("job", 0)]
-                                  for v in rules.vertices)):
-        unfinished = [v.name for v in rules.vertices
-                      if any(d < runs[v.data.get("job", 0)] for d in done[v.offset:v.offset + len(v.xpus)])]
-        raise SimulationError(f"the run stopped with vertices that never completed every iteration "
-                              f"(a dependency that is never met): {', '.join(unfinished[:5])}")
+    if done.count(iterations) < len(done):  # a unit short of its job's last run (count: C speed)
+        unfinished = _unfinished(rules, done, runs)
+        if unfinished:
+            raise SimulationError(f"the run stopped with vertices that never completed every iteration "
+                                  f"(a dependency that is never met): {', '.join(unfinished[:5])}")
     iteration_ends = list(ends[:counters["iterations_ended"]])
     per_job = [list(job_ends[j * iterations:j * iterations + job_ended[j]]) for j in range(len(runs))]
     ended = None
     if len(runs) > 1:  # each XPU's clocks measure its own job's iterations
         ended = {}
-        for vertex in rules.vertices:
-            count = job_ended[vertex.data.get("job", 0)]
-            ended.update(dict.fromkeys(vertex.xpus, count))
+        nodes = rules.workload._node
+        for name, shape in zip(rules.order, rules.shapes):
+            ended.update(dict.fromkeys(shape.xpus, job_ended[nodes[name].get("job", 0)]))
     link_bytes: dict[tuple[str, str], float] = defaultdict(float)
-    for pair, size in pair_bytes(rules).items():
+    for pair, size in pair_bytes(rules, sources, arrays["v_job"]).items():
         route = compiled.routes[pair]
         for link in zip(route, route[1:]):
             link_bytes[link] += size
     link_bytes = dict(link_bytes)
     check_link_loads(platform, link_bytes, iteration_ends[-1] if iteration_ends else 0.0)
     if trace is not None:
-        _fill_trace(trace, rules, counters, list(hosts), arrays)
+        _fill_trace(trace, rules, counters, list(hosts))
     busy = {x: [last[i * fields + 4], last[i * fields + 5], last[i * fields + 6]] for i, x in enumerate(xpus)}
     result = RunResult(iteration_ends=iteration_ends, activities=counters["activities"], busy=busy,
                        wall_time_s=time.perf_counter() - wall, trace=trace, collective_fidelity=rules.fidelity_used,
@@ -547,6 +617,4 @@ def _run_workload(platform, workload, compiled, options, order, progress, beside
                        job_iteration_ends=per_job)
     result.core_counters = counters  # run_s, run_cpu_s, setup_s of the core (docs/engine-core.md's figures)
     result.beside_counters = counters.get("beside")  # the serving steps' beside the workload (activities)
-    for vertex in rules.vertices:  # vertices and their edges refer to each other: freed now, not by the collector
-        vertex.preds = vertex.succs = None
     return result
