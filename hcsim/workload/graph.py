@@ -141,16 +141,16 @@ def add_comm(graph: nx.DiGraph, name: str, *, bytes: float, collective: str, gro
     ``(src, dst)``, or `xpus` for a single group (a single pair for p2p). `chunks` splits the message
     into that many chunks (:func:`hcsim.engine.collectives.get_algorithm`); None: the algorithm's default.
     `members`: the vertex's ``xpus`` (every member of every group, in group order) where the caller holds them
-    as one shared tuple; `attributes` are further vertex attributes (``phase``, ``stage``, ...)."""
-    given = [g for g in (groups, pairs, xpus) if g is not None]
-    if len(given) != 1:
+    as one shared tuple, and its groups as a tuple of tuples (a builder's, shared per axis and stage);
+    `attributes` are further vertex attributes (``phase``, ``stage``, ...)."""
+    if (groups is None) + (pairs is None) + (xpus is None) != 2:
         raise WorkloadError(f"vertex {name!r}: give exactly one of groups, pairs or xpus")
     if xpus is not None:
         members_of = (tuple(xpus),)
-    elif type(given[0]) is tuple and all(type(g) is tuple for g in given[0]):
-        members_of = given[0]  # already a tuple of tuples: builders share one per axis and stage
     else:
-        members_of = tuple(tuple(g) for g in given[0])
+        given = groups if groups is not None else pairs
+        shared = type(given) is tuple and (members is not None or all(type(g) is tuple for g in given))
+        members_of = given if shared else tuple(tuple(g) for g in given)  # a builder's tuples as they are
     data = {"kind": "comm", "groups": members_of, "xpus": members or _members(members_of), "bytes": float(bytes),
             "collective": collective, "algorithm": algorithm, "start": start, "label": label or name}
     if chunks is not None:
@@ -162,13 +162,14 @@ def add_comm(graph: nx.DiGraph, name: str, *, bytes: float, collective: str, gro
 
 def _add_vertex(graph: nx.DiGraph, name: str, data: dict) -> None:
     """networkx's add_node(name, **data) without its copy of the attributes: builders add a million vertices."""
-    if name in graph._succ or name is None or graph.node_attr_dict_factory is not dict:
-        graph.add_node(name, **data)  # networkx's own way (an update, its error for None, a custom factory)
+    if name in graph._succ or name is None or type(graph) is not nx.DiGraph:
+        graph.add_node(name, **data)  # networkx's own way (an update, its error for None, a subclass's factories)
         return
-    graph._succ[name] = graph.adjlist_inner_dict_factory()
-    graph._pred[name] = graph.adjlist_inner_dict_factory()
+    graph._succ[name] = {}
+    graph._pred[name] = {}
     graph._node[name] = data
-    _changed(graph)
+    if getattr(graph, "__networkx_cache__", None):  # what networkx's add_node does last (its _clear_cache)
+        graph.__networkx_cache__.clear()
 
 
 def add_dependency(graph: nx.DiGraph, before: str, after: str, *, wait: str = "xpu",
@@ -177,19 +178,14 @@ def add_dependency(graph: nx.DiGraph, before: str, after: str, *, wait: str = "x
     if wait not in WAITS:
         raise WorkloadError(f"edge {before!r} -> {after!r}: wait must be one of {', '.join(WAITS)}, got {wait!r}")
     edges = graph._succ.get(before)
-    if edges is None or after in edges or after not in graph._succ or graph.edge_attr_dict_factory is not dict:
+    preds = graph._pred.get(after)
+    if edges is None or preds is None or after in edges or type(graph) is not nx.DiGraph:
         graph.add_edge(before, after, wait=wait, skip_first_iteration=skip_first_iteration)
         return
     # networkx's add_edge for a new edge between existing vertices, without its copy of the attributes
-    edges[after] = graph._pred[after][before] = {"wait": wait, "skip_first_iteration": skip_first_iteration}
-    _changed(graph)
-
-
-def _changed(graph: nx.DiGraph) -> None:
-    """What networkx does after each change (its _clear_cache): drop the graphs its backends converted."""
-    cache = getattr(graph, "__networkx_cache__", None)
-    if cache:
-        cache.clear()
+    edges[after] = preds[before] = {"wait": wait, "skip_first_iteration": skip_first_iteration}
+    if getattr(graph, "__networkx_cache__", None):  # what networkx's add_edge does last (its _clear_cache)
+        graph.__networkx_cache__.clear()
 
 
 def _members(groups: tuple[tuple[str, ...], ...]) -> tuple[str, ...]:

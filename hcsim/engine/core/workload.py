@@ -84,22 +84,23 @@ def build_arrays(rules, hosts: dict[str, int]) -> tuple[dict[str, array], list]:
     slots, samples, out = _read_vertices(rules)
     alike = _alike_rows(a, rules, slots, samples, hosts)
     row_of = list(map(alike.__getitem__, slots))  # each vertex's, in the executor's order
-    # the columns at C speed (map, chain): a million vertices, a few hundred distinct rows
+    # the columns at C speed (map, chain; lists for fromlist, which sizes the array once): a million vertices, a
+    # few hundred distinct rows
     for name in ("kind", "flags", "comm_kind", "job", "xrow", "crow", "grow"):
-        a[f"v_{name}"].extend(map(attrgetter(name), row_of))
+        a[f"v_{name}"].fromlist(list(map(attrgetter(name), row_of)))
     groups = list(map(attrgetter("groups"), row_of))
-    a["v_group0"].extend([first if row.kind else -1 for first, row in zip(accumulate(groups, initial=0), row_of)])
-    a["g_first"].extend(map(add, chain.from_iterable(map(repeat, rules.offsets, groups)),
-                            chain.from_iterable(map(attrgetter("group_offsets"), row_of))))
+    a["v_group0"].fromlist([first if row.kind else -1 for first, row in zip(accumulate(groups, initial=0), row_of)])
+    a["g_first"].fromlist(list(map(add, chain.from_iterable(map(repeat, rules.offsets, groups)),
+                                   chain.from_iterable(map(attrgetter("group_offsets"), row_of)))))
     for name in _GROUP_ARRAYS:
-        a[name].extend(chain.from_iterable(map(attrgetter(name), row_of)))
+        a[name].fromlist(list(chain.from_iterable(map(attrgetter(name), row_of))))
     _edges(a, rules, out)
     return a, [row.source for row in row_of]
 
 
 def _read_vertices(rules) -> tuple[list[int], dict[int, tuple], list]:
     """One pass over the graph's vertices where they lie: each vertex's alike slot (in the executor's order), a
-    (Shape, attributes) per slot, and each vertex's successors as (index, skip, wait), by index."""
+    (Shape, attributes) per slot, and each vertex's successors as (index, skip_first_iteration, wait), by index."""
     graph = rules.workload
     shapes, index = rules.shapes, rules.index
     keys: dict[tuple, int] = {}
@@ -119,7 +120,7 @@ def _read_vertices(rules) -> tuple[list[int], dict[int, tuple], list]:
             samples[slot] = (shape, data)  # keeps the keyed objects alive: ids stay unique
         slots[i] = slot
         if succs:
-            edges = [(index[v], int(bool(edge["skip_first_iteration"])), edge["wait"]) for v, edge in succs.items()]
+            edges = [(index[v], edge["skip_first_iteration"], edge["wait"]) for v, edge in succs.items()]
             if len(edges) > 1:
                 edges.sort()
             out[i] = edges
@@ -174,10 +175,10 @@ def _edges(a, rules, out) -> None:
     succs, rows = [], []
     for shape, edges in zip(shapes, out):
         for j, skip, wait in edges:
-            key = (shape, shapes[j], skip, wait)
+            key = (shape, shapes[j], skip, wait)  # skip: a bool (or 0/1, equal keys)
             row = alike.get(key)
             if row is None:
-                succ = shapes[j]
+                succ, skip = shapes[j], int(bool(skip))
                 same_rank = wait == "xpu" and shape.pos is succ.pos
                 pred = (skip, wait, id(shape.xpus), id(shape.groups))  # what the successor's counts follow from
                 pred_shapes.setdefault(pred, (skip, wait, shape))
@@ -186,10 +187,10 @@ def _edges(a, rules, out) -> None:
             succs.append(j)
             rows.append(row)
             preds[j] += (row[3],)
-    a["e_succ"].extend(succs)
+    a["e_succ"].fromlist(succs)
     for name, column in (("e_skip", 0), ("e_same_rank", 1), ("e_bucket_of", 2)):
-        a[name].extend(map(itemgetter(column), rows))
-    a["v_succs"].extend(accumulate(map(len, out)))
+        a[name].fromlist(list(map(itemgetter(column), rows)))
+    a["v_succs"].fromlist(list(accumulate(map(len, out))))
     a["v_rrow"].extend(_requirement_rows(rules, shapes, preds, pred_shapes, {}, a["u_required"]))
     if not a["bucket_of"]:
         a["bucket_of"].append(-1)
