@@ -41,7 +41,7 @@ class Shape:
     """What a vertex's dependency and collective rules follow from, shared by alike vertices (one per layer and
     micro-batch): its kind and units (one per XPU: a compute instance or a collective's member) and, for a
     collective, its groups with their algorithms and fidelities. Vertices themselves are not objects: a
-    million-vertex graph has a few thousand shapes."""
+    million-vertex graph has a few hundred shapes."""
 
     __slots__ = ("kind", "xpus", "pos", "groups", "group_of", "group_offsets", "algorithms", "fidelity")
 
