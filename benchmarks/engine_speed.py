@@ -112,14 +112,16 @@ def _child(command: list[str], timeout: float) -> dict:
     return record
 
 
-def run_point(case: str, xpus: int, iterations: int, timeout: float, firings: int) -> dict:
-    """One point in a fresh process: process_s, run_s (the simulation proper), activities, peak_rss_mb."""
+def run_point(case: str, xpus: int, iterations: int, timeout: float, firings: int, on: str = "switch") -> dict:
+    """One point in a fresh process: process_s, run_s (the simulation proper), activities, peak_rss_mb. `on`: the
+    ceilings' platform (:func:`_ring_platform`)."""
     if case == "simgrid":
-        return _child([sys.executable, __file__, "--simgrid-point", str(xpus), "--firings", str(firings)], timeout)
+        return _child([sys.executable, __file__, "--simgrid-point", str(xpus), "--firings", str(firings),
+                       "--ceiling-platform", on], timeout)
     if case in CPP_CASES:
         ceiling_program()  # compiled here, so that the point's peak memory is the program's alone
         return _child([sys.executable, __file__, "--simgrid-cpp-point", str(xpus), "--firings", str(firings),
-                       "--driver", CPP_CASES[case]], timeout)
+                       "--driver", CPP_CASES[case], "--ceiling-platform", on], timeout)
     if case == "2d-hierarchical":
         r = _child([sys.executable, str(HERE / "hierarchical_2d.py"), "--point", str(xpus)], timeout)
         if "error" not in r:
@@ -134,25 +136,37 @@ def run_point(case: str, xpus: int, iterations: int, timeout: float, firings: in
     return r
 
 
-def _ring_platform(xpus: int):
-    """`xpus` H100 on one switch, routes to the ring neighbour: (the compiled platform, XPU names, FLOPs of
-    100 us, bytes: 1 MB, about 1 us on the XPU link)."""
+def _ring_platform(xpus: int, on: str = "switch"):
+    """`xpus` XPUs whose routes to their ring neighbour are compiled: (the compiled platform, XPU names, FLOPs of
+    100 us on an H100, bytes: 1 MB, about 1 us on an H100's NVLink). `on`: "switch", H100 on one switch (two
+    links per transfer); "layer", the ``layer`` case's platform (the paper's coherent topology, its ring in the
+    case's rank order: up to six links per transfer)."""
     from hcsim.platform import compile_platform
     from hcsim.platform.builders import single_switch
     from hcsim.platform.devices import builtin_catalog
 
     h100 = builtin_catalog()["H100"]
-    graph = single_switch(xpus, h100)
     names = [f"xpu{i}" for i in range(xpus)]
+    if on == "switch":
+        graph = single_switch(xpus, h100)
+    else:
+        from hcsim.run.prepare import rank_order, scenario_platform
+        from hcsim.run.scenario import load_scenario
+
+        scenario = load_scenario(None, scenario_settings("layer", xpus))
+        _, graph, xpu_names = scenario_platform(scenario, "xpus")
+        if rank_order(graph, xpu_names, scenario) != names:  # simgrid_ceiling rings xpu0, xpu1, ... in order
+            raise SystemExit(f"--ceiling-platform layer: the layer case's ring is not xpu0, xpu1, ... at {xpus} XPUs")
     compiled = compile_platform(graph, {(names[i], names[(i + 1) % xpus]) for i in range(xpus)})
     return compiled, names, h100.fp32_flops * 1e-4, 1e6
 
 
-def simgrid_point(xpus: int, firings: int) -> dict:
-    """Plain SimGrid: `xpus` chains (execution, transfer to the ring neighbour, ...), `firings` Task firings."""
+def simgrid_point(xpus: int, firings: int, on: str = "switch") -> dict:
+    """Plain SimGrid: `xpus` chains (execution, transfer to the ring neighbour, ...), `firings` Task firings, on
+    the platform `on` names (:func:`_ring_platform`)."""
     from hcsim.engine.simgrid_loader import load
 
-    compiled, names, flops, size = _ring_platform(xpus)
+    compiled, names, flops, size = _ring_platform(xpus, on)
     xml = Path(f"/tmp/hcsim-simgrid-bench-{os.getpid()}.xml")
     xml.write_text(compiled.xml)
     sg = load()
@@ -187,10 +201,10 @@ def simgrid_point(xpus: int, firings: int) -> dict:
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-def simgrid_cpp_point(xpus: int, firings: int, driver: str) -> dict:
+def simgrid_cpp_point(xpus: int, firings: int, driver: str, on: str = "switch") -> dict:
     """The same chains as :func:`simgrid_point` (`firings` activities in all) on SimGrid's C++ API: the program
-    simgrid_ceiling.cpp beside this file, with `driver` (callbacks or actors)."""
-    compiled, names, flops, size = _ring_platform(xpus)
+    simgrid_ceiling.cpp beside this file, with `driver` (callbacks or actors), on the platform `on` names."""
+    compiled, names, flops, size = _ring_platform(xpus, on)
     xml = Path(f"/tmp/hcsim-simgrid-bench-{os.getpid()}.xml")
     xml.write_text(compiled.xml)
     per_chain = max(2, firings // xpus)
@@ -261,15 +275,18 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=900, help="seconds per point")
     parser.add_argument("--firings", type=int, default=200_000, help="Task firings of each simgrid point")
+    parser.add_argument("--ceiling-platform", choices=("switch", "layer"), default="switch",
+                        help="where the simgrid ceilings run their chains: H100 on one switch (two links per "
+                             "transfer), or the layer case's platform and ring (up to six)")
     parser.add_argument("--simgrid-point", type=int, help=argparse.SUPPRESS)  # run one simgrid point here
     parser.add_argument("--simgrid-cpp-point", type=int, help=argparse.SUPPRESS)  # one simgrid-cpp point here
     parser.add_argument("--driver", default="callbacks", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.simgrid_point:
-        print(json.dumps(simgrid_point(args.simgrid_point, args.firings)))
+        print(json.dumps(simgrid_point(args.simgrid_point, args.firings, args.ceiling_platform)))
         return
     if args.simgrid_cpp_point:
-        print(json.dumps(simgrid_cpp_point(args.simgrid_cpp_point, args.firings, args.driver)))
+        print(json.dumps(simgrid_cpp_point(args.simgrid_cpp_point, args.firings, args.driver, args.ceiling_platform)))
         return
     print(machine())
     print(f"{args.iterations} iteration(s) (hybrid cases: 1); run = compile + load + simulate")
@@ -286,7 +303,7 @@ def main() -> None:
         else:
             sizes = args.xpus or DEFAULT_SIZES.get(case, [64, 256, 1024, 4096])
         for xpus in sizes:
-            r = run_point(case, xpus, args.iterations, args.timeout, args.firings)
+            r = run_point(case, xpus, args.iterations, args.timeout, args.firings, args.ceiling_platform)
             if "error" in r:
                 print(f"{case:<18} {xpus:>5}  failed: {r['error']}", flush=True)
                 continue

@@ -29,6 +29,15 @@ def test_engine_speed_prints_a_row_per_point_and_the_fitted_exponent():
     assert "wall time ~ micro-batches^" in out
 
 
+def test_the_ceiling_runs_on_the_layer_case_s_own_platform_and_the_case_is_compared_to_it():
+    out = run(str(BENCHMARKS / "engine_speed.py"), "--case", "simgrid", "layer", "--xpus", "8", "--firings", "2000",
+              "--ceiling-platform", "layer")
+    rows = {r[0]: r for r in (line.split() for line in out.splitlines()) if r and r[0] in ("simgrid", "layer")
+            and len(r) > 1 and r[1] == "8"}
+    assert set(rows) == {"simgrid", "layer"}
+    assert float(rows["layer"][6]) > 0  # its /simgrid column: a ratio to that ceiling
+
+
 def test_gpu_kernels_writes_what_hcsim_calibrate_reads(tmp_path):
     """benchmarks/gpu_kernels.py needs a GPU to measure; here its row format goes through calibrate's reader,
     and without PyTorch or CUDA the script says so and exits 2."""

@@ -60,7 +60,7 @@ class _Alike:
     """What alike vertices (one per layer and micro-batch: the same shape, flags, job and compute row) put in each
     vertex column, made once; their traffic's source for :func:`pair_bytes`."""
 
-    __slots__ = ("kind", "flags", "comm_kind", "job", "xrow", "crow", "grow", "groups", "group_offsets", "source",
+    __slots__ = ("kind", "flags", "comm_kind", "job", "xrow", "crow", "grow", "group_count", "group_offsets", "source",
                  *_GROUP_ARRAYS)
 
 
@@ -88,9 +88,9 @@ def build_arrays(rules, hosts: dict[str, int]) -> tuple[dict[str, array], list]:
     # few hundred distinct rows
     for name in ("kind", "flags", "comm_kind", "job", "xrow", "crow", "grow"):
         a[f"v_{name}"].fromlist(list(map(attrgetter(name), row_of)))
-    groups = list(map(attrgetter("groups"), row_of))
-    a["v_group0"].fromlist([first if row.kind else -1 for first, row in zip(accumulate(groups, initial=0), row_of)])
-    a["g_first"].fromlist(list(map(add, chain.from_iterable(map(repeat, rules.offsets, groups)),
+    counts = list(map(attrgetter("group_count"), row_of))
+    a["v_group0"].fromlist([first if row.kind else -1 for first, row in zip(accumulate(counts, initial=0), row_of)])
+    a["g_first"].fromlist(list(map(add, chain.from_iterable(map(repeat, rules.offsets, counts)),
                                    chain.from_iterable(map(attrgetter("group_offsets"), row_of)))))
     for name in _GROUP_ARRAYS:
         a[name].fromlist(list(chain.from_iterable(map(attrgetter(name), row_of))))
@@ -159,7 +159,7 @@ def _alike_rows(a, rules, slots, samples, hosts) -> dict[int, _Alike]:
         else:
             row.source, row.crow, row.group_offsets = shape, -1, shape.group_offsets
             row.grow, rows = _groups(a, rules, shape, plans, step_plans, cache, hosts)
-        row.groups = len(row.group_offsets)
+        row.group_count = len(row.group_offsets)
         for name in _GROUP_ARRAYS:
             setattr(row, name, rows[name])
     return alike
@@ -182,8 +182,8 @@ def _edges(a, rules, out) -> None:
                 same_rank = wait == "xpu" and shape.pos is succ.pos
                 pred = (skip, wait, id(shape.xpus), id(shape.groups))  # what the successor's counts follow from
                 pred_shapes.setdefault(pred, (skip, wait, shape))
-                row = alike[key] = (skip, same_rank, -1 if same_rank else _buckets(a, rules, shape, succ, wait, buckets),
-                                    pred)
+                bucket = -1 if same_rank else _buckets(a, rules, shape, succ, wait, buckets)
+                row = alike[key] = (skip, same_rank, bucket, pred)
             succs.append(j)
             rows.append(row)
             preds[j] += (row[3],)
