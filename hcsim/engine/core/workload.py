@@ -102,7 +102,7 @@ def _read_vertices(rules) -> tuple[list[int], dict[int, tuple], list]:
     """One pass over the graph's vertices where they lie: each vertex's alike slot (in the executor's order), a
     (Shape, attributes) per slot, and each vertex's successors as (index, skip_first_iteration, wait), by index."""
     graph = rules.workload
-    shapes, index = rules.shapes, rules.index
+    shapes, index, model = rules.shapes, rules.index, rules.options.compute_model
     keys: dict[tuple, int] = {}
     samples: dict[int, tuple] = {}
     slots = [0] * len(shapes)
@@ -111,9 +111,8 @@ def _read_vertices(rules) -> tuple[list[int], dict[int, tuple], list]:
         i = index[name]
         shape = shapes[i]
         key = (shape, data.get("start"), data.get("phase"), data.get("job", 0))
-        if shape.kind == "compute":  # and what its compute row follows from (_compute_units)
-            key += (id(data.get("spilled_xpus") or ()), data["flops"], data["memory_bytes"], data.get("duration"),
-                    id(data.get("ops")), data.get("host"), data.get("move"), data.get("offload"))
+        if shape.kind == "compute":  # and what its compute row follows from
+            key += _compute_key(data, model)
         slot = keys.get(key)
         if slot is None:
             slot = keys[key] = len(keys)
@@ -191,7 +190,7 @@ def _edges(a, rules, out) -> None:
     for name, column in (("e_skip", 0), ("e_same_rank", 1), ("e_bucket_of", 2)):
         a[name].fromlist(list(map(itemgetter(column), rows)))
     a["v_succs"].fromlist(list(accumulate(map(len, out))))
-    a["v_rrow"].extend(_requirement_rows(rules, shapes, preds, pred_shapes, {}, a["u_required"]))
+    a["v_rrow"].extend(_requirement_rows(rules, shapes, preds, pred_shapes, a["u_required"]))
     if not a["bucket_of"]:
         a["bucket_of"].append(-1)
 
@@ -203,12 +202,12 @@ def job_iterations(workload: nx.DiGraph, iterations: int) -> list[int]:
     return [job["iterations"] for job in jobs] if jobs else [iterations]
 
 
-def _requirement_rows(rules, shapes, preds, pred_shapes, cache, table) -> list[int]:
+def _requirement_rows(rules, shapes, preds, pred_shapes, table) -> list[int]:
     """Each vertex's row in `table` (u_required): its units' predecessor completions for run 1 and later runs (two
     per unit), added on first use: one row per (run 1, later runs, units) where every unit needs the same
     (WorkloadRules.required), else one per vertices with the same XPUs, groups and predecessors' (skip, wait,
     XPUs, groups) (`preds`, per vertex), from which the counts follow (WorkloadRules.required_count)."""
-    rows = []
+    rows, cache = [], {}  # cache: a key above -> its row
     for shape, key in zip(shapes, preds):
         # the counts are sums over the predecessors: their order does not matter (the shapes keep the ids unique)
         key = (id(shape.xpus), id(shape.groups), shape.kind, key if len(key) < 2 else tuple(sorted(key)))
@@ -232,6 +231,14 @@ def _requirement_rows(rules, shapes, preds, pred_shapes, cache, table) -> list[i
     return rows
 
 
+def _compute_key(data: dict, model) -> tuple:
+    """What a compute vertex's rows follow from besides its XPUs (ids of objects `data` holds: alive with it); the
+    kernel tuple only where the kernel model (`model`) times it."""
+    return (id(data.get("spilled_xpus") or ()), data["flops"], data["memory_bytes"], data.get("duration"),
+            id(data.get("ops")) if model is not None else None, data.get("host") == "cpu", data.get("move"),
+            data.get("offload"))
+
+
 def _compute_units(a, rules, data, xpus, hosts, analytic_access, xpu_cache) -> tuple:
     """The memory form's activities per unit of a compute vertex with attributes `data` on `xpus`: a copy first
     (spilled data without coherence), then the execution and the read side by side, or the longer of the two
@@ -242,12 +249,8 @@ def _compute_units(a, rules, data, xpus, hosts, analytic_access, xpu_cache) -> t
     nodes = rules.nodes
     size = data["memory_bytes"]
     spilled = data.get("spilled_xpus") or ()
-    duration = data.get("duration")
-    model = rules.options.compute_model
-    ops = data.get("ops")
     cpu_step, move = data.get("host") == "cpu", data.get("move")
-    key = (id(xpus), id(spilled), data["flops"], size, duration, id(ops) if model is not None else None,
-           cpu_step, move, data.get("offload"))
+    key = (id(xpus), *_compute_key(data, rules.options.compute_model))
     if key in xpu_cache:
         return xpu_cache[key]
 
