@@ -5,7 +5,7 @@
 VENV ?= .venv
 STAMP := $(VENV)/.hcsim-setup
 CORE_STAMP := $(VENV)/.hcsim-core
-CORE_SOURCES := $(wildcard hcsim/engine/core/*.cpp hcsim/engine/core/*.hpp hcsim/platform/*.cpp)
+CORE_SOURCES := $(wildcard hcsim/engine/core/*.cpp hcsim/engine/core/*.hpp hcsim/platform/*.cpp hcsim/workload/*.cpp)
 
 .PHONY: demo test setup bench core clean
 demo: $(CORE_STAMP)
@@ -32,4 +32,4 @@ core: $(STAMP)
 	touch $(CORE_STAMP)
 
 clean:
-	rm -rf $(VENV) build *.egg-info hcsim/engine/core/_core*.so hcsim/platform/_routes*.so
+	rm -rf $(VENV) build *.egg-info hcsim/engine/core/_core*.so hcsim/platform/_routes*.so hcsim/workload/_order*.so

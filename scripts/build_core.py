@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Build hcsim's C++ engine core, hcsim/engine/core/_core*.so, against the installed SimGrid 4.1, and the route
-search, hcsim/platform/_routes*.so.
+"""Build hcsim's C++ engine core, hcsim/engine/core/_core*.so, against the installed SimGrid 4.1, and the two
+extensions without SimGrid: the route search, hcsim/platform/_routes*.so, and the vertex numbering,
+hcsim/workload/_order*.so.
 
     .venv/bin/python scripts/build_core.py   # build, or say it is up to date; what `make` runs
 
@@ -36,7 +37,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = ROOT / "hcsim" / "engine" / "core"
-ROUTES = ROOT / "hcsim" / "platform" / "routes.cpp"  # the route search, its own extension (no SimGrid)
+# extensions of their own (no SimGrid): the route search, the vertex numbering; each named by its source's stem
+STANDALONE = [ROOT / "hcsim" / "platform" / "routes.cpp", ROOT / "hcsim" / "workload" / "order.cpp"]
 BUILD = ROOT / "build" / "core"
 SIMGRID_VERSION = (4, 1, 0)
 HEADERS = ROOT / "build" / f"simgrid-{SIMGRID_VERSION[0]}.{SIMGRID_VERSION[1]}" / "include"
@@ -68,8 +70,13 @@ def extension_path() -> Path:
     return CORE / f"_core{sysconfig.get_config_var('EXT_SUFFIX')}"
 
 
-def routes_path() -> Path:
-    return ROUTES.parent / f"_routes{sysconfig.get_config_var('EXT_SUFFIX')}"
+def standalone_path(source: Path) -> Path:
+    """Where the extension built from `source` (no SimGrid) goes: beside it, named _<its stem>."""
+    return source.parent / f"_{source.stem}{sysconfig.get_config_var('EXT_SUFFIX')}"
+
+
+def built_paths() -> list[Path]:
+    return [extension_path(), *map(standalone_path, STANDALONE)]
 
 
 def simgrid_library() -> Path:
@@ -143,7 +150,7 @@ def pybind11_module():
 def inputs_digest(cxx_version: str, library: Path) -> str:
     pybind11 = pybind11_module()
     digest = hashlib.sha256()
-    for path in sorted([*CORE.glob("*.cpp"), *CORE.glob("*.hpp"), ROUTES]):
+    for path in sorted([*CORE.glob("*.cpp"), *CORE.glob("*.hpp"), *STANDALONE]):
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     stat = library.stat()
     for part in (*FLAGS, cxx_version, pybind11.__version__, sysconfig.get_config_var("EXT_SUFFIX"),
@@ -157,7 +164,7 @@ def compile_and_link(cxx: str, library: Path, jobs: int) -> None:
     includes = [f"-I{HEADERS}", f"-I{pybind11.get_include()}", f"-I{sysconfig.get_paths()['include']}"]
     objects = BUILD / "obj"
     objects.mkdir(parents=True, exist_ok=True)
-    sources = [*sorted(CORE.glob("*.cpp")), ROUTES]
+    sources = [*sorted(CORE.glob("*.cpp")), *STANDALONE]
     commands = [[cxx, *FLAGS, *includes, "-c", str(source), "-o", str(objects / f"{source.stem}.o")]
                 for source in sources]
     log(f"compiling {len(sources)} translation units with {cxx}, {jobs} at a time")
@@ -172,9 +179,10 @@ def compile_and_link(cxx: str, library: Path, jobs: int) -> None:
         failures += _reap(job)
     if failures:
         raise BuildError("compilation failed:\n" + "\n".join(failures))
-    core = [str(objects / f"{s.stem}.o") for s in sources if s != ROUTES]
+    core = [str(objects / f"{s.stem}.o") for s in sources if s not in STANDALONE]
     _link(cxx, extension_path(), [*core, f"-L{library.parent}", f"-l:{library.name}", f"-Wl,-rpath,{library.parent}"])
-    _link(cxx, routes_path(), [str(objects / f"{ROUTES.stem}.o")])
+    for source in STANDALONE:
+        _link(cxx, standalone_path(source), [str(objects / f"{source.stem}.o")])
 
 
 def _link(cxx: str, output: Path, inputs: list[str]) -> None:
@@ -193,8 +201,8 @@ def _reap(job: tuple[subprocess.Popen, Path]) -> list[str]:
 
 def check_import() -> None:
     """Import the new extension in a fresh interpreter (no SimGrid Engine is created)."""
-    done = subprocess.run([sys.executable, "-c", "import hcsim.engine.core as c; c.load(); import hcsim.platform._routes"], capture_output=True,
-                          text=True, cwd=ROOT)
+    done = subprocess.run([sys.executable, "-c", "import hcsim.engine.core as c; c.load(); "
+                           "import hcsim.platform._routes, hcsim.workload._order"], capture_output=True, text=True, cwd=ROOT)
     if done.returncode:
         raise BuildError(f"the built extension does not import: {done.stderr.strip()[-2000:]}")
 
@@ -206,7 +214,8 @@ def build(force: bool, jobs: int) -> bool:
     fetch_headers()
     digest = inputs_digest(cxx_version, library)
     stamp = BUILD / "inputs.sha256"
-    if not force and extension_path().exists() and routes_path().exists() and stamp.exists() and stamp.read_text().strip() == digest:
+    if not force and all(path.exists() for path in built_paths()) and stamp.exists() \
+            and stamp.read_text().strip() == digest:
         log(f"up to date: {extension_path().relative_to(ROOT)}")
         return False
     stamp.unlink(missing_ok=True)
@@ -226,8 +235,8 @@ def main() -> int:
     try:
         build(args.force, max(1, args.jobs))
     except BuildError as err:
-        extension_path().unlink(missing_ok=True)
-        routes_path().unlink(missing_ok=True)
+        for path in built_paths():
+            path.unlink(missing_ok=True)
         log(f"failed: {err}\nbuild_core: the C++ engine core is hcsim's engine and must be built. It needs what "
             "SimGrid's build needs: g++ (C++17), the Python headers (python3-dev) and SimGrid 4.1 installed by "
             "`make setup`; install what is missing (as root: apt-get install -y g++ python3-dev), then: make core")

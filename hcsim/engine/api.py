@@ -30,8 +30,8 @@ __all__ = ["RunOptions", "RunResult", "run", "host_pairs", "COMM_KINDS", "COMM_K
            "LOCAL_ACCESSES", "LOCAL_COLLECTIVES"]
 
 
-def run(platform: nx.Graph, workload: nx.DiGraph, options: RunOptions, pairs=None, order=None,
-        progress=None, beside=None) -> RunResult:
+def run(platform: nx.Graph, workload: nx.DiGraph, options: RunOptions, pairs=None, progress=None,
+        beside=None) -> RunResult:
     """Compile `platform` for the host pairs `workload` uses and run `workload` on it (once per process).
 
     Parameters
@@ -42,8 +42,6 @@ def run(platform: nx.Graph, workload: nx.DiGraph, options: RunOptions, pairs=Non
         How to run.
     pairs
         The (source, destination) host pairs to compile routes for; default: those `workload` uses.
-    order
-        `workload`'s vertices in the order validate_workload returned them (else computed here).
     progress
         Called now and then during the run with how many more vertex runs have completed.
     beside
@@ -65,7 +63,7 @@ def run(platform: nx.Graph, workload: nx.DiGraph, options: RunOptions, pairs=Non
 
     compiled = compile_platform(platform, pairs if pairs is not None else host_pairs(platform, workload),
                                 workload.graph.get("precision", "fp32"))
-    return run_workload(platform, workload, compiled, options, order, progress, beside)
+    return run_workload(platform, workload, compiled, options, progress, beside)
 
 
 def host_pairs(platform: nx.Graph, workload: nx.DiGraph) -> set[tuple[str, str]]:

@@ -32,7 +32,7 @@ from hcsim.engine.collectives import FlowPhase, endpoint_hosts, get_algorithm, n
 from hcsim.engine.options import RunOptions
 from hcsim.platform.devices import peak_flops
 from hcsim.platform.routes import route_bandwidth, route_latency
-from hcsim.workload.graph import first_iteration_order
+from hcsim.workload.graph import number_vertices
 
 __all__ = ["WorkloadRules", "Shape", "memory_form", "form_transfers", "check_link_loads"]
 
@@ -67,11 +67,10 @@ class WorkloadRules:
     from them (module docstring); no run state: the core keeps its own.
 
     The vertices are `order` (names, the executor's order) with `shapes` (each vertex's :class:`Shape`) and
-    `offsets` (vertex i's units are [offsets[i], offsets[i + 1]))."""
+    `offsets` (vertex i's units are [offsets[i], offsets[i + 1])); `numbering` is the graph's
+    :class:`~hcsim.workload.graph.VertexNumbering` and `position` each number's place in `order`."""
 
-    def __init__(self, platform: nx.Graph, workload: nx.DiGraph, routes: dict, options: RunOptions, order=None):
-        """`order`, if given, is `workload`'s vertices in :func:`_stable_order`'s order (validate_workload
-        returns it), not computed again."""
+    def __init__(self, platform: nx.Graph, workload: nx.DiGraph, routes: dict, options: RunOptions):
         self.platform, self.workload, self.routes = platform, workload, routes
         self.nodes = dict(platform.nodes(data=True))  # name -> attributes: a plain dict is faster per look-up
         self.options = options
@@ -88,18 +87,19 @@ class WorkloadRules:
         self._link_factors: dict[tuple[str, str], object] = {}  # (src, dst) -> LinkFactors (roofline)
         self._protocols: dict = {}  # (algorithm id, group) -> (its NCCL protocol or None, the algorithm)
         self._endpoints: dict = {}  # (algorithm id, group) -> (its endpoints' hosts, the algorithm)
-        if order is None or len(order) != len(workload):
-            order = _stable_order(workload)
-        self.order: list = order
-        self.index = dict(zip(order, range(len(order))))  # name -> position (C speed: a million names)
-        self.shapes: list[Shape] = [None] * len(order)
-        for name, data in workload._node.items():  # networkx's own dicts, where the vertices lie: no views
-            self.shapes[self.index[name]] = self.shape(data)
+        self.numbering = number_vertices(workload)  # topological over first-iteration edges, ties by name
+        if len(self.numbering.order) < len(workload):
+            raise nx.NetworkXUnfeasible("the first-iteration edges have a cycle")
+        self.order: list = self.numbering.ordered_names()
+        self.position = self.numbering.position()
+        # each vertex's Shape from networkx's own dicts where the vertices lie (no views), then in the order
+        shapes = list(map(self.shape, workload._node.values()))
+        self.shapes: list[Shape] = list(map(shapes.__getitem__, self.numbering.order))
         self.offsets = array("q", [0])
         self.offsets.extend(accumulate(map(len, map(attrgetter("xpus"), self.shapes))))
         self.total_instances = self.offsets[-1]
         # collective vertex -> step | flow | analytic (joined by /); a compute vertex's shape has none
-        self.fidelity_used = dict(filter(itemgetter(1), zip(order, map(attrgetter("fidelity"), self.shapes))))
+        self.fidelity_used = dict(filter(itemgetter(1), zip(self.order, map(attrgetter("fidelity"), self.shapes))))
         # the XPUs that run units, in clock order: each distinct xpus tuple once, in vertex order
         self.xpus: list[str] = list(dict.fromkeys(chain.from_iterable(dict.fromkeys(
             shape.xpus for shape in dict.fromkeys(self.shapes)))))
@@ -474,10 +474,3 @@ def form_transfers(nodes, data: dict, xpu: str, form: tuple[str | None, str]) ->
         return [(memory, nodes[memory]["owner"])]
     return [(copy_from, xpu), (memory, xpu)] if copy_from is not None else [(memory, xpu)]
 
-
-def _stable_order(graph: nx.DiGraph) -> list:
-    """Vertices in a deterministic order: topological over first-iteration edges, ties by name."""
-    order = first_iteration_order(graph, stable=True)
-    if len(order) < len(graph):
-        raise nx.NetworkXUnfeasible("the first-iteration edges have a cycle")
-    return order

@@ -101,8 +101,8 @@ def serving_beside(prepared: Prepared, options, progress=None):
               "landed": landed, "shared_pairs": sorted(prepared.pairs),
               # the serving XPUs at the serving precision, as the serving run alone compiles them
               "speeds": {x: peak_flops(nodes[x], run.spec.precision) for x in xpus}}
-    outcome = api.run(prepared.platform, prepared.workload, options, prepared.pairs | engine.pairs, prepared.order,
-                      progress, beside)
+    outcome = api.run(prepared.platform, prepared.workload, options, prepared.pairs | engine.pairs, progress,
+                      beside)
     return outcome, run.result(outcome.beside_counters, wall)
 
 

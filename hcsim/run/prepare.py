@@ -39,7 +39,6 @@ class Prepared:
     pairs: set[tuple[str, str]]
     coherent: bool
     platform_spec: Any = None  # the checked PlatformSpec, for the resolved values a result records
-    order: list | None = None  # the workload's vertices in the executor's order (validate_workload's)
     jobs: list | None = None  # several jobs on one fabric: each training job's Prepared (its scenario, its graph's
     # attributes, placement and XPUs; hcsim.run.jobs); None: one job, this one
     serving: tuple | None = None  # a serving job among the jobs: (its index in scenario.jobs, its XPUs), run beside
@@ -131,10 +130,10 @@ def prepare(scenario: Scenario) -> Prepared:
     if scenario.jobs:
         return prepare_jobs(scenario)
     platform_spec, graph, xpus = scenario_platform(scenario, f"scenario {scenario.name!r}: xpus")
-    workload, xpus, placement, order, coherent = _prepare_workload(scenario, platform_spec, graph, xpus)
+    workload, xpus, placement, coherent = _prepare_workload(scenario, platform_spec, graph, xpus)
     apply_stragglers(scenario, graph, xpus)  # each straggler's slowdown on its node (hcsim.run.stragglers)
     pairs = host_pairs(graph, workload)
-    return Prepared(scenario, graph, workload, placement, xpus, pairs, coherent, platform_spec, order)
+    return Prepared(scenario, graph, workload, placement, xpus, pairs, coherent, platform_spec)
 
 
 def prepare_jobs(scenario: Scenario) -> Prepared:
@@ -144,7 +143,6 @@ def prepare_jobs(scenario: Scenario) -> Prepared:
     from hcsim.platform import build_platform
     from hcsim.platform.topology import xpus as platform_xpus
     from hcsim.run.jobs import assign_xpus, job_scenarios, join_graphs
-    from hcsim.workload.graph import first_iteration_order
 
     scenarios = job_scenarios(scenario)
     serving = _serving_job(scenario, scenarios)
@@ -178,7 +176,7 @@ def prepare_jobs(scenario: Scenario) -> Prepared:
                         None, [], beside)
     jobs, graphs = [], []
     for job, xpus in ((scenarios[i], assigned[i]) for i in training):
-        workload, xpus, placement, _, coherent = _prepare_workload(job, platform_spec, graph, xpus)
+        workload, xpus, placement, coherent = _prepare_workload(job, platform_spec, graph, xpus)
         jobs.append(Prepared(job, graph, nx.DiGraph(**workload.graph), placement, xpus, set(), coherent,
                              platform_spec))
         graphs.append(workload)
@@ -188,11 +186,10 @@ def prepare_jobs(scenario: Scenario) -> Prepared:
         for entry, job in zip(workload.graph["jobs"], jobs):
             entry["xpus"] = job.xpus
         del graphs
-        order = first_iteration_order(workload, stable=True)  # each job's graph was checked or built
     xpus = [x for x in platform_xpus(graph) if x in {x for job in jobs for x in job.xpus}]
     apply_stragglers(scenario, graph, xpus)
     pairs = host_pairs(graph, workload)
-    return Prepared(scenario, graph, workload, None, xpus, pairs, jobs[0].coherent, platform_spec, order, jobs,
+    return Prepared(scenario, graph, workload, None, xpus, pairs, jobs[0].coherent, platform_spec, jobs,
                     beside, taken)
 
 
@@ -235,11 +232,10 @@ def _check_jobs_memory(scenario: Scenario, graph: nx.Graph, jobs: list[Prepared]
 
 def _prepare_workload(scenario: Scenario, platform_spec, graph: nx.Graph, xpus: list[str]):
     """The workload graph of `scenario` on `xpus` of the platform `graph`, checked and its memory placed:
-    (workload, the XPUs it runs on, placement, the executor's vertex order, coherent)."""
+    (workload, the XPUs it runs on, placement, coherent)."""
     from hcsim.config import resolve_spec
     from hcsim.limits import collector_paused
     from hcsim.workload import build_training_graph, load_workload_spec, place_memory, validate_workload
-    from hcsim.workload.graph import first_iteration_order
     from hcsim.workload.hybrid import build_hybrid_graph, place_hybrid_memory
     from hcsim.workload.placement import check_shared_memory
     from hcsim.workload.layout import ParallelLayout
@@ -287,8 +283,9 @@ def _prepare_workload(scenario: Scenario, platform_spec, graph: nx.Graph, xpus: 
             else:
                 workload = build_training_graph(workload_spec, layout, order,
                                                 dict(zip(xpus, split)) if split else None)
-    with collector_paused():  # a graph from a file is checked; hcsim's builders keep the contract (tests check it)
-        order = validate_workload(workload, xpus) if from_graph else first_iteration_order(workload, stable=True)
+    if from_graph:  # a graph from a file is checked; hcsim's builders keep the contract (tests check it)
+        with collector_paused():
+            validate_workload(workload, xpus)
     coherent = bool(graph.graph.get("coherent"))
     if not coherent and any(a == "coherent_ring" for _, a in workload.nodes(data="algorithm")):
         raise ConfigError(f"scenario {scenario.name!r}: collective: coherent_ring keeps the reduced shards in "
@@ -314,7 +311,7 @@ def _prepare_workload(scenario: Scenario, platform_spec, graph: nx.Graph, xpus: 
         check_shared_memory(placement.inventory, {x: (nodes[x]["extended_memory"], extended[x]) for x in xpus
                                                   if nodes[x]["extended_memory"]},
                             offload if parallelism else None)
-    return workload, xpus, placement, order, coherent
+    return workload, xpus, placement, coherent
 
 
 def check_precision(scenario: Scenario, spec, platform: nx.Graph, xpus: list[str]) -> None:

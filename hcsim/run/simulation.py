@@ -115,7 +115,7 @@ def run_here(scenario: Scenario, out: Path | None = None, progress=None, check=N
 
         outcome, serving = serving_beside(prepared, options, update)
     else:
-        outcome = api.run(prepared.platform, prepared.workload, options, prepared.pairs, prepared.order, update)
+        outcome = api.run(prepared.platform, prepared.workload, options, prepared.pairs, update)
     result = summarize(prepared, outcome, setup_s, time.perf_counter() - wall, options.compute_model)
     if prepared.serving is not None:
         add_serving_record(result, prepared, serving)

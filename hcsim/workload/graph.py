@@ -90,15 +90,16 @@ the back edge that makes iteration k+1 wait for iteration k's gradients:
 
 from __future__ import annotations
 
-import heapq
 import json
+from array import array
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
 
 import networkx as nx
 
-from hcsim.errors import WorkloadError, brief, invalid
+from hcsim.errors import ConfigError, WorkloadError, brief, invalid
 
 __all__ = ["COLLECTIVES", "PRECISIONS", "WAITS", "FORMAT_VERSION", "new_workload", "add_compute", "add_comm", "covered_xpus",
            "add_dependency", "validate_workload", "save_workload", "load_workload", "unroll_iterations"]
@@ -239,49 +240,56 @@ def validate_workload(graph: nx.DiGraph, platform_xpus=None) -> list:
     return order
 
 
+@dataclass(frozen=True, slots=True)
+class VertexNumbering:
+    """A workload graph's vertices numbered in the order they were added (networkx's own order), its edges by
+    number and the first-iteration order: what the engine's set-up reads instead of looking each vertex up by
+    name in million-entry dicts (:func:`number_vertices`)."""
+
+    names: list  # vertex k's name is names[k]
+    order: array  # "i": the numbers in the executor's order (the vertices on or after a cycle left out)
+    start: array  # "q": vertex k's edges are [start[k], start[k + 1]), in its networkx adjacency's order
+    successor: array  # "i": each edge's successor's number
+    flags: bytes  # each edge's skip_first_iteration (bit 0) and its wait's index in WAITS (<< 1; 3: not in WAITS)
+
+    def ordered_names(self) -> list:
+        return list(map(self.names.__getitem__, self.order))
+
+    def position(self) -> array:
+        """Each number's place in `order` ("i"; -1 for a vertex left out)."""
+        position = array("i", [-1]) * len(self.names)
+        for place, k in enumerate(self.order):
+            position[k] = place
+        return position
+
+
+def number_vertices(graph: nx.DiGraph, stable: bool = True) -> VertexNumbering:
+    """`graph`'s :class:`VertexNumbering`, from one pass over networkx's adjacency dicts in C++ (the extension
+    hcsim.workload._order, ``order.cpp``). The order is Kahn's algorithm on the first-iteration edges (not
+    skip_first_iteration); `stable`: the ready vertex least by str(name) first (networkx's
+    lexicographical_topological_sort with key=str; names alike as strings by the order they were added), else
+    first come, first served."""
+    try:
+        from hcsim.workload import _order
+    except ImportError as err:
+        raise ConfigError(f"workload graph: the vertex numbering's extension hcsim.workload._order is not built or "
+                          f"does not load ({err}). Fix: make core (scripts/build_core.py builds it beside the engine "
+                          f"core)") from None
+    order, start, successor, flags = _order.number_graph(graph._succ, stable)  # networkx's own adjacency
+    return VertexNumbering(list(graph._succ), _array("i", order), _array("q", start), _array("i", successor), flags)
+
+
+def _array(code: str, data: bytes) -> array:
+    values = array(code)
+    values.frombytes(data)
+    return values
+
+
 def first_iteration_order(graph: nx.DiGraph, stable: bool = False) -> list:
     """The vertices in a topological order of the first-iteration edges (not skip_first_iteration), by Kahn's
-    algorithm on networkx's own adjacency (no second graph); the vertices on or after a cycle are left out.
-    `stable`: ties by name (networkx's lexicographical_topological_sort with key=str)."""
-    successors = graph._succ  # networkx's own adjacency (its algorithms read it): no view per vertex
-    indegree = dict.fromkeys(graph, 0)
-    for edges in successors.values():
-        for v, edge in edges.items():
-            if not edge.get("skip_first_iteration"):
-                indegree[v] += 1
-    ready = [(str(v), v) if stable else v for v, d in indegree.items() if d == 0]
-    if not stable:
-        for vertex in ready:  # grows as vertices become ready
-            for v, edge in successors[vertex].items():
-                if not edge.get("skip_first_iteration"):
-                    indegree[v] -= 1
-                    if indegree[v] == 0:
-                        ready.append(v)
-        return ready
-    heapq.heapify(ready)
-    order = []
-    vertex = heapq.heappop(ready) if ready else None
-    while vertex is not None:
-        order.append(vertex[1])
-        after = None  # the least of the successors this vertex makes ready
-        for succ, edge in successors[vertex[1]].items():
-            if not edge.get("skip_first_iteration"):
-                indegree[succ] -= 1
-                if indegree[succ] == 0:
-                    item = (str(succ), succ)
-                    if after is None:
-                        after = item
-                    else:
-                        after, item = min(after, item), max(after, item)
-                        heapq.heappush(ready, item)
-        # a chain's next vertex, when it is the least ready, is taken without a trip through the heap
-        if after is not None and (not ready or after < ready[0]):
-            vertex = after
-        else:
-            if after is not None:
-                heapq.heappush(ready, after)
-            vertex = heapq.heappop(ready) if ready else None
-    return order
+    algorithm (:func:`number_vertices`); the vertices on or after a cycle are left out. `stable`: ties by name
+    (networkx's lexicographical_topological_sort with key=str)."""
+    return number_vertices(graph, stable).ordered_names()
 
 
 def _vertex_problems(name, data, known, missing_by_group) -> list[str]:

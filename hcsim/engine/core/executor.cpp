@@ -89,7 +89,8 @@ class WorkloadRun;
 
 /* A collective run at the flow and analytic models: one run of one group of a collective vertex. */
 struct CollectiveRun {
-  std::int32_t group = 0, run = 0, vertex = 0;
+  std::int32_t row = 0, run = 0, vertex = 0;  // row: its group's in the g_ tables
+  std::int64_t first = 0;  // its group's first unit
   std::vector<double> start;
   std::vector<std::uint8_t> ready, active, finished_ranks;
   std::int32_t ready_count = 0, finished = 0, lanes_busy = 0;
@@ -171,10 +172,6 @@ private:
   std::int32_t iterations(std::int32_t vertex) const { return w_.j_iterations[w_.v_job[vertex]]; }
   double job_end(std::int32_t job, std::int32_t index) const { return out_.job_ends[job * w_.iterations + index]; }
   std::int64_t compute_row(std::int64_t unit) const { return row(w_.v_crow, unit); }
-  std::int32_t group_of(std::int64_t unit) const
-  {
-    return static_cast<std::int32_t>(w_.v_group0[unit_vertex_[unit]] + w_.u_group[row(w_.v_grow, unit)]);
-  }
 
   void notify(std::int64_t unit, std::int32_t run)
   {
@@ -365,21 +362,22 @@ private:
 
   void rank_ready(std::int32_t vertex, std::int64_t unit, std::int32_t run)
   {
-    std::int32_t group = group_of(unit);
-    std::int64_t key = static_cast<std::int64_t>(group) * (w_.iterations + 1) + run;
+    std::int32_t local = w_.u_group[row(w_.v_grow, unit)];  // the unit's group among its vertex's
+    std::int64_t key = (w_.v_group0[vertex] + local) * (w_.iterations + 1) + run;
     auto& slot = collectives_[key];
     if (!slot) {
       slot = std::make_unique<CollectiveRun>();
-      slot->group = group;
+      slot->row = static_cast<std::int32_t>(w_.v_gtab[vertex] + local);
+      slot->first = w_.v_units[vertex] + w_.g_offset[slot->row];
       slot->run = run;
       slot->vertex = vertex;
-      std::size_t ranks = w_.g_size[group];
+      std::size_t ranks = w_.g_size[slot->row];
       slot->start.assign(ranks, 0.0);
       slot->ready.assign(ranks, 0);
       slot->active.assign(ranks, 0);
       slot->finished_ranks.assign(ranks, 0);
-      if (w_.g_mode[group] == STEP) {
-        std::int32_t plan = w_.g_plan[group];
+      if (w_.g_mode[slot->row] == STEP) {
+        std::int32_t plan = w_.g_plan[slot->row];
         std::int64_t first = w_.q_sequences[plan], end = w_.q_sequences[plan + 1];
         std::size_t endpoints = static_cast<std::size_t>((end - first) / w_.q_lanes[plan]);  // ranks, a region
         slot->step.assign(endpoints * w_.q_lanes[plan], NOT_READY);
@@ -390,27 +388,27 @@ private:
           start_steps(*slot, static_cast<std::int32_t>(region), key);
       }
     }
-    ready(*slot, static_cast<std::int32_t>(unit - w_.g_first[group]), key);
+    ready(*slot, static_cast<std::int32_t>(unit - slot->first), key);
   }
 
-  std::int32_t member(const CollectiveRun& c, std::int32_t rank) const { return xpu(w_.g_first[c.group] + rank); }
+  std::int32_t member(const CollectiveRun& c, std::int32_t rank) const { return xpu(c.first + rank); }
 
   /* The host of endpoint `e` of a collective run: rank e's XPU, or the region's memory device after the ranks. */
   std::int32_t endpoint(const CollectiveRun& c, std::int32_t e) const
   {
-    return e < w_.g_size[c.group] ? member(c, e) : w_.g_region[c.group];
+    return e < w_.g_size[c.row] ? member(c, e) : w_.g_region[c.row];
   }
 
   /* The XPU a transfer between endpoints belongs to in the trace: the rank's (the sender's between ranks). */
   std::int32_t trace_owner(const CollectiveRun& c, std::int32_t src, std::int32_t dst) const
   {
-    return endpoint(c, src < w_.g_size[c.group] ? src : dst);
+    return endpoint(c, src < w_.g_size[c.row] ? src : dst);
   }
 
   /* Set off every lane of endpoint `e` at the step model. */
   void start_steps(CollectiveRun& c, std::int32_t e, std::int64_t key)
   {
-    std::int32_t lanes = w_.q_lanes[w_.g_plan[c.group]];
+    std::int32_t lanes = w_.q_lanes[w_.g_plan[c.row]];
     c.lanes_left[e] = lanes;
     for (std::int32_t lane = 0; lane < lanes; ++lane) {
       c.step[e * lanes + lane] = -1;
@@ -425,7 +423,7 @@ private:
       c.ready[rank] = 1;
       ++c.ready_count;
     }
-    std::int32_t ranks = w_.g_size[c.group];
+    std::int32_t ranks = w_.g_size[c.row];
     bool everyone = c.ready_count == ranks;
     int kind = w_.v_comm_kind[c.vertex];
     if (everyone) {  // waiting for peers ends
@@ -441,23 +439,23 @@ private:
     } else {
       clocks_[member(c, rank)].advance(t, 0, 0, kind, 1);
     }
-    if (w_.g_mode[c.group] == STEP) {  // each rank sets off on its own
+    if (w_.g_mode[c.row] == STEP) {  // each rank sets off on its own
       start_steps(c, rank, key);
       return;
     }
     if (!everyone)
       return;
-    if (w_.g_mode[c.group] == FLOW)
+    if (w_.g_mode[c.row] == FLOW)
       start_flows(c, key);
     else
-      delay(w_.g_seconds[c.group], [this, key]() { flows_done(key); });
+      delay(w_.g_seconds[c.row], [this, key]() { flows_done(key); });
   }
 
   // ---- the step model: a rank's lane starts step s+1 once its step s sends are done and its receives arrived
 
   std::int64_t sequence(const CollectiveRun& c, std::int32_t rank, std::int32_t lane) const
   {
-    std::int32_t plan = w_.g_plan[c.group];
+    std::int32_t plan = w_.g_plan[c.row];
     return w_.q_sequences[plan] + static_cast<std::int64_t>(rank) * w_.q_lanes[plan] + lane;
   }
 
@@ -467,12 +465,12 @@ private:
     std::int64_t seq = sequence(c, rank, lane);
     if (index < 0 || index >= w_.rl_steps[seq + 1] - w_.rl_steps[seq])
       return -1;
-    return w_.rl_steps[seq] + index - w_.rl_steps[w_.q_sequences[w_.g_plan[c.group]]];
+    return w_.rl_steps[seq] + index - w_.rl_steps[w_.q_sequences[w_.g_plan[c.row]]];
   }
 
   bool step_complete(const CollectiveRun& c, std::int32_t rank, std::int32_t lane) const
   {
-    std::int32_t lanes = w_.q_lanes[w_.g_plan[c.group]];
+    std::int32_t lanes = w_.q_lanes[w_.g_plan[c.row]];
     std::int64_t index = c.step[rank * lanes + lane];
     std::int64_t global = w_.rl_steps[sequence(c, rank, lane)] + index;
     return c.sends_left[rank * lanes + lane] == 0 && c.arrived[arrived_slot(c, rank, lane, index)] >= w_.st_recvs[global];
@@ -481,14 +479,14 @@ private:
   void advance(std::int64_t key, std::int32_t rank, std::int32_t lane)
   {
     CollectiveRun& c = *collectives_[key];
-    std::int32_t lanes = w_.q_lanes[w_.g_plan[c.group]];
+    std::int32_t lanes = w_.q_lanes[w_.g_plan[c.row]];
     std::int64_t seq = sequence(c, rank, lane);
     std::int64_t count = w_.rl_steps[seq + 1] - w_.rl_steps[seq];
     while (true) {
       std::int64_t index = c.step[rank * lanes + lane] + 1;
       if (index >= count) {
         c.step[rank * lanes + lane] = DONE;
-        if (--c.lanes_left[rank] == 0 && rank < w_.g_size[c.group])  // a region's memory device is no rank
+        if (--c.lanes_left[rank] == 0 && rank < w_.g_size[c.row])  // a region's memory device is no rank
           finish(key, rank);
         return;
       }
@@ -507,7 +505,7 @@ private:
     CollectiveRun& c = *collectives_[key];
     transfer(endpoint(c, rank), endpoint(c, dst), bytes, [this, key, rank, dst, lane, index]() {
       CollectiveRun& run = *collectives_[key];
-      std::int32_t lanes = w_.q_lanes[w_.g_plan[run.group]];
+      std::int32_t lanes = w_.q_lanes[w_.g_plan[run.row]];
       --run.sends_left[rank * lanes + lane];
       std::int64_t slot = arrived_slot(run, dst, lane, index);
       if (slot >= 0)
@@ -524,7 +522,7 @@ private:
   /* the collective run\'s finish: the roofline model's per-call latency after the rank's last transfer. */
   void finish(std::int64_t key, std::int32_t rank)
   {
-    double latency = w_.g_call_latency[collectives_[key]->group];
+    double latency = w_.g_call_latency[collectives_[key]->row];
     if (latency > 0)
       delay(latency, [this, key, rank]() { finish_rank(key, rank); });
     else
@@ -539,15 +537,15 @@ private:
     c.finished_ranks[rank] = 1;
     if (c.active[rank])
       clocks_[member(c, rank)].advance(now(), 0, -1, w_.v_comm_kind[c.vertex]);
-    bool last = c.finished == w_.g_size[c.group];
-    complete(c.vertex, w_.g_first[c.group] + rank, c.run, c.start[rank]);
+    bool last = c.finished == w_.g_size[c.row];
+    complete(c.vertex, c.first + rank, c.run, c.start[rank]);
     if (last)
       collectives_.erase(key);  // collective_done
   }
 
   void start_flows(CollectiveRun& c, std::int64_t key)
   {
-    std::int32_t plan = w_.g_plan[c.group];
+    std::int32_t plan = w_.g_plan[c.row];
     std::vector<std::int32_t> lane_ids;  // in the order lanes first appear
     for (std::int64_t p = w_.p_phases[plan]; p < w_.p_phases[plan + 1]; ++p) {
       if (w_.ph_transfers[p + 1] == w_.ph_transfers[p])
@@ -574,9 +572,9 @@ private:
      finishes the ranks in rank order, as their delays' ends would. The count of activities stays one delay per rank. */
   void flows_done(std::int64_t key)
   {
-    std::int32_t group = collectives_[key]->group;
-    std::int32_t ranks = w_.g_size[group];
-    double latency = w_.g_call_latency[group];
+    std::int32_t row = collectives_[key]->row;
+    std::int32_t ranks = w_.g_size[row];
+    double latency = w_.g_call_latency[row];
     if (latency > 0 && ranks > 1) {
       activities_ += ranks - 1;
       delay(latency, [this, key, ranks]() {

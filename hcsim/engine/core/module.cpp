@@ -341,6 +341,7 @@ py::dict run_workload(const py::dict& platform, const std::vector<std::string>& 
   w.v_crow = field<std::int64_t>(a, "v_crow", w.vertices);
   w.v_grow = field<std::int64_t>(a, "v_grow", w.vertices);
   w.v_group0 = field<std::int64_t>(a, "v_group0", w.vertices);
+  w.v_gtab = field<std::int64_t>(a, "v_gtab", w.vertices);
   std::size_t xrows = length(a, "u_xpu"), rrows = length(a, "u_required") / 2, crows = length(a, "u_flops"),
               grows = length(a, "u_group");
   w.u_xpu = field<std::int32_t>(a, "u_xpu", xrows);
@@ -362,8 +363,15 @@ py::dict run_workload(const py::dict& platform, const std::vector<std::string>& 
   std::size_t buckets = a["b_units"].cast<py::buffer>().request().shape[0];
   w.b_units = field<std::int64_t>(a, "b_units", buckets);
   w.b_unit = field<std::int32_t>(a, "b_unit", static_cast<std::size_t>(w.b_units[buckets - 1]));
-  w.groups = a["g_first"].cast<py::buffer>().request().shape[0];
-  w.g_first = field<std::int64_t>(a, "g_first", w.groups);
+  w.groups = a["g_offset"].cast<py::buffer>().request().shape[0];
+  w.g_offset = field<std::int64_t>(a, "g_offset", w.groups);
+  w.g_size = field<std::int32_t>(a, "g_size", w.groups);
+  w.g_mode = field<std::uint8_t>(a, "g_mode", w.groups);
+  w.g_seconds = field<double>(a, "g_seconds", w.groups);
+  w.g_plan = field<std::int32_t>(a, "g_plan", w.groups);
+  w.g_call_latency = field<double>(a, "g_call_latency", w.groups);
+  w.g_region = field<std::int32_t>(a, "g_region", w.groups);
+  std::int64_t group_numbers = 0;  // the collective vertices' groups so far: each vertex's numbers come after
   for (std::size_t v = 0; v < w.vertices; ++v) {  // every unit's rows inside the tables
     std::int64_t n = w.v_units[v + 1] - w.v_units[v];
     bool compute = w.v_kind[v] == COMPUTE;
@@ -371,15 +379,19 @@ py::dict run_workload(const py::dict& platform, const std::vector<std::string>& 
     within(w.v_rrow[v], n, rrows, "v_rrow", v);
     within(compute ? w.v_crow[v] : 0, compute ? n : 0, crows, "v_crow", v);
     within(compute ? 0 : w.v_grow[v], compute ? 0 : n, grows, "v_grow", v);
-    for (std::int64_t r = 0; !compute && r < n; ++r)
-      within(w.v_group0[v] + w.u_group[w.v_grow[v] + r], 1, w.groups, "v_group0 + u_group", v);
+    if (compute)
+      continue;
+    if (w.v_group0[v] < group_numbers)
+      throw py::value_error("run_workload: v_group0[" + std::to_string(v) + "]: " + std::to_string(w.v_group0[v]) +
+                            " is a number an earlier vertex's group has (from " + std::to_string(group_numbers) + ")");
+    for (std::int64_t r = 0; r < n; ++r) {
+      std::int32_t local = w.u_group[w.v_grow[v] + r];
+      within(w.v_gtab[v] + local, 1, w.groups, "v_gtab + u_group", v);
+      std::int64_t row = w.v_gtab[v] + local;
+      within(w.g_offset[row], w.g_size[row], static_cast<std::size_t>(n), "g_offset and g_size", v);
+      group_numbers = std::max(group_numbers, w.v_group0[v] + local + 1);
+    }
   }
-  w.g_size = field<std::int32_t>(a, "g_size", w.groups);
-  w.g_mode = field<std::uint8_t>(a, "g_mode", w.groups);
-  w.g_seconds = field<double>(a, "g_seconds", w.groups);
-  w.g_plan = field<std::int32_t>(a, "g_plan", w.groups);
-  w.g_call_latency = field<double>(a, "g_call_latency", w.groups);
-  w.g_region = field<std::int32_t>(a, "g_region", w.groups);
   for (std::size_t g = 0; g < w.groups; ++g)
     if (w.g_region[g] < -1 || w.g_region[g] >= static_cast<std::int32_t>(host_names.size()))
       throw py::value_error("run_workload: g_region[" + std::to_string(g) + "]: " + std::to_string(w.g_region[g]) +

@@ -39,16 +39,19 @@ struct WorkloadArrays {
   // units (U, numbered vertex by vertex: v_units): alike vertices (one per layer and micro-batch) share their
   // units' entries, so each u_ array is a table of rows and a vertex names its first row in it (unit r of
   // vertex v: row v_...row[v] + r). Per vertex: its row in u_xpu, in u_required, in the compute columns
-  // (u_flops to u_peer; compute vertices), in u_group (collective vertices) and its first group number.
+  // (u_flops to u_peer; compute vertices), in u_group (collective vertices), its first group number (each group
+  // of each vertex has its own: a collective run's key) and its groups' first row in the g_ tables.
   const std::int64_t* v_xrow = nullptr;
   const std::int64_t* v_rrow = nullptr;
   const std::int64_t* v_crow = nullptr;
   const std::int64_t* v_grow = nullptr;
   const std::int64_t* v_group0 = nullptr;
+  const std::int64_t* v_gtab = nullptr;
   // a unit's XPU (clock number, and host number: XPUs are hosts 0..X-1), predecessor completions needed
   // for run 1 and for later runs, compute's execution (FLOPs, 0: none), read (bytes, 0: none) and its
   // source host (local or, spilled on a coherent system, extended memory), FLOPs / FLOP/s (s), a copy
-  // before both (spilled without coherence); a collective unit's group (after v_group0)
+  // before both (spilled without coherence); a collective unit's group among its vertex's (after v_group0, and
+  // after v_gtab in the g_ tables)
   const std::int32_t* u_xpu = nullptr;
   const std::int64_t* u_required = nullptr;  // two per row: run 1, later runs
   const double* u_flops = nullptr;
@@ -70,9 +73,10 @@ struct WorkloadArrays {
   const std::int32_t* bucket_of = nullptr;
   const std::int64_t* b_units = nullptr;  // B + 1, into b_unit
   const std::int32_t* b_unit = nullptr;   // successor ranks (units relative to the successor's first)
-  // groups (G): first unit, size, FLOW | ANALYTIC | STEP, seconds (ANALYTIC), plan (FLOW: a flow plan; STEP:
-  // a step plan)
-  const std::int64_t* g_first = nullptr;
+  // groups: tables of rows, alike vertices' groups sharing theirs (a vertex's g-th group: row v_gtab + g): its
+  // first unit after the vertex's first, size, FLOW | ANALYTIC | STEP, seconds (ANALYTIC), plan (FLOW: a flow
+  // plan; STEP: a step plan)
+  const std::int64_t* g_offset = nullptr;
   const std::int32_t* g_size = nullptr;
   const std::uint8_t* g_mode = nullptr;
   const double* g_seconds = nullptr;

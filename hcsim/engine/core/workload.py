@@ -23,8 +23,8 @@ from __future__ import annotations
 import time
 from array import array
 from bisect import bisect_right
-from itertools import accumulate, chain, repeat
-from operator import add, attrgetter, itemgetter
+from itertools import accumulate, islice
+from operator import attrgetter, itemgetter
 from collections import defaultdict
 
 import networkx as nx
@@ -32,6 +32,7 @@ import networkx as nx
 from hcsim.engine.options import COMM_KIND, COMM_KINDS
 from hcsim.errors import ConfigError, HcsimError, SimulationError
 from hcsim.limits import collector_paused
+from hcsim.workload.graph import WAITS
 
 __all__ = ["build_arrays", "run_workload"]
 
@@ -42,26 +43,24 @@ FLOW, ANALYTIC, STEP = 0, 1, 2
 ARRAY_TYPES = (
     ("v_kind", "B"), ("v_flags", "B"), ("v_comm_kind", "B"), ("v_units", "q"), ("v_succs", "q"), ("v_job", "i"),
     ("j_iterations", "i"), ("v_xrow", "q"),
-    ("v_rrow", "q"), ("v_crow", "q"), ("v_grow", "q"), ("v_group0", "q"),
+    ("v_rrow", "q"), ("v_crow", "q"), ("v_grow", "q"), ("v_group0", "q"), ("v_gtab", "q"),
     ("u_xpu", "i"), ("u_required", "q"), ("u_flops", "d"), ("u_read", "d"), ("u_read_src", "i"),
     ("u_compute_s", "d"), ("u_copy", "d"), ("u_copy_src", "i"), ("u_peer", "i"), ("u_group", "i"), ("e_succ", "i"),
     ("e_skip", "B"), ("e_same_rank", "B"), ("e_bucket_of", "q"), ("bucket_of", "i"), ("b_units", "q"),
-    ("b_unit", "i"), ("g_first", "q"), ("g_size", "i"), ("g_mode", "B"), ("g_seconds", "d"), ("g_plan", "i"),
+    ("b_unit", "i"), ("g_offset", "q"), ("g_size", "i"), ("g_mode", "B"), ("g_seconds", "d"), ("g_plan", "i"),
     ("g_call_latency", "d"), ("g_region", "i"), ("p_phases", "q"), ("ph_lane", "i"), ("ph_steps", "i"), ("ph_transfers", "q"),
     ("t_src", "i"), ("t_dst", "i"), ("t_bytes", "d"), ("t_latency", "d"), ("t_feeds", "q"), ("feed", "i"),
     ("q_lanes", "i"), ("q_sequences", "q"), ("rl_steps", "q"), ("st_sends", "q"), ("st_recvs", "i"),
     ("sd_dst", "i"), ("sd_bytes", "d"))
 _UNIT_ARRAYS = ("u_flops", "u_read", "u_read_src", "u_compute_s", "u_copy", "u_copy_src", "u_peer")
-_GROUP_ARRAYS = ("g_size", "g_mode", "g_seconds", "g_plan", "g_call_latency", "g_region")
-_NO_GROUPS = {name: () for name in _GROUP_ARRAYS}
+_WAITS = (*WAITS, None)  # an edge's wait by its code in VertexNumbering.flags (3: none of WAITS: validation refuses it)
 
 
 class _Alike:
     """What alike vertices (one per layer and micro-batch: the same shape, flags, job and compute row) put in each
     vertex column, made once; their traffic's source for :func:`pair_bytes`."""
 
-    __slots__ = ("kind", "flags", "comm_kind", "job", "xrow", "crow", "grow", "group_count", "group_offsets", "source",
-                 *_GROUP_ARRAYS)
+    __slots__ = ("kind", "flags", "comm_kind", "job", "xrow", "crow", "grow", "gtab", "group_count", "source")
 
 
 def build_arrays(rules, hosts: dict[str, int]) -> tuple[dict[str, array], list]:
@@ -84,16 +83,12 @@ def build_arrays(rules, hosts: dict[str, int]) -> tuple[dict[str, array], list]:
     slots, samples, out = _read_vertices(rules)
     alike = _alike_rows(a, rules, slots, samples, hosts)
     row_of = list(map(alike.__getitem__, slots))  # each vertex's, in the executor's order
-    # the columns at C speed (map, chain; lists for fromlist, which sizes the array once): a million vertices, a
-    # few hundred distinct rows
-    for name in ("kind", "flags", "comm_kind", "job", "xrow", "crow", "grow"):
+    # the columns at C speed (map; lists for fromlist, which sizes the array once): a million vertices, a few
+    # hundred distinct rows
+    for name in ("kind", "flags", "comm_kind", "job", "xrow", "crow", "grow", "gtab"):
         a[f"v_{name}"].fromlist(list(map(attrgetter(name), row_of)))
     counts = list(map(attrgetter("group_count"), row_of))
     a["v_group0"].fromlist([first if row.kind else -1 for first, row in zip(accumulate(counts, initial=0), row_of)])
-    a["g_first"].fromlist(list(map(add, chain.from_iterable(map(repeat, rules.offsets, counts)),
-                                   chain.from_iterable(map(attrgetter("group_offsets"), row_of)))))
-    for name in _GROUP_ARRAYS:
-        a[name].fromlist(list(chain.from_iterable(map(attrgetter(name), row_of))))
     _edges(a, rules, out)
     return a, [row.source for row in row_of]
 
@@ -101,14 +96,14 @@ def build_arrays(rules, hosts: dict[str, int]) -> tuple[dict[str, array], list]:
 def _read_vertices(rules) -> tuple[list[int], dict[int, tuple], list]:
     """One pass over the graph's vertices where they lie: each vertex's alike slot (in the executor's order), a
     (Shape, attributes) per slot, and each vertex's successors as (index, skip_first_iteration, wait), by index."""
-    graph = rules.workload
-    shapes, index, model = rules.shapes, rules.index, rules.options.compute_model
+    numbering, position = rules.numbering, rules.position
+    shapes, model = rules.shapes, rules.options.compute_model
+    start, successor, flags = numbering.start, numbering.successor, numbering.flags
     keys: dict[tuple, int] = {}
     samples: dict[int, tuple] = {}
     slots = [0] * len(shapes)
     out: list = [()] * len(shapes)
-    for (name, data), succs in zip(graph._node.items(), graph._succ.values()):  # networkx's own dicts, no views
-        i = index[name]
+    for i, data, first, end in zip(position, rules.workload._node.values(), start, islice(start, 1, None)):
         shape = shapes[i]
         key = (shape, data.get("start"), data.get("phase"), data.get("job", 0))
         if shape.kind == "compute":  # and what its compute row follows from
@@ -118,8 +113,9 @@ def _read_vertices(rules) -> tuple[list[int], dict[int, tuple], list]:
             slot = keys[key] = len(keys)
             samples[slot] = (shape, data)  # keeps the keyed objects alive: ids stay unique
         slots[i] = slot
-        if succs:
-            edges = [(index[v], edge["skip_first_iteration"], edge["wait"]) for v, edge in succs.items()]
+        if end > first:
+            edges = [(position[j], flag & 1, _WAITS[flag >> 1])
+                     for j, flag in zip(successor[first:end], flags[first:end])]
             if len(edges) > 1:
                 edges.sort()
             out[i] = edges
@@ -154,13 +150,10 @@ def _alike_rows(a, rules, slots, samples, hosts) -> dict[int, _Alike]:
         row.xrow = cache[key][0]
         if compute:
             row.source = _compute_units(a, rules, data, shape.xpus, hosts, analytic_access, xpu_cache)
-            row.crow, row.grow, row.group_offsets, rows = row.source[0], -1, (), _NO_GROUPS
+            row.crow, row.grow, row.gtab, row.group_count = row.source[0], -1, -1, 0
         else:
-            row.source, row.crow, row.group_offsets = shape, -1, shape.group_offsets
-            row.grow, rows = _groups(a, rules, shape, plans, step_plans, cache, hosts)
-        row.group_count = len(row.group_offsets)
-        for name in _GROUP_ARRAYS:
-            setattr(row, name, rows[name])
+            row.source, row.crow, row.group_count = shape, -1, len(shape.group_offsets)
+            row.grow, row.gtab = _groups(a, rules, shape, plans, step_plans, cache, hosts)
     return alike
 
 
@@ -300,20 +293,22 @@ def _compute_units(a, rules, data, xpus, hosts, analytic_access, xpu_cache) -> t
     return xpu_cache[key]
 
 
-def _groups(a, rules, shape, plans, step_plans, cache, hosts) -> tuple[int, dict[str, array]]:
-    """A collective shape's groups: size, the host of its region's memory device (collectives through one memory
-    device; numbered in `hosts` on first use) and the flow phases (a plan shared by alike groups), the step schedule
-    (shared by groups with the same algorithm) or the analytic closed form; returns its row in u_group (each unit's
-    group after the vertex's first) and its groups' values of the g_ columns (but g_first: a vertex's own)."""
+def _groups(a, rules, shape, plans, step_plans, cache, hosts) -> tuple[int, int]:
+    """A collective shape's groups: first unit (after its vertex's first), size, the host of its region's memory
+    device (collectives through one memory device; numbered in `hosts` on first use) and the flow phases (a plan
+    shared by alike groups), the step schedule (shared by groups with the same algorithm) or the analytic closed
+    form; rows in the g_ tables made once per shape. Returns its row in u_group (each unit's group among its
+    vertex's) and its first row in the g_ tables."""
     key = ("groups", id(shape.algorithms))
     if key not in cache:
-        rows = {name: array(a[name].typecode) for name in _GROUP_ARRAYS}
+        first = len(a["g_offset"])
+        a["g_offset"].extend(shape.group_offsets)
         for g, group in enumerate(shape.groups):
             algorithm, fidelity, phases = shape.algorithms[g]
-            rows["g_size"].append(len(group))
-            rows["g_call_latency"].append(rules.call_latency(algorithm, group))
+            a["g_size"].append(len(group))
+            a["g_call_latency"].append(rules.call_latency(algorithm, group))
             ends = rules.endpoints(algorithm, group)
-            rows["g_region"].append(hosts.setdefault(ends[-1], len(hosts)) if algorithm.region else -1)
+            a["g_region"].append(hosts.setdefault(ends[-1], len(hosts)) if algorithm.region else -1)
             if fidelity == "analytic":
                 mode, seconds, plan = ANALYTIC, phases[1], -1
             elif fidelity == "step":
@@ -321,10 +316,10 @@ def _groups(a, rules, shape, plans, step_plans, cache, hosts) -> tuple[int, dict
             else:
                 mode, seconds, plan = FLOW, 0.0, _flow_plan(a, rules, phases, ends, plans,
                                                             rules.protocol(algorithm, group))
-            rows["g_mode"].append(mode)
-            rows["g_seconds"].append(seconds)
-            rows["g_plan"].append(plan)
-        cache[key] = (len(a["u_group"]), rows, shape.algorithms)  # keep the keyed list alive: ids stay unique
+            a["g_mode"].append(mode)
+            a["g_seconds"].append(seconds)
+            a["g_plan"].append(plan)
+        cache[key] = (len(a["u_group"]), first, shape.algorithms)  # keep the keyed list alive: ids stay unique
         a["u_group"].extend(shape.group_of)
     return cache[key][:2]
 
@@ -511,11 +506,9 @@ def _fill_trace(trace, rules, counters: dict, hosts: list[str]) -> None:
         trace.transfers.append((run, hosts[src], hosts[dst], order[index] + suffix[label], size, start, end))
 
 
-def run_workload(platform: nx.Graph, workload: nx.DiGraph, compiled, options, order=None, progress=None,
-                 beside=None):
+def run_workload(platform: nx.Graph, workload: nx.DiGraph, compiled, options, progress=None, beside=None):
     """Run `workload` on `platform` compiled (a :class:`hcsim.platform.CompiledPlatform`) in the core, in this process (once: SimGrid allows
-    one Engine per process); a :class:`RunResult`. `order`: the vertices as validate_workload returned them, if
-    the caller has them (computed here otherwise). `progress`, if given, is called now and then with how many
+    one Engine per process); a :class:`RunResult`. `progress`, if given, is called now and then with how many
     more vertex runs have completed (from the core, which holds no Python state meanwhile). `beside`, if given,
     runs serving steps in the same SimGrid run (:func:`hcsim.engine.api.run`); the result's ``beside_counters``
     are theirs.
@@ -528,7 +521,7 @@ def run_workload(platform: nx.Graph, workload: nx.DiGraph, compiled, options, or
         when some vertex never completes every iteration.
     """
     with collector_paused():  # the set-up's objects all stay alive; the core's run makes none
-        return _run_workload(platform, workload, compiled, options, order, progress, beside)
+        return _run_workload(platform, workload, compiled, options, progress, beside)
 
 
 def _unfinished(rules, done: array, runs: array) -> list[str]:
@@ -550,7 +543,7 @@ def _tables(compiled, beside) -> dict:
     return {**tables, "speeds": speeds}
 
 
-def _run_workload(platform, workload, compiled, options, order, progress, beside=None):
+def _run_workload(platform, workload, compiled, options, progress, beside=None):
     from hcsim.engine import core
     from hcsim.engine.options import RunResult
     from hcsim.engine.rules import WorkloadRules, check_link_loads
@@ -559,7 +552,7 @@ def _run_workload(platform, workload, compiled, options, order, progress, beside
     if not core.available():
         raise ConfigError(f"the engine core is not built: {core.unavailable_reason()}")
     module = core.load()
-    rules = WorkloadRules(platform, workload, compiled.routes, options, order=order)
+    rules = WorkloadRules(platform, workload, compiled.routes, options)
     xpus = rules.xpus
     hosts = {x: i for i, x in enumerate(xpus)}
     arrays, sources = build_arrays(rules, hosts)
