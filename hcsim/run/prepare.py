@@ -173,7 +173,7 @@ def prepare_jobs(scenario: Scenario) -> Prepared:
     beside = (serving, assigned[serving]) if serving is not None else None
     if not training:  # a serving job alone (hcsim.run.cojobs runs it)
         return Prepared(scenario, graph, None, None, [], set(), bool(graph.graph.get("coherent")), platform_spec,
-                        None, [], beside)
+                        jobs=[], serving=beside)
     jobs, graphs = [], []
     for job, xpus in ((scenarios[i], assigned[i]) for i in training):
         workload, xpus, placement, coherent = _prepare_workload(job, platform_spec, graph, xpus)
@@ -189,8 +189,8 @@ def prepare_jobs(scenario: Scenario) -> Prepared:
     xpus = [x for x in platform_xpus(graph) if x in {x for job in jobs for x in job.xpus}]
     apply_stragglers(scenario, graph, xpus)
     pairs = host_pairs(graph, workload)
-    return Prepared(scenario, graph, workload, None, xpus, pairs, jobs[0].coherent, platform_spec, jobs,
-                    beside, taken)
+    return Prepared(scenario, graph, workload, None, xpus, pairs, jobs[0].coherent, platform_spec, jobs=jobs,
+                    serving=beside, taken=taken)
 
 
 def _serving_job(scenario: Scenario, jobs: list[Scenario]) -> int | None:
