@@ -80,6 +80,7 @@ class WorkloadRules:
         self._compute_shapes: dict[tuple, Shape] = {}  # xpus -> the Shape of compute vertices on them
         # (collective, algorithm name, bytes, chunks, groups) -> the Shape of alike collective vertices
         self._collective_shapes: dict[tuple, Shape] = {}
+        self._shapes_by_id: dict[tuple, tuple] = {}  # the keys above with a tuple's id for the tuple -> (it, Shape)
         self._group_counts: dict = {}  # (pred's pos id, vertex's groups id, group) -> pred's units in the group
         self._server_cache: dict = {}
         self._closed_forms: dict = {}  # (algorithm id, group) -> ([(XPU pair, bytes)], seconds) of an analytic one
@@ -106,18 +107,28 @@ class WorkloadRules:
 
     def shape(self, data: dict) -> Shape:
         """The Shape of a vertex with attributes `data` (made on first use, then shared by alike vertices)."""
-        if data["kind"] == "compute":
-            shape = self._compute_shapes.get(data["xpus"])
+        compute = data["kind"] == "compute"
+        tuples = data["xpus"] if compute else data["groups"]  # a builder's shared tuple: known by its id first
+        if compute:
+            key = (id(tuples),)
+        else:
+            collective = data["collective"]
+            name = data.get("algorithm") or ("direct" if collective == "p2p" else None)
+            key = (collective, name, data["bytes"], data.get("chunks"), id(tuples))
+        known = self._shapes_by_id.get(key)
+        if known is not None and known[0] is tuples:
+            return known[1]
+        if compute:
+            shape = self._compute_shapes.get(tuples)
             if shape is None:
-                shape = self._compute_shapes[data["xpus"]] = Shape("compute", *self._position(data["xpus"]))
-            return shape
-        collective = data["collective"]
-        name = data.get("algorithm") or ("direct" if collective == "p2p" else None)
-        alike = (collective, name, data["bytes"], data.get("chunks"), data["groups"])
-        shape = self._collective_shapes.get(alike)
-        if shape is None:  # alike vertices (one per layer and micro-batch) share their groups' set-up
-            shape = self._collective_shapes[alike] = Shape("comm", *self._position(data["xpus"]))
-            self._prepare_collective(shape, data, collective, name)
+                shape = self._compute_shapes[tuples] = Shape("compute", *self._position(tuples))
+        else:
+            alike = (*key[:-1], tuples)
+            shape = self._collective_shapes.get(alike)
+            if shape is None:  # alike vertices (one per layer and micro-batch) share their groups' set-up
+                shape = self._collective_shapes[alike] = Shape("comm", *self._position(data["xpus"]))
+                self._prepare_collective(shape, data, collective, name)
+        self._shapes_by_id[key] = (tuples, shape)  # keeps the tuple alive: its id stays unique
         return shape
 
     def _position(self, xpus: tuple[str, ...]) -> tuple[tuple[str, ...], dict[str, int]]:

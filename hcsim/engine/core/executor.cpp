@@ -366,7 +366,7 @@ private:
     std::int64_t key = (w_.v_group0[vertex] + local) * (w_.iterations + 1) + run;
     auto& slot = collectives_[key];
     if (!slot) {
-      slot = std::make_unique<CollectiveRun>();
+      slot = fresh_run();
       slot->row = static_cast<std::int32_t>(w_.v_gtab[vertex] + local);
       slot->first = w_.v_units[vertex] + w_.g_offset[slot->row];
       slot->run = run;
@@ -539,8 +539,11 @@ private:
       clocks_[member(c, rank)].advance(now(), 0, -1, w_.v_comm_kind[c.vertex]);
     bool last = c.finished == w_.g_size[c.row];
     complete(c.vertex, c.first + rank, c.run, c.start[rank]);
-    if (last)
-      collectives_.erase(key);  // collective_done
+    if (last) {
+      auto done = collectives_.find(key);  // collective_done: its vectors kept for the next run
+      spare_runs_.push_back(std::move(done->second));
+      collectives_.erase(done);
+    }
   }
 
   void start_flows(CollectiveRun& c, std::int64_t key)
@@ -668,6 +671,23 @@ private:
   std::vector<std::int32_t> xpu_job_;
   std::vector<std::int32_t> unit_vertex_;
   std::unordered_map<std::int64_t, std::unique_ptr<CollectiveRun>> collectives_;  // (group, run)
+  std::vector<std::unique_ptr<CollectiveRun>> spare_runs_;  // ended runs, reused: no allocations per run
+
+  /* A CollectiveRun as new, an ended one's buffers reused when there is one. */
+  std::unique_ptr<CollectiveRun> fresh_run()
+  {
+    if (spare_runs_.empty())
+      return std::make_unique<CollectiveRun>();
+    std::unique_ptr<CollectiveRun> c = std::move(spare_runs_.back());
+    spare_runs_.pop_back();
+    c->ready_count = c->finished = c->lanes_busy = 0;
+    c->lanes.clear();
+    c->step.clear();
+    c->sends_left.clear();
+    c->lanes_left.clear();
+    c->arrived.clear();
+    return c;
+  }
   std::vector<double> step_, fill_, last_;
   std::size_t ends_ = 0;
 
