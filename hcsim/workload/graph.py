@@ -269,14 +269,19 @@ def number_vertices(graph: nx.DiGraph, stable: bool = True) -> VertexNumbering:
     skip_first_iteration); `stable`: the ready vertex least by str(name) first (networkx's
     lexicographical_topological_sort with key=str; names alike as strings by the order they were added), else
     first come, first served."""
+    order, start, successor, flags = extension().number_graph(graph._succ, stable)  # networkx's own adjacency
+    return VertexNumbering(list(graph._succ), _array("i", order), _array("q", start), _array("i", successor), flags)
+
+
+def extension():
+    """The vertex numbering's C++ extension (hcsim.workload._order), or one error that says how to build it."""
     try:
         from hcsim.workload import _order
     except ImportError as err:
         raise ConfigError(f"workload graph: the vertex numbering's extension hcsim.workload._order is not built or "
                           f"does not load ({err}). Fix: make core (scripts/build_core.py builds it beside the engine "
                           f"core)") from None
-    order, start, successor, flags = _order.number_graph(graph._succ, stable)  # networkx's own adjacency
-    return VertexNumbering(list(graph._succ), _array("i", order), _array("q", start), _array("i", successor), flags)
+    return _order
 
 
 def _array(code: str, data: bytes) -> array:

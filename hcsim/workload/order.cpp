@@ -12,9 +12,12 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <queue>
 #include <stdexcept>
+#include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -216,10 +219,116 @@ py::tuple number_graph(py::dict successors, bool stable)
   return py::make_tuple(as_bytes(order), as_bytes(start), as_bytes(successor), as_bytes(flags));
 }
 
+template <typename T>
+const T* buffer_of(const py::buffer& buffer, std::size_t count, const char* name)
+{
+  py::buffer_info info = buffer.request();
+  if (info.itemsize != static_cast<py::ssize_t>(sizeof(T)) || info.ndim != 1 ||
+      static_cast<std::size_t>(info.shape[0]) != count)
+    throw std::invalid_argument(std::string("edge classes: ") + name + " has the wrong item size or length");
+  return static_cast<const T*>(info.ptr);
+}
+
+/* The edges in the executor's order: each vertex's (at its place in `order`) by its successors' places, and a
+   class per edge, (the classes of its two ends, skip, wait), numbered as first met in that order. Returns
+   (e_succ int32, v_succs int64, edge_class int32, classes int32 x 4 per class) as bytes. */
+py::tuple edge_classes(py::buffer order_b, py::buffer position_b, py::buffer start_b, py::buffer successor_b,
+                       py::bytes flags_b, py::buffer class_b)
+{
+  std::size_t n = static_cast<std::size_t>(order_b.request().shape[0]);
+  const std::int32_t* order = buffer_of<std::int32_t>(order_b, n, "order");
+  const std::int32_t* position = buffer_of<std::int32_t>(position_b, n, "position");
+  const std::int64_t* start = buffer_of<std::int64_t>(start_b, n + 1, "start");
+  std::size_t edges = static_cast<std::size_t>(start[n]);
+  const std::int32_t* successor = buffer_of<std::int32_t>(successor_b, edges, "successor");
+  std::string_view flags = flags_b;
+  if (flags.size() != edges)
+    throw std::invalid_argument("edge classes: flags has the wrong length");
+  const std::int32_t* vertex_class = buffer_of<std::int32_t>(class_b, n, "vertex classes");
+  std::vector<std::int32_t> e_succ, edge_class, classes;
+  e_succ.reserve(edges);
+  edge_class.reserve(edges);
+  std::vector<std::int64_t> v_succs(n + 1, 0);
+  std::unordered_map<std::uint64_t, std::int32_t> numbers;  // (class, class, skip, wait) -> its number
+  std::vector<std::pair<std::int32_t, std::uint8_t>> mine;  // a vertex's edges: (successor's place, flags)
+  for (std::size_t p = 0; p < n; ++p) {
+    std::int32_t k = order[p];
+    mine.clear();
+    for (std::int64_t e = start[k]; e < start[k + 1]; ++e)
+      mine.emplace_back(position[successor[e]], static_cast<std::uint8_t>(flags[e]));
+    std::sort(mine.begin(), mine.end());
+    for (auto [q, flag] : mine) {
+      if (q < 0)
+        throw std::invalid_argument("edge classes: an edge to a vertex the order leaves out");
+      std::uint64_t key = (static_cast<std::uint64_t>(vertex_class[p]) << 35) |
+                          (static_cast<std::uint64_t>(vertex_class[q]) << 3) | flag;
+      auto [at, added] = numbers.try_emplace(key, static_cast<std::int32_t>(classes.size() / 4));
+      if (added)
+        classes.insert(classes.end(), {vertex_class[p], vertex_class[q], flag & SKIP, flag >> 1});
+      e_succ.push_back(q);
+      edge_class.push_back(at->second);
+    }
+    v_succs[p + 1] = static_cast<std::int64_t>(e_succ.size());
+  }
+  return py::make_tuple(as_bytes(e_succ), as_bytes(v_succs), as_bytes(edge_class), as_bytes(classes));
+}
+
+/* Each vertex's requirement class: (its class, the multiset of its incoming edges' classes mapped by
+   `pred_class`), numbered as first met in the executor's order. Returns (requirement_class int32 per vertex as
+   bytes, [(vertex class, (pred classes, sorted))] per requirement class). */
+py::tuple requirement_classes(py::buffer e_succ_b, py::buffer v_succs_b, py::buffer edge_class_b,
+                              py::buffer pred_class_b, py::buffer class_b)
+{
+  std::size_t n = static_cast<std::size_t>(class_b.request().shape[0]);
+  const std::int32_t* vertex_class = buffer_of<std::int32_t>(class_b, n, "vertex classes");
+  const std::int64_t* v_succs = buffer_of<std::int64_t>(v_succs_b, n + 1, "v_succs");
+  std::size_t edges = static_cast<std::size_t>(v_succs[n]);
+  const std::int32_t* e_succ = buffer_of<std::int32_t>(e_succ_b, edges, "e_succ");
+  const std::int32_t* edge_class = buffer_of<std::int32_t>(edge_class_b, edges, "edge classes");
+  std::size_t kinds = static_cast<std::size_t>(pred_class_b.request().shape[0]);
+  const std::int32_t* pred_class = buffer_of<std::int32_t>(pred_class_b, kinds, "pred classes");
+  std::vector<std::int64_t> first(n + 1, 0);  // incoming edges by successor (CSR)
+  for (std::size_t e = 0; e < edges; ++e)
+    ++first[e_succ[e] + 1];
+  for (std::size_t j = 0; j < n; ++j)
+    first[j + 1] += first[j];
+  std::vector<std::int32_t> incoming(edges);
+  std::vector<std::int64_t> filled(first.begin(), first.end() - 1);
+  for (std::size_t p = 0; p < n; ++p)
+    for (std::int64_t e = v_succs[p]; e < v_succs[p + 1]; ++e) {
+      std::int32_t c = edge_class[e];
+      if (c < 0 || static_cast<std::size_t>(c) >= kinds)
+        throw std::invalid_argument("requirement classes: an edge class without a pred class");
+      incoming[filled[e_succ[e]]++] = pred_class[c];
+    }
+  std::map<std::vector<std::int32_t>, std::int32_t> numbers;  // (vertex class, sorted pred classes) -> number
+  std::vector<std::int32_t> out(n);
+  py::list classes;
+  std::vector<std::int32_t> key;
+  for (std::size_t j = 0; j < n; ++j) {
+    key.assign(1, vertex_class[j]);
+    key.insert(key.end(), incoming.begin() + first[j], incoming.begin() + first[j + 1]);
+    std::sort(key.begin() + 1, key.end());
+    auto [at, added] = numbers.try_emplace(key, static_cast<std::int32_t>(numbers.size()));
+    if (added) {
+      py::tuple preds(key.size() - 1);
+      for (std::size_t i = 1; i < key.size(); ++i)
+        preds[i - 1] = key[i];
+      classes.append(py::make_tuple(key[0], preds));
+    }
+    out[j] = at->second;
+  }
+  return py::make_tuple(as_bytes(out), classes);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_order, m)
 {
-  m.doc() = "hcsim's vertex numbering and first-iteration order in C++ (hcsim/workload/order.cpp)";
+  m.doc() = "hcsim's vertex numbering, first-iteration order and edge classes in C++ (hcsim/workload/order.cpp)";
   m.def("number_graph", &number_graph, py::arg("successors"), py::arg("stable"));
+  m.def("edge_classes", &edge_classes, py::arg("order"), py::arg("position"), py::arg("start"),
+        py::arg("successor"), py::arg("flags"), py::arg("vertex_class"));
+  m.def("requirement_classes", &requirement_classes, py::arg("e_succ"), py::arg("v_succs"), py::arg("edge_class"),
+        py::arg("pred_class"), py::arg("vertex_class"));
 }

@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from array import array
 from bisect import bisect_right
-from itertools import accumulate, islice
+from itertools import accumulate, count
 from operator import attrgetter, itemgetter
 from collections import defaultdict
 
@@ -32,7 +32,7 @@ import networkx as nx
 from hcsim.engine.options import COMM_KIND, COMM_KINDS
 from hcsim.errors import ConfigError, HcsimError, SimulationError
 from hcsim.limits import collector_paused
-from hcsim.workload.graph import WAITS
+from hcsim.workload.graph import WAITS, extension
 
 __all__ = ["build_arrays", "run_workload"]
 
@@ -70,17 +70,18 @@ def build_arrays(rules, hosts: dict[str, int]) -> tuple[dict[str, array], list]:
 
     Alike vertices (one per layer and micro-batch: the same XPUs, sizes and groups) have the same units: the
     u_ arrays are tables of rows, each distinct set of units' rows made once, and each vertex names its first
-    row in them (v_xrow, v_rrow, v_crow, v_grow). One pass reads each vertex's attributes and edges from
-    networkx's own dicts in the order they were added (where they lie in memory; the executor's order jumps
-    around them: a million vertices read in that order took twice as long); the rows are made per alike
-    vertices, in the executor's order of their first, and the columns follow from them at C speed."""
+    row in them (v_xrow, v_rrow, v_crow, v_grow). One pass reads each vertex's attributes from networkx's own
+    dicts in the order they were added (where they lie in memory; the executor's order jumps around them: a
+    million vertices read in that order took twice as long); the rows are made per alike vertices, in the
+    executor's order of their first, and the columns follow from them at C speed. The edges are classed in C++
+    from the graph's numbering (:func:`_edges`): their rows are made once per class."""
     a = {name: array(code) for name, code in ARRAY_TYPES}
     for name in ("v_units", "v_succs", "b_units", "p_phases", "ph_transfers", "t_feeds", "q_sequences", "rl_steps",
                  "st_sends"):
         a[name].append(0)
     a["j_iterations"].extend(job_iterations(rules.workload, rules.options.iterations))
     a["v_units"].extend(rules.offsets[1:])
-    slots, samples, out = _read_vertices(rules)
+    slots, samples = _read_vertices(rules)
     alike = _alike_rows(a, rules, slots, samples, hosts)
     row_of = list(map(alike.__getitem__, slots))  # each vertex's, in the executor's order
     # the columns at C speed (map; lists for fromlist, which sizes the array once): a million vertices, a few
@@ -89,21 +90,18 @@ def build_arrays(rules, hosts: dict[str, int]) -> tuple[dict[str, array], list]:
         a[f"v_{name}"].fromlist(list(map(attrgetter(name), row_of)))
     counts = list(map(attrgetter("group_count"), row_of))
     a["v_group0"].fromlist([first if row.kind else -1 for first, row in zip(accumulate(counts, initial=0), row_of)])
-    _edges(a, rules, out)
+    _edges(a, rules)
     return a, [row.source for row in row_of]
 
 
-def _read_vertices(rules) -> tuple[list[int], dict[int, tuple], list]:
-    """One pass over the graph's vertices where they lie: each vertex's alike slot (in the executor's order), a
-    (Shape, attributes) per slot, and each vertex's successors as (index, skip_first_iteration, wait), by index."""
-    numbering, position = rules.numbering, rules.position
+def _read_vertices(rules) -> tuple[list[int], dict[int, tuple]]:
+    """One pass over the graph's vertices where they lie: each vertex's alike slot (in the executor's order) and a
+    (Shape, attributes) per slot."""
     shapes, model = rules.shapes, rules.options.compute_model
-    start, successor, flags = numbering.start, numbering.successor, numbering.flags
     keys: dict[tuple, int] = {}
     samples: dict[int, tuple] = {}
     slots = [0] * len(shapes)
-    out: list = [()] * len(shapes)
-    for i, data, first, end in zip(position, rules.workload._node.values(), start, islice(start, 1, None)):
+    for i, data in zip(rules.position, rules.workload._node.values()):
         shape = shapes[i]
         key = (shape, data.get("start"), data.get("phase"), data.get("job", 0))
         if shape.kind == "compute":  # and what its compute row follows from
@@ -113,13 +111,7 @@ def _read_vertices(rules) -> tuple[list[int], dict[int, tuple], list]:
             slot = keys[key] = len(keys)
             samples[slot] = (shape, data)  # keeps the keyed objects alive: ids stay unique
         slots[i] = slot
-        if end > first:
-            edges = [(position[j], flag & 1, _WAITS[flag >> 1])
-                     for j, flag in zip(successor[first:end], flags[first:end])]
-            if len(edges) > 1:
-                edges.sort()
-            out[i] = edges
-    return slots, samples, out
+    return slots, samples
 
 
 def _alike_rows(a, rules, slots, samples, hosts) -> dict[int, _Alike]:
@@ -157,35 +149,80 @@ def _alike_rows(a, rules, slots, samples, hosts) -> dict[int, _Alike]:
     return alike
 
 
-def _edges(a, rules, out) -> None:
-    """The edge columns (each vertex's successors, by index) with their buckets, and each vertex's required row."""
-    shapes = rules.shapes
-    buckets: dict[tuple, int] = {}
-    alike: dict[tuple, tuple] = {}  # (pred's and succ's Shapes, skip, wait) -> (skip, same rank, bucket, pred)
-    pred_shapes: dict[tuple, tuple] = {}  # (skip, wait, XPUs id, groups id) -> (skip, wait, a predecessor's Shape)
-    preds: list[tuple] = [()] * len(shapes)  # per vertex, its predecessors' (skip, wait, XPUs id, groups id)
-    succs, rows = [], []
-    for shape, edges in zip(shapes, out):
-        for j, skip, wait in edges:
-            key = (shape, shapes[j], skip, wait)  # skip: a bool (or 0/1, equal keys)
-            row = alike.get(key)
-            if row is None:
-                succ, skip = shapes[j], int(bool(skip))
-                same_rank = wait == "xpu" and shape.pos is succ.pos
-                pred = (skip, wait, id(shape.xpus), id(shape.groups))  # what the successor's counts follow from
-                pred_shapes.setdefault(pred, (skip, wait, shape))
-                bucket = -1 if same_rank else _buckets(a, rules, shape, succ, wait, buckets)
-                row = alike[key] = (skip, same_rank, bucket, pred)
-            succs.append(j)
-            rows.append(row)
-            preds[j] += (row[3],)
-    a["e_succ"].fromlist(succs)
+def _edges(a, rules) -> None:
+    """The edge columns (each vertex's successors, by index, in the executor's order) with their buckets, and each
+    vertex's required row. The numbering's edges are classed in C++ (hcsim/workload/order.cpp) by (the Shapes of
+    their two ends, skip, wait), each class's row made once, as first met (so buckets and required rows come in
+    the order the vertices first need them)."""
+    native, numbering, shapes = extension(), rules.numbering, rules.shapes
+    number = dict(zip(dict.fromkeys(shapes), count()))  # each distinct Shape, as first met
+    distinct = list(number)
+    vertex_class = array("i", map(number.__getitem__, shapes))
+    e_succ, v_succs, edge_class, classes = (
+        _frombytes(code, data) for code, data in zip("iqii", native.edge_classes(
+            numbering.order, rules.position, numbering.start, numbering.successor, numbering.flags, vertex_class)))
+    rows, pred_shapes = _edge_rows(a, rules, distinct, classes)
+    a["e_succ"] = e_succ
+    a["v_succs"].extend(v_succs[1:])
     for name, column in (("e_skip", 0), ("e_same_rank", 1), ("e_bucket_of", 2)):
-        a[name].fromlist(list(map(itemgetter(column), rows)))
-    a["v_succs"].fromlist(list(accumulate(map(len, out))))
-    a["v_rrow"].extend(_requirement_rows(rules, shapes, preds, pred_shapes, a["u_required"]))
+        a[name].fromlist(list(map([row[column] for row in rows].__getitem__, edge_class)))
     if not a["bucket_of"]:
         a["bucket_of"].append(-1)
+    # each vertex's required row: by its Shape's XPUs, groups and kind and its predecessors' (skip, wait, XPUs,
+    # groups) as a multiset (the counts are sums over them)
+    kinds = dict(zip(dict.fromkeys((id(shape.xpus), id(shape.groups), shape.kind) for shape in distinct), count()))
+    kind_of = array("i", (kinds[id(shape.xpus), id(shape.groups), shape.kind] for shape in distinct))
+    which, requirements = native.requirement_classes(e_succ, v_succs, edge_class, array("i", map(itemgetter(3), rows)),
+                                                     array("i", map(kind_of.__getitem__, vertex_class)))
+    sample = {}  # a kind -> a Shape of it (the counts follow from the kind and the predecessors)
+    for shape, kind in zip(distinct, kind_of):
+        sample.setdefault(kind, shape)
+    per_class = _required_rows(a["u_required"], rules, [(sample[kind], [pred_shapes[pred] for pred in preds])
+                                                         for kind, preds in requirements])
+    a["v_rrow"].fromlist(list(map(per_class.__getitem__, _frombytes("i", which))))
+
+
+def _edge_rows(a, rules, distinct: list, classes: array) -> tuple[list[tuple], list[tuple]]:
+    """Per edge class (`classes`: the numbers of its ends' Shapes in `distinct`, skip, wait's code), its row:
+    (skip, same rank, where its buckets begin, its predecessor's number); and per predecessor number its (skip,
+    wait, Shape), the first met of those alike (skip, wait, XPUs, groups)."""
+    rows, numbers, pred_shapes, buckets = [], {}, [], {}
+    ends = zip(map(distinct.__getitem__, classes[0::4]), map(distinct.__getitem__, classes[1::4]))
+    for (pred, succ), skip, wait in zip(ends, classes[2::4], map(_WAITS.__getitem__, classes[3::4])):
+        same_rank = wait == "xpu" and pred.pos is succ.pos
+        key = (skip, wait, id(pred.xpus), id(pred.groups))  # what the successor's counts follow from
+        if key not in numbers:
+            numbers[key] = len(pred_shapes)
+            pred_shapes.append((skip, wait, pred))
+        bucket = -1 if same_rank else _buckets(a, rules, pred, succ, wait, buckets)
+        rows.append((skip, same_rank, bucket, numbers[key]))
+    return rows, pred_shapes
+
+
+def _required_rows(table: array, rules, requirements: list[tuple]) -> list[int]:
+    """Each requirement's row in `table` (u_required: two per unit, predecessor completions for run 1 and later
+    runs), made in order: one per (counts, units) where every unit needs the same (WorkloadRules.required), else
+    one per requirement. `requirements`: (a Shape, its predecessors' (skip, wait, Shape)) each."""
+    rows, uniform = [], {}
+    for shape, edges in requirements:
+        required = rules.required(shape, edges)
+        if required is None:
+            rows.append(len(table) // 2)
+            for rank in range(len(shape.xpus)):
+                table.extend((rules.required_count(shape, edges, rank, 1), rules.required_count(shape, edges, rank, 2)))
+            continue
+        key = (required, len(shape.xpus))
+        if key not in uniform:
+            uniform[key] = len(table) // 2
+            table.extend(required * len(shape.xpus))
+        rows.append(uniform[key])
+    return rows
+
+
+def _frombytes(code: str, data: bytes) -> array:
+    values = array(code)
+    values.frombytes(data)
+    return values
 
 
 def job_iterations(workload: nx.DiGraph, iterations: int) -> list[int]:
@@ -193,35 +230,6 @@ def job_iterations(workload: nx.DiGraph, iterations: int) -> list[int]:
     its index in it), else one job of `iterations`."""
     jobs = workload.graph.get("jobs")
     return [job["iterations"] for job in jobs] if jobs else [iterations]
-
-
-def _requirement_rows(rules, shapes, preds, pred_shapes, table) -> list[int]:
-    """Each vertex's row in `table` (u_required): its units' predecessor completions for run 1 and later runs (two
-    per unit), added on first use: one row per (run 1, later runs, units) where every unit needs the same
-    (WorkloadRules.required), else one per vertices with the same XPUs, groups and predecessors' (skip, wait,
-    XPUs, groups) (`preds`, per vertex), from which the counts follow (WorkloadRules.required_count)."""
-    rows, cache = [], {}  # cache: a key above -> its row
-    for shape, key in zip(shapes, preds):
-        # the counts are sums over the predecessors: their order does not matter (the shapes keep the ids unique)
-        key = (id(shape.xpus), id(shape.groups), shape.kind, key if len(key) < 2 else tuple(sorted(key)))
-        row = cache.get(key)
-        if row is None:
-            edges = [pred_shapes[pred] for pred in key[3]]
-            required = rules.required(shape, edges)
-            if required is not None:
-                uniform = ("required", required, len(shape.xpus))
-                if uniform not in cache:
-                    cache[uniform] = len(table) // 2
-                    table.extend(required * len(shape.xpus))
-                row = cache[uniform]
-            else:
-                row = len(table) // 2
-                for rank in range(len(shape.xpus)):
-                    table.extend((rules.required_count(shape, edges, rank, 1),
-                                  rules.required_count(shape, edges, rank, 2)))
-            cache[key] = row
-        rows.append(row)
-    return rows
 
 
 def _compute_key(data: dict, model) -> tuple:
@@ -417,9 +425,9 @@ def pair_bytes(rules, sources: list, jobs: array) -> dict[tuple[str, str], float
     totals: dict[tuple[str, str], int] = {}
     exact = all(float(size).is_integer() for entry in lists.values() for _, size in entry[0])
     if exact:
-        for additions, count, *_ in lists.values():  # in first use: the order pairs first appear
+        for additions, uses, *_ in lists.values():  # in first use: the order pairs first appear
             for pair, size in additions:
-                totals[pair] = totals.get(pair, 0) + count * int(size)
+                totals[pair] = totals.get(pair, 0) + uses * int(size)
         exact = all(total < 2**53 for total in totals.values())
     if exact:
         return {pair: float(total) for pair, total in totals.items()}
