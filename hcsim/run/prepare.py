@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
+from operator import methodcaller
 from pathlib import Path
 from typing import Any
 
@@ -287,7 +288,7 @@ def _prepare_workload(scenario: Scenario, platform_spec, graph: nx.Graph, xpus: 
         with collector_paused():
             validate_workload(workload, xpus)
     coherent = bool(graph.graph.get("coherent"))
-    if not coherent and any(a == "coherent_ring" for _, a in workload.nodes(data="algorithm")):
+    if not coherent and "coherent_ring" in set(map(methodcaller("get", "algorithm"), workload._node.values())):
         raise ConfigError(f"scenario {scenario.name!r}: collective: coherent_ring keeps the reduced shards in "
                           f"coherent memory, which this platform (coherent: false) does not have; fix: set "
                           f"coherent: true, or collective: ring")
@@ -350,12 +351,12 @@ def check_shared_regions(scenario: Scenario, platform, workload) -> None:
     scenario's key: the engine would refuse it too, without saying where the algorithm was chosen."""
     from hcsim.engine.collectives import get_algorithm, shared_region
 
-    seen = set()
-    for _, data in workload.nodes(data=True):
+    seen: dict[tuple, tuple] = {}  # (algorithm, groups' id) -> the groups (alive: ids stay unique)
+    for data in workload._node.values():  # networkx's own dict: no view per vertex
         name = data.get("algorithm")
-        if data["kind"] != "comm" or not name or (name, data["groups"]) in seen:
+        if data["kind"] != "comm" or not name or (name, id(data["groups"])) in seen:
             continue
-        seen.add((name, data["groups"]))
+        seen[name, id(data["groups"])] = data["groups"]
         if not get_algorithm(data["collective"], name, 2, 0.0).region:
             continue
         for group in data["groups"]:

@@ -161,12 +161,22 @@ def add_comm(graph: nx.DiGraph, name: str, *, bytes: float, collective: str, gro
     return name
 
 
+def add_alike(graph: nx.DiGraph, name: str, like: dict, **changes) -> str:
+    """Add vertex `name` with the attributes `like` (another vertex's, as add_compute or add_comm made them) but
+    its label, and `changes`: builders repeat one vertex per layer and micro-batch. Returns its name."""
+    data = like.copy()
+    data["label"] = name
+    data.update(changes)
+    _add_vertex(graph, name, data)
+    return name
+
+
 def _add_vertex(graph: nx.DiGraph, name: str, data: dict) -> None:
     """networkx's add_node(name, **data) without its copy of the attributes: builders add a million vertices."""
-    if name in graph._succ or name is None or type(graph) is not nx.DiGraph:
+    adjacency = {}
+    if type(graph) is not nx.DiGraph or name is None or graph._succ.setdefault(name, adjacency) is not adjacency:
         graph.add_node(name, **data)  # networkx's own way (an update, its error for None, a subclass's factories)
         return
-    graph._succ[name] = {}
     graph._pred[name] = {}
     graph._node[name] = data
     if getattr(graph, "__networkx_cache__", None):  # what networkx's add_node does last (its _clear_cache)

@@ -48,7 +48,7 @@ from itertools import product
 import networkx as nx
 
 from hcsim.errors import ConfigError
-from hcsim.workload.graph import add_comm, add_compute, add_dependency, new_workload
+from hcsim.workload.graph import add_alike, add_comm, add_compute, add_dependency, new_workload
 from hcsim.workload.layout import ParallelLayout
 from hcsim.workload.memory import stage_memory
 from hcsim.workload.model import RECOMPUTATION
@@ -331,6 +331,7 @@ class _Builder:
         self._groups: dict = {}
         self._class_xpus: dict = {}
         self._kernel_tuples: dict[tuple, tuple] = {}  # shared_kernels
+        self._alike: dict[tuple, dict] = {}  # what alike vertices' attributes follow from -> the last one's (add_alike)
         self._members: dict[int, tuple] = {}  # members: id(groups) -> (groups, their XPUs)
         spec, par = self.spec, self.par
         self.classes = par.replica_classes()
@@ -637,10 +638,17 @@ class _Builder:
         def compute(suffix, flops, size, ops=()):
             if not self.spec.inventory.fused and ops:  # the memory traffic of the kernels the framework runs
                 size = math.fsum(op.bytes for op in ops)
+            ops, first = tuple(ops), start and not chain
+            key = (id(xpus), suffix, op.kind, op.chunk, stage, id(ops))  # alike: one per micro-batch
+            like = self._alike.get(key)
+            if like is not None and like["ops"] is ops and like["flops"] == flops and like["memory_bytes"] == size:
+                chain.append(add_alike(self.graph, f"{tag}.{suffix}", like, start=first, micro_batch=op.micro_batch))
+                return
             phase = "recompute" if ".recompute" in suffix else {"F": "fwd", "B": "bwd", "W": "bwd"}[op.kind]
             chain.append(add_compute(self.graph, f"{tag}.{suffix}", xpus=xpus, flops=flops, memory_bytes=size,
-                                     start=start and not chain, phase=phase, stage=stage, chunk=op.chunk,
-                                     micro_batch=op.micro_batch, step=op.kind, ops=tuple(ops)))
+                                     start=first, phase=phase, stage=stage, chunk=op.chunk,
+                                     micro_batch=op.micro_batch, step=op.kind, ops=ops))
+            self._alike[key] = self.graph.nodes[chain[-1]]
 
         ends = [(self.embedding, "embedding")] * is_first + [(self.head, "head")] * is_last
         if op.kind == "W":  # zero-bubble: the weight gradients of the chunk, deferred
@@ -792,12 +800,17 @@ class _Builder:
         all-gather."""
         if self.par.tp == 1:
             return
-        groups = self.groups("tp", stage, k)
         kinds = ("reduce_scatter", "all_gather") if self.par.sequence_parallel else ("all_reduce",)
         for kind in kinds:
+            like = self._alike.get(("tp", stage, k, kind))  # alike: one per layer and micro-batch
+            if like is not None:
+                chain.append(add_alike(self.graph, f"{name}.{kind}", like))
+                continue
+            groups = self.groups("tp", stage, k)
             chain.append(add_comm(self.graph, f"{name}.{kind}", groups=groups, bytes=self.activation, collective=kind,
                                   algorithm=self.ring(), members=self.members(groups, stage, k), phase="tp",
                                   stage=stage))
+            self._alike["tp", stage, k, kind] = self.graph.nodes[chain[-1]]
 
     def ring(self, name: str = "ring") -> str:
         """The algorithm a collective named `name` runs: NCCL's channel rings for a ring under megatron_comm."""
@@ -959,6 +972,9 @@ def place_hybrid_memory(graph: nx.DiGraph, spec: WorkloadSpec, par: Parallelism,
 def _mark_spills(graph: nx.DiGraph, builder: _Builder, spilled_by_stage: dict, offload: str | None = None) -> None:
     """Give each compute vertex of a spilled decoder the XPUs on which it spills (shared frozensets), and
     the memory its state is offloaded to (`offload`: cpu | cxl) when parameters or activations are."""
+    if offload is None and all(local >= sum(builder.layers[stage])
+                               for stage, by_local in spilled_by_stage.items() for local in by_local):
+        return  # every decoder of every stage is local: each vertex keeps the empty set it was built with
     decoder_of: dict = {}
     for stage, layers in enumerate(builder.layers):
         index = 0
