@@ -75,7 +75,8 @@ def host_pairs(platform: nx.Graph, workload: nx.DiGraph) -> set[tuple[str, str]]
     nodes = dict(platform.nodes(data=True))  # a plain dict is faster per look-up
     pairs: set[tuple[str, str]] = set()
     done = set()  # collectives already counted: the same algorithm and size on the same group
-    alike: dict[tuple, tuple] = {}  # collective vertices already counted (the same groups by id, algorithm, size)
+    alike = set()  # collective vertices already counted: the same groups, algorithm and size
+    known: dict[tuple, tuple] = {}  # the same, with the groups' id for the groups (-> them: ids stay unique)
     placed: dict[tuple, object] = {}  # (id, key) of the xpus and spilled_xpus already counted: vertices share them
     for _, data in workload.nodes(data=True):
         if data["kind"] == "compute":
@@ -92,9 +93,12 @@ def host_pairs(platform: nx.Graph, workload: nx.DiGraph) -> set[tuple[str, str]]
             continue
         collective = data["collective"]
         name = data.get("algorithm") or ("direct" if collective == "p2p" else None)
-        if (key := (collective, name, id(data["groups"]), data["bytes"], data.get("chunks"))) in alike:
-            continue  # one per layer and micro-batch: they share one groups tuple (`done` counts equal ones once)
-        alike[key] = data["groups"]  # keep it alive: ids stay unique
+        if (ident := (collective, name, id(data["groups"]), data["bytes"], data.get("chunks"))) in known:
+            continue  # one per layer and micro-batch, sharing one groups tuple: found without hashing it
+        known[ident] = data["groups"]
+        if (key := (collective, name, data["groups"], data["bytes"], data.get("chunks"))) in alike:
+            continue
+        alike.add(key)
         for group in data["groups"]:
             if (key := (collective, name, group, data["bytes"], data.get("chunks"))) in done:
                 continue

@@ -831,8 +831,9 @@ class _Builder:
             tag = self.class_tag(k)
             for q in range(p * v - 1):  # virtual stage q -> q + 1
                 (s, c), (t, d) = (q % p, q // p), ((q + 1) % p, (q + 1) // p)
-                pairs_fwd = list(zip(self.class_xpus(s, k), self.class_xpus(t, k)))
-                pairs_bwd = [(dst, src) for src, dst in pairs_fwd]
+                # one tuple for every micro-batch's transfer: shared, as the collectives' groups are
+                pairs_fwd = tuple(zip(self.class_xpus(s, k), self.class_xpus(t, k)))
+                pairs_bwd = tuple((dst, src) for src, dst in pairs_fwd)
                 for j in range(count):
                     forward, backward = (Op("F", j, c), Op("F", j, d)), (Op("B", j, d), Op("B", j, c))
                     self.transfer(f"p2p{tag}.q{q}.mb{j}.act", pairs_fwd, (s, k, forward[0]), (t, k, forward[1]))
