@@ -482,12 +482,12 @@ def xpu_times(xpus: list[str], first: array, last: array, ends: list[float], fie
                 "recompute": record[6]}
 
     for x, xpu in enumerate(xpus):
-        count = len(ends) if ended is None else ended[xpu]
-        measured = count - 1 if count > 1 else 1
+        runs = len(ends) if ended is None else ended[xpu]
+        measured = runs - 1 if runs > 1 else 1
         now = last[x * fields:(x + 1) * fields]
         busy, comm, idle, compute = now[0], now[1], now[2], now[4]
         parts = parts_of(now)
-        if count > 1:
+        if runs > 1:
             before = first[x * fields:(x + 1) * fields]
             past = parts_of(before)
             busy, comm, idle, compute = busy - before[0], comm - before[1], idle - before[2], compute - before[4]
