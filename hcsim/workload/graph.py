@@ -102,7 +102,8 @@ import networkx as nx
 from hcsim.errors import ConfigError, WorkloadError, brief, invalid
 
 __all__ = ["COLLECTIVES", "PRECISIONS", "WAITS", "FORMAT_VERSION", "new_workload", "add_compute", "add_comm", "covered_xpus",
-           "add_dependency", "validate_workload", "save_workload", "load_workload", "unroll_iterations"]
+           "add_alike", "add_dependency", "validate_workload", "save_workload", "load_workload", "unroll_iterations",
+           "VertexNumbering", "number_vertices", "first_iteration_order"]
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "p2p")
 PRECISIONS = ("fp32", "fp16", "bf16", "fp8")  # fp8: Transformer Engine's recipe (hcsim.workload.model)
