@@ -67,6 +67,34 @@ def test_alike_vertices_share_their_rows(plan):
     for batch in (par.global_batch, 4 * par.global_batch):
         platform, graph = _graph(Parallelism(**{**par.__dict__, "global_batch": batch}))
         rules, arrays, _ = _layout(platform, graph)
-        sizes[batch] = {name: len(arrays[name]) for name in ("u_xpu", "u_flops", "u_required", "u_group", "b_unit")}
+        sizes[batch] = {name: len(arrays[name]) for name in ("u_xpu", "u_flops", "u_required", "u_group", "b_unit",
+                                                             "g_size")}
         assert len(set(map(id, rules.shapes))) < len(rules.shapes) / 10
     assert sizes[par.global_batch] == sizes[4 * par.global_batch]
+
+
+def _refusal(arrays, rules) -> str:
+    """The core's ValueError for `arrays` (it checks them before it starts an Engine: none is started here)."""
+    from array import array
+
+    from hcsim.engine import core
+
+    module, n = core.load(), len(rules.xpus)
+    with pytest.raises(ValueError) as refused:
+        module.run_workload({}, list(rules.xpus), arrays, 1, n, array("d", [0.0]), array("d", [0.0]) * (n * 64),
+                            array("d", [0.0]) * (n * 64), array("i", [0]) * rules.total_instances, None, None, None,
+                            array("d", [0.0]), array("i", [0]), None)
+    assert not module.engine_started()
+    return str(refused.value)
+
+
+def test_the_core_refuses_group_tables_that_do_not_fit_their_vertices():
+    platform, graph = _graph(PLANS["1f1b, tp 2 x pp 2 x dp 2"])
+    rules, arrays, _ = _layout(platform, graph)
+    collectives = [v for v, kind in enumerate(arrays["v_kind"]) if kind]
+    beyond = {**arrays, "g_offset": arrays["g_offset"][:]}
+    beyond["g_offset"][arrays["v_gtab"][collectives[0]]] = rules.offsets[-1]  # a group past its vertex's units
+    assert "g_offset and g_size" in _refusal(beyond, rules)
+    reused = {**arrays, "v_group0": arrays["v_group0"][:]}
+    reused["v_group0"][collectives[1]] = arrays["v_group0"][collectives[0]]  # two vertices' groups, one number
+    assert "is a number an earlier vertex's group has" in _refusal(reused, rules)
