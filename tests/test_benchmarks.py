@@ -29,6 +29,12 @@ def test_engine_speed_prints_a_row_per_point_and_the_fitted_exponent():
     assert "wall time ~ micro-batches^" in out
 
 
+def test_repeat_reports_one_row_per_point_the_fastest_of_its_runs():
+    out = run(str(BENCHMARKS / "engine_speed.py"), "--case", "layer", "--xpus", "8", "--repeat", "2")
+    assert "the fastest of 2 runs per point" in out
+    assert len([line for line in out.splitlines() if line.split()[:2] == ["layer", "8"]]) == 1
+
+
 def test_the_ceiling_runs_on_the_layer_case_s_own_platform_and_the_case_is_compared_to_it():
     out = run(str(BENCHMARKS / "engine_speed.py"), "--case", "simgrid", "layer", "--xpus", "8", "--firings", "2000",
               "--ceiling-platform", "layer")
