@@ -115,8 +115,8 @@ class WorkloadRules:
             collective = data["collective"]
             name = data.get("algorithm") or ("direct" if collective == "p2p" else None)
             key = (collective, name, data["bytes"], data.get("chunks"), id(tuples))
-        known = self._shapes_by_id.get(key)
-        if known is not None and known[0] is tuples:
+        known = self._shapes_by_id.get(key)  # the id is the tuple's while the entry keeps it alive
+        if known is not None:
             return known[1]
         if compute:
             shape = self._compute_shapes.get(tuples)

@@ -281,7 +281,8 @@ def number_vertices(graph: nx.DiGraph, stable: bool = True) -> VertexNumbering:
     lexicographical_topological_sort with key=str; names alike as strings by the order they were added), else
     first come, first served."""
     order, start, successor, flags = extension().number_graph(graph._succ, stable)  # networkx's own adjacency
-    return VertexNumbering(list(graph._succ), _array("i", order), _array("q", start), _array("i", successor), flags)
+    return VertexNumbering(list(graph._succ), typed_array("i", order), typed_array("q", start),
+                           typed_array("i", successor), flags)
 
 
 def extension():
@@ -295,7 +296,8 @@ def extension():
     return _order
 
 
-def _array(code: str, data: bytes) -> array:
+def typed_array(code: str, data: bytes) -> array:
+    """An array of typecode `code` over the bytes the extension returns (its machine's layout)."""
     values = array(code)
     values.frombytes(data)
     return values

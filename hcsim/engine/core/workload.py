@@ -32,7 +32,7 @@ import networkx as nx
 from hcsim.engine.options import COMM_KIND, COMM_KINDS
 from hcsim.errors import ConfigError, HcsimError, SimulationError
 from hcsim.limits import collector_paused
-from hcsim.workload.graph import WAITS, extension
+from hcsim.workload.graph import WAITS, extension, typed_array
 
 __all__ = ["build_arrays", "run_workload"]
 
@@ -159,7 +159,7 @@ def _edges(a, rules) -> None:
     distinct = list(number)
     vertex_class = array("i", map(number.__getitem__, shapes))
     e_succ, v_succs, edge_class, classes = (
-        _frombytes(code, data) for code, data in zip("iqii", native.edge_classes(
+        typed_array(code, data) for code, data in zip("iqii", native.edge_classes(
             numbering.order, rules.position, numbering.start, numbering.successor, numbering.flags, vertex_class)))
     rows, pred_shapes = _edge_rows(a, rules, distinct, classes)
     a["e_succ"] = e_succ
@@ -179,7 +179,7 @@ def _edges(a, rules) -> None:
         sample.setdefault(kind, shape)
     per_class = _required_rows(a["u_required"], rules, [(sample[kind], [pred_shapes[pred] for pred in preds])
                                                          for kind, preds in requirements])
-    a["v_rrow"].fromlist(list(map(per_class.__getitem__, _frombytes("i", which))))
+    a["v_rrow"].fromlist(list(map(per_class.__getitem__, typed_array("i", which))))
 
 
 def _edge_rows(a, rules, distinct: list, classes: array) -> tuple[list[tuple], list[tuple]]:
@@ -217,12 +217,6 @@ def _required_rows(table: array, rules, requirements: list[tuple]) -> list[int]:
             table.extend(required * len(shape.xpus))
         rows.append(uniform[key])
     return rows
-
-
-def _frombytes(code: str, data: bytes) -> array:
-    values = array(code)
-    values.frombytes(data)
-    return values
 
 
 def job_iterations(workload: nx.DiGraph, iterations: int) -> list[int]:
