@@ -107,7 +107,7 @@ def platform_yaml(name: str) -> str:
 def scenario_yaml(name: str, workload: str) -> str:
     platform, collective, chunks = RUNS[name]
     lines = [f"name: {name}", f"platform: platforms/{platform}.yaml", f"workload: {workload}", f"xpus: {RANKS}",
-             f"collective: {collective}", "iterations: 2", "collective_fidelity: step"]
+             f"collective: {collective}", "iterations: 2", "collective_model: step"]
     if chunks:
         lines.append(f"collective_chunks: {chunks}")
     return "\n".join(lines) + "\n"
