@@ -24,11 +24,41 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <utility>
 #include <vector>
 
 namespace hcsim::core {
+
+/* Records of what callbacks need, by number, numbers of released ones reused: a callback captures `this` and a
+   number (16 bytes, held in std::function's own buffer) instead of its state (a heap allocation per callback). */
+template <typename T>
+class Slots {
+public:
+  std::int64_t take(const T& value)
+  {
+    if (free_.empty()) {
+      items_.push_back(value);
+      return static_cast<std::int64_t>(items_.size()) - 1;
+    }
+    std::int64_t id = free_.back();
+    free_.pop_back();
+    items_[id] = value;
+    return id;
+  }
+  /* The record, its number free from now. */
+  T release(std::int64_t id)
+  {
+    free_.push_back(id);
+    return items_[id];
+  }
+  T& operator[](std::int64_t id) { return items_[id]; }
+
+private:
+  std::vector<T> items_;
+  std::vector<std::int64_t> free_;
+};
 
 class CallbackDriver {
 protected:
@@ -76,10 +106,7 @@ protected:
     ++activities_;
     simgrid::s4u::CommPtr comm = simgrid::s4u::Comm::sendto_init(loads_[src].host, loads_[dst].host);
     comm->set_payload_size(static_cast<std::uint64_t>(bytes));
-    comm->on_this_completion_cb([this, then = std::move(then)](simgrid::s4u::Comm const& ended) {
-      retire(ended);
-      then();
-    });
+    comm->set_data(hold(nullptr, std::move(then)));
     comm->start();
     comm->add_ref();  // its completion callbacks run with no reference of its own: held until the next ends
   }
@@ -94,6 +121,56 @@ protected:
   std::size_t activities_ = 0;  // started so far
 
 private:
+  struct HostLoad;
+
+  /* What follows an activity's end: kept in the activity's user data (one completion callback for every
+     activity, connected once, instead of a callback per activity: no allocation per activity for it). Records
+     are reused. */
+  struct Pending {
+    CallbackDriver* owner = nullptr;
+    HostLoad* load = nullptr;  // an Exec's host load (none for a Comm or a delay)
+    std::function<void()> then;
+    Pending* next_free = nullptr;
+  };
+
+  Pending* hold(HostLoad* load, std::function<void()> then)
+  {
+    static const bool connected = [] {
+      simgrid::s4u::Comm::on_completion_cb([](simgrid::s4u::Comm const& ended) { end(ended); });
+      simgrid::s4u::Exec::on_completion_cb([](simgrid::s4u::Exec const& ended) { end(ended); });
+      return true;
+    }();
+    (void)connected;
+    Pending* p = free_;
+    if (p != nullptr)
+      free_ = p->next_free;
+    else
+      p = &pending_.emplace_back();
+    p->owner = this;
+    p->load = load;
+    p->then = std::move(then);
+    return p;
+  }
+
+  /* An activity of a driver's ended (other activities of the process carry no Pending). */
+  static void end(const simgrid::s4u::Activity& ended)
+  {
+    auto* p = ended.get_data<Pending>();
+    if (p != nullptr)
+      p->owner->ended(ended, p);
+  }
+
+  void ended(const simgrid::s4u::Activity& activity, Pending* p)
+  {
+    retire(activity);
+    if (p->load != nullptr)
+      --p->load->execs;
+    std::function<void()> then = std::move(p->then);
+    p->next_free = free_;
+    free_ = p;
+    then();
+  }
+
   /* Adopt the reference an activity's start took, dropping the one before it. */
   void retire(const simgrid::s4u::Activity& ended)
   {
@@ -117,16 +194,13 @@ private:
       ++load->execs;
     simgrid::s4u::ExecPtr exec = simgrid::s4u::Exec::init();
     exec->set_flops_amount(flops)->set_host(host);
-    exec->on_this_completion_cb([this, load, then = std::move(then)](simgrid::s4u::Exec const& ended) {
-      retire(ended);
-      if (load != nullptr)
-        --load->execs;
-      then();
-    });
+    exec->set_data(hold(load, std::move(then)));
     exec->detach();
     exec->add_ref();  // held until it ends (retire)
   }
 
+  std::deque<Pending> pending_;  // records never move
+  Pending* free_ = nullptr;
   simgrid::s4u::ActivityPtr retired_;
   simgrid::s4u::Host* clock_host_;
   std::vector<HostLoad> loads_;  // by host number (sized once: references to its entries stay valid)

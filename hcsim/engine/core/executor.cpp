@@ -158,6 +158,24 @@ public:
   }
 
 private:
+  /* A compute unit's run in flight: what its end needs (its callbacks capture its number in computes_). */
+  struct ComputeRun {
+    std::int32_t vertex = 0, run = 0, parts = 0;
+    std::int64_t unit = 0, row = 0;
+    double begin = 0.0;
+  };
+
+  struct Send {  // a step-model transfer in flight: its run, ranks, lane and step
+    std::int64_t key;
+    std::int32_t rank, dst, lane;
+    std::int64_t index;
+  };
+  struct Flow {  // a flow-model transfer in flight: its run, lane and place in its phase
+    std::int64_t key;
+    std::size_t lane;
+    std::int64_t i;
+  };
+
   /* A unit's entries in the tables alike vertices share (workload.hpp): its vertex's row there, plus its rank. */
   std::int64_t row(const std::int64_t* rows, std::int64_t unit) const
   {
@@ -291,71 +309,86 @@ private:
 
   void start_compute(std::int32_t vertex, std::int64_t unit, std::int32_t run)
   {
-    double begin = now();
     std::int64_t c = compute_row(unit);
+    std::int64_t id = computes_.take({vertex, run, 0, unit, c, now()});
     double flops = w_.u_flops[c], read = w_.u_read[c];
-    auto finish = [this, vertex, unit, run, begin, c]() {
-      double elapsed = now() - begin;
-      double compute = w_.u_compute_s[c];
-      Clock& clock = clocks_[xpu(unit)];
-      double stall = std::max(0.0, elapsed - compute);
-      clock.compute += compute;
-      clock.stall += stall;
-      if (w_.v_flags[vertex] & RECOMPUTE)
-        clock.recompute += compute;
-      before_window(xpu(unit), begin, compute, stall, w_.v_flags[vertex] & RECOMPUTE);
-      complete(vertex, unit, run, begin);
-    };
     if (w_.v_flags[vertex] & MOVE) {  // an offload copy: u_copy bytes, nothing computed
-      transfer(w_.u_copy_src[c], w_.u_peer[c], w_.u_copy[c], finish, run, xpu(unit), vertex, MOVED);
+      transfer(w_.u_copy_src[c], w_.u_peer[c], w_.u_copy[c], [this, id]() { compute_done(id); }, run, xpu(unit),
+               vertex, MOVED);
       return;
     }
     if (w_.v_flags[vertex] & CPU_STEP) {  // on the CPU that owns the XPU's host memory, beside reading it
-      auto pending = std::make_shared<int>(2);
-      auto part = [this, pending, vertex, unit, run, begin]() {  // not the XPU's compute: no busy time
-        if (--*pending == 0)
-          complete(vertex, unit, run, begin);
+      computes_[id].parts = read > 0 ? 2 : 1;
+      auto part = [this, id]() {  // not the XPU's compute: no busy time
+        if (--computes_[id].parts == 0)
+          step_done(id);
       };
       execute(w_.u_peer[c], flops, part);
       if (read > 0)
         transfer(w_.u_read_src[c], w_.u_peer[c], read, part, run, xpu(unit), vertex, READ);
-      else
-        part();
       return;
     }
     if (w_.u_copy[c] > 0) {  // spilled data without coherence: copied into local memory first
-      transfer(w_.u_copy_src[c], xpu(unit), w_.u_copy[c],
-               [this, unit, flops, read, finish, run, vertex]() { compute_beside(unit, flops, read, finish, run, vertex); },
-               run, xpu(unit), vertex, COPY);
+      transfer(w_.u_copy_src[c], xpu(unit), w_.u_copy[c], [this, id]() { compute_beside(id); }, run, xpu(unit),
+               vertex, COPY);
       return;
     }
-    compute_beside(unit, flops, read, finish, run, vertex);
+    compute_beside(id);
   }
 
   /* compute beside: the execution and the read side by side (the Python side has
      already chosen the longer one alone where local access is analytic). */
-  template <typename Finish>
-  void compute_beside(std::int64_t unit, double flops, double read, Finish finish, std::int32_t run, std::int32_t vertex)
+  void compute_beside(std::int64_t id)
   {
+    const ComputeRun& r = computes_[id];
+    std::int64_t unit = r.unit;
+    std::int32_t run = r.run, vertex = r.vertex;
+    double flops = w_.u_flops[r.row], read = w_.u_read[r.row];
+    std::int32_t src = w_.u_read_src[r.row];
     int parts = (flops > 0) + (read > 0);
     if (parts == 0) {
-      finish();
+      compute_done(id);
       return;
     }
     if (parts == 1) {
+      auto finish = [this, id]() { compute_done(id); };
       if (flops > 0)
         execute(xpu(unit), flops, finish);
       else
-        transfer(w_.u_read_src[compute_row(unit)], xpu(unit), read, finish, run, xpu(unit), vertex, READ);
+        transfer(src, xpu(unit), read, finish, run, xpu(unit), vertex, READ);
       return;
     }
-    auto pending = std::make_shared<int>(2);
-    auto part = [pending, finish]() {
-      if (--*pending == 0)
-        finish();
+    computes_[id].parts = 2;
+    auto part = [this, id]() {
+      if (--computes_[id].parts == 0)
+        compute_done(id);
     };
     execute(xpu(unit), flops, part);
-    transfer(w_.u_read_src[compute_row(unit)], xpu(unit), read, part, run, xpu(unit), vertex, READ);
+    transfer(src, xpu(unit), read, part, run, xpu(unit), vertex, READ);
+  }
+
+  /* A compute unit's end: its time on the XPU's clock (compute, and the stall beyond it), then its completion. */
+  void compute_done(std::int64_t id)
+  {
+    ComputeRun r = computes_.release(id);
+    double elapsed = now() - r.begin;
+    double compute = w_.u_compute_s[r.row];
+    Clock& clock = clocks_[xpu(r.unit)];
+    double stall = std::max(0.0, elapsed - compute);
+    bool recompute = w_.v_flags[r.vertex] & RECOMPUTE;
+    clock.compute += compute;
+    clock.stall += stall;
+    if (recompute)
+      clock.recompute += compute;
+    before_window(xpu(r.unit), r.begin, compute, stall, recompute);
+    complete(r.vertex, r.unit, r.run, r.begin);
+  }
+
+  /* An offload CPU step's end: not the XPU's compute, so no time on its clock. */
+  void step_done(std::int64_t id)
+  {
+    ComputeRun r = computes_.release(id);
+    complete(r.vertex, r.unit, r.run, r.begin);
   }
 
   // ---- collectives ------------------------------------------------------
@@ -503,20 +536,26 @@ private:
   void send(std::int64_t key, std::int32_t rank, std::int32_t dst, std::int32_t lane, std::int64_t index, double bytes)
   {
     CollectiveRun& c = *collectives_[key];
-    transfer(endpoint(c, rank), endpoint(c, dst), bytes, [this, key, rank, dst, lane, index]() {
-      CollectiveRun& run = *collectives_[key];
-      std::int32_t lanes = w_.q_lanes[w_.g_plan[run.row]];
-      --run.sends_left[rank * lanes + lane];
-      std::int64_t slot = arrived_slot(run, dst, lane, index);
-      if (slot >= 0)
-        ++run.arrived[slot];
-      for (std::int32_t who : {rank, dst}) {
-        if (run.step[who * lanes + lane] == index && step_complete(run, who, lane))
-          advance(key, who, lane);
-        if (collectives_.find(key) == collectives_.end())
-          return;  // its last rank finished: the run is over
-      }
-    }, c.run, trace_owner(c, rank, dst), c.vertex);
+    std::int64_t id = sends_.take({key, rank, dst, lane, index});
+    transfer(endpoint(c, rank), endpoint(c, dst), bytes, [this, id]() { sent(id); }, c.run,
+             trace_owner(c, rank, dst), c.vertex);
+  }
+
+  void sent(std::int64_t id)
+  {
+    Send s = sends_.release(id);
+    CollectiveRun& run = *collectives_[s.key];
+    std::int32_t lanes = w_.q_lanes[w_.g_plan[run.row]];
+    --run.sends_left[s.rank * lanes + s.lane];
+    std::int64_t slot = arrived_slot(run, s.dst, s.lane, s.index);
+    if (slot >= 0)
+      ++run.arrived[slot];
+    for (std::int32_t who : {s.rank, s.dst}) {
+      if (run.step[who * lanes + s.lane] == s.index && step_complete(run, who, s.lane))
+        advance(s.key, who, s.lane);
+      if (collectives_.find(s.key) == collectives_.end())
+        return;  // its last rank finished: the run is over
+    }
   }
 
   /* the collective run\'s finish: the roofline model's per-call latency after the rank's last transfer. */
@@ -607,13 +646,14 @@ private:
     for (std::int64_t i = 0; i < count; ++i) {
       std::int64_t t = first + i;
       transfer(endpoint(c, w_.t_src[t]), endpoint(c, w_.t_dst[t]), w_.t_bytes[t],
-               [this, key, lane_number, i]() { flow_done(key, lane_number, i); }, c.run,
+               [this, id = flows_.take({key, lane_number, i})]() { flow_done(flows_.release(id)); }, c.run,
                trace_owner(c, w_.t_src[t], w_.t_dst[t]), c.vertex);
     }
   }
 
-  void flow_done(std::int64_t key, std::size_t lane_number, std::int64_t i)
+  void flow_done(const Flow& flow)
   {
+    auto [key, lane_number, i] = flow;
     CollectiveRun& c = *collectives_[key];
     CollectiveRun::Lane& lane = c.lanes[lane_number];
     double t = now();
@@ -690,6 +730,9 @@ private:
   }
   std::vector<double> step_, fill_, last_;
   std::size_t ends_ = 0;
+  Slots<ComputeRun> computes_;  // compute units in flight
+  Slots<Send> sends_;
+  Slots<Flow> flows_;
 
 };
 

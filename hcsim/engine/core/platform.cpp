@@ -7,7 +7,7 @@
    platform (NetZoneImpl::get_all_hosts filters Engine::get_filtered_hosts). A rail-optimised DGX fat tree
    compiles to a zone per GPU (every GPU leaves its node through its own NIC), so 131,072 GPUs made about
    150,000 zones and 330,000 hosts, which did not load in 36 minutes. RouteTable holds every host in one
-   zone and answers get_local_route from a table of the compiled pairs only (a sorted row per source): memory and
+   zone and answers get_local_route from a table of the compiled pairs only (a sorted row of destinations per source): memory and
    load time linear in hosts, links and route links. Each route is the compiled one, link for link and in
    order. */
 #include "core.hpp"
@@ -34,19 +34,37 @@ class RouteTable : public routing::NetZoneImpl {
 public:
   explicit RouteTable(const std::string& name) : NetZoneImpl(name) {}
 
-  /* The route from host netpoint src to dst: links (in order) and their summed latency (s). */
+  /* The route from host netpoint src to dst: links (in order) and their summed latency (s). Routes are looked up
+     once index() has laid every one out. */
   void add(const routing::NetPoint* src, const routing::NetPoint* dst, const std::vector<StandardLinkImpl*>& links,
            double latency)
   {
-    if (by_source_.size() <= src->id())
-      by_source_.resize(src->id() + 1);
-    std::vector<Entry>& row = by_source_[src->id()];
-    auto at = std::lower_bound(row.begin(), row.end(), dst->id(),
-                               [](const Entry& entry, unsigned long id) { return entry.dst < id; });
-    if (at != row.end() && at->dst == dst->id())
-      throw std::invalid_argument("platform: two routes from " + src->get_name() + " to " + dst->get_name());
-    row.insert(at, {dst->id(), links_.size(), links.size(), latency});
+    added_.push_back({src, dst, {links_.size(), links.size(), latency}});
     links_.insert(links_.end(), links.begin(), links.end());
+  }
+
+  /* Every route added: each source's row of destinations, sorted, beside their entries. */
+  void index()
+  {
+    std::sort(added_.begin(), added_.end(), [](const Added& a, const Added& b) {
+      return a.src->id() != b.src->id() ? a.src->id() < b.src->id() : a.dst->id() < b.dst->id();
+    });
+    unsigned long sources = added_.empty() ? 0 : added_.back().src->id() + 1;
+    row_start_.assign(sources + 1, 0);
+    dst_.reserve(added_.size());
+    entries_.reserve(added_.size());
+    for (std::size_t k = 0; k < added_.size(); ++k) {
+      const Added& route = added_[k];
+      if (k > 0 && added_[k - 1].src == route.src && added_[k - 1].dst == route.dst)
+        throw std::invalid_argument("platform: two routes from " + route.src->get_name() + " to " +
+                                    route.dst->get_name());
+      ++row_start_[route.src->id() + 1];
+      dst_.push_back(route.dst->id());
+      entries_.push_back(route.entry);
+    }
+    for (std::size_t src = 0; src < sources; ++src)
+      row_start_[src + 1] += row_start_[src];
+    added_ = {};
   }
 
   void get_local_route(const routing::NetPoint* src, const routing::NetPoint* dst, routing::Route* into,
@@ -63,25 +81,32 @@ public:
   }
 
 private:
-  /* One route: its destination, its links' span in links_, their summed latency (in route order from 0, as
-     SimGrid sums a route's links). */
+  /* One route: its links' span in links_, their summed latency (in route order from 0, as SimGrid sums a route's
+     links). */
   struct Entry {
-    unsigned long dst;
     std::size_t first, count;
     double latency;
   };
+  struct Added {
+    const routing::NetPoint *src, *dst;
+    Entry entry;
+  };
   const Entry* find(unsigned long src, unsigned long dst) const
   {
-    if (src >= by_source_.size())
+    if (src + 1 >= row_start_.size())
       return nullptr;
-    const std::vector<Entry>& row = by_source_[src];
-    auto at = std::lower_bound(row.begin(), row.end(), dst,
-                               [](const Entry& entry, unsigned long id) { return entry.dst < id; });
-    return at != row.end() && at->dst == dst ? &*at : nullptr;
+    auto begin = dst_.begin() + static_cast<std::ptrdiff_t>(row_start_[src]);
+    auto end = dst_.begin() + static_cast<std::ptrdiff_t>(row_start_[src + 1]);
+    auto at = std::lower_bound(begin, end, dst);
+    return at != end && *at == dst ? &entries_[at - dst_.begin()] : nullptr;
   }
-  // per source netpoint (SimGrid numbers them densely), its routes by destination: a transfer's look-up reads
-  // one short row and one span of links_, where a hash map of every pair missed the cache two or three times
-  std::vector<std::vector<Entry>> by_source_;
+  // per source netpoint (SimGrid numbers them densely), its routes' destinations in a row of dst_ (row_start_),
+  // their entries at the same places: a transfer's look-up searches one short row of keys, then reads one entry
+  // and one span of links_ (a row of whole entries, or a hash map of every pair, missed the cache more often)
+  std::vector<std::size_t> row_start_;
+  std::vector<unsigned long> dst_;
+  std::vector<Entry> entries_;
+  std::vector<Added> added_;  // until index()
   std::vector<StandardLinkImpl*> links_;  // every route's links, one route after the other
 };
 
@@ -121,6 +146,7 @@ std::unordered_map<std::string, sg4::Host*> build_platform(sg4::Engine& engine, 
     zone->add(numbered[platform.route_src[r]]->get_netpoint(), numbered[platform.route_dst[r]]->get_netpoint(),
               links, latency);
   }
+  zone->index();
   return hosts;
 }
 
