@@ -64,12 +64,10 @@ class CallbackDriver {
 protected:
   /* `hosts`: the run's hosts by number, the clock host last. */
   explicit CallbackDriver(const std::vector<simgrid::s4u::Host*>& hosts)
-      : clock_host_(hosts.back()), loads_(hosts.size())
+      : hosts_(hosts), clock_host_(hosts.back()), loads_(hosts.size())
   {
-    for (std::size_t h = 0; h < hosts.size(); ++h) {
-      loads_[h].host = hosts[h];
+    for (std::size_t h = 0; h < hosts.size(); ++h)
       loads_[h].speed = hosts[h]->get_speed();
-    }
   }
 
   /* `flops` on host number `host`, then `then()` when they are done: a timer while the host computes nothing
@@ -91,9 +89,9 @@ protected:
     if (load.timer != nullptr) {  // shared from now: the timed execution goes on as an Exec of what it has left
       load.timer->remove();
       load.timer = nullptr;
-      start_exec(load.host, &load, (load.end - simgrid::s4u::Engine::get_clock()) * load.speed, std::move(load.then));
+      start_exec(hosts_[host], &load, (load.end - simgrid::s4u::Engine::get_clock()) * load.speed, std::move(load.then));
     }
-    start_exec(load.host, &load, flops, std::move(then));
+    start_exec(hosts_[host], &load, flops, std::move(then));
   }
 
   /* The FLOP/s of host number `host`. */
@@ -104,7 +102,7 @@ protected:
   void start_comm(std::int32_t src, std::int32_t dst, double bytes, std::function<void()> then)
   {
     ++activities_;
-    simgrid::s4u::CommPtr comm = simgrid::s4u::Comm::sendto_init(loads_[src].host, loads_[dst].host);
+    simgrid::s4u::CommPtr comm = simgrid::s4u::Comm::sendto_init(hosts_[src], hosts_[dst]);
     comm->set_payload_size(static_cast<std::uint64_t>(bytes));
     comm->set_data(hold(nullptr, std::move(then)));
     comm->start();
@@ -119,6 +117,8 @@ protected:
   }
 
   std::size_t activities_ = 0;  // started so far
+  const std::vector<simgrid::s4u::Host*> hosts_;  // by host number, the clock host last (8 bytes a host: a transfer's
+                                                 // ends are read from here, not from the larger HostLoads)
 
 private:
   struct HostLoad;
@@ -179,7 +179,6 @@ private:
 
   /* A host's executions: the one timed (timer set), or how many run as Execs. */
   struct HostLoad {
-    simgrid::s4u::Host* host = nullptr;
     double speed = 0.0;
     simgrid::kernel::timer::Timer* timer = nullptr;
     double end = 0.0;

@@ -42,12 +42,14 @@ double now()
 
 /* What one XPU is doing (open compute units and collectives) and its time so far. */
 struct Clock {
+  // first, in one cache line: what a compute unit's start and end update
   int computing = 0, communicating = 0, waiting = 0;
-  double since = 0.0, busy = 0.0, comm = 0.0, idle = 0.0, idle_peers = 0.0;
+  double since = 0.0, busy = 0.0;
+  double compute = 0.0, stall = 0.0, recompute = 0.0;  // compute, memory stall, recompute s
+  double comm = 0.0, idle = 0.0, idle_peers = 0.0;
   std::vector<std::uint8_t> open_kinds;
   double comm_by[COMM_KINDS] = {};
   unsigned present = 0;  // the kinds comm_by holds a key for 
-  double compute = 0.0, stall = 0.0, recompute = 0.0;  // compute, memory stall, recompute s
 
   void advance(double t, int computing_ = 0, int communicating_ = 0, int kind = COMM_KINDS - 1, int waiting_ = 0)
   {
@@ -115,16 +117,15 @@ class WorkloadRun : CallbackDriver, public Loop {
 public:
   WorkloadRun(const WorkloadArrays& w, const std::vector<sg4::Host*>& hosts, WorkloadOutput out,
               std::size_t* iterations_ended)
-      : CallbackDriver(hosts), w_(w), out_(out), iterations_ended_(iterations_ended), done_runs_(w.units, 0),
-        running_(w.units, 0),
+      : CallbackDriver(hosts), w_(w), out_(out), iterations_ended_(iterations_ended), units_(w.units),
         arrivals_(w.units * (w.iterations + 1), 0), completed_in_run_(w.iterations + 1, 0),
         units_in_run_(w.iterations + 1, 0), job_units_(w.jobs, 0), completed_in_job_run_(w.jobs * (w.iterations + 1), 0),
-        clocks_(w.xpus), xpu_job_(w.xpus, 0), unit_vertex_(w.units)
+        clocks_(w.xpus), xpu_job_(w.xpus, 0)
   {
     for (std::size_t v = 0; v < w.vertices; ++v) {
       job_units_[w.v_job[v]] += w.v_units[v + 1] - w.v_units[v];
       for (std::int64_t u = w.v_units[v]; u < w.v_units[v + 1]; ++u) {
-        unit_vertex_[u] = static_cast<std::int32_t>(v);
+        units_[u].vertex = static_cast<std::int32_t>(v);
         xpu_job_[xpu(u)] = w.v_job[v];
       }
     }
@@ -147,7 +148,8 @@ public:
      runs is the caller's to report: it names the vertices). */
   std::size_t collect() override
   {
-    std::copy(done_runs_.begin(), done_runs_.end(), out_.done_runs);
+    for (std::size_t u = 0; u < w_.units; ++u)
+      out_.done_runs[u] = units_[u].done_runs;
     *iterations_ended_ = ends_;
     for (std::size_t x = 0; x < w_.xpus; ++x) {
       std::int32_t job = xpu_job_[x];
@@ -161,8 +163,9 @@ private:
   /* A compute unit's run in flight: what its end needs (its callbacks capture its number in computes_). */
   struct ComputeRun {
     std::int32_t vertex = 0, run = 0, parts = 0;
-    std::int64_t unit = 0, row = 0;
-    double begin = 0.0;
+    std::int64_t unit = 0;
+    double begin = 0.0, compute_s = 0.0;  // compute_s: read with the row's other columns at the start
+    std::int64_t row = 0;
   };
 
   struct Send {  // a step-model transfer in flight: its run, ranks, lane and step
@@ -179,7 +182,7 @@ private:
   /* A unit's entries in the tables alike vertices share (workload.hpp): its vertex's row there, plus its rank. */
   std::int64_t row(const std::int64_t* rows, std::int64_t unit) const
   {
-    std::int32_t vertex = unit_vertex_[unit];
+    std::int32_t vertex = units_[unit].vertex;
     return rows[vertex] + (unit - w_.v_units[vertex]);
   }
   std::int64_t required(std::int64_t unit, std::int32_t run) const
@@ -200,18 +203,19 @@ private:
 
   void try_start(std::int64_t unit)
   {
-    if (running_[unit])
+    UnitState& state = units_[unit];
+    if (state.running)
       return;
-    std::int32_t run = done_runs_[unit] + 1;
-    if (run > iterations(unit_vertex_[unit]))
+    std::int32_t run = state.done_runs + 1;
+    if (run > iterations(state.vertex))
       return;
     std::int64_t needed = required(unit, run);
     std::int32_t& arrived = arrivals_[unit * (w_.iterations + 1) + run];
     if (needed && arrived < needed)
       return;
     arrived = 0;
-    running_[unit] = 1;
-    std::int32_t vertex = unit_vertex_[unit];
+    state.running = 1;
+    std::int32_t vertex = state.vertex;
     if (w_.v_kind[vertex] == COMPUTE) {
       if (!(w_.v_flags[vertex] & CPU_STEP))  // else the XPU waits (idle) while its host CPU computes
         clocks_[xpu(unit)].advance(now(), 1);
@@ -228,8 +232,8 @@ private:
 
   void complete(std::int32_t vertex, std::int64_t unit, std::int32_t run, double start)
   {
-    running_[unit] = 0;
-    done_runs_[unit] = run;
+    units_[unit].running = 0;
+    units_[unit].done_runs = run;
     double t = now();
     if (w_.v_kind[vertex] == COMPUTE && !(w_.v_flags[vertex] & CPU_STEP))
       clocks_[xpu(unit)].advance(t, -1);
@@ -310,7 +314,7 @@ private:
   void start_compute(std::int32_t vertex, std::int64_t unit, std::int32_t run)
   {
     std::int64_t c = compute_row(unit);
-    std::int64_t id = computes_.take({vertex, run, 0, unit, c, now()});
+    std::int64_t id = computes_.take({vertex, run, 0, unit, now(), w_.u_compute_s[c], c});
     double flops = w_.u_flops[c], read = w_.u_read[c];
     if (w_.v_flags[vertex] & MOVE) {  // an offload copy: u_copy bytes, nothing computed
       transfer(w_.u_copy_src[c], w_.u_peer[c], w_.u_copy[c], [this, id]() { compute_done(id); }, run, xpu(unit),
@@ -372,7 +376,7 @@ private:
   {
     ComputeRun r = computes_.release(id);
     double elapsed = now() - r.begin;
-    double compute = w_.u_compute_s[r.row];
+    double compute = r.compute_s;
     Clock& clock = clocks_[xpu(r.unit)];
     double stall = std::max(0.0, elapsed - compute);
     bool recompute = w_.v_flags[r.vertex] & RECOMPUTE;
@@ -701,15 +705,17 @@ private:
   const WorkloadArrays& w_;
   WorkloadOutput out_;
   std::size_t* iterations_ended_;
-  std::vector<std::int32_t> done_runs_;
-  std::vector<std::uint8_t> running_;
+  struct UnitState {  // together: a unit's start and end read all three
+    std::int32_t vertex = 0, done_runs = 0;
+    std::uint8_t running = 0;
+  };
+  std::vector<UnitState> units_;
   std::vector<std::int32_t> arrivals_;  // (unit, run) -> predecessor completions so far
   std::vector<std::int64_t> completed_in_run_, units_in_run_;  // per run: units that ran it, units that run it
   std::vector<std::int64_t> job_units_, completed_in_job_run_;  // per job: its units; per (job, run): ran it
   std::int64_t completions_ = 0;  // unit completions over the run, for the progress callback
   std::vector<Clock> clocks_;
   std::vector<std::int32_t> xpu_job_;
-  std::vector<std::int32_t> unit_vertex_;
   std::unordered_map<std::int64_t, std::unique_ptr<CollectiveRun>> collectives_;  // (group, run)
   std::vector<std::unique_ptr<CollectiveRun>> spare_runs_;  // ended runs, reused: no allocations per run
 

@@ -82,7 +82,7 @@ class StepLoop : CallbackDriver, public Loop {
 public:
   StepLoop(const ReplicaLayout& layout, const std::vector<sg4::Host*>& hosts, NextStep next, bool analytic,
            Landed landed, const std::vector<sg4::Link*>& shared)
-      : CallbackDriver(hosts), layout_(layout), hosts_(hosts), next_(std::move(next)), landed_(std::move(landed)),
+      : CallbackDriver(hosts), layout_(layout), next_(std::move(next)), landed_(std::move(landed)),
         replicas_(layout.replicas)
   {
     std::unordered_map<std::int32_t, std::int32_t> replica_of;  // an XPU's host -> its replica
@@ -706,7 +706,6 @@ private:
   }
 
   const ReplicaLayout& layout_;
-  const std::vector<sg4::Host*>& hosts_;
   NextStep next_;
   Landed landed_;
   std::vector<Replica> replicas_;
