@@ -40,7 +40,7 @@ figures with the machine line (cores, memory, load average): the machine may be 
     .venv/bin/python benchmarks/engine_speed.py --case vtrain                # the vTrain row (512)
     .venv/bin/python benchmarks/engine_speed.py --case llama3 --xpus 16384   # the Llama-3 row
     .venv/bin/python benchmarks/engine_speed.py --case simgrid-cpp layer --xpus 4096 --firings 2000000 \
-        --ceiling-platform layer --repeat 3   # the layer ratio, each point the fastest of 3 runs
+        --ceiling-platform layer --repeat 5   # the layer ratio: the median of 5 rounds' ratios
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ import json
 import math
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -274,6 +275,38 @@ def fastest(records) -> dict:
     return failed[0] if failed else min(records, key=lambda r: r["process_s"])
 
 
+def _rate(record: dict) -> float | None:
+    return None if "error" in record else record["activities"] / record["run_s"]
+
+
+def _ratio(case: str, xpus: int, ceiling: str, runs: dict) -> str:
+    """`case`'s activities/s over `ceiling`'s at `xpus`: the median of each round's ratio; "-" where not compared."""
+    if case in (ceiling, MICRO_BATCH_CASE) or (ceiling, xpus) not in runs or (ceiling == "simgrid" and case in CPP_CASES):
+        return "-"
+    ratios = sorted(mine / theirs for mine, theirs in zip(map(_rate, runs[(case, xpus)]), map(_rate, runs[(ceiling, xpus)]))
+                    if mine is not None and theirs)
+    return f"{statistics.median(ratios):.2f}" if ratios else "-"
+
+
+def _print_row(case: str, xpus: int, runs: dict, walls: dict) -> None:
+    r = fastest(runs[(case, xpus)])
+    if "error" in r:
+        print(f"{case:<18} {xpus:>5}  failed: {r['error']}", flush=True)
+        return
+    walls[case].append((xpus, r["process_s"]))
+    iteration = f"{r['iteration_time_s']:.6g} s" if "iteration_time_s" in r else "-"
+    print(f"{case:<18} {xpus:>5} {r['process_s']:>8.1f} {r['run_s']:>8.1f} {r['activities']:>11,} "
+          f"{_rate(r):>9,.0f} {_ratio(case, xpus, 'simgrid', runs):>8} {_ratio(case, xpus, 'simgrid-cpp', runs):>6} "
+          f"{r['peak_rss_mb']:>8.0f}  {iteration}", flush=True)
+
+
+def _print_exponent(case: str, walls: list[tuple[int, float]]) -> None:
+    k = fitted_exponent(walls)
+    if k is not None:
+        axis = "micro-batches" if case == MICRO_BATCH_CASE else "XPUs"
+        print(f"{case:<18} wall time ~ {axis}^{k:.2f} over {', '.join(str(x) for x, _ in walls)}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--xpus", type=int, nargs="+",
@@ -284,8 +317,9 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=900, help="seconds per point")
     parser.add_argument("--repeat", type=int, default=1,
-                        help="run each point this many times, each in a fresh process, and report the fastest "
-                             "(timeit's rule: the others measured the machine's noise)")
+                        help="run every point this many times (rounds: each point once a round, the ceilings "
+                             "first), each in a fresh process; report each point's fastest run (timeit's rule: "
+                             "the others measured the machine's noise) and the median of the rounds' ratios")
     parser.add_argument("--firings", type=int, default=200_000, help="Task firings of each simgrid point")
     parser.add_argument("--ceiling-platform", choices=("switch", "layer"), default="switch",
                         help="where the simgrid ceilings run their chains: H100 on one switch (two links per "
@@ -301,43 +335,29 @@ def main() -> None:
         print(json.dumps(simgrid_cpp_point(args.simgrid_cpp_point, args.firings, args.driver, args.ceiling_platform)))
         return
     print(machine())
+    repeat = max(1, args.repeat)
     print(f"{args.iterations} iteration(s) (hybrid cases: 1); run = compile + load + simulate"
-          + (f"; the fastest of {args.repeat} runs per point" if args.repeat > 1 else ""))
+          + (f"; the fastest of {repeat} runs per point; ratios: the median of each round's (every point runs "
+             f"once a round, the ceilings first)" if repeat > 1 else ""))
     # the ceilings first, for the ratios
     cases = sorted(args.case, key=lambda c: CEILINGS.index(c) if c in CEILINGS else len(CEILINGS))
-    ceiling: dict[int, float] = {}  # simgrid's activities/s by XPUs
-    cpp_ceiling: dict[int, float] = {}  # simgrid-cpp's
+    points = [(case, size) for case in cases for size in
+              (args.micro_batches if case == MICRO_BATCH_CASE else args.xpus or DEFAULT_SIZES.get(case, [64, 256, 1024, 4096]))]
+    runs: dict[tuple[str, int], list[dict]] = {point: [] for point in points}
     print(f"{'case':<18} {'size':>5} {'wall s':>8} {'run s':>8} {'activities':>11} {'act/s':>9} {'/simgrid':>8} "
           f"{'/C++':>6} {'peak MB':>8}  iteration time")
-    for case in cases:
-        walls = []
-        if case == MICRO_BATCH_CASE:
-            sizes = args.micro_batches
-        else:
-            sizes = args.xpus or DEFAULT_SIZES.get(case, [64, 256, 1024, 4096])
-        for xpus in sizes:
-            r = fastest(run_point(case, xpus, args.iterations, args.timeout, args.firings, args.ceiling_platform)
-                        for _ in range(max(1, args.repeat)))
-            if "error" in r:
-                print(f"{case:<18} {xpus:>5}  failed: {r['error']}", flush=True)
-                continue
-            rate = r["activities"] / r["run_s"]
-            if case == "simgrid":
-                ceiling[xpus] = rate
-            if case == "simgrid-cpp":
-                cpp_ceiling[xpus] = rate
-            compared = xpus in ceiling and case not in ("simgrid", MICRO_BATCH_CASE, *CPP_CASES)
-            ratio = f"{rate / ceiling[xpus]:.2f}" if compared else "-"
-            compared = xpus in cpp_ceiling and case not in ("simgrid-cpp", MICRO_BATCH_CASE)
-            cpp_ratio = f"{rate / cpp_ceiling[xpus]:.2f}" if compared else "-"
-            walls.append((xpus, r["process_s"]))
-            iteration = f"{r['iteration_time_s']:.6g} s" if "iteration_time_s" in r else "-"
-            print(f"{case:<18} {xpus:>5} {r['process_s']:>8.1f} {r['run_s']:>8.1f} {r['activities']:>11,} "
-                  f"{rate:>9,.0f} {ratio:>8} {cpp_ratio:>6} {r['peak_rss_mb']:>8.0f}  {iteration}", flush=True)
-        k = fitted_exponent(walls)
-        if k is not None:
-            axis = "micro-batches" if case == MICRO_BATCH_CASE else "XPUs"
-            print(f"{case:<18} wall time ~ {axis}^{k:.2f} over {', '.join(str(x) for x, _ in walls)}", flush=True)
+    walls: dict[str, list[tuple[int, float]]] = {case: [] for case in cases}
+    last = {point[0]: point for point in points}  # each case's last point
+    # rounds outermost: a ratio pairs a case's run with its ceiling's of the same round (minutes apart, where the
+    # machine's speed drifts over the rounds); the last round prints each point's row as it ends
+    for round_ in range(repeat):
+        for case, xpus in points:
+            runs[(case, xpus)].append(run_point(case, xpus, args.iterations, args.timeout, args.firings,
+                                                args.ceiling_platform))
+            if round_ == repeat - 1:
+                _print_row(case, xpus, runs, walls)
+                if last[case] == (case, xpus):
+                    _print_exponent(case, walls[case])
     print(machine().replace("machine:", "after:"))
 
 

@@ -35,6 +35,22 @@ def test_repeat_reports_one_row_per_point_the_fastest_of_its_runs():
     assert len([line for line in out.splitlines() if line.split()[:2] == ["layer", "8"]]) == 1
 
 
+def test_a_ratio_pairs_each_run_with_its_ceiling_s_of_the_same_round():
+    """The machine's speed drifts between rounds: round 1 at full speed, round 2 at half. Each round's ratio is 0.8
+    and 0.9; the reported one is their median (0.85), not the fastest over the fastest (80 / 100 = 0.8)."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import engine_speed
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    runs = {("simgrid-cpp", 8): [{"activities": 100, "run_s": 1.0}, {"activities": 100, "run_s": 2.0}],
+            ("layer", 8): [{"activities": 80, "run_s": 1.0}, {"activities": 90, "run_s": 2.0}]}
+    assert engine_speed._ratio("layer", 8, "simgrid-cpp", runs) == "0.85"
+    assert engine_speed._ratio("simgrid-cpp", 8, "simgrid-cpp", runs) == "-"  # not against itself
+    runs[("layer", 8)][1] = {"error": "> 900 s"}  # a failed round drops out
+    assert engine_speed._ratio("layer", 8, "simgrid-cpp", runs) == "0.80"
+
+
 def test_the_ceiling_runs_on_the_layer_case_s_own_platform_and_the_case_is_compared_to_it():
     out = run(str(BENCHMARKS / "engine_speed.py"), "--case", "simgrid", "layer", "--xpus", "8", "--firings", "2000",
               "--ceiling-platform", "layer")
