@@ -149,7 +149,7 @@ public:
   std::size_t collect() override
   {
     for (std::size_t u = 0; u < w_.units; ++u)
-      out_.done_runs[u] = units_[u].done_runs;
+      out_.done_runs[u] = static_cast<std::int32_t>(units_[u].done_runs);
     *iterations_ended_ = ends_;
     for (std::size_t x = 0; x < w_.xpus; ++x) {
       std::int32_t job = xpu_job_[x];
@@ -206,7 +206,7 @@ private:
     UnitState& state = units_[unit];
     if (state.running)
       return;
-    std::int32_t run = state.done_runs + 1;
+    std::int32_t run = static_cast<std::int32_t>(state.done_runs) + 1;
     if (run > iterations(state.vertex))
       return;
     std::int64_t needed = required(unit, run);
@@ -233,7 +233,7 @@ private:
   void complete(std::int32_t vertex, std::int64_t unit, std::int32_t run, double start)
   {
     units_[unit].running = 0;
-    units_[unit].done_runs = run;
+    units_[unit].done_runs = static_cast<std::uint32_t>(run);
     double t = now();
     if (w_.v_kind[vertex] == COMPUTE && !(w_.v_flags[vertex] & CPU_STEP))
       clocks_[xpu(unit)].advance(t, -1);
@@ -705,10 +705,12 @@ private:
   const WorkloadArrays& w_;
   WorkloadOutput out_;
   std::size_t* iterations_ended_;
-  struct UnitState {  // together: a unit's start and end read all three
-    std::int32_t vertex = 0, done_runs = 0;
-    std::uint8_t running = 0;
+  struct UnitState {  // together (8 bytes): a unit's start and end read all three
+    std::int32_t vertex = 0;
+    std::uint32_t done_runs : 31, running : 1;  // done_runs: up to INT32_MAX, as the run's iterations
+    UnitState() : done_runs(0), running(0) {}
   };
+  static_assert(sizeof(UnitState) == 8, "a unit's state: 8 bytes (a run of 131,072 XPUs has hundreds of millions of units)");
   std::vector<UnitState> units_;
   std::vector<std::int32_t> arrivals_;  // (unit, run) -> predecessor completions so far
   std::vector<std::int64_t> completed_in_run_, units_in_run_;  // per run: units that ran it, units that run it
