@@ -141,6 +141,18 @@ def default_title(name: str, spec: dict[str, Any]) -> str:
     return text
 
 
+def save_png_svg(figure, stem: Path) -> list[Path]:
+    """Write `figure` as STEM.png (150 dpi) and STEM.svg, the SVG the same bytes on every run: its element ids
+    salted with a fixed string (matplotlib salts them at random by default) and no date in its metadata."""
+    import matplotlib.pyplot as plt
+
+    files = [stem.with_suffix(".png"), stem.with_suffix(".svg")]
+    figure.savefig(files[0], dpi=150)
+    with plt.rc_context({"svg.hashsalt": "hcsim"}):
+        figure.savefig(files[1], metadata={"Date": None})
+    return files
+
+
 def plot_rows(rows: list[dict[str, Any]], spec: dict[str, Any], stem: Path,
               order: dict[str, list[Any]] | None = None) -> list[Path]:
     """Draw one plot spec from result rows (failed points left out); write STEM.png and STEM.svg.
@@ -163,7 +175,7 @@ def plot_rows(rows: list[dict[str, Any]], spec: dict[str, Any], stem: Path,
     panels = (_values(rows, panel_key, spec) if panel_key else []) or [None]  # no row ok: one empty panel
     bar = spec.get("kind", "line") == "bar"
     with plt.rc_context({"font.family": "serif", "font.size": 10, "axes.grid": True, "grid.alpha": 0.3,
-                         "svg.hashsalt": "hcsim", "axes.spines.top": False, "axes.spines.right": False}):
+                         "axes.spines.top": False, "axes.spines.right": False}):
         per_panel = max(4.2, 0.95 * len(_values(rows, spec["x"], spec))) if bar else 4.2  # room for each category
         width = min(per_panel * len(panels), 16)
         figure, axes = plt.subplots(1, len(panels), figsize=(max(width, 5.2), 3.8), squeeze=False, sharey=True)
@@ -194,9 +206,7 @@ def plot_rows(rows: list[dict[str, Any]], spec: dict[str, Any], stem: Path,
             _fit_title(figure)
         figure.tight_layout()
         stem.parent.mkdir(parents=True, exist_ok=True)
-        files = [stem.with_suffix(".png"), stem.with_suffix(".svg")]
-        figure.savefig(files[0], dpi=150)
-        figure.savefig(files[1], metadata={"Date": None})
+        files = save_png_svg(figure, stem)
         plt.close(figure)
     return files
 

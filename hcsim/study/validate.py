@@ -492,6 +492,8 @@ def markdown(records: list[dict[str, Any]], title: str) -> str:
 def _plot(records: list[dict[str, Any]], stem: Path, title: str) -> list[Path]:
     import matplotlib
 
+    from hcsim.study.plotting import save_png_svg
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -524,8 +526,6 @@ def _plot(records: list[dict[str, Any]], stem: Path, title: str) -> list[Path]:
         if note.get_window_extent(fig.canvas.get_renderer()).x1 > box.x1:
             note.xyann = (-3, 3)
             note.set_horizontalalignment("right")
-    paths = [stem.with_suffix(".png"), stem.with_suffix(".svg")]
-    for path in paths:
-        fig.savefig(path, **({"metadata": {"Date": None}} if path.suffix == ".svg" else {"dpi": 150}))
+    paths = save_png_svg(fig, stem)
     plt.close(fig)
     return paths
