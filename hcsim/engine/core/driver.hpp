@@ -68,6 +68,12 @@ protected:
   {
     for (std::size_t h = 0; h < hosts.size(); ++h)
       loads_[h].speed = hosts[h]->get_speed();
+    static const bool connected = [] {  // once per process: every driver's activities end through these
+      simgrid::s4u::Comm::on_completion_cb([](simgrid::s4u::Comm const& ended) { end(ended); });
+      simgrid::s4u::Exec::on_completion_cb([](simgrid::s4u::Exec const& ended) { end(ended); });
+      return true;
+    }();
+    (void)connected;
   }
 
   /* `flops` on host number `host`, then `then()` when they are done: a timer while the host computes nothing
@@ -124,8 +130,8 @@ private:
   struct HostLoad;
 
   /* What follows an activity's end: kept in the activity's user data (one completion callback for every
-     activity, connected once, instead of a callback per activity: no allocation per activity for it). Records
-     are reused. */
+     activity, connected by the first driver, instead of a callback per activity: no allocation per activity for
+     it). Records are reused. */
   struct Pending {
     CallbackDriver* owner = nullptr;
     HostLoad* load = nullptr;  // an Exec's host load (none for a Comm or a delay)
@@ -135,12 +141,6 @@ private:
 
   Pending* hold(HostLoad* load, std::function<void()> then)
   {
-    static const bool connected = [] {
-      simgrid::s4u::Comm::on_completion_cb([](simgrid::s4u::Comm const& ended) { end(ended); });
-      simgrid::s4u::Exec::on_completion_cb([](simgrid::s4u::Exec const& ended) { end(ended); });
-      return true;
-    }();
-    (void)connected;
     Pending* p = free_;
     if (p != nullptr)
       free_ = p->next_free;

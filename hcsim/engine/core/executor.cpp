@@ -650,14 +650,14 @@ private:
     for (std::int64_t i = 0; i < count; ++i) {
       std::int64_t t = first + i;
       transfer(endpoint(c, w_.t_src[t]), endpoint(c, w_.t_dst[t]), w_.t_bytes[t],
-               [this, id = flows_.take({key, lane_number, i})]() { flow_done(flows_.release(id)); }, c.run,
+               [this, id = flows_.take({key, lane_number, i})]() { flow_done(id); }, c.run,
                trace_owner(c, w_.t_src[t], w_.t_dst[t]), c.vertex);
     }
   }
 
-  void flow_done(const Flow& flow)
+  void flow_done(std::int64_t id)
   {
-    auto [key, lane_number, i] = flow;
+    auto [key, lane_number, i] = flows_.release(id);
     CollectiveRun& c = *collectives_[key];
     CollectiveRun::Lane& lane = c.lanes[lane_number];
     double t = now();
@@ -710,7 +710,7 @@ private:
     std::uint32_t done_runs : 31, running : 1;  // done_runs: up to INT32_MAX, as the run's iterations
     UnitState() : done_runs(0), running(0) {}
   };
-  static_assert(sizeof(UnitState) == 8, "a unit's state: 8 bytes (a run of 131,072 XPUs has hundreds of millions of units)");
+  static_assert(sizeof(UnitState) == 8, "a unit's state: 8 bytes (at 12, the 131,072-XPU row's peak grew by 0.9 GB)");
   std::vector<UnitState> units_;
   std::vector<std::int32_t> arrivals_;  // (unit, run) -> predecessor completions so far
   std::vector<std::int64_t> completed_in_run_, units_in_run_;  // per run: units that ran it, units that run it
