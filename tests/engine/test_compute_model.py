@@ -28,7 +28,7 @@ def one_vertex(ops, flops=1e12, size=0.0):
 
 
 def test_gemm_efficiency_is_the_product_of_the_dimension_factors():
-    f = MODEL.device("A100")
+    f = MODEL.device("V100")  # the formula form
     m, n, k = 2048, 1536, 6144
     h = f.gemm_half_dimension
     assert f.gemm_efficiency(m, n, k) == pytest.approx(f.gemm_max_efficiency * m / (m + h) * n / (n + h) * k / (k + h))
@@ -36,8 +36,8 @@ def test_gemm_efficiency_is_the_product_of_the_dimension_factors():
 
 
 def test_an_instance_takes_the_sum_of_its_kernels_rooflines_plus_their_overheads():
-    """With no host launch cost (the formula form, A100's factors on an H100 XPU)."""
-    f = replace(MODEL.device("A100"), name="H100")
+    """With no host launch cost (the formula form, V100's factors on an H100 XPU)."""
+    f = replace(MODEL.device("V100"), name="H100")
     model = ComputeModel(devices={"H100": f}, links=MODEL.links)
     peak, bandwidth = H100.fp32_flops, H100.memory_bandwidth
     big, small = gemm(4096, 4096, 4096), Op("norm", "memory", 0.0, 3e8)
