@@ -13,14 +13,18 @@ the estimate counts); a pipeline of per-micro-batch stage times τ_s takes
 Σ τ + (m - 1)·max τ (the bubble shrinks by v with interleaving, and by the
 weight-gradient passes with ZB-H1); the gradient communication over each DP
 group and the optimizer step follow. With ZeRO (:mod:`hcsim.workload.zero`)
-over N_d = dp ranks, for Ψ parameters of w and g bytes each:
+over N_d = dp ranks, for Ψ parameters of w and g bytes each (g as the graph
+reduces them: 4 in BF16, Megatron-LM's FP32 main gradients):
 
 - stage 0: all-reduce 2(N_d - 1)α + 2(N_d - 1)/N_d·gΨ/B, then the step on Ψ;
 - stages 1-2: reduce-scatter (N_d - 1)α + (N_d - 1)/N_d·gΨ/B, the step on
   Ψ/N_d, all-gather (N_d - 1)α + (N_d - 1)/N_d·wΨ/B (the same bytes as the
   all-reduce when w = g; stage 2 differs from 1 in memory only); overlapped
   with the next forward pass unit by unit (``training.overlap_param_gather``,
-  the default), only the first unit's gather shows;
+  the default), only the first unit's gather shows; the gradients then go
+  bucket by bucket during the last backward pass (``training.overlap_grad_reduce``):
+  each bucket's ring starts when its decoders' backward is done and the bucket
+  before it is reduced, and only what runs past the backward pass counts;
 - stage 3: the reduce-scatter and the step on Ψ/N_d, no all-gather after it;
   instead every unit (a decoder, per micro-batch, in the forward and again in
   the backward pass) is preceded by an all-gather of its weights,
@@ -46,10 +50,12 @@ from itertools import product
 
 import networkx as nx
 
+from hcsim.engine.collectives import server_groups
 from hcsim.errors import ConfigError
 from hcsim.platform.devices import peak_flops
 from hcsim.platform.routes import RouteSearch, route_bandwidth, route_latency
-from hcsim.workload.hybrid import BlockCost, Parallelism, block_costs, block_kernels, in_flight, stage_layers
+from hcsim.workload.hybrid import (BlockCost, Parallelism, block_costs, block_kernels, grad_bucket_size, in_flight,
+                                   overlaps_grad_reduce, overlaps_param_gather, stage_layers)
 from hcsim.workload.ops import BlockOps
 from hcsim.workload.layout import ParallelLayout
 from hcsim.workload.memory import framework_reserve, stage_memory
@@ -227,21 +233,36 @@ class _Cluster:
         route = self.route(src, dst)
         return route_latency(self.platform, route), route_bandwidth(self.platform, route)
 
-    def ring(self, axis: str) -> tuple[float, float]:
+    def ring(self, axis: str, nccl: bool = False) -> tuple[float, float]:
         """(latency s, B/s) of one step of the rings over the groups of `axis`, every group of the layout at
         once (all stages' DP groups gather together with ZeRO-3): each rank sends to the next along its route,
         a link's bandwidth (per direction) is shared by the steps that cross it, and the slowest step paces
-        the ring. (0, inf) when the groups are single XPUs."""
+        the ring. `nccl`: NCCL's channel rings, as the kernel model's graphs run them
+        (hcsim.engine.collectives._ChannelRing): a group of g ranks on each of several servers runs g rings
+        side by side, each with 1/g of every step, ring c leaving each server from its local rank c - 1, so
+        the step crosses between servers over g NICs at once. (0, inf) when the groups are single XPUs."""
         rings = self.known()
-        key = (self.layout.xpus, tuple(sorted(self.layout.sizes.items())), axis)
+        key = (self.layout.xpus, tuple(sorted(self.layout.sizes.items())), axis, nccl)
         if key not in rings["rings"]:
-            routes = [self.route(a, b) for group in self.layout.groups(axis) if len(group) > 1
-                      for a, b in zip(group, group[1:] + group[:1])]
-            load = Counter(link for route in routes for link in zip(route, route[1:]))
+            steps = [(self.route(a, b), share) for group in self.layout.groups(axis) if len(group) > 1
+                     for order, share in self._lanes(group, nccl) for a, b in zip(order, order[1:] + order[:1])]
+            load: Counter = Counter()
+            for route, share in steps:
+                for link in zip(route, route[1:]):
+                    load[link] += share
             edges = self.platform.edges
-            rings["rings"][key] = (max((route_latency(self.platform, r) for r in routes), default=0.0),
+            rings["rings"][key] = (max((route_latency(self.platform, r) for r, _ in steps), default=0.0),
                                    min((edges[link]["bandwidth"] / n for link, n in load.items()), default=math.inf))
         return rings["rings"][key]
+
+    def _lanes(self, group: tuple[str, ...], nccl: bool) -> list[tuple[list[str], float]]:
+        """(ring order, the share of a step it carries) of each ring `group` runs."""
+        servers = server_groups(self.platform, group)
+        sizes = {len(s) for s in servers}
+        g = sizes.pop() if nccl and len(servers) > 1 and len(sizes) == 1 else 1
+        if g == 1:
+            return [(list(group), 1.0)]
+        return [([group[r] for s in servers for r in s[c:] + s[:c]], 1.0 / g) for c in range(g)]
 
 
 def cluster_layout(xpus: list[str], par: Parallelism) -> ParallelLayout:
@@ -325,14 +346,15 @@ def estimate(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus:
     sizes = spec.sizes
     activation = par.micro_batch * spec.model.sequence // par.cp * spec.model.hidden * sizes.activation
     layout = cluster.layout
-    allreduce = _ring(par.tp, 2, activation, *cluster.ring("tp"))
-    dp_latency, dp_bandwidth = cluster.ring("dp")
+    nccl = kernel_model is not None  # the kernel model's graphs run NCCL's channel rings (Megatron-LM's comms)
+    allreduce = _ring(par.tp, 2, activation, *cluster.ring("tp", nccl))
+    dp_latency, dp_bandwidth = cluster.ring("dp", nccl)
     decoder = attn.parameters + mlp.parameters  # per TP rank
     attn_ops, mlp_ops = (block_kernels(spec, par.micro_batch, par.tp, par.sequence_parallel, cp=par.cp)
                          if kernel_model is not None else (None, None))
     attn, mlp = _Block.of(attn, attn_ops, kernel_model), _Block.of(mlp, mlp_ops, kernel_model)
     gather = _ring(par.dp, 1, decoder * sizes.weight, dp_latency, dp_bandwidth) if par.zero == 3 else 0.0
-    overlapped = par.zero in (1, 2) and par.dp > 1 and spec.overlap_param_gather
+    overlapped = overlaps_param_gather(spec, par)
     first = embedding(spec.model, tp=par.tp, precision=spec.precision, attention=spec.attention).parameters \
         if spec.model.vocabulary else decoder
     first_gathers = (_ring(par.dp, 1, first * sizes.weight, dp_latency, dp_bandwidth),
@@ -346,13 +368,18 @@ def estimate(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus:
     if par.dp * par.cp > 1:  # all-reduce (ZeRO 0), reduce-scatter + all-gather (1-2), reduce-scatter (3), over
         # the dp x cp ranks that hold the same parameters (CP's K/V exchange hides behind the attention: not here)
         if par.dp == 1:
-            dp_latency, dp_bandwidth = cluster.ring("cp")
-        gradients = _ring(par.dp * par.cp, 1 if par.zero else 2, max(parameters) * sizes.gradient, dp_latency,
-                          dp_bandwidth)
-        if par.zero in (1, 2) and not spec.overlap_param_gather:  # after the step, exposed
+            dp_latency, dp_bandwidth = cluster.ring("cp", nccl)
+        reduction = (dp_latency, dp_bandwidth, 1 if par.zero else 2)
+        if overlaps_grad_reduce(spec, par):  # bucket by bucket in the last backward pass: what runs past it
+            gradients = max(_gradient_tail(spec, par, cluster, decoder_costs, layers, s, reduction)
+                            for s in range(p))
+        else:
+            gradients = _ring(par.dp * par.cp, reduction[2], max(parameters) * spec.main_sizes.gradient, dp_latency,
+                              dp_bandwidth)
+        if par.zero in (1, 2) and not overlapped:  # after the step, exposed
             gradients += _ring(par.dp, 1, max(parameters) * sizes.weight, dp_latency, dp_bandwidth)
     shard = 1 / par.dp if par.zero else 1.0
-    per_parameter = optimizer_step_bytes(sizes, spec.optimizer_bytes_per_parameter)
+    per_parameter = optimizer_step_bytes(spec.main_sizes, spec.optimizer_bytes_per_parameter)
     optimizer = max(_time(spec.optimizer_flops_per_parameter * parameters[s] * shard,
                           per_parameter * parameters[s] * shard, *cluster.slowest(s, spec.precision))
                     for s in range(p))
@@ -392,9 +419,7 @@ def _pipeline(spec: WorkloadSpec, par: Parallelism, cluster: "_Cluster", layers,
         on = cluster.slowest_device(stage, spec.precision, members)
         decoders = sum(layers[stage])
         f = sum(b.forward(*on) + allreduce for b in (attn, mlp))
-        b_in = sum(b.input_grad(*on) + allreduce for b in (attn, mlp)) \
-            + _recompute(par.recompute, (attn, mlp), on, allreduce)
-        w = sum(b.weight_grad(*on) for b in (attn, mlp))
+        b_in, w = _decoder_backward(par, costs, on)
         # ZeRO-3: a decoder's forward and its backward (with the weight gradients unless ZB-H1 defers them)
         # wait for the gather of its weights, one decoder ahead: each paces at max(its time, the gather)
         backward_unit = b_in + (0.0 if zero_bubble else w)
@@ -427,6 +452,39 @@ def _pipeline(spec: WorkloadSpec, par: Parallelism, cluster: "_Cluster", layers,
         f = forward[0] / decoders
         pipeline += first + (decoders - (0 if spec.model.vocabulary else 1)) * (max(f, per_decoder) - f)
     return pipeline
+
+
+def _decoder_backward(par: Parallelism, costs: _DecoderCosts, on: tuple[float, float, str]) -> tuple[float, float]:
+    """(seconds of a decoder's backward pass but its weight gradients, with any recomputation and the TP
+    all-reduces; seconds of its weight gradients) on the device `on` (peak, bandwidth, name)."""
+    blocks, allreduce = (costs.attn, costs.mlp), costs.allreduce
+    b_in = sum(b.input_grad(*on) + allreduce for b in blocks) + _recompute(par.recompute, blocks, on, allreduce)
+    return b_in, sum(b.weight_grad(*on) for b in blocks)
+
+
+def _gradient_tail(spec: WorkloadSpec, par: Parallelism, cluster: "_Cluster", costs: _DecoderCosts, layers,
+                   stage: int, reduction: tuple[float, float, int]) -> float:
+    """Seconds the bucketed gradient reduction of `stage`'s first chunk runs past its last backward pass (the
+    graph's buckets, hcsim.workload.hybrid: whole units from the last back, each reduced when its units' backward
+    is done and the bucket before it reduced; the embedding and the head timed at nothing, as everywhere here).
+    `reduction`: the DP ring's latency, bandwidth and phases (1 reduce-scatter, 2 all-reduce)."""
+    latency, bandwidth, phases = reduction
+    on = cluster.slowest_device(stage, spec.precision, None)
+    decoder = costs.attn.cost.parameters + costs.mlp.cost.parameters
+    keywords = dict(tp=par.tp, precision=spec.precision, attention=spec.attention)
+    vocabulary = bool(spec.model.vocabulary)
+    head = vocabulary and stage == par.pp - 1 and par.virtual_stages == 1
+    units = ([(lm_head(spec.model, tied_copy=stage > 0, **keywords).parameters, 0.0)] if head else []) \
+        + [(decoder, sum(_decoder_backward(par, costs, on)))] * layers[stage][0] \
+        + ([(embedding(spec.model, **keywords).parameters, 0.0)] if vocabulary and stage == 0 else [])
+    size, ranks = grad_bucket_size(par), par.dp * par.cp
+    ready = reduced = held = 0.0
+    for i, (parameters, seconds) in enumerate(units):
+        ready, held = ready + seconds, held + parameters
+        if held >= size or i == len(units) - 1:
+            reduced = max(reduced, ready) + _ring(ranks, phases, held * spec.main_sizes.gradient, latency, bandwidth)
+            held = 0.0
+    return max(0.0, reduced - ready)
 
 
 def _ring(n: int, phases: int, size: float, latency: float, bandwidth: float) -> float:

@@ -353,6 +353,9 @@ class _Builder:
         # stage -> (chunk, unit label) -> (params, {replica class: (first, last) of its first forward use}), in
         # the order class 0 first uses them: what an overlapped ZeRO 1-2 parameter gather feeds
         self.first_uses: dict[int, dict[tuple[int, str], tuple[float, dict[int, tuple[str, str]]]]] = {}
+        # (stage, replica class, backward pass) -> (unit label, the vertex its weight gradients are ready after),
+        # in backward order: what an overlapped gradient reduction's buckets wait for
+        self.grads_ready: dict[tuple[int, int, Op], list[tuple[str, str]]] = {}
         self.layers = stage_layers(spec, par)
         model = spec.model
         self.activation = par.micro_batch * model.sequence // par.cp * model.hidden * spec.sizes.activation
@@ -457,11 +460,12 @@ class _Builder:
         par = self.par
         heads, tails = [], []
         last_of_chunk: dict[int, list[str]] = {}  # chunk -> per class, its last backward (or W) pass
+        final_passes: dict[int, list[tuple[int, Op]]] = {}  # chunk -> per class, (class, that pass)
         for k, (count, _) in enumerate(self.classes):
             order = stage_order(par.schedule, stages=par.pp, micro_batches=count, stage=stage,
                                 chunks=par.virtual_stages)
             previous = None
-            lasts: dict[int, str] = {}
+            lasts: dict[int, tuple[str, Op]] = {}
             for before, op in zip([None, *order], order):
                 first, last = self.add_op(stage, op, self.class_xpus(stage, k), start=previous is None, k=k)
                 self.first[stage, k, op] = (first, last)
@@ -470,12 +474,13 @@ class _Builder:
                     self.following[stage, k, before] = first
                 previous = last
                 if op.kind == ("W" if par.schedule == "zb-h1" else "B"):
-                    lasts[op.chunk] = last
-            for chunk, last in lasts.items():
+                    lasts[op.chunk] = (last, op)
+            for chunk, (last, op) in lasts.items():
                 last_of_chunk.setdefault(chunk, []).append(last)
+                final_passes.setdefault(chunk, []).append((k, op))
             heads.append(self.first[stage, k, order[0]][0])
             tails.append(previous)
-        end = self.add_optimizer(stage, self.layout.stage_xpus(stage), tails, last_of_chunk)
+        end = self.add_optimizer(stage, self.layout.stage_xpus(stage), tails, last_of_chunk, final_passes)
         for head in heads:
             add_dependency(self.graph, end, head, skip_first_iteration=True)
         if par.zero == 3 and par.dp > 1:
@@ -485,16 +490,17 @@ class _Builder:
 
     @property
     def overlapped_param_gather(self) -> bool:
-        """ZeRO 1-2 over more than one rank with the updated weights gathered beside the next forward pass."""
-        par = self.par
-        return par.zero in (1, 2) and par.optimizer_shards > 1 and self.spec.overlap_param_gather
+        return overlaps_param_gather(self.spec, self.par)
 
-    def add_optimizer(self, stage: int, xpus, previous: list[str], last_of_chunk: dict[int, list[str]]) -> str:
+    def add_optimizer(self, stage: int, xpus, previous: list[str], last_of_chunk: dict[int, list[str]],
+                      final_passes: dict[int, list[tuple[int, Op]]]) -> str:
         """The DP gradient collectives, the optimizer step (on its shard with ZeRO, on the host CPU or over
         CXL with offload) and, for ZeRO 1-2, the all-gather of the updated weights; returns the last vertex.
 
         `previous`: each replica class's last pass; `last_of_chunk`: per chunk, each class's last backward of
-        it (a replica's members of a gradient collective arrive when their own backward is done)."""
+        it (a replica's members of a gradient collective arrive when their own backward is done);
+        `final_passes`: per chunk, (class, that pass), whose units' gradients an overlapped reduction's buckets
+        wait for."""
         par, spec, sizes = self.par, self.spec, self.spec.main_sizes
         shard = 1.0 / par.optimizer_shards
         parameters = sum(self.chunk_parameters(stage, c) for c in range(par.virtual_stages))
@@ -522,16 +528,19 @@ class _Builder:
                 if par.dp * (par.ep * par.cp if axis == "replicas" else 1) == 1 \
                         or not self.chunk_parameters(stage, chunk, kind):
                     continue
-                name = f"s{stage}.c{chunk}.{label}"
-                add_comm(self.graph, name, groups=self.groups(axis, stage),
-                         collective="reduce_scatter" if par.zero >= 1 else "all_reduce",
-                         bytes=self.chunk_parameters(stage, chunk, kind) * sizes.gradient,
-                         algorithm=self.ring(self.spec.algorithm if par.zero == 0 else "ring"),
-                         chunks=self.spec.chunks if par.zero == 0 else None)
-                self.graph.nodes[name].update(phase="allreduce", stage=stage)
-                for last in lasts:
-                    add_dependency(self.graph, last, name)
-                reduced.append(name)
+                buckets = self.grad_buckets(stage, final_passes[chunk], kind) if chunk == 0 \
+                    and self.overlapped_grad_reduce else [(self.chunk_parameters(stage, chunk, kind), lasts)]
+                for i, (bucket, ready) in enumerate(buckets):
+                    name = f"s{stage}.c{chunk}.{label}" + (f".bucket{i}" if len(buckets) > 1 else "")
+                    add_comm(self.graph, name, groups=self.groups(axis, stage),
+                             collective="reduce_scatter" if par.zero >= 1 else "all_reduce",
+                             bytes=bucket * sizes.gradient,
+                             algorithm=self.ring(self.spec.algorithm if par.zero == 0 else "ring"),
+                             chunks=self.spec.chunks if par.zero == 0 else None)
+                    self.graph.nodes[name].update(phase="allreduce", stage=stage)
+                    for vertex in ready + reduced[-1:] * bool(i):  # one bucket after another
+                        add_dependency(self.graph, vertex, name)
+                    reduced.append(name)
             for name in reduced[:-1]:
                 add_dependency(self.graph, name, opt)
             lasts = reduced[-1:] or lasts
@@ -604,6 +613,32 @@ class _Builder:
             gathers.append(name)
         add_dependency(self.graph, optimizer, gathers[0], skip_first_iteration=True)
 
+    @property
+    def overlapped_grad_reduce(self) -> bool:
+        return overlaps_grad_reduce(self.spec, self.par)
+
+    def grad_buckets(self, stage: int, passes: list[tuple[int, Op]], kind: str) -> list[tuple[float, list[str]]]:
+        """(parameters, the vertices whose end makes them ready: one per replica class) of each gradient bucket
+        of the stage's first chunk: whole units from the last one back, a bucket closed once it holds
+        max(40M, 1M x dp x cp) parameters (Megatron-LM's default bucket_size, counted in parameters of `kind`:
+        dense and expert gradients sit in buffers of their own); the last bucket takes what is left."""
+        size = grad_bucket_size(self.par)
+        units = [self.grads_ready[stage, k, op] for k, op in passes]
+        buckets, held = [], 0.0
+        for i, (label, _) in enumerate(units[0]):
+            held += self.unit_parameters(label, kind)
+            if held and (held >= size or i == len(units[0]) - 1):
+                buckets.append((held, [unit[i][1] for unit in units]))
+                held = 0.0
+        return buckets
+
+    def unit_parameters(self, label: str, kind: str = "all") -> float:
+        """Parameters of one unit (a decoder "L<d>", the embedding, the head) on one TP rank, of `kind`."""
+        if label in ("embedding", "head"):
+            return (self.embedding if label == "embedding" else self.head).parameters if kind != "experts" else 0.0
+        dense, experts = self.attn.parameters + self.mlp.parameters, self.expert_parameters
+        return {"all": dense + experts, "dense": dense, "experts": experts}[kind]
+
     def fp8_weights(self, stage: int) -> float:
         """Weights of the stage's FP8 GEMMs on one TP rank (its decoders' linear layers; 0 unless FP8): what
         Transformer Engine quantizes once a step, whole on every rank whatever the optimizer's sharding."""
@@ -666,6 +701,8 @@ class _Builder:
 
         def unit(mark: int, parameters: float, label: str) -> None:
             units.append((chain[mark], chain[-1], parameters, f"{tag}.{label}"))
+            if op.kind == "B" and self.overlapped_grad_reduce:
+                self.grads_ready.setdefault((stage, k, op), []).append((label, chain[-1]))
             if op.kind == "F":
                 uses = self.first_uses.setdefault(stage, {}).setdefault((op.chunk, label), (parameters, {}))[1]
                 uses.setdefault(k, (chain[mark], chain[-1]))
@@ -858,6 +895,25 @@ class _Builder:
         add_dependency(self.graph, arrived, self.first[receiver][0])
         if par.megatron_comm and sender in self.following:
             add_dependency(self.graph, name, self.following[sender])
+
+
+def overlaps_param_gather(spec: WorkloadSpec, par: Parallelism) -> bool:
+    """ZeRO 1-2 over more than one rank with the updated weights gathered beside the next forward pass."""
+    return par.zero in (1, 2) and par.optimizer_shards > 1 and spec.overlap_param_gather
+
+
+def overlaps_grad_reduce(spec: WorkloadSpec, par: Parallelism) -> bool:
+    """Whether the gradients are reduced bucket by bucket during the last backward pass: the spec's
+    overlap_grad_reduce, by default where the weights' gathers overlap (Megatron-LM asserts --overlap-grad-reduce
+    with --overlap-param-gather). Not under ZB-H1, whose weight gradients come in one deferred pass a chunk."""
+    wanted = overlaps_param_gather(spec, par) if spec.overlap_grad_reduce is None else spec.overlap_grad_reduce
+    return wanted and par.schedule != "zb-h1"
+
+
+def grad_bucket_size(par: Parallelism) -> float:
+    """Parameters a gradient bucket holds before it closes: Megatron-LM's default bucket_size,
+    max(40M, 1M x the data- and context-parallel ranks) (megatron/core/distributed)."""
+    return max(40e6, 1e6 * par.dp * par.cp)
 
 
 def _block_name(name: str, index: int) -> str:

@@ -58,6 +58,12 @@ class WorkloadSpec:
     the layers before it start and waited for by its own layers (Megatron-LM's ``--overlap-param-gather``,
     which its and NeMo's recipes turn on with the distributed optimizer; the default); false: one all-gather
     after the optimizer step, exposed (Megatron-LM's bare default);
+    overlap_grad_reduce : the gradients reduced bucket by bucket during the last micro-batch's backward pass,
+    each bucket (max(40M, 1M x dp x cp) parameters of the first model chunk, whole decoders from the last
+    layer back) as soon as its layers' gradients are ready, one after another (Megatron-LM's
+    ``--overlap-grad-reduce``); false: once the chunk's backward is done. None: true where the updated
+    weights' gathers overlap (``overlap_param_gather`` with ZeRO 1-2 over more than one rank: Megatron-LM
+    asserts --overlap-grad-reduce with --overlap-param-gather), false elsewhere (Megatron-LM's default);
     fp8_recipe : Transformer Engine's FP8 scaling, "delayed" (DelayedScaling, the default) | "current"
     (Float8CurrentScaling): which quantization kernels an FP8 GEMM runs (:data:`hcsim.workload.ops.FP8_RECIPES`);
     kernels : the framework whose kernels the roofline model times, "megatron" | "pytorch-eager" |
@@ -87,6 +93,7 @@ class WorkloadSpec:
     attention: str = "standard"
     grad_reduce_in_fp32: bool | None = None
     overlap_param_gather: bool = True
+    overlap_grad_reduce: bool | None = None
     fp8_recipe: str = "delayed"
     kernels: str = "megatron"
     clip_grad_norm: bool = True
@@ -243,6 +250,7 @@ def parse_workload_spec(data: Any, where: str = "workload") -> WorkloadSpec:
         attention=training.choice("attention", ATTENTION, "standard"),
         grad_reduce_in_fp32=training.flag("grad_reduce_in_fp32", None),
         overlap_param_gather=training.flag("overlap_param_gather", True),
+        overlap_grad_reduce=training.flag("overlap_grad_reduce", None),
         fp8_recipe=training.choice("fp8_recipe", FP8_RECIPES, "delayed"),
         kernels=kernels,
         clip_grad_norm=training.flag("clip_grad_norm", True),

@@ -15,3 +15,13 @@ def test_overlapped_gathers_hide_what_the_gather_after_the_step_exposes():
     dp = {name: r["breakdown"]["H100"]["comm_dp_s"] for name, r in (("overlapped", overlapped), ("exposed", exposed))}
     assert dp["overlapped"] < dp["exposed"]
     assert overlapped["iteration_time_s"] < exposed["iteration_time_s"]
+
+
+def test_gradient_buckets_reduced_during_the_backward_pass_hide_what_one_reduction_after_it_exposes():
+    """Megatron-LM's --overlap-grad-reduce (on by default beside the overlapped gathers): the last micro-batch's
+    backward pass hides every gradient bucket's reduce-scatter but what runs past it."""
+    overlapped, after = (simulate(load_scenario(None, BASE + [
+        f"workload_overrides={{training.overlap_grad_reduce: {flag}}}"])) for flag in ("true", "false"))
+    dp = {name: r["breakdown"]["H100"]["comm_dp_s"] for name, r in (("overlapped", overlapped), ("after", after))}
+    assert dp["overlapped"] < dp["after"]
+    assert overlapped["iteration_time_s"] < after["iteration_time_s"]

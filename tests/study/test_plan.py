@@ -215,6 +215,24 @@ def test_rings_that_cross_one_link_share_its_bandwidth():
                                   route_bandwidth(platform, neighbours))
 
 
+def test_nccl_channel_rings_cross_between_servers_over_several_nics():
+    """dgx-h100, 16 XPUs as dp 16 over two servers: one plain ring crosses between the servers through one NIC
+    each way, so a step runs at a NIC's bandwidth. NCCL's 8 channel rings as the engine builds them
+    (hcsim.engine.collectives._ChannelRing: ring c leaves a server from local rank c - 1 and enters the next at
+    local rank c) each carry 1/8 of the step; on this platform's routes the ranks that share a PCIe switch
+    leave through the same NIC, so two rings share each of four NICs a way: 4 NICs' bandwidth, as the engine
+    routes them (NCCL itself keeps a ring on one rail and would use all 8)."""
+    from hcsim.study.plan import _Cluster
+
+    platform = build_platform(load_platform_spec("dgx-h100"), 16)
+    cluster = _Cluster(platform, ParallelLayout(platform_xpus(platform)[:16], {"dp": 16}))
+    crossing = cluster.route("xpu7", "xpu8")
+    nic = min(platform.edges[link]["bandwidth"] for link in zip(crossing, crossing[1:]))
+    assert nic < route_bandwidth(platform, cluster.route("xpu0", "xpu1")) / 4
+    assert cluster.ring("dp")[1] == pytest.approx(nic)
+    assert cluster.ring("dp", nccl=True)[1] == pytest.approx(4 * nic)
+
+
 def _zero_engine(zero: int, bandwidth: float) -> tuple[float, float]:
     """(estimated, engine) iteration time of the tiny model of test_zero_offload as dp 2, two micro-batches,
     at ZeRO `zero`, on a switch of `bandwidth` B/s links, through the engine."""
@@ -233,6 +251,34 @@ def _zero_engine(zero: int, bandwidth: float) -> tuple[float, float]:
 def test_the_zero_estimate_is_the_engine_s_time_without_contention(zero, bandwidth):
     estimated, engine = _zero_engine(zero, bandwidth)
     assert estimated == pytest.approx(engine, rel=1e-6)
+
+
+# decoders of 50 M parameters each (4h^2 + 2h.ffn): above Megatron-LM's 40 M bucket, so one gradient bucket each
+BUCKETED_SHAPE = {**ZERO_SHAPE, "model.decoders": 4, "model.hidden": 2048, "model.heads": 16, "model.ffn": 8192}
+
+
+@pytest.mark.parametrize("fp32_grads", [False, True])  # FP32 main gradients (BF16's default): 4 B reduced, not 2
+@pytest.mark.parametrize("bandwidth", [1e10, 1e9])  # a bucket's reduce-scatter shorter, longer than a decoder's backward
+@pytest.mark.parametrize("overlap", [True, False])
+def test_the_bucketed_gradient_reduction_estimate_is_the_engine_s_time(overlap, bandwidth, fp32_grads):
+    """ZeRO-1 over 2 ranks, whose updated weights' gathers overlap: by default each decoder's gradients are
+    reduce-scattered as soon as its last backward is done, one bucket after another (overlap_grad_reduce), so
+    only what runs past the backward pass shows; the estimate follows the engine to 1e-6 either way, and the
+    overlap is faster."""
+    platform = single_switch(2, FAST, xpu_link_bandwidth=bandwidth, xpu_link_latency=1e-9, hbm_latency=1e-15)
+    xpus, par = ["xpu0", "xpu1"], Parallelism(dp=2, global_batch=4, zero=1)
+    times = {}
+    for flag in (True, False):
+        spec = load_workload_spec("gpt3-175b", {**BUCKETED_SHAPE, "training.overlap_grad_reduce": flag,
+                                                "training.grad_reduce_in_fp32": fp32_grads})
+        graph = build_hybrid_graph(spec, par, ParallelLayout(xpus, {"dp": 2}))
+        buckets = [n for n, d in graph.nodes(data=True) if d.get("phase") == "allreduce"]
+        assert len(buckets) == (4 if flag else 1)
+        ends = simulate_graphs(platform, graph, RunOptions(iterations=2))["iteration_ends"]
+        times[flag] = ends[1] - ends[0]
+        if flag == overlap:
+            assert estimate(spec, Candidate(parallelism=par), platform, xpus) == pytest.approx(times[flag], rel=1e-6)
+    assert times[True] < times[False]
 
 
 def test_zero_1_and_2_cost_zero_0_less_the_sharded_optimizer_step():

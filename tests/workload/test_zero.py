@@ -208,3 +208,67 @@ def test_offload_memory_too_small_is_named():
 def test_invalid_zero_or_offload_is_refused(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         Parallelism(dp=2, global_batch=2, **kwargs)
+
+
+BIG = {**GPT, "model.hidden": 2048, "model.heads": 16, "model.ffn": 8192}  # 50 M parameters a decoder: a bucket each
+
+
+def _grad_collectives(graph, stage: int, chunk: int) -> list[str]:
+    return [n for n, d in graph.nodes(data=True) if d.get("phase") == "allreduce" and d["stage"] == stage
+            and n.startswith(f"s{stage}.c{chunk}.")]
+
+
+@pytest.mark.parametrize("schedule, virtual, classes", [("1f1b", 1, None), ("interleaved", 2, None),
+                                                       ("1f1b", 1, (6, 2))])
+def test_overlapped_gradient_buckets_wait_for_their_units_last_backward(schedule, virtual, classes):
+    """ZeRO-1 with the weights' gathers overlapped (the default) reduces the first chunk's gradients bucket by
+    bucket (Megatron-LM's overlap_grad_reduce): a bucket per decoder here (each above the 40 M-parameter bucket),
+    from the last layer back; together the bytes of the one collective
+    without the overlap; each waits for its units' backward in every replica class's last backward pass of the
+    chunk and for the bucket before it; the later chunks keep one collective (Megatron-LM buckets chunk 0 only)."""
+    par = Parallelism(pp=2, dp=2, global_batch=8, zero=1, schedule=schedule, virtual_stages=virtual,
+                      batch_split=classes)
+    spec = load_workload_spec("gpt3-175b", BIG)
+    xpus = [f"x{i}" for i in range(par.pp * par.dp)]
+    layout = ParallelLayout(xpus, {"pp": par.pp, "dp": par.dp})
+    graph = build_hybrid_graph(spec, par, layout)
+    plain = build_hybrid_graph(load_workload_spec("gpt3-175b", {**BIG, "training.overlap_grad_reduce": False}),
+                               par, layout)
+    validate_workload(graph, xpus)
+    decoders = 8 // 2 // virtual
+    for stage in range(2):
+        for chunk in range(virtual):
+            buckets, (single,) = _grad_collectives(graph, stage, chunk), _grad_collectives(plain, stage, chunk)
+            assert math.fsum(graph.nodes[b]["bytes"] for b in buckets) == pytest.approx(plain.nodes[single]["bytes"],
+                                                                                      rel=1e-12)
+            if chunk:
+                assert buckets == [single]
+                continue
+            # the head's 2 M parameters share the last decoder's bucket; the embedding's, after the first decoder
+            # closed its bucket, make a last one of their own (Megatron-LM's last bucket takes what is left)
+            assert len(buckets) == decoders + (stage == 0)
+            for i, bucket in enumerate(buckets):
+                before = set(graph.predecessors(bucket))
+                passes = {(graph.nodes[v].get("micro_batch"), graph.nodes[v].get("step")) for v in before
+                          if graph.nodes[v]["kind"] == "compute"}
+                counts = [8 // 2] if classes is None else [6, 2]
+                assert len(passes) == len(counts) and all(step == "B" for _, step in passes)
+                assert {mb for mb, _ in passes} == {c - 1 for c in counts}  # each class's last micro-batch
+                assert (buckets[i - 1] in before) == bool(i)
+
+
+def test_overlap_grad_reduce_follows_the_gathers_unless_named():
+    """Default: on exactly where the updated weights' gathers overlap (ZeRO 1-2 over more than one rank with
+    overlap_param_gather: Megatron-LM asserts --overlap-grad-reduce with --overlap-param-gather); a value given
+    wins; never under ZB-H1 (its weight gradients come in one deferred pass)."""
+    def buckets(par, **training):
+        spec = load_workload_spec("gpt3-175b", {**BIG, **{f"training.{k}": v for k, v in training.items()}})
+        xpus = [f"x{i}" for i in range(par.dp)]
+        graph = build_hybrid_graph(spec, par, ParallelLayout(xpus, {"dp": par.dp}))
+        return len(_grad_collectives(graph, 0, 0))
+    par = Parallelism(dp=2, global_batch=4, zero=1)
+    assert buckets(par) == 9 and buckets(par, overlap_param_gather=False) == 1  # 8 decoders, the embedding
+    assert buckets(par, overlap_grad_reduce=False) == 1
+    assert buckets(Parallelism(dp=2, global_batch=4)) == 1  # ZeRO 0: Megatron-LM's default, off
+    assert buckets(Parallelism(dp=2, global_batch=4), overlap_grad_reduce=True) == 9
+    assert buckets(Parallelism(dp=2, global_batch=4, zero=1, schedule="zb-h1", pp=1), overlap_grad_reduce=True) == 1
