@@ -223,9 +223,9 @@ def _grad_collectives(graph, stage: int, chunk: int) -> list[str]:
 def test_overlapped_gradient_buckets_wait_for_their_units_last_backward(schedule, virtual, classes):
     """ZeRO-1 with the weights' gathers overlapped (the default) reduces the first chunk's gradients bucket by
     bucket (Megatron-LM's overlap_grad_reduce): a bucket per decoder here (each above the 40 M-parameter bucket),
-    from the last layer back; together the bytes of the one collective
-    without the overlap; each waits for its units' backward in every replica class's last backward pass of the
-    chunk and for the bucket before it; the later chunks keep one collective (Megatron-LM buckets chunk 0 only)."""
+    from the last layer back; together the bytes of the one collective without the overlap; each waits for its
+    units' backward in every replica class's last backward pass of the chunk and for the bucket before it; the
+    later chunks keep one collective (Megatron-LM buckets chunk 0 only)."""
     par = Parallelism(pp=2, dp=2, global_batch=8, zero=1, schedule=schedule, virtual_stages=virtual,
                       batch_split=classes)
     spec = load_workload_spec("gpt3-175b", BIG)
