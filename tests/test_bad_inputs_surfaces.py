@@ -389,6 +389,25 @@ def test_an_fp8_recipe_given_for_a_run_that_is_not_fp8_is_said_once(monkeypatch,
                     "fp8; this run trains in bf16, so it has no effect (precision=fp8 uses it)"], said
 
 
+def test_gradients_reduced_after_the_backward_pass_beside_overlapped_gathers_are_said_once(monkeypatch, caplog):
+    """overlap_grad_reduce false with overlap_param_gather on is a pair Megatron-LM refuses: hcsim runs it and says
+    so, once; false for both (Megatron-LM's bare default) and true say nothing."""
+    import logging
+
+    import hcsim.workload.spec as spec
+
+    monkeypatch.setattr(spec, "_SAID", set())
+    with caplog.at_level(logging.WARNING, logger="hcsim.workload.spec"):
+        for _ in range(2):
+            spec.load_workload_spec("llama3-8b", {"training.overlap_grad_reduce": False})
+        spec.load_workload_spec("llama3-8b", {"training.overlap_grad_reduce": False,
+                                              "training.overlap_param_gather": False})
+        spec.load_workload_spec("llama3-8b", {"training.overlap_grad_reduce": True})
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and said[0].startswith(f"{REPO_ROOT / 'workloads' / 'llama3-8b.yaml'}: "
+                                                 "training.overlap_grad_reduce: false beside overlap_param_gather"), said
+
+
 def test_a_seed_given_without_a_straggler_spread_is_said_once(monkeypatch, caplog):
     """A seed without straggler_spread draws nothing, so it changes nothing: said, not ignored, once per process
     (as training.fp8_recipe for a run that is not fp8); beside a spread, even 0 (a sweep's baseline), it is not."""

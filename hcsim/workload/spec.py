@@ -263,6 +263,11 @@ def parse_workload_spec(data: Any, where: str = "workload") -> WorkloadSpec:
     if training.has("fp8_recipe") and values["precision"] != "fp8" and values["precision"] in PRECISIONS:
         _say_once(f"{where}: training.fp8_recipe: {values['fp8_recipe']!r} applies to precision fp8; this run trains "
                   f"in {values['precision']}, so it has no effect (precision=fp8 uses it)")
+    if values["overlap_grad_reduce"] is False and values["overlap_param_gather"]:
+        _say_once(f"{where}: training.overlap_grad_reduce: false beside overlap_param_gather (true by default): with "
+                  f"ZeRO 1-2 over several ranks Megatron-LM refuses the pair (--overlap-param-gather needs "
+                  f"--overlap-grad-reduce); hcsim runs it as given (overlap_param_gather: false too is Megatron-LM's "
+                  f"bare default)")
     gradients = top.sub("gradients")
     values.update(bucket=gradients.choice("bucket", BUCKETS, "decoder"),
                   algorithm=gradients.string("algorithm", "ring"),
