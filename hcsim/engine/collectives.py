@@ -630,23 +630,45 @@ class RingAllGather(_Ring):
     name, collective, rounds = "ring", "all_gather", 1
 
 
+def channel_ring_orders(servers: Sequence[Sequence[int]]) -> list[list[int]]:
+    """The ring order of each of NCCL's channel rings over a group of `servers` (its ranks, server by server):
+    g lanes for servers of g ranks each (more than one server), else the one plain ring. Lane c visits servers in
+    even places from local rank c to c + 1 the long way round, those in odd places from c + 1 to c, so that
+    consecutive servers meet on the same local rank (:class:`_ChannelRing`).
+
+    >>> channel_ring_orders([[0, 1, 2], [3, 4, 5]])
+    [[0, 2, 1, 4, 5, 3], [1, 0, 2, 5, 3, 4], [2, 1, 0, 3, 4, 5]]
+    >>> channel_ring_orders([[0, 1], [2]])  # unequal servers: the plain ring
+    [[0, 1, 2]]
+    """
+    sizes = {len(s) for s in servers}
+    g = sizes.pop() if len(sizes) == 1 else 1
+    if len(servers) < 2 or g < 2:
+        return [[rank for server in servers for rank in server]]
+
+    def visit(server, c: int, odd: bool) -> list[int]:
+        return [server[(c + 1 + i) % g] if odd else server[(c - i) % g] for i in range(g)]
+
+    return [[rank for k, server in enumerate(servers) for rank in visit(server, c, k % 2 == 1)] for c in range(g)]
+
+
 class _ChannelRing(Algorithm):
     """NCCL's rings over several channels: a group spanning m servers of g ranks each runs g rings side by side
-    (lanes), each carrying S/g; ring c visits each server's ranks starting at local rank c, so it leaves every
-    server from local rank c - 1 and enters the next at local rank c, and the g rings cross between servers
-    through g different XPUs and NICs at once (NCCL builds one ring per channel, its channels spread over the
-    node's NICs: NVIDIA, NCCL's topology search and rail-optimized DGX fabrics). Inside a server the g rings
-    together move what one ring would (every rank sends S/n per step over its own links). A group inside one
-    server, or of one rank per server, or of unequal servers, is the plain ring: identical steps and time."""
+    (lanes), each carrying S/g. Ring c crosses between servers on one rail, from a server's local rank r to the
+    next server's local rank r, as NCCL keeps a channel on one NIC of each node (its topology search on
+    rail-optimized DGX fabrics): servers in even places are entered at local rank c and left from c + 1, those
+    in odd places entered at c + 1 and left from c, so the g rings cross through g different XPUs and NICs
+    each way, one ring a NIC (with an odd m the ring's closing crossing alone goes from rank c + 1 to c). Inside
+    a server the g rings together move what one ring would (every rank sends S/n per step over its own
+    links). A group inside one server, or of one rank per server, or of unequal servers, is the plain ring:
+    identical steps and time."""
 
     rounds = 1
 
     def __init__(self, ranks, size, groups=None, chunks=None):
         super().__init__(ranks, size, groups, chunks)
-        sizes = {len(g) for g in self.groups}
-        g = sizes.pop() if len(sizes) == 1 else 1
-        self.lanes = g if len(self.groups) > 1 and g > 1 else 1
-        orders = [[rank for group in self.groups for rank in group[c:] + group[:c]] for c in range(self.lanes)]
+        orders = channel_ring_orders(self.groups)
+        self.lanes = len(orders)
         self._right = [{order[i]: order[(i + 1) % ranks] for i in range(ranks)} for order in orders]
         self._left = [{right: left for left, right in lane.items()} for lane in self._right]
 

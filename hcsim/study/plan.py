@@ -50,7 +50,7 @@ from itertools import product
 
 import networkx as nx
 
-from hcsim.engine.collectives import server_groups
+from hcsim.engine.collectives import channel_ring_orders, server_groups
 from hcsim.errors import ConfigError
 from hcsim.platform.devices import peak_flops
 from hcsim.platform.routes import RouteSearch, route_bandwidth, route_latency
@@ -257,12 +257,8 @@ class _Cluster:
 
     def _lanes(self, group: tuple[str, ...], nccl: bool) -> list[tuple[list[str], float]]:
         """(ring order, the share of a step it carries) of each ring `group` runs."""
-        servers = server_groups(self.platform, group)
-        sizes = {len(s) for s in servers}
-        g = sizes.pop() if nccl and len(servers) > 1 and len(sizes) == 1 else 1
-        if g == 1:
-            return [(list(group), 1.0)]
-        return [([group[r] for s in servers for r in s[c:] + s[:c]], 1.0 / g) for c in range(g)]
+        orders = channel_ring_orders(server_groups(self.platform, group)) if nccl else [list(range(len(group)))]
+        return [([group[r] for r in order], 1.0 / len(orders)) for order in orders]
 
 
 def cluster_layout(xpus: list[str], par: Parallelism) -> ParallelLayout:
