@@ -334,6 +334,9 @@ class _Builder:
         self._alike: dict[tuple, dict] = {}  # what alike vertices' attributes follow from -> the last one's (add_alike)
         self._members: dict[int, tuple] = {}  # members: id(groups) -> (groups, their XPUs)
         spec, par = self.spec, self.par
+        # fixed by the spec and the layout: read for every backward unit while the graph is built
+        self.overlapped_param_gather = overlaps_param_gather(spec, par)
+        self.overlapped_grad_reduce = overlaps_grad_reduce(spec, par)
         self.classes = par.replica_classes()
         self.attn, self.mlp = block_costs(spec, par.micro_batch, par.tp, par.sequence_parallel, par.ep, par.cp)
         self.experts = expert_costs(spec, par.micro_batch, par.tp, par.sequence_parallel, par.ep, par.moe_skew)
@@ -488,10 +491,6 @@ class _Builder:
         elif self.overlapped_param_gather:
             self.add_overlapped_param_gathers(stage, end)
 
-    @property
-    def overlapped_param_gather(self) -> bool:
-        return overlaps_param_gather(self.spec, self.par)
-
     def add_optimizer(self, stage: int, xpus, previous: list[str], last_of_chunk: dict[int, list[str]],
                       final_passes: dict[int, list[tuple[int, Op]]]) -> str:
         """The DP gradient collectives, the optimizer step (on its shard with ZeRO, on the host CPU or over
@@ -613,10 +612,6 @@ class _Builder:
             gathers.append(name)
         add_dependency(self.graph, optimizer, gathers[0], skip_first_iteration=True)
 
-    @property
-    def overlapped_grad_reduce(self) -> bool:
-        return overlaps_grad_reduce(self.spec, self.par)
-
     def grad_buckets(self, stage: int, passes: list[tuple[int, Op]], kind: str) -> list[tuple[float, list[str]]]:
         """(parameters, the vertices whose end makes them ready: one per replica class) of each gradient bucket
         of the stage's first chunk: whole units from the last one back, a bucket closed once it holds
@@ -633,7 +628,8 @@ class _Builder:
         return buckets
 
     def unit_parameters(self, label: str, kind: str = "all") -> float:
-        """Parameters of one unit (a decoder "L<d>", the embedding, the head) on one TP rank, of `kind`."""
+        """Parameters of one unit (a decoder: any other label, the embedding, the head) on one TP rank, of
+        `kind` ("all", "dense", "experts": the experts a rank holds)."""
         if label in ("embedding", "head"):
             return (self.embedding if label == "embedding" else self.head).parameters if kind != "experts" else 0.0
         dense, experts = self.attn.parameters + self.mlp.parameters, self.expert_parameters
@@ -652,9 +648,10 @@ class _Builder:
         """Parameters of one chunk on one TP rank (with the embedding's on the first, the head's on the last);
         `kind` "dense" or "experts" counts only those (the experts a rank holds)."""
         first, last = self.ends(stage, chunk)
-        dense = (self.layers[stage][chunk] * (self.attn.parameters + self.mlp.parameters)
-                 + (self.embedding.parameters if first else 0) + (self.head.parameters if last else 0))
-        experts = self.layers[stage][chunk] * self.expert_parameters
+        layers = self.layers[stage][chunk]
+        dense = (layers * self.unit_parameters("decoder", "dense") + (self.unit_parameters("embedding") if first else 0)
+                 + (self.unit_parameters("head") if last else 0))
+        experts = layers * self.unit_parameters("decoder", "experts")
         return {"all": dense + experts, "dense": dense, "experts": experts}[kind]
 
     def ends(self, stage: int, chunk: int) -> tuple[bool, bool]:
