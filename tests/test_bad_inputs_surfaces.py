@@ -389,6 +389,24 @@ def test_an_fp8_recipe_given_for_a_run_that_is_not_fp8_is_said_once(monkeypatch,
                     "fp8; this run trains in bf16, so it has no effect (precision=fp8 uses it)"], said
 
 
+def test_a_wrong_training_value_is_an_error_without_notes_about_the_keys_beside_it(monkeypatch, caplog):
+    """A spec with a wrong value ends in its error alone: the notes on keys that would have no effect (an FP8
+    recipe in a BF16 run, gradients reduced after the backward pass) wait for a spec that is valid; before, a
+    wrong recipe was first noted as the default ('delayed' applies to precision fp8) and then refused."""
+    import logging
+
+    import hcsim.workload.spec as spec
+    from hcsim.errors import ConfigError
+
+    monkeypatch.setattr(spec, "_SAID", set())
+    with caplog.at_level(logging.WARNING, logger="hcsim.workload.spec"):
+        for wrong in ({"training.fp8_recipe": "mxfp8", "training.precision": "bf16"},
+                      {"training.overlap_grad_reduce": False, "training.precision": "int4"}):
+            with pytest.raises(ConfigError, match=r"training\.(fp8_recipe|precision)"):
+                spec.load_workload_spec("llama3-8b", wrong)
+    assert [r.getMessage() for r in caplog.records] == []
+
+
 def test_gradients_reduced_after_the_backward_pass_beside_overlapped_gathers_are_said_once(monkeypatch, caplog):
     """overlap_grad_reduce false with overlap_param_gather on is a pair Megatron-LM refuses: hcsim runs it and says
     so, once; false for both (Megatron-LM's bare default) and true say nothing."""

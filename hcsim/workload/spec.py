@@ -256,14 +256,15 @@ def parse_workload_spec(data: Any, where: str = "workload") -> WorkloadSpec:
         clip_grad_norm=training.flag("clip_grad_norm", True),
     )
     training.check_unknown()
-    if training.has("clip_grad_norm") and INVENTORIES[kernels or "megatron"].fused:
+    valid = not training.problems  # a note about a value that is wrong anyway would only blur the error
+    if valid and training.has("clip_grad_norm") and INVENTORIES[kernels or "megatron"].fused:
         _say_once(f"{where}: training.clip_grad_norm applies to training.kernels pytorch-eager and torch-compile; "
                   f"Megatron-LM's optimizer step (46 B per parameter) computes the gradients' norm either way, so it "
                   f"has no effect here")
-    if training.has("fp8_recipe") and values["precision"] != "fp8" and values["precision"] in PRECISIONS:
+    if valid and training.has("fp8_recipe") and values["precision"] != "fp8":
         _say_once(f"{where}: training.fp8_recipe: {values['fp8_recipe']!r} applies to precision fp8; this run trains "
                   f"in {values['precision']}, so it has no effect (precision=fp8 uses it)")
-    if values["overlap_grad_reduce"] is False and values["overlap_param_gather"]:
+    if valid and values["overlap_grad_reduce"] is False and values["overlap_param_gather"]:
         _say_once(f"{where}: training.overlap_grad_reduce: false beside overlap_param_gather (true by default): with "
                   f"ZeRO 1-2 over several ranks Megatron-LM refuses the pair (--overlap-param-gather needs "
                   f"--overlap-grad-reduce); hcsim runs it as given (overlap_param_gather: false too is Megatron-LM's "
