@@ -74,10 +74,13 @@ def test_an_nccl_all_reduce_in_one_nvswitch_domain_runs_what_nccl_would(n, size,
     assert _one_all_reduce(n, size) == pytest.approx(expected, rel=1e-6)  # SimGrid: n-1 flows share a link
 
 
-def test_a100_keeps_the_flat_nvlink3_figures():
-    """No device entry: the kind's own factors, one call latency whatever the steps (as before the model)."""
+@pytest.mark.parametrize("size, protocol", [(5e8, "Simple"), (5e7, "LL128"), (65536, "LL")])
+def test_a100_runs_nccl_s_ring_model_as_h100_does(size, protocol):
+    """NVLink 3 has NCCL's per-step latencies and protocols too (xpu_link's A100 entry): a
+    500 MB all-reduce over 8 A100 on Simple (8.4 + 14 x 3.4 us beside its transfers), 50 MB on LL128 (this
+    switch's links are 900 GB/s), 64 KB on LL, whose
+    latency is the 15 us NCCL's DGX A100 results give for small messages."""
     a100 = single_switch(8, builtin_catalog()["A100"])
-    size = 5e7
     graph = new_workload("ar", precision="bf16")
     xpus = [f"xpu{i}" for i in range(8)]
     add_compute(graph, "c", xpus=xpus, flops=0.0, start=True)
@@ -88,8 +91,11 @@ def test_a100_keeps_the_flat_nvlink3_figures():
     result = simulate_graphs(a100, graph, RunOptions(compute_model=MODEL, trace_xpus=frozenset(xpus)))
     span = max(end - start for _, _, name, _, start, end in result["vertices"] if name == "r")
     link = MODEL.link("xpu_link", "A100")
-    assert link is MODEL.link("xpu_link") and link.step_latency == 0 and not link.protocols and link.nvls is None
-    assert span == pytest.approx(link.call_latency + 14 * A + 14 / 8 * size / (B * link.bandwidth_factor), rel=1e-6)
+    assert link is not MODEL.link("xpu_link") and link.nvls is None  # its own entry; NVLS needs Hopper's NVSwitch
+    (chosen,) = [p for p in (link.simple, *link.protocols) if p.name == protocol]
+    assert link.protocols[1].latency(14) == pytest.approx(15e-6)  # LL: 6.6 + 14 x 0.6 us
+    assert span == pytest.approx(chosen.latency(14) + 14 * A + 14 / 8 * size / (B * chosen.bandwidth_factor),
+                                 rel=1e-6)
 
 
 @pytest.mark.parametrize("local", ["simulated", "analytic"])
