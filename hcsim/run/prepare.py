@@ -17,7 +17,7 @@ import networkx as nx
 
 from hcsim.engine.api import host_pairs
 from hcsim.errors import ConfigError, TopologyError, brief
-from hcsim.run.scenario import Scenario
+from hcsim.run.scenario import Scenario, say_once
 from hcsim.run.stragglers import apply_stragglers
 
 __all__ = ["Prepared", "prepare", "batch_split", "layer_split", "offload_memory", "spill_policy", "check_local_memory",
@@ -573,7 +573,7 @@ def _parallelism(scenario: Scenario, spec, layout, split: tuple[int, ...] | None
     from hcsim.workload.hybrid import Parallelism
 
     try:
-        return Parallelism.of_layout(spec, layout, micro_batch=scenario.micro_batch,
+        par = Parallelism.of_layout(spec, layout, micro_batch=scenario.micro_batch,
                                      global_batch=scenario.global_batch, recompute=scenario.recompute,
                                      schedule=scenario.schedule, virtual_stages=scenario.virtual_stages,
                                      sequence_parallel=scenario.sequence_parallel, layer_split=layers,
@@ -583,6 +583,11 @@ def _parallelism(scenario: Scenario, spec, layout, split: tuple[int, ...] | None
                                      cp_algorithm=scenario.cp_algorithm)
     except ConfigError as err:
         raise ConfigError(f"scenario {scenario.name!r}: {err}") from err
+    if spec.tp_comm_overlap and par.tp > 1 and not par.sequence_parallel:
+        say_once(f"scenario {scenario.name!r}: training.tp_comm_overlap: Transformer Engine overlaps the TP "
+                 f"collectives of sequence-parallel layers only (Megatron-LM's --tp-comm-overlap needs "
+                 f"--sequence-parallel), so it has no effect here; set sequence_parallel: true to use it")
+    return par
 
 
 def graph_workload(scenario: Scenario, xpus: list[str]) -> tuple[nx.DiGraph, list[str]]:

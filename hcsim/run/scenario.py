@@ -383,7 +383,7 @@ _warned: set[str] = set()
 _SAID: set[str] = set()
 
 
-def _say_once(message: str) -> None:
+def say_once(message: str) -> None:
     """A warning once per process (a sweep reads its scenario for every point)."""
     if message not in _SAID:
         _SAID.add(message)
@@ -506,7 +506,7 @@ def _from_mapping(data: dict, where: str, base: str, origins: dict[str, str] | N
                                f"draw), got {brief(values['seed'])}")
         values["seed"] = default.seed
     if fields.has("seed") and not fields.has("straggler_spread") and fields.raw("seed") == values["seed"]:
-        _say_once(f"{fields.path('seed')}: {values['seed']} seeds the straggler_spread draw; this run has no "
+        say_once(f"{fields.path('seed')}: {values['seed']} seeds the straggler_spread draw; this run has no "
                   f"straggler_spread, so it has no effect (straggler_spread=0.05 draws with it; a serving "
                   f"workload's requests draw with serving.seed)")
     values["jobs_alone"] = fields.flag("jobs_alone", False)

@@ -55,7 +55,7 @@ from hcsim.errors import ConfigError
 from hcsim.platform.devices import peak_flops
 from hcsim.platform.routes import RouteSearch, route_bandwidth, route_latency
 from hcsim.workload.hybrid import (BlockCost, Parallelism, block_costs, block_kernels, grad_bucket_size, in_flight,
-                                   overlaps_grad_reduce, overlaps_param_gather, stage_layers)
+                                   overlaps_grad_reduce, overlaps_param_gather, overlaps_tp_comm, stage_layers)
 from hcsim.workload.ops import BlockOps
 from hcsim.workload.layout import ParallelLayout
 from hcsim.workload.memory import framework_reserve, stage_memory
@@ -343,7 +343,12 @@ def estimate(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus:
     activation = par.micro_batch * spec.model.sequence // par.cp * spec.model.hidden * sizes.activation
     layout = cluster.layout
     nccl = kernel_model is not None  # the kernel model's graphs run NCCL's channel rings (Megatron-LM's comms)
-    allreduce = _ring(par.tp, 2, activation, *cluster.ring("tp", nccl))
+    tp_ring = cluster.ring("tp", nccl)
+    allreduce, tp_hidden, tp_whole = _ring(par.tp, 2, activation, *tp_ring), 0.0, 0.0
+    if overlaps_tp_comm(spec, par):  # one chunk exposed, the rest beside the block (the graph's rule)
+        tp_whole = allreduce
+        allreduce = _ring(par.tp, 2, activation / par.tp, *tp_ring)
+        tp_hidden = _ring(par.tp, 2, activation * (par.tp - 1) / par.tp, *tp_ring)
     dp_latency, dp_bandwidth = cluster.ring("dp", nccl)
     decoder = attn.parameters + mlp.parameters  # per TP rank
     attn_ops, mlp_ops = (block_kernels(spec, par.micro_batch, par.tp, par.sequence_parallel, cp=par.cp)
@@ -355,7 +360,7 @@ def estimate(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus:
         if spec.model.vocabulary else decoder
     first_gathers = (_ring(par.dp, 1, first * sizes.weight, dp_latency, dp_bandwidth),
                      _ring(par.dp, 1, decoder * sizes.weight, dp_latency, dp_bandwidth)) if overlapped else None
-    decoder_costs = _DecoderCosts(attn, mlp, allreduce, gather, activation, first_gathers)
+    decoder_costs = _DecoderCosts(attn, mlp, allreduce, gather, activation, first_gathers, tp_hidden, tp_whole)
     pipeline = max(_pipeline(spec, par, cluster, layers, decoder_costs, m, members)
                    for m, members in _replica_classes(par, layout))
     p = par.pp
@@ -401,20 +406,32 @@ class _DecoderCosts:
     activation: float
     # ZeRO 1-2 overlapped: the gathers (s) of the first unit and of a decoder before the first forward pass
     first_gathers: tuple[float, float] | None = None
+    tp_hidden: float = 0.0  # tp_comm_overlap: the part of the TP collectives that runs beside the block (s)
+    tp_whole: float = 0.0  # tp_comm_overlap: all of them, as after a pass's first block (s)
+
+    def tp_after(self, block: float) -> float:
+        """Seconds the TP collectives add after a block of `block` s: the exposed part (all of them unless
+        overlapped) and whatever of the overlapped part the block does not hide."""
+        return self.allreduce + max(0.0, self.tp_hidden - block)
+
+    def first_block(self, block: float) -> float:
+        """What a pass's first block (of `block` s) adds to :meth:`tp_after` when the TP collectives overlap: the
+        graph keeps its collectives whole, there being no vertex before it in the pass to start them from."""
+        return self.tp_whole - self.tp_after(block) if self.tp_hidden else 0.0
 
 
 def _pipeline(spec: WorkloadSpec, par: Parallelism, cluster: "_Cluster", layers, costs: _DecoderCosts, m: int,
               members: frozenset[str] | None) -> float:
     """Seconds the pipeline of the replicas of `members` (None: every replica) takes for its `m` micro-batches:
     each stage paced by its slowest XPU among them."""
-    attn, mlp, allreduce, gather = costs.attn, costs.mlp, costs.allreduce, costs.gather
+    attn, mlp, gather = costs.attn, costs.mlp, costs.gather
     decoder_units = []
     zero_bubble = par.schedule == "zb-h1"
     tau, forward, backward_input, weight = [], [], [], []
     for stage in range(par.pp):
         on = cluster.slowest_device(stage, spec.precision, members)
         decoders = sum(layers[stage])
-        f = sum(b.forward(*on) + allreduce for b in (attn, mlp))
+        f = sum(b.forward(*on) + costs.tp_after(b.forward(*on)) for b in (attn, mlp))
         b_in, w = _decoder_backward(par, costs, on)
         # ZeRO-3: a decoder's forward and its backward (with the weight gradients unless ZB-H1 defers them)
         # wait for the gather of its weights, one decoder ahead: each paces at max(its time, the gather)
@@ -422,10 +439,11 @@ def _pipeline(spec: WorkloadSpec, par: Parallelism, cluster: "_Cluster", layers,
         decoder_units.append(backward_unit)
         if gather:
             f, b_in = max(f, gather), max(backward_unit, gather) - (0.0 if zero_bubble else w)
-        forward.append(decoders * f)
-        backward_input.append(decoders * b_in)
+        first_f, first_b = _first_blocks(spec, par, costs, on, layers[stage], stage)
+        forward.append(decoders * f + first_f)
+        backward_input.append(decoders * b_in + first_b)
         weight.append(decoders * w)
-        tau.append(decoders * (f + b_in + w))
+        tau.append(decoders * (f + b_in + w) + first_f + first_b)
     p = par.pp
     slowest = max(tau)
     bubble = sum(tau) - slowest
@@ -450,12 +468,37 @@ def _pipeline(spec: WorkloadSpec, par: Parallelism, cluster: "_Cluster", layers,
     return pipeline
 
 
+def _first_blocks(spec: WorkloadSpec, par: Parallelism, costs: _DecoderCosts, on: tuple[float, float, str],
+                  chunks: list[int], stage: int) -> tuple[float, float]:
+    """(forward, backward) seconds a stage's passes of one micro-batch add for the TP collectives the graph keeps
+    whole after each pass's first block (:meth:`_DecoderCosts.first_block`): a chunk's forward pass begins with
+    its first decoder's attention (after the embedding on the first chunk of stage 0), its backward with the last
+    decoder's recomputed attention (full recomputation) or MLP (after the head on the last chunk of the last
+    stage)."""
+    if not costs.tp_hidden:
+        return 0.0, 0.0
+    vocabulary = bool(spec.model.vocabulary)
+    last = par.virtual_stages - 1
+    forwards = sum(1 for c, n in enumerate(chunks) if n and not (vocabulary and stage == 0 and c == 0))
+    backwards = sum(1 for c, n in enumerate(chunks) if n and not (vocabulary and stage == par.pp - 1 and c == last))
+    attn, mlp = costs.attn, costs.mlp
+    backward = attn.forward(*on) if par.recompute == "full" else _backward_block(par, mlp, on)
+    return forwards * costs.first_block(attn.forward(*on)), backwards * costs.first_block(backward)
+
+
 def _decoder_backward(par: Parallelism, costs: _DecoderCosts, on: tuple[float, float, str]) -> tuple[float, float]:
     """(seconds of a decoder's backward pass but its weight gradients, with any recomputation and the TP
     all-reduces; seconds of its weight gradients) on the device `on` (peak, bandwidth, name)."""
-    blocks, allreduce = (costs.attn, costs.mlp), costs.allreduce
-    b_in = sum(b.input_grad(*on) + allreduce for b in blocks) + _recompute(par.recompute, blocks, on, allreduce)
+    blocks = (costs.attn, costs.mlp)
+    b_in = sum(b.input_grad(*on) + costs.tp_after(_backward_block(par, b, on)) for b in blocks) \
+        + _recompute(par.recompute, costs, on)
     return b_in, sum(b.weight_grad(*on) for b in blocks)
+
+
+def _backward_block(par: Parallelism, block: "_Block", on: tuple[float, float, str]) -> float:
+    """Seconds of a block's backward vertex in the graph: its input gradients, with its weight gradients unless
+    ZB-H1 defers them (what overlapped TP collectives run beside)."""
+    return block.input_grad(*on) + (0.0 if par.schedule == "zb-h1" else block.weight_grad(*on))
 
 
 def _gradient_tail(spec: WorkloadSpec, par: Parallelism, cluster: "_Cluster", costs: _DecoderCosts, layers,
@@ -541,9 +584,10 @@ class _Block:
         return self.cost.core_flops / peak
 
 
-def _recompute(mode: str, blocks, on: tuple[float, float, str], allreduce: float) -> float:
+def _recompute(mode: str, costs: _DecoderCosts, on: tuple[float, float, str]) -> float:
+    blocks = (costs.attn, costs.mlp)
     if mode == "full":
-        return sum(b.forward(*on) + allreduce for b in blocks)
+        return sum(b.forward(*on) + costs.tp_after(b.forward(*on)) for b in blocks)
     if mode == "selective":
         return sum(b.core(*on) for b in blocks)
     return 0.0

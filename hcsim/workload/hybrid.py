@@ -337,6 +337,7 @@ class _Builder:
         # fixed by the spec and the layout: read for every backward unit while the graph is built
         self.overlapped_param_gather = overlaps_param_gather(spec, par)
         self.overlapped_grad_reduce = overlaps_grad_reduce(spec, par)
+        self.overlapped_tp = overlaps_tp_comm(spec, par)
         self.classes = par.replica_classes()
         self.attn, self.mlp = block_costs(spec, par.micro_batch, par.tp, par.sequence_parallel, par.ep, par.cp)
         self.experts = expert_costs(spec, par.micro_batch, par.tp, par.sequence_parallel, par.ep, par.moe_skew)
@@ -741,11 +742,12 @@ class _Builder:
                     k for k in ops.backward if not (split and k.name.endswith(".wgrad"))))
                 if selective:
                     flops, size = flops + block.core_flops, size + block.core_bytes
+                block_start = len(chain)
                 if label == "attn" and par.cp > 1:
                     self.add_cp_attention(compute, chain, stage, f"L{d}", kernels, backward=True, k=k)
                 else:
                     compute(f"L{d}.{label}", flops, size, kernels)
-                self.add_tp_collective(chain, stage, f"{chain[-1]}.tp", backward=True, k=k)
+                self.add_tp_collective(chain, stage, f"{chain[-1]}.tp", block_start, k=k)
             unit(mark, decoder, f"L{d}")
         if is_first:
             work = self.embedding.backward_input if split else self.embedding.backward
@@ -766,6 +768,7 @@ class _Builder:
     def add_decoder_forward(self, compute, chain, stage, label, k: int = 0, recompute: bool = False) -> None:
         """A decoder's forward (`recompute`: again in backward; a PyTorch inventory's checkpoint stops early)."""
         for block, ops, name in ((self.attn, self.attn_ops, "attn"), (self.mlp, self.mlp_ops, "mlp")):
+            block_start = len(chain)
             if name == "attn" and self.par.cp > 1:
                 self.add_cp_attention(compute, chain, stage, label, ops.forward, backward=False, k=k)
             elif recompute and name == "mlp" and not self.spec.inventory.fused and not self.experts:
@@ -777,7 +780,7 @@ class _Builder:
                 self.add_all_to_all(chain, stage, f"{chain[-1]}.dispatch")
                 compute(f"{label}.experts", self.experts.fwd_flops, self.experts.fwd_bytes)
                 self.add_all_to_all(chain, stage, f"{chain[-1]}.combine")
-            self.add_tp_collective(chain, stage, f"{chain[-1]}.tp", backward=False, k=k)
+            self.add_tp_collective(chain, stage, f"{chain[-1]}.tp", block_start, k=k)
 
     def add_cp_attention(self, compute, chain, stage: int, label: str, kernels, backward: bool, k: int = 0) -> None:
         """The attention block of a context-parallel rank (hcsim.workload.context), forward or backward: the kernels
@@ -829,22 +832,37 @@ class _Builder:
         self.graph.nodes[vertex].update(phase="ep", stage=stage)
         chain.append(vertex)
 
-    def add_tp_collective(self, chain: list[str], stage: int, name: str, backward: bool, k: int = 0) -> None:
-        """The TP collective after a block (of replica class k): one all-reduce, or (SP) a reduce-scatter and an
-        all-gather."""
-        if self.par.tp == 1:
+    def add_tp_collective(self, chain: list[str], stage: int, name: str, mark: int, k: int = 0) -> None:
+        """The TP collective after a block (of replica class k; the block's vertices are chain[mark:]): one
+        all-reduce, or (SP) a reduce-scatter and an all-gather. Overlapped (training.tp_comm_overlap, Transformer
+        Engine's userbuffers: sequence parallel only), each runs in t chunks pipelined with the GEMMs beside it, so
+        only one chunk (1/t of the bytes) stays exposed after the block and the other t - 1 run beside the block,
+        from when the vertex before it ends: max(block, (t - 1)/t of the collectives) + their last 1/t. A block
+        first in its pass has no vertex before it to start from: its collectives stay whole and exposed."""
+        par = self.par
+        if par.tp == 1:
             return
-        kinds = ("reduce_scatter", "all_gather") if self.par.sequence_parallel else ("all_reduce",)
-        for kind in kinds:
-            like = self._alike.get(("tp", stage, k, kind))  # alike: one per layer and micro-batch
-            if like is not None:
-                chain.append(add_alike(self.graph, f"{name}.{kind}", like))
-                continue
-            groups = self.groups("tp", stage, k)
-            chain.append(add_comm(self.graph, f"{name}.{kind}", groups=groups, bytes=self.activation, collective=kind,
-                                  algorithm=self.ring(), members=self.members(groups, stage, k), phase="tp",
-                                  stage=stage))
-            self._alike["tp", stage, k, kind] = self.graph.nodes[chain[-1]]
+        kinds = ("reduce_scatter", "all_gather") if par.sequence_parallel else ("all_reduce",)
+        if not (self.overlapped_tp and mark > 0):
+            chain.extend(self._tp_comm(f"{name}.{kind}", stage, k, kind, 1.0) for kind in kinds)
+            return
+        t = par.tp
+        hidden = [self._tp_comm(f"{name}.{kind}.hidden", stage, k, kind, (t - 1) / t) for kind in kinds]
+        exposed = [self._tp_comm(f"{name}.{kind}", stage, k, kind, 1 / t) for kind in kinds]
+        for before, after in zip([chain[mark - 1], *hidden], [*hidden, exposed[0]]):
+            add_dependency(self.graph, before, after)
+        chain.extend(exposed)
+
+    def _tp_comm(self, name: str, stage: int, k: int, kind: str, share: float) -> str:
+        """A TP collective of `share` of a block's activation over the stage's TP groups of replica class k."""
+        like = self._alike.get(("tp", stage, k, kind, share))  # alike: one per layer and micro-batch
+        if like is not None:
+            return add_alike(self.graph, name, like)
+        groups = self.groups("tp", stage, k)
+        vertex = add_comm(self.graph, name, groups=groups, bytes=self.activation * share, collective=kind,
+                          algorithm=self.ring(), members=self.members(groups, stage, k), phase="tp", stage=stage)
+        self._alike["tp", stage, k, kind, share] = self.graph.nodes[vertex]
+        return vertex
 
     def ring(self, name: str = "ring") -> str:
         """The algorithm a collective named `name` runs: NCCL's channel rings for a ring under megatron_comm."""
@@ -892,6 +910,12 @@ class _Builder:
         add_dependency(self.graph, arrived, self.first[receiver][0])
         if par.megatron_comm and sender in self.following:
             add_dependency(self.graph, name, self.following[sender])
+
+
+def overlaps_tp_comm(spec: WorkloadSpec, par: Parallelism) -> bool:
+    """The TP collectives pipelined with the GEMMs beside them (training.tp_comm_overlap: Transformer Engine's
+    userbuffers, which Megatron-LM's --tp-comm-overlap runs only with sequence parallelism)."""
+    return spec.tp_comm_overlap and par.sequence_parallel and par.tp > 1
 
 
 def overlaps_param_gather(spec: WorkloadSpec, par: Parallelism) -> bool:

@@ -64,6 +64,10 @@ class WorkloadSpec:
     ``--overlap-grad-reduce``); false: once the chunk's backward is done. None: true where the updated
     weights' gathers overlap (``overlap_param_gather`` with ZeRO 1-2 over more than one rank: Megatron-LM
     asserts --overlap-grad-reduce with --overlap-param-gather), false elsewhere (Megatron-LM's default);
+    tp_comm_overlap : the tensor-parallel collectives of a sequence-parallel layer pipelined with the GEMMs beside
+    them, one chunk of each exposed (Megatron-LM's ``--tp-comm-overlap``, Transformer Engine's userbuffers, which
+    NeMo's large-model recipes turn on; needs sequence parallelism); false: each after its block, exposed (the
+    default, Megatron-LM's);
     fp8_recipe : Transformer Engine's FP8 scaling, "delayed" (DelayedScaling, the default) | "current"
     (Float8CurrentScaling): which quantization kernels an FP8 GEMM runs (:data:`hcsim.workload.ops.FP8_RECIPES`);
     kernels : the framework whose kernels the roofline model times, "megatron" | "pytorch-eager" |
@@ -94,6 +98,7 @@ class WorkloadSpec:
     grad_reduce_in_fp32: bool | None = None
     overlap_param_gather: bool = True
     overlap_grad_reduce: bool | None = None
+    tp_comm_overlap: bool = False
     fp8_recipe: str = "delayed"
     kernels: str = "megatron"
     clip_grad_norm: bool = True
@@ -251,6 +256,7 @@ def parse_workload_spec(data: Any, where: str = "workload") -> WorkloadSpec:
         grad_reduce_in_fp32=training.flag("grad_reduce_in_fp32", None),
         overlap_param_gather=training.flag("overlap_param_gather", True),
         overlap_grad_reduce=training.flag("overlap_grad_reduce", None),
+        tp_comm_overlap=training.flag("tp_comm_overlap", False),
         fp8_recipe=training.choice("fp8_recipe", FP8_RECIPES, "delayed"),
         kernels=kernels,
         clip_grad_norm=training.flag("clip_grad_norm", True),

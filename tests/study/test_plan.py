@@ -278,6 +278,26 @@ def test_the_bucketed_gradient_reduction_estimate_is_the_engine_s_time(bandwidth
     assert times[True] < times[False]
 
 
+@pytest.mark.parametrize("recompute", ["none", "full"])
+@pytest.mark.parametrize("bandwidth", [1e10, 1e9, 1e8])  # the overlapped chunks shorter than a block, about as
+# long, far longer
+def test_the_overlapped_tp_estimate_is_the_engine_s_time(bandwidth, recompute):
+    """tp_comm_overlap (sequence parallel, tp 2, four micro-batches): each block but a pass's first pays
+    max(block, its collectives' first t - 1 chunks) + the last chunk, a pass's first block its collectives whole;
+    the estimate follows the engine to 1e-6, and the overlap is never slower."""
+    platform = single_switch(2, FAST, xpu_link_bandwidth=bandwidth, xpu_link_latency=1e-9, hbm_latency=1e-15)
+    xpus = ["xpu0", "xpu1"]
+    par = Parallelism(tp=2, global_batch=4, sequence_parallel=True, recompute=recompute)
+    times = {}
+    for overlap in (True, False):
+        spec = load_workload_spec("gpt3-175b", {**ZERO_SHAPE, "training.tp_comm_overlap": overlap})
+        graph = build_hybrid_graph(spec, par, ParallelLayout(xpus, {"tp": 2}))
+        ends = simulate_graphs(platform, graph, RunOptions(iterations=2))["iteration_ends"]
+        times[overlap] = ends[1] - ends[0]
+        assert estimate(spec, Candidate(parallelism=par), platform, xpus) == pytest.approx(times[overlap], rel=1e-6)
+    assert times[True] <= times[False]
+
+
 def test_zero_1_and_2_cost_zero_0_less_the_sharded_optimizer_step():
     """Reduce-scatter + all-gather move the all-reduce's bytes (w = g = 2 B in FP16), so with the gather after the
     step (overlap_param_gather false) ZeRO-1 saves exactly the optimizer step on the other half of the
