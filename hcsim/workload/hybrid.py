@@ -451,6 +451,7 @@ class _Builder:
         par = self.par
         self.first: dict = {}  # (stage, replica class, op) -> first vertex, last vertex
         self.following: dict = {}  # (stage, replica class, op) -> the first vertex of the next op on the stage
+        self.steady: set = set()  # (stage, replica class, op) of the passes whose sends overlap the next pass
         for stage in range(par.pp):
             self.add_stage(stage)
         self.add_pipeline_transfers()
@@ -468,6 +469,8 @@ class _Builder:
         for k, (count, _) in enumerate(self.classes):
             order = stage_order(par.schedule, stages=par.pp, micro_batches=count, stage=stage,
                                 chunks=par.virtual_stages)
+            if par.schedule == "interleaved" and self.spec.overlap_p2p_comm:
+                self.steady.update((stage, k, op) for op in steady_state(order))
             previous = None
             lasts: dict[int, tuple[str, Op]] = {}
             for before, op in zip([None, *order], order):
@@ -908,8 +911,21 @@ class _Builder:
                                stage=receiver[0])
             add_dependency(self.graph, name, arrived)
         add_dependency(self.graph, arrived, self.first[receiver][0])
-        if par.megatron_comm and sender in self.following:
+        if par.megatron_comm and sender in self.following and sender not in self.steady:
             add_dependency(self.graph, name, self.following[sender])
+
+
+def steady_state(order: list[Op]) -> list[Op]:
+    """The passes of a stage's `order` in its 1F1B steady state, where forward and backward passes alternate: from
+    the forward before the first backward to the backward after the last forward (Megatron-LM overlaps their
+    sends with the next pass under --overlap-p2p-communication; warmup's forwards and flush's backwards block)."""
+    kinds = [op.kind for op in order]
+    if "B" not in kinds or "F" not in kinds:
+        return []
+    first_backward, last_forward = kinds.index("B"), len(kinds) - 1 - kinds[::-1].index("F")
+    if last_forward < first_backward:  # every forward before every backward (m = p): warmup and flush only
+        return []
+    return order[first_backward - 1:last_forward + 2]
 
 
 def overlaps_tp_comm(spec: WorkloadSpec, par: Parallelism) -> bool:

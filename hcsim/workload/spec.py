@@ -64,6 +64,9 @@ class WorkloadSpec:
     ``--overlap-grad-reduce``); false: once the chunk's backward is done. None: true where the updated
     weights' gathers overlap (``overlap_param_gather`` with ZeRO 1-2 over more than one rank: Megatron-LM
     asserts --overlap-grad-reduce with --overlap-param-gather), false elsewhere (Megatron-LM's default);
+    overlap_p2p_comm : under the interleaved schedule, a pass's send to the next pipeline stage overlaps the pass
+    after it in the 1F1B steady state (Megatron-LM's default: --no-overlap-p2p-communication turns it off; it
+    overlaps nothing in warmup and flush, nor under the other schedules, whose sends block the next pass);
     tp_comm_overlap : the tensor-parallel collectives of a sequence-parallel layer pipelined with the GEMMs beside
     them, one chunk of each exposed (Megatron-LM's ``--tp-comm-overlap``, Transformer Engine's userbuffers, which
     NeMo's large-model recipes turn on; needs sequence parallelism); false: each after its block, exposed (the
@@ -98,6 +101,7 @@ class WorkloadSpec:
     grad_reduce_in_fp32: bool | None = None
     overlap_param_gather: bool = True
     overlap_grad_reduce: bool | None = None
+    overlap_p2p_comm: bool = True
     tp_comm_overlap: bool = False
     fp8_recipe: str = "delayed"
     kernels: str = "megatron"
@@ -256,6 +260,7 @@ def parse_workload_spec(data: Any, where: str = "workload") -> WorkloadSpec:
         grad_reduce_in_fp32=training.flag("grad_reduce_in_fp32", None),
         overlap_param_gather=training.flag("overlap_param_gather", True),
         overlap_grad_reduce=training.flag("overlap_grad_reduce", None),
+        overlap_p2p_comm=training.flag("overlap_p2p_comm", True),
         tp_comm_overlap=training.flag("tp_comm_overlap", False),
         fp8_recipe=training.choice("fp8_recipe", FP8_RECIPES, "delayed"),
         kernels=kernels,

@@ -1,6 +1,7 @@
 """Transformer Engine's TP communication overlap (training.tp_comm_overlap, Megatron-LM's --tp-comm-overlap): the
 graph's rule (each sequence-parallel block's reduce-scatter and all-gather in t chunks, one exposed after the block,
-the other t - 1 beside it) and what a run makes of it (tests/study/test_plan.py: the estimate follows the engine)."""
+the other t - 1 beside it) and what a run makes of it (tests/study/test_plan.py: the estimate follows the engine); and
+the interleaved schedule's sends overlapped in its steady state (training.overlap_p2p_comm, Megatron-LM's default)."""
 
 import logging
 
@@ -82,3 +83,66 @@ def test_a_run_hides_most_of_its_tp_time(capfd):
     assert said == ["scenario 'default': training.tp_comm_overlap: Transformer Engine overlaps the TP collectives of "
                     "sequence-parallel layers only (Megatron-LM's --tp-comm-overlap needs --sequence-parallel), so it "
                     "has no effect here; set sequence_parallel: true to use it"], said  # the run that asks for it
+
+
+# ---- pipeline sends under the interleaved schedule (training.overlap_p2p_comm) ---------------------------------
+
+def test_the_steady_state_is_the_alternating_forwards_and_backwards():
+    """Megatron-LM's interleaved order on stage 0 of p 2, m 4, v 2: four warmup forwards, four forward-backward
+    pairs, four flush backwards; with m = p every forward comes first and there is no steady state."""
+    from hcsim.workload.hybrid import steady_state
+    from hcsim.workload.schedules import stage_order
+
+    order = stage_order("interleaved", stages=2, micro_batches=4, stage=0, chunks=2)
+    assert [op.kind for op in order] == ["F"] * 4 + ["F", "B"] * 4 + ["B"] * 4
+    assert steady_state(order) == order[4:12]
+    assert steady_state(stage_order("interleaved", stages=2, micro_batches=2, stage=0, chunks=2)) == []
+    assert steady_state(stage_order("1f1b", stages=2, micro_batches=4, stage=1)) == \
+        stage_order("1f1b", stages=2, micro_batches=4, stage=1)  # the last stage alternates from the start
+
+
+def _interleaved(overlap: bool):
+    spec = load_workload_spec("gpt3-175b", {**GPT, "model.decoders": 8, "training.overlap_p2p_comm": overlap})
+    par = Parallelism(tp=1, pp=2, dp=1, micro_batch=1, global_batch=4, schedule="interleaved", virtual_stages=2,
+                      megatron_comm=True)
+    xpus = ["x0", "x1"]
+    graph = build_hybrid_graph(spec, par, ParallelLayout(xpus, {"tp": 1, "pp": 2, "dp": 1}))
+    validate_workload(graph, xpus)
+    return graph
+
+
+def test_interleaved_sends_in_the_steady_state_do_not_hold_the_next_pass():
+    """A send's edge to the sender's next pass (Megatron-LM's blocking send) stays for the passes of warmup and
+    flush only: exactly the sends whose sender pass is outside its stage's steady state."""
+    from hcsim.workload.hybrid import steady_state
+    from hcsim.workload.schedules import Op, stage_order
+
+    p, v = 2, 2
+    steady = {(s, op) for s in range(p)
+              for op in steady_state(stage_order("interleaved", stages=p, micro_batches=4, stage=s, chunks=v))}
+
+    def sender(name):  # p2p.q{q}.mb{j}.act from (q % p, F j, chunk q // p); .grad from virtual stage q + 1's B
+        q, j = int(name.split(".q")[1].split(".")[0]), int(name.split(".mb")[1].split(".")[0])
+        return (q % p, Op("F", j, q // p)) if name.endswith(".act") else ((q + 1) % p, Op("B", j, (q + 1) // p))
+
+    def held(graph):  # the sends the sender's next pass waits for
+        return {name for name, d in graph.nodes(data=True) if d.get("collective") == "p2p"
+                and any(graph.nodes[w].get("stage") == sender(name)[0] for w in graph.successors(name))}
+
+    blocking, overlapped = _interleaved(False), _interleaved(True)
+    sends = {name for name, d in blocking.nodes(data=True) if d.get("collective") == "p2p"}
+    assert len(sends) == 2 * 4 * (p * v - 1)  # act and grad, 4 micro-batches, 3 chunk boundaries
+    orders = {s: stage_order("interleaved", stages=p, micro_batches=4, stage=s, chunks=v) for s in range(p)}
+    followed = {name for name in sends if sender(name)[1] != orders[sender(name)[0]][-1]}  # a pass comes next
+    assert held(blocking) == followed
+    assert held(overlapped) == {name for name in followed if sender(name) not in steady} < followed
+
+
+def test_an_interleaved_run_with_overlapped_sends_exposes_less_pipeline_time():
+    settings = BASE[:3] + ["schedule=interleaved", "virtual_stages=2", "tp=2", "pp=4", "global_batch=16",
+                           "iterations=2"]
+    overlapped, blocking = (simulate(load_scenario(None, settings + [
+        f"workload_overrides={{training.overlap_p2p_comm: {flag}}}"])) for flag in ("true", "false"))
+    pp = {name: r["breakdown"]["H100"]["comm_pp_s"] for name, r in (("overlapped", overlapped), ("blocking", blocking))}
+    assert pp["overlapped"] < pp["blocking"]
+    assert overlapped["iteration_time_s"] < blocking["iteration_time_s"]
