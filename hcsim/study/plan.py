@@ -344,9 +344,8 @@ def estimate(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus:
     layout = cluster.layout
     nccl = kernel_model is not None  # the kernel model's graphs run NCCL's channel rings (Megatron-LM's comms)
     tp_ring = cluster.ring("tp", nccl)
-    allreduce, tp_hidden, tp_whole = _ring(par.tp, 2, activation, *tp_ring), 0.0, 0.0
+    allreduce, tp_hidden = _ring(par.tp, 2, activation, *tp_ring), 0.0
     if overlaps_tp_comm(spec, par):  # one chunk exposed, the rest beside the block (the graph's rule)
-        tp_whole = allreduce
         allreduce = _ring(par.tp, 2, activation / par.tp, *tp_ring)
         tp_hidden = _ring(par.tp, 2, activation * (par.tp - 1) / par.tp, *tp_ring)
     dp_latency, dp_bandwidth = cluster.ring("dp", nccl)
@@ -360,7 +359,7 @@ def estimate(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus:
         if spec.model.vocabulary else decoder
     first_gathers = (_ring(par.dp, 1, first * sizes.weight, dp_latency, dp_bandwidth),
                      _ring(par.dp, 1, decoder * sizes.weight, dp_latency, dp_bandwidth)) if overlapped else None
-    decoder_costs = _DecoderCosts(attn, mlp, allreduce, gather, activation, first_gathers, tp_hidden, tp_whole)
+    decoder_costs = _DecoderCosts(attn, mlp, allreduce, gather, activation, first_gathers, tp_hidden)
     pipeline = max(_pipeline(spec, par, cluster, layers, decoder_costs, m, members)
                    for m, members in _replica_classes(par, layout))
     p = par.pp
@@ -407,17 +406,11 @@ class _DecoderCosts:
     # ZeRO 1-2 overlapped: the gathers (s) of the first unit and of a decoder before the first forward pass
     first_gathers: tuple[float, float] | None = None
     tp_hidden: float = 0.0  # tp_comm_overlap: the part of the TP collectives that runs beside the block (s)
-    tp_whole: float = 0.0  # tp_comm_overlap: all of them, as after a pass's first block (s)
 
     def tp_after(self, block: float) -> float:
         """Seconds the TP collectives add after a block of `block` s: the exposed part (all of them unless
         overlapped) and whatever of the overlapped part the block does not hide."""
         return self.allreduce + max(0.0, self.tp_hidden - block)
-
-    def first_block(self, block: float) -> float:
-        """What a pass's first block (of `block` s) adds to :meth:`tp_after` when the TP collectives overlap: the
-        graph keeps its collectives whole, there being no vertex before it in the pass to start them from."""
-        return self.tp_whole - self.tp_after(block) if self.tp_hidden else 0.0
 
 
 def _pipeline(spec: WorkloadSpec, par: Parallelism, cluster: "_Cluster", layers, costs: _DecoderCosts, m: int,
@@ -439,11 +432,10 @@ def _pipeline(spec: WorkloadSpec, par: Parallelism, cluster: "_Cluster", layers,
         decoder_units.append(backward_unit)
         if gather:
             f, b_in = max(f, gather), max(backward_unit, gather) - (0.0 if zero_bubble else w)
-        first_f, first_b = _first_blocks(spec, par, costs, on, layers[stage], stage)
-        forward.append(decoders * f + first_f)
-        backward_input.append(decoders * b_in + first_b)
+        forward.append(decoders * f)
+        backward_input.append(decoders * b_in)
         weight.append(decoders * w)
-        tau.append(decoders * (f + b_in + w) + first_f + first_b)
+        tau.append(decoders * (f + b_in + w))
     p = par.pp
     slowest = max(tau)
     bubble = sum(tau) - slowest
@@ -466,24 +458,6 @@ def _pipeline(spec: WorkloadSpec, par: Parallelism, cluster: "_Cluster", layers,
         f = forward[0] / decoders
         pipeline += first + (decoders - (0 if spec.model.vocabulary else 1)) * (max(f, per_decoder) - f)
     return pipeline
-
-
-def _first_blocks(spec: WorkloadSpec, par: Parallelism, costs: _DecoderCosts, on: tuple[float, float, str],
-                  chunks: list[int], stage: int) -> tuple[float, float]:
-    """(forward, backward) seconds a stage's passes of one micro-batch add for the TP collectives the graph keeps
-    whole after each pass's first block (:meth:`_DecoderCosts.first_block`): a chunk's forward pass begins with
-    its first decoder's attention (after the embedding on the first chunk of stage 0), its backward with the last
-    decoder's recomputed attention (full recomputation) or MLP (after the head on the last chunk of the last
-    stage)."""
-    if not costs.tp_hidden:
-        return 0.0, 0.0
-    vocabulary = bool(spec.model.vocabulary)
-    last = par.virtual_stages - 1
-    forwards = sum(1 for c, n in enumerate(chunks) if n and not (vocabulary and stage == 0 and c == 0))
-    backwards = sum(1 for c, n in enumerate(chunks) if n and not (vocabulary and stage == par.pp - 1 and c == last))
-    attn, mlp = costs.attn, costs.mlp
-    backward = attn.forward(*on) if par.recompute == "full" else _backward_block(par, mlp, on)
-    return forwards * costs.first_block(attn.forward(*on)), backwards * costs.first_block(backward)
 
 
 def _decoder_backward(par: Parallelism, costs: _DecoderCosts, on: tuple[float, float, str]) -> tuple[float, float]:

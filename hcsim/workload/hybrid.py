@@ -452,9 +452,11 @@ class _Builder:
         self.first: dict = {}  # (stage, replica class, op) -> first vertex, last vertex
         self.following: dict = {}  # (stage, replica class, op) -> the first vertex of the next op on the stage
         self.steady: set = set()  # (stage, replica class, op) of the passes whose sends overlap the next pass
+        self._first_chunks: list[tuple[str, str]] = []  # (overlapped TP chunks, the pass's first block beside them)
         for stage in range(par.pp):
             self.add_stage(stage)
         self.add_pipeline_transfers()
+        self.start_first_chunks()
         return self.graph
 
     # ---- one stage -------------------------------------------------------------------------------------
@@ -840,21 +842,35 @@ class _Builder:
         all-reduce, or (SP) a reduce-scatter and an all-gather. Overlapped (training.tp_comm_overlap, Transformer
         Engine's userbuffers: sequence parallel only), each runs in t chunks pipelined with the GEMMs beside it, so
         only one chunk (1/t of the bytes) stays exposed after the block and the other t - 1 run beside the block,
-        from when the vertex before it ends: max(block, (t - 1)/t of the collectives) + their last 1/t. A block
-        first in its pass has no vertex before it to start from: its collectives stay whole and exposed."""
+        from when it may start: max(block, (t - 1)/t of the collectives) + their last 1/t."""
         par = self.par
         if par.tp == 1:
             return
         kinds = ("reduce_scatter", "all_gather") if par.sequence_parallel else ("all_reduce",)
-        if not (self.overlapped_tp and mark > 0):
+        if not self.overlapped_tp:
             chain.extend(self._tp_comm(f"{name}.{kind}", stage, k, kind, 1.0) for kind in kinds)
             return
         t = par.tp
         hidden = [self._tp_comm(f"{name}.{kind}.hidden", stage, k, kind, (t - 1) / t) for kind in kinds]
         exposed = [self._tp_comm(f"{name}.{kind}", stage, k, kind, 1 / t) for kind in kinds]
-        for before, after in zip([chain[mark - 1], *hidden], [*hidden, exposed[0]]):
+        for before, after in zip(hidden, [*hidden[1:], exposed[0]]):
             add_dependency(self.graph, before, after)
+        if mark > 0:  # from the end of the vertex before the block
+            add_dependency(self.graph, chain[mark - 1], hidden[0])
+        else:  # the pass's first block: from what it waits for, all known once the graph is built
+            self._first_chunks.append((hidden[0], chain[0]))
         chain.extend(exposed)
+
+    def start_first_chunks(self) -> None:
+        """The overlapped TP chunks beside each pass's first block wait for what the block's first vertex waits
+        for, by the same rules (and start the iteration where it does)."""
+        graph = self.graph
+        for chunks, first in self._first_chunks:
+            for before, edge in list(graph.pred[first].items()):
+                add_dependency(graph, before, chunks, wait=edge["wait"],
+                               skip_first_iteration=edge["skip_first_iteration"])
+            if graph.nodes[first]["start"]:
+                graph.nodes[chunks]["start"] = True
 
     def _tp_comm(self, name: str, stage: int, k: int, kind: str, share: float) -> str:
         """A TP collective of `share` of a block's activation over the stage's TP groups of replica class k."""

@@ -282,9 +282,9 @@ def test_the_bucketed_gradient_reduction_estimate_is_the_engine_s_time(bandwidth
 @pytest.mark.parametrize("bandwidth", [1e10, 1e9, 1e8])  # the overlapped chunks shorter than a block, about as
 # long, far longer
 def test_the_overlapped_tp_estimate_is_the_engine_s_time(bandwidth, recompute):
-    """tp_comm_overlap (sequence parallel, tp 2, four micro-batches): each block but a pass's first pays
-    max(block, its collectives' first t - 1 chunks) + the last chunk, a pass's first block its collectives whole;
-    the estimate follows the engine to 1e-6, and the overlap is never slower."""
+    """tp_comm_overlap (sequence parallel, tp 2, four micro-batches): each block pays max(block, its collectives'
+    first t - 1 chunks) + the last chunk; the estimate follows the engine to 1e-6, and the overlap is never
+    slower."""
     platform = single_switch(2, FAST, xpu_link_bandwidth=bandwidth, xpu_link_latency=1e-9, hbm_latency=1e-15)
     xpus = ["xpu0", "xpu1"]
     par = Parallelism(tp=2, global_batch=4, sequence_parallel=True, recompute=recompute)
