@@ -238,9 +238,9 @@ class _Cluster:
         once (all stages' DP groups gather together with ZeRO-3): each rank sends to the next along its route,
         a link's bandwidth (per direction) is shared by the steps that cross it, and the slowest step paces
         the ring. `nccl`: NCCL's channel rings, as the kernel model's graphs run them
-        (hcsim.engine.collectives._ChannelRing): a group of g ranks on each of several servers runs g rings
-        side by side, each with 1/g of every step, ring c leaving each server from its local rank c - 1, so
-        the step crosses between servers over g NICs at once. (0, inf) when the groups are single XPUs."""
+        (hcsim.engine.collectives.channel_ring_orders): a group of g ranks on each of several servers runs g
+        rings side by side, each with 1/g of every step and crossing between servers on its own rail, so the
+        step crosses over g NICs at once. (0, inf) when the groups are single XPUs."""
         rings = self.known()
         key = (self.layout.xpus, tuple(sorted(self.layout.sizes.items())), axis, nccl)
         if key not in rings["rings"]:
@@ -412,6 +412,10 @@ class _DecoderCosts:
         overlapped) and whatever of the overlapped part the block does not hide."""
         return self.allreduce + max(0.0, self.tp_hidden - block)
 
+    def with_tp(self, block: float) -> float:
+        """Seconds of a block of `block` s and the TP collectives after it."""
+        return block + self.tp_after(block)
+
 
 def _pipeline(spec: WorkloadSpec, par: Parallelism, cluster: "_Cluster", layers, costs: _DecoderCosts, m: int,
               members: frozenset[str] | None) -> float:
@@ -424,7 +428,7 @@ def _pipeline(spec: WorkloadSpec, par: Parallelism, cluster: "_Cluster", layers,
     for stage in range(par.pp):
         on = cluster.slowest_device(stage, spec.precision, members)
         decoders = sum(layers[stage])
-        f = sum(b.forward(*on) + costs.tp_after(b.forward(*on)) for b in (attn, mlp))
+        f = sum(costs.with_tp(b.forward(*on)) for b in (attn, mlp))
         b_in, w = _decoder_backward(par, costs, on)
         # ZeRO-3: a decoder's forward and its backward (with the weight gradients unless ZB-H1 defers them)
         # wait for the gather of its weights, one decoder ahead: each paces at max(its time, the gather)
@@ -463,16 +467,11 @@ def _pipeline(spec: WorkloadSpec, par: Parallelism, cluster: "_Cluster", layers,
 def _decoder_backward(par: Parallelism, costs: _DecoderCosts, on: tuple[float, float, str]) -> tuple[float, float]:
     """(seconds of a decoder's backward pass but its weight gradients, with any recomputation and the TP
     all-reduces; seconds of its weight gradients) on the device `on` (peak, bandwidth, name)."""
-    blocks = (costs.attn, costs.mlp)
-    b_in = sum(b.input_grad(*on) + costs.tp_after(_backward_block(par, b, on)) for b in blocks) \
-        + _recompute(par.recompute, costs, on)
-    return b_in, sum(b.weight_grad(*on) for b in blocks)
-
-
-def _backward_block(par: Parallelism, block: "_Block", on: tuple[float, float, str]) -> float:
-    """Seconds of a block's backward vertex in the graph: its input gradients, with its weight gradients unless
-    ZB-H1 defers them (what overlapped TP collectives run beside)."""
-    return block.input_grad(*on) + (0.0 if par.schedule == "zb-h1" else block.weight_grad(*on))
+    grads = [(b.input_grad(*on), b.weight_grad(*on)) for b in (costs.attn, costs.mlp)]
+    deferred = par.schedule == "zb-h1"  # the graph's backward vertex (what overlapped TP chunks run beside) holds
+    # the weight gradients too unless ZB-H1 defers them
+    b_in = sum(i + costs.tp_after(i if deferred else i + w) for i, w in grads) + _recompute(par.recompute, costs, on)
+    return b_in, sum(w for _, w in grads)
 
 
 def _gradient_tail(spec: WorkloadSpec, par: Parallelism, cluster: "_Cluster", costs: _DecoderCosts, layers,
@@ -561,7 +560,7 @@ class _Block:
 def _recompute(mode: str, costs: _DecoderCosts, on: tuple[float, float, str]) -> float:
     blocks = (costs.attn, costs.mlp)
     if mode == "full":
-        return sum(b.forward(*on) + costs.tp_after(b.forward(*on)) for b in blocks)
+        return sum(costs.with_tp(b.forward(*on)) for b in blocks)
     if mode == "selective":
         return sum(b.core(*on) for b in blocks)
     return 0.0
