@@ -55,7 +55,8 @@ from hcsim.errors import ConfigError
 from hcsim.platform.devices import peak_flops
 from hcsim.platform.routes import RouteSearch, route_bandwidth, route_latency
 from hcsim.workload.hybrid import (BlockCost, Parallelism, block_costs, block_kernels, grad_bucket_size, in_flight,
-                                   overlaps_grad_reduce, overlaps_param_gather, overlaps_tp_comm, stage_layers)
+                                   overlaps_grad_reduce, overlaps_param_gather, overlaps_tp_comm, stage_layers,
+                                   tp_gather_share)
 from hcsim.workload.ops import BlockOps
 from hcsim.workload.layout import ParallelLayout
 from hcsim.workload.memory import framework_reserve, stage_memory
@@ -344,10 +345,16 @@ def estimate(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus:
     layout = cluster.layout
     nccl = kernel_model is not None  # the kernel model's graphs run NCCL's channel rings (Megatron-LM's comms)
     tp_ring = cluster.ring("tp", nccl)
-    allreduce, tp_hidden = _ring(par.tp, 2, activation, *tp_ring), 0.0
+    # a block's TP collectives: an all-reduce, or (SP) a reduce-scatter and an all-gather of tp_gather_share of it
+    gathered = tp_gather_share(spec) if par.sequence_parallel else 1.0
+
+    def tp_collectives(size: float) -> float:
+        return _ring(par.tp, 1, size, *tp_ring) + _ring(par.tp, 1, size * gathered, *tp_ring)
+
+    allreduce, tp_hidden = tp_collectives(activation), 0.0
     if overlaps_tp_comm(spec, par):  # one chunk exposed, the rest beside the block (the graph's rule)
-        allreduce = _ring(par.tp, 2, activation / par.tp, *tp_ring)
-        tp_hidden = _ring(par.tp, 2, activation * (par.tp - 1) / par.tp, *tp_ring)
+        allreduce = tp_collectives(activation / par.tp)
+        tp_hidden = tp_collectives(activation * (par.tp - 1) / par.tp)
     dp_latency, dp_bandwidth = cluster.ring("dp", nccl)
     decoder = attn.parameters + mlp.parameters  # per TP rank
     attn_ops, mlp_ops = (block_kernels(spec, par.micro_batch, par.tp, par.sequence_parallel, cp=par.cp)

@@ -878,7 +878,8 @@ class _Builder:
         if like is not None:
             return add_alike(self.graph, name, like)
         groups = self.groups("tp", stage, k)
-        vertex = add_comm(self.graph, name, groups=groups, bytes=self.activation * share, collective=kind,
+        size = self.activation * share * (tp_gather_share(self.spec) if kind == "all_gather" else 1.0)
+        vertex = add_comm(self.graph, name, groups=groups, bytes=size, collective=kind,
                           algorithm=self.ring(), members=self.members(groups, stage, k), phase="tp", stage=stage)
         self._alike["tp", stage, k, kind, share] = self.graph.nodes[vertex]
         return vertex
@@ -948,6 +949,15 @@ def overlaps_tp_comm(spec: WorkloadSpec, par: Parallelism) -> bool:
     """The TP collectives pipelined with the GEMMs beside them (training.tp_comm_overlap: Transformer Engine's
     userbuffers, which Megatron-LM's --tp-comm-overlap runs only with sequence parallelism)."""
     return spec.tp_comm_overlap and par.sequence_parallel and par.tp > 1
+
+
+def tp_gather_share(spec: WorkloadSpec) -> float:
+    """What a sequence-parallel all-gather moves of a block's BF16 activation: half in FP8 training of a dense
+    model, as Transformer Engine quantizes an FP8 GEMM's input before it gathers it (the norm's output in forward:
+    transformer_engine/pytorch/module/layernorm_linear.py; the output gradient in backward: base.py,
+    grad_output_preprocess), 1 B an element; the reduce-scatters stay in BF16. A mixture of experts' token
+    dispatcher gathers its input in BF16, so its gathers are kept whole."""
+    return 0.5 if spec.precision == "fp8" and not spec.model.moe else 1.0
 
 
 def overlaps_param_gather(spec: WorkloadSpec, par: Parallelism) -> bool:

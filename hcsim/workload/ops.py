@@ -13,7 +13,7 @@ inventory (``training.kernels``):
   and bytes, with their GEMM shapes): fused QKV, a fused scale-mask-softmax
   or flash attention, fused LayerNorm / RMSNorm, bias-GeLU, a fused
   bias-dropout-add, a vocabulary-parallel cross-entropy over FP32 logits,
-  and the mixed-precision optimizer's 46 B per parameter
+  and the mixed-precision optimizer's 42 B per parameter (50 B in FP16)
   (:data:`OPTIMIZER_TRAFFIC`); each GEMM's backward is its input-gradient
   and weight-gradient GEMMs.
 - ``pytorch-eager`` (:func:`eager_layer_ops`, :func:`eager_head_ops`,
@@ -60,11 +60,14 @@ __all__ = ["Op", "OP_KINDS", "GEMM_KINDS", "ATTENTION_KINDS", "BlockOps", "megat
 OP_KINDS = ("gemm", "gemm_unaligned", "gemm8", "attention", "memory", "reduction", "mixed", "strided", "multi_tensor")
 GEMM_KINDS = ("gemm", "gemm_unaligned", "gemm8")
 # Bytes the optimizer step moves per parameter, as Megatron-LM's mixed-precision optimizer runs it
-# (FP32 main gradients, FP32 master weights, fused Adam): unscale and inf check (read the main
-# gradient, 4), gradient norm for clipping (read it again, 4), Adam (read gradient, master weight, m,
-# v: 16; write master, m, v: 12), copy the master into the FP16 weights (read 4, write 2), zero the
-# gradient buffer (write 4): 46 B. FP32 training: norm 4, Adam 16 + 12, zeroing 4: 36 B.
-OPTIMIZER_TRAFFIC = {"fp16": 46.0, "bf16": 46.0, "fp8": 46.0, "fp32": 36.0}
+# (megatron/core/optimizer/optimizer.py: FP32 main gradients, FP32 master weights, fused Adam): in FP16 only,
+# the loss scaler's unscale and inf check (torch._amp_foreach_non_finite_check_and_unscale_ rewrites the main
+# gradient in place: read 4, write 4; BF16 and FP8 runs have no grad scaler, megatron/core/optimizer/__init__.py),
+# gradient norm for clipping (read it, 4; the clip's rescale runs only for a norm above the limit), Adam (read
+# gradient, master weight, m, v: 16; write master, m, v: 12), copy the master into the 16-bit weights (read 4,
+# write 2), zero the gradient buffer (write 4): 42 B, 50 B in FP16. FP32 training: norm 4, Adam 16 + 12,
+# zeroing 4: 36 B.
+OPTIMIZER_TRAFFIC = {"fp16": 50.0, "bf16": 42.0, "fp8": 42.0, "fp32": 36.0}
 
 
 class Op(NamedTuple):

@@ -45,7 +45,7 @@ class WorkloadSpec:
     optimizer_bytes_per_parameter : bytes the optimizer step vertex reads per
     parameter (0 when the backward pass already reads the state, as in Table 4),
     and the optimizer kernel's traffic in the kernel model (0: the inventory's,
-    46 B for Megatron-LM, 28 B for fused AdamW);
+    42 B for Megatron-LM in BF16 and FP8, 50 B in FP16, 28 B for fused AdamW);
     recomputation : "none" | "selective" | "full" (activations kept);
     attention : "standard" | "flash" (FlashAttention-style fused core; hybrid-parallel graphs);
     grad_reduce_in_fp32 : the gradients accumulated and reduced in FP32 (4 B each, Megatron-LM's main_grad
@@ -77,8 +77,8 @@ class WorkloadSpec:
     "torch-compile" (:mod:`hcsim.workload.ops`; memory per XPU follows the same inventory);
     clip_grad_norm : a PyTorch inventory's step clips the gradients' norm before fused AdamW
     (``torch.nn.utils.clip_grad_norm_``, as Hugging Face's Trainer does with its default max_grad_norm 1.0:
-    :func:`hcsim.workload.ops.eager_optimizer_ops`); Megatron-LM's optimizer step always computes the norm (its
-    46 B per parameter), so the key means nothing there;
+    :func:`hcsim.workload.ops.eager_optimizer_ops`); Megatron-LM's optimizer step always computes the norm (in its
+    42-50 B per parameter), so the key means nothing there;
     bucket : gradient all-reduce granularity "layer" | "decoder" | "model";
     algorithm : collective algorithm name for the engine; chunks : the
     all-reduce split into that many chunks (None: the algorithm's default;
@@ -270,7 +270,7 @@ def parse_workload_spec(data: Any, where: str = "workload") -> WorkloadSpec:
     valid = not training.problems  # a note about a value that is wrong anyway would only blur the error
     if valid and training.has("clip_grad_norm") and INVENTORIES[kernels or "megatron"].fused:
         _say_once(f"{where}: training.clip_grad_norm applies to training.kernels pytorch-eager and torch-compile; "
-                  f"Megatron-LM's optimizer step (46 B per parameter) computes the gradients' norm either way, so it "
+                  f"Megatron-LM's optimizer step (42-50 B per parameter) computes the gradients' norm either way, so it "
                   f"has no effect here")
     if valid and training.has("fp8_recipe") and values["precision"] != "fp8":
         _say_once(f"{where}: training.fp8_recipe: {values['fp8_recipe']!r} applies to precision fp8; this run trains "

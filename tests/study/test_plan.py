@@ -278,19 +278,22 @@ def test_the_bucketed_gradient_reduction_estimate_is_the_engine_s_time(bandwidth
     assert times[True] < times[False]
 
 
+@pytest.mark.parametrize("precision", ["fp16", "fp8"])  # FP8: the all-gathers move half the bytes
 @pytest.mark.parametrize("recompute", ["none", "full"])
 @pytest.mark.parametrize("bandwidth", [1e10, 1e9, 1e8])  # the overlapped chunks shorter than a block, about as
 # long, far longer
-def test_the_overlapped_tp_estimate_is_the_engine_s_time(bandwidth, recompute):
+def test_the_overlapped_tp_estimate_is_the_engine_s_time(bandwidth, recompute, precision):
     """tp_comm_overlap (sequence parallel, tp 2, four micro-batches): each block pays max(block, its collectives'
     first t - 1 chunks) + the last chunk; the estimate follows the engine to 1e-6, and the overlap is never
     slower."""
-    platform = single_switch(2, FAST, xpu_link_bandwidth=bandwidth, xpu_link_latency=1e-9, hbm_latency=1e-15)
+    device = replace(FAST, peaks={"fp8": 2e12})
+    platform = single_switch(2, device, xpu_link_bandwidth=bandwidth, xpu_link_latency=1e-9, hbm_latency=1e-15)
     xpus = ["xpu0", "xpu1"]
     par = Parallelism(tp=2, global_batch=4, sequence_parallel=True, recompute=recompute)
     times = {}
     for overlap in (True, False):
-        spec = load_workload_spec("gpt3-175b", {**ZERO_SHAPE, "training.tp_comm_overlap": overlap})
+        spec = load_workload_spec("gpt3-175b", {**ZERO_SHAPE, "training.tp_comm_overlap": overlap,
+                                                "training.precision": precision})
         graph = build_hybrid_graph(spec, par, ParallelLayout(xpus, {"tp": 2}))
         ends = simulate_graphs(platform, graph, RunOptions(iterations=2))["iteration_ends"]
         times[overlap] = ends[1] - ends[0]

@@ -17,8 +17,8 @@ GPT = {"model.decoders": 4, "model.hidden": 64, "model.heads": 4, "model.ffn": 2
        "model.vocabulary": 0, "training.precision": "bf16"}  # no embedding or head: a pass begins with a block
 
 
-def build(tp: int, sequence_parallel: bool, overlap: bool):
-    spec = load_workload_spec("gpt3-175b", {**GPT, "training.tp_comm_overlap": overlap})
+def build(tp: int, sequence_parallel: bool, overlap: bool, **overrides):
+    spec = load_workload_spec("gpt3-175b", {**GPT, "training.tp_comm_overlap": overlap, **overrides})
     par = Parallelism(tp=tp, pp=1, dp=1, micro_batch=1, global_batch=2, sequence_parallel=sequence_parallel,
                       megatron_comm=True)
     xpus = [f"x{i}" for i in range(tp)]
@@ -29,6 +29,23 @@ def build(tp: int, sequence_parallel: bool, overlap: bool):
 
 def tp_vertices(graph):
     return {v: d for v, d in graph.nodes(data=True) if d.get("phase") == "tp"}
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_fp8_gathers_of_a_dense_model_move_half_the_bytes(overlap):
+    """Transformer Engine gathers an FP8 GEMM's sequence-parallel input in FP8 (1 B an element) and reduce-scatters
+    in BF16: in FP8 every all-gather moves half of its reduce-scatter's bytes, in BF16 as many, and a mixture of
+    experts (whose dispatcher gathers in BF16) keeps them whole."""
+    def sizes(**overrides):
+        found = {}
+        for data in tp_vertices(build(4, True, overlap, **overrides)).values():
+            found.setdefault(data["collective"], set()).add(data["bytes"])
+        return found
+
+    bf16, fp8 = sizes(), sizes(**{"training.precision": "fp8"})
+    moe = sizes(**{"training.precision": "fp8", "model.experts": 2, "model.top_k": 1})
+    assert bf16["all_gather"] == bf16["reduce_scatter"] == fp8["reduce_scatter"] == moe["all_gather"]
+    assert fp8["all_gather"] == {size / 2 for size in fp8["reduce_scatter"]}
 
 
 @pytest.mark.parametrize("tp", [2, 4])
