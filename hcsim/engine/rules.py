@@ -21,6 +21,7 @@ latencies and the bytes a transfer takes link time for (:meth:`WorkloadRules.wir
 
 from __future__ import annotations
 
+import math
 from array import array
 from collections import defaultdict
 from itertools import accumulate, chain
@@ -315,15 +316,42 @@ class WorkloadRules:
 
     def call_latency(self, algorithm, group: tuple[str, ...]) -> float:
         """The kernel model's per-call latency of a collective over `group`, paid after a rank's last transfer:
-        its protocol's base + steps x per-step latency (:meth:`protocol`), or, over links of several kinds, the
+        across servers in NCCL's Simple protocol, NCCL's (:meth:`_network_latency`); else its protocol's base +
+        steps x per-step latency (:meth:`protocol`), or, over links of several kinds inside a server, the
         largest of their call latencies; 0 at the peak model."""
         if self.options.compute_model is None:
             return 0.0
+        servers, _ = self._servers(group)
         protocol = self.protocol(algorithm, group)
+        if len(servers) > 1 and not algorithm.region and (protocol is None or protocol.name == "Simple"):
+            return self._network_latency(algorithm, group, servers)
         if protocol is not None:
             return protocol.latency(_steps(algorithm))
         ends = self.endpoints(algorithm, group)
         return max((self.link_factors(ends[s], ends[d]).call_latency for s, d in algorithm.pairs()), default=0.0)
+
+    def _network_latency(self, algorithm, group: tuple[str, ...], servers: list[list[int]]) -> float:
+        """NCCL's latency (its tuning model, src/graph/tuning.cc, Simple protocol) of a collective over n ranks
+        on N > 1 servers: the largest base latency of its links' kinds, and for each step of its schedule the
+        per-step latency of the links it crosses. Of a ring's steps, steps x (N - 1)/(n - 1) cross servers (an
+        all-reduce's 2(N - 1), a reduce-scatter's or all-gather's N - 1), the rest stay inside one. An
+        all-reduce pays at most NCCL's tree's 2((n/N - 1) x the intra-server + floor(log2 N) x the
+        cross-server step latency), as NCCL then runs the tree (its bandwidth, within a tenth of the ring's, is
+        the ring's here); an all-to-all's sends leave at once: one step across."""
+        pairs = sorted(algorithm.pairs())
+        server = {rank: i for i, ranks in enumerate(servers) for rank in ranks}
+        factors = {(s, d): self.link_factors(group[s], group[d]) for s, d in pairs}
+        base = max((f.call_latency for f in factors.values()), default=0.0)
+        across = max((f.step_latency for (s, d), f in factors.items() if server[s] != server[d]), default=0.0)
+        inside = max((f.step_latency for (s, d), f in factors.items() if server[s] == server[d]), default=0.0)
+        if algorithm.collective == "all_to_all":
+            return base + across
+        n, nodes, steps = len(group), len(servers), _steps(algorithm)
+        crossing = steps * (nodes - 1) / (n - 1)
+        ring = base + (steps - crossing) * inside + crossing * across
+        if algorithm.collective != "all_reduce":
+            return ring
+        return min(ring, base + 2 * ((n / nodes - 1) * inside + math.floor(math.log2(nodes)) * across))
 
     def endpoints(self, algorithm, group: tuple[str, ...]) -> tuple[str, ...]:
         """The hosts of `algorithm`'s endpoints over `group` (:func:`hcsim.engine.collectives.endpoint_hosts`):

@@ -219,9 +219,22 @@ def _work(work) -> tuple[float, float]:
     return work.flops, work.bytes
 
 
+GRAD_BUFFER_ZEROING = 4.0
+"""Bytes per parameter of the step's one kernel that is not a multi_tensor_apply launch: the zero_() of the
+data-parallel gradient buffer (FP32 main gradients, one contiguous buffer)."""
+
+
 def optimizer_ops(parameters: float, precision: str) -> tuple[Op, ...]:
-    """The optimizer step over `parameters` (per XPU): one memory-bound fused kernel (OPTIMIZER_TRAFFIC)."""
-    return (_memory("optimizer", parameters * OPTIMIZER_TRAFFIC[precision]),)
+    """Megatron-LM's optimizer step over `parameters` (per XPU), OPTIMIZER_TRAFFIC bytes a parameter in all: its
+    multi_tensor_apply kernels (the loss scaler's unscale, the gradients' L2 norm, Transformer Engine's or apex's
+    FusedAdam, the copy of the master into the 16-bit weights: one ``multi_tensor`` op, at the rate measured for
+    PyTorch's fused AdamW, the same machinery) and the zeroing of the gradient buffer (a fill).
+
+    >>> [(op.name, op.kind, op.bytes) for op in optimizer_ops(1.0, "bf16")]
+    [('optimizer', 'multi_tensor', 38.0), ('zero_grad_buffer', 'memory', 4.0)]
+    """
+    return (_memory("optimizer", parameters * (OPTIMIZER_TRAFFIC[precision] - GRAD_BUFFER_ZEROING), "multi_tensor"),
+            _memory("zero_grad_buffer", parameters * GRAD_BUFFER_ZEROING))
 
 
 def ops_flops(ops) -> float:

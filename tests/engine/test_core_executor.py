@@ -17,7 +17,7 @@ from hcsim.run.prepare import compute_model, prepare
 from hcsim.run.scenario import Scenario
 from hcsim.run.simulation import simulate_graphs
 from hcsim.workload import add_comm, add_compute, add_dependency, new_workload, validate_workload
-from hcsim.workload.ops import OPTIMIZER_TRAFFIC
+from hcsim.workload import ops
 from cases import (A, B, H100, SECOND, TINY, check_invariants, pipeline_graph, spans_of,
                    wait_graph)  # tests/engine is on sys.path
 
@@ -82,10 +82,11 @@ def test_scenarios_give_the_numbers_the_python_executor_gave(name, monkeypatch):
     exposed communication per kind, idle, waiting for peers, recomputation) as the Python executor recorded
     them, to 1e-9 (clock parts to 1e-9 of the iteration); and the clock parts add up to the iteration.
 
-    The graphs are built as when recorded: Megatron-LM's optimizer step then moved 46 B a parameter in every
-    16-bit precision (hcsim.workload.ops.OPTIMIZER_TRAFFIC: its unscale is FP16's alone since)."""
-    for precision in ("fp16", "bf16", "fp8"):
-        monkeypatch.setitem(OPTIMIZER_TRAFFIC, precision, 46.0)
+    The graphs are built as when recorded: Megatron-LM's optimizer step was then one streaming kernel of 46 B a
+    parameter in every 16-bit precision (hcsim.workload.ops.optimizer_ops: since, its unscale is FP16's alone and
+    its multi_tensor_apply kernels run at their measured rate)."""
+    monkeypatch.setattr(ops, "optimizer_ops", lambda parameters, precision: (
+        ops.Op("optimizer", "memory", 0.0, parameters * (36.0 if precision == "fp32" else 46.0)),))
     platform, workload, options = scenario_case(**SCENARIOS[name])
     mine, theirs = simulate_graphs(platform, workload, RunOptions(**options)), RECORDED[name]
     assert mine["iteration_ends"] == pytest.approx(theirs["iteration_ends"], rel=1e-9)

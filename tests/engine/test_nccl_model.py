@@ -136,3 +136,48 @@ def test_h100_ring_reduce_scatter_is_near_nccl_tests_figures_not_fitted_to():
     for size, seconds in measured.items():
         span = max(end - start for _, _, name, _, start, end in result["vertices"] if name == f"r{size}")
         assert -0.08 < span / seconds - 1 < 0.0, (size, span, seconds)  # the model a little faster, as NCCL's is
+
+
+def _network_latency(xpus: int, ranks: list[int], collective: str) -> float:
+    """The call latency the rules charge a `collective` (NCCL's channel rings; a send) over DGX H100 `ranks`."""
+    from hcsim.engine.api import RunOptions, host_pairs
+    from hcsim.engine.collectives import server_groups
+    from hcsim.engine.rules import WorkloadRules
+    from hcsim.platform import compile_platform
+    from hcsim.platform.builders import build_platform
+    from hcsim.platform.spec import load_platform_spec
+
+    platform = build_platform(load_platform_spec("dgx-h100"), xpus=xpus)
+    group = tuple(f"xpu{r}" for r in ranks)
+    graph = new_workload("net", precision="bf16")
+    name = "direct" if collective == "p2p" else "nccl"
+    add_comm(graph, "c", xpus=list(group), bytes=1e9, collective=collective, algorithm=name)
+    rules = WorkloadRules(platform, graph, compile_platform(platform, host_pairs(platform, graph), "bf16").routes,
+                          RunOptions(compute_model=MODEL))
+    algorithm = get_algorithm(collective, name, len(group), 1e9, server_groups(platform, group))
+    return rules.call_latency(algorithm, group)
+
+
+US = 1e-6
+
+
+@pytest.mark.parametrize("collective, ranks, expected", [
+    # 2 nodes x 8: a ring's 14 steps (reduce-scatter) cross once, its 28 (all-reduce) twice; NCCL's tree is cheaper
+    ("reduce_scatter", range(16), 8.4 + 14 * 3.4 + 1 * 14),
+    ("all_gather", range(16), 8.4 + 14 * 3.4 + 1 * 14),
+    ("all_reduce", range(16), min(8.4 + 26 * 3.4 + 2 * 14, 8.4 + 2 * (7 * 3.4 + 1 * 14))),
+    # one rank a node on 8 nodes (a TP 8 model's data-parallel group): every step crosses; the tree's 2 log2(8)
+    ("reduce_scatter", range(0, 64, 8), 8.4 + 7 * 14),
+    ("all_reduce", range(0, 64, 8), min(8.4 + 14 * 14, 8.4 + 2 * 3 * 14)),
+    # a pipeline send between nodes: one step across
+    ("p2p", [0, 8], 8.4 + 14),
+])
+def test_a_collective_across_nodes_pays_nccl_s_network_latency(collective, ranks, expected):
+    """NCCL's tuning model (tuning.cc, Simple): base 8.4 us, 3.4 us a step inside an NVLink node, 14 us a step
+    across the network; an all-reduce at most its tree's latency."""
+    assert _network_latency(64, list(ranks), collective) == pytest.approx(expected * US, rel=1e-12)
+
+
+def test_a_collective_inside_a_node_keeps_its_protocols():
+    """Eight ranks of one DGX H100: no network step (a 1 GB reduce-scatter runs Simple: 8.4 + 7 x 3.4 us)."""
+    assert _network_latency(16, list(range(8)), "reduce_scatter") == pytest.approx((8.4 + 7 * 3.4) * US)
