@@ -334,24 +334,37 @@ class WorkloadRules:
         """NCCL's latency (its tuning model, src/graph/tuning.cc, Simple protocol) of a collective over n ranks
         on N > 1 servers: the largest base latency of its links' kinds, and for each step of its schedule the
         per-step latency of the links it crosses. Of a ring's steps, steps x (N - 1)/(n - 1) cross servers (an
-        all-reduce's 2(N - 1), a reduce-scatter's or all-gather's N - 1), the rest stay inside one. An
-        all-reduce pays at most NCCL's tree's 2((n/N - 1) x the intra-server + floor(log2 N) x the
-        cross-server step latency), as NCCL then runs the tree (its bandwidth, within a tenth of the ring's, is
-        the ring's here); an all-to-all's sends leave at once: one step across."""
+        all-reduce's 2(N - 1), a reduce-scatter's or all-gather's N - 1), the rest stay inside one; an
+        all-to-all's sends leave at once: one step across.
+
+        NCCL runs the algorithm of least estimated time: an all-reduce may run its tree (2((n/N - 1) steps
+        inside + floor(log2 N) across), at 0.92 of the ring's bus bandwidth), a reduce-scatter or all-gather
+        over one rank a server PAT (:data:`NCCL_PAT`). The ring's transfers are what is simulated, so the other
+        algorithm's latency is charged with its extra transfer time (uncontended) when NCCL would pick it."""
         pairs = sorted(algorithm.pairs())
         server = {rank: i for i, ranks in enumerate(servers) for rank in ranks}
         factors = {(s, d): self.link_factors(group[s], group[d]) for s, d in pairs}
+        crossing_pairs = [pair for pair in pairs if server[pair[0]] != server[pair[1]]]
         base = max((f.call_latency for f in factors.values()), default=0.0)
-        across = max((f.step_latency for (s, d), f in factors.items() if server[s] != server[d]), default=0.0)
+        across = max((factors[pair].step_latency for pair in crossing_pairs), default=0.0)
         inside = max((f.step_latency for (s, d), f in factors.items() if server[s] == server[d]), default=0.0)
         if algorithm.collective == "all_to_all":
             return base + across
         n, nodes, steps = len(group), len(servers), _steps(algorithm)
         crossing = steps * (nodes - 1) / (n - 1)
         ring = base + (steps - crossing) * inside + crossing * across
-        if algorithm.collective != "all_reduce":
+        if algorithm.collective == "all_reduce":  # tree: S up and down at 0.92 of the bus bandwidth
+            other = (base + 2 * ((n / nodes - 1) * inside + math.floor(math.log2(nodes)) * across),
+                     n / (n - 1) / NCCL_TREE_BANDWIDTH)
+        elif algorithm.collective in ("reduce_scatter", "all_gather") and nodes == n:
+            other = (NCCL_PAT["base"] + math.floor(math.log2(nodes)) * across / NCCL_PAT["log_divisor"]
+                     + n * NCCL_PAT["per_rank"], n / (n - 1) / NCCL_PAT["bandwidth"])
+        else:
             return ring
-        return min(ring, base + 2 * ((n / nodes - 1) * inside + math.floor(math.log2(nodes)) * across))
+        ring_transfers = _busiest_bytes(algorithm) / min(
+            self.path(group[s], group[d])[1] * factors[s, d].bandwidth_factor for s, d in crossing_pairs)
+        latency, slower = other
+        return min(ring, latency + ring_transfers * (slower - 1))
 
     def endpoints(self, algorithm, group: tuple[str, ...]) -> tuple[str, ...]:
         """The hosts of `algorithm`'s endpoints over `group` (:func:`hcsim.engine.collectives.endpoint_hosts`):
@@ -432,6 +445,13 @@ class WorkloadRules:
             self._path_cache[key] = (route_latency(self.platform, route), route_bandwidth(self.platform, route))
         return self._path_cache[key]
 
+
+
+NCCL_TREE_BANDWIDTH = 0.92
+"""NCCL's tree all-reduce bus bandwidth over its ring's (tuning.cc: busBw * .92)."""
+NCCL_PAT = {"base": 8.0e-6, "log_divisor": 3.5, "per_rank": 2.8e-6, "bandwidth": 0.75}
+"""NCCL's PAT reduce-scatter and all-gather (one rank a node; tuning.cc): base 8 us, log2(N) x the network step /
+3.5, 2.8 us a rank, 0.75 of the ring's bus bandwidth with no ring conversion (n/(n - 1) of its time more)."""
 
 
 def _steps(algorithm) -> int:

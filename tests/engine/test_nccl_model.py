@@ -138,8 +138,9 @@ def test_h100_ring_reduce_scatter_is_near_nccl_tests_figures_not_fitted_to():
         assert -0.08 < span / seconds - 1 < 0.0, (size, span, seconds)  # the model a little faster, as NCCL's is
 
 
-def _network_latency(xpus: int, ranks: list[int], collective: str) -> float:
-    """The call latency the rules charge a `collective` (NCCL's channel rings; a send) over DGX H100 `ranks`."""
+def _network_latency(xpus: int, ranks: list[int], collective: str, size: float = 1e9) -> float:
+    """The call latency the rules charge a `collective` of `size` bytes (NCCL's channel rings; a send) over
+    DGX H100 `ranks`."""
     from hcsim.engine.api import RunOptions, host_pairs
     from hcsim.engine.collectives import server_groups
     from hcsim.engine.rules import WorkloadRules
@@ -151,31 +152,49 @@ def _network_latency(xpus: int, ranks: list[int], collective: str) -> float:
     group = tuple(f"xpu{r}" for r in ranks)
     graph = new_workload("net", precision="bf16")
     name = "direct" if collective == "p2p" else "nccl"
-    add_comm(graph, "c", xpus=list(group), bytes=1e9, collective=collective, algorithm=name)
+    add_comm(graph, "c", xpus=list(group), bytes=size, collective=collective, algorithm=name)
     rules = WorkloadRules(platform, graph, compile_platform(platform, host_pairs(platform, graph), "bf16").routes,
                           RunOptions(compute_model=MODEL))
-    algorithm = get_algorithm(collective, name, len(group), 1e9, server_groups(platform, group))
+    algorithm = get_algorithm(collective, name, len(group), size, server_groups(platform, group))
     return rules.call_latency(algorithm, group)
 
 
 US = 1e-6
+NDR = 50e9 * 0.94  # a DGX H100's NIC, at NCCL's share of it
 
 
 @pytest.mark.parametrize("collective, ranks, expected", [
-    # 2 nodes x 8: a ring's 14 steps (reduce-scatter) cross once, its 28 (all-reduce) twice; NCCL's tree is cheaper
+    # 2 nodes x 8, bulk: a ring's 15 steps (reduce-scatter) cross once, its 30 (all-reduce) twice
     ("reduce_scatter", range(16), 8.4 + 14 * 3.4 + 1 * 14),
     ("all_gather", range(16), 8.4 + 14 * 3.4 + 1 * 14),
-    ("all_reduce", range(16), min(8.4 + 26 * 3.4 + 2 * 14, 8.4 + 2 * (7 * 3.4 + 1 * 14))),
-    # one rank a node on 8 nodes (a TP 8 model's data-parallel group): every step crosses; the tree's 2 log2(8)
+    ("all_reduce", range(16), 8.4 + 28 * 3.4 + 2 * 14),
+    # one rank a node on 8 nodes (a TP 8 model's data-parallel group): every step crosses
     ("reduce_scatter", range(0, 64, 8), 8.4 + 7 * 14),
-    ("all_reduce", range(0, 64, 8), min(8.4 + 14 * 14, 8.4 + 2 * 3 * 14)),
+    ("all_reduce", range(0, 64, 8), 8.4 + 14 * 14),
     # a pipeline send between nodes: one step across
     ("p2p", [0, 8], 8.4 + 14),
 ])
 def test_a_collective_across_nodes_pays_nccl_s_network_latency(collective, ranks, expected):
-    """NCCL's tuning model (tuning.cc, Simple): base 8.4 us, 3.4 us a step inside an NVLink node, 14 us a step
-    across the network; an all-reduce at most its tree's latency."""
+    """NCCL's tuning model (tuning.cc, Simple), 1 GB: base 8.4 us, 3.4 us a step inside an NVLink node, 14 us a
+    step across the network; at this size NCCL keeps its ring (its tree and PAT lose more in bandwidth)."""
     assert _network_latency(64, list(ranks), collective) == pytest.approx(expected * US, rel=1e-12)
+
+
+@pytest.mark.parametrize("collective, ranks, algorithm, slower", [
+    # the tree: 2((n/N - 1) x 3.4 + log2(N) x 14) beside the base, at 0.92 of the bus bandwidth
+    ("all_reduce", range(16), 8.4 + 2 * (7 * 3.4 + 1 * 14), 16 / 15 / 0.92),
+    ("all_reduce", range(0, 64, 8), 8.4 + 2 * 3 * 14, 8 / 7 / 0.92),
+    # PAT over one rank a node: 8 + log2(N) x 14 / 3.5 + 2.8 a rank, at 0.75
+    ("reduce_scatter", range(0, 64, 8), 8 + 3 * 14 / 3.5 + 8 * 2.8, 8 / 7 / 0.75),
+])
+def test_a_small_collective_across_nodes_runs_nccl_s_tree_or_pat(collective, ranks, algorithm, slower):
+    """10 kB: NCCL's tree (all-reduce) or PAT (reduce-scatter over one rank a node) beats its ring's latency; the
+    ring's transfers are simulated, so the call also pays their time again at the algorithm's lower bandwidth."""
+    ranks, size = list(ranks), 1e4
+    n = len(ranks)
+    busiest = (2 if collective == "all_reduce" else 1) * (n - 1) / n * size
+    expected = algorithm * US + busiest / NDR * (slower - 1)
+    assert _network_latency(64, ranks, collective, size) == pytest.approx(expected, rel=1e-9)
 
 
 def test_a_collective_inside_a_node_keeps_its_protocols():
