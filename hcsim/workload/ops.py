@@ -182,8 +182,9 @@ def megatron_ops(ops, fp8_recipe: str = "delayed") -> BlockOps:
     stays in registers). `core`: the attention core's forward kernels (what selective recomputation redoes).
     An FP8 GEMM (``gemm8``) quantizes its input before the forward GEMM and its output gradient before the
     backward ones, each in :func:`fp8_quantize`'s kernels for `fp8_recipe` (the weight is quantized once a
-    step: :func:`optimizer_step_ops`)."""
+    step: :func:`optimizer_step_ops`), but for an input straight from a norm (:func:`_fp8_after_norm`)."""
     forward, backward, core = [], [], []
+    previous = None
     for op in ops:
         m, n, k, batch = op.shape
         if op.kernel == "attention":
@@ -203,7 +204,11 @@ def megatron_ops(ops, fp8_recipe: str = "delayed") -> BlockOps:
             behind = [_memory(f"{op.name}.bwd", op.backward.bytes, op.kernel)] if op.backward.bytes else []
         if op.kernel == "gemm8":  # Transformer Engine's quantization: the input (FP8 and its transpose, for the
             # weight gradient) before the GEMM; backward, the output gradient (for dgrad and, transposed, wgrad)
-            ahead[:0] = fp8_quantize(op.name, m * k * batch, fp8_recipe)
+            if previous is not None and previous.kind == "norm":
+                forward[-1], quantize = _fp8_after_norm(forward[-1], previous, op.name, m * k * batch, fp8_recipe)
+            else:
+                quantize = fp8_quantize(op.name, m * k * batch, fp8_recipe)
+            ahead[:0] = quantize
             behind[:0] = fp8_quantize(f"{op.name}.bwd", m * n * batch, fp8_recipe)
         if forward and op.name.startswith("residual") and forward[-1].name.startswith("dropout"):
             ahead = [_fused((forward.pop(), *ahead))[0]._replace(name=f"bias_dropout_add_{op.name}")]
@@ -212,7 +217,23 @@ def megatron_ops(ops, fp8_recipe: str = "delayed") -> BlockOps:
         backward[:0] = behind
         if op.attention_core:
             core += ahead
+        previous = op
     return BlockOps(forward=tuple(forward), backward=tuple(backward), core=tuple(core))
+
+
+def _fp8_after_norm(norm_kernel: Op, norm, name: str, elements: float, recipe: str) -> tuple[Op, list[Op]]:
+    """The norm kernel and the quantization of an FP8 GEMM whose input is that norm's output, as Transformer
+    Engine's LayerNormLinear runs them (transformer_engine/pytorch/module/layernorm_linear.py, with_quantized_norm).
+    Under delayed scaling the norm kernel writes FP8 itself (csrc/extensions/normalization.cpp: FULLY_FUSED), half
+    its BF16 output's bytes, and the FP8 transpose the weight gradient needs follows (common/normalization/
+    layernorm/ln_api.cpp: nvte_transpose, reading and writing 1 B an element of the `elements` the GEMM takes);
+    under current scaling the norm records the amax as it writes BF16 (FUSED_NORM_AMAX_FP8), so only the
+    cast-transpose follows, without the amax pass. `norm`: the transformer op (its saved bytes: its output's
+    size in BF16)."""
+    if recipe == "current":
+        return norm_kernel, [op for op in fp8_quantize(name, elements, recipe) if op.kind != "reduction"]
+    return (norm_kernel._replace(bytes=norm_kernel.bytes - norm.saved / 2),
+            [_memory(f"{name}.transpose_fp8", elements * 2.0)])
 
 
 def _work(work) -> tuple[float, float]:

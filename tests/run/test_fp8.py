@@ -54,15 +54,16 @@ def test_an_fp8_layer_runs_its_gemms_in_fp8_with_casts_and_keeps_fp8_inputs():
     kernels = megatron_ops(fp8.ops)
     gemms = [k for k in kernels.forward if k.kind.startswith("gemm")]
     assert gemms and all(k.kind == "gemm8" for k in gemms)
-    casts = [k for k in kernels.forward if k.name.endswith(".cast_transpose_fp8")]
+    casts = [k for k in kernels.forward if k.name.endswith((".cast_transpose_fp8", ".transpose_fp8"))]
     assert len(casts) == len(gemms)
     assert all(k.kind == "gemm8" for k in kernels.backward if k.name.endswith(("dgrad", "wgrad")))
     assert [k.kind for k in megatron_ops(lm_head(SHAPE, precision="fp8").ops).forward if k.name == "logits"] == ["gemm"]
     assert fp8.forward.flops == bf16.forward.flops
     assert fp8.activation_bytes() < bf16.activation_bytes()
     cast = optimizer_step_ops(1e6, "fp8")
-    assert [k.name for k in cast] == ["optimizer", "fp8_weights.cast_transpose_fp8", "fp8_scale_update"]
-    assert cast[1].bytes == 4e6  # BF16 read, FP8 weight and transpose written, once a step
+    assert [k.name for k in cast] == ["optimizer", "zero_grad_buffer", "fp8_weights.cast_transpose_fp8",
+                                      "fp8_scale_update"]
+    assert cast[2].bytes == 4e6  # BF16 read, FP8 weight and transpose written, once a step
 
 
 def test_fp8_is_refused_for_a_pytorch_autocast_inventory():
@@ -94,15 +95,29 @@ def test_an_fp8_step_on_h100_is_faster_than_bf16_and_an_a100_refuses_it():
 def test_each_fp8_gemm_quantizes_its_input_and_its_output_gradient_as_the_recipe_says(recipe):
     """Transformer Engine on Hopper: before each FP8 GEMM the BF16 input is cast to FP8 with its transpose in one
     fused kernel (2 B read, 1 + 1 B written per element of the m x k input), before its backward GEMMs the output
-    gradient likewise (m x n); current scaling first reads each tensor once more for its amax."""
+    gradient likewise (m x n); current scaling first reads each tensor once more for its amax. A GEMM after a
+    norm (LayerNormLinear: qkv, mlp_in) has the norm quantize: under delayed scaling the norm writes FP8 (half
+    its output's bytes fewer) and a transpose follows (1 B read, 1 B written), under current scaling the norm
+    records the amax, so only the cast-transpose follows."""
     layer = decoder_layer(SHAPE, micro_batch=1, tp=1, precision="fp8", attention="flash")
     kernels = megatron_ops(layer.ops, recipe)
     amax = recipe == "current"
-    for op in layer.ops:
+    after_norm = {"qkv", "mlp_in"}
+    for before, op in zip(layer.ops, layer.ops[1:]):
         if op.kernel != "gemm8":
             continue
+        assert (before.kind == "norm") == (op.name in after_norm)
         m, n, k, batch = op.shape
         i = next(i for i, x in enumerate(kernels.forward) if x.name == op.name)
+        if op.name in after_norm:
+            fused = recipe == "delayed"
+            quantize = kernels.forward[i - 1]
+            assert quantize.name == f"{op.name}.{'transpose_fp8' if fused else 'cast_transpose_fp8'}"
+            assert quantize.bytes == (2.0 if fused else 4.0) * m * k * batch
+            norm = kernels.forward[i - 2]
+            assert norm.name == before.name  # writing FP8: half its BF16 output (the size it saves) fewer bytes
+            assert norm.bytes == before.forward.bytes - (before.saved / 2 if fused else 0.0)
+            continue
         ahead = kernels.forward[i - 1 - amax:i]
         assert [x.name for x in ahead] == [f"{op.name}.amax"] * amax + [f"{op.name}.cast_transpose_fp8"]
         assert ahead[-1].bytes == 4.0 * m * k * batch and (not amax or ahead[0].bytes == 2.0 * m * k * batch)
@@ -115,8 +130,9 @@ def test_each_fp8_gemm_quantizes_its_input_and_its_output_gradient_as_the_recipe
 
 def test_current_scaling_adds_an_amax_pass_and_delayed_scaling_a_scale_update_per_step():
     delayed, current = (optimizer_step_ops(1e6, "fp8", fp8_recipe=r) for r in FP8_RECIPES)
-    assert [k.name for k in current] == ["optimizer", "fp8_weights.amax", "fp8_weights.cast_transpose_fp8"]
-    assert current[1].kind == "reduction" and current[1].bytes == 2e6
+    assert [k.name for k in current] == ["optimizer", "zero_grad_buffer", "fp8_weights.amax",
+                                         "fp8_weights.cast_transpose_fp8"]
+    assert current[2].kind == "reduction" and current[2].bytes == 2e6
     assert delayed[-1].name == "fp8_scale_update" and delayed[-1].bytes == 0.0  # a launch, its bytes negligible
     f = MODEL.device("H100")
     layer = decoder_layer(SHAPE, micro_batch=1, tp=1, precision="fp8", attention="flash")
