@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from hcsim.errors import ConfigError, HcsimError, brief
-from hcsim.run.scenario import Scenario
+from hcsim.run.scenario import Scenario, say_once
 
 __all__ = ["POINT_FOLDER_PREFIX", "check_executor", "run_point", "run_points"]
 
@@ -110,6 +110,8 @@ def _point_main(argv: Sequence[str]) -> int:
     """Child side of :func:`run_point`: run one pickled scenario, write its result as JSON."""
     source, target, parent = Path(argv[0]), Path(argv[1]), int(argv[2])
     _die_with_parent(parent)
+    warnings = _Warnings()
+    logging.getLogger().addHandler(warnings)
     scenario = pickle.loads(source.read_bytes())
     from hcsim.run.report import atomic_write
     from hcsim.run.simulation import run_here
@@ -127,8 +129,28 @@ def _point_main(argv: Sequence[str]) -> int:
 
         traceback.print_exc()
         result = {"error": f"{type(err).__name__}: {err} (a bug in hcsim; please report it)"}
+    if warnings.said:
+        result = {**result, WARNINGS: warnings.said}
     atomic_write(target, json.dumps(result))
     return 0
+
+
+WARNINGS = "warnings"
+"""The result key under which a point's process hands back what it warned (run_points says each once)."""
+
+
+class _Warnings(logging.Handler):
+    """The distinct warnings a point's process logs, in order: its stderr is kept only when it fails, so what it
+    warns goes back with its result."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.said: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message not in self.said:
+            self.said.append(message)
 
 
 def _die_with_parent(parent: int) -> None:
@@ -197,7 +219,8 @@ def run_points(scenarios: Sequence[Scenario | tuple[Callable[..., dict[str, Any]
     threads; ``dask://HOST:PORT``: a Dask cluster's workers); yield (index in `scenarios`, result record) as
     each finishes. A failure of the executor itself (a lost Dask worker...) is that point's error. Stopping
     early (an exception, or closing the iterator) cancels the points not started and kills the local ones
-    running. `running` as :func:`run_sweep`'s, with the index instead of the point."""
+    running. `running` as :func:`run_sweep`'s, with the index instead of the point. What a point's process
+    warns is said here, each message once."""
     with _PointExecutor(executor, jobs) as (pool, children):
         local = children is not None
         futures: dict[Future, int] = {
@@ -210,6 +233,8 @@ def run_points(scenarios: Sequence[Scenario | tuple[Callable[..., dict[str, Any]
                     result = future.result()
                 except Exception as err:  # the executor itself failed (a lost Dask worker...)
                     result = {"error": f"the executor failed: {type(err).__name__}: {err}"}
+                for message in result.pop(WARNINGS, ()):  # once a run, not once a point
+                    say_once(message)
                 yield futures[future], result
         except BaseException:
             for future in futures:

@@ -545,3 +545,21 @@ def test_a_running_point_reports_how_far_it_is(fake_python):
     seen = []
     run_point(Scenario(xpus=2), progress=seen.append)
     assert seen and seen == sorted(seen) and {0.25, 0.5} >= set(seen) and 0.5 in seen
+
+
+def test_what_a_point_warns_is_said_once_a_run_and_left_out_of_its_result(monkeypatch, caplog):
+    """A point's process keeps its stderr only when it fails: what it warns comes back with its result and the
+    run says each message once, however many points warned it (here two A100 points, whose kernel factors are
+    literature figures), never as a result key."""
+    import hcsim.run.scenario as scenario_module
+    from hcsim.run.scenario import Scenario
+    from hcsim.study.points import WARNINGS, run_points
+
+    monkeypatch.setattr(scenario_module, "_SAID", set())  # what this test process said before does not count
+    point = Scenario(platform="dgx-a100", workload="llama3-8b", xpus=8, tp=2, iterations=1,
+                     workload_overrides={"model.decoders": 2})
+    with caplog.at_level("WARNING"):
+        results = [result for _, result in run_points([point, point], jobs=2)]
+    said = [r.getMessage() for r in caplog.records if "literature figures" in r.getMessage()]
+    assert len(said) == 1 and "A100" in said[0]
+    assert all("error" not in result and WARNINGS not in result for result in results)
