@@ -361,6 +361,8 @@ class WorkloadRules:
                      + n * NCCL_PAT["per_rank"], n / (n - 1) / NCCL_PAT["bandwidth"])
         else:
             return ring
+        if not crossing_pairs:  # a schedule with no transfer between the servers: nothing to compare
+            return ring
         ring_transfers = _busiest_bytes(algorithm) / min(
             self.path(group[s], group[d])[1] * factors[s, d].bandwidth_factor for s, d in crossing_pairs)
         latency, slower = other
@@ -444,7 +446,6 @@ class WorkloadRules:
             route = self.routes[key]
             self._path_cache[key] = (route_latency(self.platform, route), route_bandwidth(self.platform, route))
         return self._path_cache[key]
-
 
 
 NCCL_TREE_BANDWIDTH = 0.92
