@@ -381,6 +381,7 @@ def _simulate(scenario, ranked, jobs: int, executor: str, timeout: float | None,
     from dataclasses import replace
 
     from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
 
     from hcsim.study.points import run_points
 
@@ -395,6 +396,7 @@ def _simulate(scenario, ranked, jobs: int, executor: str, timeout: float | None,
             results[order[i]] = done[key]
     todo = [i for i, key in enumerate(keys) if key not in done]
     with tqdm(total=len(todo), unit="plan", desc="simulating", disable=None, file=sys.stderr) as bar, \
+            logging_redirect_tqdm(), \
             contextlib.closing(run_points([points[i] for i in todo], jobs=jobs, executor=executor,
                                           timeout=timeout)) as finished:
         for index, result in finished:

@@ -70,11 +70,14 @@ def run(args) -> int:
         for path in write_report(experiment, csv, args.out):
             print(f"wrote {path}")
         return 0
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
     bar = _Progress(enabled=not args.no_progress and not args.quiet)
     try:
-        report = run_sweep(experiment, args.out, jobs=args.jobs, resume=args.resume, overwrite=args.overwrite,
-                           retry_errors=args.retry_errors, executor=args.executor, timeout=args.timeout,
-                           progress=bar.update, planned=bar.start, running=bar.running)
+        with logging_redirect_tqdm():  # a warning on a line of its own, above the bar
+            report = run_sweep(experiment, args.out, jobs=args.jobs, resume=args.resume, overwrite=args.overwrite,
+                               retry_errors=args.retry_errors, executor=args.executor, timeout=args.timeout,
+                               progress=bar.update, planned=bar.start, running=bar.running)
     finally:
         bar.close()
     print(f"{experiment.name}: {report.ran} points run, {report.skipped} already done, {report.failed} failed, "
