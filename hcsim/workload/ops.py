@@ -230,8 +230,8 @@ def _fp8_after_norm(norm_kernel: Op, norm, name: str, elements: float, recipe: s
     under current scaling the norm records the amax as it writes BF16 (FUSED_NORM_AMAX_FP8), so only the
     cast-transpose follows, without the amax pass. `norm`: the transformer op (its saved bytes: its output's
     size in BF16)."""
-    if recipe == "current":
-        return norm_kernel, [op for op in fp8_quantize(name, elements, recipe) if op.kind != "reduction"]
+    if recipe == "current":  # the cast-transpose alone, as delayed scaling's: the norm recorded the amax
+        return norm_kernel, fp8_quantize(name, elements, "delayed")
     return (norm_kernel._replace(bytes=norm_kernel.bytes - norm.saved / 2),
             [_memory(f"{name}.transpose_fp8", elements * 2.0)])
 
