@@ -15,15 +15,28 @@ template on each line (or indents them under a ``WHERE: ...:`` line). A
 user's value is shown with :func:`brief`, never in full.
 """
 
+import logging
 import re
 import reprlib
 from pathlib import Path
 
 __all__ = ["HcsimError", "ConfigError", "TopologyError", "WorkloadError", "SimulationError", "OutputError", "brief",
-           "MESSAGE_TEMPLATE", "shadowed_package", "invalid"]
+           "MESSAGE_TEMPLATE", "shadowed_package", "invalid", "say_once"]
 
 # One line of a message: a place, ": ", the problem (continuation lines of a list are indented instead).
 MESSAGE_TEMPLATE = re.compile(r"^(?P<where>[^\s:][^\n]*?): (?P<problem>\S[^\n]*)$")
+
+_SAID: set[str] = set()
+
+
+def say_once(log: logging.Logger, message: str) -> None:
+    """Warn `message` on `log` once per process, whoever says it again: a sweep, a plan or a validation reads its
+    specs once to check them and again for every point, and each point's process hands back what it warned
+    (hcsim.study.points.run_points), so one note would otherwise come several times."""
+    if message not in _SAID:
+        _SAID.add(message)
+        log.warning("%s", message)
+
 
 _REPR = reprlib.Repr()
 _REPR.maxstring, _REPR.maxother, _REPR.maxlist, _REPR.maxtuple = 60, 60, 6, 6

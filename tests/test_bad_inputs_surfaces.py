@@ -376,9 +376,10 @@ def test_an_fp8_recipe_given_for_a_run_that_is_not_fp8_is_said_once(monkeypatch,
     """A recipe the run does not use (precision bf16) changes nothing: said, not ignored; once per process."""
     import logging
 
+    import hcsim.errors as errors
     import hcsim.workload.spec as spec
 
-    monkeypatch.setattr(spec, "_SAID", set())
+    monkeypatch.setattr(errors, "_SAID", set())
     with caplog.at_level(logging.WARNING, logger="hcsim.workload.spec"):
         for _ in range(2):
             spec.load_workload_spec("llama3-8b", {"training.fp8_recipe": "current", "training.precision": "bf16"})
@@ -395,10 +396,11 @@ def test_a_wrong_training_value_is_an_error_without_notes_about_the_keys_beside_
     wrong recipe was first noted as the default ('delayed' applies to precision fp8) and then refused."""
     import logging
 
+    import hcsim.errors as errors
     import hcsim.workload.spec as spec
     from hcsim.errors import ConfigError
 
-    monkeypatch.setattr(spec, "_SAID", set())
+    monkeypatch.setattr(errors, "_SAID", set())
     with caplog.at_level(logging.WARNING, logger="hcsim.workload.spec"):
         for wrong in ({"training.fp8_recipe": "mxfp8", "training.precision": "bf16"},
                       {"training.overlap_grad_reduce": False, "training.precision": "int4"}):
@@ -412,9 +414,10 @@ def test_gradients_reduced_after_the_backward_pass_beside_overlapped_gathers_are
     so, once; false for both (Megatron-LM's bare default) and true say nothing."""
     import logging
 
+    import hcsim.errors as errors
     import hcsim.workload.spec as spec
 
-    monkeypatch.setattr(spec, "_SAID", set())
+    monkeypatch.setattr(errors, "_SAID", set())
     with caplog.at_level(logging.WARNING, logger="hcsim.workload.spec"):
         for _ in range(2):
             spec.load_workload_spec("llama3-8b", {"training.overlap_grad_reduce": False})
@@ -431,9 +434,10 @@ def test_a_seed_given_without_a_straggler_spread_is_said_once(monkeypatch, caplo
     (as training.fp8_recipe for a run that is not fp8); beside a spread, even 0 (a sweep's baseline), it is not."""
     import logging
 
+    import hcsim.errors as errors
     import hcsim.run.scenario as scenario
 
-    monkeypatch.setattr(scenario, "_SAID", set())
+    monkeypatch.setattr(errors, "_SAID", set())
     with caplog.at_level(logging.WARNING, logger="hcsim.run.scenario"):
         for _ in range(2):
             scenario.load_scenario(None, ["xpus=8", "seed=3"])

@@ -16,8 +16,8 @@ from typing import Any
 import networkx as nx
 
 from hcsim.engine.api import host_pairs
-from hcsim.errors import ConfigError, TopologyError, brief
-from hcsim.run.scenario import Scenario, say_once
+from hcsim.errors import ConfigError, TopologyError, brief, say_once
+from hcsim.run.scenario import Scenario
 from hcsim.run.stragglers import apply_stragglers
 
 __all__ = ["Prepared", "prepare", "batch_split", "layer_split", "offload_memory", "spill_policy", "check_local_memory",
@@ -584,9 +584,9 @@ def _parallelism(scenario: Scenario, spec, layout, split: tuple[int, ...] | None
     except ConfigError as err:
         raise ConfigError(f"scenario {scenario.name!r}: {err}") from err
     if spec.tp_comm_overlap and par.tp > 1 and not par.sequence_parallel:
-        say_once(f"scenario {scenario.name!r}: training.tp_comm_overlap: Transformer Engine overlaps the TP "
-                 f"collectives of sequence-parallel layers only (Megatron-LM's --tp-comm-overlap needs "
-                 f"--sequence-parallel), so it has no effect here; set sequence_parallel: true to use it")
+        say_once(log, f"scenario {scenario.name!r}: training.tp_comm_overlap: Transformer Engine overlaps the TP "
+                      f"collectives of sequence-parallel layers only (Megatron-LM's --tp-comm-overlap needs "
+                      f"--sequence-parallel), so it has no effect here; set sequence_parallel: true to use it")
     return par
 
 

@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 from hcsim.config import Fields, load_yaml, parse_settings, resolve_spec
 from hcsim.engine.api import COLLECTIVE_MODELS, LOCAL_ACCESSES, LOCAL_COLLECTIVES
-from hcsim.errors import ConfigError, brief
+from hcsim.errors import ConfigError, brief, say_once
 from hcsim.limits import check_range
 from hcsim.params import (Choice, Constraint, Either, Flag, Integer, Integers, Number, NumberMapping, Optional,
                           StringMapping, Text, Texts, check_params)
@@ -380,14 +380,6 @@ def apply_settings(data: dict, settings: list[str] | Mapping[str, Any], where: s
 
 
 _warned: set[str] = set()
-_SAID: set[str] = set()
-
-
-def say_once(message: str) -> None:
-    """A warning once per process (a sweep reads its scenario for every point)."""
-    if message not in _SAID:
-        _SAID.add(message)
-        log.warning("%s", message)
 
 
 def renamed(data: dict, where: str) -> dict:
@@ -506,9 +498,9 @@ def _from_mapping(data: dict, where: str, base: str, origins: dict[str, str] | N
                                f"draw), got {brief(values['seed'])}")
         values["seed"] = default.seed
     if fields.has("seed") and not fields.has("straggler_spread") and fields.raw("seed") == values["seed"]:
-        say_once(f"{fields.path('seed')}: {values['seed']} seeds the straggler_spread draw; this run has no "
-                  f"straggler_spread, so it has no effect (straggler_spread=0.05 draws with it; a serving "
-                  f"workload's requests draw with serving.seed)")
+        say_once(log, f"{fields.path('seed')}: {values['seed']} seeds the straggler_spread draw; this run has no "
+                      f"straggler_spread, so it has no effect (straggler_spread=0.05 draws with it; a serving "
+                      f"workload's requests draw with serving.seed)")
     values["jobs_alone"] = fields.flag("jobs_alone", False)
     jobs = fields.raw("jobs")
     if jobs is not None:

@@ -23,8 +23,8 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor, as_complete
 from pathlib import Path
 from typing import Any
 
-from hcsim.errors import ConfigError, HcsimError, brief
-from hcsim.run.scenario import Scenario, say_once
+from hcsim.errors import ConfigError, HcsimError, brief, say_once
+from hcsim.run.scenario import Scenario
 
 __all__ = ["POINT_FOLDER_PREFIX", "check_executor", "run_point", "run_points"]
 
@@ -234,7 +234,7 @@ def run_points(scenarios: Sequence[Scenario | tuple[Callable[..., dict[str, Any]
                 except Exception as err:  # the executor itself failed (a lost Dask worker...)
                     result = {"error": f"the executor failed: {type(err).__name__}: {err}"}
                 for message in result.pop(WARNINGS, ()):  # once a run, not once a point
-                    say_once(message)
+                    say_once(log, message)
                 yield futures[future], result
         except BaseException:
             for future in futures:

@@ -15,7 +15,7 @@ from typing import Any
 
 
 from hcsim.config import Fields, apply_overrides, load_yaml, resolve_spec
-from hcsim.errors import ConfigError, brief
+from hcsim.errors import ConfigError, brief, say_once
 from hcsim.units import parse_quantity
 from hcsim.workload.graph import PRECISIONS
 from hcsim.workload.ops import FP8_RECIPES, INVENTORIES, KERNEL_INVENTORIES, KernelInventory
@@ -228,16 +228,6 @@ def _renamed(data: Any, where: str) -> Any:
     return {("granularity" if key == "fidelity" else key): value for key, value in data.items()}
 
 
-_SAID: set[str] = set()
-
-
-def _say_once(message: str) -> None:
-    """A warning once per process (a planner reads its workload for every plan)."""
-    if message not in _SAID:
-        _SAID.add(message)
-        log.warning("%s", message)
-
-
 def parse_workload_spec(data: Any, where: str = "workload") -> WorkloadSpec:
     """Build a WorkloadSpec from parsed YAML; raise one ConfigError with every problem."""
     top = Fields(_renamed(data, f"{where}: "), f"{where}: ")
@@ -269,17 +259,17 @@ def parse_workload_spec(data: Any, where: str = "workload") -> WorkloadSpec:
     training.check_unknown()
     valid = not training.problems  # a note about a value that is wrong anyway would only blur the error
     if valid and training.has("clip_grad_norm") and INVENTORIES[kernels or "megatron"].fused:
-        _say_once(f"{where}: training.clip_grad_norm applies to training.kernels pytorch-eager and torch-compile; "
-                  f"Megatron-LM's optimizer step (42-50 B per parameter) computes the gradients' norm either way, so it "
-                  f"has no effect here")
+        say_once(log, f"{where}: training.clip_grad_norm applies to training.kernels pytorch-eager and "
+                      f"torch-compile; Megatron-LM's optimizer step (42-50 B per parameter) computes the gradients' "
+                      f"norm either way, so it has no effect here")
     if valid and training.has("fp8_recipe") and values["precision"] != "fp8":
-        _say_once(f"{where}: training.fp8_recipe: {values['fp8_recipe']!r} applies to precision fp8; this run trains "
-                  f"in {values['precision']}, so it has no effect (precision=fp8 uses it)")
+        say_once(log, f"{where}: training.fp8_recipe: {values['fp8_recipe']!r} applies to precision fp8; this run "
+                      f"trains in {values['precision']}, so it has no effect (precision=fp8 uses it)")
     if valid and values["overlap_grad_reduce"] is False and values["overlap_param_gather"]:
-        _say_once(f"{where}: training.overlap_grad_reduce: false beside overlap_param_gather (true by default): with "
-                  f"ZeRO 1-2 over several ranks Megatron-LM refuses the pair (--overlap-param-gather needs "
-                  f"--overlap-grad-reduce); hcsim runs it as given (overlap_param_gather: false too is Megatron-LM's "
-                  f"bare default)")
+        say_once(log, f"{where}: training.overlap_grad_reduce: false beside overlap_param_gather (true by default): "
+                      f"with ZeRO 1-2 over several ranks Megatron-LM refuses the pair (--overlap-param-gather needs "
+                      f"--overlap-grad-reduce); hcsim runs it as given (overlap_param_gather: false too is "
+                      f"Megatron-LM's bare default)")
     gradients = top.sub("gradients")
     values.update(bucket=gradients.choice("bucket", BUCKETS, "decoder"),
                   algorithm=gradients.string("algorithm", "ring"),

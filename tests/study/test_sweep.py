@@ -550,16 +550,21 @@ def test_a_running_point_reports_how_far_it_is(fake_python):
 def test_what_a_point_warns_is_said_once_a_run_and_left_out_of_its_result(monkeypatch, caplog):
     """A point's process keeps its stderr only when it fails: what it warns comes back with its result and the
     run says each message once, however many points warned it (here two A100 points, whose kernel factors are
-    literature figures), never as a result key."""
-    import hcsim.run.scenario as scenario_module
+    literature figures, and a workload note each point's spec says), never as a result key; a note the run
+    said itself (checking the specs before the points run) is not said again."""
+    import hcsim.errors as errors
     from hcsim.run.scenario import Scenario
     from hcsim.study.points import WARNINGS, run_points
+    from hcsim.workload import load_workload_spec
 
-    monkeypatch.setattr(scenario_module, "_SAID", set())  # what this test process said before does not count
+    monkeypatch.setattr(errors, "_SAID", set())  # what this test process said before does not count
+    overrides = {"model.decoders": 2, "training.fp8_recipe": "current"}  # no effect in BF16: a note
     point = Scenario(platform="dgx-a100", workload="llama3-8b", xpus=8, tp=2, iterations=1,
-                     workload_overrides={"model.decoders": 2})
+                     workload_overrides=overrides)
     with caplog.at_level("WARNING"):
+        load_workload_spec("llama3-8b", overrides)  # as a sweep checks its points' specs first
         results = [result for _, result in run_points([point, point], jobs=2)]
-    said = [r.getMessage() for r in caplog.records if "literature figures" in r.getMessage()]
-    assert len(said) == 1 and "A100" in said[0]
+    said = [r.getMessage() for r in caplog.records]
+    assert len([m for m in said if "literature figures" in m and "A100" in m]) == 1
+    assert len([m for m in said if "training.fp8_recipe: 'current' applies to precision fp8" in m]) == 1, said
     assert all("error" not in result and WARNINGS not in result for result in results)
