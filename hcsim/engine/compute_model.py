@@ -295,6 +295,14 @@ class ComputeModel:
                               f"{', '.join(sorted(self.devices))}. Fix: add them (see platforms/compute-model.yaml), "
                               f"or run with compute_model: peak") from None
 
+    def route_link(self, platform, route: list[str]) -> LinkFactors:
+        """The factors of `route` (XPU to XPU over `platform`'s links): those of its bottleneck link's kind, for
+        the device of the XPUs at both ends (a pair of different devices: the kind's own)."""
+        edges, nodes = platform.edges, platform.nodes
+        slowest = min(zip(route, route[1:]), key=lambda link: edges[link]["bandwidth"])
+        device = nodes[route[0]].get("device")
+        return self.link(edges[slowest]["kind"], device if device == nodes[route[-1]].get("device") else None)
+
     def link(self, kind: str, device: str | None = None) -> LinkFactors:
         """The factors of link kind `kind` between XPUs of `device` (its ``devices`` entry: the NVLink or
         InfiniBand generation that device's systems have), else the kind's own, else the ``default`` entry."""

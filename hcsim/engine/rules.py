@@ -426,12 +426,7 @@ class WorkloadRules:
         of the XPUs at both ends (a mixed pair: the kind's own)."""
         key = (src, dst)
         if key not in self._link_factors:
-            route = self.routes[key]
-            edges = self.platform.edges
-            slowest = min(zip(route, route[1:]), key=lambda link: edges[link]["bandwidth"])
-            device = self.nodes[src].get("device")
-            device = device if device == self.nodes[dst].get("device") else None
-            self._link_factors[key] = self.options.compute_model.link(edges[slowest]["kind"], device)
+            self._link_factors[key] = self.options.compute_model.route_link(self.platform, self.routes[key])
         return self._link_factors[key]
 
     def access_time(self, src: str, dst: str, size: float) -> float:

@@ -200,6 +200,7 @@ class _Cluster:
 
     platform: nx.Graph
     layout: ParallelLayout
+    model: object = None  # the kernel model (ComputeModel) the simulations run: NCCL's achieved link bandwidth
 
     def slowest(self, stage: int, precision: str, members: frozenset[str] | None = None) -> tuple[float, float]:
         """(peak FLOP/s, HBM B/s) of the stage's slowest XPU (of those in `members`, when given)."""
@@ -241,14 +242,18 @@ class _Cluster:
         the ring. `nccl`: NCCL's channel rings, as the kernel model's graphs run them
         (hcsim.engine.collectives.channel_ring_orders): a group of g ranks on each of several servers runs g
         rings side by side, each with 1/g of every step and crossing between servers on its own rail, so the
-        step crosses over g NICs at once. (0, inf) when the groups are single XPUs."""
+        step crosses over g NICs at once; each step at the kernel model's achieved fraction of its route's
+        bandwidth (`model`'s link factors, as the engine moves a transfer). (0, inf) when the groups are single
+        XPUs."""
         rings = self.known()
-        key = (self.layout.xpus, tuple(sorted(self.layout.sizes.items())), axis, nccl)
+        key = (self.layout.xpus, tuple(sorted(self.layout.sizes.items())), axis, nccl, id(self.model))
         if key not in rings["rings"]:
             steps = [(self.route(a, b), share) for group in self.layout.groups(axis) if len(group) > 1
                      for order, share in self._lanes(group, nccl) for a, b in zip(order, order[1:] + order[:1])]
             load: Counter = Counter()
             for route, share in steps:
+                if nccl and self.model is not None:  # NCCL below line rate: as if it moved share / factor
+                    share /= self.model.route_link(self.platform, route).bandwidth_factor
                 for link in zip(route, route[1:]):
                     load[link] += share
             edges = self.platform.edges
@@ -337,7 +342,7 @@ def estimate(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus:
     (None: they run the peak model); a block is then its kernels' time on the stage's slowest device, as the
     engine times it, instead of max(FLOP / peak, bytes / bandwidth)."""
     par = candidate.parallelism
-    cluster = _Cluster(platform, cluster_layout(xpus, par))
+    cluster = _Cluster(platform, cluster_layout(xpus, par), kernel_model)
     attn, mlp = block_costs(spec, par.micro_batch, par.tp, par.sequence_parallel, cp=par.cp)
     layers = stage_layers(spec, par)
     sizes = spec.sizes

@@ -502,3 +502,22 @@ def test_failed_simulations_are_never_the_pick_and_do_not_stop_the_search():
     estimates = {"a": 1.0, "b": 1.02, "c": 1.04}
     search = Search(estimates, shape=lambda plan: plan)
     assert _replay(search, {"a": None, "b": 1.3, "c": 1.2}, jobs=1) == "c"
+
+
+def test_under_the_kernel_model_the_estimate_s_rings_run_at_nccl_s_achieved_bandwidth():
+    """The kernel model's collectives move each transfer at its route's link factor (NCCL below line rate: NVLink 4
+    at 0.822 on H100); the estimate's rings do the same, so a TP ring inside a DGX H100 node runs at the factor
+    times its NVLink bandwidth, and without the kernel model at the link's own."""
+    from hcsim.engine.compute_model import load_compute_model
+    from hcsim.study.plan import _Cluster, cluster_layout
+
+    model = load_compute_model()
+    platform = build_platform(load_platform_spec("dgx-h100"), 8)
+    xpus = platform_xpus(platform)[:8]
+    layout = cluster_layout(xpus, Parallelism(tp=8, global_batch=1))
+    plain, nccl = _Cluster(platform, layout).ring("tp", True), _Cluster(platform, layout, model).ring("tp", True)
+    route = _Cluster(platform, layout).route(xpus[0], xpus[1])
+    factor = model.route_link(platform, route).bandwidth_factor
+    assert factor < 1 and model.link("xpu_link", "H100").bandwidth_factor == factor
+    assert nccl == (plain[0], pytest.approx(plain[1] * factor, rel=1e-12))
+    assert plain[1] == route_bandwidth(platform, route)
