@@ -246,7 +246,9 @@ class _Cluster:
         bandwidth (`model`'s link factors, as the engine moves a transfer). (0, inf) when the groups are single
         XPUs."""
         rings = self.known()
-        key = (self.layout.xpus, tuple(sorted(self.layout.sizes.items())), axis, nccl, id(self.model))
+        factors = None if self.model is None else tuple(sorted(
+            (kind, link.bandwidth_factor) for kind, link in self.model.links.items()))  # what a ring follows from
+        key = (self.layout.xpus, tuple(sorted(self.layout.sizes.items())), axis, nccl, factors)
         if key not in rings["rings"]:
             steps = [(self.route(a, b), share) for group in self.layout.groups(axis) if len(group) > 1
                      for order, share in self._lanes(group, nccl) for a, b in zip(order, order[1:] + order[:1])]
