@@ -1,7 +1,8 @@
 """Running a prepared run: compile, execute, in this process or a fresh one.
 
 SimGrid allows one Engine per process, ever, so :func:`simulate` runs each
-simulation in a fresh process (spawned, never forked) and returns plain data;
+simulation in a fresh process (forked from a fork server that never simulates,
+never from the caller) and returns plain data;
 :func:`run_here` runs in the calling process and may be called once in it.
 Preparing a run is :mod:`hcsim.run.prepare`'s job, reporting it :mod:`hcsim.run.report`'s.
 """
@@ -55,7 +56,7 @@ def simulate_graphs(platform: nx.Graph, workload: nx.DiGraph, options=None) -> d
     the traced ``vertices`` and ``transfers``, ``wall_time_s`` (the worker's compile
     and run) and ``peak_rss_mb`` (the worker's peak memory, MB).
 
-    The worker is a spawned process that imports the calling script again:
+    The worker is a fresh process that imports the calling script again:
     call this under ``if __name__ == "__main__":`` (a SimulationError says so).
     """
     from hcsim.workload import validate_workload
@@ -156,7 +157,7 @@ def _child(scenario: Scenario, out: str | None, overwrite: bool = False) -> dict
 def simulate(scenario: Scenario, out: Path | str | None = None, overwrite: bool = False) -> dict[str, Any]:
     """Run `scenario` in a fresh process and return its result record (the Python API).
 
-    The process is spawned: it imports the calling script again, so a script
+    The process imports the calling script again (multiprocessing's preparation), so a script
     must call this under ``if __name__ == "__main__":`` (checked here).
 
     Raises
@@ -177,9 +178,9 @@ def simulate(scenario: Scenario, out: Path | str | None = None, overwrite: bool 
 
 
 def _check_main_guard() -> None:
-    """Refuse to spawn from a script whose top level would run again, unguarded, in the spawned process.
+    """Refuse to start a process from a script whose top level would run again, unguarded, in that process.
 
-    A spawned process imports the ``__main__`` script again; one that calls
+    A fresh process imports the ``__main__`` script again; one that calls
     :func:`simulate` outside ``if __name__ == "__main__":`` would start a
     process while starting a process, and the pool breaks.
     """
@@ -198,5 +199,5 @@ def _check_main_guard() -> None:
         if isinstance(node, ast.If) and "__name__" in ast.unparse(node.test) and "__main__" in ast.unparse(node.test):
             return
     raise ConfigError(f"{path}: this script calls hcsim outside `if __name__ == \"__main__\":`. hcsim runs each "
-                      "simulation in a spawned process, which imports the script again; put the script's top-level "
+                      "simulation in a fresh process, which imports the script again; put the script's top-level "
                       "code under that guard (see the README's Python example)")

@@ -51,3 +51,18 @@ def test_a_folder_named_hcsim_shadowing_the_package_is_named(tmp_path):
     if done.returncode == 0:
         pytest.skip("hcsim is installed on sys.path itself (not editable): a regular package wins, nothing shadows it")
     assert f"found the folder {tmp_path / 'hcsim'}" in done.stderr and "shadows it" in done.stderr
+
+
+def test_a_script_s_run_warns_on_the_script_s_stderr_once():
+    """The run's process is forked from a fork server whose stderr need not be the script's: it hands its
+    warnings back, and the script (no logging set up) writes each once on its own stderr."""
+    code = textwrap.dedent("""
+        from hcsim.run.scenario import load_scenario
+        from hcsim.run.simulation import simulate
+        simulate(load_scenario(None, ["workload=llama3-8b", "platform=dgx-h100", "xpus=8", "tp=4", "pp=2",
+                                      "global_batch=8", "workload_overrides={training.tp_comm_overlap: true}"]))
+        """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = [line for line in done.stderr.splitlines() if "tp_comm_overlap" in line]
+    assert len(said) == 1 and said[0].startswith("scenario 'default': training.tp_comm_overlap:"), done.stderr
