@@ -4,6 +4,7 @@ that is not the calling process's first runs in one (:mod:`hcsim.run.simulation`
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 from hcsim.errors import SimulationError
@@ -17,7 +18,7 @@ def in_fresh_process(function, *args):
 
     try:
         with _fresh_process() as pool:
-            result, said = pool.submit(_saying, function, args).result()
+            result, said = pool.submit(_saying, function, args, dict(os.environ)).result()
     except BrokenProcessPool as err:
         raise SimulationError(f"simulation process: it died before returning a result ({err}). If this runs from "
                               "a script, put the script's top-level code under `if __name__ == \"__main__\":` "
@@ -41,9 +42,12 @@ class _Said(logging.Handler):
             self.said.append(said)
 
 
-def _saying(function, args: tuple):
-    """Child side: `function(*args)` and the warnings it logged; should it raise, they are written to stderr
-    first, as a process that had no such handler would have."""
+def _saying(function, args: tuple, environment: dict[str, str]):
+    """Child side: `function(*args)` under the caller's `environment` (the fork server's is the one it started
+    with: HCSIM_NO_LIMITS set since would be missed) and the warnings it logged; should it raise, they are
+    written to stderr first, as a process that had no such handler would have."""
+    os.environ.clear()
+    os.environ.update(environment)
     said = _Said()
     logging.getLogger().addHandler(said)
     try:

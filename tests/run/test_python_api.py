@@ -4,6 +4,7 @@ Scripts run in subprocesses: SimGrid allows one engine per process, and the erro
 started.
 """
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -66,3 +67,13 @@ def test_a_script_s_run_warns_on_the_script_s_stderr_once():
     assert done.returncode == 0, done.stderr[-2000:]
     said = [line for line in done.stderr.splitlines() if "tp_comm_overlap" in line]
     assert len(said) == 1 and said[0].startswith("scenario 'default': training.tp_comm_overlap:"), done.stderr
+
+
+def test_a_run_sees_the_environment_its_caller_has_now(monkeypatch):
+    """The fork server keeps the environment it started with; a run gets its caller's as it is at the call:
+    HCSIM_NO_LIMITS set after an earlier run still lifts the limit on the next."""
+    from hcsim.run.fresh import in_fresh_process
+
+    in_fresh_process(abs, -1)  # the fork server is running
+    monkeypatch.setenv("HCSIM_FRESH_CHECK", "set since")
+    assert in_fresh_process(os.getenv, "HCSIM_FRESH_CHECK") == "set since"
