@@ -270,8 +270,9 @@ def block_kernels(spec: WorkloadSpec, micro_batch: int, tp: int, sequence_parall
     FLOPs / peak FLOP/s."""
     layer = cp_layer(spec, micro_batch, tp, sequence_parallel, ep, cp)
     split = next(i for i, op in enumerate(layer.ops) if op.name == "norm_mlp")
-    mlp = BlockOps(forward=(), backward=()) if spec.model.moe else megatron_ops(layer.ops[split:], spec.fp8_recipe)
-    return megatron_ops(layer.ops[:split], spec.fp8_recipe), mlp
+    mlp = BlockOps(forward=(), backward=()) if spec.model.moe else megatron_ops(layer.ops[split:], spec.fp8_recipe,
+                                                                                 spec.gradient_add)
+    return megatron_ops(layer.ops[:split], spec.fp8_recipe, spec.gradient_add), mlp
 
 
 def expert_costs(spec: WorkloadSpec, micro_batch: int, tp: int, sequence_parallel: bool = False, ep: int = 1,
@@ -376,8 +377,8 @@ class _Builder:
             self.head_ops = eager_head_ops(model, par.micro_batch, compiled)[0]
             self.embedding_ops = eager_embedding_ops(model, par.micro_batch, compiled)
         else:
-            self.head_ops = megatron_ops(self.head.ops, spec.fp8_recipe)
-            self.embedding_ops = megatron_ops(self.embedding.ops, spec.fp8_recipe)
+            self.head_ops = megatron_ops(self.head.ops, spec.fp8_recipe, spec.gradient_add)
+            self.embedding_ops = megatron_ops(self.embedding.ops, spec.fp8_recipe, spec.gradient_add)
         self.graph = new_workload(spec.name, precision=spec.precision,
                                   samples_per_iteration=par.global_batch // par.replicas,
                                   layout=self.layout.to_dict(), global_samples=par.global_batch,
@@ -509,6 +510,7 @@ class _Builder:
         par, spec, sizes = self.par, self.spec, self.spec.main_sizes
         shard = 1.0 / par.optimizer_shards
         parameters = sum(self.chunk_parameters(stage, c) for c in range(par.virtual_stages))
+        buffer = parameters * (shard if par.zero >= 2 else 1.0)  # ZeRO 1 (the distributed optimizer) keeps it whole
         # the transformer costs never fold the state into the backward pass, so the step reads and writes it
         per_parameter = optimizer_step_bytes(sizes, spec.optimizer_bytes_per_parameter) if spec.inventory.fused \
             else ADAMW_FUSED_TRAFFIC + (CLIP_GRAD_NORM_TRAFFIC if spec.clip_grad_norm else 0.0)
@@ -518,7 +520,8 @@ class _Builder:
         self.graph.nodes[opt].update(phase="optimizer", stage=stage,
                                      ops=optimizer_step_ops(parameters * shard, spec.precision, spec.kernels,
                                                               spec.optimizer_bytes_per_parameter, spec.fp8_recipe,
-                                                              self.fp8_weights(stage), spec.clip_grad_norm))
+                                                              self.fp8_weights(stage), spec.clip_grad_norm,
+                                                              spec.main_gradient, buffer))
         on_cpu = par.offloads("optimizer") and par.offload == "cpu"
         if par.offloads("optimizer"):
             self.graph.nodes[opt].update(offload=par.offload, **({"host": "cpu"} if on_cpu else

@@ -13,9 +13,10 @@ inventory (``training.kernels``):
   and bytes, with their GEMM shapes): fused QKV, a fused scale-mask-softmax
   or flash attention, fused LayerNorm / RMSNorm, bias-GeLU, a fused
   bias-dropout-add, a vocabulary-parallel cross-entropy over FP32 logits,
-  and the mixed-precision optimizer's 42 B per parameter (50 B in FP16)
-  (:data:`OPTIMIZER_TRAFFIC`); each GEMM's backward is its input-gradient
-  and weight-gradient GEMMs.
+  and the mixed-precision optimizer's 42-54 B per parameter
+  (:func:`optimizer_ops`); each GEMM's backward is its input-gradient
+  and weight-gradient GEMMs (and, where the weight-gradient GEMM does not
+  accumulate into the main gradient itself, the add that does).
 - ``pytorch-eager`` (:func:`eager_layer_ops`, :func:`eager_head_ops`,
   :func:`eager_embedding_ops`): a Hugging Face model (LlamaForCausalLM,
   GPT2LMHeadModel) in PyTorch eager mode under torch.autocast(bfloat16) over
@@ -59,15 +60,17 @@ __all__ = ["Op", "OP_KINDS", "GEMM_KINDS", "ATTENTION_KINDS", "BlockOps", "megat
 # and scaling of gradient clipping), measured at its own rate (the adamw_fused_fp32_step rows)
 OP_KINDS = ("gemm", "gemm_unaligned", "gemm8", "attention", "memory", "reduction", "mixed", "strided", "multi_tensor")
 GEMM_KINDS = ("gemm", "gemm_unaligned", "gemm8")
-# Bytes the optimizer step moves per parameter, as Megatron-LM's mixed-precision optimizer runs it
-# (megatron/core/optimizer/optimizer.py: FP32 main gradients, FP32 master weights, fused Adam): in FP16 only,
-# the loss scaler's unscale and inf check (torch._amp_foreach_non_finite_check_and_unscale_ rewrites the main
-# gradient in place: read 4, write 4; BF16 and FP8 runs have no grad scaler, megatron/core/optimizer/__init__.py),
-# gradient norm for clipping (read it, 4; the clip's rescale runs only for a norm above the limit), Adam (read
-# gradient, master weight, m, v: 16; write master, m, v: 12), copy the master into the 16-bit weights (read 4,
-# write 2), zero the gradient buffer (write 4): 42 B, 50 B in FP16. FP32 training: norm 4, Adam 16 + 12,
-# zeroing 4: 36 B.
-OPTIMIZER_TRAFFIC = {"fp16": 50.0, "bf16": 42.0, "fp8": 42.0, "fp32": 36.0}
+# Bytes the optimizer step's multi_tensor_apply kernels move per parameter of the rank's optimizer shard, as
+# Megatron-LM's mixed-precision optimizer runs them (megatron/core/optimizer/optimizer.py and distrib_optimizer.py:
+# FP32 master weights, fused Adam): in FP16 only, the loss scaler's unscale and inf check
+# (torch._amp_foreach_non_finite_check_and_unscale_ rewrites the FP32 main gradient in place: read 4, write 4; BF16
+# and FP8 runs have no grad scaler, megatron/core/optimizer/__init__.py), the gradient norm for clipping (read it, 4;
+# the clip's rescale runs only for a norm above the limit), Adam (read gradient, master weight, m, v: 16; write
+# master, m, v: 12), the copy of the master into the 16-bit weights (read 4, write 2): 38 B, 46 B in FP16; FP32
+# training: norm 4, Adam 16 + 12: 32 B. Beside them (:func:`optimizer_ops`): 16-bit main gradients cast to FP32
+# first (read 2, write 4) and the zeroing of the gradient buffer (its element size), so 42 B a parameter in BF16
+# with FP32 gradients, 46 B with 16-bit ones (FP8), 54 B in FP16, 36 B in FP32.
+OPTIMIZER_TRAFFIC = {"fp16": 46.0, "bf16": 38.0, "fp8": 38.0, "fp32": 32.0}
 
 
 class Op(NamedTuple):
@@ -172,7 +175,7 @@ def fp8_quantize(name: str, elements: float, recipe: str = "delayed") -> list[Op
     return [_memory(f"{name}.amax", elements * HALF, "reduction"), cast] if recipe == "current" else [cast]
 
 
-def megatron_ops(ops, fp8_recipe: str = "delayed") -> BlockOps:
+def megatron_ops(ops, fp8_recipe: str = "delayed", gradient_add: float = 0.0) -> BlockOps:
     """The kernels Megatron-LM launches for transformer ops (:class:`hcsim.workload.transformer.Op`, one block on
     one TP rank, in forward order): each op's passes run as its `kernel` kind with its FLOPs and bytes, so the
     kernels of a pass add up to the block's work. A GEMM's backward is its input-gradient GEMM (m x n by
@@ -182,7 +185,16 @@ def megatron_ops(ops, fp8_recipe: str = "delayed") -> BlockOps:
     stays in registers). `core`: the attention core's forward kernels (what selective recomputation redoes).
     An FP8 GEMM (``gemm8``) quantizes its input before the forward GEMM and its output gradient before the
     backward ones, each in :func:`fp8_quantize`'s kernels for `fp8_recipe` (the weight is quantized once a
-    step: :func:`optimizer_step_ops`), but for an input straight from a norm (:func:`_fp8_after_norm`)."""
+    step: :func:`optimizer_step_ops`), but for an input straight from a norm (:func:`_fp8_after_norm`).
+    `gradient_add` > 0: each op's weight gradients are added to the main-gradient buffer by a kernel of their own
+    after its backward kernels, moving that many bytes per weight (:attr:`hcsim.workload.spec.WorkloadSpec.gradient_add`).
+
+    >>> from hcsim.workload.transformer import Op as Layer, Work
+    >>> fc = Layer(name="fc", kind="gemm", forward=Work(128.0), backward_input=Work(128.0),
+    ...            backward_weight=Work(128.0), parameters=8, shape=(8, 2, 4, 1))
+    >>> [(k.name, k.bytes) for k in megatron_ops([fc], gradient_add=6.0).backward]
+    [('fc.dgrad', 0.0), ('fc.wgrad', 0.0), ('fc.main_grad_add.wgrad', 48.0)]
+    """
     forward, backward, core = [], [], []
     previous = None
     for op in ops:
@@ -202,6 +214,8 @@ def megatron_ops(ops, fp8_recipe: str = "delayed") -> BlockOps:
         else:
             ahead = [_memory(op.name, op.forward.bytes, op.kernel)] if op.forward.bytes else []
             behind = [_memory(f"{op.name}.bwd", op.backward.bytes, op.kernel)] if op.backward.bytes else []
+        if gradient_add and op.parameters:  # named .wgrad: it goes with the weight gradients where those are split
+            behind.append(_memory(f"{op.name}.main_grad_add.wgrad", op.parameters * gradient_add))  # off (ZB-H1)
         if op.kernel == "gemm8":  # Transformer Engine's quantization: the input (FP8 and its transpose, for the
             # weight gradient) before the GEMM; backward, the output gradient (for dgrad and, transposed, wgrad)
             if previous is not None and previous.kind == "norm":
@@ -240,22 +254,24 @@ def _work(work) -> tuple[float, float]:
     return work.flops, work.bytes
 
 
-GRAD_BUFFER_ZEROING = 4.0
-"""Bytes per parameter of the step's one kernel that is not a multi_tensor_apply launch: the zero_() of the
-data-parallel gradient buffer (FP32 main gradients, one contiguous buffer)."""
-
-
-def optimizer_ops(parameters: float, precision: str) -> tuple[Op, ...]:
-    """Megatron-LM's optimizer step over `parameters` (per XPU), OPTIMIZER_TRAFFIC bytes a parameter in all: its
-    multi_tensor_apply kernels (the loss scaler's unscale, the gradients' L2 norm, Transformer Engine's or apex's
-    FusedAdam, the copy of the master into the 16-bit weights: one ``multi_tensor`` op, at the rate measured for
-    PyTorch's fused AdamW, the same machinery) and the zeroing of the gradient buffer (a fill).
+def optimizer_ops(parameters: float, precision: str, main_gradient: float = 4.0, buffer: float | None = None
+                  ) -> tuple[Op, ...]:
+    """Megatron-LM's optimizer step over `parameters` (the rank's optimizer shard) with `main_gradient`-byte main
+    gradients: with 16-bit ones, each gradient's cast to FP32 first (``main_param.grad = main_grad.float()``, a copy
+    kernel; FP32 ones are used as they are); its multi_tensor_apply kernels (OPTIMIZER_TRAFFIC: the loss scaler's
+    unscale, the gradients' L2 norm, Transformer Engine's or apex's FusedAdam, the copy of the master into the
+    16-bit weights: one ``multi_tensor`` op, at the rate measured for PyTorch's fused AdamW, the same machinery);
+    and the zeroing of the gradient buffer, `buffer` elements (the whole buffer the rank holds, which the
+    distributed optimizer does not shard: DistributedDataParallel.zero_grad_buffer; `parameters` when None).
 
     >>> [(op.name, op.kind, op.bytes) for op in optimizer_ops(1.0, "bf16")]
     [('optimizer', 'multi_tensor', 38.0), ('zero_grad_buffer', 'memory', 4.0)]
+    >>> [(op.name, op.bytes) for op in optimizer_ops(1.0, "fp16", main_gradient=2.0, buffer=8.0)]
+    [('main_grad_cast', 6.0), ('optimizer', 46.0), ('zero_grad_buffer', 16.0)]
     """
-    return (_memory("optimizer", parameters * (OPTIMIZER_TRAFFIC[precision] - GRAD_BUFFER_ZEROING), "multi_tensor"),
-            _memory("zero_grad_buffer", parameters * GRAD_BUFFER_ZEROING))
+    cast = [_memory("main_grad_cast", parameters * (main_gradient + 4.0))] if main_gradient < 4.0 else []
+    return (*cast, _memory("optimizer", parameters * OPTIMIZER_TRAFFIC[precision], "multi_tensor"),
+            _memory("zero_grad_buffer", (parameters if buffer is None else buffer) * main_gradient))
 
 
 def ops_flops(ops) -> float:
@@ -709,10 +725,12 @@ def _cross_entropy(k: _Kernels, tokens: int, vocabulary: int) -> None:
 
 def optimizer_step_ops(parameters: float, precision: str, kernels: str = "megatron", per_parameter: float = 0.0,
                        fp8_recipe: str = "delayed", fp8_weights: float | None = None,
-                       clip_grad_norm: bool = True) -> tuple[Op, ...]:
+                       clip_grad_norm: bool = True, main_gradient: float = 4.0, buffer: float | None = None
+                       ) -> tuple[Op, ...]:
     """The optimizer step of `kernels`: Megatron-LM's (OPTIMIZER_TRAFFIC) or, for a PyTorch inventory, what a
     Hugging Face training loop runs after the backward pass (:func:`eager_optimizer_ops`: `clip_grad_norm`, then
-    fused AdamW); `per_parameter` bytes instead when the workload gives them
+    fused AdamW); Megatron-LM's over `main_gradient`-byte main gradients in a buffer of `buffer` elements
+    (:func:`optimizer_ops`); `per_parameter` bytes instead when the workload gives them
     (``training.optimizer_bytes_per_parameter`` > 0). In FP8 also the weights' quantization, once a step (the
     FP8 weight and its transpose Transformer Engine caches over the step's micro-batches: :func:`fp8_quantize`
     for `fp8_recipe`, of `fp8_weights` elements, the FP8 GEMMs' weights the rank holds, or `parameters` when
@@ -724,9 +742,9 @@ def optimizer_step_ops(parameters: float, precision: str, kernels: str = "megatr
     if INVENTORIES[kernels].fused and precision == "fp8":
         weights = fp8_quantize("fp8_weights", parameters if fp8_weights is None else fp8_weights, fp8_recipe)
         update = [_memory("fp8_scale_update", 0.0)] if fp8_recipe == "delayed" else []
-        return optimizer_ops(parameters, precision) + tuple(weights + update)
+        return optimizer_ops(parameters, precision, main_gradient, buffer) + tuple(weights + update)
     if INVENTORIES[kernels].fused:
-        return optimizer_ops(parameters, precision)
+        return optimizer_ops(parameters, precision, main_gradient, buffer)
     return eager_optimizer_ops(parameters, clip_grad_norm)
 
 

@@ -45,7 +45,7 @@ class WorkloadSpec:
     optimizer_bytes_per_parameter : bytes the optimizer step vertex reads per
     parameter (0 when the backward pass already reads the state, as in Table 4),
     and the optimizer kernel's traffic in the kernel model (0: the inventory's,
-    42 B for Megatron-LM in BF16 and FP8, 50 B in FP16, 28 B for fused AdamW);
+    42-54 B for Megatron-LM (:func:`hcsim.workload.ops.optimizer_ops`), 28 B for fused AdamW);
     recomputation : "none" | "selective" | "full" (activations kept);
     attention : "standard" | "flash" (FlashAttention-style fused core; hybrid-parallel graphs);
     grad_reduce_in_fp32 : the gradients accumulated and reduced in FP32 (4 B each, Megatron-LM's main_grad
@@ -53,6 +53,12 @@ class WorkloadSpec:
     accumulate_allreduce_grads_in_fp32 for --bf16 unless --grad-reduce-in-bf16), false in FP8 (NeMo's FP8
     recipes set grad_reduce_in_fp32 False) and FP16 (Megatron-LM's default); FP32 training has 4 B gradients
     either way (:attr:`main_gradient`);
+    gradient_accumulation_fusion : the weight-gradient GEMMs accumulate into the main-gradient buffer themselves
+    (Megatron-LM's default, into FP32 or 16-bit main gradients: fused_weight_gradient_mlp_cuda's
+    wgrad_gemm_accum_fp32 / _fp16, Transformer Engine's fuse_wgrad_accumulation); false: each weight gradient is
+    written on its own and added to the buffer by a kernel after every backward pass (:attr:`gradient_add`), as
+    ``--no-gradient-accumulation-fusion`` does, and as Megatron-LM of 2021-2022 did for 16-bit main gradients
+    (its arguments.py turned the fusion off unless --accumulate-allreduce-grads-in-fp32); megatron kernels only;
     overlap_param_gather : with ZeRO 1-2 (Megatron-LM's distributed optimizer), the updated weights are
     all-gathered bucket by bucket beside the next iteration's forward pass, each bucket's gather started when
     the layers before it start and waited for by its own layers (Megatron-LM's ``--overlap-param-gather``,
@@ -78,7 +84,7 @@ class WorkloadSpec:
     clip_grad_norm : a PyTorch inventory's step clips the gradients' norm before fused AdamW
     (``torch.nn.utils.clip_grad_norm_``, as Hugging Face's Trainer does with its default max_grad_norm 1.0:
     :func:`hcsim.workload.ops.eager_optimizer_ops`); Megatron-LM's optimizer step always computes the norm (in its
-    42-50 B per parameter), so the key means nothing there;
+    42-54 B per parameter), so the key means nothing there;
     bucket : gradient all-reduce granularity "layer" | "decoder" | "model";
     algorithm : collective algorithm name for the engine; chunks : the
     all-reduce split into that many chunks (None: the algorithm's default;
@@ -103,6 +109,7 @@ class WorkloadSpec:
     overlap_grad_reduce: bool | None = None
     overlap_p2p_comm: bool = True
     tp_comm_overlap: bool = False
+    gradient_accumulation_fusion: bool = True
     fp8_recipe: str = "delayed"
     kernels: str = "megatron"
     clip_grad_norm: bool = True
@@ -166,6 +173,20 @@ class WorkloadSpec:
         if fp32 is None:
             fp32 = self.precision in ("fp32", "bf16")
         return 4.0 if fp32 else element_sizes(self.precision, self.optimizer).gradient
+
+    @property
+    def gradient_add(self) -> float:
+        """Bytes per weight of the kernel that adds its gradient to the main-gradient buffer after each backward
+        pass without ``gradient_accumulation_fusion`` (megatron/model/distributed.py's hook,
+        ``param.main_grad.add_(param.grad)``: read the buffer and the gradient, write the buffer); 0 with it.
+
+        >>> spec = load_workload_spec("gpt-megatron")
+        >>> spec.gradient_add, replace(spec, gradient_accumulation_fusion=True).gradient_add
+        (6.0, 0.0)
+        """
+        if self.gradient_accumulation_fusion or not self.inventory.fused:
+            return 0.0
+        return 2 * self.main_gradient + self.sizes.gradient
 
     @property
     def sizes(self) -> ElementSizes:
@@ -252,6 +273,7 @@ def parse_workload_spec(data: Any, where: str = "workload") -> WorkloadSpec:
         overlap_grad_reduce=training.flag("overlap_grad_reduce", None),
         overlap_p2p_comm=training.flag("overlap_p2p_comm", True),
         tp_comm_overlap=training.flag("tp_comm_overlap", False),
+        gradient_accumulation_fusion=training.flag("gradient_accumulation_fusion", True),
         fp8_recipe=training.choice("fp8_recipe", FP8_RECIPES, "delayed"),
         kernels=kernels,
         clip_grad_norm=training.flag("clip_grad_norm", True),
@@ -260,8 +282,11 @@ def parse_workload_spec(data: Any, where: str = "workload") -> WorkloadSpec:
     valid = not training.problems  # a note about a value that is wrong anyway would only blur the error
     if valid and training.has("clip_grad_norm") and INVENTORIES[kernels or "megatron"].fused:
         say_once(log, f"{where}: training.clip_grad_norm applies to training.kernels pytorch-eager and "
-                      f"torch-compile; Megatron-LM's optimizer step (42-50 B per parameter) computes the gradients' "
+                      f"torch-compile; Megatron-LM's optimizer step (42-54 B per parameter) computes the gradients' "
                       f"norm either way, so it has no effect here")
+    if valid and training.has("gradient_accumulation_fusion") and not INVENTORIES[kernels or "megatron"].fused:
+        say_once(log, f"{where}: training.gradient_accumulation_fusion applies to training.kernels megatron; "
+                      f"{kernels} accumulates gradients as PyTorch's autograd does, so it has no effect here")
     if valid and training.has("fp8_recipe") and values["precision"] != "fp8":
         say_once(log, f"{where}: training.fp8_recipe: {values['fp8_recipe']!r} applies to precision fp8; this run "
                       f"trains in {values['precision']}, so it has no effect (precision=fp8 uses it)")

@@ -83,9 +83,10 @@ def test_scenarios_give_the_numbers_the_python_executor_gave(name, monkeypatch):
     them, to 1e-9 (clock parts to 1e-9 of the iteration); and the clock parts add up to the iteration.
 
     The graphs are built as when recorded: Megatron-LM's optimizer step was then one streaming kernel of 46 B a
-    parameter in every 16-bit precision (hcsim.workload.ops.optimizer_ops: since, its unscale is FP16's alone and
-    its multi_tensor_apply kernels run at their measured rate)."""
-    monkeypatch.setattr(ops, "optimizer_ops", lambda parameters, precision: (
+    parameter in every 16-bit precision (hcsim.workload.ops.optimizer_ops: since, its unscale is FP16's alone, its
+    multi_tensor_apply kernels run at their measured rate, 16-bit main gradients are cast first and the whole
+    gradient buffer is zeroed)."""
+    monkeypatch.setattr(ops, "optimizer_ops", lambda parameters, precision, main_gradient, buffer: (
         ops.Op("optimizer", "memory", 0.0, parameters * (36.0 if precision == "fp32" else 46.0)),))
     platform, workload, options = scenario_case(**SCENARIOS[name])
     mine, theirs = simulate_graphs(platform, workload, RunOptions(**options)), RECORDED[name]

@@ -1,5 +1,7 @@
 """Kernel-level costs of the hybrid graph's compute vertices (hcsim.workload.ops)."""
 
+from dataclasses import replace
+
 import pytest
 
 from hcsim.workload.hybrid import Parallelism, block_costs, block_kernels, build_hybrid_graph
@@ -70,8 +72,45 @@ def test_every_compute_vertex_of_a_hybrid_graph_carries_kernels_of_its_flops():
         if data["kind"] == "compute" and data.get("phase") != "optimizer" and ".head" not in name \
                 and ".embedding" not in name:
             assert ops_flops(data["ops"]) == pytest.approx(data["flops"], rel=1e-12), name
-    optimizer = graph.nodes["s0.optimizer"]["ops"]
-    assert [op.kind for op in optimizer] == ["multi_tensor", "memory"] and all(op.bytes > 0 for op in optimizer)
+    optimizer = graph.nodes["s0.optimizer"]["ops"]  # FP16: 16-bit main gradients, cast to FP32 for the step
+    assert [op.name for op in optimizer] == ["main_grad_cast", "optimizer", "zero_grad_buffer"]
+    assert [op.kind for op in optimizer] == ["memory", "multi_tensor", "memory"] and all(op.bytes > 0 for op in optimizer)
+
+
+def test_the_optimizer_step_moves_megatrons_bytes_per_parameter_and_zeroes_the_whole_gradient_buffer():
+    """Per parameter of the shard: the multi_tensor kernels' 38 B (BF16, FP8) or 46 B (FP16, + the unscale), the
+    cast of 16-bit main gradients (2 + 4 B); the zeroing covers the whole buffer at the main gradients' size,
+    which the distributed optimizer (ZeRO 1) does not shard."""
+    def moved(precision, zero, dp=4):
+        spec = WorkloadSpec(name="gpt", model=SHAPE, precision=precision, granularity="layer")
+        par = Parallelism(dp=dp, micro_batch=1, global_batch=dp, zero=zero)
+        graph = build_hybrid_graph(spec, par, ParallelLayout([f"x{i}" for i in range(dp)], {"dp": dp}))
+        return {op.name: op.bytes for op in graph.nodes["s0.optimizer"]["ops"]}, spec
+
+    for precision, zero in (("bf16", 0), ("fp16", 0), ("fp8", 1), ("bf16", 1)):
+        ops, spec = moved(precision, zero)
+        shard = ops["optimizer"] / {"fp16": 46.0, "bf16": 38.0, "fp8": 38.0}[precision]
+        assert ops["zero_grad_buffer"] == pytest.approx(shard * (4 if zero else 1) * spec.main_gradient)
+        assert ops.get("main_grad_cast", 0.0) == pytest.approx(shard * 6.0 if spec.main_gradient == 2 else 0.0)
+    assert moved("bf16", 0)[0]["optimizer"] == pytest.approx(moved("bf16", 1)[0]["optimizer"] * 4)
+
+
+def test_without_gradient_accumulation_fusion_each_weight_gradient_is_added_to_the_main_gradients():
+    """Megatron-LM's hook (main_grad.add_(grad)) after every backward: read the buffer and the 16-bit gradient,
+    write the buffer, once per weight of every op that has weights, in the pass that computes weight gradients."""
+    spec = WorkloadSpec(name="gpt", model=SHAPE, precision="fp16", granularity="layer",
+                        gradient_accumulation_fusion=False)
+    assert spec.main_gradient == 2.0 and spec.gradient_add == 6.0
+    assert replace(spec, grad_reduce_in_fp32=True).gradient_add == 10.0
+    fused = block_kernels(replace(spec, gradient_accumulation_fusion=True), 1, 2)
+    for blocks, plain in zip(block_kernels(spec, 1, 2), fused):
+        adds = [k for k in blocks.backward if ".main_grad_add" in k.name]
+        assert [k for k in blocks.backward if ".main_grad_add" not in k.name] == list(plain.backward)
+        assert adds and all(k.name.endswith(".wgrad") and k.kind == "memory" for k in adds)
+        assert blocks.forward == plain.forward
+    layer = decoder_layer(SHAPE, micro_batch=1, tp=2)
+    added = sum(k.bytes for b in block_kernels(spec, 1, 2) for k in b.backward if ".main_grad_add" in k.name)
+    assert added == pytest.approx(6.0 * sum(op.parameters for op in layer.ops)) and added > 0
 
 
 def test_only_a_weight_dimension_not_a_multiple_of_8_makes_a_gemm_unaligned():
