@@ -117,7 +117,8 @@ def _summary(experiment: Experiment, rows: list[dict[str, Any]], findings, figur
     lines.append(f"{points} points, {len(failed)} failed; {wall / 60:.1f} min of simulation process time in all.")
     if failed:
         lines += ["", "Failed points:", ""]
-        lines += [f"- {describe({c: r[c] for c in shown})}: {r['error']}" for r in failed]
+        lines += [f"- {describe({c: r[c] for c in shown})}: {r['error']}"  # as the table, not as they failed
+                  for r in sorted(failed, key=lambda r: [_sort_key(r[c]) for c in shown])]
     lines += ["", f"Columns and every metric: `{experiment.name}.csv` (`pandas.read_csv`; one row per point and "
               f"device type, every scenario key resolved). Regenerate with "
               f"`hcsim sweep {experiment.path or experiment.name + '.yaml'} --out {out} --resume`.", ""]

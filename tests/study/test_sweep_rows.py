@@ -144,6 +144,25 @@ def test_report_only_draws_a_csv_that_holds_every_point(done, tmp_path):
     assert (folder / "tiny.png").exists() and "4 points, 0 failed" in (folder / "tiny.md").read_text()
 
 
+def test_the_report_lists_failed_points_in_the_tables_order_not_as_they_failed(done, tmp_path):
+    """Points fail in whatever order their processes end: the report sorts them as its table, so a re-run
+    writes the same report."""
+    spec, _, finished = done
+    header, *rows = table(finished)
+    for row in rows:
+        row[cell(header, "status")] = "error"
+        row[cell(header, "error")] = f"failed: xpus {row[cell(header, 'xpus')]}, coherent {row[cell(header, 'coherent')]}"
+    folder = tmp_path / "results"
+    folder.mkdir()
+    shutil.copy(spec, tmp_path / "tiny.yaml")
+    for order in (rows, rows[::-1]):
+        save(folder / "tiny.csv", [header, *order])
+        run = hcsim("sweep", "tiny.yaml", "--out", "results", "--report-only", cwd=tmp_path)
+        listed = [line for line in (folder / "tiny.md").read_text().splitlines() if line.startswith("- ")]
+        assert run.returncode == 0 and listed == [
+            f"- coherent={c}, xpus={x}: failed: xpus {x}, coherent {c}" for c in (False, True) for x in (2, 4)], listed
+
+
 @pytest.mark.parametrize("edit, what", [
     (lambda t: t.replace("xpus: [2, 4]", "xpus: [2, 4, 8]"),
      r"2 points without a row \(added to the experiment, or not run yet: coherent=True, xpus=8; coherent=False, xpus=8\)"),
