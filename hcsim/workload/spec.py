@@ -57,7 +57,7 @@ class WorkloadSpec:
     (Megatron-LM's default, into FP32 or 16-bit main gradients: fused_weight_gradient_mlp_cuda's
     wgrad_gemm_accum_fp32 / _fp16, Transformer Engine's fuse_wgrad_accumulation); false: each weight gradient is
     written on its own and added to the buffer by a kernel after every backward pass (:attr:`gradient_add`), as
-    ``--no-gradient-accumulation-fusion`` does, and as Megatron-LM of 2021-2022 did for 16-bit main gradients
+    ``--no-gradient-accumulation-fusion`` does, and as Megatron-LM until September 2022 did for 16-bit main gradients
     (its arguments.py turned the fusion off unless --accumulate-allreduce-grads-in-fp32); megatron kernels only;
     overlap_param_gather : with ZeRO 1-2 (Megatron-LM's distributed optimizer), the updated weights are
     all-gathered bucket by bucket beside the next iteration's forward pass, each bucket's gather started when
