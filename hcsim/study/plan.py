@@ -32,7 +32,8 @@ reduces them: 4 in BF16, Megatron-LM's FP32 main gradients):
   paces at max(c, γ), and the iteration's first gather is exposed.
 
 The optimizer step takes max(FLOP / peak, bytes / memory bandwidth) of its
-shard. The top candidates are then simulated with contention (hcsim.cli.plan)
+shard (dp x cp ranks under ZeRO 1), or under the kernel model its kernels'
+time, as the simulations time it. The top candidates are then simulated with contention (hcsim.cli.plan)
 and the two rankings compared.
 
 Pure: specs and graphs in, plain data out; no SimGrid.
@@ -55,8 +56,8 @@ from hcsim.errors import ConfigError
 from hcsim.platform.devices import peak_flops
 from hcsim.platform.routes import RouteSearch, route_bandwidth, route_latency
 from hcsim.workload.hybrid import (BlockCost, Parallelism, block_costs, block_kernels, grad_bucket_size, in_flight,
-                                   overlaps_grad_reduce, overlaps_param_gather, overlaps_tp_comm, stage_layers,
-                                   tp_gather_share)
+                                   optimizer_kernels, overlaps_grad_reduce, overlaps_param_gather, overlaps_tp_comm,
+                                   stage_layers, tp_gather_share)
 from hcsim.workload.ops import BlockOps
 from hcsim.workload.layout import ParallelLayout
 from hcsim.workload.memory import framework_reserve, stage_memory
@@ -392,12 +393,19 @@ def estimate(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus:
                               dp_bandwidth)
         if par.zero in (1, 2) and not overlapped:  # after the step, exposed
             gradients += _ring(par.dp, 1, max(parameters) * sizes.weight, dp_latency, dp_bandwidth)
-    shard = 1 / par.dp if par.zero else 1.0
-    per_parameter = optimizer_step_bytes(spec.main_sizes, spec.optimizer_bytes_per_parameter)
-    optimizer = max(_time(spec.optimizer_flops_per_parameter * parameters[s] * shard,
-                          per_parameter * parameters[s] * shard, *cluster.slowest(s, spec.precision))
-                    for s in range(p))
+    optimizer = max(_optimizer(spec, par, cluster, s, parameters[s], sum(layers[s])) for s in range(p))
     return pipeline + gradients + optimizer
+
+
+def _optimizer(spec: WorkloadSpec, par, cluster: _Cluster, stage: int, parameters: float, decoders: int) -> float:
+    """The optimizer step of a rank of `stage` holding `parameters` of `decoders` decoders, as the simulations
+    time it: its kernels under the kernel model, else max(FLOP / peak, bytes / bandwidth) over its shard."""
+    peak, bandwidth, device = cluster.slowest_device(stage, spec.precision)
+    if cluster.model is not None:
+        return cluster.model.time(optimizer_kernels(spec, par, parameters, decoders), device, peak, bandwidth)
+    shard = parameters / par.optimizer_shards
+    return _time(spec.optimizer_flops_per_parameter * shard,
+                 optimizer_step_bytes(spec.main_sizes, spec.optimizer_bytes_per_parameter) * shard, peak, bandwidth)
 
 
 def _replica_classes(par: Parallelism, layout: ParallelLayout) -> list[tuple[int, frozenset[str] | None]]:

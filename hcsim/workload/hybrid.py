@@ -275,6 +275,25 @@ def block_kernels(spec: WorkloadSpec, micro_batch: int, tp: int, sequence_parall
     return megatron_ops(layer.ops[:split], spec.fp8_recipe, spec.gradient_add), mlp
 
 
+def fp8_gemm_weights(spec: WorkloadSpec, par: Parallelism, decoders: int) -> float:
+    """Weights of the FP8 GEMMs of `decoders` decoders on one TP rank (their linear layers; 0 unless FP8): what
+    Transformer Engine quantizes once a step, whole on every rank whatever the optimizer's sharding."""
+    if spec.precision != "fp8" or not spec.inventory.fused:
+        return 0.0
+    layer = cp_layer(spec, par.micro_batch, par.tp, par.sequence_parallel, par.ep, par.cp)
+    return decoders * sum(op.parameters for op in layer.ops if op.kernel == "gemm8")
+
+
+def optimizer_kernels(spec: WorkloadSpec, par: Parallelism, parameters: float, decoders: int) -> tuple[Kernel, ...]:
+    """The optimizer step's kernels on a rank that holds `parameters` (per TP rank) of `decoders` decoders
+    (:func:`hcsim.workload.ops.optimizer_step_ops`): the step over its optimizer shard; the gradient buffer it
+    zeroes whole under ZeRO 0-1 (Megatron-LM's distributed optimizer does not shard it), sharded under 2-3."""
+    shard = 1.0 / par.optimizer_shards
+    return optimizer_step_ops(parameters * shard, spec.precision, spec.kernels, spec.optimizer_bytes_per_parameter,
+                              spec.fp8_recipe, fp8_gemm_weights(spec, par, decoders), spec.clip_grad_norm,
+                              spec.main_gradient, parameters * (shard if par.zero >= 2 else 1.0))
+
+
 def expert_costs(spec: WorkloadSpec, micro_batch: int, tp: int, sequence_parallel: bool = False, ep: int = 1,
                  skew: float = 1.0) -> BlockCost | None:
     """The experts of one MoE decoder on one rank of its TP and EP groups, x `skew` (the most loaded rank's
@@ -510,7 +529,6 @@ class _Builder:
         par, spec, sizes = self.par, self.spec, self.spec.main_sizes
         shard = 1.0 / par.optimizer_shards
         parameters = sum(self.chunk_parameters(stage, c) for c in range(par.virtual_stages))
-        buffer = parameters * (shard if par.zero >= 2 else 1.0)  # ZeRO 1 (the distributed optimizer) keeps it whole
         # the transformer costs never fold the state into the backward pass, so the step reads and writes it
         per_parameter = optimizer_step_bytes(sizes, spec.optimizer_bytes_per_parameter) if spec.inventory.fused \
             else ADAMW_FUSED_TRAFFIC + (CLIP_GRAD_NORM_TRAFFIC if spec.clip_grad_norm else 0.0)
@@ -518,10 +536,7 @@ class _Builder:
                           flops=spec.optimizer_flops_per_parameter * parameters * shard,
                           memory_bytes=per_parameter * parameters * shard)
         self.graph.nodes[opt].update(phase="optimizer", stage=stage,
-                                     ops=optimizer_step_ops(parameters * shard, spec.precision, spec.kernels,
-                                                              spec.optimizer_bytes_per_parameter, spec.fp8_recipe,
-                                                              self.fp8_weights(stage), spec.clip_grad_norm,
-                                                              spec.main_gradient, buffer))
+                                     ops=optimizer_kernels(spec, par, parameters, sum(self.layers[stage])))
         on_cpu = par.offloads("optimizer") and par.offload == "cpu"
         if par.offloads("optimizer"):
             self.graph.nodes[opt].update(offload=par.offload, **({"host": "cpu"} if on_cpu else
@@ -643,15 +658,6 @@ class _Builder:
             return (self.embedding if label == "embedding" else self.head).parameters if kind != "experts" else 0.0
         dense, experts = self.attn.parameters + self.mlp.parameters, self.expert_parameters
         return {"all": dense + experts, "dense": dense, "experts": experts}[kind]
-
-    def fp8_weights(self, stage: int) -> float:
-        """Weights of the stage's FP8 GEMMs on one TP rank (its decoders' linear layers; 0 unless FP8): what
-        Transformer Engine quantizes once a step, whole on every rank whatever the optimizer's sharding."""
-        if self.spec.precision != "fp8" or not self.spec.inventory.fused:
-            return 0.0
-        par = self.par
-        layer = cp_layer(self.spec, par.micro_batch, par.tp, par.sequence_parallel, par.ep, par.cp)
-        return sum(self.layers[stage]) * sum(op.parameters for op in layer.ops if op.kernel == "gemm8")
 
     def chunk_parameters(self, stage: int, chunk: int, kind: str = "all") -> float:
         """Parameters of one chunk on one TP rank (with the embedding's on the first, the head's on the last);

@@ -521,3 +521,28 @@ def test_under_the_kernel_model_the_estimate_s_rings_run_at_nccl_s_achieved_band
     assert factor < 1 and model.link("xpu_link", "H100").bandwidth_factor == factor
     assert nccl == (plain[0], pytest.approx(plain[1] * factor, rel=1e-12))
     assert plain[1] == route_bandwidth(platform, route)
+
+
+@pytest.mark.parametrize("zero, cp", [(0, 1), (1, 1), (1, 2), (2, 1)])
+def test_the_estimate_s_optimizer_step_is_the_engine_s(zero, cp):
+    """Under the kernel model the estimate times the step's kernels as the simulation does: its vertex's kernels
+    on the stage's device (a model without a vocabulary: a stage holds its decoders' parameters alone, as the
+    estimate counts them); under the peak model the shard is the optimizer's, dp x cp ranks under ZeRO 1."""
+    from hcsim.engine.compute_model import load_compute_model
+    from hcsim.study.plan import _Cluster, _optimizer, cluster_layout
+
+    spec = replace(load_workload_spec("llama3-8b"), precision="fp8")
+    spec = replace(spec, model=replace(spec.model, decoders=4, vocabulary=0))
+    par = Parallelism(dp=2, cp=cp, zero=zero, micro_batch=1, global_batch=2)
+    platform = build_platform(load_platform_spec("dgx-h100"), 8)
+    xpus = platform_xpus(platform)[:2 * cp]
+    layout = cluster_layout(xpus, par)
+    graph = build_hybrid_graph(spec, par, layout)
+    model = load_compute_model()
+    peak, bandwidth, device = _Cluster(platform, layout).slowest_device(0, spec.precision)
+    decoder = sum(block.parameters for block in block_costs(spec, 1, 1, cp=cp))
+    engine = model.time(graph.nodes["s0.optimizer"]["ops"], device, peak, bandwidth)
+    assert _optimizer(spec, par, _Cluster(platform, layout, model), 0, 4 * decoder, 4) == pytest.approx(engine)
+    closed = _optimizer(spec, par, _Cluster(platform, layout), 0, 4 * decoder, 4)
+    unsharded = _optimizer(spec, replace(par, zero=0), _Cluster(platform, layout), 0, 4 * decoder, 4)
+    assert closed == pytest.approx(unsharded / par.optimizer_shards) and par.optimizer_shards == (2 * cp if zero else 1)
