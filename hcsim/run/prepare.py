@@ -659,7 +659,7 @@ def resolve_compute_model(scenario: Scenario, platform_spec=None, workload_spec=
     'peak'
     >>> resolve_compute_model(Scenario(platform="dgx-h100", workload="llama3-8b", xpus=8, tp=8))
     'roofline'
-    >>> resolve_compute_model(Scenario(platform="dgx-h100", workload="llama3-8b", xpus=8, tp=8, devices=["B200"]))
+    >>> resolve_compute_model(Scenario(platform="dgx-h100", workload="llama3-8b", xpus=8, tp=8, devices=["MI300X"]))
     'peak'
     """
     if scenario.compute_model is not None:

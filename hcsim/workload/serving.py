@@ -539,7 +539,7 @@ def touched_experts(tokens: float, experts: int, top_k: int) -> float:
     1 - k/E).
 
     >>> touched_experts(1, 8, 2), touched_experts(2, 4, 2), round(touched_experts(64, 8, 2), 4)
-    (2.0, 3.0, 7.9999)
+    (2.0, 3.0, 8.0)
     """
     return experts * (1.0 - (1.0 - top_k / experts) ** tokens)
 
