@@ -73,8 +73,8 @@ def gemm_utilization(m: float, n: float, k: float, sms: int, k_half: float, batc
 
     >>> round(gemm_utilization(128 * 132, 128, 1e9, sms=132, k_half=0), 6)
     1.0
-    >>> round(gemm_utilization(128 * 133, 128, 1e9, sms=132, k_half=0), 4)  # one tile spills into a 2nd wave
-    0.5038
+    >>> round(gemm_utilization(128 * 133, 128, 1e9, sms=132, k_half=0), 4)  # a tile past one wave: split-K 4
+    0.8061
     """
     best = 0.0
     tiles = math.ceil(m / GEMM_TILE) * math.ceil(n / GEMM_TILE) * batch
@@ -162,15 +162,24 @@ class DeviceFactors:
             raise ConfigError(f"compute model: devices.{self.name}: provenance {self.provenance!r} is not one of "
                               f"{', '.join(PROVENANCES)}")
 
-    def gemm_efficiency(self, m: int, n: int, k: int, batch: int = 1) -> float:
-        """Fraction of peak of an m x k by k x n GEMM (`batch` times).
+    def gemm_efficiency(self, m: int, n: int, k: int, batch: int = 1, sm_margin: int = 0) -> float:
+        """Fraction of peak of an m x k by k x n GEMM (`batch` times); on the SMs less `sm_margin` (those a
+        communication kernel beside it holds: the GEMM's waves run on the rest, each SM at its own rate). The
+        formula form (no ``sms``) knows no SMs and ignores the margin.
 
         >>> f = DeviceFactors(name="x", gemm_max_efficiency=0.8, gemm_half_dimension=100, memory_efficiency=1)
         >>> round(f.gemm_efficiency(100, 1e12, 1e12), 6)
         0.4
+        >>> g = DeviceFactors(name="y", gemm_max_efficiency=1.0, sms=4, memory_efficiency=1)
+        >>> g.gemm_efficiency(128 * 4, 128, 1e9), round(g.gemm_efficiency(128 * 4, 128, 1e9, sm_margin=1), 6)
+        (1.0, 0.666667)
         """
         if self.sms:
-            return self.gemm_max_efficiency * gemm_utilization(m, n, k, self.sms, self.gemm_k_half, batch)
+            sms = self.sms - sm_margin
+            if sms < 1:
+                raise ConfigError(f"compute model: devices.{self.name}: a GEMM leaving {sm_margin} of its {self.sms} "
+                                  f"SMs to communication has none left")
+            return self.gemm_max_efficiency * sms / self.sms * gemm_utilization(m, n, k, sms, self.gemm_k_half, batch)
         half = self.gemm_half_dimension
         return self.gemm_max_efficiency * (m / (m + half)) * (n / (n + half)) * (k / (k + half))
 
@@ -318,16 +327,17 @@ class ComputeModel:
         An attention kernel's m is its sequence and k its head dimension."""
         name, kind, flops, size, m, n, k = op[:7]
         batch = op[7] if len(op) > 7 else 1
+        margin = op[8] if len(op) > 8 else 0
         if kind == "gemm":
-            efficiency = factors.gemm_efficiency(m, n, k, batch)
+            efficiency = factors.gemm_efficiency(m, n, k, batch, margin)
         elif kind == "gemm_unaligned":
-            efficiency = factors.unaligned_gemm_efficiency(name) or factors.gemm_efficiency(m, n, k, batch)
+            efficiency = factors.unaligned_gemm_efficiency(name) or factors.gemm_efficiency(m, n, k, batch, margin)
         elif kind == "gemm8":  # `peak` is the BF16 one: the FP8 tensor cores reach fp8_gemm_speedup times it
             if not factors.fp8_gemm_speedup:
                 raise ConfigError(f"compute model: device {factors.name!r} has no FP8 GEMM factors (gemm.fp8_speedup): "
                                   f"measure its FP8 GEMMs (benchmarks/gpu_kernels.py, hcsim calibrate), or train in "
                                   f"bf16")
-            efficiency = factors.gemm_efficiency(m, n, k, batch) * factors.fp8_gemm_speedup
+            efficiency = factors.gemm_efficiency(m, n, k, batch, margin) * factors.fp8_gemm_speedup
         elif kind == "attention":
             backward = name.endswith(".bwd")
             efficiency = factors.attention_efficiency(m, k, backward)

@@ -54,8 +54,8 @@ from hcsim.workload.memory import stage_memory
 from hcsim.workload.model import RECOMPUTATION
 from hcsim.workload.schedules import Op, check_schedule, stage_order
 from hcsim.workload.spec import WorkloadSpec
-from hcsim.workload.ops import (ADAMW_FUSED_TRAFFIC, BACKWARD_SUFFIXES, CLIP_GRAD_NORM_TRAFFIC, BlockOps, Op as Kernel,
-                                checkpoint_recompute, eager_embedding_ops, eager_head_ops,
+from hcsim.workload.ops import (ADAMW_FUSED_TRAFFIC, BACKWARD_SUFFIXES, CLIP_GRAD_NORM_TRAFFIC, GEMM_KINDS, BlockOps,
+                                Op as Kernel, checkpoint_recompute, eager_embedding_ops, eager_head_ops,
                                 eager_layer_ops, megatron_ops, optimizer_step_ops)
 from hcsim.workload.context import check_context, kv_block_bytes
 from hcsim.workload.transformer import Work, decoder_layer, embedding, lm_head
@@ -263,16 +263,37 @@ def block_costs(spec: WorkloadSpec, micro_batch: int, tp: int, sequence_parallel
     return _block(layer.ops[:split]), _block([op for op in layer.ops[split:] if op.name not in EXPERT_OPS])
 
 
+# Transformer Engine's userbuffers (training.tp_comm_overlap) run a GEMM's TP collective in kernels beside it
+# on SMs of its own, and with set_sm_margin the GEMM's waves run on the SMs less those: the row-parallel GEMMs'
+# forward, pipelined with their reduce-scatter ("pipeline"), and the column-parallel GEMMs' input and weight
+# gradients, beside the input's all-gather and the gradient's reduce-scatter ("bulk"), 16 SMs each; the
+# column GEMMs' forward and the row GEMMs' input gradients exchange chunks on one SM ("ring_exchange") and
+# keep the rest (TE's defaults: transformer_engine/pytorch/module/base.py, initialize_ub; NeMo's recipes tune
+# num_sm per model)
+USERBUFFER_SMS = 16
+USERBUFFER_GEMMS = ("attention_projection", "mlp_out", "qkv.dgrad", "qkv.wgrad", "mlp_in.dgrad", "mlp_in.wgrad")
+
+
 def block_kernels(spec: WorkloadSpec, micro_batch: int, tp: int, sequence_parallel: bool = False, ep: int = 1,
-                  cp: int = 1) -> tuple[BlockOps, BlockOps]:
+                  cp: int = 1, tp_comm_overlap: bool = False) -> tuple[BlockOps, BlockOps]:
     """The kernels Megatron-LM runs for the attention and MLP blocks of :func:`block_costs` (the same ops:
     :func:`hcsim.workload.ops.megatron_ops`); none for a mixture-of-experts MLP block, whose vertices keep
-    FLOPs / peak FLOP/s."""
+    FLOPs / peak FLOP/s. With `tp_comm_overlap` (:func:`overlaps_tp_comm`) the GEMMs of USERBUFFER_GEMMS leave
+    USERBUFFER_SMS SMs to the collective beside them."""
     layer = cp_layer(spec, micro_batch, tp, sequence_parallel, ep, cp)
     split = next(i for i, op in enumerate(layer.ops) if op.name == "norm_mlp")
     mlp = BlockOps(forward=(), backward=()) if spec.model.moe else megatron_ops(layer.ops[split:], spec.fp8_recipe,
                                                                                  spec.gradient_add)
-    return megatron_ops(layer.ops[:split], spec.fp8_recipe, spec.gradient_add), mlp
+    blocks = megatron_ops(layer.ops[:split], spec.fp8_recipe, spec.gradient_add), mlp
+    return tuple(_userbuffer_margins(b) for b in blocks) if tp_comm_overlap else blocks
+
+
+def _userbuffer_margins(blocks: BlockOps) -> BlockOps:
+    def margins(kernels):
+        return tuple(k._replace(sm_margin=USERBUFFER_SMS) if k.kind in GEMM_KINDS and k.name in USERBUFFER_GEMMS
+                     else k for k in kernels)
+
+    return replace(blocks, forward=margins(blocks.forward), backward=margins(blocks.backward))
 
 
 def fp8_gemm_weights(spec: WorkloadSpec, par: Parallelism, decoders: int) -> float:
@@ -369,7 +390,7 @@ class _Builder:
                                                              use_cache=spec.recomputation == "none")
         else:
             self.attn_ops, self.mlp_ops = block_kernels(spec, par.micro_batch, par.tp, par.sequence_parallel, par.ep,
-                                                        par.cp)
+                                                        par.cp, self.overlapped_tp)
         self.balanced = expert_costs(spec, par.micro_batch, par.tp, par.sequence_parallel, par.ep)  # model FLOPs
         self.expert_parameters = self.experts.parameters if self.experts else 0.0  # per TP rank, held
         self.dispatch = routed_elements(spec.model, par.micro_batch, par.tp) * spec.sizes.activation * par.moe_skew

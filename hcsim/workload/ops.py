@@ -75,8 +75,9 @@ OPTIMIZER_TRAFFIC = {"fp16": 46.0, "bf16": 38.0, "fp8": 38.0, "fp32": 32.0}
 
 class Op(NamedTuple):
     """One kernel: `kind` (gemm | attention | memory | reduction), FLOP, bytes read and written, and for a GEMM its
-    shape m x k by k x n, `batch` times (a batched GEMM); `name` for reports. A plain tuple, so a
-    workload graph with ops saves to JSON (a list per op) and loads back."""
+    shape m x k by k x n, `batch` times (a batched GEMM), and the SMs it leaves to communication kernels running
+    beside it (`sm_margin`: Transformer Engine's userbuffers overlap with set_sm_margin); `name` for reports. A
+    plain tuple, so a workload graph with ops saves to JSON (a list per op) and loads back."""
 
     name: str
     kind: str
@@ -86,6 +87,7 @@ class Op(NamedTuple):
     n: int = 0
     k: int = 0
     batch: int = 1
+    sm_margin: int = 0
 
 
 def _gemm(name: str, m: int, n: int, k: int, e: float, batch: int = 1, tokens: str = "m") -> Op:

@@ -74,8 +74,9 @@ class WorkloadSpec:
     after it in the 1F1B steady state (Megatron-LM's default: --no-overlap-p2p-communication turns it off; it
     overlaps nothing in warmup and flush, nor under the other schedules, whose sends block the next pass);
     tp_comm_overlap : the tensor-parallel collectives of a sequence-parallel layer pipelined with the GEMMs beside
-    them, one chunk of each exposed (Megatron-LM's ``--tp-comm-overlap``, Transformer Engine's userbuffers, which
-    NeMo's large-model recipes turn on; needs sequence parallelism); false: each after its block, exposed (the
+    them, one chunk of each exposed, the GEMMs beside TE's collective kernels on the SMs those leave
+    (:data:`hcsim.workload.hybrid.USERBUFFER_GEMMS`) (Megatron-LM's ``--tp-comm-overlap``, Transformer Engine's
+    userbuffers, which NeMo's large-model recipes turn on; needs sequence parallelism); false: each after its block, exposed (the
     default, Megatron-LM's);
     fp8_recipe : Transformer Engine's FP8 scaling, "delayed" (DelayedScaling, the default) | "current"
     (Float8CurrentScaling): which quantization kernels an FP8 GEMM runs (:data:`hcsim.workload.ops.FP8_RECIPES`);

@@ -7,6 +7,7 @@ import logging
 
 import pytest
 
+from hcsim.errors import ConfigError
 from hcsim.run.scenario import load_scenario
 from hcsim.run.simulation import simulate
 from hcsim.workload import load_workload_spec, validate_workload
@@ -162,3 +163,28 @@ def test_an_interleaved_run_with_overlapped_sends_exposes_less_pipeline_time():
     pp = {name: r["breakdown"]["H100"]["comm_pp_s"] for name, r in (("overlapped", overlapped), ("blocking", blocking))}
     assert pp["overlapped"] < pp["blocking"]
     assert overlapped["iteration_time_s"] < blocking["iteration_time_s"]
+
+
+def test_the_gemms_beside_userbuffers_collectives_leave_them_their_sms():
+    """Transformer Engine's defaults: the row GEMMs' forward (pipelined reduce-scatter) and the column GEMMs'
+    input and weight gradients (bulk all-gather and reduce-scatter) run on the SMs less 16; every other kernel is
+    as without the overlap. An H100 GEMM of whole waves on 116 of 132 SMs then takes 132/116 of its time."""
+    from hcsim.engine.compute_model import gemm_utilization, load_compute_model
+    from hcsim.workload.hybrid import USERBUFFER_GEMMS, USERBUFFER_SMS, block_kernels
+
+    spec = load_workload_spec("llama3-70b")
+    plain, overlapped = (block_kernels(spec, 1, 4, True, tp_comm_overlap=flag) for flag in (False, True))
+    marked = set()
+    for a, b in zip(plain, overlapped):
+        for before, after in zip(a.forward + a.backward, b.forward + b.backward):
+            assert after == before._replace(sm_margin=after.sm_margin)
+            if after.sm_margin:
+                marked.add(after.name)
+                assert after.sm_margin == USERBUFFER_SMS
+    assert marked == set(USERBUFFER_GEMMS)
+    h100 = load_compute_model().device("H100")
+    m, n, k = 8192, 8192, 8192
+    assert h100.gemm_efficiency(m, n, k, sm_margin=16) == pytest.approx(
+        h100.gemm_max_efficiency * 116 / 132 * gemm_utilization(m, n, k, 116, h100.gemm_k_half))
+    with pytest.raises(ConfigError, match="has none left"):
+        h100.gemm_efficiency(m, n, k, sm_margin=132)
