@@ -56,8 +56,8 @@ from hcsim.errors import ConfigError
 from hcsim.platform.devices import peak_flops
 from hcsim.platform.routes import RouteSearch, route_bandwidth, route_latency
 from hcsim.workload.hybrid import (BlockCost, Parallelism, block_costs, block_kernels, grad_bucket_size, in_flight,
-                                   optimizer_kernels, overlaps_grad_reduce, overlaps_param_gather, overlaps_tp_comm,
-                                   stage_layers, tp_gather_share)
+                                   optimizer_kernels, optimizer_traffic, overlaps_grad_reduce, overlaps_param_gather,
+                                   overlaps_tp_comm, stage_layers, tp_gather_share)
 from hcsim.workload.ops import BlockOps
 from hcsim.workload.layout import ParallelLayout
 from hcsim.workload.memory import framework_reserve, stage_memory
@@ -66,7 +66,7 @@ from hcsim.workload.schedules import stage_order
 from hcsim.workload.spec import WorkloadSpec
 from hcsim.workload.split import largest_remainder
 from hcsim.workload.transformer import decoder_layer, embedding, lm_head
-from hcsim.workload.zero import ZERO_STAGES, optimizer_step_bytes
+from hcsim.workload.zero import ZERO_STAGES
 
 __all__ = ["Candidate", "candidates", "fits", "stage_needs", "zero2_twins", "estimate", "rank_correlation", "Search",
            "MIN_RANKED_FOR_CORRELATION"]
@@ -405,8 +405,7 @@ def _optimizer(spec: WorkloadSpec, par, cluster: _Cluster, stage: int, parameter
     if cluster.model is not None:
         return cluster.model.time(optimizer_kernels(spec, par, parameters, decoders), device, peak, bandwidth)
     shard = parameters / par.optimizer_shards
-    return _time(spec.optimizer_flops_per_parameter * shard,
-                 optimizer_step_bytes(spec.main_sizes, spec.optimizer_bytes_per_parameter) * shard, peak, bandwidth)
+    return _time(spec.optimizer_flops_per_parameter * shard, optimizer_traffic(spec) * shard, peak, bandwidth)
 
 
 def _replica_classes(par: Parallelism, layout: ParallelLayout) -> list[tuple[int, frozenset[str] | None]]:

@@ -305,6 +305,15 @@ def fp8_gemm_weights(spec: WorkloadSpec, par: Parallelism, decoders: int) -> flo
     return decoders * sum(op.parameters for op in layer.ops if op.kernel == "gemm8")
 
 
+def optimizer_traffic(spec: WorkloadSpec) -> float:
+    """Bytes the optimizer step vertex moves per parameter of its shard (its ``memory_bytes``, what the peak model
+    times): the whole state read and written (the transformer costs never fold it into the backward pass), or
+    for a PyTorch inventory fused AdamW's and the gradient clipping's."""
+    if spec.inventory.fused:
+        return optimizer_step_bytes(spec.main_sizes, spec.optimizer_bytes_per_parameter)
+    return ADAMW_FUSED_TRAFFIC + (CLIP_GRAD_NORM_TRAFFIC if spec.clip_grad_norm else 0.0)
+
+
 def optimizer_kernels(spec: WorkloadSpec, par: Parallelism, parameters: float, decoders: int) -> tuple[Kernel, ...]:
     """The optimizer step's kernels on a rank that holds `parameters` (per TP rank) of `decoders` decoders
     (:func:`hcsim.workload.ops.optimizer_step_ops`): the step over its optimizer shard; the gradient buffer it
@@ -550,9 +559,7 @@ class _Builder:
         par, spec, sizes = self.par, self.spec, self.spec.main_sizes
         shard = 1.0 / par.optimizer_shards
         parameters = sum(self.chunk_parameters(stage, c) for c in range(par.virtual_stages))
-        # the transformer costs never fold the state into the backward pass, so the step reads and writes it
-        per_parameter = optimizer_step_bytes(sizes, spec.optimizer_bytes_per_parameter) if spec.inventory.fused \
-            else ADAMW_FUSED_TRAFFIC + (CLIP_GRAD_NORM_TRAFFIC if spec.clip_grad_norm else 0.0)
+        per_parameter = optimizer_traffic(spec)
         opt = add_compute(self.graph, f"s{stage}.optimizer", xpus=xpus,
                           flops=spec.optimizer_flops_per_parameter * parameters * shard,
                           memory_bytes=per_parameter * parameters * shard)

@@ -546,3 +546,22 @@ def test_the_estimate_s_optimizer_step_is_the_engine_s(zero, cp):
     closed = _optimizer(spec, par, _Cluster(platform, layout), 0, 4 * decoder, 4)
     unsharded = _optimizer(spec, replace(par, zero=0), _Cluster(platform, layout), 0, 4 * decoder, 4)
     assert closed == pytest.approx(unsharded / par.optimizer_shards) and par.optimizer_shards == (2 * cp if zero else 1)
+
+
+@pytest.mark.parametrize("workload", ["llama3-8b", "gpt2-hf"])
+def test_the_estimate_s_closed_form_optimizer_step_is_the_peak_model_s(workload):
+    """Under the peak model the step is its vertex's max(FLOP / peak, bytes / bandwidth): the state read and
+    written for Megatron-LM, fused AdamW's and the clipping's bytes for a PyTorch inventory (one rule:
+    hybrid.optimizer_traffic)."""
+    from hcsim.study.plan import _Cluster, _optimizer, cluster_layout
+
+    spec = load_workload_spec(workload)
+    spec = replace(spec, model=replace(spec.model, decoders=2, vocabulary=0))
+    par = Parallelism(micro_batch=1, global_batch=1)
+    platform = build_platform(load_platform_spec("dgx-h100"), 8)
+    layout = cluster_layout(platform_xpus(platform)[:1], par)
+    vertex = build_hybrid_graph(spec, par, layout).nodes["s0.optimizer"]
+    peak, bandwidth = _Cluster(platform, layout).slowest(0, spec.precision)
+    decoder = sum(block.parameters for block in block_costs(spec, 1, 1))
+    assert _optimizer(spec, par, _Cluster(platform, layout), 0, 2 * decoder, 2) == pytest.approx(
+        max(vertex["flops"] / peak, vertex["memory_bytes"] / bandwidth), rel=1e-12)
