@@ -9,7 +9,7 @@ import sys
 
 from hcsim.errors import SimulationError
 
-__all__ = ["in_fresh_process"]
+__all__ = ["Said", "in_fresh_process"]
 
 
 def in_fresh_process(function, *args):
@@ -28,9 +28,10 @@ def in_fresh_process(function, *args):
     return result
 
 
-class _Said(logging.Handler):
-    """The distinct warnings a fresh process logs, in order, as (logger, level, message): they go back with its
-    result, since its stderr is its fork server's, which need not be the caller's now (a test capturing it)."""
+class Said(logging.Handler):
+    """The distinct warnings a process logs, in order, as (logger, level, message), to hand back with its
+    result: a fresh process's stderr is its fork server's, which need not be the caller's now (a test capturing
+    it); a sweep point's is kept only when it fails (:mod:`hcsim.study.points`)."""
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
@@ -48,7 +49,7 @@ def _saying(function, args: tuple, environment: dict[str, str]):
     written to stderr first, as a process that had no such handler would have."""
     os.environ.clear()
     os.environ.update(environment)
-    said = _Said()
+    said = Said()
     logging.getLogger().addHandler(said)
     try:
         return function(*args), said.said

@@ -398,7 +398,7 @@ def estimate(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus:
     return pipeline + gradients + optimizer
 
 
-def _optimizer(spec: WorkloadSpec, par, cluster: _Cluster, stage: int, parameters: float, decoders: int) -> float:
+def _optimizer(spec: WorkloadSpec, par: Parallelism, cluster: _Cluster, stage: int, parameters: float, decoders: int) -> float:
     """The optimizer step of a rank of `stage` holding `parameters` of `decoders` decoders, as the simulations
     time it: its kernels under the kernel model, else max(FLOP / peak, bytes / bandwidth) over its shard."""
     peak, bandwidth, device = cluster.slowest_device(stage, spec.precision)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from hcsim.errors import ConfigError, HcsimError, brief, say_once
+from hcsim.run.fresh import Said
 from hcsim.run.scenario import Scenario
 
 __all__ = ["POINT_FOLDER_PREFIX", "check_executor", "run_point", "run_points"]
@@ -110,7 +111,7 @@ def _point_main(argv: Sequence[str]) -> int:
     """Child side of :func:`run_point`: run one pickled scenario, write its result as JSON."""
     source, target, parent = Path(argv[0]), Path(argv[1]), int(argv[2])
     _die_with_parent(parent)
-    warnings = _Warnings()
+    warnings = Said()
     logging.getLogger().addHandler(warnings)
     scenario = pickle.loads(source.read_bytes())
     from hcsim.run.report import atomic_write
@@ -129,28 +130,14 @@ def _point_main(argv: Sequence[str]) -> int:
 
         traceback.print_exc()
         result = {"error": f"{type(err).__name__}: {err} (a bug in hcsim; please report it)"}
-    if warnings.said:
-        result = {**result, WARNINGS: warnings.said}
+    if warnings.said:  # each message once, whichever loggers said it
+        result = {**result, WARNINGS: list(dict.fromkeys(message for _, _, message in warnings.said))}
     atomic_write(target, json.dumps(result))
     return 0
 
 
 WARNINGS = "warnings"
 """The result key under which a point's process hands back what it warned (run_points says each once)."""
-
-
-class _Warnings(logging.Handler):
-    """The distinct warnings a point's process logs, in order: its stderr is kept only when it fails, so what it
-    warns goes back with its result."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.said: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        message = record.getMessage()
-        if message not in self.said:
-            self.said.append(message)
 
 
 def _die_with_parent(parent: int) -> None:
