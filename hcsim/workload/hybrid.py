@@ -426,7 +426,7 @@ class _Builder:
             self.head_ops = eager_head_ops(model, par.micro_batch, compiled)[0]
             self.embedding_ops = eager_embedding_ops(model, par.micro_batch, compiled)
         else:
-            self.head_ops = megatron_ops(self.head.ops, spec.fp8_recipe, spec.gradient_add)
+            self.head_ops = megatron_ops(self.head.ops, spec.fp8_recipe, spec.gradient_add, spec.cross_entropy_fusion)
             self.embedding_ops = megatron_ops(self.embedding.ops, spec.fp8_recipe, spec.gradient_add)
         self.graph = new_workload(spec.name, precision=spec.precision,
                                   samples_per_iteration=par.global_batch // par.replicas,

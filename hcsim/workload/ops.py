@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from hcsim.errors import ConfigError
-from hcsim.workload.transformer import ATTENTION as ATTENTION_KINDS
+from hcsim.workload.transformer import ATTENTION as ATTENTION_KINDS, CROSS_ENTROPY, LOGIT_BYTES
 
 __all__ = ["Op", "OP_KINDS", "GEMM_KINDS", "ATTENTION_KINDS", "BlockOps", "megatron_ops", "optimizer_ops",
            "KERNEL_INVENTORIES", "KernelInventory", "INVENTORIES", "checkpoint_recompute", "eager_layer_ops", "eager_embedding_ops", "eager_head_ops", "optimizer_step_ops",
@@ -54,7 +54,8 @@ __all__ = ["Op", "OP_KINDS", "GEMM_KINDS", "ATTENTION_KINDS", "BlockOps", "megat
 # without 16-byte aligned loads (a framework that does not pad: GPT-2's vocabulary of 50257 in Hugging Face;
 # Megatron-LM pads it); gemm8: a GEMM in FP8 (Transformer Engine); memory: a memory-bound kernel streaming its bytes; reduction: a
 # norm's kernels that reduce along rows or over the tokens (statistics, the weight gradients): measured to reach
-# less of the bandwidth; mixed: an elementwise kernel over operands of two dtypes (PyTorch runs it unvectorised);
+# less of the bandwidth; mixed: an elementwise kernel PyTorch runs unvectorised (operands of two dtypes, or one
+# broadcast over the other's rows: Megatron's loss; the eager RMSNorm's products are fitted as its norm rows);
 # strided: one that reads or writes a transposed or sliced tensor (a concatenation, a broadcast over heads);
 # multi_tensor: one launch of PyTorch's multi_tensor_apply over a list of tensors (fused AdamW, the foreach norm
 # and scaling of gradient clipping), measured at its own rate (the adamw_fused_fp32_step rows)
@@ -177,7 +178,8 @@ def fp8_quantize(name: str, elements: float, recipe: str = "delayed") -> list[Op
     return [_memory(f"{name}.amax", elements * HALF, "reduction"), cast] if recipe == "current" else [cast]
 
 
-def megatron_ops(ops, fp8_recipe: str = "delayed", gradient_add: float = 0.0) -> BlockOps:
+def megatron_ops(ops, fp8_recipe: str = "delayed", gradient_add: float = 0.0, cross_entropy: str = "native"
+                 ) -> BlockOps:
     """The kernels Megatron-LM launches for transformer ops (:class:`hcsim.workload.transformer.Op`, one block on
     one TP rank, in forward order): each op's passes run as its `kernel` kind with its FLOPs and bytes, so the
     kernels of a pass add up to the block's work. A GEMM's backward is its input-gradient GEMM (m x n by
@@ -190,6 +192,7 @@ def megatron_ops(ops, fp8_recipe: str = "delayed", gradient_add: float = 0.0) ->
     step: :func:`optimizer_step_ops`), but for an input straight from a norm (:func:`_fp8_after_norm`).
     `gradient_add` > 0: each op's weight gradients are added to the main-gradient buffer by a kernel of their own
     after its backward kernels, moving that many bytes per weight (:attr:`hcsim.workload.spec.WorkloadSpec.gradient_add`).
+    The loss runs the kernels of :func:`_vocab_parallel_cross_entropy` for `cross_entropy` (its fusion).
 
     >>> from hcsim.workload.transformer import Op as Layer, Work
     >>> fc = Layer(name="fc", kind="gemm", forward=Work(128.0), backward_input=Work(128.0),
@@ -213,6 +216,9 @@ def megatron_ops(ops, fp8_recipe: str = "delayed", gradient_add: float = 0.0) ->
                 half = (op.backward_input.flops / 2, op.backward_input.bytes / 2)
                 behind = [Op(f"{op.name}.a.dgrad", "gemm", *half, m, k, n, batch),
                           Op(f"{op.name}.b.dgrad", "gemm", *half, k, n, m, batch)]
+        elif op.name == CROSS_ENTROPY:
+            ahead, behind = _vocab_parallel_cross_entropy(m * n, op.forward.bytes / (m * n) - LOGIT_BYTES,
+                                                          cross_entropy)
         else:
             ahead = [_memory(op.name, op.forward.bytes, op.kernel)] if op.forward.bytes else []
             behind = [_memory(f"{op.name}.bwd", op.backward.bytes, op.kernel)] if op.backward.bytes else []
@@ -235,6 +241,50 @@ def megatron_ops(ops, fp8_recipe: str = "delayed", gradient_add: float = 0.0) ->
             core += ahead
         previous = op
     return BlockOps(forward=tuple(forward), backward=tuple(backward), core=tuple(core))
+
+
+# Megatron-LM's loss kernels (workload key training.cross_entropy_fusion): "none" (megatron/core/tensor_parallel/
+# cross_entropy.py, unfused: Megatron-LM's default flags, and May 2022's mpu/cross_entropy.py), "native"
+# (--cross-entropy-loss-fusion: megatron/core/fusions/fused_cross_entropy.py, its functions compiled by torch.compile
+# (megatron/core/jit.py's jit_fuser); NeMo 2.0's GPTConfig turns it on) or "te" (--cross-entropy-fusion-impl te:
+# Transformer Engine's Triton kernels, transformer_engine/common/triton/cross_entropy.py)
+CROSS_ENTROPY_FUSIONS = ("none", "native", "te")
+
+
+def _vocab_parallel_cross_entropy(logits: float, element: float, fusion: str = "native"
+                                  ) -> tuple[list[Op], list[Op]]:
+    """The forward and backward kernels of Megatron-LM's loss over one rank's `logits` (tokens x its vocabulary
+    slice) from `element`-byte activations, as `fusion` (:data:`CROSS_ENTROPY_FUSIONS`) runs it. Each keeps a
+    logit's 4 B for backward (the softmax, or TE's gradient); the TP all-reduces are a few bytes a token.
+
+    - none: the upcast to FP32, the row maximum, ``sub_`` of it (in place, broadcast over the row: PyTorch's
+      unvectorised kernel), ``exp`` in place, the row sum, ``div_`` by it (broadcast): 38 B a logit from BF16;
+      backward ``grad_input.mul_`` by the loss's gradient (broadcast) and the upcast's backward, a cast down: 14 B.
+    - native: three compiled kernels, the upcast with the maximum (writing the FP32 copy it returns), the
+      subtraction, exponent and sum in place, the division in place: 22 B; backward one, the scaling and the cast
+      to BF16, the scaled softmax written back as torch.compile keeps an input's mutation: 10 B.
+    - te: the online softmax and the loss kernel, each reading the BF16 logits, the second writing the FP32
+      gradient: 8 B; backward its scaling in place, then autograd's cast of that FP32 gradient to the logits'
+      dtype: 14 B.
+
+    >>> [(k.name, k.kind, k.bytes) for k in _vocab_parallel_cross_entropy(10, 2.0, "none")[1]]
+    [('cross_entropy.scale.bwd', 'mixed', 80.0), ('cross_entropy.float.bwd', 'memory', 60.0)]
+    >>> [sum(k.bytes for k in _vocab_parallel_cross_entropy(1, 2.0, f)[0]) for f in CROSS_ENTROPY_FUSIONS]
+    [38.0, 22.0, 8.0]
+    """
+    e, r, name = element, LOGIT_BYTES, CROSS_ENTROPY
+    if fusion == "none":
+        return ([_memory(f"{name}.float", logits * (e + r)), _memory(f"{name}.max", logits * r),
+                 _memory(f"{name}.sub_max", 2 * logits * r, "mixed"), _memory(f"{name}.exp", 2 * logits * r),
+                 _memory(f"{name}.sum", logits * r), _memory(f"{name}.div", 2 * logits * r, "mixed")],
+                [_memory(f"{name}.scale.bwd", 2 * logits * r, "mixed"),
+                 _memory(f"{name}.float.bwd", logits * (r + e))])
+    if fusion == "native":
+        return ([_memory(f"{name}.logits_max", logits * (e + r)), _memory(f"{name}.exp_sum", 2 * logits * r),
+                 _memory(f"{name}.div", 2 * logits * r)],
+                [_memory(f"{name}.gradients.bwd", logits * (r + r + e))])
+    return ([_memory(f"{name}.online_softmax", logits * e), _memory(f"{name}.loss_gradient", logits * (e + r))],
+            [_memory(f"{name}.scale.bwd", 2 * logits * r), _memory(f"{name}.cast.bwd", logits * (r + e))])
 
 
 def _fp8_after_norm(norm_kernel: Op, norm, name: str, elements: float, recipe: str) -> tuple[Op, list[Op]]:

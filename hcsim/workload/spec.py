@@ -18,7 +18,7 @@ from hcsim.config import Fields, apply_overrides, load_yaml, resolve_spec
 from hcsim.errors import ConfigError, brief, say_once
 from hcsim.units import parse_quantity
 from hcsim.workload.graph import PRECISIONS
-from hcsim.workload.ops import FP8_RECIPES, INVENTORIES, KERNEL_INVENTORIES, KernelInventory
+from hcsim.workload.ops import CROSS_ENTROPY_FUSIONS, FP8_RECIPES, INVENTORIES, KERNEL_INVENTORIES, KernelInventory
 from hcsim.workload.transformer import ATTENTION
 from hcsim.workload.model import (MLP_TYPES, NORM_TYPES, OPTIMIZERS, POSITION_TYPES, RECOMPUTATION, Affine, DecoderTable,
                                   ElementSizes, LayerCost, ModelShape, activation_bytes, element_sizes,
@@ -78,6 +78,10 @@ class WorkloadSpec:
     (:data:`hcsim.workload.hybrid.USERBUFFER_GEMMS`) (Megatron-LM's ``--tp-comm-overlap``, Transformer Engine's
     userbuffers, which NeMo's large-model recipes turn on; needs sequence parallelism); false: each after its block, exposed (the
     default, Megatron-LM's);
+    cross_entropy_fusion : how Megatron-LM runs the loss over the logits (:data:`hcsim.workload.ops.CROSS_ENTROPY_FUSIONS`):
+    "native" (the default: ``--cross-entropy-loss-fusion``, Megatron core's fused implementation, which NeMo's
+    GPTConfig turns on), "none" (unfused: Megatron-LM's bare default, 52 B a logit against native's 32) or "te"
+    (Transformer Engine's Triton kernels, 22 B); megatron kernels only;
     fp8_recipe : Transformer Engine's FP8 scaling, "delayed" (DelayedScaling, the default) | "current"
     (Float8CurrentScaling): which quantization kernels an FP8 GEMM runs (:data:`hcsim.workload.ops.FP8_RECIPES`);
     kernels : the framework whose kernels the roofline model times, "megatron" | "pytorch-eager" |
@@ -111,6 +115,7 @@ class WorkloadSpec:
     overlap_p2p_comm: bool = True
     tp_comm_overlap: bool = False
     gradient_accumulation_fusion: bool = True
+    cross_entropy_fusion: str = "native"
     fp8_recipe: str = "delayed"
     kernels: str = "megatron"
     clip_grad_norm: bool = True
@@ -130,7 +135,7 @@ class WorkloadSpec:
     def __post_init__(self) -> None:
         checks = [("costs", COST_SOURCES), ("precision", PRECISIONS), ("optimizer", OPTIMIZERS),
                   ("recomputation", RECOMPUTATION), ("attention", ATTENTION), ("kernels", KERNEL_INVENTORIES),
-                  ("fp8_recipe", FP8_RECIPES),
+                  ("fp8_recipe", FP8_RECIPES), ("cross_entropy_fusion", CROSS_ENTROPY_FUSIONS),
                   ("bucket", BUCKETS),
                   ("granularity", GRANULARITIES)]
         for key, options in checks:
@@ -275,6 +280,7 @@ def parse_workload_spec(data: Any, where: str = "workload") -> WorkloadSpec:
         overlap_p2p_comm=training.flag("overlap_p2p_comm", True),
         tp_comm_overlap=training.flag("tp_comm_overlap", False),
         gradient_accumulation_fusion=training.flag("gradient_accumulation_fusion", True),
+        cross_entropy_fusion=training.choice("cross_entropy_fusion", CROSS_ENTROPY_FUSIONS, "native"),
         fp8_recipe=training.choice("fp8_recipe", FP8_RECIPES, "delayed"),
         kernels=kernels,
         clip_grad_norm=training.flag("clip_grad_norm", True),
@@ -288,6 +294,9 @@ def parse_workload_spec(data: Any, where: str = "workload") -> WorkloadSpec:
     if valid and training.has("gradient_accumulation_fusion") and not INVENTORIES[kernels or "megatron"].fused:
         say_once(log, f"{where}: training.gradient_accumulation_fusion applies to training.kernels megatron; "
                       f"{kernels} accumulates gradients as PyTorch's autograd does, so it has no effect here")
+    if valid and training.has("cross_entropy_fusion") and not INVENTORIES[kernels or "megatron"].fused:
+        say_once(log, f"{where}: training.cross_entropy_fusion applies to training.kernels megatron; {kernels} "
+                      f"runs F.cross_entropy over the whole vocabulary, so it has no effect here")
     if valid and training.has("fp8_recipe") and values["precision"] != "fp8":
         say_once(log, f"{where}: training.fp8_recipe: {values['fp8_recipe']!r} applies to precision fp8; this run "
                       f"trains in {values['precision']}, so it has no effect (precision=fp8 uses it)")

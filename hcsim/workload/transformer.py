@@ -89,7 +89,7 @@ from dataclasses import dataclass, replace
 from hcsim.errors import ConfigError
 from hcsim.workload.model import RECOMPUTATION, ElementSizes, ModelShape, element_sizes
 
-__all__ = ["OP_KINDS", "ATTENTION", "BLOCK_KINDS", "LOGIT_BYTES", "Work", "Op", "Block", "decoder_layer", "embedding",
+__all__ = ["OP_KINDS", "ATTENTION", "BLOCK_KINDS", "LOGIT_BYTES", "CROSS_ENTROPY", "Work", "Op", "Block", "decoder_layer", "embedding",
            "lm_head", "model_blocks", "iteration_flops", "model_parameters", "active_parameters"]
 
 OP_KINDS = ("gemm", "attention", "elementwise", "norm")
@@ -97,6 +97,7 @@ KERNEL_KINDS = ("gemm", "gemm8", "attention", "memory", "reduction")  # as hcsim
 ATTENTION = ("standard", "flash")
 BLOCK_KINDS = ("embedding", "decoder", "head")
 LOGIT_BYTES = 4.0  # the loss reads logits in FP32 whatever the training precision (Korthikanti et al.: 4sbv)
+CROSS_ENTROPY = "cross_entropy"  # the loss op's name
 
 
 @dataclass(frozen=True, slots=True)
@@ -573,7 +574,7 @@ def lm_head(shape: ModelShape, *, micro_batch: int = 1, sequence: int | None = N
     logits = _gemm("logits", r, n, h, rows, weights=h * rows, saved=r.local * h * e, fp8=False)
     if shape.tied_embeddings and not tied_copy:  # reads the embedding's weights, holds none
         logits = replace(logits, parameters=0)
-    loss = Op(name="cross_entropy", kind="elementwise", saved=n * rows * LOGIT_BYTES,
+    loss = Op(name=CROSS_ENTROPY, kind="elementwise", saved=n * rows * LOGIT_BYTES, shape=(n, rows, 1, 1),
               forward=Work(0.0, n * rows * (e + LOGIT_BYTES)), backward_input=Work(0.0, n * rows * (LOGIT_BYTES + e)))
     return _block("head", r, [_norm("final_norm", r), logits, loss])
 

@@ -1,5 +1,6 @@
 """Kernel-level costs of the hybrid graph's compute vertices (hcsim.workload.ops)."""
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -49,8 +50,39 @@ def test_megatron_kernels_are_the_transformer_ops_with_their_gemm_shapes(attenti
             "flash": ["flash_attention"]}[attention]
     assert [k.name for k in kernels.core] == core
     head = megatron_ops(lm_head(SHAPE, micro_batch=2, tp=2, precision="fp16").ops)
-    assert [k.name for k in head.forward] == ["final_norm", "logits", "cross_entropy"]
-    assert [k.kind for k in head.forward] == ["reduction", "gemm", "memory"]
+    assert [k.name for k in head.forward[:2]] == ["final_norm", "logits"]
+    assert [k.kind for k in head.forward[:2]] == ["reduction", "gemm"]
+
+
+def test_megatron_loss_runs_its_unfused_kernels_over_fp32_logits():
+    """Megatron-LM's vocabulary-parallel cross-entropy unfused: the upcast, max, sub, exp, sum, div over each logit
+    of the rank's vocabulary slice (38 B a logit from FP16), backward the scaling and the cast back (14 B); the
+    products with a row's value (broadcast) unvectorised, first in backward."""
+    tp, b = 2, 2
+    head = megatron_ops(lm_head(SHAPE, micro_batch=b, tp=tp, precision="fp16").ops, cross_entropy="none")
+    logits = b * SHAPE.sequence * math.ceil(SHAPE.vocabulary / tp)
+    loss = [k for k in head.forward if k.name.startswith("cross_entropy")]
+    assert [k.name.split(".")[1] for k in loss] == ["float", "max", "sub_max", "exp", "sum", "div"]
+    assert [k.kind for k in loss] == ["memory", "memory", "mixed", "memory", "memory", "mixed"]
+    assert sum(k.bytes for k in loss) == 38 * logits
+    back = [k for k in head.backward if k.name.startswith("cross_entropy")]
+    assert [k.kind for k in back] == ["mixed", "memory"] and sum(k.bytes for k in back) == 14 * logits
+    assert head.backward[:2] == tuple(back)
+
+
+@pytest.mark.parametrize("fusion, forward, backward", [("none", 38, 14), ("native", 22, 10), ("te", 8, 14)])
+def test_the_loss_kernels_follow_the_workload_s_cross_entropy_fusion(fusion, forward, backward):
+    """training.cross_entropy_fusion reaches the graph's head: its loss kernels move the fusion's bytes a logit
+    (BF16 logits), the rest of the head unchanged."""
+    spec = replace(SPEC, precision="bf16", cross_entropy_fusion=fusion)
+    par = Parallelism(tp=2, micro_batch=1, global_batch=1)
+    graph = build_hybrid_graph(spec, par, ParallelLayout(["x0", "x1"], {"tp": 2}))
+    logits = SHAPE.sequence * math.ceil(SHAPE.vocabulary / 2)
+    for phase, expected in (("fwd", forward), ("bwd", backward)):
+        head = next(d for n, d in graph.nodes(data=True) if n.endswith(".head") and d.get("phase") == phase)
+        loss = [k for k in head["ops"] if k.name.startswith("cross_entropy")]
+        assert sum(k.bytes for k in loss) == pytest.approx(expected * logits)
+        assert len(head["ops"]) - len(loss) == (2 if phase == "fwd" else 3)  # norm and GEMM; backward its two gradients and the norm's
 
 
 def test_sequence_parallelism_splits_the_replicated_kernels_over_the_tp_group():
@@ -148,3 +180,15 @@ def test_a_workload_refuses_a_precision_its_inventory_does_not_run():
     assert WorkloadSpec(name="w", model=shape, kernels="pytorch-eager", precision="bf16").inventory.name == "pytorch-eager"
     with pytest.raises(ConfigError, match=r"training.kernels torch-compile .* in bf16 or fp16, not fp8"):
         WorkloadSpec(name="w", model=shape, kernels="torch-compile", precision="fp8")
+
+
+def test_the_loss_fusion_is_a_workload_key_and_a_bad_one_is_refused_by_name():
+    """native by default (NeMo's GPTConfig), none for the 2022 GPT runs; a wrong value names the key and the three."""
+    from hcsim.errors import ConfigError
+    from hcsim.workload.spec import load_workload_spec
+
+    assert load_workload_spec("llama3-8b").cross_entropy_fusion == "native"
+    assert load_workload_spec("gpt-megatron").cross_entropy_fusion == "none"
+    assert load_workload_spec("llama3-8b", {"training.cross_entropy_fusion": "te"}).cross_entropy_fusion == "te"
+    with pytest.raises(ConfigError, match=r"cross_entropy_fusion.*'triton'.*none, native, te"):
+        load_workload_spec("llama3-8b", {"training.cross_entropy_fusion": "triton"})
