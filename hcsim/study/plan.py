@@ -55,9 +55,9 @@ from hcsim.engine.collectives import channel_ring_orders, server_groups
 from hcsim.errors import ConfigError
 from hcsim.platform.devices import peak_flops
 from hcsim.platform.routes import RouteSearch, route_bandwidth, route_latency
-from hcsim.workload.hybrid import (BlockCost, Parallelism, block_costs, block_kernels, grad_bucket_size, in_flight,
-                                   optimizer_kernels, optimizer_traffic, overlaps_grad_reduce, overlaps_param_gather,
-                                   overlaps_tp_comm, stage_layers, tp_gather_share)
+from hcsim.workload.hybrid import (BlockCost, Parallelism, block_cost, block_costs, block_kernels, grad_bucket_size,
+                                   in_flight, model_ends, optimizer_kernels, optimizer_traffic, overlaps_grad_reduce,
+                                   overlaps_param_gather, overlaps_tp_comm, stage_layers, tp_gather_share)
 from hcsim.workload.ops import BlockOps
 from hcsim.workload.layout import ParallelLayout
 from hcsim.workload.memory import framework_reserve, stage_memory
@@ -371,15 +371,17 @@ def estimate(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus:
     attn, mlp = _Block.of(attn, attn_ops, kernel_model), _Block.of(mlp, mlp_ops, kernel_model)
     gather = _ring(par.dp, 1, decoder * sizes.weight, dp_latency, dp_bandwidth) if par.zero == 3 else 0.0
     overlapped = overlaps_param_gather(spec, par)
-    first = embedding(spec.model, tp=par.tp, precision=spec.precision, attention=spec.attention).parameters \
-        if spec.model.vocabulary else decoder
+    ends = model_ends(spec, par)
+    ends = tuple(_Block.of(block_cost(block.ops), ops, kernel_model) for block, ops in ends) if ends else ()
+    first = ends[0].cost.parameters if ends else decoder
     first_gathers = (_ring(par.dp, 1, first * sizes.weight, dp_latency, dp_bandwidth),
                      _ring(par.dp, 1, decoder * sizes.weight, dp_latency, dp_bandwidth)) if overlapped else None
-    decoder_costs = _DecoderCosts(attn, mlp, allreduce, gather, activation, first_gathers, tp_hidden)
+    decoder_costs = _DecoderCosts(attn, mlp, allreduce, gather, activation, first_gathers, tp_hidden, ends)
     pipeline = max(_pipeline(spec, par, cluster, layers, decoder_costs, m, members)
                    for m, members in _replica_classes(par, layout))
     p = par.pp
-    parameters = [sum(layers[s]) * decoder for s in range(p)]
+    parameters = [sum(layers[s]) * decoder + sum(end.cost.parameters for end in decoder_costs.ends_on(s, p))
+                  for s in range(p)]
     gradients = 0.0
     if par.dp * par.cp > 1:  # all-reduce (ZeRO 0), reduce-scatter + all-gather (1-2), reduce-scatter (3), over
         # the dp x cp ranks that hold the same parameters (CP's K/V exchange hides behind the attention: not here)
@@ -428,6 +430,21 @@ class _DecoderCosts:
     # ZeRO 1-2 overlapped: the gathers (s) of the first unit and of a decoder before the first forward pass
     first_gathers: tuple[float, float] | None = None
     tp_hidden: float = 0.0  # tp_comm_overlap: the part of the TP collectives that runs beside the block (s)
+    ends: tuple = ()  # the embedding's and the head's _Block (none without a vocabulary)
+
+    def ends_on(self, stage: int, stages: int) -> list["_Block"]:
+        """The model's ends `stage` of `stages` holds: the embedding on the first, the head on the last."""
+        return [end for end, here in zip(self.ends, (stage == 0, stage == stages - 1)) if here]
+
+    def end_passes(self, stage: int, stages: int, on: tuple[float, float, str], split: bool
+                   ) -> tuple[float, float, float]:
+        """(forward, backward, weight gradients) s of the ends `stage` runs per micro-batch: the backward with its
+        weight gradients (0 then) unless `split` (ZB-H1)."""
+        held = self.ends_on(stage, stages)
+        forward = sum(end.forward(*on) for end in held)
+        if split:
+            return forward, sum(end.input_grad(*on) for end in held), sum(end.weight_grad(*on) for end in held)
+        return forward, sum(end.backward(*on) for end in held), 0.0
 
     def tp_after(self, block: float) -> float:
         """Seconds the TP collectives add after a block of `block` s: the exposed part (all of them unless
@@ -444,7 +461,7 @@ def _pipeline(spec: WorkloadSpec, par: Parallelism, cluster: "_Cluster", layers,
     """Seconds the pipeline of the replicas of `members` (None: every replica) takes for its `m` micro-batches:
     each stage paced by its slowest XPU among them."""
     attn, mlp, gather = costs.attn, costs.mlp, costs.gather
-    decoder_units = []
+    decoder_units, decoder_forward = [], []  # per stage, a decoder's backward and forward unit
     zero_bubble = par.schedule == "zb-h1"
     tau, forward, backward_input, weight = [], [], [], []
     for stage in range(par.pp):
@@ -458,10 +475,12 @@ def _pipeline(spec: WorkloadSpec, par: Parallelism, cluster: "_Cluster", layers,
         decoder_units.append(backward_unit)
         if gather:
             f, b_in = max(f, gather), max(backward_unit, gather) - (0.0 if zero_bubble else w)
-        forward.append(decoders * f)
-        backward_input.append(decoders * b_in)
-        weight.append(decoders * w)
-        tau.append(decoders * (f + b_in + w))
+        decoder_forward.append(f)
+        e_f, e_b, e_w = costs.end_passes(stage, par.pp, on, zero_bubble)
+        forward.append(decoders * f + e_f)
+        backward_input.append(decoders * b_in + e_b)
+        weight.append(decoders * w + e_w)
+        tau.append(forward[-1] + backward_input[-1] + weight[-1])
     p = par.pp
     slowest = max(tau)
     bubble = sum(tau) - slowest
@@ -481,7 +500,7 @@ def _pipeline(spec: WorkloadSpec, par: Parallelism, cluster: "_Cluster", layers,
         # decoder at max(its forward, a decoder's gather), the gathers one after another
         first, per_decoder = costs.first_gathers
         decoders = sum(layers[0])
-        f = forward[0] / decoders
+        f = decoder_forward[0]
         pipeline += first + (decoders - (0 if spec.model.vocabulary else 1)) * (max(f, per_decoder) - f)
     return pipeline
 
@@ -489,10 +508,13 @@ def _pipeline(spec: WorkloadSpec, par: Parallelism, cluster: "_Cluster", layers,
 def _decoder_backward(par: Parallelism, costs: _DecoderCosts, on: tuple[float, float, str]) -> tuple[float, float]:
     """(seconds of a decoder's backward pass but its weight gradients, with any recomputation and the TP
     all-reduces; seconds of its weight gradients) on the device `on` (peak, bandwidth, name)."""
+    if par.schedule != "zb-h1":  # the graph's one backward vertex a block (what overlapped TP chunks run beside),
+        # the weight gradients and a selective recomputation in it
+        selective = par.recompute == "selective"
+        passes = [b.backward(*on, selective) for b in (costs.attn, costs.mlp)]
+        return sum(t + costs.tp_after(t) for t in passes) + _recompute(par.recompute, costs, on, selective), 0.0
     grads = [(b.input_grad(*on), b.weight_grad(*on)) for b in (costs.attn, costs.mlp)]
-    deferred = par.schedule == "zb-h1"  # the graph's backward vertex (what overlapped TP chunks run beside) holds
-    # the weight gradients too unless ZB-H1 defers them
-    b_in = sum(i + costs.tp_after(i if deferred else i + w) for i, w in grads) + _recompute(par.recompute, costs, on)
+    b_in = sum(i + costs.tp_after(i) for i, _ in grads) + _recompute(par.recompute, costs, on)
     return b_in, sum(w for _, w in grads)
 
 
@@ -500,17 +522,19 @@ def _gradient_tail(spec: WorkloadSpec, par: Parallelism, cluster: "_Cluster", co
                    stage: int, reduction: tuple[float, float, int]) -> float:
     """Seconds the bucketed gradient reduction of `stage`'s first chunk runs past its last backward pass (the
     graph's buckets, hcsim.workload.hybrid: whole units from the last back, each reduced when its units' backward
-    is done and the bucket before it reduced; the embedding and the head timed at nothing, as everywhere here).
+    is done and the bucket before it reduced; the head's and the embedding's backward passes as the pipeline's).
     `reduction`: the DP ring's latency, bandwidth and phases (1 reduce-scatter, 2 all-reduce)."""
     latency, bandwidth, phases = reduction
     on = cluster.slowest_device(stage, spec.precision, None)
     decoder = costs.attn.cost.parameters + costs.mlp.cost.parameters
-    keywords = dict(tp=par.tp, precision=spec.precision, attention=spec.attention)
-    vocabulary = bool(spec.model.vocabulary)
-    head = vocabulary and stage == par.pp - 1 and par.virtual_stages == 1
-    units = ([(lm_head(spec.model, tied_copy=stage > 0, **keywords).parameters, 0.0)] if head else []) \
-        + [(decoder, sum(_decoder_backward(par, costs, on)))] * layers[stage][0] \
-        + ([(embedding(spec.model, **keywords).parameters, 0.0)] if vocabulary and stage == 0 else [])
+    first, last = costs.ends or (None, None)
+
+    def end(block: _Block) -> tuple[float, float]:
+        return block.cost.parameters, block.backward(*on)
+
+    head = last is not None and stage == par.pp - 1 and par.virtual_stages == 1
+    units = ([end(last)] if head else []) + [(decoder, sum(_decoder_backward(par, costs, on)))] * layers[stage][0] \
+        + ([end(first)] if first is not None and stage == 0 else [])
     size, ranks = grad_bucket_size(par), par.dp * par.cp
     ready = reduced = held = 0.0
     for i, (parameters, seconds) in enumerate(units):
@@ -544,6 +568,7 @@ class _Block:
     weight_grad_ops: tuple = ()
     core_ops: tuple = ()
     timed_backward: bool = False  # the backward pass has kernels (either part may be empty)
+    all_backward_ops: tuple = ()  # the backward kernels in the order the framework runs them
 
     @classmethod
     def of(cls, cost: BlockCost, ops: BlockOps | None = None, model=None) -> "_Block":
@@ -551,7 +576,7 @@ class _Block:
             return cls(cost)
         wgrad = tuple(op for op in ops.backward if op.name.endswith(".wgrad"))
         rest = tuple(op for op in ops.backward if not op.name.endswith(".wgrad"))
-        return cls(cost, model, ops.forward, rest, wgrad, ops.core, bool(ops.backward))
+        return cls(cost, model, ops.forward, rest, wgrad, ops.core, bool(ops.backward), ops.backward)
 
     def _kernels(self, ops, peak: float, bandwidth: float, device: str) -> float:
         return self.model.time(ops, device, peak, bandwidth) if ops else 0.0
@@ -572,6 +597,15 @@ class _Block:
             return self._kernels(self.weight_grad_ops, peak, bandwidth, device)
         return _time(self.cost.weight_grad_flops, self.cost.bwd_bytes / 2, peak, bandwidth)
 
+    def backward(self, peak: float, bandwidth: float, device: str, selective: bool = False) -> float:
+        """The whole backward pass as one vertex runs it (after the attention core's recomputation where
+        `selective`), as the graph runs it unless ZB-H1 splits it."""
+        if self.timed_backward:
+            return self._kernels((self.core_ops if selective else ()) + self.all_backward_ops, peak, bandwidth, device)
+        cost = self.cost
+        return _time(cost.bwd_flops + selective * cost.core_flops, cost.bwd_bytes + selective * cost.core_bytes,
+                     peak, bandwidth)
+
     def core(self, peak: float, bandwidth: float, device: str) -> float:
         """The attention core's forward (what selective recomputation redoes)."""
         if self.core_ops:
@@ -579,11 +613,13 @@ class _Block:
         return self.cost.core_flops / peak
 
 
-def _recompute(mode: str, costs: _DecoderCosts, on: tuple[float, float, str]) -> float:
+def _recompute(mode: str, costs: _DecoderCosts, on: tuple[float, float, str], in_backward: bool = False) -> float:
+    """Seconds a decoder's recomputation adds: full, its blocks' forward passes again; selective, the attention
+    core's forward (nothing where `in_backward`: the backward vertex runs it, :meth:`_Block.backward`)."""
     blocks = (costs.attn, costs.mlp)
     if mode == "full":
         return sum(costs.with_tp(b.forward(*on)) for b in blocks)
-    if mode == "selective":
+    if mode == "selective" and not in_backward:
         return sum(b.core(*on) for b in blocks)
     return 0.0
 

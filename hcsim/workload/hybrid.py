@@ -58,7 +58,7 @@ from hcsim.workload.ops import (ADAMW_FUSED_TRAFFIC, BACKWARD_SUFFIXES, CLIP_GRA
                                 Op as Kernel, checkpoint_recompute, eager_embedding_ops, eager_head_ops,
                                 eager_layer_ops, megatron_ops, optimizer_step_ops)
 from hcsim.workload.context import check_context, kv_block_bytes
-from hcsim.workload.transformer import Work, decoder_layer, embedding, lm_head
+from hcsim.workload.transformer import Block, Work, decoder_layer, embedding, lm_head
 from hcsim.workload.experts import EXPERT_OPS, routed_elements
 from hcsim.workload.split import check_batch_split
 from hcsim.workload.zero import check_zero_offload, optimizer_step_bytes
@@ -260,7 +260,7 @@ def block_costs(spec: WorkloadSpec, micro_batch: int, tp: int, sequence_parallel
     (:func:`expert_costs`); on a CP rank (:func:`cp_layer`)."""
     layer = cp_layer(spec, micro_batch, tp, sequence_parallel, ep, cp)
     split = next(i for i, op in enumerate(layer.ops) if op.name == "norm_mlp")
-    return _block(layer.ops[:split]), _block([op for op in layer.ops[split:] if op.name not in EXPERT_OPS])
+    return block_cost(layer.ops[:split]), block_cost([op for op in layer.ops[split:] if op.name not in EXPERT_OPS])
 
 
 # Transformer Engine's userbuffers (training.tp_comm_overlap) run a GEMM's TP collective in kernels beside it
@@ -286,6 +286,25 @@ def block_kernels(spec: WorkloadSpec, micro_batch: int, tp: int, sequence_parall
                                                                                  spec.gradient_add)
     blocks = megatron_ops(layer.ops[:split], spec.fp8_recipe, spec.gradient_add), mlp
     return tuple(_userbuffer_margins(b) for b in blocks) if tp_comm_overlap else blocks
+
+
+def model_ends(spec: WorkloadSpec, par: Parallelism) -> tuple[tuple[Block, BlockOps], tuple[Block, BlockOps]] | None:
+    """The model's two ends on one rank per micro-batch, each with the kernels its framework launches for it: the
+    embedding (the first stage's first chunk) and the head (the last stage's last chunk: the final norm, the
+    logits and the loss); None for a model without a vocabulary (tests' uniform stages)."""
+    model = spec.model
+    if model.vocabulary < 1:
+        return None
+    keywords = dict(micro_batch=par.micro_batch, sequence=model.sequence // par.cp, tp=par.tp,
+                    sequence_parallel=par.sequence_parallel, precision=spec.precision, attention=spec.attention)
+    first = embedding(model, **keywords)
+    last = lm_head(model, tied_copy=par.pp > 1 and model.tied_embeddings, **keywords)
+    if not spec.inventory.fused:
+        compiled = spec.inventory.compiled
+        return ((first, eager_embedding_ops(model, par.micro_batch, compiled)),
+                (last, eager_head_ops(model, par.micro_batch, compiled)[0]))
+    return ((first, megatron_ops(first.ops, spec.fp8_recipe, spec.gradient_add)),
+            (last, megatron_ops(last.ops, spec.fp8_recipe, spec.gradient_add, spec.cross_entropy_fusion)))
 
 
 def _userbuffer_margins(blocks: BlockOps) -> BlockOps:
@@ -332,13 +351,14 @@ def expert_costs(spec: WorkloadSpec, micro_batch: int, tp: int, sequence_paralle
         return None
     layer = decoder_layer(spec.model, micro_batch=micro_batch, tp=tp, sequence_parallel=sequence_parallel, ep=ep,
                           precision=spec.precision, attention=spec.attention)
-    block = _block([op for op in layer.ops if op.name in EXPERT_OPS])
+    block = block_cost([op for op in layer.ops if op.name in EXPERT_OPS])
     return replace(block, fwd_flops=block.fwd_flops * skew, fwd_bytes=block.fwd_bytes * skew,
                    input_grad_flops=block.input_grad_flops * skew, weight_grad_flops=block.weight_grad_flops * skew,
                    bwd_bytes=block.bwd_bytes * skew)
 
 
-def _block(ops) -> BlockCost:
+def block_cost(ops) -> BlockCost:
+    """The FLOPs and bytes of transformer ops (:class:`hcsim.workload.transformer.Op`) run as one block."""
     def total(key, part):
         return sum(getattr(getattr(op, key), part) for op in ops)
 
@@ -413,21 +433,9 @@ class _Builder:
         self.layers = stage_layers(spec, par)
         model = spec.model
         self.activation = par.micro_batch * model.sequence // par.cp * model.hidden * spec.sizes.activation
-        keywords = dict(micro_batch=par.micro_batch, sequence=model.sequence // par.cp, tp=par.tp,
-                        sequence_parallel=par.sequence_parallel,
-                        precision=spec.precision, attention=spec.attention)
-        self.vocabulary = model.vocabulary > 0  # a model without one (tests: uniform stages) has no ends
-        self.embedding = embedding(model, **keywords) if self.vocabulary else None
-        self.head = lm_head(model, tied_copy=par.pp > 1 and model.tied_embeddings, **keywords) \
-            if self.vocabulary else None
-        if not self.vocabulary:
-            self.head_ops = self.embedding_ops = None
-        elif eager:
-            self.head_ops = eager_head_ops(model, par.micro_batch, compiled)[0]
-            self.embedding_ops = eager_embedding_ops(model, par.micro_batch, compiled)
-        else:
-            self.head_ops = megatron_ops(self.head.ops, spec.fp8_recipe, spec.gradient_add, spec.cross_entropy_fusion)
-            self.embedding_ops = megatron_ops(self.embedding.ops, spec.fp8_recipe, spec.gradient_add)
+        ends = model_ends(spec, par)
+        self.vocabulary = ends is not None  # a model without one (tests: uniform stages) has no ends
+        (self.embedding, self.embedding_ops), (self.head, self.head_ops) = ends or ((None, None), (None, None))
         self.graph = new_workload(spec.name, precision=spec.precision,
                                   samples_per_iteration=par.global_batch // par.replicas,
                                   layout=self.layout.to_dict(), global_samples=par.global_batch,

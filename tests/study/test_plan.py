@@ -565,3 +565,28 @@ def test_the_estimate_s_closed_form_optimizer_step_is_the_peak_model_s(workload)
     decoder = sum(block.parameters for block in block_costs(spec, 1, 1))
     assert _optimizer(spec, par, _Cluster(platform, layout), 0, 2 * decoder, 2) == pytest.approx(
         max(vertex["flops"] / peak, vertex["memory_bytes"] / bandwidth), rel=1e-12)
+
+
+@pytest.mark.parametrize("workload, recompute", [("llama3-8b", "none"), ("llama3-8b", "selective"),
+                                                  ("gpt-megatron", "full")])
+def test_the_estimate_times_the_embedding_and_the_head_as_the_graph_runs_them(workload, recompute):
+    """On one XPU (no communication) the kernel-model estimate is the time of every compute vertex's kernels, each
+    vertex one instance: the decoders' (a block's backward with its weight gradients, as one vertex runs them), the
+    optimizer step's over every parameter the stage holds, and the embedding's and the head's (for Llama 3's 128k
+    vocabulary the logits and the loss take more than the two decoders; the estimate counted neither before)."""
+    from hcsim.engine.compute_model import load_compute_model
+    from hcsim.study.plan import _Cluster, cluster_layout
+
+    spec = load_workload_spec(workload)
+    spec = replace(spec, model=replace(spec.model, decoders=2, sequence=1024))
+    par = Parallelism(micro_batch=1, global_batch=2, recompute=recompute)
+    platform = build_platform(load_platform_spec("dgx-h100"), 8)
+    xpus = platform_xpus(platform)[:1]
+    layout = cluster_layout(xpus, par)
+    model = load_compute_model()
+    peak, bandwidth, device = _Cluster(platform, layout).slowest_device(0, spec.precision)
+    graph = build_hybrid_graph(spec, par, layout)
+    vertices = {n: d for n, d in graph.nodes(data=True) if d["kind"] == "compute"}
+    assert sum(n.endswith((".embedding", ".head")) for n in vertices) == 8  # forward and backward, 2 micro-batches
+    engine = sum(model.time(d["ops"], device, peak, bandwidth) for d in vertices.values())
+    assert estimate(spec, Candidate(parallelism=par), platform, xpus, model) == pytest.approx(engine, rel=1e-12)
