@@ -486,9 +486,11 @@ def _pipeline(spec: WorkloadSpec, par: Parallelism, cluster: "_Cluster", layers,
     bubble = sum(tau) - slowest
     if par.schedule == "interleaved":
         bubble /= par.virtual_stages
-    elif zero_bubble:
-        bubble = max(0.0, sum(f + b - w for f, b, w in zip(forward, backward_input, weight))
-                     - max(f + b - w for f, b, w in zip(forward, backward_input, weight)))
+    elif zero_bubble:  # the weight gradients of min(m, p) - 1 micro-batches fill the drain: (p-1)(F+B) less
+        # (min(m, p) - 1)·W on uniform stages, Qi et al.'s (p-1)(F+B-W) from m = p on (the engine's order)
+        filled = (min(m, p) - 1) / (p - 1) if p > 1 else 0.0
+        paced = max(range(p), key=lambda s: forward[s] + backward_input[s] - weight[s])
+        bubble = max(0.0, sum(forward[s] + backward_input[s] - filled * weight[s] for s in range(p) if s != paced))
     pipeline = m * slowest + bubble
     if p > 1:
         layout = cluster.layout

@@ -22,7 +22,8 @@ Qi et al. 2023, REFERENCE.md):
   the end), so later stages send input gradients upstream sooner and W's fill
   the waits; every stage then holds at most p micro-batches of activations, the
   first stage's 1F1B peak (the memory ZB-H1 keeps); bubble (p-1)(t_F + t_B - t_W)
-  with t_B the input-gradient pass.
+  with t_B the input-gradient pass, from m = p on ((p-1)(t_F + t_B) - (m-1)·t_W
+  below: fewer weight gradients to fill the drain).
 
 >>> [str(op) for op in stage_order("1f1b", stages=2, micro_batches=3, stage=0)]
 ['F0', 'F1', 'B0', 'F2', 'B1', 'B2']

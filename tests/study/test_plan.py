@@ -65,13 +65,15 @@ def test_what_does_not_fit_says_which_stage_and_how_much():
     assert fits(spec, sharded, platform, xpus) is None
 
 
-@pytest.mark.parametrize("schedule, v", [("1f1b", 1), ("interleaved", 2)])
-def test_the_estimate_is_the_engine_s_time_without_contention(schedule, v):
+@pytest.mark.parametrize("schedule, v, p, m", [("1f1b", 1, 2, 8), ("interleaved", 2, 2, 8), ("zb-h1", 1, 4, 1),
+                                                ("zb-h1", 1, 4, 2), ("zb-h1", 1, 4, 8)])
+def test_the_estimate_is_the_engine_s_time_without_contention(schedule, v, p, m):
     """Uniform stages and nearly free communication (the fast platform of test_hybrid_schedules): the closed
-    form Σ τ + (m - 1)·max τ (bubble / v when interleaved) is what the executor's rules give."""
-    par = Parallelism(pp=2, global_batch=8, schedule=schedule, virtual_stages=v)
-    platform = single_switch(2, FAST, xpu_link_bandwidth=1e18, xpu_link_latency=1e-15, hbm_latency=1e-15)
-    estimated = estimate(tiny_spec(), Candidate(parallelism=par), platform, ["xpu0", "xpu1"])
+    form Σ τ + (m - 1)·max τ (bubble / v when interleaved; ZB-H1's (p-1)(F+B) less the weight gradients of
+    min(m, p) - 1 micro-batches, Qi et al.'s (p-1)(F+B-W) from m = p) is what the executor's rules give."""
+    par = Parallelism(pp=p, global_batch=m, schedule=schedule, virtual_stages=v)
+    platform = single_switch(p, FAST, xpu_link_bandwidth=1e18, xpu_link_latency=1e-15, hbm_latency=1e-15)
+    estimated = estimate(tiny_spec(), Candidate(parallelism=par), platform, [f"xpu{i}" for i in range(p)])
     assert estimated == pytest.approx(iteration_time(par), rel=1e-5)
 
 
