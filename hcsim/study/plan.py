@@ -55,7 +55,7 @@ from hcsim.engine.collectives import channel_ring_orders, server_groups
 from hcsim.errors import ConfigError
 from hcsim.platform.devices import peak_flops
 from hcsim.platform.routes import RouteSearch, route_bandwidth, route_latency
-from hcsim.workload.hybrid import (BlockCost, Parallelism, block_cost, block_costs, block_kernels, grad_bucket_size,
+from hcsim.workload.hybrid import (BlockCost, Parallelism, block_cost, block_costs, decoder_kernels, grad_bucket_size,
                                    in_flight, model_ends, optimizer_kernels, optimizer_traffic, overlaps_grad_reduce,
                                    overlaps_param_gather, overlaps_tp_comm, stage_layers, tp_gather_share)
 from hcsim.workload.ops import BlockOps
@@ -137,8 +137,10 @@ def candidates(spec: WorkloadSpec, layout_xpus: list[str], global_batch: int, se
     # context parallelism needs flash attention and the sequence in 2 x cp chunks (hcsim.workload.context)
     contexts = [cp for cp in _powers(min(8, n)) if cp == 1 or (spec.attention == "flash"
                                                                and model.sequence % (2 * cp) == 0)]
+    # a PyTorch inventory trains as its script does: checkpointed or not by the workload's own recomputation
+    recomputes = RECOMPUTES if spec.inventory.fused else (spec.recomputation,)
     for tp, pp, cp, mb, recompute in product(_powers(min(server_size, n)), range(1, model.decoders + 1), contexts,
-                                             MICRO_BATCHES, RECOMPUTES):
+                                             MICRO_BATCHES, recomputes):
         if n % (tp * pp * cp) or model.heads % tp or (model.kv_heads or model.heads) % tp \
                 or (cp > 1 and recompute == "selective"):
             continue
@@ -162,8 +164,9 @@ def candidates(spec: WorkloadSpec, layout_xpus: list[str], global_batch: int, se
                     par = Parallelism(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch=mb, global_batch=global_batch,
                                       schedule=schedule, virtual_stages=v, recompute=recompute, layer_split=split,
                                       zero=zero, batch_split=batch)
-                except ConfigError:  # an uneven batch split with ZeRO-3, or counts the schedule cannot run
-                    continue
+                    par.check_model(spec)
+                except ConfigError:  # an uneven batch split with ZeRO-3, counts the schedule cannot run, or a
+                    continue  # split the workload's framework does not run (a PyTorch inventory: data parallel only)
                 found.append(Candidate(parallelism=par, split="proportional" if split else "even",
                                        batch="proportional" if batch else "even"))
     return found
@@ -365,9 +368,7 @@ def estimate(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus:
         tp_hidden = tp_collectives(activation * (par.tp - 1) / par.tp)
     dp_latency, dp_bandwidth = cluster.ring("dp", nccl)
     decoder = attn.parameters + mlp.parameters  # per TP rank
-    attn_ops, mlp_ops = (block_kernels(spec, par.micro_batch, par.tp, par.sequence_parallel, cp=par.cp,
-                                       tp_comm_overlap=overlaps_tp_comm(spec, par))
-                         if kernel_model is not None else (None, None))
+    attn_ops, mlp_ops = decoder_kernels(spec, par) if kernel_model is not None else (None, None)
     attn, mlp = _Block.of(attn, attn_ops, kernel_model), _Block.of(mlp, mlp_ops, kernel_model)
     gather = _ring(par.dp, 1, decoder * sizes.weight, dp_latency, dp_bandwidth) if par.zero == 3 else 0.0
     overlapped = overlaps_param_gather(spec, par)

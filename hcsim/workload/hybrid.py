@@ -288,6 +288,18 @@ def block_kernels(spec: WorkloadSpec, micro_batch: int, tp: int, sequence_parall
     return tuple(_userbuffer_margins(b) for b in blocks) if tp_comm_overlap else blocks
 
 
+def decoder_kernels(spec: WorkloadSpec, par: Parallelism) -> tuple[BlockOps, BlockOps]:
+    """The kernels of a decoder's attention and MLP blocks on one rank per micro-batch, as the workload's framework
+    launches them: Megatron-LM's (:func:`block_kernels`) or a PyTorch inventory's (its key/value cache's copies
+    where the spec does not checkpoint)."""
+    if not spec.inventory.fused:
+        attn, mlp, _ = eager_layer_ops(spec.model, par.micro_batch, spec.inventory.compiled,
+                                       use_cache=spec.recomputation == "none")
+        return attn, mlp
+    return block_kernels(spec, par.micro_batch, par.tp, par.sequence_parallel, par.ep, par.cp,
+                         overlaps_tp_comm(spec, par))
+
+
 def model_ends(spec: WorkloadSpec, par: Parallelism) -> tuple[tuple[Block, BlockOps], tuple[Block, BlockOps]] | None:
     """The model's two ends on one rank per micro-batch, each with the kernels its framework launches for it: the
     embedding (the first stage's first chunk) and the head (the last stage's last chunk: the final norm, the
@@ -413,13 +425,7 @@ class _Builder:
         self.experts = expert_costs(spec, par.micro_batch, par.tp, par.sequence_parallel, par.ep, par.moe_skew)
         # kernels of each block for the engine's roofline model (hcsim.workload.ops; dense blocks only), as the
         # workload's framework launches them
-        eager, compiled = not spec.inventory.fused, spec.inventory.compiled
-        if eager:
-            self.attn_ops, self.mlp_ops, _ = eager_layer_ops(spec.model, par.micro_batch, compiled,
-                                                             use_cache=spec.recomputation == "none")
-        else:
-            self.attn_ops, self.mlp_ops = block_kernels(spec, par.micro_batch, par.tp, par.sequence_parallel, par.ep,
-                                                        par.cp, self.overlapped_tp)
+        self.attn_ops, self.mlp_ops = decoder_kernels(spec, par)
         self.balanced = expert_costs(spec, par.micro_batch, par.tp, par.sequence_parallel, par.ep)  # model FLOPs
         self.expert_parameters = self.experts.parameters if self.experts else 0.0  # per TP rank, held
         self.dispatch = routed_elements(spec.model, par.micro_batch, par.tp) * spec.sizes.activation * par.moe_skew

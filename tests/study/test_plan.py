@@ -570,7 +570,7 @@ def test_the_estimate_s_closed_form_optimizer_step_is_the_peak_model_s(workload)
 
 
 @pytest.mark.parametrize("workload, recompute", [("llama3-8b", "none"), ("llama3-8b", "selective"),
-                                                  ("gpt-megatron", "full")])
+                                                  ("gpt-megatron", "full"), ("gpt2-hf", "none")])
 def test_the_estimate_times_the_embedding_and_the_head_as_the_graph_runs_them(workload, recompute):
     """On one XPU (no communication) the kernel-model estimate is the time of every compute vertex's kernels, each
     vertex one instance: the decoders' (a block's backward with its weight gradients, as one vertex runs them), the
@@ -592,3 +592,13 @@ def test_the_estimate_times_the_embedding_and_the_head_as_the_graph_runs_them(wo
     assert sum(n.endswith((".embedding", ".head")) for n in vertices) == 8  # forward and backward, 2 micro-batches
     engine = sum(model.time(d["ops"], device, peak, bandwidth) for d in vertices.values())
     assert estimate(spec, Candidate(parallelism=par), platform, xpus, model) == pytest.approx(engine, rel=1e-12)
+
+
+def test_a_pytorch_inventory_is_planned_as_its_script_trains():
+    """training.kernels pytorch-eager runs plain data parallelism at the workload's own checkpointing: the plan
+    enumerates only those plans (before, it ranked TP, pipeline and ZeRO plans the run then refused)."""
+    spec = load_workload_spec("gpt2-hf")
+    found = candidates(spec, [f"x{i}" for i in range(4)], global_batch=16, server_size=8)
+    assert found and all((c.parallelism.tp, c.parallelism.pp, c.parallelism.cp, c.parallelism.zero) == (1, 1, 1, 0)
+                         and c.parallelism.recompute == spec.recomputation for c in found)
+    assert {c.parallelism.dp for c in found} == {4}
