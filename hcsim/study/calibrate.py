@@ -35,7 +35,7 @@ from hcsim.engine.compute_model import DeviceFactors, gemm_utilization
 from hcsim.errors import ConfigError
 
 __all__ = ["KernelRow", "Calibration", "read_kernels", "fit_device", "factors_yaml", "model_errors", "error_table",
-           "MEMORY_KINDS", "SMS"]
+           "MEMORY_KINDS", "SMS", "read_published_gemms", "fit_published_gemms", "LARGE_GEMM_FLOPS"]
 
 MIN_EFFICIENCY = 1e-6  # the least fraction of peak a fitted kernel may run at: below, a row's flops or seconds are wrong
 MEMORY_KINDS = ("copy", "add", "add_bf16", "silu_bf16", "cast_bf16_to_fp32", "cast_fp32_to_bf16")
@@ -291,6 +291,39 @@ def _gemm_fit(gemms, floor: float, peak: float, sms: int, k_half: float | None =
     if not 0 < best[2] <= (1 if k_half is None else 4):
         raise ConfigError(f"calibrate: the fitted GEMM max_efficiency is {best[2]:.3g}, outside (0, 1]: the device's "
                           f"datasheet peak is below what the rows measured (wrong --device?)")
+    return float(best[1]), best[2]
+
+
+# a GEMM this large (17 GFLOP) runs long enough that a per-kernel fixed cost is under 1 % of it: the published
+# tables' rows of at least this many FLOPs measure the tensor cores, the smaller ones the launch
+LARGE_GEMM_FLOPS = 2.0 ** 34
+
+
+def read_published_gemms(path, column: str = "bf16_flops_per_s") -> list[tuple[int, int, int, int, float]]:
+    """(b, m, n, k, FLOP/s) of each row of a published matmul table in ``experiments/calibration/published/``
+    (``#`` lines are its source) that has `column`."""
+    with open(path, newline="") as f:
+        rows = csv.DictReader(line for line in f if not line.startswith("#"))
+        return [(int(r["b"]), int(r["m"]), int(r["n"]), int(r["k"]), float(r[column])) for r in rows if r.get(column)]
+
+
+def fit_published_gemms(gemms, peak: float, sms: int, k_half: float | None = None) -> tuple[float, float]:
+    """(k_half, max_efficiency) of the wave model with the least relative RMS error over the large GEMMs of a
+    published table ((b, m, n, k, FLOP/s), :func:`read_published_gemms`; time = 2bmnk / FLOP/s, no harness floor:
+    the table records kernel times), `max_efficiency` in closed form for each k_half of the grid (with `k_half`
+    given, that one alone; relative to `peak`, so above 1 for FP8 GEMMs against the BF16 peak)."""
+    large = [(2.0 * b * m * n * k, b, m, n, k, rate) for b, m, n, k, rate in gemms if 2.0 * b * m * n * k >= LARGE_GEMM_FLOPS]
+    if len(large) < 2:
+        raise ConfigError(f"calibrate: a published table needs at least 2 GEMMs of {LARGE_GEMM_FLOPS:.3g} FLOP or more, "
+                          f"found {len(large)}")
+    best = None
+    for half in (K_HALF_GRID if k_half is None else (k_half,)):
+        # the model's time at max_efficiency 1 over the measured time, per row: the fit's 1/efficiency scales it
+        ratios = [rate / (peak * gemm_utilization(m, n, k, sms, half, b)) for _, b, m, n, k, rate in large]
+        scale = sum(ratios) / sum(x * x for x in ratios)  # least squares of scale·x - 1 (relative error)
+        error = math.sqrt(sum((scale * x - 1) ** 2 for x in ratios) / len(ratios))
+        if best is None or error < best[0]:
+            best = (error, half, 1 / scale)
     return float(best[1]), best[2]
 
 

@@ -4,6 +4,7 @@ The shared H100 and H200 measurements (experiments/calibration/measurements) are
 per kind of kernel is printed (pytest -s) and bounded, and the built-in factors must be that fit."""
 
 import csv
+import math
 from pathlib import Path
 
 import pytest
@@ -203,3 +204,31 @@ def test_the_a100_gemm_factor_is_the_h100_model_carried_by_the_published_best_ma
     assert (a100.sms, a100.gemm_k_half, a100.provenance) == (108, h100.gemm_k_half, "literature")
     short = h100.gemm_efficiency(6144, 17920, 2816) / 0.801
     assert a100.gemm_efficiency(6912, 16384, 2048) == pytest.approx(0.859 * short, abs=5e-4)
+
+
+def test_the_blackwell_gemm_factors_are_the_fit_to_openxla_s_published_b200_table():
+    """platforms/compute-model.yaml's B200 (and GB200's, the same GPU) GEMM factors: the wave model on 148 SMs fitted
+    by fit_published_gemms to the large GEMMs of OpenXLA's sm_100 matmul table (BF16; FP8 e4m3 for fp8_speedup at
+    the same k_half); the fit holds those GEMMs within 10 % RMS. The same fit on OpenXLA's newer sm_90 table finds
+    nearly the H100 factors fitted to our own kernels (a check of the method)."""
+    from hcsim.study.calibrate import LARGE_GEMM_FLOPS, fit_published_gemms, read_published_gemms
+    from hcsim.engine.compute_model import gemm_utilization
+
+    published = REPO_ROOT / "experiments" / "calibration" / "published"
+    model, peak = load_compute_model(), builtin_catalog()["B200"].peaks["bf16"]
+    bf16 = read_published_gemms(published / "openxla-sm100-matmul.csv")
+    k_half, efficiency = fit_published_gemms(bf16, peak, 148)
+    fp8 = fit_published_gemms(read_published_gemms(published / "openxla-sm100-matmul.csv", "fp8_e4m3_flops_per_s"),
+                              peak, 148, k_half)[1]
+    for name in ("B200", "GB200"):
+        device = model.device(name)
+        assert (device.sms, device.gemm_k_half) == (148, k_half)
+        assert device.gemm_max_efficiency == pytest.approx(efficiency, abs=5e-5)
+        assert device.fp8_gemm_speedup == pytest.approx(fp8 / efficiency, abs=5e-5)
+    errors = [rate / (peak * efficiency * gemm_utilization(m, n, k, 148, k_half, b)) - 1
+              for b, m, n, k, rate in bf16 if 2.0 * b * m * n * k >= LARGE_GEMM_FLOPS]
+    assert len(errors) == 108 and math.sqrt(sum(e * e for e in errors) / len(errors)) < 0.10
+    h100 = fit_published_gemms(read_published_gemms(published / "openxla-sm90-matmul-all-dtypes.csv"),
+                               builtin_catalog()["H100"].peaks["bf16"], 132)
+    ours = model.device("H100")
+    assert abs(h100[0] - ours.gemm_k_half) <= 32 and h100[1] == pytest.approx(ours.gemm_max_efficiency, rel=0.03)
