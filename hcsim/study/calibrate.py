@@ -20,6 +20,9 @@ order, with the model :mod:`hcsim.engine.compute_model` runs (one function each,
    and gradient GEMMs apart), and the slowdown dropout brings to attention (the median ratio of the dropout
    rows' times to the same shapes' without).
 
+For a GPU we have not measured, :func:`fit_published_gemms` fits the GEMM model alone (step 2, without the
+harness's floor) to a published matmul table of ``experiments/calibration/published/`` (the B200's: OpenXLA's).
+
 Everything is per kernel; no whole training step enters a fit. Units: s, B, FLOP, FLOP/s, B/s.
 """
 
