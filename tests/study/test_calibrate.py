@@ -3,7 +3,6 @@
 The shared H100 and H200 measurements (experiments/calibration/measurements) are refitted here; the fit error
 per kind of kernel is printed (pytest -s) and bounded, and the built-in factors must be that fit."""
 
-import csv
 import math
 from pathlib import Path
 
