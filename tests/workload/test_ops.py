@@ -192,3 +192,20 @@ def test_the_loss_fusion_is_a_workload_key_and_a_bad_one_is_refused_by_name():
     assert load_workload_spec("llama3-8b", {"training.cross_entropy_fusion": "te"}).cross_entropy_fusion == "te"
     with pytest.raises(ConfigError, match=r"cross_entropy_fusion.*'triton'.*none, native, te"):
         load_workload_spec("llama3-8b", {"training.cross_entropy_fusion": "triton"})
+
+
+@pytest.mark.parametrize("dp, cp, zero", [(1, 1, 0), (2, 1, 0), (1, 2, 1), (4, 1, 2)])
+def test_megatron_scales_the_gradient_buffer_before_reducing_it_over_dp_x_cp(dp, cp, zero):
+    """Megatron-LM's DistributedDataParallel multiplies its gradient buffer by 1/(dp x cp) before the reduction:
+    one read and one write of the rank's buffer (sharded under ZeRO 2-3 as the zeroing is) where dp x cp > 1."""
+    from hcsim.workload.hybrid import optimizer_kernels
+
+    spec = replace(SPEC, precision="bf16")
+    par = Parallelism(dp=dp, cp=cp, zero=zero, micro_batch=1, global_batch=dp * 4)
+    kernels = {k.name: k for k in optimizer_kernels(spec, par, 1000.0, 1)}
+    buffer = 1000.0 / (dp if zero >= 2 else 1)
+    assert kernels["zero_grad_buffer"].bytes == buffer * spec.main_gradient
+    if dp * cp > 1:
+        assert kernels["scale_grad_buffer"].bytes == 2 * buffer * spec.main_gradient
+    else:
+        assert "scale_grad_buffer" not in kernels
