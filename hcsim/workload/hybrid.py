@@ -348,18 +348,12 @@ def optimizer_traffic(spec: WorkloadSpec) -> float:
 def optimizer_kernels(spec: WorkloadSpec, par: Parallelism, parameters: float, decoders: int) -> tuple[Kernel, ...]:
     """The optimizer step's kernels on a rank that holds `parameters` (per TP rank) of `decoders` decoders
     (:func:`hcsim.workload.ops.optimizer_step_ops`): the step over its optimizer shard; the gradient buffer it
-    zeroes whole under ZeRO 0-1 (Megatron-LM's distributed optimizer does not shard it), sharded under 2-3; and
-    with dp x cp > 1 Megatron-LM's scaling of that buffer by 1 / (dp x cp) before it is reduced (read and written
-    once an iteration: megatron/core/distributed/param_and_grad_buffer.py, start_grad_sync's
-    ``bucket.grad_data *= gradient_scaling_factor``; timed here, in the step, not before each bucket)."""
+    zeroes whole under ZeRO 0-1 (Megatron-LM's distributed optimizer does not shard it), sharded under 2-3, and
+    with dp x cp > 1 scales before reducing it."""
     shard = 1.0 / par.optimizer_shards
-    buffer = parameters * (shard if par.zero >= 2 else 1.0)
-    step = optimizer_step_ops(parameters * shard, spec.precision, spec.kernels, spec.optimizer_bytes_per_parameter,
+    return optimizer_step_ops(parameters * shard, spec.precision, spec.kernels, spec.optimizer_bytes_per_parameter,
                               spec.fp8_recipe, fp8_gemm_weights(spec, par, decoders), spec.clip_grad_norm,
-                              spec.main_gradient, buffer)
-    if spec.inventory.fused and spec.optimizer_bytes_per_parameter <= 0 and par.dp * par.cp > 1:
-        step += (Kernel("scale_grad_buffer", "memory", 0.0, 2.0 * buffer * spec.main_gradient),)
-    return step
+                              spec.main_gradient, parameters * (shard if par.zero >= 2 else 1.0), par.dp * par.cp > 1)
 
 
 def expert_costs(spec: WorkloadSpec, micro_batch: int, tp: int, sequence_parallel: bool = False, ep: int = 1,

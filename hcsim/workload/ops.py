@@ -306,8 +306,8 @@ def _work(work) -> tuple[float, float]:
     return work.flops, work.bytes
 
 
-def optimizer_ops(parameters: float, precision: str, main_gradient: float = 4.0, buffer: float | None = None
-                  ) -> tuple[Op, ...]:
+def optimizer_ops(parameters: float, precision: str, main_gradient: float = 4.0, buffer: float | None = None,
+                  scaled: bool = False) -> tuple[Op, ...]:
     """Megatron-LM's optimizer step over `parameters` (the rank's optimizer shard) with `main_gradient`-byte main
     gradients: with 16-bit ones, each gradient's cast to FP32 first (``main_param.grad = main_grad.float()``, a copy
     kernel; FP32 ones are used as they are); its multi_tensor_apply kernels (OPTIMIZER_TRAFFIC: the loss scaler's
@@ -315,15 +315,20 @@ def optimizer_ops(parameters: float, precision: str, main_gradient: float = 4.0,
     16-bit weights: one ``multi_tensor`` op, at the rate measured for PyTorch's fused AdamW, the same machinery);
     and the zeroing of the gradient buffer, `buffer` elements (the whole buffer the rank holds, which the
     distributed optimizer does not shard: DistributedDataParallel.zero_grad_buffer; `parameters` when None).
+    `scaled` (dp x cp > 1): the buffer is also scaled by 1/(dp x cp) before its reduction, read and written once
+    (megatron/core/distributed/param_and_grad_buffer.py, start_grad_sync: ``bucket.grad_data *=
+    gradient_scaling_factor``), timed here in the step, not before each bucket.
 
     >>> [(op.name, op.kind, op.bytes) for op in optimizer_ops(1.0, "bf16")]
     [('optimizer', 'multi_tensor', 38.0), ('zero_grad_buffer', 'memory', 4.0)]
     >>> [(op.name, op.bytes) for op in optimizer_ops(1.0, "fp16", main_gradient=2.0, buffer=8.0)]
     [('main_grad_cast', 6.0), ('optimizer', 46.0), ('zero_grad_buffer', 16.0)]
     """
+    buffer = parameters if buffer is None else buffer
     cast = [_memory("main_grad_cast", parameters * (main_gradient + 4.0))] if main_gradient < 4.0 else []
+    scale = [_memory("scale_grad_buffer", 2.0 * buffer * main_gradient)] if scaled else []
     return (*cast, _memory("optimizer", parameters * OPTIMIZER_TRAFFIC[precision], "multi_tensor"),
-            _memory("zero_grad_buffer", (parameters if buffer is None else buffer) * main_gradient))
+            _memory("zero_grad_buffer", buffer * main_gradient), *scale)
 
 
 def ops_flops(ops) -> float:
@@ -777,12 +782,12 @@ def _cross_entropy(k: _Kernels, tokens: int, vocabulary: int) -> None:
 
 def optimizer_step_ops(parameters: float, precision: str, kernels: str = "megatron", per_parameter: float = 0.0,
                        fp8_recipe: str = "delayed", fp8_weights: float | None = None,
-                       clip_grad_norm: bool = True, main_gradient: float = 4.0, buffer: float | None = None
-                       ) -> tuple[Op, ...]:
+                       clip_grad_norm: bool = True, main_gradient: float = 4.0, buffer: float | None = None,
+                       scaled: bool = False) -> tuple[Op, ...]:
     """The optimizer step of `kernels`: Megatron-LM's (OPTIMIZER_TRAFFIC) or, for a PyTorch inventory, what a
     Hugging Face training loop runs after the backward pass (:func:`eager_optimizer_ops`: `clip_grad_norm`, then
-    fused AdamW); Megatron-LM's over `main_gradient`-byte main gradients in a buffer of `buffer` elements
-    (:func:`optimizer_ops`); `per_parameter` bytes instead when the workload gives them
+    fused AdamW); Megatron-LM's over `main_gradient`-byte main gradients in a buffer of `buffer` elements, `scaled`
+    before its reduction (:func:`optimizer_ops`); `per_parameter` bytes instead when the workload gives them
     (``training.optimizer_bytes_per_parameter`` > 0). In FP8 also the weights' quantization, once a step (the
     FP8 weight and its transpose Transformer Engine caches over the step's micro-batches: :func:`fp8_quantize`
     for `fp8_recipe`, of `fp8_weights` elements, the FP8 GEMMs' weights the rank holds, or `parameters` when
@@ -794,9 +799,9 @@ def optimizer_step_ops(parameters: float, precision: str, kernels: str = "megatr
     if INVENTORIES[kernels].fused and precision == "fp8":
         weights = fp8_quantize("fp8_weights", parameters if fp8_weights is None else fp8_weights, fp8_recipe)
         update = [_memory("fp8_scale_update", 0.0)] if fp8_recipe == "delayed" else []
-        return optimizer_ops(parameters, precision, main_gradient, buffer) + tuple(weights + update)
+        return optimizer_ops(parameters, precision, main_gradient, buffer, scaled) + tuple(weights + update)
     if INVENTORIES[kernels].fused:
-        return optimizer_ops(parameters, precision, main_gradient, buffer)
+        return optimizer_ops(parameters, precision, main_gradient, buffer, scaled)
     return eager_optimizer_ops(parameters, clip_grad_norm)
 
 

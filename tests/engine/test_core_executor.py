@@ -84,10 +84,14 @@ def test_scenarios_give_the_numbers_the_python_executor_gave(name, monkeypatch):
 
     The graphs are built as when recorded: Megatron-LM's optimizer step was then one streaming kernel of 46 B a
     parameter in every 16-bit precision (hcsim.workload.ops.optimizer_ops: since, its unscale is FP16's alone, its
-    multi_tensor_apply kernels run at their measured rate, 16-bit main gradients are cast first and the whole
-    gradient buffer is zeroed)."""
-    monkeypatch.setattr(ops, "optimizer_ops", lambda parameters, precision, main_gradient, buffer: (
+    multi_tensor_apply kernels run at their measured rate, 16-bit main gradients are cast first, the whole
+    gradient buffer is zeroed and scaled before its reduction), and its loss one kernel each way, 6 B a logit
+    (since, the kernels of ops._vocab_parallel_cross_entropy)."""
+    monkeypatch.setattr(ops, "optimizer_ops", lambda parameters, precision, main_gradient, buffer, scaled: (
         ops.Op("optimizer", "memory", 0.0, parameters * (36.0 if precision == "fp32" else 46.0)),))
+    monkeypatch.setattr(ops, "_vocab_parallel_cross_entropy", lambda logits, element, fusion: (
+        [ops.Op("cross_entropy", "memory", 0.0, logits * (element + 4.0))],
+        [ops.Op("cross_entropy.bwd", "memory", 0.0, logits * (4.0 + element))]))
     platform, workload, options = scenario_case(**SCENARIOS[name])
     mine, theirs = simulate_graphs(platform, workload, RunOptions(**options)), RECORDED[name]
     assert mine["iteration_ends"] == pytest.approx(theirs["iteration_ends"], rel=1e-9)
