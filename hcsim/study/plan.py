@@ -509,8 +509,9 @@ def _pipeline(spec: WorkloadSpec, par: Parallelism, cluster: "_Cluster", layers,
 
 
 def _decoder_backward(par: Parallelism, costs: _DecoderCosts, on: tuple[float, float, str]) -> tuple[float, float]:
-    """(seconds of a decoder's backward pass but its weight gradients, with any recomputation and the TP
-    all-reduces; seconds of its weight gradients) on the device `on` (peak, bandwidth, name)."""
+    """(seconds of a decoder's backward pass with any recomputation and the TP collectives, but under ZB-H1 its
+    weight gradients; seconds of the weight gradients ZB-H1 defers, 0 otherwise) on the device `on` (peak,
+    bandwidth, name)."""
     if par.schedule != "zb-h1":  # the graph's one backward vertex a block (what overlapped TP chunks run beside),
         # the weight gradients and a selective recomputation in it
         selective = par.recompute == "selective"
