@@ -58,7 +58,7 @@ from hcsim.platform.routes import RouteSearch, route_bandwidth, route_latency
 from hcsim.workload.hybrid import (BlockCost, Parallelism, block_cost, block_costs, decoder_kernels, grad_bucket_size,
                                    in_flight, model_ends, optimizer_kernels, optimizer_traffic, overlaps_grad_reduce,
                                    overlaps_param_gather, overlaps_tp_comm, stage_layers, tp_gather_share)
-from hcsim.workload.ops import BlockOps
+from hcsim.workload.ops import BlockOps, checkpoint_recompute
 from hcsim.workload.layout import ParallelLayout
 from hcsim.workload.memory import framework_reserve, stage_memory
 from hcsim.workload.placement import out_of_memory
@@ -369,7 +369,8 @@ def estimate(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus:
     dp_latency, dp_bandwidth = cluster.ring("dp", nccl)
     decoder = attn.parameters + mlp.parameters  # per TP rank
     attn_ops, mlp_ops = decoder_kernels(spec, par) if kernel_model is not None else (None, None)
-    attn, mlp = _Block.of(attn, attn_ops, kernel_model), _Block.of(mlp, mlp_ops, kernel_model)
+    attn = _Block.of(attn, attn_ops, kernel_model)
+    mlp = _Block.of(mlp, mlp_ops, kernel_model, checkpointed=not spec.inventory.fused)
     gather = _ring(par.dp, 1, decoder * sizes.weight, dp_latency, dp_bandwidth) if par.zero == 3 else 0.0
     overlapped = overlaps_param_gather(spec, par)
     ends = model_ends(spec, par)
@@ -573,14 +574,18 @@ class _Block:
     core_ops: tuple = ()
     timed_backward: bool = False  # the backward pass has kernels (either part may be empty)
     all_backward_ops: tuple = ()  # the backward kernels in the order the framework runs them
+    recompute_ops: tuple = ()  # what full recomputation runs again, where not the whole forward pass
 
     @classmethod
-    def of(cls, cost: BlockCost, ops: BlockOps | None = None, model=None) -> "_Block":
+    def of(cls, cost: BlockCost, ops: BlockOps | None = None, model=None, checkpointed: bool = False) -> "_Block":
+        """`checkpointed`: a layer's last block under torch.utils.checkpoint, whose recomputation stops before its
+        last GEMM (:func:`hcsim.workload.ops.checkpoint_recompute`, as the graph runs it)."""
         if model is None or ops is None:
             return cls(cost)
         wgrad = tuple(op for op in ops.backward if op.name.endswith(".wgrad"))
         rest = tuple(op for op in ops.backward if not op.name.endswith(".wgrad"))
-        return cls(cost, model, ops.forward, rest, wgrad, ops.core, bool(ops.backward), ops.backward)
+        again = checkpoint_recompute(ops.forward) if checkpointed else ()
+        return cls(cost, model, ops.forward, rest, wgrad, ops.core, bool(ops.backward), ops.backward, again)
 
     def _kernels(self, ops, peak: float, bandwidth: float, device: str) -> float:
         return self.model.time(ops, device, peak, bandwidth) if ops else 0.0
@@ -600,6 +605,12 @@ class _Block:
         if self.timed_backward:
             return self._kernels(self.weight_grad_ops, peak, bandwidth, device)
         return _time(self.cost.weight_grad_flops, self.cost.bwd_bytes / 2, peak, bandwidth)
+
+    def recomputed(self, peak: float, bandwidth: float, device: str) -> float:
+        """The forward pass full recomputation runs again."""
+        if self.recompute_ops:
+            return self._kernels(self.recompute_ops, peak, bandwidth, device)
+        return self.forward(peak, bandwidth, device)
 
     def backward(self, peak: float, bandwidth: float, device: str, selective: bool = False) -> float:
         """The whole backward pass as one vertex runs it (after the attention core's recomputation where
@@ -622,7 +633,7 @@ def _recompute(mode: str, costs: _DecoderCosts, on: tuple[float, float, str], in
     core's forward (nothing where `in_backward`: the backward vertex runs it, :meth:`_Block.backward`)."""
     blocks = (costs.attn, costs.mlp)
     if mode == "full":
-        return sum(costs.with_tp(b.forward(*on)) for b in blocks)
+        return sum(costs.with_tp(b.recomputed(*on)) for b in blocks)
     if mode == "selective" and not in_backward:
         return sum(b.core(*on) for b in blocks)
     return 0.0

@@ -570,7 +570,8 @@ def test_the_estimate_s_closed_form_optimizer_step_is_the_peak_model_s(workload)
 
 
 @pytest.mark.parametrize("workload, recompute", [("llama3-8b", "none"), ("llama3-8b", "selective"),
-                                                  ("gpt-megatron", "full"), ("gpt2-hf", "none")])
+                                                  ("gpt-megatron", "full"), ("gpt2-hf", "none"),
+                                                  ("llama3.2-1b-hf", "full")])
 def test_the_estimate_times_the_embedding_and_the_head_as_the_graph_runs_them(workload, recompute):
     """On one XPU (no communication) the kernel-model estimate is the time of every compute vertex's kernels, each
     vertex one instance: the decoders' (a block's backward with its weight gradients, as one vertex runs them), the
