@@ -373,8 +373,7 @@ def estimate(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus:
     mlp = _Block.of(mlp, mlp_ops, kernel_model, checkpointed=not spec.inventory.fused)
     gather = _ring(par.dp, 1, decoder * sizes.weight, dp_latency, dp_bandwidth) if par.zero == 3 else 0.0
     overlapped = overlaps_param_gather(spec, par)
-    ends = model_ends(spec, par)
-    ends = tuple(_Block.of(block_cost(block.ops), ops, kernel_model) for block, ops in ends) if ends else ()
+    ends = tuple(_Block.of(block_cost(block.ops), ops, kernel_model) for block, ops in model_ends(spec, par) or ())
     first = ends[0].cost.parameters if ends else decoder
     first_gathers = (_ring(par.dp, 1, first * sizes.weight, dp_latency, dp_bandwidth),
                      _ring(par.dp, 1, decoder * sizes.weight, dp_latency, dp_bandwidth)) if overlapped else None

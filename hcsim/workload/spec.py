@@ -291,12 +291,11 @@ def parse_workload_spec(data: Any, where: str = "workload") -> WorkloadSpec:
         say_once(log, f"{where}: training.clip_grad_norm applies to training.kernels pytorch-eager and "
                       f"torch-compile; Megatron-LM's optimizer step (42-54 B per parameter) computes the gradients' "
                       f"norm either way, so it has no effect here")
-    if valid and training.has("gradient_accumulation_fusion") and not INVENTORIES[kernels or "megatron"].fused:
-        say_once(log, f"{where}: training.gradient_accumulation_fusion applies to training.kernels megatron; "
-                      f"{kernels} accumulates gradients as PyTorch's autograd does, so it has no effect here")
-    if valid and training.has("cross_entropy_fusion") and not INVENTORIES[kernels or "megatron"].fused:
-        say_once(log, f"{where}: training.cross_entropy_fusion applies to training.kernels megatron; {kernels} "
-                      f"runs F.cross_entropy over the whole vocabulary, so it has no effect here")
+    for key, instead in (("gradient_accumulation_fusion", "accumulates gradients as PyTorch's autograd does"),
+                         ("cross_entropy_fusion", "runs F.cross_entropy over the whole vocabulary")):
+        if valid and training.has(key) and not INVENTORIES[kernels or "megatron"].fused:
+            say_once(log, f"{where}: training.{key} applies to training.kernels megatron; {kernels} {instead}, so it "
+                          f"has no effect here")
     if valid and training.has("fp8_recipe") and values["precision"] != "fp8":
         say_once(log, f"{where}: training.fp8_recipe: {values['fp8_recipe']!r} applies to precision fp8; this run "
                       f"trains in {values['precision']}, so it has no effect (precision=fp8 uses it)")

@@ -209,3 +209,21 @@ def test_megatron_scales_the_gradient_buffer_before_reducing_it_over_dp_x_cp(dp,
         assert kernels["scale_grad_buffer"].bytes == 2 * buffer * spec.main_gradient
     else:
         assert "scale_grad_buffer" not in kernels
+
+
+def test_the_megatron_only_keys_given_to_a_pytorch_inventory_are_said_to_have_no_effect(monkeypatch, caplog):
+    """gradient_accumulation_fusion and cross_entropy_fusion change Megatron-LM's kernels only: given to a PyTorch
+    inventory, each is said once (nothing for a megatron workload)."""
+    import logging
+
+    import hcsim.errors as errors
+    from hcsim.workload.spec import load_workload_spec
+
+    monkeypatch.setattr(errors, "_SAID", set())
+    keys = {"training.gradient_accumulation_fusion": False, "training.cross_entropy_fusion": "te"}
+    with caplog.at_level(logging.WARNING, logger="hcsim.workload.spec"):
+        load_workload_spec("llama3-8b", keys)
+        load_workload_spec("gpt2-hf", keys)
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2 and all("applies to training.kernels megatron; pytorch-eager" in m for m in said), said
+    assert "training.gradient_accumulation_fusion" in said[0] and "training.cross_entropy_fusion" in said[1]
