@@ -212,8 +212,171 @@ def mixed_elementwise(torch):
                   note=f"b={b} s={s} heads={heads} d={d}")
 
 
+def back_to_back(torch, run, repeats: int = 5, budget: float = 2e-3) -> float:
+    """Median seconds of one `run()` launched back to back (as a training step issues its kernels: the host runs
+    ahead, so no launch gap is timed), over `repeats` timings of enough launches to fill `budget` seconds."""
+    seconds = timed(torch, run, repeats=3, warmup=2)
+    launches = max(1, min(50, round(budget / max(seconds, 1e-6))))
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(launches):
+            run()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / launches)
+    return statistics.median(times)
+
+
+def kernel_times(torch, run, repeats: int = 5) -> list[tuple[str, float]]:
+    """The kernels one `run()` launches, in order: (name, median device seconds over `repeats` profiled runs)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            run()
+        torch.cuda.synchronize()
+    kernels = sorted((e for e in prof.events() if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start)
+    per = len(kernels) // repeats
+    return [(kernels[i].name, statistics.median((kernels[i + r * per].time_range.end
+                                                 - kernels[i + r * per].time_range.start) / 1e6
+                                                for r in range(repeats))) for i in range(per)]
+
+
+# Megatron-LM models' linear layers as tensor parallelism splits them: hidden, fused QKV width, FFN width, gated,
+# the tensor-parallel sizes their recipes use
+TRANSFORMERS = {"llama3-8b": (4096, 6144, 14336, True, (1, 2, 4, 8)),
+                "llama3-70b": (8192, 10240, 28672, True, (1, 2, 4, 8)),
+                "nemotron4-15b": (6144, 8192, 24576, False, (1, 2, 4, 8)),
+                "gpt3-175b": (12288, 36864, 49152, False, (4, 8)), "llama3-405b": (16384, 18432, 53248, True, (8,))}
+
+
+def fp8_linear_gemms(torch):
+    """Transformer Engine's FP8 GEMMs of a linear layer beside Megatron-LM's BF16 ones, per pass: TE runs every FP8
+    GEMM "TN" (both operands K-major, its cast-transposes make them so) with E4M3 activations and weights, E5M2
+    gradients (the HYBRID format), per-tensor scales, BF16 output; the forward with fast accumulation, the two
+    gradient GEMMs with split accumulation (transformer_engine/common/recipe: use_split_accumulator). The BF16 GEMMs
+    as PyTorch lays them out (forward x·Wᵀ, dgrad g·W, wgrad gᵀ·x). Shapes: the QKV, projection, FC1 and FC2
+    GEMMs of TRANSFORMERS at tensor parallelism 1-8 over 2048-8192 tokens a micro-batch. m, n, k as C = A B."""
+    e4m3, e5m2 = torch.float8_e4m3fn, torch.float8_e5m2
+    one = torch.ones((), device="cuda")
+    shapes = set()
+    for hidden, qkv, ffn, gated, sizes in TRANSFORMERS.values():
+        for tp in sizes:
+            for tokens in (2048, 4096, 8192):
+                for layer, out, into in (("qkv", qkv // tp, hidden), ("proj", hidden, hidden // tp),
+                                         ("fc1", (2 if gated else 1) * ffn // tp, hidden), ("fc2", hidden, ffn // tp)):
+                    for gemm, (m, n, k) in (("fprop", (tokens, out, into)), ("dgrad", (tokens, into, out)),
+                                            ("wgrad", (out, into, tokens))):
+                        shapes.add((m, n, k, gemm))
+    for m, n, k, gemm in sorted(shapes):
+        a8 = torch.randn(m, k, device="cuda").to(e4m3 if gemm == "fprop" else e5m2)
+        b8 = torch.randn(n, k, device="cuda").to(e4m3)  # K-major: B = b8ᵀ
+        fast = gemm == "fprop"
+
+        def scaled():
+            return torch._scaled_mm(a8, b8.t(), one, one, out_dtype=torch.bfloat16, use_fast_accum=fast)
+        note = f"{gemm} fast_accum={int(fast)} a={str(a8.dtype).removeprefix('torch.float8_')}"
+        try:
+            seconds = back_to_back(torch, scaled)
+        except RuntimeError as error:  # an E5M2 operand this cuBLAS refuses: time it as E4M3
+            a8 = a8.to(torch.bfloat16).to(e4m3)
+            note += f" refused: {str(error)[:50].replace(',', ';')}"
+            seconds = back_to_back(torch, scaled)
+        flops = 2.0 * m * n * k
+        yield row("gemm_fp8_tn", seconds, flops=flops, dtype="fp8", m=m, n=n, k=k, batch=1,
+                  size=1.0 * (m * k + k * n) + 2.0 * m * n, note=note)
+        del a8, b8
+        a = torch.randn(k, m, device="cuda", dtype=torch.bfloat16) if gemm == "wgrad" else \
+            torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) if gemm == "fprop" else \
+            torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        run = {"fprop": lambda: a @ b.t(), "dgrad": lambda: a @ b, "wgrad": lambda: a.t() @ b}[gemm]
+        yield row("gemm_bf16_linear", back_to_back(torch, run), flops=flops, m=m, n=n, k=k, batch=1,
+                  size=2.0 * (m * k + k * n + m * n), note=gemm)
+        del a, b
+
+
+def eager_pieces(torch):
+    """Kernels of a Hugging Face decoder layer in eager mode under BF16 autocast that the fast-path rows above do
+    not measure, each profiled alone (kind eager_<piece>, one row per kernel launched, note its position and CUDA
+    name): RMSNorm's FP32 pieces (square, row mean, the broadcast product by rsqrt, the FP32 weight times the BF16
+    result), rotary's products of BF16 heads (a transposed view) by FP32 cos/sin broadcast over heads and its
+    rotate_half (neg, cat), a concatenation of a transposed view (the key/value cache), FP32 residual adds, and
+    the FP32 log-softmax over a vocabulary. elements: of the piece's largest tensor."""
+    f32, b16 = torch.float32, torch.bfloat16
+    for tokens, hidden, heads, d in ((8192, 768, 12, 64), (8192, 2048, 32, 64), (8192, 4096, 32, 128),
+                                     (4096, 2048, 8, 64)):
+        b, s = tokens // 2048 or 1, min(tokens, 2048)
+        x = torch.randn(tokens, hidden, device="cuda", dtype=f32)
+        xb = x.to(b16)
+        r = torch.randn(tokens, 1, device="cuda", dtype=f32)
+        w = torch.randn(hidden, device="cuda", dtype=f32)
+        q = torch.randn(b, s, heads, d, device="cuda", dtype=b16).transpose(1, 2)
+        cos = torch.randn(b, s, d, device="cuda", dtype=f32).unsqueeze(1)
+        qf = torch.randn(b, heads, s, d, device="cuda", dtype=f32)
+        empty = torch.tensor([], device="cuda", dtype=b16)
+        pieces = {"square_fp32": lambda: x.pow(2), "row_mean_fp32": lambda: x.mean(-1, keepdim=True),
+                  "row_product_fp32": lambda: x * r, "weight_product_mixed": lambda: w * xb,
+                  "add_fp32": lambda: x + x, "rope_product": lambda: q * cos,
+                  "rotate_half": lambda: torch.cat((-q[..., d // 2:], q[..., :d // 2]), dim=-1),
+                  "cat_transposed": lambda: torch.cat([empty, q], dim=-2), "cast_bf16": lambda: qf.to(b16)}
+        shape = f"tokens={tokens} hidden={hidden} heads={heads} d={d}"
+        for piece, run in pieces.items():
+            for i, (name, seconds) in enumerate(kernel_times(torch, run)):
+                yield row(f"eager_{piece}", seconds, elements=tokens * max(hidden, heads * d),
+                          note=f"{shape} kernel={i} {name[:60].replace(',', ';')}")
+        del x, xb, r, w, q, cos, qf
+    for tokens, vocabulary in ((8192, 50257), (8192, 128256)):
+        logits = torch.randn(tokens, vocabulary, device="cuda", dtype=f32)
+        for i, (name, seconds) in enumerate(kernel_times(torch, lambda: torch.log_softmax(logits, -1))):
+            yield row("eager_log_softmax_fp32", seconds, size=8.0 * tokens * vocabulary, elements=tokens * vocabulary,
+                      note=f"tokens={tokens} vocab={vocabulary} kernel={i} {name[:60].replace(',', ';')}")
+        del logits
+
+
+def optimizer_extras(torch):
+    """What a training loop runs beside AdamW(fused=True).step(): torch.nn.utils.clip_grad_norm_ (foreach norms,
+    their total, the clip coefficient, foreach scaling) and zero_grad(set_to_none=False)'s foreach zeroing, over
+    FP32 gradients of Llama-like tensors (one per weight matrix); each launch profiled (note: kernel and name)."""
+    for parameters, hidden in ((1.2e9, 2048), (8e9, 4096)):
+        count = int(parameters // (3 * hidden * hidden))
+        grads = [torch.randn(3 * hidden, hidden, device="cuda") for _ in range(count)]
+        weights = [torch.nn.Parameter(torch.empty_like(g)) for g in grads]
+        for p, g in zip(weights, grads):
+            p.grad = g
+        n = sum(g.numel() for g in grads)
+        for piece, run in (("clip_grad_norm", lambda: torch.nn.utils.clip_grad_norm_(weights, 1.0, foreach=True)),
+                           ("zero_grad_foreach", lambda: torch._foreach_zero_(grads))):
+            for i, (name, seconds) in enumerate(kernel_times(torch, run, repeats=3)):
+                yield row(f"optimizer_{piece}", seconds, dtype="fp32", elements=n, size=4.0 * n,
+                          note=f"tensors={count} kernel={i} {name[:60].replace(',', ';')}")
+        del grads, weights
+
+
+def decode_attention(torch):
+    """Decode attention as a serving engine runs it: one query token a sequence over its cached keys and values
+    (sdpa, grouped-query heads 32 x 128 over 8 key/value heads, BF16), by batch and cached length; bytes: the
+    K/V cache read."""
+    functional = torch.nn.functional
+    for batch in (1, 8, 32, 128):
+        for cached in (512, 2048, 8192, 32768):
+            if batch * cached > 2**20:
+                continue
+            q = torch.randn(batch, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+            k, v = (torch.randn(batch, 8, cached, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            seconds = back_to_back(torch, lambda: functional.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+            yield row("attn_decode", seconds, flops=4.0 * batch * 32 * cached * 128, m=cached, n=32, k=128,
+                      batch=batch, size=2.0 * 2 * batch * 8 * cached * 128, note="kv_heads=8")
+            del q, k, v
+
+
 FAMILIES = (bandwidth, gemms, attention, norms, cross_entropy, adamw, fp8, linear_gemms, attention_default,
-            mixed_elementwise)
+            mixed_elementwise, fp8_linear_gemms, eager_pieces, optimizer_extras, decode_attention)
 
 
 def main(argv=None) -> int:
@@ -239,7 +402,7 @@ def main(argv=None) -> int:
         for family in (f for f in FAMILIES if not args.only or f.__name__ in args.only):
             for measured in family(torch):
                 writer.writerow(measured)
-            handle.flush()
+                handle.flush()  # a run stopped part-way keeps what it measured
             torch.cuda.empty_cache()
             print(f"  {family.__name__} done", file=sys.stderr)
     return 0

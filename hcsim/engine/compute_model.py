@@ -92,7 +92,9 @@ class DeviceFactors:
     GEMMs, one of two forms. Measured (``sms`` set): efficiency = gemm_max_efficiency x
     :func:`gemm_utilization` (128 x 128 tiles in waves of ``sms``, a pipeline fill of ``gemm_k_half``
     elements of K), fitted to measured GEMMs by :mod:`hcsim.study.calibrate`. Formula (``sms`` 0): efficiency =
-    gemm_max_efficiency x prod over m, n, k of d / (d + gemm_half_dimension).
+    gemm_max_efficiency x prod over m, n, k of d / (d + gemm_half_dimension). An FP8 GEMM (Transformer Engine's):
+    fp8_gemm_speedup times that, its fill fp8_gemm_k_half (FP8 and BF16 GEMMs measured side by side: the FP8
+    kernels' longer K tiles fill over more of K, so small GEMMs gain less than the large ones' speed-up).
     memory_efficiency : fraction of the memory bandwidth a streaming memory-bound kernel reaches;
     reduction_efficiency : the fraction a reducing one reaches (norm statistics, softmax, gradient sums, the
     optimizer's multi-tensor kernels; :data:`hcsim.workload.ops.OP_KINDS`), memory_efficiency when 0;
@@ -116,6 +118,7 @@ class DeviceFactors:
     name: str
     gemm_max_efficiency: float
     fp8_gemm_speedup: float = 0.0  # an FP8 GEMM's rate over the BF16 one's (measured side by side); 0: no FP8
+    fp8_gemm_k_half: float = 0.0  # an FP8 GEMM's pipeline fill in elements of K; 0: gemm_k_half
     gemm_half_dimension: float = 0.0
     gemm_k_half: float = 0.0
     sms: int = 0
@@ -155,16 +158,17 @@ class DeviceFactors:
                 raise ConfigError(f"compute model: devices.{self.name}: attention.table rows are [head_dim, sequence, "
                                   f"forward efficiency, backward efficiency] with efficiencies in (0, 1], got {row!r}")
         for key in ("gemm_half_dimension", "gemm_k_half", "kernel_overhead", "launch", "backward_launch", "sms",
-                    "fp8_gemm_speedup"):
+                    "fp8_gemm_speedup", "fp8_gemm_k_half"):
             if not getattr(self, key) >= 0:
                 raise ConfigError(f"compute model: devices.{self.name}: {key} must be >= 0, got {getattr(self, key)!r}")
         if self.provenance not in PROVENANCES:
             raise ConfigError(f"compute model: devices.{self.name}: provenance {self.provenance!r} is not one of "
                               f"{', '.join(PROVENANCES)}")
 
-    def gemm_efficiency(self, m: int, n: int, k: int, batch: int = 1, sm_margin: int = 0) -> float:
-        """Fraction of peak of an m x k by k x n GEMM (`batch` times); on the SMs less `sm_margin` (those a
-        communication kernel beside it holds: the GEMM's waves run on the rest, each SM at its own rate). The
+    def gemm_efficiency(self, m: int, n: int, k: int, batch: int = 1, sm_margin: int = 0, fp8: bool = False) -> float:
+        """Fraction of the BF16 peak of an m x k by k x n GEMM (`batch` times); on the SMs less `sm_margin` (those
+        a communication kernel beside it holds: the GEMM's waves run on the rest, each SM at its own rate). In `fp8`
+        the FP8 tensor cores reach ``fp8_gemm_speedup`` times the rate after a fill of ``fp8_gemm_k_half``. The
         formula form (no ``sms``) knows no SMs and ignores the margin.
 
         >>> f = DeviceFactors(name="x", gemm_max_efficiency=0.8, gemm_half_dimension=100, memory_efficiency=1)
@@ -179,9 +183,12 @@ class DeviceFactors:
             if sms < 1:
                 raise ConfigError(f"compute model: devices.{self.name}: a GEMM leaving {sm_margin} of its {self.sms} "
                                   f"SMs to communication has none left")
-            return self.gemm_max_efficiency * sms / self.sms * gemm_utilization(m, n, k, sms, self.gemm_k_half, batch)
+            k_half = (self.fp8_gemm_k_half or self.gemm_k_half) if fp8 else self.gemm_k_half
+            return self.gemm_max_efficiency * sms / self.sms * gemm_utilization(m, n, k, sms, k_half, batch) \
+                * (self.fp8_gemm_speedup if fp8 else 1.0)
         half = self.gemm_half_dimension
-        return self.gemm_max_efficiency * (m / (m + half)) * (n / (n + half)) * (k / (k + half))
+        return self.gemm_max_efficiency * (m / (m + half)) * (n / (n + half)) * (k / (k + half)) \
+            * (self.fp8_gemm_speedup if fp8 else 1.0)
 
     def bandwidth_efficiency(self, kind: str) -> float:
         """Fraction of the memory bandwidth a memory-bound kernel of `kind` reaches."""
@@ -332,12 +339,12 @@ class ComputeModel:
             efficiency = factors.gemm_efficiency(m, n, k, batch, margin)
         elif kind == "gemm_unaligned":
             efficiency = factors.unaligned_gemm_efficiency(name) or factors.gemm_efficiency(m, n, k, batch, margin)
-        elif kind == "gemm8":  # `peak` is the BF16 one: the FP8 tensor cores reach fp8_gemm_speedup times it
+        elif kind == "gemm8":  # `peak` is the BF16 one
             if not factors.fp8_gemm_speedup:
                 raise ConfigError(f"compute model: device {factors.name!r} has no FP8 GEMM factors (gemm.fp8_speedup): "
                                   f"measure its FP8 GEMMs (benchmarks/gpu_kernels.py, hcsim calibrate), or train in "
                                   f"bf16")
-            efficiency = factors.gemm_efficiency(m, n, k, batch, margin) * factors.fp8_gemm_speedup
+            efficiency = factors.gemm_efficiency(m, n, k, batch, margin, fp8=True)
         elif kind == "attention":
             backward = name.endswith(".bwd")
             efficiency = factors.attention_efficiency(m, k, backward)
@@ -452,6 +459,7 @@ def _read_factors(path: Path, known: Collection[str] | None = None) -> ComputeMo
             provenance=fields.choice("provenance", PROVENANCES, "literature"),
             gemm_max_efficiency=gemm.number("max_efficiency"),
             fp8_gemm_speedup=gemm.number("fp8_speedup", 0.0, minimum=0),
+            fp8_gemm_k_half=gemm.number("fp8_k_half", 0.0, minimum=0),
             gemm_half_dimension=gemm.number("half_dimension", 0.0 if measured else ..., minimum=0),
             gemm_k_half=gemm.number("k_half", ... if measured else 0.0, minimum=0),
             sms=gemm.number("sms", 0, kind=int, minimum=1),

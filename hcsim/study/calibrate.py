@@ -44,6 +44,9 @@ MIN_EFFICIENCY = 1e-6  # the least fraction of peak a fitted kernel may run at: 
 MEMORY_KINDS = ("copy", "add", "add_bf16", "silu_bf16", "cast_bf16_to_fp32", "cast_fp32_to_bf16")
 MIXED_KINDS = ("add_fp32_bf16", "mul_bf16_fp32")  # elementwise over two dtypes (benchmarks/gpu_kernels.py)
 STRIDED_KINDS = ("copy_transposed_bf16",)
+# FP8 GEMMs as Transformer Engine runs them beside BF16 ones, timed back to back (no launch gap timed):
+# benchmarks/gpu_kernels.py --only fp8_linear_gemms
+BACK_TO_BACK_GEMMS = ("gemm_fp8_tn", "gemm_bf16_linear")
 MULTI_TENSOR_KINDS = ("adamw_fused_fp32_step",)  # torch.optim.AdamW(fused=True).step(): multi_tensor_apply launches
 K_HALF_GRID = tuple(range(0, 1025, 16))
 FLOOR_BYTES = 2**20  # memory-bound rows this small measure the per-kernel floor alone (< 1 us of traffic)
@@ -87,6 +90,7 @@ def note_numbers(note: str) -> dict[str, int]:
 
 # what a kind's model reads beyond seconds: columns (>= 1) or note keys (``key=integer`` >= 1)
 NEEDS = {"gemm": ("shape", "m n k"), "gemm_bf16": ("shape", "m n k"), "gemm_fp8_e4m3": ("shape", "m n k"),
+         "gemm_fp8_tn": ("columns", "m n k"), "gemm_bf16_linear": ("columns", "m n k"),
          "attn_fwd": ("columns", "m n k batch"), "attn_bwd": ("columns", "m n k batch"),
          "adamw_fused_fp32_step": ("columns", "elements"),
          "rmsnorm_hf_fwd": ("note", "tokens hidden"), "rmsnorm_hf_fwd_bwd": ("note", "tokens hidden"),
@@ -205,10 +209,10 @@ def fit_device(rows: list[KernelRow], *, name: str, peak: float, memory_bandwidt
     try:
         streaming, reduction = _bandwidths(rows, memory, floor, memory_bandwidth)
         k_half, gemm_efficiency = _gemm_fit(gemms, floor, peak, sms)
-        fp8 = [r for r in rows if r.kind == "gemm_fp8_e4m3"]
-        speedup = _gemm_fit(fp8, floor, peak, sms, k_half)[1] / gemm_efficiency if fp8 else 0.0
+        speedup, fp8_k_half = _fp8_fit(rows, floor, peak, sms, k_half, gemm_efficiency)
         factors = DeviceFactors(name=name, provenance="measured", gemm_max_efficiency=gemm_efficiency,
-                                gemm_k_half=k_half, fp8_gemm_speedup=speedup, sms=sms, memory_efficiency=streaming,
+                                gemm_k_half=k_half, fp8_gemm_speedup=speedup, fp8_gemm_k_half=fp8_k_half, sms=sms,
+                                memory_efficiency=streaming,
                                 reduction_efficiency=reduction, kernel_overhead=0.0, launch=floor)
         calibration = _launches(rows, factors, floor, peak, memory_bandwidth)
         table = _attention_table(rows, calibration, peak)
@@ -279,9 +283,25 @@ def _bandwidths(rows, memory, floor: float, bandwidth: float) -> tuple[float, fl
     return streaming, reduction
 
 
-def _gemm_fit(gemms, floor: float, peak: float, sms: int, k_half: float | None = None) -> tuple[float, float]:
+def _fp8_fit(rows, floor: float, peak: float, sms: int, k_half: float, efficiency: float) -> tuple[float, float]:
+    """(fp8_speedup, fp8_k_half): where the rows time FP8 and BF16 GEMMs back to back side by side, each
+    fitted alone (no floor: no launch gap is timed), the FP8 GEMMs' rate over the BF16 ones' and their own fill;
+    else the FP8 rows timed alone at the BF16 GEMMs' fill (fp8_k_half 0: that fill); (0, 0) without FP8 rows.
+    The side-by-side ratio holds where the clocks differ (a GPU held at its power limit by GEMMs back to back
+    runs both slower than one timed alone)."""
+    fp8, bf16 = ([r for r in rows if r.kind == kind] for kind in BACK_TO_BACK_GEMMS)
+    if fp8 and bf16:
+        (half, rate), (_, rate16) = (_gemm_fit(found, 0.0, peak, sms, ceiling=4.0) for found in (fp8, bf16))
+        return rate / rate16, half
+    alone = [r for r in rows if r.kind == "gemm_fp8_e4m3"]
+    return (_gemm_fit(alone, floor, peak, sms, k_half, ceiling=4.0)[1] / efficiency, 0.0) if alone else (0.0, 0.0)
+
+
+def _gemm_fit(gemms, floor: float, peak: float, sms: int, k_half: float | None = None,
+              ceiling: float = 1.0) -> tuple[float, float]:
     """(k_half, max_efficiency) of the wave model with the least relative RMS error over the GEMM rows (with
-    `k_half` given, the efficiency alone; relative to `peak`, so above 1 for FP8 GEMMs against the BF16 peak)."""
+    `k_half` given, the efficiency alone), relative to `peak`: FP8 GEMMs against the BF16 peak pass a `ceiling`
+    above 1."""
     best = None
     for k_half in (K_HALF_GRID if k_half is None else (k_half,)):
         xs = [2.0 * s["m"] * s["n"] * s["k"] / gemm_utilization(s["m"], s["n"], s["k"], sms, k_half)
@@ -291,7 +311,7 @@ def _gemm_fit(gemms, floor: float, peak: float, sms: int, k_half: float | None =
         error = _rms([floor + x * per_flop for x in xs], ts)
         if best is None or error < best[0]:
             best = (error, k_half, 1 / (per_flop * peak))
-    if not 0 < best[2] <= (1 if k_half is None else 4):
+    if not 0 < best[2] <= ceiling:
         raise ConfigError(f"calibrate: the fitted GEMM max_efficiency is {best[2]:.3g}, outside (0, 1]: the device's "
                           f"datasheet peak is below what the rows measured (wrong --device?)")
     return float(best[1]), best[2]
@@ -396,8 +416,12 @@ def factors_yaml(calibration: Calibration, sources: list[str]) -> dict:
         "provenance": "measured",
         "gemm": {"max_efficiency": round(factors.gemm_max_efficiency, 4), "k_half": factors.gemm_k_half,
                  "sms": factors.sms, "fp8_speedup": round(factors.fp8_gemm_speedup, 4),
+                 **({"fp8_k_half": factors.fp8_gemm_k_half} if factors.fp8_gemm_k_half else {}),
                  "source": f"hcsim calibrate: least squares on the relative error of every BF16 GEMM row of {named}; "
-                           f"fp8_speedup: the FP8 (e4m3) rows' rate over it, the same wave model", **gemm},
+                           + ("fp8_speedup, fp8_k_half: the FP8 GEMMs' rate over the BF16 ones' and their fill, "
+                              "the gemm_fp8_tn and gemm_bf16_linear rows (timed back to back side by side) each "
+                              "fitted alone" if factors.fp8_gemm_k_half else
+                              "fp8_speedup: the FP8 (e4m3) rows' rate over it, the same wave model"), **gemm},
         "memory_efficiency": round(factors.memory_efficiency, 4),
         "source_memory_efficiency": f"hcsim calibrate: copy, add, SiLU and cast rows of {named}",
         "reduction_efficiency": round(factors.reduction_efficiency, 4),
@@ -453,9 +477,11 @@ def row_kernels(row: KernelRow) -> tuple | None:
         s = row.shape()
         gemm = ops._gemm("gemm", s["m"], s["n"], s["k"], 2.0, tokens="")  # a plain GEMM: every dimension counts
         return (gemm._replace(kind="gemm8"),) if row.kind == "gemm_fp8_e4m3" else (gemm,)
-    if row.kind == "gemm_linear":
-        suffix = {"dgrad": ".dgrad", "wgrad": ".wgrad"}.get(row.note, "")
-        return (ops._gemm("linear" + suffix, row.m, row.n, row.k, 2.0, tokens="k" if row.note == "wgrad" else "m"),)
+    if row.kind in ("gemm_linear",) + BACK_TO_BACK_GEMMS:  # the note's first word: the pass
+        gemm = row.note.split()[0] if row.note else "forward"
+        linear = ops._gemm("linear" + {"dgrad": ".dgrad", "wgrad": ".wgrad"}.get(gemm, ""), row.m, row.n, row.k, 2.0,
+                           tokens="k" if gemm == "wgrad" else "m")
+        return (linear._replace(kind="gemm8") if row.kind == "gemm_fp8_tn" else linear,)
     if row.kind.startswith(("attn_fwd", "attn_bwd")):
         b, s, heads, d = row.batch, row.m, row.n, row.k
         backward = row.kind.startswith("attn_bwd")
@@ -500,8 +526,12 @@ def model_errors(rows: list[KernelRow], calibration: Calibration, peak: float, m
         if kernels is None:
             out.append((row, None))
             continue
-        extra = calibration.sync + (calibration.backward_call if row.kind.endswith("fwd_bwd") else 0.0)
-        out.append((row, (extra + _time(calibration.factors, row, peak, memory_bandwidth)) / row.seconds - 1))
+        if row.kind in BACK_TO_BACK_GEMMS:  # no harness, no launch: the kernel alone
+            busy = _time(replace(calibration.factors, launch=0.0, backward_launch=0.0), row, peak, memory_bandwidth)
+        else:
+            busy = _time(calibration.factors, row, peak, memory_bandwidth) + calibration.sync \
+                + (calibration.backward_call if row.kind.endswith("fwd_bwd") else 0.0)
+        out.append((row, busy / row.seconds - 1))
     return out
 
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from hcsim.engine.compute_model import load_compute_model
+from hcsim.engine.compute_model import gemm_utilization, load_compute_model
 from hcsim.errors import ConfigError
 from hcsim.platform.devices import builtin_catalog
 from hcsim.workload.memory import zero_state
@@ -27,12 +27,17 @@ def gemm(kind, m, n, k):
 
 
 def test_an_fp8_gemm_takes_half_the_time_only_where_compute_bound():
-    """Compute-bound: BF16 time / FP8 time = the measured FP8 speedup (about 2); memory-bound: the same time."""
+    """Compute-bound: BF16 time / FP8 time = the measured FP8 speedup (about 2) times the ratio of the two fills
+    (the FP8 kernels' is longer: a short K gains less); memory-bound: the same time."""
     f = MODEL.device("H100")
     peak, bandwidth = H100.peaks["bf16"], H100.memory_bandwidth
-    big = [MODEL.op_time(f, gemm(kind, 8192, 8192, 8192), peak, bandwidth) for kind in ("gemm", "gemm8")]
-    assert big[0] / big[1] == pytest.approx(f.fp8_gemm_speedup, rel=1e-12)
-    assert 1.7 < f.fp8_gemm_speedup < 2.0
+    assert 1.7 < f.fp8_gemm_speedup < 2.0 and f.fp8_gemm_k_half > f.gemm_k_half
+    for k in (512, 8192):
+        bf16, fp8 = (MODEL.op_time(f, gemm(kind, 8192, 8192, k), peak, bandwidth) for kind in ("gemm", "gemm8"))
+        fills = gemm_utilization(8192, 8192, k, f.sms, f.fp8_gemm_k_half) / gemm_utilization(8192, 8192, k, f.sms,
+                                                                                        f.gemm_k_half)
+        assert bf16 / fp8 == pytest.approx(f.fp8_gemm_speedup * fills, rel=1e-12)
+    assert 1.2 < f.fp8_gemm_speedup * (512 / (512 + f.fp8_gemm_k_half)) / (512 / (512 + f.gemm_k_half)) < 1.5
     skinny = [MODEL.op_time(f, gemm(kind, 1, 8192, 8192), peak, bandwidth) for kind in ("gemm", "gemm8")]
     assert skinny[0] == skinny[1]
 
