@@ -9,7 +9,9 @@ order, with the model :mod:`hcsim.engine.compute_model` runs (one function each,
    those of at most 1 MiB; then time = launch + bytes / (bandwidth x memory_efficiency), by least squares on
    the relative error of the rows taking at least 5 floors (streaming at full rate);
 2. GEMMs: time = launch + 2mnk / (peak x max_efficiency x :func:`gemm_utilization`), for every pipeline fill
-   ``k_half`` of a grid, the best by relative RMS error (``max_efficiency`` in closed form for each);
+   ``k_half`` of a grid, the best by relative RMS error (``max_efficiency`` in closed form for each); FP8 GEMMs
+   likewise, their rate over the BF16 ones' and their own fill from the two timed back to back side by side
+   (``benchmarks/gpu_kernels.py --only fp8_linear_gemms``), else at the BF16 fill from FP8 rows timed alone;
 3. attention: each measured row's efficiency, flops / ((time - launch) x peak), as a table by (head
    dimension, sequence), interpolated by the model;
 4. where the file has them (``benchmarks/gpu_kernels.py --only linear_gemms attention_default
