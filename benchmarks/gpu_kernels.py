@@ -18,6 +18,7 @@ import argparse
 import csv
 import statistics
 import sys
+import time
 
 COLUMNS = ("kind", "m", "n", "k", "batch", "elements", "dtype", "seconds", "flops", "bytes", "tflops", "gbps", "note")
 HIDDEN = (1024, 2048, 4096, 5120, 8192)
@@ -375,8 +376,44 @@ def decode_attention(torch):
             del q, k, v
 
 
+def gemm_duty(torch):
+    """A GEMM's own kernel time by what runs around it (clocks under the power limit): alone with the GPU idle
+    between launches, back to back with itself, and alternating with a memory-bound copy taking about as long, a
+    third or a tenth of it (as a training step interleaves GEMMs with elementwise kernels). Each kernel's device
+    time from the profiler; seconds: the median GEMM over 40 of them; note: the setting and the copy's bytes."""
+    src = torch.empty(2**31, device="cuda", dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    one = torch.ones((), device="cuda")
+    for dtype, (m, n, k) in (("bf16", (8192, 8192, 8192)), ("fp8", (8192, 8192, 8192)), ("bf16", (4096, 4096, 4096)),
+                             ("bf16", (8192, 28672, 4096))):
+        a16, b16 = torch.randn(m, k, device="cuda", dtype=torch.bfloat16), torch.randn(n, k, device="cuda",
+                                                                                       dtype=torch.bfloat16)
+        a8, b8 = a16.to(torch.float8_e4m3fn), b16.to(torch.float8_e4m3fn)
+        gemm = (lambda: a16 @ b16.t()) if dtype == "bf16" else \
+            (lambda: torch._scaled_mm(a8, b8.t(), one, one, out_dtype=torch.bfloat16, use_fast_accum=True))
+        alone = timed(torch, gemm, repeats=3, warmup=2)
+        for setting, share in (("alone", None), ("back_to_back", 0.0), ("with_copy_1x", 1.0), ("with_copy_0.3x", 0.3),
+                               ("with_copy_0.1x", 0.1)):
+            size = 0 if not share else int(alone * share * 2.5e12)  # a copy of about share x the GEMM's time
+            def run():
+                for _ in range(40):
+                    gemm()
+                    if size:
+                        dst[:size].copy_(src[:size])
+                    elif share is None:  # the GPU idle as long again before the next launch
+                        torch.cuda.synchronize()
+                        time.sleep(alone)
+            kernels = kernel_times(torch, run, repeats=1)
+            named = [(t, name) for name, t in kernels if not any(w in name.lower() for w in ("copy", "memcpy", "memset"))]
+            longest = max(named)[1]  # the GEMM's kernel (cuBLAS may launch a small one beside it)
+            gemms = sorted(t for t, name in named if name == longest)
+            yield row("gemm_duty", statistics.median(gemms), flops=2.0 * m * n * k, dtype=dtype, m=m, n=n, k=k,
+                      batch=1, note=f"{setting} copy_bytes={size} kernels={len(gemms)}")
+        del a16, b16, a8, b8
+
+
 FAMILIES = (bandwidth, gemms, attention, norms, cross_entropy, adamw, fp8, linear_gemms, attention_default,
-            mixed_elementwise, fp8_linear_gemms, eager_pieces, optimizer_extras, decode_attention)
+            mixed_elementwise, fp8_linear_gemms, eager_pieces, optimizer_extras, decode_attention, gemm_duty)
 
 
 def main(argv=None) -> int:
