@@ -4,8 +4,11 @@ Runs where PyTorch with CUDA is installed (never in CI; hcsim itself does not ne
 minutes on an H100. The rows and columns are those of the shared measurements
 (experiments/calibration/measurements/README.md): BF16 GEMMs over transformer shapes and squares, causal
 flash attention forward and backward by sequence and head dimension, copy and elementwise bandwidth by size,
-the Hugging Face RMSNorm and LayerNorm, the FP32 cross-entropy, fused AdamW, FP8 GEMMs. Each figure is the
-median of 10 launches timed one at a time with CUDA events after 3 warm-ups.
+the Hugging Face RMSNorm and LayerNorm, the FP32 cross-entropy, fused AdamW, FP8 GEMMs; then (the fourth set)
+Transformer Engine's FP8 GEMMs beside BF16 ones over Megatron-LM's layer shapes timed back to back, the eager
+kernels of a Hugging Face layer profiled alone, gradient clipping and zeroing, decode attention, and a GEMM's rate
+by what runs around it (clocks under the power limit). Unless a family says otherwise, each figure is the median
+of 10 launches timed one at a time with CUDA events after 3 warm-ups.
 
     python benchmarks/gpu_kernels.py -o my-gpu-kernels.csv
     hcsim calibrate my-gpu-kernels.csv --device H100 -o my-gpu.yaml
