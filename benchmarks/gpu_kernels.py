@@ -311,7 +311,8 @@ def eager_pieces(torch):
     name): RMSNorm's FP32 pieces (square, row mean, the broadcast product by rsqrt, the FP32 weight times the BF16
     result), rotary's products of BF16 heads (a transposed view) by FP32 cos/sin broadcast over heads and its
     rotate_half (neg, cat), a concatenation of a transposed view (the key/value cache), FP32 residual adds, and
-    the FP32 log-softmax over a vocabulary. elements: of the piece's largest tensor."""
+    the FP32 log-softmax over a vocabulary. elements: of the piece's largest tensor; bytes: each kernel's reads and
+    writes (operands counted as read, broadcast ones at their own size)."""
     f32, b16 = torch.float32, torch.bfloat16
     for tokens, hidden, heads, d in ((8192, 768, 12, 64), (8192, 2048, 32, 64), (8192, 4096, 32, 128),
                                      (4096, 2048, 8, 64)):
@@ -324,16 +325,21 @@ def eager_pieces(torch):
         cos = torch.randn(b, s, d, device="cuda", dtype=f32).unsqueeze(1)
         qf = torch.randn(b, heads, s, d, device="cuda", dtype=f32)
         empty = torch.tensor([], device="cuda", dtype=b16)
-        pieces = {"square_fp32": lambda: x.pow(2), "row_mean_fp32": lambda: x.mean(-1, keepdim=True),
-                  "row_product_fp32": lambda: x * r, "weight_product_mixed": lambda: w * xb,
-                  "add_fp32": lambda: x + x, "rope_product": lambda: q * cos,
-                  "rotate_half": lambda: torch.cat((-q[..., d // 2:], q[..., :d // 2]), dim=-1),
-                  "cat_transposed": lambda: torch.cat([empty, q], dim=-2), "cast_bf16": lambda: qf.to(b16)}
+        n, nq = tokens * hidden, tokens * heads * d
+        pieces = {  # each piece's kernels and the bytes each reads and writes
+            "square_fp32": (lambda: x.pow(2), (8 * n,)), "row_mean_fp32": (lambda: x.mean(-1, keepdim=True),
+                                                                          (4 * n + 4 * tokens,)),
+            "row_product_fp32": (lambda: x * r, (8 * n + 4 * tokens,)),
+            "weight_product_mixed": (lambda: w * xb, (6 * n + 4 * hidden,)), "add_fp32": (lambda: x + x, (12 * n,)),
+            "rope_product": (lambda: q * cos, (6 * nq,)),
+            "rotate_half": (lambda: torch.cat((-q[..., d // 2:], q[..., :d // 2]), dim=-1), (2 * nq, 4 * nq)),
+            "cat_transposed": (lambda: torch.cat([empty, q], dim=-2), (4 * nq,)), "cast_bf16": (lambda: qf.to(b16),
+                                                                                                (6 * nq,))}
         shape = f"tokens={tokens} hidden={hidden} heads={heads} d={d}"
-        for piece, run in pieces.items():
+        for piece, (run, sizes) in pieces.items():
             for i, (name, seconds) in enumerate(kernel_times(torch, run)):
-                yield row(f"eager_{piece}", seconds, elements=tokens * max(hidden, heads * d),
-                          note=f"{shape} kernel={i} {name[:60].replace(',', ';')}")
+                yield row(f"eager_{piece}", seconds, size=float(sizes[i]) if i < len(sizes) else 0.0,
+                          elements=tokens * max(hidden, heads * d), note=f"{shape} kernel={i} {name[:60].replace(',', ';')}")
         del x, xb, r, w, q, cos, qf
     for tokens, vocabulary in ((8192, 50257), (8192, 128256)):
         logits = torch.randn(tokens, vocabulary, device="cuda", dtype=f32)

@@ -65,7 +65,8 @@ def run(args) -> int:
     calibration = fit_device(rows, name=args.device, peak=peak, memory_bandwidth=device.memory_bandwidth, sms=sms)
     factors = calibration.factors
     print(f"{args.device}: GEMM {factors.gemm_max_efficiency:.3f} of {peak / 1e12:g} TFLOP/s, pipeline fill "
-          f"{factors.gemm_k_half:g} of K, FP8 {factors.fp8_gemm_speedup:.2f}x; memory {factors.memory_efficiency:.3f} (reductions "
+          f"{factors.gemm_k_half:g} of K, FP8 {factors.fp8_gemm_speedup:.2f}x (fill "
+          f"{factors.fp8_gemm_k_half or factors.gemm_k_half:g}); memory {factors.memory_efficiency:.3f} (reductions "
           f"{factors.reduction_efficiency:.3f}) of {device.memory_bandwidth / 1e12:g} TB/s; launch "
           f"{factors.launch * 1e6:.1f} us forward, {factors.backward_launch * 1e6:.1f} us backward; "
           f"{len(factors.attention_table)} attention points")
