@@ -99,7 +99,8 @@ class DeviceFactors:
     reduction_efficiency : the fraction a reducing one reaches (norm statistics, softmax, gradient sums, the
     optimizer's multi-tensor kernels; :data:`hcsim.workload.ops.OP_KINDS`), memory_efficiency when 0;
     mixed_efficiency, strided_efficiency : likewise for elementwise kernels over two dtypes and for kernels over
-    transposed or sliced tensors (memory_efficiency when 0).
+    transposed or sliced tensors (memory_efficiency when 0); cat_efficiency for torch.cat's kernel (strided_efficiency
+    when 0).
     multi_tensor_efficiency : the fraction a launch of PyTorch's multi_tensor_apply reaches (fused AdamW, the foreach
     norm and scaling of gradient clipping: ``multi_tensor`` ops), measured on fused AdamW (memory_efficiency when 0).
     gemm_unaligned_forward, gemm_unaligned_backward : the fraction of peak a GEMM with a dimension that is not a
@@ -126,6 +127,7 @@ class DeviceFactors:
     reduction_efficiency: float = 0.0  # 0: as memory_efficiency
     mixed_efficiency: float = 0.0
     strided_efficiency: float = 0.0
+    cat_efficiency: float = 0.0
     multi_tensor_efficiency: float = 0.0
     gemm_unaligned_forward: float = 0.0
     gemm_unaligned_backward: float = 0.0
@@ -144,7 +146,8 @@ class DeviceFactors:
                     "flash_backward_efficiency"):
             if not 0 < getattr(self, key) <= 1:
                 raise ConfigError(f"compute model: devices.{self.name}: {key} must be in (0, 1], got {getattr(self, key)!r}")
-        for key in ("reduction_efficiency", "mixed_efficiency", "strided_efficiency", "multi_tensor_efficiency",
+        for key in ("reduction_efficiency", "mixed_efficiency", "strided_efficiency", "cat_efficiency",
+                    "multi_tensor_efficiency",
                     "gemm_unaligned_forward", "gemm_unaligned_backward"):
             if not 0 <= getattr(self, key) <= 1:
                 raise ConfigError(f"compute model: devices.{self.name}: {key} must be in (0, 1] (0: not measured), "
@@ -193,7 +196,8 @@ class DeviceFactors:
     def bandwidth_efficiency(self, kind: str) -> float:
         """Fraction of the memory bandwidth a memory-bound kernel of `kind` reaches."""
         special = {"reduction": self.reduction_efficiency, "mixed": self.mixed_efficiency,
-                   "strided": self.strided_efficiency, "multi_tensor": self.multi_tensor_efficiency}.get(kind)
+                   "strided": self.strided_efficiency, "cat": self.cat_efficiency or self.strided_efficiency,
+                   "multi_tensor": self.multi_tensor_efficiency}.get(kind)
         return special or self.memory_efficiency
 
     def unaligned_gemm_efficiency(self, name: str) -> float:
@@ -467,6 +471,7 @@ def _read_factors(path: Path, known: Collection[str] | None = None) -> ComputeMo
             reduction_efficiency=fields.number("reduction_efficiency", 0.0),
             mixed_efficiency=fields.number("mixed_efficiency", 0.0),
             strided_efficiency=fields.number("strided_efficiency", 0.0),
+            cat_efficiency=fields.number("cat_efficiency", 0.0),
             multi_tensor_efficiency=fields.number("multi_tensor_efficiency", 0.0),
             gemm_unaligned_forward=gemm.number("unaligned_forward", 0.0),
             gemm_unaligned_backward=gemm.number("unaligned_backward", 0.0),

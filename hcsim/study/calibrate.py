@@ -16,6 +16,7 @@ order, with the model :mod:`hcsim.engine.compute_model` runs (one function each,
    dimension, sequence), interpolated by the model;
 4. where the file has them (``benchmarks/gpu_kernels.py --only linear_gemms attention_default
    mixed_elementwise``): the bandwidth of elementwise kernels over two dtypes and of transposed copies (as in 1),
+   that of torch.cat's kernel (its profiled device time over bytes, no floor, the rows beyond the L2),
    the rate of fused AdamW's multi-tensor launches (the slope of time over bytes: optimizer.step()'s own host
    work is an intercept of its own),
    the rate of GEMMs with a dimension that is not a multiple of 8 (the mean efficiency of those rows, forward
@@ -49,6 +50,11 @@ STRIDED_KINDS = ("copy_transposed_bf16",)
 # FP8 GEMMs as Transformer Engine runs them beside BF16 ones, timed back to back (no launch gap timed):
 # benchmarks/gpu_kernels.py --only fp8_linear_gemms
 BACK_TO_BACK_GEMMS = ("gemm_fp8_tn", "gemm_bf16_linear")
+# torch.cat's kernel (a transposed view into the key/value cache; rotary's two halves), the profiler's device time
+# (benchmarks/gpu_kernels.py --only eager_pieces, those rows renamed)
+CAT_KINDS = ("cat_transposed_bf16", "cat_halves_bf16")
+UNHARNESSED = BACK_TO_BACK_GEMMS + CAT_KINDS  # rows timed without the harness's floor or a launch
+CACHE_RESIDENT_BYTES = 2**24  # a memory-bound kernel moving less runs from the H100's and H200's 50 MB L2
 MULTI_TENSOR_KINDS = ("adamw_fused_fp32_step",)  # torch.optim.AdamW(fused=True).step(): multi_tensor_apply launches
 K_HALF_GRID = tuple(range(0, 1025, 16))
 FLOOR_BYTES = 2**20  # memory-bound rows this small measure the per-kernel floor alone (< 1 us of traffic)
@@ -233,6 +239,10 @@ def _variants(rows, calibration: Calibration, floor: float, peak: float, bandwid
         measured = [r for r in rows if r.kind in kinds]
         if measured:
             found[key] = min(1.0, 1 / (_seconds_per_byte(measured, floor) * bandwidth))
+    cats = [r for r in rows if r.kind in CAT_KINDS and r.bytes >= CACHE_RESIDENT_BYTES]
+    if cats:  # the kernel's own time: no floor
+        found["cat_efficiency"] = min(1.0, 1 / (_least_squares([r.bytes for r in cats], [r.seconds for r in cats],
+                                                                intercept=0.0)[1] * bandwidth))
     steps = [r for r in rows if r.kind in MULTI_TENSOR_KINDS]
     if len({r.bytes for r in steps}) >= 2:  # optimizer.step()'s own host work (Python over the parameter list,
         # the step counts) is an intercept of its own, not one kernel's floor: the rate is the slope
@@ -448,6 +458,7 @@ def _variants_yaml(factors: DeviceFactors, named: str) -> tuple[dict, dict, dict
     top = {}
     for key, rows in (("mixed_efficiency", "add_fp32_bf16 and mul_bf16_fp32"),
                       ("strided_efficiency", "copy_transposed_bf16"),
+                      ("cat_efficiency", f"cat_transposed_bf16 and cat_halves_bf16 (of at least {CACHE_RESIDENT_BYTES:,} B)"),
                       ("multi_tensor_efficiency", "adamw_fused_fp32_step")):
         if getattr(factors, key):
             top[key] = round(getattr(factors, key), 4)
@@ -491,8 +502,9 @@ def row_kernels(row: KernelRow) -> tuple | None:
         name = "flash_attention" + (f"_{ops.DROPOUT}" if row.kind.endswith("dropout") else "")
         return (ops.Op(name + (".bwd" if backward else ""), "attention", flops, 4.0 * b * s * heads * d * 2, s,
                        b * heads, d),)
-    if row.kind in MEMORY_KINDS + MIXED_KINDS + STRIDED_KINDS:
-        kind = "mixed" if row.kind in MIXED_KINDS else "strided" if row.kind in STRIDED_KINDS else "memory"
+    if row.kind in MEMORY_KINDS + MIXED_KINDS + STRIDED_KINDS + CAT_KINDS:
+        kind = "mixed" if row.kind in MIXED_KINDS else "strided" if row.kind in STRIDED_KINDS else \
+            "cat" if row.kind in CAT_KINDS else "memory"
         return (ops._memory(row.kind, row.bytes, kind),)
     if row.kind == "adamw_fused_fp32_step":  # optimizer.step() alone: no gradient clipping
         return ops.eager_optimizer_ops(row.elements, clip_grad_norm=False)
@@ -528,7 +540,7 @@ def model_errors(rows: list[KernelRow], calibration: Calibration, peak: float, m
         if kernels is None:
             out.append((row, None))
             continue
-        if row.kind in BACK_TO_BACK_GEMMS:  # no harness, no launch: the kernel alone
+        if row.kind in UNHARNESSED:  # no harness, no launch: the kernel alone
             busy = _time(replace(calibration.factors, launch=0.0, backward_launch=0.0), row, peak, memory_bandwidth)
         else:
             busy = _time(calibration.factors, row, peak, memory_bandwidth) + calibration.sync \

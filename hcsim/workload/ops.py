@@ -56,10 +56,12 @@ __all__ = ["Op", "OP_KINDS", "GEMM_KINDS", "ATTENTION_KINDS", "BlockOps", "megat
 # norm's kernels that reduce along rows or over the tokens (statistics, the weight gradients): measured to reach
 # less of the bandwidth; mixed: an elementwise kernel PyTorch runs unvectorised (operands of two dtypes, or one
 # broadcast over the other's rows: Megatron's loss; the eager RMSNorm's products are fitted as its norm rows);
-# strided: one that reads or writes a transposed or sliced tensor (a concatenation, a broadcast over heads);
+# strided: one that reads or writes a transposed or sliced tensor (a broadcast over heads, a transposed copy);
+# cat: torch.cat's kernel (CatArrayBatchedCopy), measured slower still (the strided rate where not measured);
 # multi_tensor: one launch of PyTorch's multi_tensor_apply over a list of tensors (fused AdamW, the foreach norm
 # and scaling of gradient clipping), measured at its own rate (the adamw_fused_fp32_step rows)
-OP_KINDS = ("gemm", "gemm_unaligned", "gemm8", "attention", "memory", "reduction", "mixed", "strided", "multi_tensor")
+OP_KINDS = ("gemm", "gemm_unaligned", "gemm8", "attention", "memory", "reduction", "mixed", "strided", "cat",
+            "multi_tensor")
 GEMM_KINDS = ("gemm", "gemm_unaligned", "gemm8")
 # Bytes the optimizer step's multi_tensor_apply kernels move per parameter of the rank's optimizer shard, as
 # Megatron-LM's mixed-precision optimizer runs them (megatron/core/optimizer/optimizer.py and distrib_optimizer.py:
@@ -378,7 +380,7 @@ INVENTORIES = {inventory.name: inventory for inventory in (
 )}
 KERNEL_INVENTORIES = tuple(INVENTORIES)  # their names, the choices of training.kernels
 BACKWARD_SUFFIXES = (".bwd", ".dgrad", ".wgrad")  # a backward kernel's name ends so (autograd's engine launches it)
-BANDWIDTH_KINDS = ("memory", "reduction", "mixed", "strided", "multi_tensor")
+BANDWIDTH_KINDS = ("memory", "reduction", "mixed", "strided", "cat", "multi_tensor")
 ADAMW_FUSED_TRAFFIC = 28.0  # torch.optim.AdamW(fused=True) over FP32 parameters: reads p, g, m, v, writes p, m, v
 CLIP_GRAD_NORM_TRAFFIC = 12.0  # torch.nn.utils.clip_grad_norm_ over FP32 gradients: the norm reads g (4), the
 # scaling reads and writes it (8)
@@ -518,7 +520,7 @@ def _rope(k: _Kernels, name: str, n: float) -> None:
     k.memory(f"{name}.slices", 0.0, (Typed(n * e, "memory"), n * e, Typed(n * e, "memory"), n * e,
                                      Typed(3 * n * e, "memory")), kind="strided")
     k.memory(f"{name}.neg", n * e, (n * e,), kind="strided")
-    k.memory(f"{name}.cat", 2 * n * e, (), kind="strided")
+    k.memory(f"{name}.cat", 2 * n * e, (), kind="cat")
     k.memory(f"{name}.sin", n * (e + r), (n * (r + r), Typed(n * (r + e), "memory")), kind="strided")
     k.memory(f"{name}.add", 3 * n * r, ())
     k.memory(f"{name}.cast", n * (r + e), (n * (e + r),))
@@ -602,7 +604,7 @@ def eager_layer_ops(model, micro_batch: int, compiled: bool = False, use_cache: 
     else:
         attn.linear("qkv", tokens, h, h + 2 * kv, cast_input=True, bias=bias)
         # .split(dim=2): SplitBackward0 concatenates the three gradients (at::cat)
-        attn.memory("qkv_split", 0.0, (2 * tokens * (h + 2 * kv) * HALF,))
+        attn.memory("qkv_split", 0.0, (Typed(2 * tokens * (h + 2 * kv) * HALF, "cat"),))
     rope = model.positions == "rope"
     if rope:
         # q and k, views [b, s, heads, d] -> [b, heads, s, d] of the projections, come back from rotary's sums as
@@ -615,8 +617,8 @@ def eager_layer_ops(model, micro_batch: int, compiled: bool = False, use_cache: 
     if use_cache:
         for which in ("keys", "values"):  # the concatenation's gradient is a narrow of a contiguous tensor: the view
             # back to the projection's layout copies it (rotary's already did for the keys)
-            copy = () if rope and which == "keys" else (2 * tokens * kv * HALF,)
-            attn.memory(f"cache_{which}", 2 * tokens * kv * HALF, copy, kind="strided")
+            copy = () if rope and which == "keys" else (Typed(2 * tokens * kv * HALF, "strided"),)
+            attn.memory(f"cache_{which}", 2 * tokens * kv * HALF, copy, kind="cat")
     _flash(attn, f"flash_attention_{DROPOUT}" if model.dropout else "flash_attention", b, s, model.heads, kv // d, d)
     attn.linear("o_proj", tokens, h, h, cast_input=False, bias=bias)
     if model.dropout:

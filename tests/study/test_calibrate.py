@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hcsim.study.calibrate import SMS, error_table, factors_yaml, fit_device, model_errors, read_kernels
+from hcsim.study.calibrate import CAT_KINDS, SMS, error_table, factors_yaml, fit_device, model_errors, read_kernels
 from hcsim.cli import main
 from hcsim.config import REPO_ROOT
 from hcsim.engine.compute_model import BUILTIN_FACTORS, load_compute_model
@@ -38,7 +38,10 @@ BOUNDS = {"gemm": 0.10, "gemm_bf16": 0.10, "gemm_fp8_e4m3": 0.10, "attn_fwd": 1e
           # shapes, timed back to back; the wave model fitted to GEMMs timed alone runs them 7-11 % fast (a GPU held
           # at its power limit by GEMMs back to back clocks lower: 670-680 TFLOP/s sustained in BF16 against 788
           # for 8192^3 alone); the FP8 rows' fit is their ratio to these
-          "gemm_fp8_tn": 0.10, "gemm_bf16_linear": 0.12}
+          "gemm_fp8_tn": 0.10, "gemm_bf16_linear": 0.12,
+          # the fifth file (the same run, H200 only): torch.cat's kernel, one rate for a cat of a transposed view
+          # (0.64-0.69 TB/s) and one of two halves (0.96-0.98); the L2-resident rows (8 MB) run 2.4-3.3 TB/s
+          "cat_transposed_bf16": 0.30, "cat_halves_bf16": 0.15}
 
 
 def fit(device):
@@ -57,7 +60,8 @@ def test_the_kernel_model_reproduces_every_measured_kernel_row(device):
     print(f"\n{device}: kind, rows, mean |error|, max |error|")
     for kind, count, mean, worst in table:
         print(f"  {kind:<28} {count:>4} {mean:7.1%} {worst:7.1%}")
-    assert {kind for kind, *_ in table} == set(BOUNDS)  # every measured kind is modelled
+    measured_on_h200_only = set(CAT_KINDS) if device == "H100" else set()
+    assert {kind for kind, *_ in table} == set(BOUNDS) - measured_on_h200_only  # every measured kind is modelled
     assert all(e is not None for _, e in errors)
     for kind, count, mean, _ in table:
         assert mean <= BOUNDS[kind], f"{device} {kind}: mean |error| {mean:.1%} over {BOUNDS[kind]:.0%}"
@@ -71,8 +75,8 @@ def test_the_built_in_factors_are_the_fit_of_the_shared_measurements(device):
     builtin = yaml.safe_load(BUILTIN_FACTORS.read_text())["devices"][device]
     fitted = factors_yaml(calibration, [p.name for p in FILES[device]])
     for key in ("memory_efficiency", "reduction_efficiency", "mixed_efficiency", "strided_efficiency",
-                "multi_tensor_efficiency", "launch", "backward_launch"):
-        assert builtin[key] == fitted[key], key
+                "multi_tensor_efficiency", "launch", "backward_launch", "cat_efficiency"):
+        assert builtin.get(key) == fitted.get(key), key
     for key in ("unaligned_forward", "unaligned_backward"):
         assert builtin["gemm"][key] == fitted["gemm"][key], key
     for key in ("dropout_forward", "dropout_backward"):
@@ -149,7 +153,7 @@ def test_a_missing_kernel_csv_is_one_clear_error(tmp_path, capsys):
 
 
 def test_the_measurements_are_in_the_repository():
-    assert all(len(files) == 4 for files in FILES.values())
+    assert [len(files) for files in FILES.values()] == [4, 5]
     assert Path(MEASURED / "README.md").exists()
 
 
@@ -239,3 +243,20 @@ def test_the_blackwell_gemm_factors_are_the_fit_to_openxla_s_published_b200_tabl
                                builtin_catalog()["H100"].peaks["bf16"], 132)
     ours = model.device("H100")
     assert abs(h100[0] - ours.gemm_k_half) <= 32 and h100[1] == pytest.approx(ours.gemm_max_efficiency, rel=0.03)
+
+
+def test_torch_cat_runs_at_its_own_measured_rate_where_measured_else_at_the_strided_one():
+    """torch.cat's kernel, measured on the H200 only (h200-kernels5.csv), is slower than a transposed copy of as
+    many bytes there; on the H100, where no cat was measured, it runs at the strided rate."""
+    from hcsim.workload.ops import Op
+
+    model, catalog = load_compute_model(), builtin_catalog()
+    cat = Op("cache_keys", "cat", 0.0, 1e8, 0, 0, 0)
+    for device in ("H100", "H200"):
+        spec, factors = catalog[device], model.device(device)
+        joined, strided = (model.op_time(factors, op, spec.peaks["bf16"], spec.memory_bandwidth)
+                           for op in (cat, cat._replace(kind="strided")))
+        if device == "H200":
+            assert joined == pytest.approx(1e8 / (spec.memory_bandwidth * factors.cat_efficiency)) and joined > 1.5 * strided
+        else:
+            assert factors.cat_efficiency == 0 and joined == strided

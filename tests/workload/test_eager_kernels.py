@@ -53,7 +53,7 @@ def test_the_eager_llama_layer_launches_what_the_modeling_code_runs():
     assert len(gpt_mlp.forward) == 1 + 4 + 9 + 4 + 1 + 1  # ... c_fc 4, GELU-tanh 9, c_proj 4, dropout, add
     cached = eager_layer_ops(GPT2, 1, use_cache=True)[0]  # DynamicCache concatenates the keys and the values
     assert len(cached.forward) == len(gpt_attn.forward) + 2
-    assert [op.kind for op in cached.forward if op.name.startswith("cache_")] == ["strided", "strided"]
+    assert [op.kind for op in cached.forward if op.name.startswith("cache_")] == ["cat", "cat"]  # torch.cat
 
 
 def test_autocast_runs_gpt2s_gelu_in_fp32_and_its_attention_with_dropout():
