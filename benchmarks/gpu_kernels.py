@@ -421,8 +421,30 @@ def gemm_duty(torch):
         del a16, b16, a8, b8
 
 
+def eager_casts(torch):
+    """BF16 -> FP32 and FP32 -> BF16 casts of (8192, width) tensors, the width a multiple of 8 or not (an unpadded
+    vocabulary), plain (`.float()`, `.bfloat16()`) and as autocast runs one into an op on its FP32 list (GPT-2's GELU:
+    `torch.pow` of a BF16 GEMM output); each kernel profiled alone (note: width, how, kernel, name; bytes 6 an
+    element)."""
+    for width in (3072, 8192, 50257, 50304, 128256):
+        x = torch.randn(8192, width, device="cuda", dtype=torch.bfloat16)
+        x32 = x.float()
+
+        def autocast_pow():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                return torch.pow(x, 3.0)
+        for how, run in (("up", x.float), ("down", x32.bfloat16), ("autocast_pow", autocast_pow)):
+            kernels = kernel_times(torch, run)
+            casts = sum("copy" in name for name, _ in kernels)  # past 2^31 bytes a cast is split into launches
+            for i, (name, seconds) in enumerate(kernels):
+                share = 6.0 / casts if "copy" in name else 8.0 / (len(kernels) - casts)  # pow: FP32 in and out
+                yield row(f"cast_{how}", seconds, size=share * x.numel(), elements=x.numel(),
+                          note=f"width={width} kernel={i} {name[:60].replace(',', ';')}")
+        del x, x32
+
+
 FAMILIES = (bandwidth, gemms, attention, norms, cross_entropy, adamw, fp8, linear_gemms, attention_default,
-            mixed_elementwise, fp8_linear_gemms, eager_pieces, optimizer_extras, decode_attention, gemm_duty)
+            mixed_elementwise, fp8_linear_gemms, eager_pieces, optimizer_extras, decode_attention, gemm_duty, eager_casts)
 
 
 def main(argv=None) -> int:
