@@ -75,8 +75,9 @@ def test_the_built_in_factors_are_the_fit_of_the_shared_measurements(device):
     builtin = yaml.safe_load(BUILTIN_FACTORS.read_text())["devices"][device]
     fitted = factors_yaml(calibration, [p.name for p in FILES[device]])
     for key in ("memory_efficiency", "reduction_efficiency", "mixed_efficiency", "strided_efficiency",
-                "multi_tensor_efficiency", "launch", "backward_launch", "cat_efficiency"):
-        assert builtin.get(key) == fitted.get(key), key
+                "multi_tensor_efficiency", "launch", "backward_launch"):
+        assert builtin[key] == fitted[key], key
+    assert builtin.get("cat_efficiency") == fitted.get("cat_efficiency")  # measured on the H200 alone
     for key in ("unaligned_forward", "unaligned_backward"):
         assert builtin["gemm"][key] == fitted["gemm"][key], key
     for key in ("dropout_forward", "dropout_backward"):
