@@ -272,8 +272,8 @@ def fp8_linear_gemms(torch):
     for hidden, qkv, ffn, gated, sizes in TRANSFORMERS.values():
         for tp in sizes:
             for tokens in (2048, 4096, 8192):
-                for layer, out, into in (("qkv", qkv // tp, hidden), ("proj", hidden, hidden // tp),
-                                         ("fc1", (2 if gated else 1) * ffn // tp, hidden), ("fc2", hidden, ffn // tp)):
+                for out, into in ((qkv // tp, hidden), (hidden, hidden // tp),  # QKV, projection, FC1, FC2
+                                  ((2 if gated else 1) * ffn // tp, hidden), (hidden, ffn // tp)):
                     for gemm, (m, n, k) in (("fprop", (tokens, out, into)), ("dgrad", (tokens, into, out)),
                                             ("wgrad", (out, into, tokens))):
                         shapes.add((m, n, k, gemm))
