@@ -443,8 +443,45 @@ def eager_casts(torch):
         del x, x32
 
 
+def layer_mix(torch):
+    """Each kernel's own time in a Megatron-like Llama-3 8B layer (BF16, 8192 tokens, TP 1: the QKV, projection, FC1
+    and FC2 GEMMs, causal flash attention, the SwiGLU product and two residual-sized elementwise kernels in
+    between) run 16 layers back to back, against the same kernel timed alone with the GPU idle between launches:
+    the clocks a GEMM sees when GEMMs are most of what runs (note: setting, kernel position and name; seconds:
+    the median over the layers)."""
+    functional = torch.nn.functional
+    bf16 = torch.bfloat16
+    x = torch.randn(8192, 4096, device="cuda", dtype=bf16)
+    weights = {name: torch.randn(n, k, device="cuda", dtype=bf16)
+               for name, (n, k) in {"qkv": (6144, 4096), "proj": (4096, 4096), "fc1": (28672, 4096),
+                                    "fc2": (4096, 14336)}.items()}
+    q, k, v = (torch.randn(1, 32, 8192, 128, device="cuda", dtype=bf16) for _ in range(3))
+    h = torch.randn(8192, 14336, device="cuda", dtype=bf16)
+
+    def layer(pause=lambda: None):
+        for run in (lambda: x @ weights["qkv"].t(),
+                    lambda: functional.scaled_dot_product_attention(q, k, v, is_causal=True),
+                    lambda: x @ weights["proj"].t(), lambda: x + x, lambda: x @ weights["fc1"].t(),
+                    lambda: functional.silu(h) * h, lambda: h @ weights["fc2"].t(), lambda: x + x):
+            run()
+            pause()
+
+    def idle():  # the GPU idle 5 ms before the next kernel
+        torch.cuda.synchronize()
+        time.sleep(0.005)
+
+    alone = kernel_times(torch, lambda: layer(idle), repeats=5)
+    mixed = kernel_times(torch, lambda: [layer() for _ in range(16)], repeats=1)
+    per = len(alone)
+    for i, (name, seconds) in enumerate(alone):
+        in_mix = statistics.median(t for n, t in mixed[i::per] if n == name)  # the same kernel in each layer
+        for setting, t in (("alone", seconds), ("in_layers", in_mix)):
+            yield row("layer_mix", t, note=f"{setting} kernel={i} {name[:60].replace(',', ';')}")
+
+
 FAMILIES = (bandwidth, gemms, attention, norms, cross_entropy, adamw, fp8, linear_gemms, attention_default,
-            mixed_elementwise, fp8_linear_gemms, eager_pieces, optimizer_extras, decode_attention, gemm_duty, eager_casts)
+            mixed_elementwise, fp8_linear_gemms, eager_pieces, optimizer_extras, decode_attention, gemm_duty, eager_casts,
+            layer_mix)
 
 
 def main(argv=None) -> int:
