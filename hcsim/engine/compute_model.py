@@ -181,17 +181,16 @@ class DeviceFactors:
         >>> g.gemm_efficiency(128 * 4, 128, 1e9), round(g.gemm_efficiency(128 * 4, 128, 1e9, sm_margin=1), 6)
         (1.0, 0.666667)
         """
+        speedup = self.fp8_gemm_speedup if fp8 else 1.0
         if self.sms:
             sms = self.sms - sm_margin
             if sms < 1:
                 raise ConfigError(f"compute model: devices.{self.name}: a GEMM leaving {sm_margin} of its {self.sms} "
                                   f"SMs to communication has none left")
             k_half = (self.fp8_gemm_k_half or self.gemm_k_half) if fp8 else self.gemm_k_half
-            return self.gemm_max_efficiency * sms / self.sms * gemm_utilization(m, n, k, sms, k_half, batch) \
-                * (self.fp8_gemm_speedup if fp8 else 1.0)
+            return self.gemm_max_efficiency * sms / self.sms * gemm_utilization(m, n, k, sms, k_half, batch) * speedup
         half = self.gemm_half_dimension
-        return self.gemm_max_efficiency * (m / (m + half)) * (n / (n + half)) * (k / (k + half)) \
-            * (self.fp8_gemm_speedup if fp8 else 1.0)
+        return self.gemm_max_efficiency * (m / (m + half)) * (n / (n + half)) * (k / (k + half)) * speedup
 
     def bandwidth_efficiency(self, kind: str) -> float:
         """Fraction of the memory bandwidth a memory-bound kernel of `kind` reaches."""

@@ -54,6 +54,9 @@ BACK_TO_BACK_GEMMS = ("gemm_fp8_tn", "gemm_bf16_linear")
 # (benchmarks/gpu_kernels.py --only eager_pieces, those rows renamed)
 CAT_KINDS = ("cat_transposed_bf16", "cat_halves_bf16")
 UNHARNESSED = BACK_TO_BACK_GEMMS + CAT_KINDS  # rows timed without the harness's floor or a launch
+# the op kind of each one-kernel memory-bound row
+BANDWIDTH_ROWS = {**dict.fromkeys(MEMORY_KINDS, "memory"), **dict.fromkeys(MIXED_KINDS, "mixed"),
+                  **dict.fromkeys(STRIDED_KINDS, "strided"), **dict.fromkeys(CAT_KINDS, "cat")}
 CACHE_RESIDENT_BYTES = 2**24  # a memory-bound kernel moving less runs from the H100's and H200's 50 MB L2
 MULTI_TENSOR_KINDS = ("adamw_fused_fp32_step",)  # torch.optim.AdamW(fused=True).step(): multi_tensor_apply launches
 K_HALF_GRID = tuple(range(0, 1025, 16))
@@ -241,8 +244,7 @@ def _variants(rows, calibration: Calibration, floor: float, peak: float, bandwid
             found[key] = min(1.0, 1 / (_seconds_per_byte(measured, floor) * bandwidth))
     cats = [r for r in rows if r.kind in CAT_KINDS and r.bytes >= CACHE_RESIDENT_BYTES]
     if cats:  # the kernel's own time: no floor
-        found["cat_efficiency"] = min(1.0, 1 / (_least_squares([r.bytes for r in cats], [r.seconds for r in cats],
-                                                                intercept=0.0)[1] * bandwidth))
+        found["cat_efficiency"] = min(1.0, 1 / (_seconds_per_byte(cats, 0.0) * bandwidth))
     steps = [r for r in rows if r.kind in MULTI_TENSOR_KINDS]
     if len({r.bytes for r in steps}) >= 2:  # optimizer.step()'s own host work (Python over the parameter list,
         # the step counts) is an intercept of its own, not one kernel's floor: the rate is the slope
@@ -316,8 +318,9 @@ def _gemm_fit(gemms, floor: float, peak: float, sms: int, k_half: float | None =
     above 1."""
     best = None
     for k_half in (K_HALF_GRID if k_half is None else (k_half,)):
-        xs = [2.0 * s["m"] * s["n"] * s["k"] / gemm_utilization(s["m"], s["n"], s["k"], sms, k_half)
-              for s in (r.shape() for r in gemms)]
+        xs = [2.0 * (r.batch or 1) * s["m"] * s["n"] * s["k"] / gemm_utilization(s["m"], s["n"], s["k"], sms, k_half,
+                                                                                  r.batch or 1)
+              for r, s in ((r, r.shape()) for r in gemms)]
         ts = [r.seconds for r in gemms]
         _, per_flop = _least_squares(xs, ts, intercept=floor)
         error = _rms([floor + x * per_flop for x in xs], ts)
@@ -347,19 +350,13 @@ def fit_published_gemms(gemms, peak: float, sms: int, k_half: float | None = Non
     published table ((b, m, n, k, FLOP/s), :func:`read_published_gemms`; time = 2bmnk / FLOP/s, no harness floor:
     the table records kernel times), `max_efficiency` in closed form for each k_half of the grid (with `k_half`
     given, that one alone; relative to `peak`, so above 1 for FP8 GEMMs against the BF16 peak)."""
-    large = [(2.0 * b * m * n * k, b, m, n, k, rate) for b, m, n, k, rate in gemms if 2.0 * b * m * n * k >= LARGE_GEMM_FLOPS]
+    large = [KernelRow(kind="gemm", m=m, n=n, k=k, batch=b, elements=0, seconds=2.0 * b * m * n * k / rate,
+                       flops=2.0 * b * m * n * k, bytes=0.0, note="", where="published table")
+             for b, m, n, k, rate in gemms if 2.0 * b * m * n * k >= LARGE_GEMM_FLOPS]
     if len(large) < 2:
         raise ConfigError(f"calibrate: a published table needs at least 2 GEMMs of {LARGE_GEMM_FLOPS:.3g} FLOP or more, "
                           f"found {len(large)}")
-    best = None
-    for half in (K_HALF_GRID if k_half is None else (k_half,)):
-        # the model's time at max_efficiency 1 over the measured time, per row: the fit's 1/efficiency scales it
-        ratios = [rate / (peak * gemm_utilization(m, n, k, sms, half, b)) for _, b, m, n, k, rate in large]
-        scale = sum(ratios) / sum(x * x for x in ratios)  # least squares of scale·x - 1 (relative error)
-        error = math.sqrt(sum((scale * x - 1) ** 2 for x in ratios) / len(ratios))
-        if best is None or error < best[0]:
-            best = (error, half, 1 / scale)
-    return float(best[1]), best[2]
+    return _gemm_fit(large, 0.0, peak, sms, k_half, ceiling=math.inf)
 
 
 def _attention_table(rows, calibration: Calibration, peak: float) -> tuple:
@@ -502,10 +499,8 @@ def row_kernels(row: KernelRow) -> tuple | None:
         name = "flash_attention" + (f"_{ops.DROPOUT}" if row.kind.endswith("dropout") else "")
         return (ops.Op(name + (".bwd" if backward else ""), "attention", flops, 4.0 * b * s * heads * d * 2, s,
                        b * heads, d),)
-    if row.kind in MEMORY_KINDS + MIXED_KINDS + STRIDED_KINDS + CAT_KINDS:
-        kind = "mixed" if row.kind in MIXED_KINDS else "strided" if row.kind in STRIDED_KINDS else \
-            "cat" if row.kind in CAT_KINDS else "memory"
-        return (ops._memory(row.kind, row.bytes, kind),)
+    if row.kind in BANDWIDTH_ROWS:
+        return (ops._memory(row.kind, row.bytes, BANDWIDTH_ROWS[row.kind]),)
     if row.kind == "adamw_fused_fp32_step":  # optimizer.step() alone: no gradient clipping
         return ops.eager_optimizer_ops(row.elements, clip_grad_norm=False)
     note = note_numbers(row.note)
@@ -535,13 +530,14 @@ def model_errors(rows: list[KernelRow], calibration: Calibration, peak: float, m
     The model times a row's kernels as one instance (the host issues them, the GPU runs them), plus what the
     measurement's harness adds (:class:`Calibration`)."""
     out = []
+    alone = replace(calibration.factors, launch=0.0, backward_launch=0.0)  # the UNHARNESSED rows: no launch timed
     for row in rows:
         kernels = row_kernels(row)
         if kernels is None:
             out.append((row, None))
             continue
         if row.kind in UNHARNESSED:  # no harness, no launch: the kernel alone
-            busy = _time(replace(calibration.factors, launch=0.0, backward_launch=0.0), row, peak, memory_bandwidth)
+            busy = _time(alone, row, peak, memory_bandwidth)
         else:
             busy = _time(calibration.factors, row, peak, memory_bandwidth) + calibration.sync \
                 + (calibration.backward_call if row.kind.endswith("fwd_bwd") else 0.0)
