@@ -216,6 +216,11 @@ def mixed_elementwise(torch):
                   note=f"b={b} s={s} heads={heads} d={d}")
 
 
+def kernel_note(i: int, name: str) -> str:
+    """A profiled kernel's position and CUDA name as a row's note holds them (a comma would split the CSV cell)."""
+    return f"kernel={i} {name[:60].replace(',', ';')}"
+
+
 def back_to_back(torch, run, repeats: int = 5, budget: float = 2e-3) -> float:
     """Median seconds of one `run()` launched back to back (as a training step issues its kernels: the host runs
     ahead, so no launch gap is timed), over `repeats` timings of enough launches to fill `budget` seconds."""
@@ -339,13 +344,13 @@ def eager_pieces(torch):
         for piece, (run, sizes) in pieces.items():
             for i, (name, seconds) in enumerate(kernel_times(torch, run)):
                 yield row(f"eager_{piece}", seconds, size=float(sizes[i]) if i < len(sizes) else 0.0,
-                          elements=tokens * max(hidden, heads * d), note=f"{shape} kernel={i} {name[:60].replace(',', ';')}")
+                          elements=tokens * max(hidden, heads * d), note=f"{shape} {kernel_note(i, name)}")
         del x, xb, r, w, q, cos, qf
     for tokens, vocabulary in ((8192, 50257), (8192, 128256)):
         logits = torch.randn(tokens, vocabulary, device="cuda", dtype=f32)
         for i, (name, seconds) in enumerate(kernel_times(torch, lambda: torch.log_softmax(logits, -1))):
             yield row("eager_log_softmax_fp32", seconds, size=8.0 * tokens * vocabulary, elements=tokens * vocabulary,
-                      note=f"tokens={tokens} vocab={vocabulary} kernel={i} {name[:60].replace(',', ';')}")
+                      note=f"tokens={tokens} vocab={vocabulary} {kernel_note(i, name)}")
         del logits
 
 
@@ -364,7 +369,7 @@ def optimizer_extras(torch):
                            ("zero_grad_foreach", lambda: torch._foreach_zero_(grads))):
             for i, (name, seconds) in enumerate(kernel_times(torch, run, repeats=3)):
                 yield row(f"optimizer_{piece}", seconds, dtype="fp32", elements=n, size=4.0 * n,
-                          note=f"tensors={count} kernel={i} {name[:60].replace(',', ';')}")
+                          note=f"tensors={count} {kernel_note(i, name)}")
         del grads, weights
 
 
@@ -413,7 +418,8 @@ def gemm_duty(torch):
                         torch.cuda.synchronize()
                         time.sleep(alone)
             kernels = kernel_times(torch, run, repeats=1)
-            named = [(t, name) for name, t in kernels if not any(w in name.lower() for w in ("copy", "memcpy", "memset"))]
+            named = [(t, name) for name, t in kernels
+                     if not any(w in name.lower() for w in ("copy", "memcpy", "memset"))]
             longest = max(named)[1]  # the GEMM's kernel (cuBLAS may launch a small one beside it)
             gemms = sorted(t for t, name in named if name == longest)
             yield row("gemm_duty", statistics.median(gemms), flops=2.0 * m * n * k, dtype=dtype, m=m, n=n, k=k,
@@ -439,7 +445,7 @@ def eager_casts(torch):
             for i, (name, seconds) in enumerate(kernels):
                 share = 6.0 / casts if "copy" in name else 8.0 / (len(kernels) - casts)  # pow: FP32 in and out
                 yield row(f"cast_{how}", seconds, size=share * x.numel(), elements=x.numel(),
-                          note=f"width={width} kernel={i} {name[:60].replace(',', ';')}")
+                          note=f"width={width} {kernel_note(i, name)}")
         del x, x32
 
 
@@ -476,12 +482,12 @@ def layer_mix(torch):
     for i, (name, seconds) in enumerate(alone):
         in_mix = statistics.median(t for n, t in mixed[i::per] if n == name)  # the same kernel in each layer
         for setting, t in (("alone", seconds), ("in_layers", in_mix)):
-            yield row("layer_mix", t, note=f"{setting} kernel={i} {name[:60].replace(',', ';')}")
+            yield row("layer_mix", t, note=f"{setting} {kernel_note(i, name)}")
 
 
 FAMILIES = (bandwidth, gemms, attention, norms, cross_entropy, adamw, fp8, linear_gemms, attention_default,
-            mixed_elementwise, fp8_linear_gemms, eager_pieces, optimizer_extras, decode_attention, gemm_duty, eager_casts,
-            layer_mix)
+            mixed_elementwise, fp8_linear_gemms, eager_pieces, optimizer_extras, decode_attention, gemm_duty,
+            eager_casts, layer_mix)
 
 
 def main(argv=None) -> int:
