@@ -5,7 +5,7 @@ are in ``experiments/calibration/measurements/``): GEMMs by shape, causal flash 
 head dimension, copies and elementwise kernels by size, each timed alone with CUDA events. Fits, in this
 order, with the model :mod:`hcsim.engine.compute_model` runs (one function each, no second copy):
 
-1. memory-bound kernels (copy, add, SiLU, casts): the per-kernel host floor ``launch`` is the median time of
+1. memory-bound kernels (copy, add, SiLU, the cast to BF16): the per-kernel host floor ``launch`` is the median time of
    those of at most 1 MiB; then time = launch + bytes / (bandwidth x memory_efficiency), by least squares on
    the relative error of the rows taking at least 5 floors (streaming at full rate);
 2. GEMMs: time = launch + 2mnk / (peak x max_efficiency x :func:`gemm_utilization`), for every pipeline fill
@@ -15,7 +15,7 @@ order, with the model :mod:`hcsim.engine.compute_model` runs (one function each,
 3. attention: each measured row's efficiency, flops / ((time - launch) x peak), as a table by (head
    dimension, sequence), interpolated by the model;
 4. where the file has them (``benchmarks/gpu_kernels.py --only linear_gemms attention_default
-   mixed_elementwise``): the bandwidth of elementwise kernels over two dtypes and of transposed copies (as in 1),
+   mixed_elementwise``): the bandwidth of elementwise kernels over two dtypes, of up-casts to FP32 and of transposed copies (as in 1),
    that of torch.cat's kernel (its profiled device time over bytes, no floor, the rows beyond the L2),
    the rate of fused AdamW's multi-tensor launches (the slope of time over bytes: optimizer.step()'s own host
    work is an intercept of its own),
@@ -44,8 +44,9 @@ __all__ = ["KernelRow", "Calibration", "read_kernels", "fit_device", "factors_ya
            "MEMORY_KINDS", "SMS", "read_published_gemms", "fit_published_gemms", "LARGE_GEMM_FLOPS"]
 
 MIN_EFFICIENCY = 1e-6  # the least fraction of peak a fitted kernel may run at: below, a row's flops or seconds are wrong
-MEMORY_KINDS = ("copy", "add", "add_bf16", "silu_bf16", "cast_bf16_to_fp32", "cast_fp32_to_bf16")
+MEMORY_KINDS = ("copy", "add", "add_bf16", "silu_bf16", "cast_fp32_to_bf16")
 MIXED_KINDS = ("add_fp32_bf16", "mul_bf16_fp32")  # elementwise over two dtypes (benchmarks/gpu_kernels.py)
+UPCAST_KINDS = ("cast_bf16_to_fp32",)  # a BF16 tensor's .float() (hcsim.workload.ops.UPCAST)
 STRIDED_KINDS = ("copy_transposed_bf16",)
 # FP8 GEMMs as Transformer Engine runs them beside BF16 ones, timed back to back (no launch gap timed):
 # benchmarks/gpu_kernels.py --only fp8_linear_gemms
@@ -56,6 +57,7 @@ CAT_KINDS = ("cat_transposed_bf16", "cat_halves_bf16")
 UNHARNESSED = BACK_TO_BACK_GEMMS + CAT_KINDS  # rows timed without the harness's floor or a launch
 # the op kind of each one-kernel memory-bound row
 BANDWIDTH_ROWS = {**dict.fromkeys(MEMORY_KINDS, "memory"), **dict.fromkeys(MIXED_KINDS, "mixed"),
+                  **dict.fromkeys(UPCAST_KINDS, "upcast"),
                   **dict.fromkeys(STRIDED_KINDS, "strided"), **dict.fromkeys(CAT_KINDS, "cat")}
 CACHE_RESIDENT_BYTES = 2**24  # a memory-bound kernel moving less runs from the H100's and H200's 50 MB L2
 MULTI_TENSOR_KINDS = ("adamw_fused_fp32_step",)  # torch.optim.AdamW(fused=True).step(): multi_tensor_apply launches
@@ -212,7 +214,8 @@ def fit_device(rows: list[KernelRow], *, name: str, peak: float, memory_bandwidt
         if len(found) < 2:
             raise ConfigError(f"calibrate {name}: needs at least 2 {what} rows, found {len(found)} "
                               f"(benchmarks/gpu_kernels.py measures them all)")
-    small = sorted(r.seconds for r in memory if r.bytes <= FLOOR_BYTES)
+    # the floor is any elementwise kernel's, whatever its rate
+    small = sorted(r.seconds for r in rows if r.kind in MEMORY_KINDS + UPCAST_KINDS and r.bytes <= FLOOR_BYTES)
     if not small:
         raise ConfigError(f"calibrate {name}: needs memory-bound rows of at most {FLOOR_BYTES:,} bytes (the "
                           f"per-kernel floor), found none (benchmarks/gpu_kernels.py measures them)")
@@ -238,7 +241,8 @@ def fit_device(rows: list[KernelRow], *, name: str, peak: float, memory_bandwidt
 def _variants(rows, calibration: Calibration, floor: float, peak: float, bandwidth: float) -> dict[str, float]:
     """The factors of step 4 (module docstring) that `rows` measure; none when they measure none."""
     found = {}
-    for key, kinds in (("mixed_efficiency", MIXED_KINDS), ("strided_efficiency", STRIDED_KINDS)):
+    for key, kinds in (("mixed_efficiency", MIXED_KINDS), ("upcast_efficiency", UPCAST_KINDS),
+                       ("strided_efficiency", STRIDED_KINDS)):
         measured = [r for r in rows if r.kind in kinds]
         if measured:
             found[key] = min(1.0, 1 / (_seconds_per_byte(measured, floor) * bandwidth))
@@ -275,7 +279,8 @@ def _seconds_per_byte(rows, floor: float) -> float:
 
 def _bandwidths(rows, memory, floor: float, bandwidth: float) -> tuple[float, float]:
     """Streaming efficiency from the simple rows long enough to stream at full rate; then the norms' reducing
-    kernels' efficiency from the norm rows, through the kernels hcsim runs for them."""
+    kernels' efficiency from the norm rows whose kernels all stream or reduce (LayerNorm's: eager RMSNorm's
+    up-cast and products run at rates fitted after), through the kernels hcsim runs for them."""
     per_byte = _seconds_per_byte(memory, floor)
     streaming = 1 / (per_byte * bandwidth)
     reducing = []
@@ -432,9 +437,9 @@ def factors_yaml(calibration: Calibration, sources: list[str]) -> dict:
                               "fitted alone" if factors.fp8_gemm_k_half else
                               "fp8_speedup: the FP8 (e4m3) rows' rate over it, the same wave model"), **gemm},
         "memory_efficiency": round(factors.memory_efficiency, 4),
-        "source_memory_efficiency": f"hcsim calibrate: copy, add, SiLU and cast rows of {named}",
+        "source_memory_efficiency": f"hcsim calibrate: copy, add, SiLU and down-cast rows of {named}",
         "reduction_efficiency": round(factors.reduction_efficiency, 4),
-        "source_reduction_efficiency": f"hcsim calibrate: RMSNorm and LayerNorm rows of {named}",
+        "source_reduction_efficiency": f"hcsim calibrate: the LayerNorm rows of {named}",
         "attention": {"table": [[d, s, round(fwd, 4), round(bwd, 4)] for d, s, fwd, bwd in factors.attention_table],
                       "source": f"hcsim calibrate: [head_dim, sequence, forward, backward] efficiency of the causal "
                                 f"flash attention rows of {named}", **attention},
@@ -454,6 +459,7 @@ def _variants_yaml(factors: DeviceFactors, named: str) -> tuple[dict, dict, dict
     attention: keys, each merged into factors_yaml's entry."""
     top = {}
     for key, rows in (("mixed_efficiency", "add_fp32_bf16 and mul_bf16_fp32"),
+                      ("upcast_efficiency", "cast_bf16_to_fp32"),
                       ("strided_efficiency", "copy_transposed_bf16"),
                       ("cat_efficiency", f"cat_transposed_bf16 and cat_halves_bf16 (of at least {CACHE_RESIDENT_BYTES:,} B)"),
                       ("multi_tensor_efficiency", "adamw_fused_fp32_step")):
@@ -509,9 +515,9 @@ def row_kernels(row: KernelRow) -> tuple | None:
         n = tokens * hidden
         k = ops._Kernels()
         if row.kind.startswith("rmsnorm"):  # on a BF16 input: cast up, the FP32 kernels, cast back
-            k.memory("cast_up", n * 6, (n * 6,))
+            k.memory("cast_up", n * 6, (ops.Typed(n * 6, "memory"),), kind=ops.UPCAST)
             ops._rmsnorm(k, "rmsnorm", n, tokens)
-            k.memory("cast_down", n * 6, (n * 6,))
+            k.memory("cast_down", n * 6, (ops.Typed(n * 6, ops.UPCAST),))
         else:  # one fused kernel each way, on BF16
             k.memory("layernorm", 4 * n, (ops.Reduce(6 * n), ops.Reduce(4 * n)), kind="reduction")
         blocks = k.kernels(compiled=False)

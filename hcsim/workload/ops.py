@@ -55,14 +55,19 @@ __all__ = ["Op", "OP_KINDS", "GEMM_KINDS", "ATTENTION_KINDS", "BlockOps", "megat
 # Megatron-LM pads it); gemm8: a GEMM in FP8 (Transformer Engine); memory: a memory-bound kernel streaming its bytes; reduction: a
 # norm's kernels that reduce along rows or over the tokens (statistics, the weight gradients): measured to reach
 # less of the bandwidth; mixed: an elementwise kernel PyTorch runs unvectorised (operands of two dtypes, or one
-# broadcast over the other's rows: Megatron's loss; the eager RMSNorm's products are fitted as its norm rows);
+# broadcast over the other's rows: Megatron's loss, the eager RMSNorm's products); upcast: a 16-bit tensor's copy
+# to FP32 (UPCAST), unvectorised too and measured apart;
 # strided: one that reads or writes a transposed or sliced tensor (a broadcast over heads, a transposed copy);
 # cat: torch.cat's kernel (CatArrayBatchedCopy), measured slower still (the strided rate where not measured);
 # multi_tensor: one launch of PyTorch's multi_tensor_apply over a list of tensors (fused AdamW, the foreach norm
 # and scaling of gradient clipping), measured at its own rate (the adamw_fused_fp32_step rows)
-OP_KINDS = ("gemm", "gemm_unaligned", "gemm8", "attention", "memory", "reduction", "mixed", "strided", "cat",
-            "multi_tensor")
+OP_KINDS = ("gemm", "gemm_unaligned", "gemm8", "attention", "memory", "reduction", "mixed", "upcast", "strided",
+            "cat", "multi_tensor")
 GEMM_KINDS = ("gemm", "gemm_unaligned", "gemm8")
+# PyTorch's copy of a 16-bit tensor to FP32 (``.float()``, autograd's ToCopyBackward0 behind a down-cast) runs
+# on its unvectorised path (dynamic casting) at every width: 2.0-2.1 TB/s on the H200 where FP32 to BF16 streams
+# at 4.2-4.4 (experiments/calibration/measurements/h200-casts.csv): a kind of its own, at its measured rate.
+UPCAST = "upcast"
 # Bytes the optimizer step's multi_tensor_apply kernels move per parameter of the rank's optimizer shard, as
 # Megatron-LM's mixed-precision optimizer runs them (megatron/core/optimizer/optimizer.py and distrib_optimizer.py:
 # FP32 master weights, fused Adam): in FP16 only, the loss scaler's unscale and inf check
@@ -276,7 +281,8 @@ def _vocab_parallel_cross_entropy(logits: float, element: float, fusion: str = "
     """
     e, r, name = element, LOGIT_BYTES, CROSS_ENTROPY
     if fusion == "none":
-        return ([_memory(f"{name}.float", logits * (e + r)), _memory(f"{name}.max", logits * r),
+        return ([_memory(f"{name}.float", logits * (e + r), UPCAST if e < r else "memory"),
+                 _memory(f"{name}.max", logits * r),
                  _memory(f"{name}.sub_max", 2 * logits * r, "mixed"), _memory(f"{name}.exp", 2 * logits * r),
                  _memory(f"{name}.sum", logits * r), _memory(f"{name}.div", 2 * logits * r, "mixed")],
                 [_memory(f"{name}.scale.bwd", 2 * logits * r, "mixed"),
@@ -311,8 +317,8 @@ def _work(work) -> tuple[float, float]:
 def optimizer_ops(parameters: float, precision: str, main_gradient: float = 4.0, buffer: float | None = None,
                   scaled: bool = False) -> tuple[Op, ...]:
     """Megatron-LM's optimizer step over `parameters` (the rank's optimizer shard) with `main_gradient`-byte main
-    gradients: with 16-bit ones, each gradient's cast to FP32 first (``main_param.grad = main_grad.float()``, a copy
-    kernel; FP32 ones are used as they are); its multi_tensor_apply kernels (OPTIMIZER_TRAFFIC: the loss scaler's
+    gradients: with 16-bit ones, each gradient's cast to FP32 first (``main_param.grad = main_grad.float()``, an
+    UPCAST kernel; FP32 ones are used as they are); its multi_tensor_apply kernels (OPTIMIZER_TRAFFIC: the loss scaler's
     unscale, the gradients' L2 norm, Transformer Engine's or apex's FusedAdam, the copy of the master into the
     16-bit weights: one ``multi_tensor`` op, at the rate measured for PyTorch's fused AdamW, the same machinery);
     and the zeroing of the gradient buffer, `buffer` elements (the whole buffer the rank holds, which the
@@ -327,7 +333,7 @@ def optimizer_ops(parameters: float, precision: str, main_gradient: float = 4.0,
     [('main_grad_cast', 6.0), ('optimizer', 46.0), ('zero_grad_buffer', 16.0)]
     """
     buffer = parameters if buffer is None else buffer
-    cast = [_memory("main_grad_cast", parameters * (main_gradient + 4.0))] if main_gradient < 4.0 else []
+    cast = [_memory("main_grad_cast", parameters * (main_gradient + 4.0), UPCAST)] if main_gradient < 4.0 else []
     scale = [_memory("scale_grad_buffer", 2.0 * buffer * main_gradient)] if scaled else []
     return (*cast, _memory("optimizer", parameters * OPTIMIZER_TRAFFIC[precision], "multi_tensor"),
             _memory("zero_grad_buffer", buffer * main_gradient), *scale)
@@ -380,7 +386,7 @@ INVENTORIES = {inventory.name: inventory for inventory in (
 )}
 KERNEL_INVENTORIES = tuple(INVENTORIES)  # their names, the choices of training.kernels
 BACKWARD_SUFFIXES = (".bwd", ".dgrad", ".wgrad")  # a backward kernel's name ends so (autograd's engine launches it)
-BANDWIDTH_KINDS = ("memory", "reduction", "mixed", "strided", "cat", "multi_tensor")
+BANDWIDTH_KINDS = ("memory", "reduction", "mixed", "upcast", "strided", "cat", "multi_tensor")
 ADAMW_FUSED_TRAFFIC = 28.0  # torch.optim.AdamW(fused=True) over FP32 parameters: reads p, g, m, v, writes p, m, v
 CLIP_GRAD_NORM_TRAFFIC = 12.0  # torch.nn.utils.clip_grad_norm_ over FP32 gradients: the norm reads g (4), the
 # scaling reads and writes it (8)
@@ -437,12 +443,13 @@ class _Kernels:
         summed over the tokens by autograd's engine, sum_to: a BF16 reduction), then each gradient cast back
         through its cast's ToCopyBackward0 (``grad.to(FP32)``): bias, weight, and the input where it was FP32."""
         if cast_input:
-            self.memory(f"{name}.cast_input", tokens * n_in * (RESIDUAL + HALF), (tokens * n_in * (HALF + RESIDUAL),))
+            self.memory(f"{name}.cast_input", tokens * n_in * (RESIDUAL + HALF),
+                        (Typed(tokens * n_in * (HALF + RESIDUAL), UPCAST),))
         weights = n_in * n_out
-        self.memory(f"{name}.cast_weight", weights * (MASTER + HALF), (weights * (HALF + MASTER),))
+        self.memory(f"{name}.cast_weight", weights * (MASTER + HALF), (Typed(weights * (HALF + MASTER), UPCAST),))
         if bias:
             self.memory(f"{name}.cast_bias", n_out * (MASTER + HALF),
-                        (Reduce(tokens * n_out * HALF + n_out * HALF), Typed(n_out * (HALF + MASTER), "memory")))
+                        (Reduce(tokens * n_out * HALF + n_out * HALF), Typed(n_out * (HALF + MASTER), UPCAST)))
         op = _gemm(name, tokens, n_out, n_in, HALF)
         self.forward.append(op)
         self.behind(_gemm_backward(op, HALF))
@@ -477,15 +484,19 @@ def _fused(ops: tuple[Op, ...]) -> tuple[Op, ...]:
 def _rmsnorm(k: _Kernels, name: str, n: float, rows: float) -> None:
     """Hugging Face LlamaRMSNorm on an FP32 input of n elements (rows tokens): pow, mean, + eps, rsqrt,
     x * rsqrt, weight * x, each its own kernel; backward as autograd runs it (pow_backward: 3 kernels,
-    the two gradients of x summed, the weight gradient reduced over the tokens)."""
+    the two gradients of x summed, the weight gradient reduced over the tokens). Profiled one by one on the H200
+    (experiments/calibration/measurements/h200-pieces.csv): the row mean streams (PyTorch's reduce_kernel over
+    contiguous rows: 3.5-4.9 TB/s), the two products broadcast a row's or the weight's value over the other
+    operand on the unvectorised path (2.4-2.6 TB/s): mixed kernels."""
     r = RESIDUAL
     k.memory(f"{name}.pow", 2 * n * r, (2 * n * r, 2 * n * r, 3 * n * r), saved=n * r)
-    k.memory(f"{name}.mean", n * r + rows * r, (n * r + rows * r,), kind="reduction")
+    k.memory(f"{name}.mean", n * r + rows * r, (n * r + rows * r,))
     k.memory(f"{name}.add_eps", 2 * rows * r)
     k.memory(f"{name}.rsqrt", 2 * rows * r, (2 * rows * r, 2 * rows * r, 3 * rows * r))
-    # backward: g·r, g·x, its sum over the row; then the two gradients of x summed
-    k.memory(f"{name}.mul", 2 * n * r, (2 * n * r, 3 * n * r, Reduce(n * r), 3 * n * r))
-    k.memory(f"{name}.weight", 2 * n * r, (2 * n * r, 3 * n * r, Reduce(n * r)), saved=n * r)
+    # backward: g·r, g·x, its sum over the row; then the two gradients of x summed (streaming: not measured apart)
+    streaming = (Typed(2 * n * r, "memory"), Typed(3 * n * r, "memory"))
+    k.memory(f"{name}.mul", 2 * n * r, (*streaming, Reduce(n * r), Typed(3 * n * r, "memory")), kind="mixed")
+    k.memory(f"{name}.weight", 2 * n * r, (*streaming, Reduce(n * r)), saved=n * r, kind="mixed")
 
 
 def _layernorm(k: _Kernels, name: str, n: float, rows: float) -> None:
@@ -523,7 +534,7 @@ def _rope(k: _Kernels, name: str, n: float) -> None:
     k.memory(f"{name}.cat", 2 * n * e, (), kind="cat")
     k.memory(f"{name}.sin", n * (e + r), (n * (r + r), Typed(n * (r + e), "memory")), kind="strided")
     k.memory(f"{name}.add", 3 * n * r, ())
-    k.memory(f"{name}.cast", n * (r + e), (n * (e + r),))
+    k.memory(f"{name}.cast", n * (r + e), (Typed(n * (e + r), UPCAST),))
 
 
 def _gelu_tanh(k: _Kernels, name: str, n: float) -> None:
@@ -545,7 +556,7 @@ def _gelu_tanh(k: _Kernels, name: str, n: float) -> None:
     e, r = HALF, RESIDUAL
     k.memory(f"{name}.grad_sum", 0.0, (3 * n * e, 3 * n * e), kind="memory", compiled_backward=())
     k.memory(f"{name}.half_x", 2 * n * e, (2 * n * e,), saved=n * e, compiled_backward=())
-    k.memory(f"{name}.cast_up", n * (e + r), (Typed(n * (r + e), "memory"),), saved=n * r, kind="mixed",
+    k.memory(f"{name}.cast_up", n * (e + r), (Typed(n * (r + e), "memory"),), saved=n * r, kind=UPCAST,
              compiled_backward=())
     k.memory(f"{name}.pow", 2 * n * r, (2 * n * r, 2 * n * r, 3 * n * r), compiled_backward=())
     k.memory(f"{name}.scale", 2 * n * r, (2 * n * r,), compiled_backward=())
@@ -776,8 +787,8 @@ def _cross_entropy(k: _Kernels, tokens: int, vocabulary: int) -> None:
     one kernel reading the BF16 logits, recomputing the log-probabilities in registers and writing the BF16
     gradient of the logits: 2 + 2 B per logit (the head's peak then: the logits and that gradient)."""
     logits = tokens * vocabulary
-    k.memory("logits_float", logits * (HALF + 4), (logits * (4 + HALF),),
-             compiled_backward=(logits * (HALF + HALF),))
+    k.memory("logits_float", logits * (HALF + 4), (Typed(logits * (4 + HALF), "memory"),), kind=UPCAST,
+             compiled_backward=(Typed(logits * (HALF + HALF), "memory"),))
     k.memory("log_softmax", logits * 4 * 4, (logits * 4 * 4,), compiled_backward=())
     k.memory("nll_loss", tokens * 12, (logits * 4,), compiled_backward=())
 

@@ -74,7 +74,7 @@ def test_the_built_in_factors_are_the_fit_of_the_shared_measurements(device):
     _, calibration, _ = fit(device)
     builtin = yaml.safe_load(BUILTIN_FACTORS.read_text())["devices"][device]
     fitted = factors_yaml(calibration, [p.name for p in FILES[device]])
-    for key in ("memory_efficiency", "reduction_efficiency", "mixed_efficiency", "strided_efficiency",
+    for key in ("memory_efficiency", "reduction_efficiency", "mixed_efficiency", "upcast_efficiency", "strided_efficiency",
                 "multi_tensor_efficiency", "launch", "backward_launch"):
         assert builtin[key] == fitted[key], key
     assert builtin.get("cat_efficiency") == fitted.get("cat_efficiency")  # measured on the H200 alone

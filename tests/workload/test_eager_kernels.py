@@ -6,7 +6,7 @@ from hcsim.workload.hybrid import Parallelism, build_hybrid_graph
 from hcsim.workload.layout import ParallelLayout
 from hcsim.workload.memory import CUBLAS_WORKSPACE, CUDA_CONTEXT, eager_memory, stage_memory
 from hcsim.workload.model import ModelShape
-from hcsim.workload.ops import eager_embedding_ops, eager_head_ops, eager_layer_ops, optimizer_step_ops, ops_flops
+from hcsim.workload.ops import UPCAST, eager_embedding_ops, eager_head_ops, eager_layer_ops, optimizer_step_ops, ops_flops
 from hcsim.workload.spec import WorkloadSpec, load_workload_spec
 from hcsim.workload.transformer import model_parameters
 from hcsim.config import REPO_ROOT
@@ -234,14 +234,14 @@ def test_rotary_backward_is_what_autograd_runs_for_apply_rotary_pos_emb():
     """transformers' ``q_embed = (q * cos) + (rotate_half(q) * sin)``, rotate_half ``cat((-x2, x1))`` on slices,
     q BF16 and cos, sin FP32 (pytorch tools/autograd/derivatives.yaml; the engine casts each gradient to its
     input's dtype). Backward of one tensor of n elements, in order (bytes):
-    sdpa's ToCopyBackward0 BF16 -> FP32 (6n); add: none; g·sin FP32 (8n, broadcast) and its cast to BF16 (6n);
+    sdpa's ToCopyBackward0 BF16 -> FP32 (6n, an up-cast); add: none; g·sin FP32 (8n, broadcast) and its cast to BF16 (6n);
     cat: views; neg of a half (2n); two slice_backward, each a zeroed BF16 tensor (2n) and the half copied in
     (2n); their sum (6n); g·cos (8n) and its cast (6n); the sum into q's gradient (6n): 12 kernels, 56n bytes."""
     attn = eager_layer_ops(LLAMA, 1)[0]
     n = LLAMA.sequence * LLAMA.hidden
     rope = _backward(attn.backward, "rope_q.")
     assert [op.bytes / n for op in rope] == [6, 8, 6, 2, 2, 2, 2, 2, 6, 8, 6, 6]
-    assert [op.kind for op in rope] == ["memory", "strided", "memory", "strided", "memory", "strided", "memory",
+    assert [op.kind for op in rope] == [UPCAST, "strided", "memory", "strided", "memory", "strided", "memory",
                                         "strided", "memory", "strided", "memory", "memory"]
     assert len(_backward(attn.backward, "rope_k.")) == 12
     assert sum(op.bytes for op in _backward(attn.backward, "rope_k.")) == 56 * LLAMA.sequence * LLAMA.kv_hidden
@@ -266,7 +266,7 @@ def test_a_bias_gradient_is_a_reduction_then_a_cast_and_gradients_of_a_shared_in
     t, h = GPT2.sequence, GPT2.hidden
     attn, mlp, _ = eager_layer_ops(GPT2, 1)
     bias = _backward(attn.backward, "qkv.cast_bias")
-    assert [(op.kind, op.bytes) for op in bias] == [("reduction", t * 3 * h * 2 + 3 * h * 2), ("memory", 3 * h * 6)]
+    assert [(op.kind, op.bytes) for op in bias] == [("reduction", t * 3 * h * 2 + 3 * h * 2), (UPCAST, 3 * h * 6)]
     llama_attn, llama_mlp, _ = eager_layer_ops(LLAMA, 1)
     n = LLAMA.sequence * LLAMA.hidden
     assert [op.bytes for op in _backward(llama_attn.backward, "norm_attn.grad_sum")] == [12 * n, 12 * n]
