@@ -69,7 +69,9 @@ def run(args) -> int:
           f"{factors.fp8_gemm_k_half or factors.gemm_k_half:g}); memory {factors.memory_efficiency:.3f} (reductions "
           f"{factors.reduction_efficiency:.3f}) of {device.memory_bandwidth / 1e12:g} TB/s; launch "
           f"{factors.launch * 1e6:.1f} us forward, {factors.backward_launch * 1e6:.1f} us backward; "
-          f"{len(factors.attention_table)} attention points")
+          f"{len(factors.attention_table)} attention points"
+          + (f"; power limit met at {factors.power_gemm:g}x by GEMMs, {factors.power_other:g}x by other kernels "
+             f"(sustained GEMMs at {factors.sustained_clock(1.0):.3f} of their clock)" if factors.power_gemm else ""))
     print(f"  {'kind':<28} {'rows':>5} {'mean |error|':>13} {'max |error|':>12}")
     errors = model_errors(rows, calibration, peak, device.memory_bandwidth)
     for kind, count, mean, worst in error_table(errors):

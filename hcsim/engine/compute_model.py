@@ -52,11 +52,15 @@ log = logging.getLogger(__name__)
 COMPUTE_MODELS = ("peak", "roofline")
 # the fractions of peak a device's factors give; one below IMPLAUSIBLE is said (a warning) when a user's file gives it
 EFFICIENCIES = ("gemm_max_efficiency", "memory_efficiency", "reduction_efficiency", "mixed_efficiency",
-                "upcast_efficiency", "strided_efficiency", "multi_tensor_efficiency", "flash_forward_efficiency", "flash_backward_efficiency")
+                "upcast_efficiency", "strided_efficiency", "multi_tensor_efficiency", "flash_forward_efficiency",
+                "flash_backward_efficiency")
 IMPLAUSIBLE = 0.01
 BUILTIN_FACTORS = REPO_ROOT / "platforms" / "compute-model.yaml"
 
 
+# the kernels whose clocks a power limit sets (measured: BF16 and FP8 GEMMs, each compute-bound); attention's and the
+# unaligned GEMMs' draw is not measured apart: they count with the other kernels
+POWERED_KINDS = ("gemm", "gemm8")
 SPLIT_K = (1, 2, 4)  # split-K factors a wave-quantised GEMM may use (cuBLAS splits K when tiles leave SMs idle)
 GEMM_TILE = 128      # output tile edge (elements) of the wave model: cuBLAS / CUTLASS BF16 kernels' 128 x 128 tiles
 PROVENANCES = ("measured", "calibrated", "literature")
@@ -110,6 +114,11 @@ class DeviceFactors:
     efficiency, backward efficiency) measured per (s, d), interpolated in log2 s and d, clamped at the ends;
     without a table the constants flash_forward_efficiency / flash_backward_efficiency;
     attention_dropout_forward / _backward: how many times longer an attention kernel with dropout takes (1 when 0).
+    power_gemm, power_other : the GPU's power limit (0: none modelled). A compute-bound GEMM run back to back
+    would draw power_gemm times the limit at the clocks it was timed alone at, any other kernel power_other times
+    it; the clocks settle where the mean of a compute instance's kernels meets the limit
+    (:meth:`sustained_clock`), and its GEMMs run that much slower. Fitted to GEMMs timed by what runs around
+    them (``benchmarks/gpu_kernels.py --only gemm_duty``).
     kernel_overhead : s the GPU spends per kernel beyond its work; launch : s the host needs to issue one
     forward kernel (PyTorch's Python dispatch, autograd's bookkeeping and cudaLaunchKernel), backward_launch
     one backward kernel (autograd's engine, in C++; launch when 0): a kernel starts no earlier than its
@@ -137,6 +146,8 @@ class DeviceFactors:
     flash_forward_efficiency: float = 1.0
     flash_backward_efficiency: float = 1.0
     attention_table: tuple[tuple[float, float, float, float], ...] = ()
+    power_gemm: float = 0.0
+    power_other: float = 0.0
     kernel_overhead: float = 0.0
     launch: float = 0.0
     backward_launch: float = 0.0
@@ -163,9 +174,12 @@ class DeviceFactors:
                 raise ConfigError(f"compute model: devices.{self.name}: attention.table rows are [head_dim, sequence, "
                                   f"forward efficiency, backward efficiency] with efficiencies in (0, 1], got {row!r}")
         for key in ("gemm_half_dimension", "gemm_k_half", "kernel_overhead", "launch", "backward_launch", "sms",
-                    "fp8_gemm_speedup", "fp8_gemm_k_half"):
+                    "fp8_gemm_speedup", "fp8_gemm_k_half", "power_gemm", "power_other"):
             if not getattr(self, key) >= 0:
                 raise ConfigError(f"compute model: devices.{self.name}: {key} must be >= 0, got {getattr(self, key)!r}")
+        if not self.power_other < 1:  # other kernels alone stay under the limit: sustained_clock stays > 0
+            raise ConfigError(f"compute model: devices.{self.name}: power.other must be in [0, 1) (a kernel that is "
+                              f"not a GEMM draws less than the power limit), got {self.power_other!r}")
         if self.provenance not in PROVENANCES:
             raise ConfigError(f"compute model: devices.{self.name}: provenance {self.provenance!r} is not one of "
                               f"{', '.join(PROVENANCES)}")
@@ -193,6 +207,19 @@ class DeviceFactors:
             return self.gemm_max_efficiency * sms / self.sms * gemm_utilization(m, n, k, sms, k_half, batch) * speedup
         half = self.gemm_half_dimension
         return self.gemm_max_efficiency * (m / (m + half)) * (n / (n + half)) * (k / (k + half)) * speedup
+
+    def sustained_clock(self, share: float) -> float:
+        """The fraction of the clock a compute-bound GEMM keeps when GEMMs fill `share` of the GPU's time and other
+        kernels the rest: where share x power_gemm x clock + (1 - share) x power_other meets the limit (1 under
+        it, and without a power limit).
+
+        >>> f = DeviceFactors(name="x", gemm_max_efficiency=1, memory_efficiency=1, power_gemm=1.25, power_other=0.5)
+        >>> f.sustained_clock(1.0), f.sustained_clock(0.8), f.sustained_clock(0.5)
+        (0.8, 0.9, 1.0)
+        """
+        if not self.power_gemm or share <= 0:
+            return 1.0
+        return min(1.0, (1.0 - (1.0 - share) * self.power_other) / (share * self.power_gemm))
 
     def bandwidth_efficiency(self, kind: str) -> float:
         """Fraction of the memory bandwidth a memory-bound kernel of `kind` reaches."""
@@ -338,6 +365,11 @@ class ComputeModel:
         """Seconds the GPU spends on one kernel (an :class:`hcsim.workload.ops.Op` or a tuple of its fields).
 
         An attention kernel's m is its sequence and k its head dimension."""
+        compute, memory = self._op_parts(factors, op, peak, memory_bandwidth)
+        return max(compute, memory) + factors.kernel_overhead
+
+    def _op_parts(self, factors: DeviceFactors, op, peak: float, memory_bandwidth: float) -> tuple[float, float]:
+        """A kernel's seconds bound by its FLOPs and by its bytes (:meth:`op_time`)."""
         name, kind, flops, size, m, n, k = op[:7]
         batch = op[7] if len(op) > 7 else 1
         margin = op[8] if len(op) > 8 else 0
@@ -363,28 +395,44 @@ class ComputeModel:
             raise ConfigError(f"compute vertex op {name!r}: kind {kind!r} is not one of {', '.join(OP_KINDS)}")
         compute = flops / (peak * efficiency) if flops else 0.0
         memory = size / (memory_bandwidth * factors.bandwidth_efficiency(kind)) if size else 0.0
-        return max(compute, memory) + factors.kernel_overhead
+        return compute, memory
 
     def time(self, ops, device: str, peak: float, memory_bandwidth: float) -> float:
         """Seconds of a compute instance running `ops` on `device` (peak FLOP/s, memory bandwidth B/s).
 
         The host issues one kernel every ``launch`` seconds and the GPU runs them in order, each no earlier
         than its issue: the instance ends when the last kernel does (a stream fed by a host that starts
-        with the instance)."""
+        with the instance). Under a power limit (``power_gemm``) the compute-bound GEMMs run at the clock
+        their share of the instance's span leaves them (:meth:`DeviceFactors.sustained_clock`)."""
         key = (id(ops), device, peak, memory_bandwidth)
         cached = self._times.get(key)
         if cached is not None and cached[0] is ops:
             return cached[1]
         factors = self.device(device)
-        if not factors.launch:  # the GPU never waits for the host: the kernels' sum
-            finished = math.fsum(self.op_time(factors, op, peak, memory_bandwidth) for op in ops)
-        else:
-            issued = finished = 0.0
-            backward = factors.backward_launch or factors.launch
-            for op in ops:
-                issued += backward if op[0].endswith(BACKWARD_SUFFIXES) else factors.launch
-                finished = max(finished, issued) + self.op_time(factors, op, peak, memory_bandwidth)
+        times, powered = [], []
+        for op in ops:
+            compute, memory = self._op_parts(factors, op, peak, memory_bandwidth)
+            times.append(max(compute, memory) + factors.kernel_overhead)
+            powered.append(op[1] in POWERED_KINDS and compute >= memory)
+        finished = self._span(factors, ops, times)
+        if factors.power_gemm and any(powered):
+            clock = factors.sustained_clock(math.fsum(t for t, p in zip(times, powered) if p) / finished)
+            if clock < 1.0:
+                times = [t / clock if p else t for t, p in zip(times, powered)]
+                finished = self._span(factors, ops, times)
         self._times[key] = (ops, finished)
+        return finished
+
+    @staticmethod
+    def _span(factors: DeviceFactors, ops, times: list[float]) -> float:
+        """Seconds from the instance's start to its last kernel's end, kernels of `times` issued by the host."""
+        if not factors.launch:  # the GPU never waits for the host: the kernels' sum
+            return math.fsum(times)
+        issued = finished = 0.0
+        backward = factors.backward_launch or factors.launch
+        for op, seconds in zip(ops, times):
+            issued += backward if op[0].endswith(BACKWARD_SUFFIXES) else factors.launch
+            finished = max(finished, issued) + seconds
         return finished
 
 
@@ -448,7 +496,7 @@ def _read_factors(path: Path, known: Collection[str] | None = None) -> ComputeMo
                                 + f"; the devices of this run's catalog and platform: {', '.join(sorted(known))}")
     for name, data in entries.items():
         fields = Fields(data, f"{path}: devices.{name}", top.problems)
-        gemm, attention = fields.sub("gemm"), fields.sub("attention")
+        gemm, attention, power = fields.sub("gemm"), fields.sub("attention"), fields.sub("power")
         measured = gemm.has("sms")
         table = attention.raw("table", [])
         if not isinstance(table, list) or not all(isinstance(row, list) for row in table):
@@ -484,11 +532,13 @@ def _read_factors(path: Path, known: Collection[str] | None = None) -> ComputeMo
             flash_backward_efficiency=attention.number("flash_backward_efficiency", ... if not table else 1.0),
             attention_table=tuple(tuple(float(x) for x in row) for row in table
                                   if all(isinstance(x, (int, float)) for x in row)),
+            power_gemm=power.number("gemm", 0.0, minimum=0),
+            power_other=power.number("other", 0.0, minimum=0),
             kernel_overhead=fields.quantity("kernel_overhead", "time", positive=False),
             launch=fields.quantity("launch", "time", 0.0, positive=False),
             backward_launch=fields.quantity("backward_launch", "time", 0.0, positive=False),
         )
-        for sub in (gemm, attention, fields):
+        for sub in (gemm, attention, power, fields):
             sub.check_unknown(_documentation(sub))
         if None not in values.values():
             try:

@@ -5,7 +5,7 @@ are in ``experiments/calibration/measurements/``): GEMMs by shape, causal flash 
 head dimension, copies and elementwise kernels by size, each timed alone with CUDA events. Fits, in this
 order, with the model :mod:`hcsim.engine.compute_model` runs (one function each, no second copy):
 
-1. memory-bound kernels (copy, add, SiLU, the cast to BF16): the per-kernel host floor ``launch`` is the median time of
+1. memory-bound kernels (copy, add, SiLU, casts): the per-kernel host floor ``launch`` is the median time of
    those of at most 1 MiB; then time = launch + bytes / (bandwidth x memory_efficiency), by least squares on
    the relative error of the rows taking at least 5 floors (streaming at full rate);
 2. GEMMs: time = launch + 2mnk / (peak x max_efficiency x :func:`gemm_utilization`), for every pipeline fill
@@ -15,8 +15,8 @@ order, with the model :mod:`hcsim.engine.compute_model` runs (one function each,
 3. attention: each measured row's efficiency, flops / ((time - launch) x peak), as a table by (head
    dimension, sequence), interpolated by the model;
 4. where the file has them (``benchmarks/gpu_kernels.py --only linear_gemms attention_default
-   mixed_elementwise``): the bandwidth of elementwise kernels over two dtypes, of up-casts to FP32 and of transposed copies (as in 1),
-   that of torch.cat's kernel (its profiled device time over bytes, no floor, the rows beyond the L2),
+   mixed_elementwise``): the bandwidth of elementwise kernels over two dtypes, of up-casts to FP32 and of
+   transposed copies (as in 1), that of torch.cat's kernel (its profiled device time over bytes, no floor, the rows beyond the L2),
    the rate of fused AdamW's multi-tensor launches (the slope of time over bytes: optimizer.step()'s own host
    work is an intercept of its own),
    the rate of GEMMs with a dimension that is not a multiple of 8 (the mean efficiency of those rows, forward
@@ -44,7 +44,10 @@ __all__ = ["KernelRow", "Calibration", "read_kernels", "fit_device", "factors_ya
            "MEMORY_KINDS", "SMS", "read_published_gemms", "fit_published_gemms", "LARGE_GEMM_FLOPS"]
 
 MIN_EFFICIENCY = 1e-6  # the least fraction of peak a fitted kernel may run at: below, a row's flops or seconds are wrong
-MEMORY_KINDS = ("copy", "add", "add_bf16", "silu_bf16", "cast_fp32_to_bf16")
+# the streaming fit's rows: PyTorch's elementwise kernels of one dtype and its casts both ways (the up-cast is also
+# fitted alone, UPCAST_KINDS: without it the streaming rate rises 6-9 %, and GEMMs at the roofline's ridge, whose
+# operand traffic runs at it, come out 15-17 % fast on OpenXLA's held-out H100 table)
+MEMORY_KINDS = ("copy", "add", "add_bf16", "silu_bf16", "cast_bf16_to_fp32", "cast_fp32_to_bf16")
 MIXED_KINDS = ("add_fp32_bf16", "mul_bf16_fp32")  # elementwise over two dtypes (benchmarks/gpu_kernels.py)
 UPCAST_KINDS = ("cast_bf16_to_fp32",)  # a BF16 tensor's .float() (hcsim.workload.ops.UPCAST)
 STRIDED_KINDS = ("copy_transposed_bf16",)
@@ -54,10 +57,17 @@ BACK_TO_BACK_GEMMS = ("gemm_fp8_tn", "gemm_bf16_linear")
 # torch.cat's kernel (a transposed view into the key/value cache; rotary's two halves), the profiler's device time
 # (benchmarks/gpu_kernels.py --only eager_pieces, those rows renamed)
 CAT_KINDS = ("cat_transposed_bf16", "cat_halves_bf16")
-UNHARNESSED = BACK_TO_BACK_GEMMS + CAT_KINDS  # rows timed without the harness's floor or a launch
+# a GEMM's kernel by what runs around it: alone, back to back, between copies (benchmarks/gpu_kernels.py --only
+# gemm_duty: each GEMM's alone row first, then its other settings)
+DUTY_KINDS = ("gemm_duty",)
+# a run this long meets the power limit: 40 4096^3 GEMMs back to back (7 ms) kept their clocks, the runs of 34 ms
+# and more lost 8-14 % (experiments/calibration/measurements/h200-duty.csv)
+SUSTAINED_SECONDS = 0.02
+POWER_GRID = tuple(i / 100 for i in range(151))  # power over the limit: GEMMs' and other kernels', 0 to 1.5
+UNHARNESSED = BACK_TO_BACK_GEMMS + CAT_KINDS + DUTY_KINDS  # rows timed without the harness's floor or a launch
 # the op kind of each one-kernel memory-bound row
 BANDWIDTH_ROWS = {**dict.fromkeys(MEMORY_KINDS, "memory"), **dict.fromkeys(MIXED_KINDS, "mixed"),
-                  **dict.fromkeys(UPCAST_KINDS, "upcast"),
+                  **dict.fromkeys(UPCAST_KINDS, "upcast"),  # an up-cast runs at its own rate
                   **dict.fromkeys(STRIDED_KINDS, "strided"), **dict.fromkeys(CAT_KINDS, "cat")}
 CACHE_RESIDENT_BYTES = 2**24  # a memory-bound kernel moving less runs from the H100's and H200's 50 MB L2
 MULTI_TENSOR_KINDS = ("adamw_fused_fp32_step",)  # torch.optim.AdamW(fused=True).step(): multi_tensor_apply launches
@@ -84,6 +94,7 @@ class KernelRow:
     bytes: float
     note: str
     where: str
+    dtype: str = ""
 
     def shape(self) -> dict[str, int]:
         """m, n, k of a GEMM from its columns or from a note such as 'm=4096 n=4096 k=4096'."""
@@ -151,7 +162,7 @@ def _row(data: dict, where: str) -> KernelRow:
     row = KernelRow(kind=(data.get("kind") or "").strip(), m=number("m", int), n=number("n", int),
                     k=number("k", int), batch=number("batch", int) or 1, elements=number("elements", int),
                     seconds=number("seconds"), flops=number("flops"), bytes=number("bytes"),
-                    note=(data.get("note") or "").strip(), where=where)
+                    note=(data.get("note") or "").strip(), where=where, dtype=(data.get("dtype") or "").strip())
     if not row.seconds > 0:
         raise ConfigError(f"{where}: column seconds: a kernel takes > 0 s, got {data.get('seconds')!r}")
     if row.seconds < MIN_KERNEL_SECONDS:
@@ -214,8 +225,7 @@ def fit_device(rows: list[KernelRow], *, name: str, peak: float, memory_bandwidt
         if len(found) < 2:
             raise ConfigError(f"calibrate {name}: needs at least 2 {what} rows, found {len(found)} "
                               f"(benchmarks/gpu_kernels.py measures them all)")
-    # the floor is any elementwise kernel's, whatever its rate
-    small = sorted(r.seconds for r in rows if r.kind in MEMORY_KINDS + UPCAST_KINDS and r.bytes <= FLOOR_BYTES)
+    small = sorted(r.seconds for r in memory if r.bytes <= FLOOR_BYTES)
     if not small:
         raise ConfigError(f"calibrate {name}: needs memory-bound rows of at most {FLOOR_BYTES:,} bytes (the "
                           f"per-kernel floor), found none (benchmarks/gpu_kernels.py measures them)")
@@ -267,7 +277,42 @@ def _variants(rows, calibration: Calibration, floor: float, peak: float, bandwid
                         if r.kind == f"{kind}_dropout" and (r.m, r.n, r.k, r.batch) in plain)
         if ratios:
             found[key] = min(10.0, max(1.0, ratios[len(ratios) // 2]))
-    return found
+    return found | _power_fit(duty_points(rows, calibration.factors, bandwidth))
+
+
+def duty_points(rows, factors: DeviceFactors, bandwidth: float) -> list[tuple[KernelRow, float, float | None]]:
+    """Each gemm_duty row but the alone ones: the GEMMs' share of the GPU's time at the clocks they keep alone
+    (the copy's bytes at the streaming rate of `factors`), and the clock the GEMM kept (its alone row's time over
+    its own), None for a run too short to meet the power limit (SUSTAINED_SECONDS)."""
+    points, alone = [], None
+    for r in (r for r in rows if r.kind in DUTY_KINDS):
+        if r.note.startswith("alone"):
+            alone = r
+            continue
+        if alone is None or (alone.m, alone.n, alone.k, alone.dtype) != (r.m, r.n, r.k, r.dtype):
+            raise ConfigError(f"{r.where}: a gemm_duty row comes after the alone row of the same GEMM (m, n, k, "
+                              f"dtype), as benchmarks/gpu_kernels.py --only gemm_duty writes them")
+        numbers = note_numbers(r.note)
+        copy = 2.0 * numbers.get("copy_bytes", 0) / (bandwidth * factors.memory_efficiency)  # read and write
+        sustained = numbers.get("kernels", 0) * (r.seconds + copy) >= SUSTAINED_SECONDS
+        points.append((r, alone.seconds / (alone.seconds + copy), alone.seconds / r.seconds if sustained else None))
+    return points
+
+
+def _power_fit(points) -> dict[str, float]:
+    """power_gemm and power_other by least squares on the clock the sustained duty rows kept
+    (:meth:`DeviceFactors.sustained_clock`); none without such rows."""
+    kept = [(share, clock) for _, share, clock in points if clock is not None]
+    if not kept:
+        return {}
+
+    def error(gemm, other):
+        f = DeviceFactors(name="fit", gemm_max_efficiency=1.0, memory_efficiency=1.0, power_gemm=gemm,
+                          power_other=other)
+        return math.fsum((f.sustained_clock(share) - clock) ** 2 for share, clock in kept)
+
+    gemm, other = min(((g, o) for g in POWER_GRID if g >= 1 for o in POWER_GRID), key=lambda p: error(*p))
+    return {"power_gemm": gemm, "power_other": other}
 
 
 def _seconds_per_byte(rows, floor: float) -> float:
@@ -437,7 +482,7 @@ def factors_yaml(calibration: Calibration, sources: list[str]) -> dict:
                               "fitted alone" if factors.fp8_gemm_k_half else
                               "fp8_speedup: the FP8 (e4m3) rows' rate over it, the same wave model"), **gemm},
         "memory_efficiency": round(factors.memory_efficiency, 4),
-        "source_memory_efficiency": f"hcsim calibrate: copy, add, SiLU and down-cast rows of {named}",
+        "source_memory_efficiency": f"hcsim calibrate: copy, add, SiLU and cast rows of {named}",
         "reduction_efficiency": round(factors.reduction_efficiency, 4),
         "source_reduction_efficiency": f"hcsim calibrate: the LayerNorm rows of {named}",
         "attention": {"table": [[d, s, round(fwd, 4), round(bwd, 4)] for d, s, fwd, bwd in factors.attention_table],
@@ -476,6 +521,11 @@ def _variants_yaml(factors: DeviceFactors, named: str) -> tuple[dict, dict, dict
     if attention:
         attention["source_dropout"] = (f"hcsim calibrate: median time of the attn_*_dropout rows over the "
                                        f"attn_*_default rows of the same shapes, {named}")
+    if factors.power_gemm:
+        top["power"] = {"gemm": factors.power_gemm, "other": factors.power_other,
+                        "source": f"hcsim calibrate: least squares on the clock a GEMM kept in the gemm_duty rows of "
+                                  f"{named} run {SUSTAINED_SECONDS * 1e3:g} ms or more (its alone row's time over "
+                                  f"its own), by the GEMMs' share of the GPU's time"}
     return top, gemm, attention
 
 
@@ -489,10 +539,10 @@ def row_kernels(row: KernelRow) -> tuple | None:
     :mod:`hcsim.workload.ops`), or None for a kind it does not model."""
     from hcsim.workload import ops
 
-    if row.kind in ("gemm", "gemm_bf16", "gemm_fp8_e4m3"):
+    if row.kind in ("gemm", "gemm_bf16", "gemm_fp8_e4m3") + DUTY_KINDS:
         s = row.shape()
         gemm = ops._gemm("gemm", s["m"], s["n"], s["k"], 2.0, tokens="")  # a plain GEMM: every dimension counts
-        return (gemm._replace(kind="gemm8"),) if row.kind == "gemm_fp8_e4m3" else (gemm,)
+        return (gemm._replace(kind="gemm8"),) if row.kind == "gemm_fp8_e4m3" or row.dtype == "fp8" else (gemm,)
     if row.kind in ("gemm_linear",) + BACK_TO_BACK_GEMMS:  # the note's first word: the pass
         gemm = row.note.split()[0] if row.note else "forward"
         linear = ops._gemm("linear" + {"dgrad": ".dgrad", "wgrad": ".wgrad"}.get(gemm, ""), row.m, row.n, row.k, 2.0,
@@ -534,18 +584,23 @@ def model_errors(rows: list[KernelRow], calibration: Calibration, peak: float, m
                  ) -> list[tuple[KernelRow, float | None]]:
     """Each row with the model's signed relative error (simulated / measured - 1), None where not modelled.
     The model times a row's kernels as one instance (the host issues them, the GPU runs them), plus what the
-    measurement's harness adds (:class:`Calibration`)."""
+    measurement's harness adds (:class:`Calibration`). A row is one kernel at the clocks it keeps alone; a
+    sustained gemm_duty row's GEMM at the clock its share leaves it (:func:`duty_points`)."""
     out = []
-    alone = replace(calibration.factors, launch=0.0, backward_launch=0.0)  # the UNHARNESSED rows: no launch timed
+    factors = calibration.factors
+    clocks = {id(r): factors.sustained_clock(share) if clock is not None else 1.0
+              for r, share, clock in duty_points(rows, factors, memory_bandwidth)}
+    unlimited = replace(factors, power_gemm=0.0, power_other=0.0)
+    alone = replace(unlimited, launch=0.0, backward_launch=0.0)  # the UNHARNESSED rows: no launch timed
     for row in rows:
         kernels = row_kernels(row)
         if kernels is None:
             out.append((row, None))
             continue
         if row.kind in UNHARNESSED:  # no harness, no launch: the kernel alone
-            busy = _time(alone, row, peak, memory_bandwidth)
+            busy = _time(alone, row, peak, memory_bandwidth) / clocks.get(id(row), 1.0)
         else:
-            busy = _time(calibration.factors, row, peak, memory_bandwidth) + calibration.sync \
+            busy = _time(unlimited, row, peak, memory_bandwidth) + calibration.sync \
                 + (calibration.backward_call if row.kind.endswith("fwd_bwd") else 0.0)
         out.append((row, busy / row.seconds - 1))
     return out

@@ -64,7 +64,31 @@ def test_the_host_paces_small_kernels_and_hides_behind_large_ones():
     big = gemm(16384, 16384, 16384)
     t_big = MODEL.op_time(f, big, peak, bandwidth)
     assert t_big > 100 * f.launch
-    assert MODEL.time([big] + [tiny] * 10, "H100", peak, bandwidth) == pytest.approx(f.launch + t_big + 10 * t_tiny)
+    unlimited = ComputeModel(devices={"H100": replace(f, power_gemm=0.0)}, links={})  # GEMMs at their own clock
+    assert unlimited.time([big] + [tiny] * 10, "H100", peak, bandwidth) == pytest.approx(f.launch + t_big
+                                                                                         + 10 * t_tiny)
+
+
+def test_under_the_power_limit_gemms_keep_the_clock_their_share_leaves_them():
+    """A compute instance of GEMMs alone runs them at sustained_clock(1) (the H200's measured duty rows: 0.885 of
+    the clock alone); one whose GEMMs take so little of its span that the mean power stays under the limit keeps
+    the clock; in between the GEMMs alone slow, to the clock of their share, and the memory-bound kernels not."""
+    f = replace(MODEL.device("H100"), launch=0.0, backward_launch=0.0)
+    model = ComputeModel(devices={"H100": f}, links={})
+    peak, bandwidth = H100.fp16_flops, H100.memory_bandwidth
+    big, copy = gemm(8192, 8192, 8192), Op("copy", "memory", 0.0, 1e9)
+    t_big, t_copy = (model.op_time(f, op, peak, bandwidth) for op in (big, copy))
+    assert f.sustained_clock(1.0) == pytest.approx(1 / f.power_gemm) and f.sustained_clock(1.0) < 0.9
+    assert model.time([big] * 3, "H100", peak, bandwidth) == pytest.approx(3 * t_big / f.sustained_clock(1.0))
+    share = t_big / (t_big + t_copy)
+    assert 0 < f.sustained_clock(share) < 1
+    assert model.time([big, copy], "H100", peak, bandwidth) == pytest.approx(t_big / f.sustained_clock(share) + t_copy)
+    many = [copy] * math.ceil(4 * t_big / t_copy)  # GEMMs a fifth of the span: under the limit
+    assert f.sustained_clock(t_big / (t_big + len(many) * t_copy)) == 1.0
+    assert model.time([big, *many], "H100", peak, bandwidth) == pytest.approx(t_big + len(many) * t_copy)
+    skinny = gemm(1, 8192, 8192)  # memory-bound: not slowed
+    assert model.time([skinny] * 2, "H100", peak, bandwidth) == pytest.approx(2 * model.op_time(f, skinny, peak,
+                                                                                                   bandwidth))
 
 
 def test_a_memory_bound_gemm_takes_its_bytes_time():

@@ -6,7 +6,8 @@ from hcsim.workload.hybrid import Parallelism, build_hybrid_graph
 from hcsim.workload.layout import ParallelLayout
 from hcsim.workload.memory import CUBLAS_WORKSPACE, CUDA_CONTEXT, eager_memory, stage_memory
 from hcsim.workload.model import ModelShape
-from hcsim.workload.ops import UPCAST, eager_embedding_ops, eager_head_ops, eager_layer_ops, optimizer_step_ops, ops_flops
+from hcsim.workload.ops import (UPCAST, eager_embedding_ops, eager_head_ops, eager_layer_ops, optimizer_step_ops,
+                                ops_flops)
 from hcsim.workload.spec import WorkloadSpec, load_workload_spec
 from hcsim.workload.transformer import model_parameters
 from hcsim.config import REPO_ROOT
@@ -234,8 +235,8 @@ def test_rotary_backward_is_what_autograd_runs_for_apply_rotary_pos_emb():
     """transformers' ``q_embed = (q * cos) + (rotate_half(q) * sin)``, rotate_half ``cat((-x2, x1))`` on slices,
     q BF16 and cos, sin FP32 (pytorch tools/autograd/derivatives.yaml; the engine casts each gradient to its
     input's dtype). Backward of one tensor of n elements, in order (bytes):
-    sdpa's ToCopyBackward0 BF16 -> FP32 (6n, an up-cast); add: none; g·sin FP32 (8n, broadcast) and its cast to BF16 (6n);
-    cat: views; neg of a half (2n); two slice_backward, each a zeroed BF16 tensor (2n) and the half copied in
+    sdpa's ToCopyBackward0 BF16 -> FP32 (6n: an up-cast); add: none; g·sin FP32 (8n, broadcast) and its cast to
+    BF16 (6n); cat: views; neg of a half (2n); two slice_backward, each a zeroed BF16 tensor (2n) and the half copied in
     (2n); their sum (6n); g·cos (8n) and its cast (6n); the sum into q's gradient (6n): 12 kernels, 56n bytes."""
     attn = eager_layer_ops(LLAMA, 1)[0]
     n = LLAMA.sequence * LLAMA.hidden
