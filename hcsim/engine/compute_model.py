@@ -397,31 +397,41 @@ class ComputeModel:
         memory = size / (memory_bandwidth * factors.bandwidth_efficiency(kind)) if size else 0.0
         return compute, memory
 
-    def time(self, ops, device: str, peak: float, memory_bandwidth: float) -> float:
+    def time(self, ops, device: str, peak: float, memory_bandwidth: float, clock: float = 1.0) -> float:
         """Seconds of a compute instance running `ops` on `device` (peak FLOP/s, memory bandwidth B/s).
 
         The host issues one kernel every ``launch`` seconds and the GPU runs them in order, each no earlier
         than its issue: the instance ends when the last kernel does (a stream fed by a host that starts
-        with the instance). Under a power limit (``power_gemm``) the compute-bound GEMMs run at the clock
-        their share of the instance's span leaves them (:meth:`DeviceFactors.sustained_clock`)."""
-        key = (id(ops), device, peak, memory_bandwidth)
+        with the instance). Its compute-bound GEMMs run at `clock` of the clock they keep alone (the one a
+        power limit leaves them: :meth:`gemm_share`, :meth:`DeviceFactors.sustained_clock`)."""
+        key = (id(ops), device, peak, memory_bandwidth, clock)
         cached = self._times.get(key)
         if cached is not None and cached[0] is ops:
             return cached[1]
         factors = self.device(device)
+        times, powered = self._kernel_times(factors, ops, peak, memory_bandwidth)
+        if clock != 1.0:
+            times = [t / clock if p else t for t, p in zip(times, powered)]
+        finished = self._span(factors, ops, times)
+        self._times[key] = (ops, finished)
+        return finished
+
+    def gemm_share(self, ops, device: str, peak: float, memory_bandwidth: float) -> tuple[float, float]:
+        """(seconds of compute-bound GEMMs, seconds of the whole instance) of `ops` at the clocks kept alone: what
+        the GEMMs' share of a GPU's time under its power limit adds up from."""
+        factors = self.device(device)
+        times, powered = self._kernel_times(factors, ops, peak, memory_bandwidth)
+        return math.fsum(t for t, p in zip(times, powered) if p), self._span(factors, ops, times)
+
+    def _kernel_times(self, factors: DeviceFactors, ops, peak: float, memory_bandwidth: float
+                      ) -> tuple[list[float], list[bool]]:
+        """Each kernel's seconds alone, and whether it is a compute-bound GEMM (POWERED_KINDS)."""
         times, powered = [], []
         for op in ops:
             compute, memory = self._op_parts(factors, op, peak, memory_bandwidth)
             times.append(max(compute, memory) + factors.kernel_overhead)
             powered.append(op[1] in POWERED_KINDS and compute >= memory)
-        finished = self._span(factors, ops, times)
-        if factors.power_gemm and any(powered):
-            clock = factors.sustained_clock(math.fsum(t for t, p in zip(times, powered) if p) / finished)
-            if clock < 1.0:
-                times = [t / clock if p else t for t, p in zip(times, powered)]
-                finished = self._span(factors, ops, times)
-        self._times[key] = (ops, finished)
-        return finished
+        return times, powered
 
     @staticmethod
     def _span(factors: DeviceFactors, ops, times: list[float]) -> float:

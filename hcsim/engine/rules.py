@@ -86,6 +86,7 @@ class WorkloadRules:
         self._server_cache: dict = {}
         self._closed_forms: dict = {}  # (algorithm id, group) -> ([(XPU pair, bytes)], seconds) of an analytic one
         self._path_cache: dict[tuple[str, str], tuple[float, float]] = {}
+        self._gemm_clocks: dict[tuple[int, str], float] | None = None  # (job, device) -> clock (gemm_clock)
         self._link_factors: dict[tuple[str, str], object] = {}  # (src, dst) -> LinkFactors (roofline)
         self._protocols: dict = {}  # (algorithm id, group) -> (its NCCL protocol or None, the algorithm)
         self._endpoints: dict = {}  # (algorithm id, group) -> (its endpoints' hosts, the algorithm)
@@ -298,13 +299,9 @@ class WorkloadRules:
         flops = data["flops"] if duration is None else duration * speed
         compute_time = flops / speed
         model = self.options.compute_model
-        # the kernel model times GPU kernels: an offloaded optimizer step on the host CPU (host: cpu) runs its FLOPs
-        # at the CPU's speed beside its DRAM reads, as at the peak model
-        if model is not None and duration is None and data.get("ops") and node["kind"] == "xpu" \
-                and data.get("host") != "cpu":
-            # FP8 training runs all but its GEMMs in BF16: the kernel model takes the BF16 peak (hcsim.workload.ops)
-            kernel_peak = peak_flops(node, "bf16") if precision == "fp8" else speed
-            compute_time = model.time(data["ops"], node["device"], kernel_peak, self.path(node["local_memory"], xpu)[1])
+        if self._kernel_timed(node, data):
+            compute_time = model.time(data["ops"], node["device"], *self._kernel_rates(xpu, precision),
+                                      clock=self.gemm_clock(xpu, data))
             flops = compute_time * speed
         if precision != self.precision:  # the host runs at the graph's precision's peak (platform.compile)
             flops = compute_time * peak_flops(node, self.precision)
@@ -313,6 +310,49 @@ class WorkloadRules:
             flops, compute_time = flops * slowdown, compute_time * slowdown
         return flops, compute_time
 
+
+    def _kernel_timed(self, node: dict, data: dict) -> bool:
+        """Whether the kernel model times compute vertex `data` on XPU `node`: GPU kernels; an offloaded optimizer
+        step on the host CPU (host: cpu) runs its FLOPs at the CPU's speed beside its DRAM reads, as at the peak
+        model, and a measured ``duration`` is taken as it is."""
+        return (self.options.compute_model is not None and data.get("duration") is None and bool(data.get("ops"))
+                and node["kind"] == "xpu" and data.get("host") != "cpu")
+
+    def _kernel_rates(self, xpu: str, precision: str) -> tuple[float, float]:
+        """(peak FLOP/s, local memory B/s) the kernel model times a compute unit on `xpu` at: FP8 training runs
+        all but its GEMMs in BF16, so the BF16 peak (hcsim.workload.ops)."""
+        node = self.nodes[xpu]
+        return peak_flops(node, "bf16" if precision == "fp8" else precision), self.path(node["local_memory"], xpu)[1]
+
+    def gemm_clock(self, xpu: str, data: dict) -> float:
+        """The fraction of their clock compute-bound GEMMs keep on `xpu` under its power limit
+        (:meth:`DeviceFactors.sustained_clock`), by the GEMMs' share of the kernel-model time of the compute
+        vertices of compute vertex `data`'s job on that device: the limit holds the mean power over a window
+        of many kernels (tens of milliseconds: a layer's and more), so the share is the job's, not one
+        vertex's; a GPU's idle and communication time is not counted (the share is of its compute)."""
+        if self._gemm_clocks is None:
+            self._gemm_clocks = self._sustained_clocks()
+        return self._gemm_clocks.get((data.get("job", 0), self.nodes[xpu]["device"]), 1.0)
+
+    def _sustained_clocks(self) -> dict[tuple[int, str], float]:
+        """(job, device) -> the GEMMs' clock, for the devices with a power limit (:meth:`gemm_clock`): one pass
+        over the compute vertices the kernel model times, each counted once per XPU it runs on."""
+        model, parts, shares = self.options.compute_model, {}, {}
+        for shape, name in zip(self.shapes, self.order):
+            data = self.workload._node[name]
+            node = self.nodes[shape.xpus[0]] if shape.kind == "compute" else None
+            if node is None or not self._kernel_timed(node, data) or not model.device(node["device"]).power_gemm:
+                continue
+            rates = self._kernel_rates(shape.xpus[0], data.get("precision", self.precision))
+            key = (id(data["ops"]), node["device"], *rates)  # alike vertices share their ops
+            if key not in shares:
+                shares[key] = model.gemm_share(data["ops"], node["device"], *rates)
+            gemm, span = shares[key]
+            gemms, spans = parts.setdefault((data.get("job", 0), node["device"]), ([], []))
+            gemms.append(gemm * len(shape.xpus))
+            spans.append(span * len(shape.xpus))
+        return {key: model.device(key[1]).sustained_clock(math.fsum(gemms) / math.fsum(spans))
+                for key, (gemms, spans) in parts.items() if math.fsum(spans) > 0}
 
     def call_latency(self, algorithm, group: tuple[str, ...]) -> float:
         """The kernel model's per-call latency of a collective over `group`, paid after a rank's last transfer:

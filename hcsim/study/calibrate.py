@@ -63,7 +63,7 @@ DUTY_KINDS = ("gemm_duty",)
 # a run this long meets the power limit: 40 4096^3 GEMMs back to back (7 ms) kept their clocks, the runs of 34 ms
 # and more lost 8-14 % (experiments/calibration/measurements/h200-duty.csv)
 SUSTAINED_SECONDS = 0.02
-POWER_GRID = tuple(i / 100 for i in range(151))  # power over the limit: GEMMs' and other kernels', 0 to 1.5
+POWER_GRID = tuple(i / 100 for i in range(151))  # power over the limit, 0 to 1.5: GEMMs' at least 1, others' below
 UNHARNESSED = BACK_TO_BACK_GEMMS + CAT_KINDS + DUTY_KINDS  # rows timed without the harness's floor or a launch
 # the op kind of each one-kernel memory-bound row
 BANDWIDTH_ROWS = {**dict.fromkeys(MEMORY_KINDS, "memory"), **dict.fromkeys(MIXED_KINDS, "mixed"),
@@ -311,7 +311,7 @@ def _power_fit(points) -> dict[str, float]:
                           power_other=other)
         return math.fsum((f.sustained_clock(share) - clock) ** 2 for share, clock in kept)
 
-    gemm, other = min(((g, o) for g in POWER_GRID if g >= 1 for o in POWER_GRID), key=lambda p: error(*p))
+    gemm, other = min(((g, o) for g in POWER_GRID if g >= 1 for o in POWER_GRID if o < 1), key=lambda p: error(*p))
     return {"power_gemm": gemm, "power_other": other}
 
 

@@ -378,11 +378,14 @@ def estimate(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus:
     first_gathers = (_ring(par.dp, 1, first * sizes.weight, dp_latency, dp_bandwidth),
                      _ring(par.dp, 1, decoder * sizes.weight, dp_latency, dp_bandwidth)) if overlapped else None
     decoder_costs = _DecoderCosts(attn, mlp, allreduce, gather, activation, first_gathers, tp_hidden, ends)
-    pipeline = max(_pipeline(spec, par, cluster, layers, decoder_costs, m, members)
-                   for m, members in _replica_classes(par, layout))
     p = par.pp
     parameters = [sum(layers[s]) * decoder + sum(end.cost.parameters for end in decoder_costs.ends_on(s, p))
                   for s in range(p)]
+    if kernel_model is not None:  # the GEMMs' clock under the power limit: the job's, on every block
+        decoder_costs = decoder_costs.clocked(_gemm_clock(spec, par, cluster, decoder_costs, layers, parameters,
+                                                          _replica_classes(par, layout)[0][0]))
+    pipeline = max(_pipeline(spec, par, cluster, layers, decoder_costs, m, members)
+                   for m, members in _replica_classes(par, layout))
     gradients = 0.0
     if par.dp * par.cp > 1:  # all-reduce (ZeRO 0), reduce-scatter + all-gather (1-2), reduce-scatter (3), over
         # the dp x cp ranks that hold the same parameters (CP's K/V exchange hides behind the attention: not here)
@@ -432,6 +435,11 @@ class _DecoderCosts:
     first_gathers: tuple[float, float] | None = None
     tp_hidden: float = 0.0  # tp_comm_overlap: the part of the TP collectives that runs beside the block (s)
     ends: tuple = ()  # the embedding's and the head's _Block (none without a vocabulary)
+
+    def clocked(self, clock: float) -> "_DecoderCosts":
+        """These costs with every block's GEMMs at `clock`."""
+        return replace(self, attn=replace(self.attn, clock=clock), mlp=replace(self.mlp, clock=clock),
+                       ends=tuple(replace(end, clock=clock) for end in self.ends))
 
     def ends_on(self, stage: int, stages: int) -> list["_Block"]:
         """The model's ends `stage` of `stages` holds: the embedding on the first, the head on the last."""
@@ -574,6 +582,7 @@ class _Block:
     timed_backward: bool = False  # the backward pass has kernels (either part may be empty)
     all_backward_ops: tuple = ()  # the backward kernels in the order the framework runs them
     recompute_ops: tuple = ()  # what full recomputation runs again, where not the whole forward pass
+    clock: float = 1.0  # the compute-bound GEMMs' clock under the device's power limit (_gemm_clock)
 
     @classmethod
     def of(cls, cost: BlockCost, ops: BlockOps | None = None, model=None, checkpointed: bool = False) -> "_Block":
@@ -586,8 +595,24 @@ class _Block:
         again = checkpoint_recompute(ops.forward) if checkpointed else ()
         return cls(cost, model, ops.forward, rest, wgrad, ops.core, bool(ops.backward), ops.backward, again)
 
+    def vertices(self, par: Parallelism, end: bool = False) -> list[tuple]:
+        """The kernels of each compute vertex the block's passes make per micro-batch, as the graph runs them:
+        forward, a full recomputation's forward again, the backward (a selective recomputation's core in it) or
+        ZB-H1's two; an end (`end`: the embedding, the head) is not recomputed. None without kernels."""
+        if self.model is None:
+            return []
+        passes = [self.forward_ops]
+        if par.recompute == "full" and not end:
+            passes.append(self.recompute_ops or self.forward_ops)
+        if par.schedule == "zb-h1":
+            passes += [self.backward_ops, self.weight_grad_ops]
+        elif self.timed_backward:
+            selective = par.recompute == "selective" and not end
+            passes.append((self.core_ops if selective else ()) + self.all_backward_ops)
+        return [ops for ops in passes if ops]
+
     def _kernels(self, ops, peak: float, bandwidth: float, device: str) -> float:
-        return self.model.time(ops, device, peak, bandwidth) if ops else 0.0
+        return self.model.time(ops, device, peak, bandwidth, clock=self.clock) if ops else 0.0
 
     def forward(self, peak: float, bandwidth: float, device: str) -> float:
         if self.forward_ops:
@@ -625,6 +650,27 @@ class _Block:
         if self.core_ops:
             return self._kernels(self.core_ops, peak, bandwidth, device)
         return self.cost.core_flops / peak
+
+
+def _gemm_clock(spec: WorkloadSpec, par: Parallelism, cluster: "_Cluster", costs: _DecoderCosts, layers,
+                parameters: list[float], micro_batches: int) -> float:
+    """The clock compute-bound GEMMs keep under the power limit, by their share of the kernel time of the job's
+    compute vertices as the engine adds it up (:meth:`hcsim.engine.rules.WorkloadRules.gemm_clock`): per stage,
+    on its slowest device, `micro_batches` times each decoder's and end's passes, and the optimizer step over
+    the stage's `parameters`."""
+    model, gemms, spans = cluster.model, [], []
+    for stage in range(par.pp):
+        peak, bandwidth, device = cluster.slowest_device(stage, spec.precision)
+        decoders = sum(layers[stage])
+        counted = [(ops, micro_batches * decoders) for block in (costs.attn, costs.mlp) for ops in block.vertices(par)]
+        counted += [(ops, micro_batches) for end in costs.ends_on(stage, par.pp) for ops in end.vertices(par, True)]
+        counted.append((optimizer_kernels(spec, par, parameters[stage], decoders), 1))
+        for ops, count in counted:
+            gemm, span = model.gemm_share(ops, device, peak, bandwidth)
+            gemms.append(count * gemm)
+            spans.append(count * span)
+    span = math.fsum(spans)
+    return model.device(device).sustained_clock(math.fsum(gemms) / span) if span else 1.0
 
 
 def _recompute(mode: str, costs: _DecoderCosts, on: tuple[float, float, str], in_backward: bool = False) -> float:

@@ -70,25 +70,44 @@ def test_the_host_paces_small_kernels_and_hides_behind_large_ones():
 
 
 def test_under_the_power_limit_gemms_keep_the_clock_their_share_leaves_them():
-    """A compute instance of GEMMs alone runs them at sustained_clock(1) (the H200's measured duty rows: 0.885 of
-    the clock alone); one whose GEMMs take so little of its span that the mean power stays under the limit keeps
-    the clock; in between the GEMMs alone slow, to the clock of their share, and the memory-bound kernels not."""
+    """sustained_clock: GEMMs alone run at 1 / power_gemm of their clock (the H200's measured duty rows: 0.885),
+    under the limit at full clock; time(clock=c) slows the compute-bound GEMMs alone, by c; gemm_share adds up
+    what the share is of."""
     f = replace(MODEL.device("H100"), launch=0.0, backward_launch=0.0)
     model = ComputeModel(devices={"H100": f}, links={})
     peak, bandwidth = H100.fp16_flops, H100.memory_bandwidth
-    big, copy = gemm(8192, 8192, 8192), Op("copy", "memory", 0.0, 1e9)
-    t_big, t_copy = (model.op_time(f, op, peak, bandwidth) for op in (big, copy))
+    big, copy, skinny = gemm(8192, 8192, 8192), Op("copy", "memory", 0.0, 1e9), gemm(1, 8192, 8192)
+    t_big, t_copy, t_skinny = (model.op_time(f, op, peak, bandwidth) for op in (big, copy, skinny))
     assert f.sustained_clock(1.0) == pytest.approx(1 / f.power_gemm) and f.sustained_clock(1.0) < 0.9
-    assert model.time([big] * 3, "H100", peak, bandwidth) == pytest.approx(3 * t_big / f.sustained_clock(1.0))
-    share = t_big / (t_big + t_copy)
-    assert 0 < f.sustained_clock(share) < 1
-    assert model.time([big, copy], "H100", peak, bandwidth) == pytest.approx(t_big / f.sustained_clock(share) + t_copy)
-    many = [copy] * math.ceil(4 * t_big / t_copy)  # GEMMs a fifth of the span: under the limit
-    assert f.sustained_clock(t_big / (t_big + len(many) * t_copy)) == 1.0
-    assert model.time([big, *many], "H100", peak, bandwidth) == pytest.approx(t_big + len(many) * t_copy)
-    skinny = gemm(1, 8192, 8192)  # memory-bound: not slowed
-    assert model.time([skinny] * 2, "H100", peak, bandwidth) == pytest.approx(2 * model.op_time(f, skinny, peak,
-                                                                                                   bandwidth))
+    assert f.sustained_clock(0.2) == 1.0 and f.sustained_clock(0.5) < f.sustained_clock(0.3)
+    assert model.gemm_share([big, copy, skinny], "H100", peak, bandwidth) == pytest.approx(
+        (t_big, t_big + t_copy + t_skinny))  # the memory-bound GEMM is not counted
+    clock = f.sustained_clock(0.8)
+    assert model.time([big, copy, skinny], "H100", peak, bandwidth, clock=clock) == pytest.approx(
+        t_big / clock + t_copy + t_skinny)
+
+
+def test_a_jobs_gemms_run_at_the_clock_of_their_share_of_its_compute():
+    """The engine takes the share over all of a job's compute vertices on a device, each once per XPU it runs
+    on: a vertex of GEMMs alone beside one of copies three times as long keeps the clock (share 1/4), alone it
+    runs at sustained_clock(1)."""
+    f = MODEL.device("H100")
+    peak, bandwidth = H100.fp32_flops, H100.memory_bandwidth  # the graph's precision: FP32
+    big = gemm(8192, 8192, 8192)
+    gemms, span = MODEL.gemm_share([big], "H100", peak, bandwidth)  # the span: the host's launch and the kernel
+    _, spans, _ = run(one_vertex([big]), 1, compute_model=MODEL)
+    start, end = spans[1, "xpu0", "v"]
+    alone = MODEL.time([big], "H100", peak, bandwidth, clock=f.sustained_clock(gemms / span))
+    assert f.sustained_clock(gemms / span) < 0.9 and end - start == pytest.approx(alone, rel=1e-9)
+    copies = Op("copy", "memory", 0.0, 3 * span * bandwidth * f.memory_efficiency)
+    graph = one_vertex([big])
+    add_compute(graph, "w", xpus=["xpu0"], flops=1e12)
+    graph.nodes["w"]["ops"] = (copies,)
+    add_dependency(graph, "v", "w")
+    _, spans, _ = run(graph, 1, compute_model=MODEL)
+    start, end = spans[1, "xpu0", "v"]
+    share = gemms / (span + MODEL.gemm_share([copies], "H100", peak, bandwidth)[1])
+    assert share < 0.3 and f.sustained_clock(share) == 1.0 and end - start == pytest.approx(span, rel=1e-9)
 
 
 def test_a_memory_bound_gemm_takes_its_bytes_time():

@@ -576,7 +576,8 @@ def test_the_estimate_times_the_embedding_and_the_head_as_the_graph_runs_them(wo
     """On one XPU (no communication) the kernel-model estimate is the time of every compute vertex's kernels, each
     vertex one instance: the decoders' (a block's backward with its weight gradients, as one vertex runs them), the
     optimizer step's over every parameter the stage holds, and the embedding's and the head's (for Llama 3's 128k
-    vocabulary the logits and the loss take more than the two decoders; the estimate counted neither before)."""
+    vocabulary the logits and the loss take more than the two decoders; the estimate counted neither before); the
+    GEMMs at the clock the power limit leaves them, by their share of all those vertices' time, as the engine's."""
     from hcsim.engine.compute_model import load_compute_model
     from hcsim.study.plan import _Cluster, cluster_layout
 
@@ -591,7 +592,9 @@ def test_the_estimate_times_the_embedding_and_the_head_as_the_graph_runs_them(wo
     graph = build_hybrid_graph(spec, par, layout)
     vertices = {n: d for n, d in graph.nodes(data=True) if d["kind"] == "compute"}
     assert sum(n.endswith((".embedding", ".head")) for n in vertices) == 8  # forward and backward, 2 micro-batches
-    engine = sum(model.time(d["ops"], device, peak, bandwidth) for d in vertices.values())
+    shares = [model.gemm_share(d["ops"], device, peak, bandwidth) for d in vertices.values()]
+    clock = model.device(device).sustained_clock(math.fsum(g for g, _ in shares) / math.fsum(s for _, s in shares))
+    engine = sum(model.time(d["ops"], device, peak, bandwidth, clock=clock) for d in vertices.values())
     assert estimate(spec, Candidate(parallelism=par), platform, xpus, model) == pytest.approx(engine, rel=1e-12)
 
 

@@ -8,7 +8,7 @@ import pytest
 from hcsim.workload.hybrid import Parallelism, block_costs, block_kernels, build_hybrid_graph
 from hcsim.workload.layout import ParallelLayout
 from hcsim.workload.model import ModelShape, element_sizes
-from hcsim.workload.ops import megatron_ops, ops_flops
+from hcsim.workload.ops import UPCAST, megatron_ops, ops_flops
 from hcsim.workload.transformer import decoder_layer, lm_head
 from hcsim.workload.spec import WorkloadSpec
 
@@ -55,7 +55,7 @@ def test_megatron_kernels_are_the_transformer_ops_with_their_gemm_shapes(attenti
 
 
 def test_megatron_loss_runs_its_unfused_kernels_over_fp32_logits():
-    """Megatron-LM's vocabulary-parallel cross-entropy unfused: the upcast, max, sub, exp, sum, div over each logit
+    """Megatron-LM's vocabulary-parallel cross-entropy unfused: the upcast (an UPCAST kernel), max, sub, exp, sum, div over each logit
     of the rank's vocabulary slice (38 B a logit from FP16), backward the scaling and the cast back (14 B); the
     products with a row's value (broadcast) unvectorised, first in backward."""
     tp, b = 2, 2
@@ -63,7 +63,7 @@ def test_megatron_loss_runs_its_unfused_kernels_over_fp32_logits():
     logits = b * SHAPE.sequence * math.ceil(SHAPE.vocabulary / tp)
     loss = [k for k in head.forward if k.name.startswith("cross_entropy")]
     assert [k.name.split(".")[1] for k in loss] == ["float", "max", "sub_max", "exp", "sum", "div"]
-    assert [k.kind for k in loss] == ["memory", "memory", "mixed", "memory", "memory", "mixed"]
+    assert [k.kind for k in loss] == [UPCAST, "memory", "mixed", "memory", "memory", "mixed"]
     assert sum(k.bytes for k in loss) == 38 * logits
     back = [k for k in head.backward if k.name.startswith("cross_entropy")]
     assert [k.kind for k in back] == ["mixed", "memory"] and sum(k.bytes for k in back) == 14 * logits
@@ -106,7 +106,7 @@ def test_every_compute_vertex_of_a_hybrid_graph_carries_kernels_of_its_flops():
             assert ops_flops(data["ops"]) == pytest.approx(data["flops"], rel=1e-12), name
     optimizer = graph.nodes["s0.optimizer"]["ops"]  # FP16: 16-bit main gradients, cast to FP32 for the step
     assert [op.name for op in optimizer] == ["main_grad_cast", "optimizer", "zero_grad_buffer"]
-    assert [op.kind for op in optimizer] == ["memory", "multi_tensor", "memory"] and all(op.bytes > 0 for op in optimizer)
+    assert [op.kind for op in optimizer] == [UPCAST, "multi_tensor", "memory"] and all(op.bytes > 0 for op in optimizer)
 
 
 def test_the_optimizer_step_moves_megatrons_bytes_per_parameter_and_zeroes_the_whole_gradient_buffer():
