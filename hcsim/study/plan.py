@@ -381,9 +381,8 @@ def estimate(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus:
     p = par.pp
     parameters = [sum(layers[s]) * decoder + sum(end.cost.parameters for end in decoder_costs.ends_on(s, p))
                   for s in range(p)]
-    if kernel_model is not None:  # the GEMMs' clock under the power limit: the job's, on every block
-        decoder_costs = decoder_costs.clocked(_gemm_clock(spec, par, cluster, decoder_costs, layers, parameters,
-                                                          _replica_classes(par, layout)[0][0]))
+    if kernel_model is not None:  # the GEMMs' clock under the power limit: the job's on each device
+        decoder_costs = decoder_costs.clocked(_gemm_clocks(spec, par, cluster, decoder_costs, layers, parameters))
     pipeline = max(_pipeline(spec, par, cluster, layers, decoder_costs, m, members)
                    for m, members in _replica_classes(par, layout))
     gradients = 0.0
@@ -436,10 +435,10 @@ class _DecoderCosts:
     tp_hidden: float = 0.0  # tp_comm_overlap: the part of the TP collectives that runs beside the block (s)
     ends: tuple = ()  # the embedding's and the head's _Block (none without a vocabulary)
 
-    def clocked(self, clock: float) -> "_DecoderCosts":
-        """These costs with every block's GEMMs at `clock`."""
-        return replace(self, attn=replace(self.attn, clock=clock), mlp=replace(self.mlp, clock=clock),
-                       ends=tuple(replace(end, clock=clock) for end in self.ends))
+    def clocked(self, clocks: tuple[tuple[str, float], ...]) -> "_DecoderCosts":
+        """These costs with every block's GEMMs at `clocks` (device, clock)."""
+        return replace(self, attn=replace(self.attn, clocks=clocks), mlp=replace(self.mlp, clocks=clocks),
+                       ends=tuple(replace(end, clocks=clocks) for end in self.ends))
 
     def ends_on(self, stage: int, stages: int) -> list["_Block"]:
         """The model's ends `stage` of `stages` holds: the embedding on the first, the head on the last."""
@@ -582,7 +581,7 @@ class _Block:
     timed_backward: bool = False  # the backward pass has kernels (either part may be empty)
     all_backward_ops: tuple = ()  # the backward kernels in the order the framework runs them
     recompute_ops: tuple = ()  # what full recomputation runs again, where not the whole forward pass
-    clock: float = 1.0  # the compute-bound GEMMs' clock under the device's power limit (_gemm_clock)
+    clocks: tuple = ()  # (device, the compute-bound GEMMs' clock under its power limit): _gemm_clocks; else 1
 
     @classmethod
     def of(cls, cost: BlockCost, ops: BlockOps | None = None, model=None, checkpointed: bool = False) -> "_Block":
@@ -612,7 +611,8 @@ class _Block:
         return [ops for ops in passes if ops]
 
     def _kernels(self, ops, peak: float, bandwidth: float, device: str) -> float:
-        return self.model.time(ops, device, peak, bandwidth, clock=self.clock) if ops else 0.0
+        clock = next((c for d, c in self.clocks if d == device), 1.0)
+        return self.model.time(ops, device, peak, bandwidth, clock=clock) if ops else 0.0
 
     def forward(self, peak: float, bandwidth: float, device: str) -> float:
         if self.forward_ops:
@@ -652,25 +652,30 @@ class _Block:
         return self.cost.core_flops / peak
 
 
-def _gemm_clock(spec: WorkloadSpec, par: Parallelism, cluster: "_Cluster", costs: _DecoderCosts, layers,
-                parameters: list[float], micro_batches: int) -> float:
-    """The clock compute-bound GEMMs keep under the power limit, by their share of the kernel time of the job's
-    compute vertices as the engine adds it up (:meth:`hcsim.engine.rules.WorkloadRules.gemm_clock`): per stage,
-    on its slowest device, `micro_batches` times each decoder's and end's passes, and the optimizer step over
-    the stage's `parameters`."""
-    model, gemms, spans = cluster.model, [], []
-    for stage in range(par.pp):
-        peak, bandwidth, device = cluster.slowest_device(stage, spec.precision)
-        decoders = sum(layers[stage])
-        counted = [(ops, micro_batches * decoders) for block in (costs.attn, costs.mlp) for ops in block.vertices(par)]
-        counted += [(ops, micro_batches) for end in costs.ends_on(stage, par.pp) for ops in end.vertices(par, True)]
-        counted.append((optimizer_kernels(spec, par, parameters[stage], decoders), 1))
-        for ops, count in counted:
-            gemm, span = model.gemm_share(ops, device, peak, bandwidth)
-            gemms.append(count * gemm)
-            spans.append(count * span)
-    span = math.fsum(spans)
-    return model.device(device).sustained_clock(math.fsum(gemms) / span) if span else 1.0
+def _gemm_clocks(spec: WorkloadSpec, par: Parallelism, cluster: "_Cluster", costs: _DecoderCosts, layers,
+                 parameters: list[float]) -> tuple[tuple[str, float], ...]:
+    """(device, the clock compute-bound GEMMs keep under its power limit), by their share of the kernel time of
+    the job's compute vertices on that device as the engine adds it up
+    (:meth:`hcsim.engine.rules.WorkloadRules.gemm_clock`): per class of replicas and stage, on its slowest device,
+    each decoder's and end's passes once per micro-batch and the optimizer step over the stage's `parameters`,
+    each once per XPU of the class."""
+    model, parts = cluster.model, {}
+    for micro_batches, members in _replica_classes(par, cluster.layout):
+        xpus = len(cluster.layout.xpus if members is None else members)
+        for stage in range(par.pp):
+            peak, bandwidth, device = cluster.slowest_device(stage, spec.precision, members)
+            decoders = sum(layers[stage])
+            counted = [(ops, micro_batches * decoders) for block in (costs.attn, costs.mlp)
+                       for ops in block.vertices(par)]
+            counted += [(ops, micro_batches) for end in costs.ends_on(stage, par.pp) for ops in end.vertices(par, True)]
+            counted.append((optimizer_kernels(spec, par, parameters[stage], decoders), 1))
+            gemms, spans = parts.setdefault(device, ([], []))
+            for ops, count in counted:
+                gemm, span = model.gemm_share(ops, device, peak, bandwidth)
+                gemms.append(xpus * count * gemm)
+                spans.append(xpus * count * span)
+    return tuple((device, model.device(device).sustained_clock(math.fsum(gemms) / math.fsum(spans)))
+                 for device, (gemms, spans) in parts.items() if math.fsum(spans) > 0)
 
 
 def _recompute(mode: str, costs: _DecoderCosts, on: tuple[float, float, str], in_backward: bool = False) -> float:
