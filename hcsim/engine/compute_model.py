@@ -159,9 +159,7 @@ class DeviceFactors:
             if not 0 < getattr(self, key) <= 1:
                 raise ConfigError(f"compute model: devices.{self.name}: {key} must be in (0, 1], got {getattr(self, key)!r}")
         for key in ("reduction_efficiency", "mixed_efficiency", "upcast_efficiency", "strided_efficiency",
-                    "cat_efficiency",
-                    "multi_tensor_efficiency",
-                    "gemm_unaligned_forward", "gemm_unaligned_backward"):
+                    "cat_efficiency", "multi_tensor_efficiency", "gemm_unaligned_forward", "gemm_unaligned_backward"):
             if not 0 <= getattr(self, key) <= 1:
                 raise ConfigError(f"compute model: devices.{self.name}: {key} must be in (0, 1] (0: not measured), "
                                   f"got {getattr(self, key)!r}")

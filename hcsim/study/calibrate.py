@@ -16,12 +16,13 @@ order, with the model :mod:`hcsim.engine.compute_model` runs (one function each,
    dimension, sequence), interpolated by the model;
 4. where the file has them (``benchmarks/gpu_kernels.py --only linear_gemms attention_default
    mixed_elementwise``): the bandwidth of elementwise kernels over two dtypes, of up-casts to FP32 and of
-   transposed copies (as in 1), that of torch.cat's kernel (its profiled device time over bytes, no floor, the rows beyond the L2),
-   the rate of fused AdamW's multi-tensor launches (the slope of time over bytes: optimizer.step()'s own host
-   work is an intercept of its own),
-   the rate of GEMMs with a dimension that is not a multiple of 8 (the mean efficiency of those rows, forward
-   and gradient GEMMs apart), and the slowdown dropout brings to attention (the median ratio of the dropout
-   rows' times to the same shapes' without).
+   transposed copies (as in 1), that of torch.cat's kernel (its profiled device time over bytes, no floor, the
+   rows beyond the L2), the rate of fused AdamW's multi-tensor launches (the slope of time over bytes:
+   optimizer.step()'s own host work is an intercept of its own), the rate of GEMMs with a dimension that is not
+   a multiple of 8 (the mean efficiency of those rows, forward and gradient GEMMs apart), the slowdown dropout
+   brings to attention (the median ratio of the dropout rows' times to the same shapes' without), and the power
+   limit (``--only gemm_duty``: :func:`duty_points`, least squares on the clock a GEMM kept by the GEMMs' share
+   of the GPU's time).
 
 For a GPU we have not measured, :func:`fit_published_gemms` fits the GEMM model alone (step 2, without the
 harness's floor) to a published matmul table of ``experiments/calibration/published/`` (the B200's: OpenXLA's).

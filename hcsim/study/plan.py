@@ -597,7 +597,7 @@ class _Block:
     def vertices(self, par: Parallelism, end: bool = False) -> list[tuple]:
         """The kernels of each compute vertex the block's passes make per micro-batch, as the graph runs them:
         forward, a full recomputation's forward again, the backward (a selective recomputation's core in it) or
-        ZB-H1's two; an end (`end`: the embedding, the head) is not recomputed. None without kernels."""
+        ZB-H1's two; an end (`end`: the embedding, the head) is not recomputed. None without the kernel model."""
         if self.model is None:
             return []
         passes = [self.forward_ops]
@@ -667,7 +667,8 @@ def _gemm_clocks(spec: WorkloadSpec, par: Parallelism, cluster: "_Cluster", cost
             decoders = sum(layers[stage])
             counted = [(ops, micro_batches * decoders) for block in (costs.attn, costs.mlp)
                        for ops in block.vertices(par)]
-            counted += [(ops, micro_batches) for end in costs.ends_on(stage, par.pp) for ops in end.vertices(par, True)]
+            counted += [(ops, micro_batches) for end in costs.ends_on(stage, par.pp)
+                        for ops in end.vertices(par, True)]
             counted.append((optimizer_kernels(spec, par, parameters[stage], decoders), 1))
             gemms, spans = parts.setdefault(device, ([], []))
             for ops, count in counted:

@@ -55,9 +55,9 @@ def test_megatron_kernels_are_the_transformer_ops_with_their_gemm_shapes(attenti
 
 
 def test_megatron_loss_runs_its_unfused_kernels_over_fp32_logits():
-    """Megatron-LM's vocabulary-parallel cross-entropy unfused: the upcast (an UPCAST kernel), max, sub, exp, sum, div over each logit
-    of the rank's vocabulary slice (38 B a logit from FP16), backward the scaling and the cast back (14 B); the
-    products with a row's value (broadcast) unvectorised, first in backward."""
+    """Megatron-LM's vocabulary-parallel cross-entropy unfused: the upcast (an UPCAST kernel), max, sub, exp, sum,
+    div over each logit of the rank's vocabulary slice (38 B a logit from FP16), backward the scaling and the cast
+    back (14 B); the products with a row's value (broadcast) unvectorised, first in backward."""
     tp, b = 2, 2
     head = megatron_ops(lm_head(SHAPE, micro_batch=b, tp=tp, precision="fp16").ops, cross_entropy="none")
     logits = b * SHAPE.sequence * math.ceil(SHAPE.vocabulary / tp)
