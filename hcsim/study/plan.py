@@ -55,9 +55,10 @@ from hcsim.engine.collectives import channel_ring_orders, server_groups
 from hcsim.errors import ConfigError
 from hcsim.platform.devices import peak_flops
 from hcsim.platform.routes import RouteSearch, route_bandwidth, route_latency
-from hcsim.workload.hybrid import (BlockCost, Parallelism, block_cost, block_costs, decoder_kernels, grad_bucket_size,
-                                   in_flight, model_ends, optimizer_kernels, optimizer_traffic, overlaps_grad_reduce,
-                                   overlaps_param_gather, overlaps_tp_comm, stage_layers, tp_gather_share)
+from hcsim.workload.hybrid import (BlockCost, Parallelism, block_cost, block_costs, checkpoint_stops_early,
+                                   decoder_kernels, grad_bucket_size, in_flight, model_ends, optimizer_kernels,
+                                   optimizer_traffic, overlaps_grad_reduce, overlaps_param_gather, overlaps_tp_comm,
+                                   stage_layers, tp_gather_share)
 from hcsim.workload.ops import BlockOps, checkpoint_recompute
 from hcsim.workload.layout import ParallelLayout
 from hcsim.workload.memory import framework_reserve, stage_memory
@@ -370,7 +371,7 @@ def estimate(spec: WorkloadSpec, candidate: Candidate, platform: nx.Graph, xpus:
     decoder = attn.parameters + mlp.parameters  # per TP rank
     attn_ops, mlp_ops = decoder_kernels(spec, par) if kernel_model is not None else (None, None)
     attn = _Block.of(attn, attn_ops, kernel_model)
-    mlp = _Block.of(mlp, mlp_ops, kernel_model, checkpointed=not spec.inventory.fused)
+    mlp = _Block.of(mlp, mlp_ops, kernel_model, checkpointed=checkpoint_stops_early(spec))
     gather = _ring(par.dp, 1, decoder * sizes.weight, dp_latency, dp_bandwidth) if par.zero == 3 else 0.0
     overlapped = overlaps_param_gather(spec, par)
     ends = tuple(_Block.of(block_cost(block.ops), ops, kernel_model) for block, ops in model_ends(spec, par) or ())

@@ -828,7 +828,7 @@ class _Builder:
             block_start = len(chain)
             if name == "attn" and self.par.cp > 1:
                 self.add_cp_attention(compute, chain, stage, label, ops.forward, backward=False, k=k)
-            elif recompute and name == "mlp" and not self.spec.inventory.fused and not self.experts:
+            elif recompute and name == "mlp" and checkpoint_stops_early(self.spec):
                 kernels = self.shared_kernels(("recompute", name), lambda: checkpoint_recompute(ops.forward))
                 compute(f"{label}.{name}", math.fsum(op.flops for op in kernels), block.fwd_bytes, kernels)
             else:
@@ -995,6 +995,13 @@ def steady_state(order: list[Op]) -> list[Op]:
     if last_forward < first_backward:  # every forward before every backward (m = p): warmup and flush only
         return []
     return order[first_backward - 1:last_forward + 2]
+
+
+def checkpoint_stops_early(spec: WorkloadSpec) -> bool:
+    """Whether a recomputed layer's last block (the MLP) runs only up to its last GEMM again: torch.utils.checkpoint
+    as a PyTorch inventory's script calls it (:func:`hcsim.workload.ops.checkpoint_recompute`), on a dense model (a
+    mixture of experts' MLP has no kernels listed); Megatron-LM recomputes whole blocks."""
+    return not spec.inventory.fused and not spec.model.moe
 
 
 def overlaps_tp_comm(spec: WorkloadSpec, par: Parallelism) -> bool:
