@@ -52,8 +52,8 @@ log = logging.getLogger(__name__)
 COMPUTE_MODELS = ("peak", "roofline")
 # the fractions of peak a device's factors give; one below IMPLAUSIBLE is said (a warning) when a user's file gives it
 EFFICIENCIES = ("gemm_max_efficiency", "memory_efficiency", "reduction_efficiency", "mixed_efficiency",
-                "upcast_efficiency", "strided_efficiency", "multi_tensor_efficiency", "flash_forward_efficiency",
-                "flash_backward_efficiency")
+                "upcast_efficiency", "decode_efficiency", "strided_efficiency", "multi_tensor_efficiency",
+                "flash_forward_efficiency", "flash_backward_efficiency")
 IMPLAUSIBLE = 0.01
 BUILTIN_FACTORS = REPO_ROOT / "platforms" / "compute-model.yaml"
 
@@ -104,7 +104,8 @@ class DeviceFactors:
     optimizer's multi-tensor kernels; :data:`hcsim.workload.ops.OP_KINDS`), memory_efficiency when 0;
     mixed_efficiency, strided_efficiency : likewise for elementwise kernels over two dtypes and for kernels over
     transposed or sliced tensors (memory_efficiency when 0); cat_efficiency for torch.cat's kernel (strided_efficiency
-    when 0); upcast_efficiency for PyTorch's copy of a 16-bit tensor to FP32 (mixed_efficiency when 0).
+    when 0); upcast_efficiency for PyTorch's copy of a 16-bit tensor to FP32 (mixed_efficiency when 0);
+    decode_efficiency for decode attention's read of the key/value cache (memory_efficiency when 0).
     multi_tensor_efficiency : the fraction a launch of PyTorch's multi_tensor_apply reaches (fused AdamW, the foreach
     norm and scaling of gradient clipping: ``multi_tensor`` ops), measured on fused AdamW (memory_efficiency when 0).
     gemm_unaligned_forward, gemm_unaligned_backward : the fraction of peak a GEMM with a dimension that is not a
@@ -136,6 +137,7 @@ class DeviceFactors:
     reduction_efficiency: float = 0.0  # 0: as memory_efficiency
     mixed_efficiency: float = 0.0
     upcast_efficiency: float = 0.0
+    decode_efficiency: float = 0.0
     strided_efficiency: float = 0.0
     cat_efficiency: float = 0.0
     multi_tensor_efficiency: float = 0.0
@@ -158,8 +160,9 @@ class DeviceFactors:
                     "flash_backward_efficiency"):
             if not 0 < getattr(self, key) <= 1:
                 raise ConfigError(f"compute model: devices.{self.name}: {key} must be in (0, 1], got {getattr(self, key)!r}")
-        for key in ("reduction_efficiency", "mixed_efficiency", "upcast_efficiency", "strided_efficiency",
-                    "cat_efficiency", "multi_tensor_efficiency", "gemm_unaligned_forward", "gemm_unaligned_backward"):
+        for key in ("reduction_efficiency", "mixed_efficiency", "upcast_efficiency", "decode_efficiency",
+                    "strided_efficiency", "cat_efficiency", "multi_tensor_efficiency", "gemm_unaligned_forward",
+                    "gemm_unaligned_backward"):
             if not 0 <= getattr(self, key) <= 1:
                 raise ConfigError(f"compute model: devices.{self.name}: {key} must be in (0, 1] (0: not measured), "
                                   f"got {getattr(self, key)!r}")
@@ -222,7 +225,7 @@ class DeviceFactors:
     def bandwidth_efficiency(self, kind: str) -> float:
         """Fraction of the memory bandwidth a memory-bound kernel of `kind` reaches."""
         special = {"reduction": self.reduction_efficiency, "mixed": self.mixed_efficiency,
-                   "upcast": self.upcast_efficiency or self.mixed_efficiency,
+                   "upcast": self.upcast_efficiency or self.mixed_efficiency, "decode": self.decode_efficiency,
                    "strided": self.strided_efficiency, "cat": self.cat_efficiency or self.strided_efficiency,
                    "multi_tensor": self.multi_tensor_efficiency}.get(kind)
         return special or self.memory_efficiency
@@ -529,6 +532,7 @@ def _read_factors(path: Path, known: Collection[str] | None = None) -> ComputeMo
             reduction_efficiency=fields.number("reduction_efficiency", 0.0),
             mixed_efficiency=fields.number("mixed_efficiency", 0.0),
             upcast_efficiency=fields.number("upcast_efficiency", 0.0),
+            decode_efficiency=fields.number("decode_efficiency", 0.0),
             strided_efficiency=fields.number("strided_efficiency", 0.0),
             cat_efficiency=fields.number("cat_efficiency", 0.0),
             multi_tensor_efficiency=fields.number("multi_tensor_efficiency", 0.0),

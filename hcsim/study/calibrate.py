@@ -16,7 +16,7 @@ order, with the model :mod:`hcsim.engine.compute_model` runs (one function each,
    dimension, sequence), interpolated by the model;
 4. where the file has them (``benchmarks/gpu_kernels.py --only linear_gemms attention_default
    mixed_elementwise``): the bandwidth of elementwise kernels over two dtypes, of up-casts to FP32 and of
-   transposed copies (as in 1), that of torch.cat's kernel (its profiled device time over bytes, no floor, the
+   transposed copies and of decode attention's cache read (as in 1), that of torch.cat's kernel (its profiled device time over bytes, no floor, the
    rows beyond the L2), the rate of fused AdamW's multi-tensor launches (the slope of time over bytes:
    optimizer.step()'s own host work is an intercept of its own), the rate of GEMMs with a dimension that is not
    a multiple of 8 (the mean efficiency of those rows, forward and gradient GEMMs apart), the slowdown dropout
@@ -51,6 +51,9 @@ MIN_EFFICIENCY = 1e-6  # the least fraction of peak a fitted kernel may run at: 
 MEMORY_KINDS = ("copy", "add", "add_bf16", "silu_bf16", "cast_bf16_to_fp32", "cast_fp32_to_bf16")
 MIXED_KINDS = ("add_fp32_bf16", "mul_bf16_fp32")  # elementwise over two dtypes (benchmarks/gpu_kernels.py)
 UPCAST_KINDS = ("cast_bf16_to_fp32",)  # a BF16 tensor's .float() (hcsim.workload.ops.UPCAST)
+# sdpa of one query token over a key/value cache, called back to back (--only decode_attention): the host's work
+# (a floor of 27-35 us a call) overlaps the kernel, so a row takes the longer of the two
+DECODE_KINDS = ("attn_decode",)
 STRIDED_KINDS = ("copy_transposed_bf16",)
 # FP8 GEMMs as Transformer Engine runs them beside BF16 ones, timed back to back (no launch gap timed):
 # benchmarks/gpu_kernels.py --only fp8_linear_gemms
@@ -69,6 +72,7 @@ UNHARNESSED = BACK_TO_BACK_GEMMS + CAT_KINDS + DUTY_KINDS  # rows timed without 
 # the op kind of each one-kernel memory-bound row
 BANDWIDTH_ROWS = {**dict.fromkeys(MEMORY_KINDS, "memory"), **dict.fromkeys(MIXED_KINDS, "mixed"),
                   **dict.fromkeys(UPCAST_KINDS, "upcast"),  # an up-cast runs at its own rate
+                  **dict.fromkeys(DECODE_KINDS, "decode"),
                   **dict.fromkeys(STRIDED_KINDS, "strided"), **dict.fromkeys(CAT_KINDS, "cat")}
 CACHE_RESIDENT_BYTES = 2**24  # a memory-bound kernel moving less runs from the H100's and H200's 50 MB L2
 MULTI_TENSOR_KINDS = ("adamw_fused_fp32_step",)  # torch.optim.AdamW(fused=True).step(): multi_tensor_apply launches
@@ -257,6 +261,9 @@ def _variants(rows, calibration: Calibration, floor: float, peak: float, bandwid
         measured = [r for r in rows if r.kind in kinds]
         if measured:
             found[key] = min(1.0, 1 / (_seconds_per_byte(measured, floor) * bandwidth))
+    decodes = [r for r in rows if r.kind in DECODE_KINDS and r.seconds >= STREAMING * floor]
+    if decodes:  # the kernel's own time: the host's floor overlaps it
+        found["decode_efficiency"] = min(1.0, 1 / (_seconds_per_byte(decodes, 0.0) * bandwidth))
     cats = [r for r in rows if r.kind in CAT_KINDS and r.bytes >= CACHE_RESIDENT_BYTES]
     if cats:  # the kernel's own time: no floor
         found["cat_efficiency"] = min(1.0, 1 / (_seconds_per_byte(cats, 0.0) * bandwidth))
@@ -505,7 +512,7 @@ def _variants_yaml(factors: DeviceFactors, named: str) -> tuple[dict, dict, dict
     attention: keys, each merged into factors_yaml's entry."""
     top = {}
     for key, rows in (("mixed_efficiency", "add_fp32_bf16 and mul_bf16_fp32"),
-                      ("upcast_efficiency", "cast_bf16_to_fp32"),
+                      ("upcast_efficiency", "cast_bf16_to_fp32"), ("decode_efficiency", "attn_decode (of at least 5 floors, the host's overlapped)"),
                       ("strided_efficiency", "copy_transposed_bf16"),
                       ("cat_efficiency", f"cat_transposed_bf16 and cat_halves_bf16 (of at least {CACHE_RESIDENT_BYTES:,} B)"),
                       ("multi_tensor_efficiency", "adamw_fused_fp32_step")):
@@ -600,6 +607,8 @@ def model_errors(rows: list[KernelRow], calibration: Calibration, peak: float, m
             continue
         if row.kind in UNHARNESSED:  # no harness, no launch: the kernel alone
             busy = _time(alone, row, peak, memory_bandwidth) / clocks.get(id(row), 1.0)
+        elif row.kind in DECODE_KINDS:  # back to back: the host's floor or the kernel, the longer
+            busy = max(factors.launch + calibration.sync, _time(alone, row, peak, memory_bandwidth))
         else:
             busy = _time(unlimited, row, peak, memory_bandwidth) + calibration.sync \
                 + (calibration.backward_call if row.kind.endswith("fwd_bwd") else 0.0)

@@ -56,13 +56,14 @@ __all__ = ["Op", "OP_KINDS", "GEMM_KINDS", "ATTENTION_KINDS", "BlockOps", "megat
 # norm's kernels that reduce along rows or over the tokens (statistics, the weight gradients): measured to reach
 # less of the bandwidth; mixed: an elementwise kernel PyTorch runs unvectorised (operands of two dtypes, or one
 # broadcast over the other's rows: Megatron's loss, the eager RMSNorm's products); upcast: a 16-bit tensor's copy
-# to FP32 (UPCAST), unvectorised too and measured apart;
+# to FP32 (UPCAST), unvectorised too and measured apart; decode: decode attention's read of the key/value cache
+# (serving), measured apart;
 # strided: one that reads or writes a transposed or sliced tensor (a broadcast over heads, a transposed copy);
 # cat: torch.cat's kernel (CatArrayBatchedCopy), measured slower still (the strided rate where not measured);
 # multi_tensor: one launch of PyTorch's multi_tensor_apply over a list of tensors (fused AdamW, the foreach norm
 # and scaling of gradient clipping), measured at its own rate (the adamw_fused_fp32_step rows)
 OP_KINDS = ("gemm", "gemm_unaligned", "gemm8", "attention", "memory", "reduction", "mixed", "upcast", "strided",
-            "cat", "multi_tensor")
+            "cat", "multi_tensor", "decode")
 GEMM_KINDS = ("gemm", "gemm_unaligned", "gemm8")
 # PyTorch's copy of a 16-bit tensor to FP32 (``.float()``, autograd's ToCopyBackward0 behind a down-cast) runs
 # on its unvectorised path (dynamic casting) at every width: 2.0-2.1 TB/s on the H200 where FP32 to BF16 streams
@@ -386,7 +387,7 @@ INVENTORIES = {inventory.name: inventory for inventory in (
 )}
 KERNEL_INVENTORIES = tuple(INVENTORIES)  # their names, the choices of training.kernels
 BACKWARD_SUFFIXES = (".bwd", ".dgrad", ".wgrad")  # a backward kernel's name ends so (autograd's engine launches it)
-BANDWIDTH_KINDS = ("memory", "reduction", "mixed", "upcast", "strided", "cat", "multi_tensor")
+BANDWIDTH_KINDS = ("memory", "reduction", "mixed", "upcast", "strided", "cat", "multi_tensor", "decode")
 ADAMW_FUSED_TRAFFIC = 28.0  # torch.optim.AdamW(fused=True) over FP32 parameters: reads p, g, m, v, writes p, m, v
 CLIP_GRAD_NORM_TRAFFIC = 12.0  # torch.nn.utils.clip_grad_norm_ over FP32 gradients: the norm reads g (4), the
 # scaling reads and writes it (8)

@@ -582,7 +582,7 @@ def attention_kernels(model: ModelShape, *, chunks=(), decode: int = 0, context:
         kernels.append(Op("flash_attention", "attention", 2.0 * new * (2 * cached + new) * h / tp,
                           (2.0 * new * h + 2.0 * keys * kv) / tp * e, keys, model.heads // tp, d))
     if decode:
-        kernels.append(Op("decode_attention", "memory", 4.0 * context * h / tp,
+        kernels.append(Op("decode_attention", "decode", 4.0 * context * h / tp,
                           context * 2.0 * kv / tp * e + 2 * decode * h / tp * e))
     return kernels
 

@@ -110,6 +110,22 @@ def test_a_jobs_gemms_run_at_the_clock_of_their_share_of_its_compute():
     assert share < 0.3 and f.sustained_clock(share) == 1.0 and end - start == pytest.approx(span, rel=1e-9)
 
 
+def test_decode_attention_reads_its_cache_at_its_own_measured_rate():
+    """Serving's decode attention (kind decode) at the H200's measured decode_efficiency (4.4 TB/s); the H100,
+    with no decode rows measured, streams it at memory_efficiency."""
+    from hcsim.workload.model import ModelShape
+    from hcsim.workload.serving import attention_kernels
+
+    model = ModelShape(name="gqa", hidden=4096, heads=32, kv_heads=8, decoders=1, ffn=14336, sequence=8192,
+                       vocabulary=1000)
+    (decode,) = attention_kernels(model, decode=64, context=64 * 4096)
+    h200, h100 = MODEL.device("H200"), MODEL.device("H100")
+    assert decode.kind == "decode" and h200.decode_efficiency > h200.memory_efficiency and not h100.decode_efficiency
+    for f in (h200, h100):
+        expected = decode.bytes / (4.8e12 * (f.decode_efficiency or f.memory_efficiency)) + f.kernel_overhead
+        assert MODEL.op_time(f, decode, 989e12, 4.8e12) == pytest.approx(expected, rel=1e-12)
+
+
 def test_a_memory_bound_gemm_takes_its_bytes_time():
     f = MODEL.device("H100")
     skinny = gemm(1, 8192, 8192)  # a matrix-vector product: 2 FLOP per 2-byte weight
