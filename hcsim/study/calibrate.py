@@ -16,13 +16,14 @@ order, with the model :mod:`hcsim.engine.compute_model` runs (one function each,
    dimension, sequence), interpolated by the model;
 4. where the file has them (``benchmarks/gpu_kernels.py --only linear_gemms attention_default
    mixed_elementwise``): the bandwidth of elementwise kernels over two dtypes, of up-casts to FP32 and of
-   transposed copies and of decode attention's cache read (as in 1), that of torch.cat's kernel (its profiled device time over bytes, no floor, the
-   rows beyond the L2), the rate of fused AdamW's multi-tensor launches (the slope of time over bytes:
-   optimizer.step()'s own host work is an intercept of its own), the rate of GEMMs with a dimension that is not
-   a multiple of 8 (the mean efficiency of those rows, forward and gradient GEMMs apart), the slowdown dropout
-   brings to attention (the median ratio of the dropout rows' times to the same shapes' without), and the power
-   limit (``--only gemm_duty``: :func:`duty_points`, least squares on the clock a GEMM kept by the GEMMs' share
-   of the GPU's time).
+   transposed copies (as in 1), that of torch.cat's kernel (its profiled device time over bytes, no floor, the
+   rows beyond the L2) and of decode attention's cache read (its rows of at least 5 floors, no floor: called back
+   to back, the host's work overlaps the kernel), the rate of fused AdamW's multi-tensor launches (the slope of
+   time over bytes: optimizer.step()'s own host work is an intercept of its own), the rate of GEMMs with a
+   dimension that is not a multiple of 8 (the mean efficiency of those rows, forward and gradient GEMMs apart),
+   the slowdown dropout brings to attention (the median ratio of the dropout rows' times to the same shapes'
+   without), and the power limit (``--only gemm_duty``: :func:`duty_points`, least squares on the clock a GEMM
+   kept by the GEMMs' share of the GPU's time).
 
 For a GPU we have not measured, :func:`fit_published_gemms` fits the GEMM model alone (step 2, without the
 harness's floor) to a published matmul table of ``experiments/calibration/published/`` (the B200's: OpenXLA's).
@@ -512,7 +513,8 @@ def _variants_yaml(factors: DeviceFactors, named: str) -> tuple[dict, dict, dict
     attention: keys, each merged into factors_yaml's entry."""
     top = {}
     for key, rows in (("mixed_efficiency", "add_fp32_bf16 and mul_bf16_fp32"),
-                      ("upcast_efficiency", "cast_bf16_to_fp32"), ("decode_efficiency", "attn_decode (of at least 5 floors, the host's overlapped)"),
+                      ("upcast_efficiency", "cast_bf16_to_fp32"),
+                      ("decode_efficiency", "attn_decode (of at least 5 floors, the host's overlapped)"),
                       ("strided_efficiency", "copy_transposed_bf16"),
                       ("cat_efficiency", f"cat_transposed_bf16 and cat_halves_bf16 (of at least {CACHE_RESIDENT_BYTES:,} B)"),
                       ("multi_tensor_efficiency", "adamw_fused_fp32_step")):
