@@ -335,6 +335,8 @@ class ComputeModel:
     links: dict[str, LinkFactors]
     source: str = ""
     _times: dict = field(default_factory=dict, repr=False, compare=False)  # (id(ops), device, ...) -> (ops, s)
+    _kernels: dict = field(default_factory=dict, repr=False, compare=False)  # likewise -> (ops, times, powered)
+    _shares: dict = field(default_factory=dict, repr=False, compare=False)  # likewise -> (ops, (GEMM s, span s))
 
     def device(self, name: str) -> DeviceFactors:
         """The factors of device `name`; ConfigError naming the file and the devices it has."""
@@ -420,18 +422,29 @@ class ComputeModel:
     def gemm_share(self, ops, device: str, peak: float, memory_bandwidth: float) -> tuple[float, float]:
         """(seconds of compute-bound GEMMs, seconds of the whole instance) of `ops` at the clocks kept alone: what
         the GEMMs' share of a GPU's time under its power limit adds up from."""
+        key = (id(ops), device, peak, memory_bandwidth)
+        cached = self._shares.get(key)
+        if cached is not None and cached[0] is ops:
+            return cached[1]
         factors = self.device(device)
         times, powered = self._kernel_times(factors, ops, peak, memory_bandwidth)
-        return math.fsum(t for t, p in zip(times, powered) if p), self._span(factors, ops, times)
+        share = math.fsum(t for t, p in zip(times, powered) if p), self._span(factors, ops, times)
+        self._shares[key] = (ops, share)
+        return share
 
     def _kernel_times(self, factors: DeviceFactors, ops, peak: float, memory_bandwidth: float
                       ) -> tuple[list[float], list[bool]]:
         """Each kernel's seconds alone, and whether it is a compute-bound GEMM (POWERED_KINDS)."""
+        key = (id(ops), factors.name, peak, memory_bandwidth)
+        cached = self._kernels.get(key)
+        if cached is not None and cached[0] is ops:
+            return cached[1], cached[2]
         times, powered = [], []
         for op in ops:
             compute, memory = self._op_parts(factors, op, peak, memory_bandwidth)
             times.append(max(compute, memory) + factors.kernel_overhead)
             powered.append(op[1] in POWERED_KINDS and compute >= memory)
+        self._kernels[key] = (ops, times, powered)
         return times, powered
 
     @staticmethod
