@@ -255,7 +255,12 @@ def _compute_line(result: dict) -> list[str]:
     model = ("peak model (FLOPs / peak FLOP/s)" if result["compute_model"] == "peak" else
              f"roofline model ({result['compute_factors']})")
     kernels = f"; kernels {result['kernels']}" if result.get("kernels") else ""
-    return [f"  compute          {model}{kernels}; {result['precision_recipe']}"]
+    lines = [f"  compute          {model}{kernels}; {result['precision_recipe']}"]
+    if result.get("gemm_clocks"):
+        lines.append("  power limit      " + ", ".join(f"{device} GEMMs at {clock:.3f} of their clock alone"
+                                                      for device, clock in result["gemm_clocks"].items())
+                     + " (their share of the kernel time)")
+    return lines
 
 
 def _straggler_line(result: dict) -> list[str]:

@@ -81,3 +81,6 @@ class RunResult:
     engine: str = "core"  # the engine that ran (the C++ core on SimGrid's S4U API)
     # per job (the workload graph's ``jobs``; one job otherwise), its own iteration ends (s)
     job_iteration_ends: list[list[float]] = field(default_factory=list)
+    # device -> the fraction of their clock its compute-bound GEMMs kept under its power limit, where below 1
+    # (the lowest over the run's jobs): hcsim.engine.rules.WorkloadRules.gemm_clock
+    gemm_clocks: dict[str, float] = field(default_factory=dict)

@@ -334,6 +334,19 @@ class WorkloadRules:
             self._gemm_clocks = self._sustained_clocks()
         return self._gemm_clocks.get((data.get("job", 0), self.nodes[xpu]["device"]), 1.0)
 
+    def gemm_clocks(self) -> dict[str, float]:
+        """Device -> the clock its compute-bound GEMMs keep under its power limit, where below 1 (the lowest over
+        the run's jobs; none without the kernel model): what the run reports."""
+        if self.options.compute_model is None:
+            return {}
+        if self._gemm_clocks is None:
+            self._gemm_clocks = self._sustained_clocks()
+        clocks: dict[str, float] = {}
+        for (_, device), clock in self._gemm_clocks.items():
+            if clock < 1.0:
+                clocks[device] = min(clock, clocks.get(device, 1.0))
+        return dict(sorted(clocks.items()))
+
     def _sustained_clocks(self) -> dict[tuple[int, str], float]:
         """(job, device) -> the GEMMs' clock, for the devices with a power limit (:meth:`gemm_clock`): one pass
         over the compute vertices the kernel model times, each counted once per XPU it runs on."""

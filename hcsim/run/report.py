@@ -95,6 +95,7 @@ def summarize(prepared: Prepared, outcome, setup_s: float, wall_s: float, comput
         "coherent": prepared.coherent,
         "precision": graph.get("precision", "fp32"),
         **_compute_used(scenario, graph, compute_model),
+        "gemm_clocks": outcome.gemm_clocks,
         **_cxl_link(prepared.platform_spec),
         **timing,
         **throughput(prepared.platform, prepared.workload, prepared.xpus, iteration_time),
@@ -159,7 +160,8 @@ def summarize_jobs(prepared: Prepared, outcome, setup_s: float, wall_s: float, c
     for j, job in enumerate(prepared.jobs):
         view = SimpleNamespace(iteration_ends=outcome.job_iteration_ends[j],
                                xpu_times={x: outcome.xpu_times[x] for x in job.xpus}, link_bytes=outcome.link_bytes,
-                               activities=outcome.activities, engine=outcome.engine, collective_fidelity={})
+                               activities=outcome.activities, engine=outcome.engine, collective_fidelity={},
+                               gemm_clocks=outcome.gemm_clocks)  # the run's: the lowest over its jobs
         record = summarize(job, view, setup_s, wall_s, compute_model)
         jobs.append({"name": job.scenario.name, "workload": job.scenario.workload,
                      "xpu_names": csv_cell(xpu_spans(job.xpus)),

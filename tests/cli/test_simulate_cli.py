@@ -319,3 +319,14 @@ def test_out_refuses_an_earlier_run_s_results_and_overwrite_leaves_none_of_them(
     assert not (tmp_path / "trace.json").exists() and not (tmp_path / "trace.csv").exists()  # the earlier run's
     assert json.loads((tmp_path / "result.json").read_text())["xpus"] == 2 != json.loads(before)["xpus"]
     assert (tmp_path / "notes.txt").read_text() == "mine"  # not a result: kept
+
+
+def test_the_summary_says_the_clock_the_power_limit_leaves_the_gemms():
+    """A `power limit` line under `compute` for the devices whose GEMMs run below their clock alone, none else."""
+    from hcsim.cli.simulate import _compute_line
+
+    base = {"compute_model": "roofline", "compute_factors": "platforms/compute-model.yaml", "kernels": "megatron",
+            "precision_recipe": "bf16"}
+    assert len(_compute_line({**base, "gemm_clocks": {}})) == 1
+    assert _compute_line({**base, "gemm_clocks": {"H100": 0.8931}})[1] == (
+        "  power limit      H100 GEMMs at 0.893 of their clock alone (their share of the kernel time)")

@@ -95,19 +95,21 @@ def test_a_jobs_gemms_run_at_the_clock_of_their_share_of_its_compute():
     peak, bandwidth = H100.fp32_flops, H100.memory_bandwidth  # the graph's precision: FP32
     big = gemm(8192, 8192, 8192)
     gemms, span = MODEL.gemm_share([big], "H100", peak, bandwidth)  # the span: the host's launch and the kernel
-    _, spans, _ = run(one_vertex([big]), 1, compute_model=MODEL)
+    _, spans, result = run(one_vertex([big]), 1, compute_model=MODEL)
     start, end = spans[1, "xpu0", "v"]
     alone = MODEL.time([big], "H100", peak, bandwidth, clock=f.sustained_clock(gemms / span))
     assert f.sustained_clock(gemms / span) < 0.9 and end - start == pytest.approx(alone, rel=1e-9)
+    assert result["gemm_clocks"] == {"H100": f.sustained_clock(gemms / span)}  # what the run reports
     copies = Op("copy", "memory", 0.0, 3 * span * bandwidth * f.memory_efficiency)
     graph = one_vertex([big])
     add_compute(graph, "w", xpus=["xpu0"], flops=1e12)
     graph.nodes["w"]["ops"] = (copies,)
     add_dependency(graph, "v", "w")
-    _, spans, _ = run(graph, 1, compute_model=MODEL)
+    _, spans, result = run(graph, 1, compute_model=MODEL)
     start, end = spans[1, "xpu0", "v"]
     share = gemms / (span + MODEL.gemm_share([copies], "H100", peak, bandwidth)[1])
     assert share < 0.3 and f.sustained_clock(share) == 1.0 and end - start == pytest.approx(span, rel=1e-9)
+    assert result["gemm_clocks"] == {}  # under the limit: nothing to report
 
 
 def test_decode_attention_reads_its_cache_at_its_own_measured_rate():
