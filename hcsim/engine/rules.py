@@ -330,42 +330,39 @@ class WorkloadRules:
         vertices of compute vertex `data`'s job on that device: the limit holds the mean power over a window
         of many kernels (tens of milliseconds: a layer's and more), so the share is the job's, not one
         vertex's; a GPU's idle and communication time is not counted (the share is of its compute)."""
-        if self._gemm_clocks is None:
-            self._gemm_clocks = self._sustained_clocks()
-        return self._gemm_clocks.get((data.get("job", 0), self.nodes[xpu]["device"]), 1.0)
+        return self._sustained_clocks().get((data.get("job", 0), self.nodes[xpu]["device"]), 1.0)
 
     def gemm_clocks(self) -> dict[str, float]:
         """Device -> the clock its compute-bound GEMMs keep under its power limit, where below 1 (the lowest over
         the run's jobs; none without the kernel model): what the run reports."""
         if self.options.compute_model is None:
             return {}
-        if self._gemm_clocks is None:
-            self._gemm_clocks = self._sustained_clocks()
         clocks: dict[str, float] = {}
-        for (_, device), clock in self._gemm_clocks.items():
+        for (_, device), clock in self._sustained_clocks().items():
             if clock < 1.0:
                 clocks[device] = min(clock, clocks.get(device, 1.0))
         return dict(sorted(clocks.items()))
 
     def _sustained_clocks(self) -> dict[tuple[int, str], float]:
         """(job, device) -> the GEMMs' clock, for the devices with a power limit (:meth:`gemm_clock`): one pass
-        over the compute vertices the kernel model times, each counted once per XPU it runs on."""
-        model, parts, shares = self.options.compute_model, {}, {}
+        over the compute vertices the kernel model times, each counted once per XPU it runs on; made once."""
+        if self._gemm_clocks is not None:
+            return self._gemm_clocks
+        model, parts = self.options.compute_model, {}
         for shape, name in zip(self.shapes, self.order):
             data = self.workload._node[name]
             node = self.nodes[shape.xpus[0]] if shape.kind == "compute" else None
             if node is None or not self._kernel_timed(node, data) or not model.device(node["device"]).power_gemm:
                 continue
             rates = self._kernel_rates(shape.xpus[0], data.get("precision", self.precision))
-            key = (id(data["ops"]), node["device"], *rates)  # alike vertices share their ops
-            if key not in shares:
-                shares[key] = model.gemm_share(data["ops"], node["device"], *rates)
-            gemm, span = shares[key]
+            gemm, span = model.gemm_share(data["ops"], node["device"], *rates)  # kept per ops: alike vertices share
             gemms, spans = parts.setdefault((data.get("job", 0), node["device"]), ([], []))
             gemms.append(gemm * len(shape.xpus))
             spans.append(span * len(shape.xpus))
-        return {key: model.device(key[1]).sustained_clock(math.fsum(gemms) / math.fsum(spans))
-                for key, (gemms, spans) in parts.items() if math.fsum(spans) > 0}
+        totals = {key: (math.fsum(gemms), math.fsum(spans)) for key, (gemms, spans) in parts.items()}
+        self._gemm_clocks = {key: model.device(key[1]).sustained_clock(gemm / span)
+                             for key, (gemm, span) in totals.items() if span > 0}
+        return self._gemm_clocks
 
     def call_latency(self, algorithm, group: tuple[str, ...]) -> float:
         """The kernel model's per-call latency of a collective over `group`, paid after a rank's last transfer:

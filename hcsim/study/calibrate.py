@@ -261,13 +261,13 @@ def _variants(rows, calibration: Calibration, floor: float, peak: float, bandwid
                        ("strided_efficiency", STRIDED_KINDS)):
         measured = [r for r in rows if r.kind in kinds]
         if measured:
-            found[key] = min(1.0, 1 / (_seconds_per_byte(measured, floor) * bandwidth))
+            found[key] = _bandwidth_efficiency(measured, floor, bandwidth)
     decodes = [r for r in rows if r.kind in DECODE_KINDS and r.seconds >= STREAMING * floor]
     if decodes:  # the kernel's own time: the host's floor overlaps it
-        found["decode_efficiency"] = min(1.0, 1 / (_seconds_per_byte(decodes, 0.0) * bandwidth))
+        found["decode_efficiency"] = _bandwidth_efficiency(decodes, 0.0, bandwidth)
     cats = [r for r in rows if r.kind in CAT_KINDS and r.bytes >= CACHE_RESIDENT_BYTES]
     if cats:  # the kernel's own time: no floor
-        found["cat_efficiency"] = min(1.0, 1 / (_seconds_per_byte(cats, 0.0) * bandwidth))
+        found["cat_efficiency"] = _bandwidth_efficiency(cats, 0.0, bandwidth)
     steps = [r for r in rows if r.kind in MULTI_TENSOR_KINDS]
     if len({r.bytes for r in steps}) >= 2:  # optimizer.step()'s own host work (Python over the parameter list,
         # the step counts) is an intercept of its own, not one kernel's floor: the rate is the slope
@@ -322,6 +322,11 @@ def _power_fit(points) -> dict[str, float]:
 
     gemm, other = min(((g, o) for g in POWER_GRID if g >= 1 for o in POWER_GRID if o < 1), key=lambda p: error(*p))
     return {"power_gemm": gemm, "power_other": other}
+
+
+def _bandwidth_efficiency(rows, floor: float, bandwidth: float) -> float:
+    """The fraction of `bandwidth` memory-bound `rows` reach (:func:`_seconds_per_byte`), at most 1."""
+    return min(1.0, 1 / (_seconds_per_byte(rows, floor) * bandwidth))
 
 
 def _seconds_per_byte(rows, floor: float) -> float:
