@@ -368,8 +368,13 @@ class ComputeModel:
         """Seconds the GPU spends on one kernel (an :class:`hcsim.workload.ops.Op` or a tuple of its fields).
 
         An attention kernel's m is its sequence and k its head dimension."""
+        return self.op_timing(factors, op, peak, memory_bandwidth)[0]
+
+    def op_timing(self, factors: DeviceFactors, op, peak: float, memory_bandwidth: float) -> tuple[float, bool]:
+        """(:meth:`op_time`, whether the kernel is a compute-bound GEMM: one whose clock a power limit sets,
+        :data:`POWERED_KINDS`)."""
         compute, memory = self._op_parts(factors, op, peak, memory_bandwidth)
-        return max(compute, memory) + factors.kernel_overhead
+        return max(compute, memory) + factors.kernel_overhead, op[1] in POWERED_KINDS and compute >= memory
 
     def _op_parts(self, factors: DeviceFactors, op, peak: float, memory_bandwidth: float) -> tuple[float, float]:
         """A kernel's seconds bound by its FLOPs and by its bytes (:meth:`op_time`)."""
@@ -441,9 +446,9 @@ class ComputeModel:
             return cached[1], cached[2]
         times, powered = [], []
         for op in ops:
-            compute, memory = self._op_parts(factors, op, peak, memory_bandwidth)
-            times.append(max(compute, memory) + factors.kernel_overhead)
-            powered.append(op[1] in POWERED_KINDS and compute >= memory)
+            seconds, gemm = self.op_timing(factors, op, peak, memory_bandwidth)
+            times.append(seconds)
+            powered.append(gemm)
         self._kernels[key] = (ops, times, powered)
         return times, powered
 

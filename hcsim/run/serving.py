@@ -62,8 +62,9 @@ until +inf).
 
 A step's work (:class:`StepWork`, from :class:`_StepCost`) is the kernel model's
 (:mod:`hcsim.engine.compute_model`, the device's measured factors, with no per-kernel launch cost: serving
-engines replay decode steps as CUDA graphs) over the step's kernels on one TP rank, layer after layer and stage
-after stage, plus its transfers: two TP all-reduces per layer, a pipeline send per stage boundary, the spilled
+engines replay decode steps as CUDA graphs; under a power limit the compute-bound GEMMs at the clock the step's
+own GEMM share leaves them) over the step's kernels on one TP rank, layer after layer and stage after stage,
+plus its transfers: two TP all-reduces per layer, a pipeline send per stage boundary, the spilled
 KV read from extended memory (in place beside the HBM reads, the paper's Fig. 3c; or copied first, Fig. 3b),
 swap copies over the host link, and the host's ``step_overhead``. The steps run on the engine core
 (:class:`_Engine`; ``hcsim/engine/core/steps.hpp``): every replica's loop in one SimGrid run, each step as
@@ -286,23 +287,25 @@ class _StepCost:
         self.token_kv = 2.0 * spec.model.kv_hidden / platform.tp * e  # one layer's KV of a token on one XPU
         self.hidden_bytes = spec.model.hidden * e  # one token's activations between layers
 
-    def _time(self, ops) -> float:
+    def _time(self, ops) -> tuple[float, float]:
+        """(seconds of `ops` back to back, of which compute-bound GEMMs) at the clocks the kernels keep alone."""
         p = self.platform
-        return math.fsum(p.model.op_time(self.factors, op, p.peak, p.hbm_bandwidth) for op in ops)
+        timed = [p.model.op_timing(self.factors, op, p.peak, p.hbm_bandwidth) for op in ops]
+        return math.fsum(t for t, _ in timed), math.fsum(t for t, gemm in timed if gemm)
 
-    def _timed(self, table: dict, count: int, kernels) -> float:
-        """Seconds of `kernels(model, count, tp, precision)`, timed once per count (`table`)."""
+    def _timed(self, table: dict, count: int, kernels) -> tuple[float, float]:
+        """:meth:`_time` of `kernels(model, count, tp, precision)`, timed once per count (`table`)."""
         found = table.get(count)
         if found is None:
             found = table[count] = self._time(kernels(self.spec.model, count, self.platform.tp, self.spec.precision))
         return found
 
-    def dense(self, tokens: int) -> float:
-        """Seconds of one layer's kernels other than attention over `tokens` tokens."""
+    def dense(self, tokens: int) -> tuple[float, float]:
+        """Seconds of one layer's kernels other than attention over `tokens` tokens (of which GEMMs: :meth:`_time`)."""
         return self._timed(self._dense, tokens, dense_kernels)
 
-    def head(self, sampled: int) -> float:
-        """Seconds of the logits of `sampled` sequences."""
+    def head(self, sampled: int) -> tuple[float, float]:
+        """Seconds of the logits of `sampled` sequences (of which GEMMs: :meth:`_time`)."""
         return self._timed(self._head, sampled, head_kernels)
 
     def work(self, tokens: int, sampled: int, chunks, decode: int, resident: float, spilled: float,
@@ -310,12 +313,18 @@ class _StepCost:
         """The step's work: `tokens` through the GEMMs, `sampled` logits, prefill `chunks` ((new, cached) pairs),
         `decode` decoding sequences whose KV reads are `resident` tokens in HBM and `spilled` beyond it."""
         p, model = self.platform, self.spec.model
-        attention = 0.0
+        attention = (0.0, 0.0)
         if chunks or decode:
             attention = self._time(attention_kernels(model, chunks=chunks, decode=decode, context=resident,
                                                      tp=p.tp, precision=self.spec.precision))
-        head = self.head(sampled)
-        compute = self.layers * (self.dense(tokens) + attention) + head
+        (dense, dense_gemms), (head, head_gemms) = self.dense(tokens), self.head(sampled)
+        busy = self.layers * (dense + attention[0]) + head
+        gemms = self.layers * (dense_gemms + attention[1]) + head_gemms
+        # under the device's power limit its compute-bound GEMMs run at the clock the step's mix leaves them: the
+        # step's own share (a step lasts milliseconds, as long as the measured GEMM and copy interleavings; a
+        # prefill's GEMMs are compute-bound, a decode step's are not)
+        slower = 1.0 / self.factors.sustained_clock(gemms / busy) - 1.0 if gemms else 0.0
+        compute, head = busy + gemms * slower, head + head_gemms * slower
         size = tokens * self.hidden_bytes
         return StepWork(compute=compute, allreduces=2 * self.layers if p.tp > 1 else 0, allreduce_bytes=size,
                         sends=p.pp - 1, send_bytes=size, spilled_bytes=spilled * self.token_kv * self.layers,

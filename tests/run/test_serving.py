@@ -62,6 +62,25 @@ def test_a_prefill_step_is_compute_bound_at_the_gemm_rate():
                                                                        - MODEL.hidden), rel=1e-9)
 
 
+def test_under_the_power_limit_a_prefill_steps_gemms_run_at_the_clock_its_mix_leaves_them():
+    """A 4096-token prefill on 2 H100 (tp 2): its compute-bound GEMMs run at the clock the step's own GEMM share
+    leaves them (DeviceFactors.sustained_clock), the other kernels as alone; a decode step's GEMMs are
+    memory-bound, so it takes its kernels' times; an A100 (no power limit) takes them too."""
+    for device in ("H100", "A100"):
+        platform, _ = _platform(scenario(xpus=2, devices=(device,)), spec())
+        cost, factors = _StepCost(spec(), platform), platform.model.device(device)
+        for chunks, decode, context in (([(4096, 0)], 0, 0), ((), 8, 4000)):
+            kernels, _ = step_kernels(MODEL, chunks=chunks, decode=decode, context=context, tp=2)
+            timed = [platform.model.op_timing(factors, op, platform.peak, platform.hbm_bandwidth) for op in kernels]
+            gemms = math.fsum(t for t, gemm in timed if gemm)
+            others = math.fsum(t for t, gemm in timed if not gemm)
+            work = cost.work(4096 if chunks else decode, len(chunks) + decode, chunks, decode, context, 0)
+            clock = factors.sustained_clock(gemms / (gemms + others))
+            assert work.compute == pytest.approx(others + gemms / clock, rel=1e-9)
+            limited = device == "H100" and bool(chunks)  # only there do GEMMs hold most of the time
+            assert (clock < 0.97) == limited and (gemms > 0) == bool(chunks)
+
+
 def spec(**keys):
     return ServingSpec(name="s", **({"model": MODEL, "requests": 40, "prompt": (256, 1024), "output": (8, 64),
                                                   "rate": 50.0, "max_num_seqs": 16, "seed": 3} | keys))
