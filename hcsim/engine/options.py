@@ -84,3 +84,4 @@ class RunResult:
     # device -> the fraction of their clock its compute-bound GEMMs kept under its power limit, where below 1
     # (the lowest over the run's jobs): hcsim.engine.rules.WorkloadRules.gemm_clock
     gemm_clocks: dict[str, float] = field(default_factory=dict)
+    job_gemm_clocks: list[dict[str, float]] = field(default_factory=list)  # per job, its own (gemm_clocks)

@@ -332,14 +332,14 @@ class WorkloadRules:
         vertex's; a GPU's idle and communication time is not counted (the share is of its compute)."""
         return self._sustained_clocks().get((data.get("job", 0), self.nodes[xpu]["device"]), 1.0)
 
-    def gemm_clocks(self) -> dict[str, float]:
-        """Device -> the clock its compute-bound GEMMs keep under its power limit, where below 1 (the lowest over
-        the run's jobs; none without the kernel model): what the run reports."""
+    def gemm_clocks(self, job: int | None = None) -> dict[str, float]:
+        """Device -> the clock its compute-bound GEMMs keep under its power limit, where below 1: job `job`'s, or
+        the lowest over the run's jobs (None); none without the kernel model. What the run reports."""
         if self.options.compute_model is None:
             return {}
         clocks: dict[str, float] = {}
-        for (_, device), clock in self._sustained_clocks().items():
-            if clock < 1.0:
+        for (j, device), clock in self._sustained_clocks().items():
+            if clock < 1.0 and job in (None, j):
                 clocks[device] = min(clock, clocks.get(device, 1.0))
         return dict(sorted(clocks.items()))
 

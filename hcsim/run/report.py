@@ -161,7 +161,7 @@ def summarize_jobs(prepared: Prepared, outcome, setup_s: float, wall_s: float, c
         view = SimpleNamespace(iteration_ends=outcome.job_iteration_ends[j],
                                xpu_times={x: outcome.xpu_times[x] for x in job.xpus}, link_bytes=outcome.link_bytes,
                                activities=outcome.activities, engine=outcome.engine, collective_fidelity={},
-                               gemm_clocks=outcome.gemm_clocks)  # the run's: the lowest over its jobs
+                               gemm_clocks=outcome.job_gemm_clocks[j])
         record = summarize(job, view, setup_s, wall_s, compute_model)
         jobs.append({"name": job.scenario.name, "workload": job.scenario.workload,
                      "xpu_names": csv_cell(xpu_spans(job.xpus)),

@@ -41,7 +41,7 @@ def _execute_child(platform, workload, options) -> dict[str, Any]:
             "busy": outcome.busy,
             "collective_fidelity": outcome.collective_fidelity, "link_bytes": outcome.link_bytes,
             "xpu_times": outcome.xpu_times, "job_iteration_ends": outcome.job_iteration_ends,
-            "gemm_clocks": outcome.gemm_clocks,
+            "gemm_clocks": outcome.gemm_clocks, "job_gemm_clocks": outcome.job_gemm_clocks,
             "vertices": trace.vertices if trace else [], "transfers": trace.transfers if trace else [],
             "wall_time_s": time.perf_counter() - wall, "peak_rss_mb": _peak_rss_mb()}
 

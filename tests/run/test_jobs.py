@@ -156,3 +156,16 @@ def test_a_sweep_refuses_a_scenario_with_jobs_before_any_point_runs(tmp_path):
     assert done.returncode == 2, done.stderr
     assert "jobs: hcsim sweep compares one job's iterations per point" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_each_job_reports_the_clock_its_own_gemms_keep_under_the_power_limit():
+    """Two eager jobs on one DGX H100, one XPU each: GPT-2's GEMMs are a tenth of its kernel time (under the
+    limit: nothing to report), Llama 3.2 1B's about half (below its clock); each job's record says its own clock,
+    the one it has alone, not the lowest of the run's."""
+    base = {"platform": "dgx-h100", "iterations": 1}
+    gpt2 = {"name": "gpt2", "xpus": ["xpu0"], "workload": "gpt2-hf"}
+    llama = {"name": "llama", "xpus": ["xpu1"], "workload": "llama3.2-1b-hf", "workload_overrides": {"model.decoders": 4}}
+    together = simulate(load_scenario(None, {**base, "jobs": [gpt2, llama]}))["jobs"]
+    alone = [simulate(load_scenario(None, {**base, "jobs": [job]}))["jobs"][0] for job in (gpt2, llama)]
+    assert [job["gemm_clocks"] for job in together] == [job["gemm_clocks"] for job in alone]
+    assert together[0]["gemm_clocks"] == {} and 0.9 < together[1]["gemm_clocks"]["H100"] < 1
