@@ -181,6 +181,7 @@ def serving_summary(result: dict) -> str:
         f"({rate(result['requests_per_s'])} per s, {result['steps']:,} steps, {result['preemptions']:,} "
         f"preemptions, prefix cache hit rate {prefix['hit_rate']:.1%})",
         f"  throughput       {rate(result['throughput_tokens_per_s'])} output tokens/s",
+        *([_serving_power_line(result["gemm_clocks"])] if result.get("gemm_clocks") else []),
         f"  time to first    {spread('ttft_s')}",
         f"  per output token {spread('tpot_s')}",
         f"  between tokens   {spread('itl_s')}",
@@ -193,6 +194,13 @@ def serving_summary(result: dict) -> str:
         f"{kv['peak_extended_tokens']:,} beyond",
         *_tier_lines(kv),
     ])
+
+
+def _serving_power_line(clocks: dict) -> str:
+    """The lowest clock the power limit left a serving run's GEMMs (hcsim.run.serving's gemm_clocks)."""
+    return ("  power limit      " + ", ".join(f"{device} GEMMs down to {clock:.3f} of their clock alone"
+                                              for device, clock in clocks.items())
+            + " (each step by its own share of GEMMs)")
 
 
 def _tier_lines(kv: dict) -> list[str]:

@@ -286,6 +286,7 @@ class _StepCost:
         e = element_sizes(spec.precision).activation
         self.token_kv = 2.0 * spec.model.kv_hidden / platform.tp * e  # one layer's KV of a token on one XPU
         self.hidden_bytes = spec.model.hidden * e  # one token's activations between layers
+        self.lowest_clock = 1.0  # the lowest clock a step's GEMMs ran at under the power limit (the run reports it)
 
     def _time(self, ops) -> tuple[float, float]:
         """(seconds of `ops` back to back, of which compute-bound GEMMs) at the clocks the kernels keep alone."""
@@ -323,7 +324,9 @@ class _StepCost:
         # under the device's power limit its compute-bound GEMMs run at the clock the step's mix leaves them: the
         # step's own share (a step lasts milliseconds, as long as the measured GEMM and copy interleavings; a
         # prefill's GEMMs are compute-bound, a decode step's are not)
-        slower = 1.0 / self.factors.sustained_clock(gemms / busy) - 1.0 if gemms else 0.0
+        clock = self.factors.sustained_clock(gemms / busy) if gemms else 1.0
+        self.lowest_clock = min(self.lowest_clock, clock)
+        slower = 1.0 / clock - 1.0
         compute, head = busy + gemms * slower, head + head_gemms * slower
         size = tokens * self.hidden_bytes
         return StepWork(compute=compute, allreduces=2 * self.layers if p.tp > 1 else 0, allreduce_bytes=size,
@@ -1618,6 +1621,7 @@ class ServingRun:
             "requests": len(records), "output_tokens": tokens, "makespan_s": makespan,
             "throughput_tokens_per_s": tokens / makespan, "requests_per_s": len(records) / makespan, "steps": steps,
             "steps_by_kind": kinds, "max_step_tokens": most, "preemptions": preempted,
+            "gemm_clocks": _lowest_clocks(schedulers),
             "recomputed_tokens": recomputed,
             "prefix_cache": {"hit_tokens": hits, "query_tokens": queries, "hit_rate": hits / queries if queries else 0.0},
             "ttft_s": percentiles([row["ttft_s"] for row in records]),
@@ -1784,6 +1788,17 @@ def serving_bounds(scenario: Scenario, spec: ServingSpec, memo: dict | None = No
     work = max(prompts / peak["prefill"], outputs / peak["decode"]) if prefill else \
         (prompts + outputs) / peak["prefill"]
     return ServingBounds(ttft=ttft, tpot=tpot, makespan=max(makespan, work))
+
+
+def _lowest_clocks(schedulers) -> dict[str, float]:
+    """Device -> the lowest clock the GEMMs of any of its replicas' steps ran at under its power limit, where
+    below 1."""
+    clocks: dict[str, float] = {}
+    for scheduler in schedulers:
+        device, clock = scheduler.platform.device, scheduler.cost.lowest_clock
+        if clock < 1.0:
+            clocks[device] = min(clock, clocks.get(device, 1.0))
+    return dict(sorted(clocks.items()))
 
 
 def _cached_prefix(spec: ServingSpec, config: SchedulerConfig, q: Request) -> int:

@@ -68,7 +68,7 @@ def test_under_the_power_limit_a_prefill_steps_gemms_run_at_the_clock_its_mix_le
     memory-bound, so it takes its kernels' times; an A100 (no power limit) takes them too."""
     for device in ("H100", "A100"):
         platform, _ = _platform(scenario(xpus=2, devices=(device,)), spec())
-        cost, factors = _StepCost(spec(), platform), platform.model.device(device)
+        cost, factors, clocks = _StepCost(spec(), platform), platform.model.device(device), []
         for chunks, decode, context in (([(4096, 0)], 0, 0), ((), 8, 4000)):
             kernels, _ = step_kernels(MODEL, chunks=chunks, decode=decode, context=context, tp=2)
             timed = [platform.model.op_timing(factors, op, platform.peak, platform.hbm_bandwidth) for op in kernels]
@@ -76,9 +76,11 @@ def test_under_the_power_limit_a_prefill_steps_gemms_run_at_the_clock_its_mix_le
             others = math.fsum(t for t, gemm in timed if not gemm)
             work = cost.work(4096 if chunks else decode, len(chunks) + decode, chunks, decode, context, 0)
             clock = factors.sustained_clock(gemms / (gemms + others))
+            clocks.append(clock)
             assert work.compute == pytest.approx(others + gemms / clock, rel=1e-9)
             limited = device == "H100" and bool(chunks)  # only there do GEMMs hold most of the time
             assert (clock < 0.97) == limited and (gemms > 0) == bool(chunks)
+        assert cost.lowest_clock == pytest.approx(min(clocks), rel=1e-12)  # what the run reports: the prefill's on the H100, 1 on the A100
 
 
 def spec(**keys):
