@@ -603,13 +603,20 @@ class _Block:
             return []
         passes = [self.forward_ops]
         if par.recompute == "full" and not end:
-            passes.append(self.recompute_ops or self.forward_ops)
+            passes.append(self._recompute_ops())
         if par.schedule == "zb-h1":
             passes += [self.backward_ops, self.weight_grad_ops]
         elif self.timed_backward:
-            selective = par.recompute == "selective" and not end
-            passes.append((self.core_ops if selective else ()) + self.all_backward_ops)
+            passes.append(self._backward_ops(par.recompute == "selective" and not end))
         return [ops for ops in passes if ops]
+
+    def _recompute_ops(self) -> tuple:
+        """The kernels full recomputation runs again: the forward pass, or where it stops early its part."""
+        return self.recompute_ops or self.forward_ops
+
+    def _backward_ops(self, selective: bool) -> tuple:
+        """The backward vertex's kernels: after the attention core's recomputation where `selective`."""
+        return (self.core_ops if selective else ()) + self.all_backward_ops
 
     def _kernels(self, ops, peak: float, bandwidth: float, device: str) -> float:
         clock = next((c for d, c in self.clocks if d == device), 1.0)
@@ -634,14 +641,14 @@ class _Block:
     def recomputed(self, peak: float, bandwidth: float, device: str) -> float:
         """The forward pass full recomputation runs again."""
         if self.recompute_ops:
-            return self._kernels(self.recompute_ops, peak, bandwidth, device)
+            return self._kernels(self._recompute_ops(), peak, bandwidth, device)
         return self.forward(peak, bandwidth, device)
 
     def backward(self, peak: float, bandwidth: float, device: str, selective: bool = False) -> float:
         """The whole backward pass as one vertex runs it (after the attention core's recomputation where
         `selective`), as the graph runs it unless ZB-H1 splits it."""
         if self.timed_backward:
-            return self._kernels((self.core_ops if selective else ()) + self.all_backward_ops, peak, bandwidth, device)
+            return self._kernels(self._backward_ops(selective), peak, bandwidth, device)
         cost = self.cost
         return _time(cost.bwd_flops + selective * cost.core_flops, cost.bwd_bytes + selective * cost.core_bytes,
                      peak, bandwidth)
