@@ -58,7 +58,7 @@ from hcsim.platform.routes import RouteSearch, route_bandwidth, route_latency
 from hcsim.workload.hybrid import (BlockCost, Parallelism, block_cost, block_costs, checkpoint_stops_early,
                                    decoder_kernels, grad_bucket_size, in_flight, model_ends, optimizer_kernels,
                                    optimizer_traffic, overlaps_grad_reduce, overlaps_param_gather, overlaps_tp_comm,
-                                   stage_layers, tp_gather_share)
+                                   pipeline_send, stage_layers, tp_gather_share)
 from hcsim.workload.ops import BlockOps, checkpoint_recompute
 from hcsim.workload.layout import ParallelLayout
 from hcsim.workload.memory import framework_reserve, stage_memory
@@ -504,7 +504,8 @@ def _pipeline(spec: WorkloadSpec, par: Parallelism, cluster: "_Cluster", layers,
     if p > 1:
         layout = cluster.layout
         latency, bandwidth = cluster.path(layout.stage_xpus(0)[0], layout.stage_xpus(1)[0])
-        pipeline += 2 * (p - 1) * (latency + costs.activation / bandwidth)
+        share, _ = pipeline_send(spec, replace(par, megatron_comm=cluster.model is not None))  # as the run sends
+        pipeline += 2 * (p - 1) * (latency + share * costs.activation / bandwidth)
     if gather:  # the iteration's first gather is exposed; its last decoder (stage 0's) waits for no next one
         pipeline += gather - (max(decoder_units[0], gather) - decoder_units[0])
     if costs.first_gathers:  # ZeRO 1-2: stage 0's first forward waits for the first gather, then paces each

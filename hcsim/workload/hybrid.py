@@ -87,9 +87,9 @@ class Parallelism:
     moe_skew: float = 1.0  # most loaded EP rank's tokens / the mean (1: balanced routing)
     batch_split: tuple[int, ...] | None = None  # micro-batches per DP replica (hcsim.workload.split); None: m each
     # communicate as Megatron-LM does (the kernel model's runs): a pipeline send blocks its sender until it is
-    # delivered and is split over the TP group (each rank sends 1/t, the receivers all-gather it back unless
-    # sequence parallel), TP collectives on NCCL's channel rings (algorithm nccl); False: the paper's ideal
-    # model (sends overlap the sender's next pass, every TP rank sends the whole activation, plain rings)
+    # delivered and carries what each TP rank sends (pipeline_send), TP collectives on NCCL's channel rings
+    # (algorithm nccl); False: the paper's ideal model (sends overlap the sender's next pass, every TP rank sends
+    # the whole activation, plain rings)
     megatron_comm: bool = False
     cp: int = 1  # context parallelism (hcsim.workload.context): each rank holds sequence / cp tokens
     cp_algorithm: str = "ring"  # ring | all_to_all
@@ -965,16 +965,15 @@ class _Builder:
 
     def transfer(self, name: str, pairs, sender: tuple, receiver: tuple) -> None:
         """The activation (or its gradient) of one micro-batch from the `sender` pass (stage, class, op) to the
-        `receiver` pass; with megatron_comm each TP rank sends 1/t of it (Megatron-LM's scatter-gather), the
-        receiving TP group all-gathers it back (unless sequence parallel: it stays split), and the sender's
-        next pass waits until its send is delivered (Megatron-LM's 1F1B sends block)."""
+        `receiver` pass, each TP rank sending its share (:func:`pipeline_send`), the receiving TP group
+        all-gathering it back where Megatron-LM's scatter-gather split it; with megatron_comm the sender's next
+        pass waits until its send is delivered (Megatron-LM's 1F1B sends block)."""
         par = self.par
-        split = par.megatron_comm and par.tp > 1
-        add_comm(self.graph, name, pairs=pairs, bytes=self.activation / (par.tp if split else 1), collective="p2p",
-                 phase="p2p")
+        share, gathered = pipeline_send(self.spec, par)
+        add_comm(self.graph, name, pairs=pairs, bytes=self.activation * share, collective="p2p", phase="p2p")
         add_dependency(self.graph, self.first[sender][1], name, wait="group")
         arrived = name
-        if split and not par.sequence_parallel:
+        if gathered:
             arrived = add_comm(self.graph, f"{name}.all_gather", groups=self.groups("tp", receiver[0], receiver[1]),
                                bytes=self.activation, collective="all_gather", algorithm="nccl", phase="p2p",
                                stage=receiver[0])
@@ -982,6 +981,26 @@ class _Builder:
         add_dependency(self.graph, arrived, self.first[receiver][0])
         if par.megatron_comm and sender in self.following and sender not in self.steady:
             add_dependency(self.graph, name, self.following[sender])
+
+
+def pipeline_send(spec: WorkloadSpec, par: Parallelism) -> tuple[float, bool]:
+    """(the share of a micro-batch's activation each TP rank sends to the next pipeline stage, whether the
+    receiving TP group all-gathers it back). With sequence parallelism each rank holds and sends its 1/t slice;
+    without it, Megatron-LM's ranks each send the whole activation (megatron/core since March 2023), or 1/t that
+    the receivers gather (``training.pipeline_scatter_gather``, Megatron-LM before); the paper's ideal model
+    (megatron_comm false) sends the whole activation from every rank.
+
+    >>> spec = WorkloadSpec(name="w", model=None)
+    >>> [pipeline_send(spec, Parallelism(tp=4, pp=2, sequence_parallel=sp, megatron_comm=True)) for sp in (False, True)]
+    [(1.0, False), (0.25, False)]
+    >>> pipeline_send(replace(spec, pipeline_scatter_gather=True), Parallelism(tp=4, pp=2, megatron_comm=True))
+    (0.25, True)
+    """
+    if not par.megatron_comm or par.tp == 1:
+        return 1.0, False
+    if par.sequence_parallel:
+        return 1.0 / par.tp, False
+    return (1.0 / par.tp, True) if spec.pipeline_scatter_gather else (1.0, False)
 
 
 def steady_state(order: list[Op]) -> list[Op]:

@@ -73,6 +73,11 @@ class WorkloadSpec:
     overlap_p2p_comm : under the interleaved schedule, a pass's send to the next pipeline stage overlaps the pass
     after it in the 1F1B steady state (Megatron-LM's default: --no-overlap-p2p-communication turns it off; it
     overlaps nothing in warmup and flush, nor under the other schedules, whose sends block the next pass);
+    pipeline_scatter_gather : each TP rank sends 1/t of a pipeline send's activation and the receiving TP group
+    all-gathers it back, without sequence parallelism (Megatron-LM's --scatter-gather-tensors-in-pipeline, on by
+    default from February 2021 until March 2023, when the pipeline code moved into megatron/core and dropped it);
+    false (the default, Megatron-LM since): each TP rank sends its whole [s/cp, b, h] activation (a 1/t slice of
+    it with sequence parallelism either way, megatron/core/pipeline_parallel/schedules.py get_tensor_shapes);
     tp_comm_overlap : the tensor-parallel collectives of a sequence-parallel layer pipelined with the GEMMs beside
     them, one chunk of each exposed, the GEMMs beside TE's collective kernels on the SMs those leave
     (:data:`hcsim.workload.hybrid.USERBUFFER_GEMMS`) (Megatron-LM's ``--tp-comm-overlap``, Transformer Engine's
@@ -113,6 +118,7 @@ class WorkloadSpec:
     overlap_param_gather: bool = True
     overlap_grad_reduce: bool | None = None
     overlap_p2p_comm: bool = True
+    pipeline_scatter_gather: bool = False
     tp_comm_overlap: bool = False
     gradient_accumulation_fusion: bool = True
     cross_entropy_fusion: str = "native"
@@ -278,6 +284,7 @@ def parse_workload_spec(data: Any, where: str = "workload") -> WorkloadSpec:
         overlap_param_gather=training.flag("overlap_param_gather", True),
         overlap_grad_reduce=training.flag("overlap_grad_reduce", None),
         overlap_p2p_comm=training.flag("overlap_p2p_comm", True),
+        pipeline_scatter_gather=training.flag("pipeline_scatter_gather", False),
         tp_comm_overlap=training.flag("tp_comm_overlap", False),
         gradient_accumulation_fusion=training.flag("gradient_accumulation_fusion", True),
         cross_entropy_fusion=training.choice("cross_entropy_fusion", CROSS_ENTROPY_FUSIONS, "native"),

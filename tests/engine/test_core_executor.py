@@ -41,6 +41,11 @@ def scenario_case(**settings) -> tuple:
 TINY_GPT = {"model.decoders": 4, "model.hidden": 256, "model.heads": 4, "model.ffn": 1024, "model.sequence": 128,
             "model.vocabulary": 1000, "training.precision": "fp16",
             "training.overlap_param_gather": False}  # ZeRO-2's gather after the step, as when recorded
+# each TP rank's pipeline send carries 1/t of the activation, all-gathered on arrival (Megatron-LM's scatter-gather),
+# as when recorded
+SCATTER_GATHER = {"training.pipeline_scatter_gather": True}
+HYBRID = dict(platform="dgx-h100", workload="llama3-8b", workload_overrides=SCATTER_GATHER, xpus=16, tp=2, pp=2,
+              micro_batch=1, global_batch=16, schedule="1f1b", precision="bf16", recompute="full")
 SCENARIOS = {
     # LLaMA2-13B data parallel, decoder vertices, ring all-reduce, spilled and read in place over CXL
     "dp-ring-paper-cxl": dict(platform="paper-cxl", xpus=8, granularity="decoder", iterations=3),
@@ -48,12 +53,9 @@ SCENARIOS = {
     "dp-ring-paper-cxl-copies": dict(platform="paper-cxl", xpus=8, granularity="decoder", iterations=2,
                                      coherent=False, local_access="simulated"),
     # tp 2 x pp 2 x dp 4, 1F1B, on DGX H100, the peak model
-    "hybrid-1f1b-dgx-h100": dict(platform="dgx-h100", workload="llama3-8b", xpus=16, tp=2, pp=2, micro_batch=1,
-                                 global_batch=16, schedule="1f1b", precision="bf16", recompute="full"),
+    "hybrid-1f1b-dgx-h100": dict(HYBRID),
     # the same with its in-server collectives analytic (one delay each)
-    "hybrid-local-analytic": dict(platform="dgx-h100", workload="llama3-8b", xpus=16, tp=2, pp=2, micro_batch=1,
-                                  global_batch=16, schedule="1f1b", precision="bf16", recompute="full",
-                                  local_collectives="analytic"),
+    "hybrid-local-analytic": dict(HYBRID, local_collectives="analytic"),
     # ZeRO-2 with its optimizer state offloaded, read in place over CXL beside the step (test_zero_offload's run;
     # its CPU-offload twin was recorded with the kernel model pricing the CPU's step as GPU kernels at the CPU's
     # speed, a rule both engines shared and since fixed: tests/run/test_coherent_offload.py checks that step)
@@ -61,18 +63,12 @@ SCENARIOS = {
                         offload="cxl", coherent=True, platform_overrides={"server.cpu_flops": "1GFLOPS"},
                         collective_model="auto"),
     # the roofline model: kernel times, NCCL's wire bytes below line rate and a latency per call, at flow and step
-    "hybrid-roofline": dict(platform="dgx-h100", workload="llama3-8b", xpus=16, tp=2, pp=2, micro_batch=1,
-                            global_batch=16, schedule="1f1b", precision="bf16", recompute="full",
-                            compute_model="roofline"),
-    "hybrid-roofline-step": dict(platform="dgx-h100", workload="llama3-8b", xpus=16, tp=2, pp=2, micro_batch=1,
-                                 global_batch=16, schedule="1f1b", precision="bf16", recompute="full",
-                                 compute_model="roofline", collective_model="auto"),
+    "hybrid-roofline": dict(HYBRID, compute_model="roofline"),
+    "hybrid-roofline-step": dict(HYBRID, compute_model="roofline", collective_model="auto"),
     # the step model (collective_model: auto, every group under step_limit): the ring step by step, p2p sends
     # that leave when their sender is ready
     "dp-ring-paper-cxl-step": dict(platform="paper-cxl", xpus=8, granularity="decoder", collective_model="auto"),
-    "hybrid-1f1b-dgx-h100-step": dict(platform="dgx-h100", workload="llama3-8b", xpus=16, tp=2, pp=2,
-                                      micro_batch=1, global_batch=16, schedule="1f1b", precision="bf16",
-                                      recompute="full", collective_model="auto"),
+    "hybrid-1f1b-dgx-h100-step": dict(HYBRID, collective_model="auto"),
 }
 
 
