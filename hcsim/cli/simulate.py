@@ -181,7 +181,8 @@ def serving_summary(result: dict) -> str:
         f"({rate(result['requests_per_s'])} per s, {result['steps']:,} steps, {result['preemptions']:,} "
         f"preemptions, prefix cache hit rate {prefix['hit_rate']:.1%})",
         f"  throughput       {rate(result['throughput_tokens_per_s'])} output tokens/s",
-        *([_serving_power_line(result["gemm_clocks"])] if result.get("gemm_clocks") else []),
+        *([_power_line(result["gemm_clocks"], "down to", "each step by its own share of GEMMs")]
+          if result.get("gemm_clocks") else []),
         f"  time to first    {spread('ttft_s')}",
         f"  per output token {spread('tpot_s')}",
         f"  between tokens   {spread('itl_s')}",
@@ -196,11 +197,10 @@ def serving_summary(result: dict) -> str:
     ])
 
 
-def _serving_power_line(clocks: dict) -> str:
-    """The lowest clock the power limit left a serving run's GEMMs (hcsim.run.serving's gemm_clocks)."""
-    return ("  power limit      " + ", ".join(f"{device} GEMMs down to {clock:.3f} of their clock alone"
-                                              for device, clock in clocks.items())
-            + " (each step by its own share of GEMMs)")
+def _power_line(clocks: dict, how: str, why: str) -> str:
+    """The clock the power limit left a run's GEMMs, per device (a result's gemm_clocks)."""
+    return ("  power limit      " + ", ".join(f"{device} GEMMs {how} {clock:.3f} of their clock alone"
+                                              for device, clock in clocks.items()) + f" ({why})")
 
 
 def _tier_lines(kv: dict) -> list[str]:
@@ -265,9 +265,7 @@ def _compute_line(result: dict) -> list[str]:
     kernels = f"; kernels {result['kernels']}" if result.get("kernels") else ""
     lines = [f"  compute          {model}{kernels}; {result['precision_recipe']}"]
     if result.get("gemm_clocks"):
-        lines.append("  power limit      " + ", ".join(f"{device} GEMMs at {clock:.3f} of their clock alone"
-                                                      for device, clock in result["gemm_clocks"].items())
-                     + " (their share of the kernel time)")
+        lines.append(_power_line(result["gemm_clocks"], "at", "their share of the kernel time"))
     return lines
 
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from difflib import get_close_matches
 from pathlib import Path
@@ -221,6 +221,12 @@ class DeviceFactors:
         if not self.power_gemm or share <= 0:
             return 1.0
         return min(1.0, (1.0 - (1.0 - share) * self.power_other) / (share * self.power_gemm))
+
+    def job_clock(self, gemms: Iterable[float], spans: Iterable[float]) -> float:
+        """:meth:`sustained_clock` of a job whose compute vertices take `spans` seconds, `gemms` of them in
+        compute-bound GEMMs (at the clocks kept alone): the limit averages over the job's many kernels."""
+        span = math.fsum(spans)
+        return self.sustained_clock(math.fsum(gemms) / span) if span > 0 else 1.0
 
     def bandwidth_efficiency(self, kind: str) -> float:
         """Fraction of the memory bandwidth a memory-bound kernel of `kind` reaches."""
@@ -463,6 +469,20 @@ class ComputeModel:
             issued += backward if op[0].endswith(BACKWARD_SUFFIXES) else factors.launch
             finished = max(finished, issued) + seconds
         return finished
+
+
+def lowest_clocks(clocks: Iterable[tuple[str, float]]) -> dict[str, float]:
+    """Device -> the lowest of `clocks` ((device, clock) pairs: the clocks GEMMs kept under a power limit) where below
+    1, in device order: what a run reports.
+
+    >>> lowest_clocks([("H100", 0.93), ("A100", 1.0), ("H100", 0.9)])
+    {'H100': 0.9}
+    """
+    lowest: dict[str, float] = {}
+    for device, clock in clocks:
+        if clock < 1.0:
+            lowest[device] = min(clock, lowest.get(device, 1.0))
+    return dict(sorted(lowest.items()))
 
 
 def load_compute_model(path: str | Path | None = None, devices: Collection[str] | None = None) -> ComputeModel:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from hcsim.engine.compute_model import lowest_clocks
 from hcsim.params import Choice, Constraint, Flag, Integer, check_params
 
 __all__ = ["RunOptions", "RunResult", "COMM_KINDS", "COMM_KIND", "COLLECTIVE_MODELS",
@@ -81,7 +82,11 @@ class RunResult:
     engine: str = "core"  # the engine that ran (the C++ core on SimGrid's S4U API)
     # per job (the workload graph's ``jobs``; one job otherwise), its own iteration ends (s)
     job_iteration_ends: list[list[float]] = field(default_factory=list)
-    # device -> the fraction of their clock its compute-bound GEMMs kept under its power limit, where below 1
-    # (the lowest over the run's jobs): hcsim.engine.rules.WorkloadRules.gemm_clock
-    gemm_clocks: dict[str, float] = field(default_factory=dict)
-    job_gemm_clocks: list[dict[str, float]] = field(default_factory=list)  # per job, its own (gemm_clocks)
+    # per job, device -> the fraction of their clock its compute-bound GEMMs kept under the device's power limit,
+    # where below 1: hcsim.engine.rules.WorkloadRules.gemm_clock
+    job_gemm_clocks: list[dict[str, float]] = field(default_factory=list)
+
+    @property
+    def gemm_clocks(self) -> dict[str, float]:
+        """Device -> the lowest of the jobs' GEMM clocks (job_gemm_clocks) where below 1: the run's."""
+        return lowest_clocks(pair for clocks in self.job_gemm_clocks for pair in clocks.items())

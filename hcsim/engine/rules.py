@@ -30,6 +30,7 @@ from operator import attrgetter, itemgetter
 import networkx as nx
 
 from hcsim.engine.collectives import FlowPhase, endpoint_hosts, get_algorithm, nccl_alternatives, server_groups
+from hcsim.engine.compute_model import lowest_clocks
 from hcsim.engine.options import RunOptions
 from hcsim.platform.devices import peak_flops
 from hcsim.platform.routes import route_bandwidth, route_latency
@@ -332,16 +333,10 @@ class WorkloadRules:
         vertex's; a GPU's idle and communication time is not counted (the share is of its compute)."""
         return self._sustained_clocks().get((data.get("job", 0), self.nodes[xpu]["device"]), 1.0)
 
-    def gemm_clocks(self, job: int | None = None) -> dict[str, float]:
-        """Device -> the clock its compute-bound GEMMs keep under its power limit, where below 1: job `job`'s, or
-        the lowest over the run's jobs (None); none without the kernel model. What the run reports."""
-        if self.options.compute_model is None:
-            return {}
-        clocks: dict[str, float] = {}
-        for (j, device), clock in self._sustained_clocks().items():
-            if clock < 1.0 and job in (None, j):
-                clocks[device] = min(clock, clocks.get(device, 1.0))
-        return dict(sorted(clocks.items()))
+    def gemm_clocks(self, job: int) -> dict[str, float]:
+        """Device -> the clock job `job`'s compute-bound GEMMs keep under its power limit, where below 1 (none
+        without the kernel model): what the run reports."""
+        return lowest_clocks((device, clock) for (j, device), clock in self._sustained_clocks().items() if j == job)
 
     def _sustained_clocks(self) -> dict[tuple[int, str], float]:
         """(job, device) -> the GEMMs' clock, for the devices with a power limit (:meth:`gemm_clock`): one pass
@@ -359,9 +354,7 @@ class WorkloadRules:
             gemms, spans = parts.setdefault((data.get("job", 0), node["device"]), ([], []))
             gemms.append(gemm * len(shape.xpus))
             spans.append(span * len(shape.xpus))
-        totals = {key: (math.fsum(gemms), math.fsum(spans)) for key, (gemms, spans) in parts.items()}
-        self._gemm_clocks = {key: model.device(key[1]).sustained_clock(gemm / span)
-                             for key, (gemm, span) in totals.items() if span > 0}
+        self._gemm_clocks = {key: model.device(key[1]).job_clock(gemms, spans) for key, (gemms, spans) in parts.items()}
         return self._gemm_clocks
 
     def call_latency(self, algorithm, group: tuple[str, ...]) -> float:

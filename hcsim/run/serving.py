@@ -97,6 +97,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from hcsim.engine.compute_model import lowest_clocks
 from hcsim.errors import ConfigError
 from hcsim.run.scenario import Scenario
 from hcsim.units import format_quantity
@@ -1621,7 +1622,7 @@ class ServingRun:
             "requests": len(records), "output_tokens": tokens, "makespan_s": makespan,
             "throughput_tokens_per_s": tokens / makespan, "requests_per_s": len(records) / makespan, "steps": steps,
             "steps_by_kind": kinds, "max_step_tokens": most, "preemptions": preempted,
-            "gemm_clocks": _lowest_clocks(schedulers),
+            "gemm_clocks": lowest_clocks((s.platform.device, s.cost.lowest_clock) for s in schedulers),
             "recomputed_tokens": recomputed,
             "prefix_cache": {"hit_tokens": hits, "query_tokens": queries, "hit_rate": hits / queries if queries else 0.0},
             "ttft_s": percentiles([row["ttft_s"] for row in records]),
@@ -1788,17 +1789,6 @@ def serving_bounds(scenario: Scenario, spec: ServingSpec, memo: dict | None = No
     work = max(prompts / peak["prefill"], outputs / peak["decode"]) if prefill else \
         (prompts + outputs) / peak["prefill"]
     return ServingBounds(ttft=ttft, tpot=tpot, makespan=max(makespan, work))
-
-
-def _lowest_clocks(schedulers) -> dict[str, float]:
-    """Device -> the lowest clock the GEMMs of any of its replicas' steps ran at under its power limit, where
-    below 1."""
-    clocks: dict[str, float] = {}
-    for scheduler in schedulers:
-        device, clock = scheduler.platform.device, scheduler.cost.lowest_clock
-        if clock < 1.0:
-            clocks[device] = min(clock, clocks.get(device, 1.0))
-    return dict(sorted(clocks.items()))
 
 
 def _cached_prefix(spec: ServingSpec, config: SchedulerConfig, q: Request) -> int:

@@ -684,8 +684,7 @@ def _gemm_clocks(spec: WorkloadSpec, par: Parallelism, cluster: "_Cluster", cost
                 gemm, span = model.gemm_share(ops, device, peak, bandwidth)
                 gemms.append(xpus * count * gemm)
                 spans.append(xpus * count * span)
-    return tuple((device, model.device(device).sustained_clock(math.fsum(gemms) / math.fsum(spans)))
-                 for device, (gemms, spans) in parts.items() if math.fsum(spans) > 0)
+    return tuple((device, model.device(device).job_clock(gemms, spans)) for device, (gemms, spans) in parts.items())
 
 
 def _recompute(mode: str, costs: _DecoderCosts, on: tuple[float, float, str], in_backward: bool = False) -> float:

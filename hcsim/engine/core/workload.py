@@ -613,8 +613,7 @@ def _run_workload(platform, workload, compiled, options, progress, beside=None):
                        wall_time_s=time.perf_counter() - wall, trace=trace, collective_fidelity=rules.fidelity_used,
                        link_bytes=link_bytes, engine="core",
                        xpu_times=xpu_times(xpus, first, last, iteration_ends, fields, ended),
-                       job_iteration_ends=per_job, gemm_clocks=rules.gemm_clocks(),
-                       job_gemm_clocks=[rules.gemm_clocks(j) for j in range(len(per_job))])
+                       job_iteration_ends=per_job, job_gemm_clocks=[rules.gemm_clocks(j) for j in range(len(per_job))])
     result.core_counters = counters  # run_s, run_cpu_s, setup_s of the core (docs/engine-core.md's figures)
     result.beside_counters = counters.get("beside")  # the serving steps' beside the workload (activities)
     return result
